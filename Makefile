@@ -1,0 +1,35 @@
+# The two quick-start commands: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint install services-up services-down
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+## Install tidegraph and run the main job on the embedded default (no Kafka/Neo4j/API key).
+demo: install
+	$(BIN)/tidegraph demo
+
+## Install tidegraph and its test tools, lint, and run the whole test suite (starts Kafka and
+## Neo4j from Maven Central jars when they are not running; stops what it started).
+test: install lint
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+services-up: install
+	$(BIN)/tidegraph services up
+
+services-down: install
+	$(BIN)/tidegraph services down

@@ -1,0 +1,199 @@
+"""Records that flow between the stages, and the graph records the store returns.
+
+Everything here is plain data (pydantic), serialisable with orjson, and independent of the
+transport (in-process or Kafka) and of the store (Neo4j or embedded).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+import uuid as uuidlib
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Namespace of every deterministic uuid tidegraph derives (uuid5). Never change it: the uuids
+# of stored nodes and facts depend on it.
+TIDEGRAPH_NAMESPACE = uuidlib.UUID("6f1d2a4e-3c8b-5e7a-9b1f-0d4c2e8a7b63")
+
+MAX_CONTENT_CHARS = 200_000
+MAX_NAME_CHARS = 512
+RELATION_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+
+def stable_uuid(*parts: str) -> str:
+    """A deterministic uuid from its parts (joined with an unambiguous separator)."""
+    return str(uuidlib.uuid5(TIDEGRAPH_NAMESPACE, "\x1f".join(parts)))
+
+
+def normalize_name(name: str) -> str:
+    """The form names are compared in: NFKC, casefolded, punctuation dropped, spaces folded."""
+    text = unicodedata.normalize("NFKC", name).casefold()
+    text = re.sub(r"[^\w\s]", " ", text)
+    return " ".join(text.split())
+
+
+def to_relation_name(raw: str) -> str:
+    """UPPER_SNAKE_CASE relation type from any text; never empty, always RELATION_RE-valid."""
+    text = unicodedata.normalize("NFKD", raw).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").upper()
+    if not text or not text[0].isalpha():
+        text = "REL_" + text if text else "RELATES_TO"
+    return text[:64]
+
+
+def to_label(raw: str) -> str | None:
+    """A safe node label (letters, digits, underscore; starts with a letter) or None."""
+    text = re.sub(r"[^A-Za-z0-9_]+", "", raw.strip().replace(" ", "_"))
+    if not text or not text[0].isalpha():
+        return None
+    text = text[:64]
+    return text if LABEL_RE.match(text) else None
+
+
+def utc(dt: datetime) -> datetime:
+    """Aware UTC datetime (naive input is taken as UTC), truncated to microseconds."""
+    if dt.tzinfo is None:
+        return dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def iso(dt: datetime | None) -> str | None:
+    return None if dt is None else utc(dt).isoformat().replace("+00:00", "Z")
+
+
+# ----------------------------------------------------------------------------- episodes
+class Episode(BaseModel):
+    """The input envelope (design §4). Kafka key = group_id."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    id: str = Field(min_length=1, max_length=512)
+    group_id: str = Field(min_length=1, max_length=256)
+    source: Literal["message", "text", "json"]
+    name: str = Field("", max_length=MAX_NAME_CHARS)
+    source_description: str = Field("", max_length=1024)
+    content: str | dict[str, Any]
+    reference_time: datetime
+
+    @field_validator("reference_time")
+    @classmethod
+    def _aware_utc(cls, v: datetime) -> datetime:
+        return utc(v)
+
+    @field_validator("content")
+    @classmethod
+    def _content_fits(cls, v: str | dict[str, Any], info: Any) -> str | dict[str, Any]:
+        size = len(v) if isinstance(v, str) else len(str(v))
+        if size > MAX_CONTENT_CHARS:
+            raise ValueError(f"content is {size} characters; the limit is {MAX_CONTENT_CHARS}")
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("content is empty")
+        return v
+
+    @property
+    def uuid(self) -> str:
+        return stable_uuid("episode", self.group_id, self.id)
+
+    def content_text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        import orjson
+
+        return orjson.dumps(self.content, option=orjson.OPT_SORT_KEYS).decode()
+
+
+# ----------------------------------------------------------------------------- extraction
+class EntityDraft(BaseModel):
+    """An entity as extraction saw it, before resolution."""
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    labels: list[str] = Field(default_factory=list)  # type labels, already to_label()-safe
+    summary: str = ""
+    key: str | None = None  # stable external id (e.g. a CRM id) from a mapping
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class FactDraft(BaseModel):
+    """A fact as extraction saw it. subject/object index into Extraction.entities."""
+
+    subject: int
+    object: int
+    relation: str  # UPPER_SNAKE_CASE (to_relation_name)
+    fact: str
+    valid_at: str | None = None  # as stated: ISO date/time or a phrase ("since last March")
+    invalid_at: str | None = None
+    cardinality: Literal["one", "many"] | None = None  # one: a new object closes the previous
+    closes: bool = False  # a record that only ends the fact (no new fact stored)
+
+
+class Extraction(BaseModel):
+    episode: Episode
+    entities: list[EntityDraft] = Field(default_factory=list)
+    facts: list[FactDraft] = Field(default_factory=list)
+    mapped: bool = False  # produced by a declared mapping (no LLM)
+    llm_calls: int = 0
+
+
+# ----------------------------------------------------------------------------- graph records
+class EntityRecord(BaseModel):
+    uuid: str
+    group_id: str
+    name: str
+    labels: list[str] = Field(default_factory=list)
+    summary: str = ""
+    key: str | None = None
+    aliases: list[str] = Field(default_factory=list)  # normalised names that resolved here
+    name_embedding: list[float] | None = None
+    created_at: datetime | None = None
+    community_uuid: str | None = None
+
+
+class FactRecord(BaseModel):
+    uuid: str
+    group_id: str
+    source_uuid: str
+    target_uuid: str
+    name: str  # relation type, UPPER_SNAKE_CASE
+    fact: str
+    fact_embedding: list[float] | None = None
+    episodes: list[str] = Field(default_factory=list)  # episode uuids
+    valid_at: datetime | None = None
+    invalid_at: datetime | None = None
+    created_at: datetime | None = None
+    expired_at: datetime | None = None
+    cardinality: Literal["one", "many"] | None = None
+
+
+class EpisodeRecord(BaseModel):
+    uuid: str
+    group_id: str
+    name: str
+    source: str
+    source_description: str
+    content: str
+    valid_at: datetime
+    created_at: datetime | None = None
+    producer_id: str = ""
+
+
+class FactView(BaseModel):
+    """A fact as the query commands print it (`tidegraph facts --json`)."""
+
+    uuid: str
+    subject: str
+    relation: str
+    object: str
+    fact: str
+    valid_at: str | None
+    invalid_at: str | None
+    created_at: str | None
+    expired_at: str | None
+    episodes: list[str]  # producer ids of the episodes

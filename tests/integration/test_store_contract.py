@@ -1,0 +1,1181 @@
+"""The GraphStore contract, run against Neo4j and the embedded kuzu store alike.
+
+Every test runs once per store (fixture ``store``); ``test_stores_agree`` also runs one
+scenario on both and compares the answers. Any difference between the stores is a bug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid as uuidlib
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from neo4j import AsyncGraphDatabase
+
+from processors.models import (
+    EntityRecord,
+    EpisodeRecord,
+    FactRecord,
+    FactView,
+    normalize_name,
+    stable_uuid,
+)
+from tidegraph.settings import Settings
+from tidegraph.store import (
+    EpisodeWrite,
+    FactClosure,
+    GraphStore,
+    StoreIntegrityError,
+    StoreSchemaError,
+    open_store,
+)
+from tidegraph.store.cypher import SEARCH_STOP_WORDS
+from tidegraph.store.kuzu_store import KuzuStore
+from tidegraph.store.neo4j_store import Neo4jStore
+
+pytestmark = pytest.mark.integration
+
+# The dimension every tidegraph embedder uses by default; the Neo4j test server is shared by
+# the whole suite, whose vector indexes must all agree on it.
+DIM = 384
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+FAR_FUTURE = datetime(2100, 1, 1, tzinfo=UTC)
+HOSTILE = [
+    "x'}) DETACH DELETE n //",
+    "`Entity`) MATCH (n) DETACH DELETE n //`",
+    "quote \" double ' single \\ backslash",
+    "$group_id {uuid: $uuid} ${x}",
+    "ünïcødé 東京 🚀 Ωμέγα\nnew line\ttab",
+    'a:b "c',
+]
+
+
+# ----------------------------------------------------------------------------- builders
+def vec(*head: float) -> list[float]:
+    return [float(v) for v in head] + [0.0] * (DIM - len(head))
+
+
+def day(n: float) -> datetime:
+    return T0 + timedelta(days=n)
+
+
+def entity(
+    group: str,
+    name: str,
+    *,
+    labels: list[str] | None = None,
+    summary: str = "",
+    key: str | None = None,
+    aliases: list[str] | None = None,
+    embedding: list[float] | None = None,
+    created_at: datetime | None = None,
+) -> EntityRecord:
+    return EntityRecord(
+        uuid=stable_uuid("entity", group, name),
+        group_id=group,
+        name=name,
+        labels=labels or [],
+        summary=summary,
+        key=key,
+        aliases=aliases or [],
+        name_embedding=embedding,
+        created_at=created_at or day(0),
+    )
+
+
+def fact(
+    group: str,
+    source: EntityRecord,
+    target: EntityRecord,
+    relation: str,
+    text: str,
+    *,
+    valid_at: datetime | None = None,
+    invalid_at: datetime | None = None,
+    created_at: datetime | None = None,
+    expired_at: datetime | None = None,
+    embedding: list[float] | None = None,
+    episodes: list[str] | None = None,
+    tag: str = "",
+) -> FactRecord:
+    return FactRecord(
+        uuid=stable_uuid("fact", group, source.uuid, relation, target.uuid, tag),
+        group_id=group,
+        source_uuid=source.uuid,
+        target_uuid=target.uuid,
+        name=relation,
+        fact=text,
+        fact_embedding=embedding,
+        episodes=episodes or [],
+        valid_at=valid_at,
+        invalid_at=invalid_at,
+        created_at=created_at or day(0),
+        expired_at=expired_at,
+        cardinality="one",
+    )
+
+
+def episode(
+    group: str, producer_id: str, valid_at: datetime, content: str = "hello"
+) -> EpisodeRecord:
+    return EpisodeRecord(
+        uuid=stable_uuid("episode", group, producer_id),
+        group_id=group,
+        name=f"episode {producer_id}",
+        source="message",
+        source_description="chat",
+        content=content,
+        valid_at=valid_at,
+        created_at=valid_at + timedelta(minutes=1),
+        producer_id=producer_id,
+    )
+
+
+async def snapshot(store: GraphStore, group: str) -> dict[str, Any]:
+    """Everything the store says about a group, for before/after comparisons."""
+    entities = await store.list_entities(group)
+    facts = await store.facts_touching(group, [e.uuid for e in entities])
+    return {
+        "counts": await store.counts(group),
+        "entities": [e.model_dump() for e in entities],
+        "facts": [f.model_dump() for f in facts],
+        "episodes": [e.model_dump() for e in await store.recent_episodes(group, FAR_FUTURE, 1000)],
+        "history": [v.model_dump() for v in await store.query_facts(group, include_invalid=True)],
+    }
+
+
+def uuids(hits: list[tuple[Any, float]]) -> list[str]:
+    return [record.uuid for record, _ in hits]
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture
+def _neo4j_uri_if_needed(request: pytest.FixtureRequest) -> str | None:
+    """Resolves (and if need be starts) Neo4j only for the neo4j runs, outside the loop."""
+    if request.node.callspec.params.get("store") == "neo4j":
+        return str(request.getfixturevalue("neo4j_uri"))
+    return None
+
+
+@pytest.fixture(params=["neo4j", "kuzu"])
+async def store(
+    request: pytest.FixtureRequest, _neo4j_uri_if_needed: str | None, tmp_path: Path
+) -> AsyncIterator[GraphStore]:
+    opened: GraphStore
+    if request.param == "neo4j":
+        assert _neo4j_uri_if_needed is not None
+        opened = Neo4jStore(_neo4j_uri_if_needed)
+    else:
+        opened = KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
+    await opened.setup(DIM)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def _drop_neo4j_groups(uri: str, groups: list[str]) -> None:
+    driver = AsyncGraphDatabase.driver(uri, auth=None)
+    try:
+        await driver.execute_query(
+            "MATCH (n) WHERE n.group_id IN $groups DETACH DELETE n", {"groups": groups}
+        )
+    finally:
+        await driver.close()
+
+
+@pytest.fixture
+async def new_group(
+    store: GraphStore, _neo4j_uri_if_needed: str | None
+) -> AsyncIterator[Callable[..., str]]:
+    """Makes group ids of this test's own; on Neo4j their nodes are removed afterwards
+    (independently of ``delete_group``, which is under test)."""
+    made: list[str] = []
+
+    def make(prefix: str = "g") -> str:
+        gid = f"{prefix}-{uuidlib.uuid4().hex[:12]}"
+        made.append(gid)
+        return gid
+
+    yield make
+    if _neo4j_uri_if_needed is not None and made:
+        await _drop_neo4j_groups(_neo4j_uri_if_needed, made)
+
+
+# ----------------------------------------------------------------------------- lifecycle
+async def test_setup_is_idempotent_and_refuses_another_dimension(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    await store.setup(DIM)
+    await store.setup(DIM)
+    with pytest.raises(StoreSchemaError, match=r"384.*385|DROP INDEX|data folder"):
+        await store.setup(DIM + 1)
+    # still usable after the refusal, indexes answering right away
+    acme = entity(group, "Acme Corp", summary="printers", embedding=vec(1))
+    await store.upsert_entities(group, [acme])
+    assert uuids(await store.fulltext_entities(group, "acme", 5)) == [acme.uuid]
+    assert uuids(await store.vector_entities(group, vec(1), 5)) == [acme.uuid]
+
+
+async def test_open_store_follows_settings(tmp_path: Path) -> None:
+    embedded = open_store(Settings(store="embedded", data_dir=tmp_path))
+    neo4j = open_store(Settings(store="neo4j"))
+    try:
+        assert isinstance(embedded, KuzuStore)
+        assert isinstance(neo4j, Neo4jStore)
+        await embedded.setup(DIM)
+        assert (tmp_path / "graph").is_dir()
+    finally:
+        await embedded.close()
+        await neo4j.close()
+
+
+async def test_embedded_store_reopens_with_its_data(tmp_path: Path) -> None:
+    group = "reopen"
+    first = KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
+    await first.setup(DIM)
+    acme = entity(group, "Acme Corp", summary="printers", embedding=vec(1))
+    await first.upsert_entities(group, [acme])
+    await first.close()
+    second = KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
+    try:
+        with pytest.raises(StoreSchemaError, match="data folder"):
+            await second.setup(DIM * 2)
+        await second.setup(DIM)
+        globex = entity(group, "Globex", summary="printers too", embedding=vec(0.9, 0.1))
+        await second.upsert_entities(group, [globex])  # indexes follow after a reopen
+        assert uuids(await second.vector_entities(group, vec(1), 5)) == [acme.uuid, globex.uuid]
+        assert set(uuids(await second.fulltext_entities(group, "printers", 5))) == {
+            acme.uuid,
+            globex.uuid,
+        }
+    finally:
+        await second.close()
+
+
+# ----------------------------------------------------------------------------- episodes
+async def test_write_episode_marks_it_processed(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group, other = new_group(), new_group()
+    ep = episode(group, "zendesk:ticket-88:comment-3", day(3), content="Printer is broken")
+    assert not await store.episode_processed(group, ep.uuid)
+    await store.write_episode(group, EpisodeWrite(episode=ep))
+    assert await store.episode_processed(group, ep.uuid)
+    assert not await store.episode_processed(other, ep.uuid)
+    [stored] = await store.recent_episodes(group, FAR_FUTURE, 10)
+    assert stored == ep
+    assert stored.valid_at.tzinfo is not None and stored.valid_at.utcoffset() == timedelta(0)
+    assert await store.counts(group) == {"episodes": 1, "entities": 0, "facts": 0, "mentions": 0}
+
+
+async def test_recent_episodes_order_limit_and_before(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group, other = new_group(), new_group()
+    episodes = [episode(group, f"msg-{i}", day(i)) for i in range(1, 6)]
+    for ep in reversed(episodes):
+        await store.write_episode(group, EpisodeWrite(episode=ep))
+    await store.write_episode(other, EpisodeWrite(episode=episode(other, "msg-x", day(2))))
+
+    def producers(eps: list[EpisodeRecord]) -> list[str]:
+        return [e.producer_id for e in eps]
+
+    assert producers(await store.recent_episodes(group, day(4), 2)) == ["msg-2", "msg-3"]
+    assert producers(await store.recent_episodes(group, day(4), 10)) == [
+        "msg-1",
+        "msg-2",
+        "msg-3",
+    ]
+    assert producers(await store.recent_episodes(group, day(1), 10)) == []
+    assert producers(await store.recent_episodes(group, FAR_FUTURE, 1)) == ["msg-5"]
+    assert await store.recent_episodes(group, FAR_FUTURE, 0) == []
+    # an aware time in another zone is the same instant
+    before = day(4).astimezone(timezone(timedelta(hours=-5)))
+    assert producers(await store.recent_episodes(group, before, 1)) == ["msg-3"]
+
+
+# ----------------------------------------------------------------------------- entities
+async def test_entity_upsert_semantics(store: GraphStore, new_group: Callable[..., str]) -> None:
+    group = new_group()
+    first = entity(
+        group,
+        "Acme Corp",
+        labels=["Organization"],
+        summary="Makes printers.",
+        aliases=["acme"],
+        embedding=vec(1, 0),
+        created_at=day(1),
+    )
+    await store.upsert_entities(group, [first])
+    second = first.model_copy(
+        update={
+            "name": "ACME Corporation",
+            "labels": ["Customer", "Organization"],
+            "summary": "",
+            "key": "crm-1",
+            "aliases": ["acme corporation", "acme"],
+            "name_embedding": vec(0, 1),
+            "created_at": day(9),
+        }
+    )
+    await store.upsert_entities(group, [second])
+    [stored] = await store.entities_by_uuids(group, [first.uuid])
+    assert stored.name == "Acme Corp"
+    assert stored.labels == ["Organization", "Customer"]
+    assert stored.aliases == ["acme", "acme corporation"]
+    assert stored.summary == "Makes printers."  # an empty summary does not replace
+    assert stored.key == "crm-1"  # set while null
+    assert stored.name_embedding == vec(1, 0)
+    assert stored.created_at == day(1)
+
+    third = second.model_copy(update={"summary": "Makes printers and toner.", "key": "crm-2"})
+    await store.upsert_entities(group, [third])
+    [stored] = await store.entities_by_uuids(group, [first.uuid])
+    assert stored.summary == "Makes printers and toner."
+    assert stored.key == "crm-1"  # never replaced once set
+    # the name lookup still works by the first name
+    assert [e.uuid for e in await store.entities_by_names(group, ["acme corp"])] == [first.uuid]
+    assert await store.counts(group) == {"episodes": 0, "entities": 1, "facts": 0, "mentions": 0}
+
+
+async def test_repeated_uuid_in_one_batch_applies_in_order(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    a = entity(group, "Acme", labels=["A"], summary="one", aliases=["x"], embedding=vec(1))
+    b = a.model_copy(update={"labels": ["B"], "summary": "", "aliases": ["y"], "key": "k"})
+    c = a.model_copy(update={"labels": ["A", "C"], "summary": "three", "key": "other"})
+    await store.upsert_entities(group, [a, b, c])
+    [stored] = await store.list_entities(group)
+    assert (stored.labels, stored.aliases, stored.summary, stored.key) == (
+        ["A", "B", "C"],
+        ["x", "y"],
+        "three",
+        "k",
+    )
+
+
+async def test_entity_lookups(store: GraphStore, new_group: Callable[..., str]) -> None:
+    group, other = new_group(), new_group()
+    for g in (group, other):
+        await store.upsert_entities(
+            g,
+            [
+                entity(g, "Acme Corp.", key="crm-1", aliases=["acme inc", "the acme company"]),
+                entity(g, "Globex", key="crm-2"),
+                entity(g, "Initech"),
+            ],
+        )
+    acme, globex = (stable_uuid("entity", group, n) for n in ("Acme Corp.", "Globex"))
+
+    def ids(records: list[EntityRecord]) -> list[str]:
+        assert all(r.group_id == group for r in records)
+        return [r.uuid for r in records]
+
+    assert ids(await store.entities_by_names(group, [normalize_name("ACME corp")])) == [acme]
+    assert ids(await store.entities_by_names(group, ["acme inc"])) == [acme]
+    assert ids(await store.entities_by_names(group, ["acme inc", "acme corp", "globex"])) == [
+        acme,
+        globex,
+    ]
+    assert ids(await store.entities_by_names(group, ["nobody"])) == []
+    assert ids(await store.entities_by_names(group, [])) == []
+    assert ids(await store.entities_by_keys(group, ["crm-2", "crm-1", "crm-9"])) == [acme, globex]
+    assert ids(await store.entities_by_keys(group, [])) == []
+    assert ids(await store.entities_by_uuids(group, [globex, acme, "missing"])) == [acme, globex]
+    other_acme = stable_uuid("entity", other, "Acme Corp.")
+    assert ids(await store.entities_by_uuids(group, [other_acme])) == []
+    assert [e.name for e in await store.list_entities(group)] == ["Acme Corp.", "Globex", "Initech"]
+
+
+async def test_list_entities_orders_by_name_then_uuid(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    records = [
+        EntityRecord(uuid=f"{group}-{suffix}", group_id=group, name=name)
+        for name, suffix in [("Beta", "2"), ("Alpha", "9"), ("Beta", "1"), ("Zed", "0")]
+    ]
+    await store.upsert_entities(group, records)
+    listed = await store.list_entities(group)
+    assert [(e.name, e.uuid[-1]) for e in listed] == [
+        ("Alpha", "9"),
+        ("Beta", "1"),
+        ("Beta", "2"),
+        ("Zed", "0"),
+    ]
+    assert all(e.summary == "" and e.labels == [] and e.created_at for e in listed)
+
+
+async def test_invalid_labels_are_dropped(store: GraphStore, new_group: Callable[..., str]) -> None:
+    group = new_group()
+    labels = ["Person", "bad label", "1abc", "x'}) DETACH", "Community", "Ok_2", "Person", ""]
+    await store.upsert_entities(group, [entity(group, "Ada", labels=labels)])
+    [stored] = await store.list_entities(group)
+    assert stored.labels == ["Person", "Ok_2"]
+
+
+async def test_neo4j_type_labels_are_real_labels(neo4j_uri: str, neo4j_driver: Any) -> None:
+    group = f"labels-{uuidlib.uuid4().hex[:12]}"
+    store = Neo4jStore(neo4j_uri)
+    try:
+        await store.setup(DIM)
+        ada = entity(group, "Ada", labels=["Person", "bad label", "Episodic", "Ok_2"])
+        await store.upsert_entities(group, [ada])
+        await store.upsert_entities(group, [ada.model_copy(update={"labels": ["Engineer"]})])
+        result = await neo4j_driver.execute_query(
+            "MATCH (e:Entity {uuid: $uuid}) RETURN labels(e) AS labels", {"uuid": ada.uuid}
+        )
+        assert sorted(result.records[0]["labels"]) == ["Engineer", "Entity", "Ok_2", "Person"]
+    finally:
+        await _drop_neo4j_groups(neo4j_uri, [group])
+        await store.close()
+
+
+async def test_group_conflicts_are_refused(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    mine, theirs = new_group(), new_group()
+    theirs_acme = entity(theirs, "Acme", summary="theirs")
+    await store.upsert_entities(theirs, [theirs_acme])
+    intruder = theirs_acme.model_copy(update={"group_id": mine, "summary": "mine"})
+    with pytest.raises(StoreIntegrityError):
+        await store.upsert_entities(mine, [intruder])
+    with pytest.raises(ValueError):  # a record of another group
+        await store.upsert_entities(mine, [theirs_acme])
+    [stored] = await store.list_entities(theirs)
+    assert stored.summary == "theirs"
+    assert await store.list_entities(mine) == []
+
+    ep = episode(theirs, "m-1", day(1))
+    await store.write_episode(theirs, EpisodeWrite(episode=ep))
+    with pytest.raises(StoreIntegrityError):
+        await store.write_episode(
+            mine, EpisodeWrite(episode=ep.model_copy(update={"group_id": mine}))
+        )
+    assert not await store.episode_processed(mine, ep.uuid)
+
+
+async def test_write_referencing_missing_entities_writes_nothing(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    a = entity(group, "A")
+    ghost = entity(group, "Ghost")
+    await store.upsert_entities(group, [a])
+    ep = episode(group, "m-1", day(1))
+    bad_fact = fact(group, a, ghost, "KNOWS", "A knows a ghost", valid_at=day(1))
+    for write in (
+        EpisodeWrite(episode=ep, mentions=[a.uuid], facts=[bad_fact]),
+        EpisodeWrite(episode=ep, mentions=[a.uuid, ghost.uuid]),
+        EpisodeWrite(
+            episode=ep,
+            closures=[FactClosure(uuid="no-such-fact", invalid_at=day(2), expired_at=day(2))],
+        ),
+    ):
+        with pytest.raises(StoreIntegrityError):
+            await store.write_episode(group, write)
+    assert not await store.episode_processed(group, ep.uuid)
+    assert await store.counts(group) == {"episodes": 0, "entities": 1, "facts": 0, "mentions": 0}
+
+
+async def test_embeddings_are_checked(store: GraphStore, new_group: Callable[..., str]) -> None:
+    group = new_group()
+    with pytest.raises(ValueError, match="dimensions"):
+        await store.upsert_entities(group, [entity(group, "A", embedding=[1.0, 0.0])])
+    with pytest.raises(ValueError, match="non-zero"):
+        await store.upsert_entities(group, [entity(group, "A", embedding=vec())])
+    with pytest.raises(ValueError, match="dimensions"):
+        await store.vector_entities(group, [1.0], 5)
+    with pytest.raises(ValueError, match="dimensions"):
+        await store.vector_facts(group, [1.0], 5)
+    assert await store.counts(group) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+
+
+async def test_datetimes_are_aware_utc(store: GraphStore, new_group: Callable[..., str]) -> None:
+    group = new_group()
+    plus_two = timezone(timedelta(hours=2))
+    created = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=plus_two)
+    await store.upsert_entities(group, [entity(group, "A", created_at=created)])
+    [stored] = await store.list_entities(group)
+    assert stored.created_at == created
+    assert stored.created_at is not None and stored.created_at.utcoffset() == timedelta(0)
+    assert stored.created_at.hour == 10
+
+
+async def _add_community(
+    store: GraphStore, uri: str | None, group: str, name: str, members: list[str]
+) -> str:
+    """A community written behind the interface's back (it has no community writes yet)."""
+    community = stable_uuid("community", group, name)
+    query = (
+        "MATCH (e:Entity) WHERE e.uuid = $member AND e.group_id = $gid "
+        "MERGE (c:Community {uuid: $uuid}) ON CREATE SET c.group_id = $gid, c.name = $name "
+        "CREATE (c)-[:HAS_MEMBER {group_id: $gid}]->(e)"
+    )
+    for member in members:
+        params = {"uuid": community, "gid": group, "name": name, "member": member}
+        if isinstance(store, KuzuStore):
+            await store._call(store._rows, query, params)
+        else:
+            assert uri is not None
+            driver = AsyncGraphDatabase.driver(uri, auth=None)
+            try:
+                await driver.execute_query(query, params)
+            finally:
+                await driver.close()
+    return community
+
+
+async def test_entities_carry_their_community(
+    store: GraphStore, new_group: Callable[..., str], _neo4j_uri_if_needed: str | None
+) -> None:
+    group = new_group()
+    a = entity(group, "Acme", summary="printers", embedding=vec(1))
+    b = entity(group, "Bolt", summary="printers", embedding=vec(1, 1))
+    await store.upsert_entities(group, [a, b])
+    community = await _add_community(store, _neo4j_uri_if_needed, group, "Printing", [a.uuid])
+    expected = {a.uuid: community, b.uuid: None}
+    for records in (
+        await store.list_entities(group),
+        await store.entities_by_uuids(group, [a.uuid, b.uuid]),
+        [e for e, _ in await store.fulltext_entities(group, "printers", 5)],
+        [e for e, _ in await store.vector_entities(group, vec(1), 5)],
+    ):
+        assert {e.uuid: e.community_uuid for e in records} == expected
+    # an upsert leaves the membership alone
+    await store.upsert_entities(group, [a.model_copy(update={"summary": "changed"})])
+    assert [e.community_uuid for e in await store.entities_by_uuids(group, [a.uuid])] == [community]
+
+
+# ----------------------------------------------------------------------------- search
+async def _search_corpus(store: GraphStore, group: str) -> dict[str, EntityRecord]:
+    records = {
+        "acme": entity(
+            group,
+            "Acme Printers",
+            summary="Acme sells laser printers and printer toner.",
+            embedding=vec(1, 0),
+        ),
+        "globex": entity(group, "Globex", summary="Globex makes widgets.", embedding=vec(0.8, 0.6)),
+        "initech": entity(
+            group,
+            "Initech",
+            summary="A software company whose office printer is broken.",
+            embedding=vec(0, 1),
+        ),
+        "umbrella": entity(group, "Umbrella", summary="Pharmaceuticals.", embedding=vec(-1, 0)),
+        "plain": entity(group, "Hooli", summary="Search engine."),  # no embedding
+    }
+    await store.upsert_entities(group, list(records.values()))
+    return records
+
+
+async def test_fulltext_ranking_and_isolation(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group, other = new_group(), new_group()
+    mine = await _search_corpus(store, group)
+    await _search_corpus(store, other)
+
+    hits = await store.fulltext_entities(group, "printer", 10)
+    assert uuids(hits) == [mine["acme"].uuid, mine["initech"].uuid]
+    assert all(e.group_id == group for e, _ in hits)
+    assert hits[0][1] > hits[1][1] > 0
+    assert uuids(await store.fulltext_entities(group, "printer", 1)) == [mine["acme"].uuid]
+    assert uuids(await store.fulltext_entities(group, "WIDGETS", 10)) == [mine["globex"].uuid]
+    assert uuids(await store.fulltext_entities(group, "globex", 10)) == [mine["globex"].uuid]
+    for text in ["", "   ", "*", "AND", "the", "nothing-matches-this"]:
+        assert await store.fulltext_entities(group, text, 10) == []
+    for text in HOSTILE:
+        await store.fulltext_entities(group, text, 10)  # plain text: no syntax error
+    assert (await store.counts(group))["entities"] == 5
+
+    # the index follows updates (several in one batch): a replaced summary is searched, the
+    # old one is not
+    changed = [
+        mine["globex"].model_copy(update={"summary": "Globex now sells printers."}),
+        mine["umbrella"].model_copy(update={"summary": "Vaccines."}),
+    ]
+    await store.upsert_entities(group, changed)
+    assert mine["globex"].uuid in uuids(await store.fulltext_entities(group, "printers", 10))
+    assert await store.fulltext_entities(group, "widgets", 10) == []
+    assert uuids(await store.fulltext_entities(group, "vaccines", 10)) == [mine["umbrella"].uuid]
+    assert await store.fulltext_entities(group, "pharmaceuticals", 10) == []
+    # new entities written in one batch are each found by their own words
+    batch = [entity(group, f"Batch {word}", summary=f"about {word}") for word in ("kiwi", "mango")]
+    await store.upsert_entities(group, batch)
+    for record, word in zip(batch, ("kiwi", "mango"), strict=True):
+        assert uuids(await store.fulltext_entities(group, word, 10)) == [record.uuid]
+    assert uuids(await store.fulltext_entities(other, "widgets", 10)) == [
+        stable_uuid("entity", other, "Globex")
+    ]
+
+
+async def test_vector_entities_ranking_and_isolation(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group, other = new_group(), new_group()
+    mine = await _search_corpus(store, group)
+    await _search_corpus(store, other)
+
+    hits = await store.vector_entities(group, vec(1, 0), 10)
+    assert uuids(hits) == [mine[k].uuid for k in ("acme", "globex", "initech", "umbrella")]
+    assert [round(score, 1) for _, score in hits] == [1.0, 0.9, 0.5, 0.0]
+    assert all(0.0 <= score <= 1.0 for _, score in hits)
+    assert all(e.group_id == group for e, _ in hits)
+    assert uuids(await store.vector_entities(group, vec(0, 1), 2)) == [
+        mine["initech"].uuid,
+        mine["globex"].uuid,
+    ]
+    assert await store.vector_entities(group, vec(1), 0) == []
+
+
+async def test_vector_search_finds_a_small_group_beside_a_big_one(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    big, small = new_group("big"), new_group("small")
+    crowd = [entity(big, f"Crowd {i}", embedding=vec(1, i / 1000)) for i in range(130)]
+    await store.upsert_entities(big, crowd)
+    far = entity(small, "Far", embedding=vec(-1, 0.1))
+    side = entity(small, "Side", embedding=vec(0, 1))
+    await store.upsert_entities(small, [far, side])
+    assert uuids(await store.vector_entities(small, vec(1, 0), 5)) == [side.uuid, far.uuid]
+
+    hub = entity(big, "Hub")
+    await store.upsert_entities(big, [hub])
+    big_facts = [
+        fact(big, hub, crowd[i], "NEAR", f"near {i}", embedding=vec(1, i / 1000), tag=str(i))
+        for i in range(130)
+    ]
+    await store.write_episode(big, EpisodeWrite(episode=episode(big, "e", day(1)), facts=big_facts))
+    lone = fact(small, far, side, "FAR", "far from everything", embedding=vec(-1, 0))
+    await store.write_episode(
+        small, EpisodeWrite(episode=episode(small, "e", day(1)), facts=[lone])
+    )
+    [(found, score)] = await store.vector_facts(small, vec(1, 0), 5)
+    assert found.uuid == lone.uuid and score == pytest.approx(0.0, abs=0.02)
+
+
+async def test_vector_facts_ranking_and_isolation(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group, other = new_group(), new_group()
+    for g in (group, other):
+        a, b, c = (entity(g, n) for n in ("A", "B", "C"))
+        await store.upsert_entities(g, [a, b, c])
+        facts = [
+            fact(g, a, b, "LIKES", "A likes B", embedding=vec(1, 0)),
+            fact(g, b, c, "LIKES", "B likes C", embedding=vec(0.6, 0.8)),
+            fact(g, a, c, "HATES", "A hates C", embedding=vec(-1, 0)),
+            fact(g, c, a, "KNOWS", "C knows A"),  # no embedding
+        ]
+        await store.write_episode(g, EpisodeWrite(episode=episode(g, "e1", day(1)), facts=facts))
+    hits = await store.vector_facts(group, vec(1, 0), 10)
+    assert [f.fact for f, _ in hits] == ["A likes B", "B likes C", "A hates C"]
+    assert [round(s, 1) for _, s in hits] == [1.0, 0.8, 0.0]
+    assert all(f.group_id == group for f, _ in hits)
+    assert hits[0][0].fact_embedding == vec(1, 0)
+    assert [f.fact for f, _ in await store.vector_facts(group, vec(-1, 0), 1)] == ["A hates C"]
+
+
+# ----------------------------------------------------------------------------- facts
+async def test_facts_touching(store: GraphStore, new_group: Callable[..., str]) -> None:
+    group, other = new_group(), new_group()
+    for g in (group, other):
+        a, b, c, d = (entity(g, n) for n in "ABCD")
+        await store.upsert_entities(g, [a, b, c, d])
+        facts = [
+            fact(g, a, b, "KNOWS", "A knows B", valid_at=day(1)),
+            fact(g, b, c, "KNOWS", "B knows C", valid_at=day(2)),
+            fact(
+                g,
+                c,
+                d,
+                "KNOWS",
+                "C knew D",
+                valid_at=day(3),
+                invalid_at=day(4),
+                expired_at=day(5),
+            ),
+        ]
+        await store.write_episode(g, EpisodeWrite(episode=episode(g, "e1", day(1)), facts=facts))
+    a, b, c, d = (stable_uuid("entity", group, n) for n in "ABCD")
+
+    async def texts(entity_uuids: list[str]) -> list[str]:
+        found = await store.facts_touching(group, entity_uuids)
+        assert all(f.group_id == group for f in found)
+        return sorted(f.fact for f in found)
+
+    assert await texts([a]) == ["A knows B"]
+    assert await texts([b]) == ["A knows B", "B knows C"]
+    assert await texts([d]) == ["C knew D"]  # closed facts too
+    assert await texts([a, d]) == ["A knows B", "C knew D"]
+    assert await texts([stable_uuid("entity", other, "A")]) == []
+    assert await texts([]) == []
+    [closed] = await store.facts_touching(group, [d])
+    assert (closed.source_uuid, closed.target_uuid) == (c, d)
+    assert (closed.valid_at, closed.invalid_at, closed.expired_at) == (day(3), day(4), day(5))
+    assert closed.created_at == day(0) and closed.cardinality == "one"
+
+
+async def test_write_episode_twice_is_identical(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    a, b, c = (entity(group, n, embedding=vec(1, i)) for i, n in enumerate("ABC"))
+    await store.upsert_entities(group, [a, b, c])
+    ep1 = episode(group, "m-1", day(1))
+    f1 = fact(group, a, b, "WORKS_AT", "A works at B", valid_at=day(1), episodes=[ep1.uuid])
+    f2 = fact(
+        group,
+        b,
+        c,
+        "OWNS",
+        "B owns C",
+        valid_at=day(1),
+        embedding=vec(0, 1),
+        episodes=[ep1.uuid],
+    )
+    write1 = EpisodeWrite(episode=ep1, mentions=[a.uuid, b.uuid, b.uuid], facts=[f1, f2])
+    await store.write_episode(group, write1)
+    once = await snapshot(store, group)
+    await store.write_episode(group, write1)
+    assert await snapshot(store, group) == once
+    assert once["counts"] == {"episodes": 1, "entities": 3, "facts": 2, "mentions": 2}
+
+    ep2 = episode(group, "m-2", day(5))
+    f3 = fact(group, a, c, "WORKS_AT", "A works at C", valid_at=day(5), episodes=[ep2.uuid])
+    write2 = EpisodeWrite(
+        episode=ep2,
+        mentions=[a.uuid, c.uuid],
+        facts=[f3],
+        closures=[FactClosure(uuid=f1.uuid, invalid_at=day(5), expired_at=day(6))],
+    )
+    await store.write_episode(group, write2)
+    twice = await snapshot(store, group)
+    await store.write_episode(group, write2)
+    assert await snapshot(store, group) == twice
+    assert twice["counts"] == {"episodes": 2, "entities": 3, "facts": 3, "mentions": 4}
+    [closed] = [f for f in twice["facts"] if f["uuid"] == f1.uuid]
+    assert (closed["invalid_at"], closed["expired_at"]) == (day(5), day(6))
+    history = {v["fact"]: v["episodes"] for v in twice["history"]}
+    assert history == {"A works at B": ["m-1"], "B owns C": ["m-1"], "A works at C": ["m-2"]}
+
+
+async def test_expired_at_is_set_only_once(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    a, b = entity(group, "A"), entity(group, "B")
+    await store.upsert_entities(group, [a, b])
+    f = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(1), created_at=day(1))
+
+    async def write(
+        *, facts: list[FactRecord] | None = None, closures: list[FactClosure] | None = None
+    ) -> FactRecord:
+        ep = episode(group, f"m-{uuidlib.uuid4().hex[:6]}", day(1))
+        await store.write_episode(
+            group, EpisodeWrite(episode=ep, facts=facts or [], closures=closures or [])
+        )
+        return {x.uuid: x for x in await store.facts_touching(group, [a.uuid])}[f.uuid]
+
+    stored = await write(facts=[f])
+    assert (stored.invalid_at, stored.expired_at, stored.created_at) == (None, None, day(1))
+    stored = await write(closures=[FactClosure(f.uuid, invalid_at=day(3), expired_at=day(4))])
+    assert (stored.invalid_at, stored.expired_at) == (day(3), day(4))
+    stored = await write(closures=[FactClosure(f.uuid, invalid_at=day(2), expired_at=day(9))])
+    assert (stored.invalid_at, stored.expired_at) == (day(2), day(4))
+    # a full-state upsert sets the given state, but never expired_at again nor created_at
+    restated = f.model_copy(
+        update={
+            "fact": "A is on plan B (restated)",
+            "invalid_at": day(7),
+            "expired_at": day(8),
+            "created_at": day(30),
+        }
+    )
+    stored = await write(facts=[restated])
+    assert stored.fact == "A is on plan B (restated)"
+    assert (stored.invalid_at, stored.expired_at, stored.created_at) == (day(7), day(4), day(1))
+    born_closed = fact(
+        group, b, a, "PLAN", "born closed", valid_at=day(1), invalid_at=day(2), expired_at=day(3)
+    )
+    await write(facts=[born_closed])
+    [stored_closed] = [x for x in await store.facts_touching(group, [b.uuid]) if x.uuid != f.uuid]
+    assert (stored_closed.invalid_at, stored_closed.expired_at) == (day(2), day(3))
+
+
+# ----------------------------------------------------------------------------- as-of
+async def _timeline(store: GraphStore, group: str) -> dict[str, FactRecord]:
+    """Acme's plan changes, a fact learned late, a job that ended, an unrelated fact."""
+    acme, globex, bob = entity(group, "Acme"), entity(group, "Globex"), entity(group, "Bob")
+    basic, pro = entity(group, "Basic plan"), entity(group, "Pro plan")
+    berlin, widgets = entity(group, "Berlin"), entity(group, "Widgets")
+    await store.upsert_entities(group, [acme, globex, bob, basic, pro, berlin, widgets])
+    e1, e2 = episode(group, "crm:1", day(1)), episode(group, "crm:2", day(60))
+    facts = {
+        "basic": fact(
+            group,
+            acme,
+            basic,
+            "ON_PLAN",
+            "Acme is on the Basic plan",
+            valid_at=day(0),
+            created_at=day(1),
+            invalid_at=day(60),
+            expired_at=day(64),
+            episodes=[e1.uuid, e2.uuid],
+        ),
+        "pro": fact(
+            group,
+            acme,
+            pro,
+            "ON_PLAN",
+            "Acme is on the Pro plan",
+            valid_at=day(60),
+            created_at=day(64),
+            episodes=[e2.uuid],
+        ),
+        "late": fact(
+            group,
+            acme,
+            berlin,
+            "LOCATED_IN",
+            "Acme was located in Berlin",
+            valid_at=day(-200),
+            invalid_at=day(-30),
+            created_at=day(31),
+            expired_at=day(31),
+            episodes=[e1.uuid],
+        ),
+        "job": fact(
+            group,
+            bob,
+            acme,
+            "WORKS_AT",
+            "Bob works at Acme",
+            valid_at=day(31),
+            created_at=day(40),
+            invalid_at=day(91),
+            expired_at=day(92),
+        ),
+        "globex": fact(
+            group,
+            globex,
+            widgets,
+            "MAKES",
+            "Globex makes widgets",
+            valid_at=day(14),
+            created_at=day(14),
+            episodes=["not-an-episode-uuid"],
+        ),
+    }
+    await store.write_episode(group, EpisodeWrite(episode=e1))
+    await store.write_episode(group, EpisodeWrite(episode=e2, facts=list(facts.values())))
+    return facts
+
+
+async def test_query_facts_as_of(store: GraphStore, new_group: Callable[..., str]) -> None:
+    group, other = new_group(), new_group()
+    facts = await _timeline(store, group)
+    await _timeline(store, other)
+
+    async def ask(**kwargs: Any) -> list[str]:
+        return [v.fact for v in await store.query_facts(group, **kwargs)]
+
+    # now: everything is known; the plan is Pro, Bob has left
+    assert await ask() == ["Acme is on the Pro plan", "Globex makes widgets"]
+    # valid mid-February, as known now
+    assert await ask(valid_at=day(45)) == [
+        "Acme is on the Basic plan",
+        "Bob works at Acme",
+        "Globex makes widgets",
+    ]
+    # valid on 10 March as believed on 2 March: the plan change was not yet known, nor was
+    # Bob's leaving; the Berlin fact was already known closed
+    assert await ask(valid_at=day(69), known_at=day(61)) == [
+        "Acme is on the Basic plan",
+        "Bob works at Acme",
+        "Globex makes widgets",
+    ]
+    assert await ask(valid_at=day(-100)) == ["Acme was located in Berlin"]
+    # before it was learned, the Berlin fact was not believed at all
+    assert await ask(valid_at=day(-100), known_at=day(30)) == []
+    assert await ask(known_at=day(-1)) == []
+    assert await ask(valid_at=day(0), known_at=day(1)) == ["Acme is on the Basic plan"]
+    # boundaries: valid_at is inclusive, invalid_at exclusive
+    assert await ask(valid_at=day(60)) == [
+        "Acme is on the Pro plan",
+        "Bob works at Acme",
+        "Globex makes widgets",
+    ]
+    assert await ask(valid_at=day(60) - timedelta(microseconds=1)) == [
+        "Acme is on the Basic plan",
+        "Bob works at Acme",
+        "Globex makes widgets",
+    ]
+    # whole history, ordered by subject, relation, valid_at
+    history = await store.query_facts(group, include_invalid=True)
+    assert [v.uuid for v in history] == [
+        facts[k].uuid for k in ("late", "basic", "pro", "job", "globex")
+    ]
+    assert await ask(include_invalid=True, known_at=day(20)) == [
+        "Acme is on the Basic plan",
+        "Globex makes widgets",
+    ]
+    bob = stable_uuid("entity", group, "Bob")
+    assert await ask(entity_uuid=bob) == []
+    assert await ask(entity_uuid=bob, include_invalid=True) == ["Bob works at Acme"]
+    assert await ask(entity_uuid=bob, valid_at=day(50)) == ["Bob works at Acme"]
+    acme = stable_uuid("entity", group, "Acme")
+    assert len(await ask(entity_uuid=acme, include_invalid=True)) == 4
+    assert await ask(entity_uuid=stable_uuid("entity", other, "Bob"), include_invalid=True) == []
+
+
+async def test_query_facts_views(store: GraphStore, new_group: Callable[..., str]) -> None:
+    group = new_group()
+    facts = await _timeline(store, group)
+    basic = facts["basic"]
+    [now_view] = [
+        v for v in await store.query_facts(group, valid_at=day(45)) if v.uuid == basic.uuid
+    ]
+    assert now_view == FactView(
+        uuid=basic.uuid,
+        subject="Acme",
+        relation="ON_PLAN",
+        object="Basic plan",
+        fact="Acme is on the Basic plan",
+        valid_at="2024-01-01T00:00:00Z",
+        invalid_at="2024-03-01T00:00:00Z",
+        created_at="2024-01-02T00:00:00Z",
+        expired_at="2024-03-05T00:00:00Z",
+        episodes=["crm:1", "crm:2"],
+    )
+    # as believed before the closure was learned, the fact has no known end yet
+    [then_view] = [
+        v
+        for v in await store.query_facts(group, valid_at=day(45), known_at=day(61))
+        if v.uuid == basic.uuid
+    ]
+    assert (then_view.invalid_at, then_view.expired_at) == (None, None)
+    [globex] = [v for v in await store.query_facts(group) if v.relation == "MAKES"]
+    assert globex.episodes == ["not-an-episode-uuid"]  # unknown episode: its uuid is shown
+
+
+# ----------------------------------------------------------------------------- hostile input
+async def test_hostile_strings_are_stored_verbatim(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    canary = new_group("canary")
+    await store.upsert_entities(canary, [entity(canary, "Canary", summary="sings")])
+    canary_before = await snapshot(store, canary)
+
+    for i, text in enumerate(HOSTILE):
+        group = new_group(text)
+        a = entity(
+            group,
+            text,
+            summary=text,
+            key=text,
+            aliases=[text],
+            labels=[text, "Safe"],
+            embedding=vec(1, i),
+        )
+        b = entity(group, f"{text} (other)", summary=text)
+        await store.upsert_entities(group, [a, b])
+        ep = EpisodeRecord(
+            uuid=stable_uuid("episode", group, text),
+            group_id=group,
+            name=text,
+            source="text",
+            source_description=text,
+            content=text,
+            valid_at=day(1),
+            producer_id=text,
+        )
+        f = fact(group, a, b, text, text, valid_at=day(1), episodes=[ep.uuid], embedding=vec(1))
+        await store.write_episode(group, EpisodeWrite(episode=ep, mentions=[a.uuid], facts=[f]))
+
+        [stored_a] = await store.entities_by_uuids(group, [a.uuid])
+        assert (stored_a.name, stored_a.summary, stored_a.key, stored_a.aliases) == (
+            text,
+            text,
+            text,
+            [text],
+        )
+        assert stored_a.labels == ["Safe"]
+        assert [e.uuid for e in await store.entities_by_keys(group, [text])] == [a.uuid]
+        assert [e.uuid for e in await store.entities_by_names(group, [text])] == [a.uuid]
+        [stored_ep] = await store.recent_episodes(group, FAR_FUTURE, 5)
+        assert (stored_ep.name, stored_ep.content, stored_ep.producer_id) == (text, text, text)
+        assert await store.episode_processed(group, ep.uuid)
+        [view] = await store.query_facts(group)
+        assert (view.subject, view.relation, view.fact, view.episodes) == (
+            text,
+            text,
+            text,
+            [text],
+        )
+        assert uuids(await store.vector_entities(group, vec(1, i), 1)) == [a.uuid]
+        await store.fulltext_entities(group, text, 5)
+        assert await store.counts(group) == {
+            "episodes": 1,
+            "entities": 2,
+            "facts": 1,
+            "mentions": 1,
+        }
+    assert await snapshot(store, canary) == canary_before
+
+
+# ----------------------------------------------------------------------------- concurrency
+async def test_concurrent_calls(store: GraphStore, new_group: Callable[..., str]) -> None:
+    groups = [new_group() for _ in range(4)]
+
+    async def work(group: str) -> dict[str, int]:
+        people = [entity(group, f"Person {i}", embedding=vec(1, i)) for i in range(10)]
+        await store.upsert_entities(group, people)
+        writes = [
+            EpisodeWrite(
+                episode=episode(group, f"m-{i}", day(i)),
+                mentions=[people[i].uuid],
+                facts=[fact(group, people[i], people[i + 1], "KNOWS", f"{i} knows {i + 1}")],
+            )
+            for i in range(5)
+        ]
+        await asyncio.gather(*(store.write_episode(group, w) for w in writes))
+        await asyncio.gather(
+            store.vector_entities(group, vec(1), 3),
+            store.fulltext_entities(group, "person", 3),
+            store.query_facts(group),
+        )
+        return await store.counts(group)
+
+    results = await asyncio.gather(*(work(g) for g in groups))
+    assert results == [{"episodes": 5, "entities": 10, "facts": 5, "mentions": 5}] * 4
+
+
+# ----------------------------------------------------------------------------- maintenance
+async def test_delete_group_removes_only_that_group(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    doomed, kept = new_group(), new_group()
+    for g in (doomed, kept):
+        await _timeline(store, g)
+        await _search_corpus(store, g)
+    kept_before = await snapshot(store, kept)
+    # "Globex" is in both corpora: one entity
+    assert kept_before["counts"] == {"episodes": 2, "entities": 11, "facts": 5, "mentions": 0}
+
+    await store.delete_group(doomed)
+    assert await store.counts(doomed) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    assert await store.list_entities(doomed) == []
+    assert await store.fulltext_entities(doomed, "printer", 10) == []
+    assert await store.vector_entities(doomed, vec(1), 10) == []
+    assert await store.vector_facts(doomed, vec(1), 10) == []
+    assert await store.query_facts(doomed, include_invalid=True) == []
+    assert await store.recent_episodes(doomed, FAR_FUTURE, 10) == []
+    assert await snapshot(store, kept) == kept_before
+    assert uuids(await store.fulltext_entities(kept, "printer", 10)) == [
+        stable_uuid("entity", kept, name) for name in ("Acme Printers", "Initech")
+    ]
+    # Globex was created by the timeline without an embedding, which never changes afterwards
+    assert len(await store.vector_entities(kept, vec(1), 10)) == 3
+    await store.delete_group(doomed)  # deleting nothing is fine
+
+
+async def test_counts(store: GraphStore, new_group: Callable[..., str]) -> None:
+    group = new_group()
+    assert await store.counts(group) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    a, b, c = (entity(group, n) for n in "ABC")
+    await store.upsert_entities(group, [a, b, c])
+    await store.write_episode(
+        group,
+        EpisodeWrite(
+            episode=episode(group, "m-1", day(1)),
+            mentions=[a.uuid, b.uuid, c.uuid],
+            facts=[fact(group, a, b, "R", "a r b"), fact(group, b, c, "R", "b r c")],
+        ),
+    )
+    await store.write_episode(
+        group, EpisodeWrite(episode=episode(group, "m-2", day(2)), mentions=[a.uuid])
+    )
+    assert await store.counts(group) == {"episodes": 2, "entities": 3, "facts": 2, "mentions": 4}
+
+
+# ----------------------------------------------------------------------------- kuzu itself
+async def test_search_stop_words_are_the_ones_kuzu_drops(tmp_path: Path) -> None:
+    """``SEARCH_STOP_WORDS`` (dropped from every search, both stores) is measured on kuzu:
+    each stop word indexed alone is not found; ordinary words are."""
+    store = KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
+    try:
+        await store.setup(DIM)
+        ordinary = ["acme", "printer", "berlin", "toner", "ticket", "asked", "till"]
+        words = sorted(SEARCH_STOP_WORDS) + ordinary
+        await store.upsert_entities(
+            "w", [EntityRecord(uuid=w, group_id="w", name=w) for w in words]
+        )
+
+        def found(word: str) -> list[list[Any]]:
+            return store._rows(  # asking kuzu directly, without the filter
+                "CALL QUERY_FTS_INDEX('Entity', 'entity_name_summary', $q) RETURN node.uuid",
+                {"q": word},
+            )
+
+        answers = {w: await store._call(found, w) for w in words}
+        assert [w for w in SEARCH_STOP_WORDS if answers[w]] == []
+        assert {w: answers[w] for w in ordinary} == {w: [[w]] for w in ordinary}
+    finally:
+        await store.close()
+
+
+# ----------------------------------------------------------------------------- both at once
+async def _scenario(store: GraphStore, group: str) -> dict[str, Any]:
+    await _timeline(store, group)
+    await _search_corpus(store, group)
+    acme = entity(group, "Acme Printers", summary="Now also sells printer paper.", aliases=["ap"])
+    await store.upsert_entities(group, [acme])
+
+    def ranked(hits: list[tuple[Any, float]]) -> list[tuple[str, float]]:
+        return [(record.uuid, round(score, 1)) for record, score in hits]
+
+    views = {}
+    for valid_at in (None, day(-100), day(45), day(69)):
+        for known_at in (None, day(1), day(61)):
+            for include_invalid in (False, True):
+                key = f"{valid_at}|{known_at}|{include_invalid}"
+                views[key] = await store.query_facts(
+                    group, valid_at=valid_at, known_at=known_at, include_invalid=include_invalid
+                )
+    return {
+        "snapshot": await snapshot(store, group),
+        "views": views,
+        # the engines' BM25 scores differ in detail: the same matches, not the same order
+        "fulltext": [
+            sorted(e.uuid for e, _ in await store.fulltext_entities(group, text, 10))
+            for text in ("printers", "acme", "widgets software", "pharmaceuticals", "Ltd.")
+        ],
+        "vector": ranked(await store.vector_entities(group, vec(1, 0.5), 10)),
+        "names": await store.entities_by_names(group, ["ap", "globex", "acme"]),
+    }
+
+
+async def test_stores_agree(neo4j_uri: str, tmp_path: Path) -> None:
+    group = f"agree-{uuidlib.uuid4().hex[:12]}"
+    neo4j, kuzu = Neo4jStore(neo4j_uri), KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
+    try:
+        answers = []
+        for store in (neo4j, kuzu):
+            await store.setup(DIM)
+            answers.append(await _scenario(store, group))
+        assert answers[0] == answers[1]
+    finally:
+        await _drop_neo4j_groups(neo4j_uri, [group])
+        await neo4j.close()
+        await kuzu.close()

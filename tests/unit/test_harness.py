@@ -1,0 +1,36 @@
+"""The test harness fails loudly, naming the service, when Kafka or Neo4j is unreachable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "test", "service"),
+    [
+        ("TIDEGRAPH_TEST_KAFKA_BOOTSTRAP", "127.0.0.1:9",
+         "tests/integration/test_smoke.py::test_kafka_produce_consume_round_trip", "Kafka"),
+        ("TIDEGRAPH_TEST_NEO4J_URI", "bolt://127.0.0.1:9",
+         "tests/integration/test_smoke.py::test_neo4j_write_read", "Neo4j"),
+    ],
+)  # fmt: skip
+def test_unreachable_service_fails_and_names_it(
+    variable: str, value: str, test: str, service: str
+) -> None:
+    env = dict(os.environ, **{variable: value})
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", test, "-q", "-p", "no:cacheprovider", "-rA"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert f"{service} is not reachable at {value}" in output
+    assert "skipped" not in output.splitlines()[-1]
+    assert "1 error" in output.splitlines()[-1] or "1 failed" in output.splitlines()[-1]

@@ -1,0 +1,399 @@
+"""Local Kafka and Neo4j for development and tests, without Docker.
+
+The jars come from Maven Central through the poms in ``deploy/local/{kafka,neo4j}`` (pinned
+versions), are cached under ``Settings.cache_dir`` and reused. Each service runs from the
+machine's Java on loopback, with its state, pid file and log under ``Settings.services_dir``.
+Readiness is probed (a Kafka metadata request, a Bolt ``RETURN 1``), never slept for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidegraph.settings import Settings
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POM_DIR = REPO_ROOT / "deploy" / "local"
+KAFKA_VERSION = "4.3.1"
+NEO4J_VERSION = "5.26.30"
+START_TIMEOUT_SECONDS = 180.0
+
+
+class ServiceError(RuntimeError):
+    """A local service could not be fetched or started; the message says what to look at."""
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    running: bool  # a process we started is alive
+    ready: bool  # the probe answers
+    pid: int | None
+    address: str
+    log: Path
+
+
+class LocalServices:
+    """Fetch, start, probe and stop the local Kafka broker and Neo4j server."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.root = settings.services_dir.resolve()
+        self.cache = settings.cache_dir.resolve()
+
+    # ------------------------------------------------------------------ paths
+    def _dir(self, name: str) -> Path:
+        return self.root / name
+
+    def pid_file(self, name: str) -> Path:
+        return self._dir(name) / f"{name}.pid"
+
+    def log_file(self, name: str) -> Path:
+        return self._dir(name) / f"{name}.log"
+
+    def jar_dir(self, name: str) -> Path:
+        version = KAFKA_VERSION if name == "kafka" else NEO4J_VERSION
+        return self.cache / "jars" / f"{name}-{version}"
+
+    @property
+    def kafka_address(self) -> str:
+        return f"127.0.0.1:{self.settings.local_kafka_port}"
+
+    @property
+    def neo4j_address(self) -> str:
+        return f"bolt://127.0.0.1:{self.settings.local_neo4j_bolt_port}"
+
+    # ------------------------------------------------------------------ fetch
+    def fetch(self, name: str) -> Path:
+        """Copy the service's jars from Maven Central into the cache (once)."""
+        target = self.jar_dir(name)
+        marker = target / ".complete"
+        if marker.exists():
+            return target
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise ServiceError("Maven (mvn) is not on PATH: install it to fetch Kafka and Neo4j.")
+        pom = POM_DIR / name / "pom.xml"
+        if not pom.exists():
+            raise ServiceError(f"{pom} is missing: run from a checkout of tidegraph.")
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        log.info("fetching %s jars from Maven Central into %s", name, target)
+        cmd = [
+            mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
+            f"-DoutputDirectory={partial}", "-DincludeScope=runtime",
+        ]  # fmt: skip
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise ServiceError(
+                f"fetching {name} with Maven failed (exit {result.returncode}):\n"
+                f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
+        (partial / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
+        return target
+
+    # ------------------------------------------------------------------ processes
+    def _read_pid(self, name: str) -> int | None:
+        try:
+            pid = int(self.pid_file(name).read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            return None
+        # Guard against a recycled pid: only a process we started carries our marker.
+        return pid if f"tidegraph.service={name}" in cmdline else None
+
+    def _java(self) -> str:
+        java_home = os.environ.get("JAVA_HOME")
+        java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+        if not java or not Path(java).exists():
+            raise ServiceError("Java 17+ is needed to run Kafka and Neo4j: none found on PATH.")
+        return java
+
+    def _spawn(self, name: str, args: list[str], cwd: Path) -> int:
+        log_path = self.log_file(name)
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [self._java(), f"-Dtidegraph.service={name}", *args],
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.pid_file(name).write_text(str(proc.pid))
+        return proc.pid
+
+    # ------------------------------------------------------------------ kafka
+    def _start_kafka(self) -> int:
+        jars = self.fetch("kafka")
+        home = self._dir("kafka")
+        home.mkdir(parents=True, exist_ok=True)
+        data = home / "data"
+        port = self.settings.local_kafka_port
+        cport = self.settings.local_kafka_controller_port
+        props = home / "server.properties"
+        props.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    "node.id=1",
+                    f"controller.quorum.voters=1@127.0.0.1:{cport}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                    "controller.listener.names=CONTROLLER",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    f"log.dirs={data}",
+                    "num.partitions=1",
+                    "auto.create.topics.enable=true",
+                    "offsets.topic.replication.factor=1",
+                    "offsets.topic.num.partitions=8",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "share.coordinator.state.topic.replication.factor=1",
+                    "share.coordinator.state.topic.min.isr=1",
+                    "group.initial.rebalance.delay.ms=0",
+                    "log.retention.hours=24",
+                    "",
+                ]
+            )
+        )
+        log4j = home / "log4j2.properties"
+        log4j.write_text(
+            "status = warn\n"
+            "appender.out.type = Console\nappender.out.name = OUT\n"
+            "appender.out.layout.type = PatternLayout\n"
+            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\nrootLogger.appenderRef.out.ref = OUT\n"
+            "logger.kafka.name = org.apache.kafka\nlogger.kafka.level = WARN\n"
+            "logger.server.name = kafka.server\nlogger.server.level = INFO\n"
+        )
+        classpath = f"{jars}/*"
+        if not (data / "meta.properties").exists():
+            cluster_id = _kafka_cluster_id()
+            fmt = subprocess.run(
+                [
+                    self._java(), "-cp", classpath, f"-Dlog4j2.configurationFile={log4j}",
+                    "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
+                ],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            if fmt.returncode != 0:
+                raise ServiceError(
+                    f"formatting Kafka storage failed:\n{fmt.stdout[-2000:]}{fmt.stderr[-2000:]}"
+                )
+        return self._spawn(
+            "kafka",
+            [
+                "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={home}",
+                "-cp", classpath, "kafka.Kafka", str(props),
+            ],
+            cwd=home,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ neo4j
+    def _start_neo4j(self) -> int:
+        jars = self.fetch("neo4j")
+        home = self._dir("neo4j")
+        conf = home / "conf"
+        for sub in ("conf", "data", "logs", "plugins", "import", "run"):
+            (home / sub).mkdir(parents=True, exist_ok=True)
+        port = self.settings.local_neo4j_bolt_port
+        (conf / "neo4j.conf").write_text(
+            "\n".join(
+                [
+                    "server.default_listen_address=127.0.0.1",
+                    f"server.bolt.listen_address=127.0.0.1:{port}",
+                    f"server.bolt.advertised_address=127.0.0.1:{port}",
+                    "server.http.enabled=false",
+                    "server.https.enabled=false",
+                    "dbms.usage_report.enabled=false",
+                    "dbms.security.auth_enabled=false",
+                    "server.memory.pagecache.size=256m",
+                    "db.tx_log.rotation.retention_policy=2 files",
+                    f"server.directories.data={home / 'data'}",
+                    f"server.directories.logs={home / 'logs'}",
+                    f"server.directories.plugins={home / 'plugins'}",
+                    f"server.directories.import={home / 'import'}",
+                    f"server.directories.run={home / 'run'}",
+                    "",
+                ]
+            )
+        )
+        return self._spawn(
+            "neo4j",
+            [
+                "-Xms512m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                "--add-opens=java.base/java.nio=ALL-UNNAMED",
+                "--add-opens=java.base/java.io=ALL-UNNAMED",
+                "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+                "--add-opens=java.base/java.lang=ALL-UNNAMED",
+                "--add-opens=java.base/java.util=ALL-UNNAMED",
+                "-cp", f"{jars}/*",
+                "org.neo4j.server.CommunityEntryPoint",
+                f"--home-dir={home}", f"--config-dir={conf}", "--console-mode",
+            ],
+            cwd=home,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ probes
+    def probe_kafka(self, timeout: float = 3.0) -> bool:
+        return probe_kafka_sync(self.kafka_address, timeout)
+
+    def probe_neo4j(self, timeout: float = 3.0) -> bool:
+        return probe_neo4j(self.neo4j_address, timeout)
+
+    def _probe(self, name: str) -> bool:
+        return self.probe_kafka() if name == "kafka" else self.probe_neo4j()
+
+    # ------------------------------------------------------------------ public API
+    def status(self) -> list[ServiceStatus]:
+        out = []
+        for name, address in (("kafka", self.kafka_address), ("neo4j", self.neo4j_address)):
+            pid = self._read_pid(name)
+            out.append(
+                ServiceStatus(name, pid is not None, self._probe(name), pid, address,
+                              self.log_file(name))
+            )  # fmt: skip
+        return out
+
+    def up(self, names: tuple[str, ...] = ("kafka", "neo4j")) -> dict[str, bool]:
+        """Start what is not already answering; return {name: started_by_this_call}."""
+        started: dict[str, bool] = {}
+        pending: dict[str, int] = {}
+        for name in names:
+            self._dir(name).mkdir(parents=True, exist_ok=True)
+            if self._probe(name):
+                started[name] = False
+                continue
+            if self._read_pid(name) is None:
+                starter = self._start_kafka if name == "kafka" else self._start_neo4j
+                pending[name] = starter()
+            else:
+                pending[name] = self._read_pid(name) or 0
+            started[name] = True
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while pending:
+            for name in list(pending):
+                if self._probe(name):
+                    log.info("%s is ready", name)
+                    del pending[name]
+                elif self._read_pid(name) is None:
+                    raise ServiceError(
+                        f"{name} exited while starting; see its log: {self.log_file(name)}\n"
+                        + _tail(self.log_file(name))
+                    )
+            if pending and time.monotonic() > deadline:
+                name = next(iter(pending))
+                raise ServiceError(
+                    f"{name} did not become ready in {START_TIMEOUT_SECONDS:.0f}s; "
+                    f"see its log: {self.log_file(name)}\n" + _tail(self.log_file(name))
+                )
+            if pending:
+                time.sleep(0.5)  # polling interval between probes, not a synchronisation
+        return started
+
+    def down(self, names: tuple[str, ...] = ("kafka", "neo4j")) -> list[str]:
+        """Stop the processes this tool started (by pid file); return the names stopped."""
+        stopped = []
+        for name in names:
+            pid = self._read_pid(name)
+            if pid is None:
+                self.pid_file(name).unlink(missing_ok=True)
+                continue
+            os.killpg(pid, signal.SIGTERM)
+            if not _wait_gone(pid, 60.0):
+                os.killpg(pid, signal.SIGKILL)
+                _wait_gone(pid, 10.0)
+            self.pid_file(name).unlink(missing_ok=True)
+            stopped.append(name)
+        return stopped
+
+
+def _kafka_cluster_id() -> str:
+    """A 22-character base64url cluster id, as ``kafka-storage random-uuid`` prints."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                return True
+        except ChildProcessError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log written)"
+
+
+async def probe_kafka(bootstrap: str, timeout: float = 3.0) -> bool:
+    """True when the broker answers a metadata request."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+    try:
+        await asyncio.wait_for(admin.start(), timeout)
+        await asyncio.wait_for(admin.list_topics(), timeout)
+        return True
+    except Exception:
+        return False
+    finally:
+        try:
+            await admin.close()
+        except Exception:
+            pass
+
+
+def probe_kafka_sync(bootstrap: str, timeout: float = 3.0) -> bool:
+    """``probe_kafka`` from synchronous code, even when an event loop runs in this thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, probe_kafka(bootstrap, timeout)).result()
+
+
+def probe_neo4j(uri: str, timeout: float = 3.0, auth: tuple[str, str] | None = None) -> bool:
+    """True when Neo4j answers ``RETURN 1`` over Bolt."""
+    from neo4j import GraphDatabase
+
+    try:
+        with GraphDatabase.driver(
+            uri, auth=auth, connection_timeout=timeout, max_transaction_retry_time=0
+        ) as driver:
+            with driver.session() as session:
+                return session.run("RETURN 1 AS ok").single()["ok"] == 1
+    except Exception:
+        return False

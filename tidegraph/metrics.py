@@ -1,0 +1,85 @@
+"""Every Prometheus metric tidegraph exports, in one place (listed in the README).
+
+Stages and components import the metric objects from here; the worker serves them over HTTP.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+# ---- stages ------------------------------------------------------------------------------
+STAGE_EVENTS = Counter(
+    "tidegraph_stage_events_total",
+    "Records handled by a stage, by outcome (ok, skipped, retried, dead_lettered).",
+    ["stage", "outcome"],
+)
+STAGE_LATENCY = Histogram(
+    "tidegraph_stage_latency_seconds",
+    "Time a stage spends on one record.",
+    ["stage"],
+    buckets=LATENCY_BUCKETS,
+)
+END_TO_END_LATENCY = Histogram(
+    "tidegraph_end_to_end_latency_seconds",
+    "From the episode's produce timestamp to its graph write committing.",
+    buckets=LATENCY_BUCKETS,
+)
+IN_FLIGHT = Gauge(
+    "tidegraph_in_flight_episodes", "Episodes a stage is working on right now.", ["stage"]
+)
+RETRIES = Counter(
+    "tidegraph_retries_total", "Retries of transient failures, by stage.", ["stage", "reason"]
+)
+DEAD_LETTERS = Counter(
+    "tidegraph_dead_letters_total", "Records sent to the dead-letter topic.", ["stage", "reason"]
+)
+
+# ---- LLM ---------------------------------------------------------------------------------
+LLM_CALLS = Counter(
+    "tidegraph_llm_calls_total",
+    "LLM requests by stage and outcome (ok, cached, error).",
+    ["stage", "outcome"],
+)
+LLM_TOKENS = Counter(
+    "tidegraph_llm_tokens_total", "LLM tokens by stage and kind (prompt, completion).",
+    ["stage", "kind"],
+)  # fmt: skip
+LLM_ERRORS = Counter(
+    "tidegraph_llm_errors_total",
+    "LLM failures by stage and kind (rate_limited, server, timeout, invalid_json, other).",
+    ["stage", "kind"],
+)
+LLM_LATENCY = Histogram(
+    "tidegraph_llm_latency_seconds", "LLM request latency.", ["stage"], buckets=LATENCY_BUCKETS
+)
+
+# ---- graph store -------------------------------------------------------------------------
+STORE_WRITE_LATENCY = Histogram(
+    "tidegraph_store_write_latency_seconds",
+    "Graph write transaction latency, by operation.",
+    ["operation"],
+    buckets=LATENCY_BUCKETS,
+)
+STORE_BATCH_SIZE = Histogram(
+    "tidegraph_store_batch_rows",
+    "Rows per graph write transaction, by operation.",
+    ["operation"],
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000),
+)
+STORE_ERRORS = Counter(
+    "tidegraph_store_errors_total", "Graph store errors by kind (transient, other).", ["kind"]
+)
+
+# ---- graph content -----------------------------------------------------------------------
+FACTS_INVALIDATED = Counter(
+    "tidegraph_facts_invalidated_total",
+    "Facts closed by a contradicting fact, or stored born-closed (late).",
+    ["kind"],
+)
+ENTITIES_RESOLVED = Counter(
+    "tidegraph_entities_resolved_total",
+    "Extracted entities by how they were resolved (key, exact, llm, new).",
+    ["method"],
+)

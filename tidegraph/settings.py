@@ -1,0 +1,86 @@
+"""Settings read from environment variables (prefix ``TIDEGRAPH_``) or a ``.env`` file.
+
+Every field here is documented in the README's Configuration table; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TIDEGRAPH_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    # --- graph store -------------------------------------------------------------------
+    store: Literal["embedded", "neo4j"] = Field(
+        "embedded", description="Graph store: the embedded one (no server) or Neo4j."
+    )
+    data_dir: Path = Field(
+        Path(".tidegraph"), description="Folder for the embedded store, LLM cache and local data."
+    )
+    neo4j_uri: str = Field("bolt://127.0.0.1:17687", description="Neo4j Bolt URI.")
+    neo4j_user: str = Field("neo4j", description="Neo4j user.")
+    neo4j_password: SecretStr = Field(SecretStr("tidegraph-local"), description="Neo4j password.")
+    neo4j_database: str = Field("neo4j", description="Neo4j database name.")
+
+    # --- kafka -------------------------------------------------------------------------
+    kafka_bootstrap_servers: str = Field(
+        "127.0.0.1:19092", description="Kafka bootstrap servers, comma separated."
+    )
+    topic_prefix: str = Field("tidegraph", description="Prefix of every topic name.")
+    partitions: int = Field(8, ge=1, description="Partitions of every tidegraph topic.")
+    replication_factor: int = Field(1, ge=1, description="Replication factor of created topics.")
+
+    # --- LLM and embeddings ------------------------------------------------------------
+    llm_base_url: str | None = Field(
+        None, description="OpenAI-compatible base URL; unset = no LLM (mapped JSON only)."
+    )
+    llm_model: str = Field("gpt-4o-mini", description="Chat model used for extraction.")
+    llm_api_key: SecretStr = Field(SecretStr("unset"), description="API key for the LLM endpoint.")
+    llm_timeout_seconds: float = Field(60.0, gt=0, description="Per-call LLM timeout.")
+    llm_max_attempts: int = Field(5, ge=1, description="Attempts per LLM call before giving up.")
+    llm_requests_per_minute: int = Field(600, ge=1, description="Global LLM request budget.")
+    llm_tokens_per_minute: int = Field(2_000_000, ge=1, description="Global LLM token budget.")
+    embedder: Literal["minilm", "openai", "hashing"] = Field(
+        "minilm",
+        description="Embedder: offline MiniLM (bundled), the OpenAI-compatible endpoint, "
+        "or a deterministic hashing embedder (tests).",
+    )
+    embedding_model: str = Field(
+        "text-embedding-3-small", description="Embedding model name at the OpenAI endpoint."
+    )
+    embedding_dim: int = Field(
+        384, ge=8, description="Embedding dimension for the openai/hashing embedders."
+    )
+    context_episodes: int = Field(
+        4, ge=0, description="Previous episodes of the group given to extraction as context."
+    )
+
+    # --- local services (tidegraph services up) ------------------------------------------
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "tidegraph",
+        description="Where fetched Kafka/Neo4j jars are cached between runs.",
+    )
+    services_dir: Path = Field(
+        Path(".tidegraph") / "services",
+        description="State, data and logs of locally started Kafka and Neo4j.",
+    )
+    local_kafka_port: int = Field(19092, description="Port of the local Kafka broker.")
+    local_kafka_controller_port: int = Field(19093, description="Port of the local controller.")
+    local_neo4j_bolt_port: int = Field(17687, description="Bolt port of the local Neo4j.")
+
+    # --- worker ------------------------------------------------------------------------
+    metrics_port: int = Field(9464, description="Port of the worker's /metrics and health HTTP.")
+    log_level: str = Field("INFO", description="Log level.")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

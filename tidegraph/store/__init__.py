@@ -1,0 +1,33 @@
+"""Graph stores: Neo4j (production) and the embedded kuzu store, behind one interface."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tidegraph.store.base import EpisodeWrite, FactClosure, GraphStore
+from tidegraph.store.cypher import StoreIntegrityError, StoreSchemaError
+
+if TYPE_CHECKING:
+    from tidegraph.settings import Settings
+
+__all__ = [
+    "EpisodeWrite",
+    "FactClosure",
+    "GraphStore",
+    "StoreIntegrityError",
+    "StoreSchemaError",
+    "open_store",
+]
+
+
+def open_store(settings: Settings) -> GraphStore:
+    """The store the settings choose (call ``setup(embedding_dim)`` before use)."""
+    if settings.store == "neo4j":
+        from tidegraph.store.neo4j_store import Neo4jStore
+
+        return Neo4jStore.from_settings(settings)
+    if settings.store == "embedded":
+        from tidegraph.store.kuzu_store import KuzuStore
+
+        return KuzuStore(settings.data_dir / "graph")
+    raise ValueError(f"unknown store {settings.store!r} (expected 'neo4j' or 'embedded')")

@@ -1,0 +1,146 @@
+"""The one graph-store interface. Neo4j and the embedded store implement it identically.
+
+Rules every implementation keeps:
+- every read and write is scoped by ``group_id`` (no call ever touches another group's data);
+- names, labels, relation types and any other user/LLM text travel only as query
+  parameters, never as query text (labels that must become real node labels are checked
+  against ``processors.models.LABEL_RE`` first);
+- writes are idempotent: MERGE by deterministic uuid, ``created_at`` only on create,
+  ``expired_at`` only when still null;
+- datetimes go in and come out as aware UTC ``datetime``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView
+
+
+@dataclass(frozen=True)
+class FactClosure:
+    """Close a stored fact: set ``invalid_at`` (event time) and, once, ``expired_at``."""
+
+    uuid: str
+    invalid_at: datetime
+    expired_at: datetime
+
+
+@dataclass
+class EpisodeWrite:
+    """Everything one episode changes, written in one transaction."""
+
+    episode: EpisodeRecord
+    mentions: list[str] = field(default_factory=list)  # entity uuids the episode mentions
+    facts: list[FactRecord] = field(default_factory=list)  # upserted by uuid (full state)
+    closures: list[FactClosure] = field(default_factory=list)
+
+
+class GraphStore(abc.ABC):
+    """Async graph store. All methods are group-scoped; see the module docstring."""
+
+    name: str = "store"
+
+    # ---------------------------------------------------------------- lifecycle
+    @abc.abstractmethod
+    async def setup(self, embedding_dim: int) -> None:
+        """Create constraints and indexes idempotently (vector indexes of ``embedding_dim``).
+
+        Raises a clear error if existing vector indexes have another dimension."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    # ---------------------------------------------------------------- episodes
+    @abc.abstractmethod
+    async def episode_processed(self, group_id: str, episode_uuid: str) -> bool:
+        """True once ``write_episode`` committed this episode (the processed marker)."""
+
+    @abc.abstractmethod
+    async def recent_episodes(
+        self, group_id: str, before: datetime, limit: int
+    ) -> list[EpisodeRecord]:
+        """Up to ``limit`` episodes with ``valid_at < before``, oldest first."""
+
+    # ---------------------------------------------------------------- entities
+    @abc.abstractmethod
+    async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
+        """Entities whose normalised name or one of whose aliases is in ``names``
+        (already normalised with ``processors.models.normalize_name``)."""
+
+    @abc.abstractmethod
+    async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
+        """Entities whose stable external ``key`` is in ``keys``."""
+
+    @abc.abstractmethod
+    async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]: ...
+
+    @abc.abstractmethod
+    async def fulltext_entities(
+        self, group_id: str, text: str, limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        """Entities matching ``text`` (plain user text, escaped by the store) on name and
+        summary, best first, with the engine's score."""
+
+    @abc.abstractmethod
+    async def vector_entities(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        """Nearest entities by name embedding (cosine similarity in [0, 1]), best first."""
+
+    @abc.abstractmethod
+    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
+        """MERGE by uuid. On create: every field. On match: add labels and aliases (set
+        union), replace summary when the new one is non-empty, set key when null.
+        ``name``, ``created_at`` and ``name_embedding`` never change after creation."""
+
+    @abc.abstractmethod
+    async def list_entities(self, group_id: str) -> list[EntityRecord]:
+        """All entities of the group, ordered by name then uuid."""
+
+    # ---------------------------------------------------------------- facts
+    @abc.abstractmethod
+    async def facts_touching(self, group_id: str, entity_uuids: list[str]) -> list[FactRecord]:
+        """Every fact (open or closed) with its source or target in ``entity_uuids``."""
+
+    @abc.abstractmethod
+    async def vector_facts(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[FactRecord, float]]:
+        """Nearest facts by fact embedding (cosine similarity), best first."""
+
+    @abc.abstractmethod
+    async def write_episode(self, group_id: str, write: EpisodeWrite) -> None:
+        """One transaction: MERGE the Episodic node (the processed marker), its MENTIONS,
+        the facts (MERGE by uuid, then SET the given state except ``created_at`` which only
+        applies on create and ``expired_at`` which is only set while null), and closures
+        (``invalid_at`` set, ``expired_at`` only while null)."""
+
+    @abc.abstractmethod
+    async def query_facts(
+        self,
+        group_id: str,
+        *,
+        valid_at: datetime | None = None,
+        known_at: datetime | None = None,
+        include_invalid: bool = False,
+        entity_uuid: str | None = None,
+    ) -> list[FactView]:
+        """Facts as design §3 defines them:
+        - believed at ``known_at`` (None = now): only facts with ``created_at <= known_at``,
+          and ``invalid_at`` counts only when ``expired_at <= known_at``;
+        - valid at ``valid_at`` (None = now): ``valid_at <= t < invalid_at`` (open end when
+          null); ``include_invalid`` skips this filter (a fact's whole history);
+        - ``entity_uuid`` keeps facts with that entity as source or target.
+        Ordered by subject, relation, valid_at, uuid. ``episodes`` holds producer ids."""
+
+    # ---------------------------------------------------------------- maintenance
+    @abc.abstractmethod
+    async def counts(self, group_id: str) -> dict[str, int]:
+        """{"episodes", "entities", "facts", "mentions"} for the group."""
+
+    @abc.abstractmethod
+    async def delete_group(self, group_id: str) -> None:
+        """Remove every node and relationship of the group."""

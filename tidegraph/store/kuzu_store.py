@@ -1,0 +1,695 @@
+"""The embedded graph store, on kuzu 0.11.3 (no server; the data lives in one folder).
+
+The same graph as Neo4j (see ``tidegraph.store.cypher``), bent around kuzu's rules, each
+measured on 0.11.3 (the vector and fts extensions are linked in: nothing is downloaded, and
+both indexes work with no network at all):
+
+- the schema is declared (tables are created by ``setup``); list types are ``STRING[]`` and
+  embeddings ``DOUBLE[dim]`` (doubles, so they come back exactly as Neo4j returns them);
+- a vector-indexed property cannot be SET after creation, not even by MERGE's ON CREATE SET,
+  so an entity is CREATEd with its ``name_embedding`` inline (it never changes afterwards);
+- the HNSW and BM25 indexes follow single-row inserts, updates (also UNWIND-batched), deletes,
+  rollbacks and reopening by themselves, BUT a multi-row CREATE into a fulltext-indexed table
+  indexes every row under the first row's words, and a multi-row MERGE that creates such
+  nodes crashes the process: those nodes are created one statement per row;
+- a fulltext index with a custom stop-word table crashes on the next insert: the default
+  (English, ~570 words) is kept, and ``cypher.SEARCH_STOP_WORDS`` mirrors it for both stores;
+  digits are never indexed;
+- relationships cannot be indexed: fact vector search is an exact cosine scan of the group;
+- ``TIMESTAMP`` drops the UTC offset, so naive UTC goes in and comes back as aware UTC;
+- an UNWIND row whose field is null in every row is typed STRING, hence the CASTs; a null
+  embedding inside rows that also carry embeddings fails, hence rows are split by it;
+- a statement failing inside a manual transaction rolls the transaction back at once;
+- no ``SET n += map``, no ``CALL {}``, no list comprehensions, no startNode(); parameters
+  inside ``any(...)`` or list lambdas crash 0.11.3, so those are avoided.
+
+kuzu is synchronous: every call runs in a worker thread, one at a time (an asyncio lock), so
+the event loop is never blocked. One process at a time may open the folder (kuzu locks it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kuzu
+
+from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView, utc
+from tidegraph.metrics import STORE_ERRORS
+from tidegraph.store.base import EpisodeWrite, GraphStore
+from tidegraph.store.cypher import (
+    ENTITY_FIELDS,
+    EPISODE_FIELDS,
+    FACT_FIELDS,
+    AsOf,
+    EntityState,
+    StoredFact,
+    StoreSchemaError,
+    as_of_match,
+    as_of_params,
+    check_embedding,
+    check_entity_owners,
+    check_episode_write,
+    closure_row,
+    cosine_score,
+    entity_record,
+    entity_row,
+    episode_record,
+    episode_row,
+    fact_record,
+    fact_row,
+    fact_view,
+    fold_entity_rows,
+    now_utc,
+    observe_write,
+    rank,
+    search_text,
+    sort_entities,
+    sort_facts,
+    sort_views,
+    top,
+    unique,
+    vector_candidates,
+)
+
+T = TypeVar("T")
+
+DB_FILE = "graph.kuzu"
+ENTITY_VECTOR_INDEX = "entity_name_embedding"
+ENTITY_FULLTEXT_INDEX = "entity_name_summary"
+_ARRAY_DIM = re.compile(r"^DOUBLE\[(\d+)\]$")
+
+
+# ----------------------------------------------------------------------------- schema
+def schema(dim: int) -> list[str]:
+    """The DDL (DDL takes no parameters: ``dim`` is a checked int, nothing else varies)."""
+    vector = f"DOUBLE[{int(dim)}]"
+    return [
+        "CREATE NODE TABLE IF NOT EXISTS Episodic(uuid STRING PRIMARY KEY, group_id STRING, "
+        "name STRING, source STRING, source_description STRING, content STRING, "
+        "valid_at TIMESTAMP, created_at TIMESTAMP, producer_id STRING)",
+        "CREATE NODE TABLE IF NOT EXISTS Entity(uuid STRING PRIMARY KEY, group_id STRING, "
+        "name STRING, name_norm STRING, labels STRING[], summary STRING, key STRING, "
+        f"aliases STRING[], name_embedding {vector}, created_at TIMESTAMP)",
+        "CREATE NODE TABLE IF NOT EXISTS Community(uuid STRING PRIMARY KEY, group_id STRING, "
+        f"name STRING, summary STRING, name_embedding {vector})",
+        "CREATE REL TABLE IF NOT EXISTS RELATES_TO(FROM Entity TO Entity, uuid STRING, "
+        f"group_id STRING, name STRING, fact STRING, fact_embedding {vector}, "
+        "episodes STRING[], valid_at TIMESTAMP, invalid_at TIMESTAMP, created_at TIMESTAMP, "
+        "expired_at TIMESTAMP, cardinality STRING)",
+        "CREATE REL TABLE IF NOT EXISTS MENTIONS(FROM Episodic TO Entity, group_id STRING)",
+        "CREATE REL TABLE IF NOT EXISTS HAS_MEMBER(FROM Community TO Entity, group_id STRING)",
+    ]
+
+
+# (index name, statement) — created when SHOW_INDEXES does not list the name.
+INDEXES = (
+    (
+        ENTITY_VECTOR_INDEX,
+        # HNSW shaped like Neo4j's (m 16, ef_construction 100): twice as fast to insert as
+        # kuzu's default (mu 30, efc 200), recall@10 0.99 vs 1.00 on 3k random 384-d vectors
+        f"CALL CREATE_VECTOR_INDEX('Entity', '{ENTITY_VECTOR_INDEX}', 'name_embedding', "
+        "metric := 'cosine', mu := 16, ml := 32, efc := 100)",
+    ),
+    (
+        ENTITY_FULLTEXT_INDEX,
+        f"CALL CREATE_FTS_INDEX('Entity', '{ENTITY_FULLTEXT_INDEX}', ['name', 'summary'])",
+    ),
+    ("episodic_content", "CALL CREATE_FTS_INDEX('Episodic', 'episodic_content', ['content'])"),
+    ("community_name", "CALL CREATE_FTS_INDEX('Community', 'community_name', ['name'])"),
+)
+
+# ----------------------------------------------------------------------------- queries
+_ENTITY_COLUMNS = ", ".join(f"e.{name}" for name in ENTITY_FIELDS)
+_EPISODE_COLUMNS = ", ".join(f"ep.{name}" for name in EPISODE_FIELDS)
+_FACT_COLUMNS = ", ".join(f"r.{name}" for name in FACT_FIELDS) + ", s.uuid, t.uuid"
+
+EPISODE_PROCESSED = """
+MATCH (ep:Episodic) WHERE ep.uuid = $uuid AND ep.group_id = $group_id RETURN count(ep)
+"""
+RECENT_EPISODES = f"""
+MATCH (ep:Episodic) WHERE ep.group_id = $group_id AND ep.valid_at < $before
+RETURN {_EPISODE_COLUMNS}
+ORDER BY ep.valid_at DESC, ep.uuid DESC
+LIMIT $limit
+"""
+EPISODE_GROUP = "MATCH (ep:Episodic) WHERE ep.uuid = $uuid RETURN ep.group_id"
+MERGE_EPISODE = """
+MERGE (ep:Episodic {uuid: $uuid})
+ON CREATE SET ep.group_id = $group_id, ep.created_at = $created_at
+SET ep.name = $name,
+    ep.source = $source,
+    ep.source_description = $source_description,
+    ep.content = $content,
+    ep.valid_at = $valid_at,
+    ep.producer_id = $producer_id
+"""
+MERGE_MENTIONS = """
+MATCH (ep:Episodic {uuid: $episode_uuid})
+UNWIND $mentions AS mention
+MATCH (e:Entity {uuid: mention})
+MERGE (ep)-[m:MENTIONS]->(e)
+ON CREATE SET m.group_id = $group_id
+"""
+PRODUCER_IDS = """
+MATCH (ep:Episodic) WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
+RETURN ep.uuid, ep.producer_id
+"""
+
+ENTITY_STATES = """
+MATCH (e:Entity) WHERE e.uuid IN $uuids
+RETURN e.uuid, e.group_id, e.labels, e.aliases, e.summary, e.key
+"""
+ENTITY_GROUPS = "MATCH (e:Entity) WHERE e.uuid IN $uuids RETURN e.uuid, e.group_id"
+# One row per statement: kuzu 0.11.3 indexes every row of a multi-row CREATE under the
+# first row's words in its fulltext index (and a multi-row MERGE that creates nodes in a
+# fulltext-indexed table crashes the process).
+_CREATE_ENTITY = """
+CREATE (e:Entity {{uuid: $uuid, group_id: $group_id, name: $name, name_norm: $name_norm,
+                  labels: CAST($labels AS STRING[]), summary: $summary,
+                  key: CAST($key AS STRING), aliases: CAST($aliases AS STRING[]),
+                  created_at: $created_at{embedding}}})
+"""
+CREATE_ENTITY = _CREATE_ENTITY.format(embedding="")
+CREATE_ENTITY_EMBEDDED = _CREATE_ENTITY.format(embedding=", name_embedding: $name_embedding")
+UPDATE_ENTITIES = """
+UNWIND $rows AS r
+MATCH (e:Entity {uuid: r.uuid})
+SET e.labels = CAST(r.labels AS STRING[]),
+    e.aliases = CAST(r.aliases AS STRING[]),
+    e.summary = r.summary,
+    e.key = CAST(r.key AS STRING)
+"""
+ENTITIES_BY_NAMES = f"""
+UNWIND $names AS name
+MATCH (e:Entity)
+WHERE e.group_id = $group_id AND (e.name_norm = name OR list_contains(e.aliases, name))
+WITH DISTINCT e
+RETURN {_ENTITY_COLUMNS}
+"""
+ENTITIES_BY_KEYS = f"""
+MATCH (e:Entity) WHERE e.key IN $keys AND e.group_id = $group_id RETURN {_ENTITY_COLUMNS}
+"""
+ENTITIES_BY_UUIDS = f"""
+MATCH (e:Entity) WHERE e.uuid IN $uuids AND e.group_id = $group_id RETURN {_ENTITY_COLUMNS}
+"""
+LIST_ENTITIES = f"MATCH (e:Entity) WHERE e.group_id = $group_id RETURN {_ENTITY_COLUMNS}"
+COMMUNITIES = """
+MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
+WHERE e.uuid IN $uuids AND c.group_id = $group_id
+RETURN e.uuid, min(c.uuid)
+"""
+FULLTEXT_ENTITIES = f"""
+CALL QUERY_FTS_INDEX('Entity', '{ENTITY_FULLTEXT_INDEX}', $query)
+WITH node AS e, score
+WHERE e.group_id = $group_id
+RETURN e.uuid, score
+ORDER BY score DESC, e.uuid
+LIMIT $limit
+"""
+VECTOR_ENTITY_CANDIDATES = f"""
+CALL QUERY_VECTOR_INDEX('Entity', '{ENTITY_VECTOR_INDEX}', $embedding, $k)
+RETURN node.uuid, node.group_id, distance
+"""
+VECTOR_ENTITY_SCAN = """
+MATCH (e:Entity)
+WHERE e.group_id = $group_id AND e.name_embedding IS NOT NULL
+RETURN e.uuid, array_cosine_similarity(e.name_embedding, $embedding) AS cos
+ORDER BY cos DESC, e.uuid
+LIMIT $limit
+"""
+
+VECTOR_ENTITY_RESCORE = """
+MATCH (e:Entity)
+WHERE e.uuid IN $uuids AND e.group_id = $group_id
+RETURN e.uuid, array_cosine_similarity(e.name_embedding, $embedding)
+"""
+
+FACT_STATES = """
+MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity) WHERE r.uuid IN $uuids
+RETURN r.uuid, r.group_id, s.uuid, t.uuid
+"""
+_MERGE_FACTS = """
+UNWIND $rows AS row
+MATCH (s:Entity {{uuid: row.source_uuid}}), (t:Entity {{uuid: row.target_uuid}})
+MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
+ON CREATE SET r.group_id = $group_id, r.created_at = row.created_at
+SET r.name = row.name,
+    r.fact = row.fact,
+    r.fact_embedding = {embedding},
+    r.episodes = CAST(row.episodes AS STRING[]),
+    r.valid_at = CAST(row.valid_at AS TIMESTAMP),
+    r.invalid_at = CAST(row.invalid_at AS TIMESTAMP),
+    r.cardinality = CAST(row.cardinality AS STRING),
+    r.expired_at = coalesce(r.expired_at, CAST(row.expired_at AS TIMESTAMP))
+"""
+MERGE_FACTS = _MERGE_FACTS.format(embedding="NULL")
+MERGE_FACTS_EMBEDDED = _MERGE_FACTS.format(embedding="row.fact_embedding")
+CLOSE_FACTS = """
+UNWIND $rows AS row
+MATCH ()-[r:RELATES_TO {uuid: row.uuid}]->()
+WHERE r.group_id = $group_id
+SET r.invalid_at = row.invalid_at,
+    r.expired_at = coalesce(r.expired_at, row.expired_at)
+"""
+FACTS_TOUCHING = f"""
+MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
+WHERE r.group_id = $group_id AND (s.uuid IN $uuids OR t.uuid IN $uuids)
+RETURN {_FACT_COLUMNS}
+"""
+FACTS_BY_UUIDS = f"""
+MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
+WHERE r.uuid IN $uuids AND r.group_id = $group_id
+RETURN {_FACT_COLUMNS}
+"""
+# Relationship properties cannot be indexed in kuzu: an exact scan of the group's facts.
+VECTOR_FACT_SCAN = """
+MATCH ()-[r:RELATES_TO]->()
+WHERE r.group_id = $group_id AND r.fact_embedding IS NOT NULL
+RETURN r.uuid, array_cosine_similarity(r.fact_embedding, $embedding) AS cos
+ORDER BY cos DESC, r.uuid
+LIMIT $limit
+"""
+
+COUNTS = {
+    "episodes": "MATCH (ep:Episodic) WHERE ep.group_id = $group_id RETURN count(ep)",
+    "entities": "MATCH (e:Entity) WHERE e.group_id = $group_id RETURN count(e)",
+    "facts": "MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id RETURN count(r)",
+    "mentions": (
+        "MATCH (ep:Episodic)-[m:MENTIONS]->() WHERE ep.group_id = $group_id RETURN count(m)"
+    ),
+}
+DELETE_GROUP = [
+    f"MATCH (n:{label}) WHERE n.group_id = $group_id DETACH DELETE n"
+    for label in ("Episodic", "Community", "Entity")
+]
+
+
+def query_facts_text(asof: AsOf) -> str:
+    return as_of_match(asof) + f"RETURN {_FACT_COLUMNS}, s.name, t.name"
+
+
+# ----------------------------------------------------------------------------- helpers
+def _naive(value: Any) -> Any:
+    """Parameters for kuzu: aware datetimes become naive UTC (kuzu drops offsets)."""
+    if isinstance(value, datetime):
+        return utc(value).replace(tzinfo=None)
+    if isinstance(value, dict):
+        return {k: _naive(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_naive(v) for v in value]
+    return value
+
+
+def _entity(row: list[Any], community_uuid: str | None = None) -> EntityRecord:
+    return entity_record(dict(zip(ENTITY_FIELDS, row, strict=True)), community_uuid)
+
+
+def _fact(row: list[Any]) -> FactRecord:
+    n = len(FACT_FIELDS)
+    return fact_record(dict(zip(FACT_FIELDS, row[:n], strict=True)), row[n], row[n + 1])
+
+
+@contextmanager
+def _count_errors() -> Iterator[None]:
+    try:
+        yield
+    except ValueError:
+        raise
+    except Exception:
+        STORE_ERRORS.labels("other").inc()
+        raise
+
+
+class KuzuStore(GraphStore):
+    """``GraphStore`` on an embedded kuzu database in the folder ``path``."""
+
+    name = "kuzu"
+
+    def __init__(self, path: Path, buffer_pool_mb: int = 512) -> None:
+        self._dir = Path(path)
+        self._buffer_pool = buffer_pool_mb * 1024 * 1024
+        self._db: kuzu.Database | None = None
+        self._conn: kuzu.Connection | None = None
+        self._closed = False
+        self._dim: int | None = None
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ plumbing
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` in a worker thread, one call at a time."""
+        async with self._lock:
+            with _count_errors():
+                return await asyncio.to_thread(fn, *args)
+
+    async def _write_call(self, operation: str, rows: int, fn: Callable[..., T], *args: Any) -> T:
+        with observe_write(operation, rows):
+            return await self._call(fn, *args)
+
+    def _connection(self) -> kuzu.Connection:
+        if self._conn is None:
+            if self._closed:
+                raise RuntimeError("the kuzu store is closed")
+            self._dir.mkdir(parents=True, exist_ok=True)
+            self._db = kuzu.Database(str(self._dir / DB_FILE), buffer_pool_size=self._buffer_pool)
+            self._conn = kuzu.Connection(self._db)
+        return self._conn
+
+    def _rows(self, query: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
+        result = self._connection().execute(query, _naive(params or {}))
+        if not isinstance(result, kuzu.QueryResult):  # several statements: never sent
+            raise TypeError("one statement per query")
+        try:
+            return result.get_all()
+        finally:
+            result.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._rows("BEGIN TRANSACTION")
+        try:
+            yield
+        except BaseException:
+            try:
+                self._rows("ROLLBACK")
+            except RuntimeError:
+                pass  # a failed statement has already rolled the transaction back
+            raise
+        self._rows("COMMIT")
+
+    def _entity_dims(self) -> dict[str, int] | None:
+        """Declared embedding sizes by table, or None before the schema exists."""
+        tables = {row[1] for row in self._rows("CALL SHOW_TABLES() RETURN *")}
+        if "Entity" not in tables:
+            return None
+        dims = {}
+        for table, prop in (
+            ("Entity", "name_embedding"),
+            ("Community", "name_embedding"),
+            ("RELATES_TO", "fact_embedding"),
+        ):
+            if table not in tables:
+                continue
+            for row in self._rows(f"CALL TABLE_INFO('{table}') RETURN *"):
+                match = _ARRAY_DIM.match(str(row[2]))
+                if row[1] == prop and match:
+                    dims[f"{table}.{prop}"] = int(match.group(1))
+        return dims
+
+    def _dimension(self) -> int:
+        if self._dim is None:
+            dims = self._entity_dims()
+            if not dims or "Entity.name_embedding" not in dims:
+                raise StoreSchemaError("the kuzu schema is missing: run setup() first")
+            self._dim = dims["Entity.name_embedding"]
+        return self._dim
+
+    # ------------------------------------------------------------------ lifecycle
+    async def setup(self, embedding_dim: int) -> None:
+        if embedding_dim < 1:
+            raise ValueError("embedding_dim must be positive")
+        await self._call(self._setup, embedding_dim)
+
+    def _setup(self, dim: int) -> None:
+        for name, declared in sorted((self._entity_dims() or {}).items()):
+            if declared != dim:
+                raise StoreSchemaError(
+                    f"the embedded store at {self._dir} holds {declared}-dimensional embeddings "
+                    f"({name}) but the embedder produces {dim}. Either configure the embedder "
+                    f"that made it (TIDEGRAPH_EMBEDDER / TIDEGRAPH_EMBEDDING_DIM), or start a "
+                    f"new store in another data folder and replay the episodes into it."
+                )
+        for statement in schema(dim):
+            self._rows(statement)
+        present = {row[1] for row in self._rows("CALL SHOW_INDEXES() RETURN *")}
+        for name, statement in INDEXES:
+            if name not in present:
+                self._rows(statement)
+        self._dim = dim
+
+    async def close(self) -> None:
+        await self._call(self._close)
+
+    def _close(self) -> None:
+        self._closed = True
+        if self._conn is not None:
+            self._conn.close()
+        if self._db is not None:
+            self._db.close()
+        self._conn = self._db = None
+
+    # ------------------------------------------------------------------ episodes
+    async def episode_processed(self, group_id: str, episode_uuid: str) -> bool:
+        rows = await self._call(
+            self._rows, EPISODE_PROCESSED, {"group_id": group_id, "uuid": episode_uuid}
+        )
+        return rows[0][0] > 0
+
+    async def recent_episodes(
+        self, group_id: str, before: datetime, limit: int
+    ) -> list[EpisodeRecord]:
+        if limit <= 0:
+            return []
+        rows = await self._call(
+            self._rows, RECENT_EPISODES, {"group_id": group_id, "before": before, "limit": limit}
+        )
+        return [episode_record(dict(zip(EPISODE_FIELDS, row, strict=True))) for row in rows[::-1]]
+
+    # ------------------------------------------------------------------ entities
+    def _entities(self, group_id: str, query: str, params: dict[str, Any]) -> list[EntityRecord]:
+        rows = self._rows(query, {"group_id": group_id, **params})
+        uuids = [row[0] for row in rows]
+        communities = (
+            dict(self._rows(COMMUNITIES, {"group_id": group_id, "uuids": uuids})) if uuids else {}
+        )
+        return sort_entities(_entity(row, communities.get(row[0])) for row in rows)
+
+    async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
+        if not names:
+            return []
+        return await self._call(
+            self._entities, group_id, ENTITIES_BY_NAMES, {"names": unique(names)}
+        )
+
+    async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
+        if not keys:
+            return []
+        return await self._call(self._entities, group_id, ENTITIES_BY_KEYS, {"keys": unique(keys)})
+
+    async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
+        if not uuids:
+            return []
+        return await self._call(
+            self._entities, group_id, ENTITIES_BY_UUIDS, {"uuids": unique(uuids)}
+        )
+
+    async def list_entities(self, group_id: str) -> list[EntityRecord]:
+        return await self._call(self._entities, group_id, LIST_ENTITIES, {})
+
+    async def fulltext_entities(
+        self, group_id: str, text: str, limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        query = search_text(text)
+        if query is None or limit <= 0:
+            return []
+        return await self._call(self._fulltext_entities, group_id, query, limit)
+
+    def _fulltext_entities(
+        self, group_id: str, query: str, limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        hits = self._rows(FULLTEXT_ENTITIES, {"group_id": group_id, "query": query, "limit": limit})
+        return self._with_entities(group_id, [(uuid, float(score)) for uuid, score in hits], limit)
+
+    def _with_entities(
+        self, group_id: str, hits: list[tuple[str, float]], limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        hits = top(hits, limit)
+        uuids = [uuid for uuid, _ in hits]
+        found = {e.uuid: e for e in self._entities(group_id, ENTITIES_BY_UUIDS, {"uuids": uuids})}
+        return rank(((found[u], s) for u, s in hits if u in found), limit)
+
+    async def vector_entities(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        return await self._call(self._vector_entities, group_id, embedding, limit)
+
+    def _vector_entities(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        vector = check_embedding(embedding, self._dimension(), "query embedding")
+        if limit <= 0 or vector is None:
+            return []
+        k = vector_candidates(limit)
+        candidates = self._rows(VECTOR_ENTITY_CANDIDATES, {"embedding": vector, "k": k})
+        mine = [uuid for uuid, group, _ in candidates if group == group_id]
+        params = {"group_id": group_id, "embedding": vector}
+        if len(mine) < limit and len(candidates) >= k:
+            # The group is a small part of the index: an exact scan of the group instead.
+            scored = self._rows(VECTOR_ENTITY_SCAN, {**params, "limit": limit})
+        else:
+            # Exact cosine on the stored vectors, as the Neo4j store reports it.
+            scored = self._rows(VECTOR_ENTITY_RESCORE, {**params, "uuids": mine}) if mine else []
+        hits = [(uuid, cosine_score(cos)) for uuid, cos in scored]
+        return self._with_entities(group_id, hits, limit)
+
+    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
+        if not entities:
+            return
+        await self._write_call(
+            "upsert_entities", len(entities), self._upsert_entities, group_id, entities
+        )
+
+    def _upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
+        now = now_utc()
+        rows = [entity_row(group_id, e, self._dimension(), now) for e in entities]
+        with self._transaction():
+            stored = self._rows(ENTITY_STATES, {"uuids": unique(r["uuid"] for r in rows)})
+            check_entity_owners(group_id, {row[0]: row[1] for row in stored})
+            states = {
+                uuid: EntityState(list(labels or []), list(aliases or []), summary or "", key)
+                for uuid, _, labels, aliases, summary, key in stored
+            }
+            creates, updates = fold_entity_rows(rows, states)
+            for row in creates:
+                self._create_entity(group_id, row)
+            if updates:
+                update_rows = [{"uuid": u, **vars(s)} for u, s in updates.items()]
+                self._rows(UPDATE_ENTITIES, {"rows": update_rows})
+
+    def _create_entity(self, group_id: str, row: dict[str, Any]) -> None:
+        fields = ("uuid", "name", "name_norm", "labels", "summary", "key", "aliases", "created_at")
+        params = {"group_id": group_id, **{name: row[name] for name in fields}}
+        if row["name_embedding"] is None:
+            self._rows(CREATE_ENTITY, params)
+        else:
+            self._rows(CREATE_ENTITY_EMBEDDED, {**params, "name_embedding": row["name_embedding"]})
+
+    # ------------------------------------------------------------------ facts
+    async def facts_touching(self, group_id: str, entity_uuids: list[str]) -> list[FactRecord]:
+        if not entity_uuids:
+            return []
+        rows = await self._call(
+            self._rows, FACTS_TOUCHING, {"group_id": group_id, "uuids": unique(entity_uuids)}
+        )
+        return sort_facts(_fact(row) for row in rows)
+
+    async def vector_facts(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[FactRecord, float]]:
+        return await self._call(self._vector_facts, group_id, embedding, limit)
+
+    def _vector_facts(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[FactRecord, float]]:
+        vector = check_embedding(embedding, self._dimension(), "query embedding")
+        if limit <= 0 or vector is None:
+            return []
+        scores = top(
+            self._rows(
+                VECTOR_FACT_SCAN, {"group_id": group_id, "embedding": vector, "limit": limit}
+            ),
+            limit,
+        )
+        uuids = [uuid for uuid, _ in scores]
+        found = {
+            f.uuid: f
+            for f in map(_fact, self._rows(FACTS_BY_UUIDS, {"group_id": group_id, "uuids": uuids}))
+        }
+        return rank(((found[u], cosine_score(c)) for u, c in scores if u in found), limit)
+
+    async def write_episode(self, group_id: str, write: EpisodeWrite) -> None:
+        rows = 1 + len(write.mentions) + len(write.facts) + len(write.closures)
+        await self._write_call("write_episode", rows, self._write_episode, group_id, write)
+
+    def _write_episode(self, group_id: str, write: EpisodeWrite) -> None:
+        dim = self._dimension()
+        now = now_utc()
+        episode = episode_row(group_id, write.episode, now)
+        facts = [fact_row(group_id, f, dim, now) for f in write.facts]
+        closures = [closure_row(c) for c in write.closures]
+        mentions = unique(write.mentions)
+        with self._transaction():
+            self._check_write(group_id, write)
+            self._rows(MERGE_EPISODE, {"group_id": group_id, **episode})
+            if mentions:
+                self._rows(
+                    MERGE_MENTIONS,
+                    {"group_id": group_id, "episode_uuid": episode["uuid"], "mentions": mentions},
+                )
+            embedded = [f for f in facts if f["fact_embedding"] is not None]
+            plain = [
+                {k: v for k, v in f.items() if k != "fact_embedding"}
+                for f in facts
+                if f["fact_embedding"] is None
+            ]
+            if embedded:
+                self._rows(MERGE_FACTS_EMBEDDED, {"group_id": group_id, "rows": embedded})
+            if plain:
+                self._rows(MERGE_FACTS, {"group_id": group_id, "rows": plain})
+            if closures:
+                self._rows(CLOSE_FACTS, {"group_id": group_id, "rows": closures})
+
+    def _check_write(self, group_id: str, write: EpisodeWrite) -> None:
+        episode = self._rows(EPISODE_GROUP, {"uuid": write.episode.uuid})
+        entity_uuids = unique(
+            [*write.mentions, *(u for f in write.facts for u in (f.source_uuid, f.target_uuid))]
+        )
+        entities = self._rows(ENTITY_GROUPS, {"uuids": entity_uuids}) if entity_uuids else []
+        fact_uuids = unique([*(f.uuid for f in write.facts), *(c.uuid for c in write.closures)])
+        facts = self._rows(FACT_STATES, {"uuids": fact_uuids}) if fact_uuids else []
+        check_episode_write(
+            group_id,
+            write,
+            episode[0][0] if episode else None,
+            {uuid: group for uuid, group in entities},
+            {uuid: StoredFact(group, source, target) for uuid, group, source, target in facts},
+        )
+
+    async def query_facts(
+        self,
+        group_id: str,
+        *,
+        valid_at: datetime | None = None,
+        known_at: datetime | None = None,
+        include_invalid: bool = False,
+        entity_uuid: str | None = None,
+    ) -> list[FactView]:
+        asof = AsOf.resolve(valid_at, known_at, include_invalid, entity_uuid)
+        return await self._call(self._query_facts, group_id, asof)
+
+    def _query_facts(self, group_id: str, asof: AsOf) -> list[FactView]:
+        rows = self._rows(query_facts_text(asof), as_of_params(group_id, asof))
+        facts = [(_fact(row[:-2]), row[-2], row[-1]) for row in rows]
+        uuids = unique(u for f, _, _ in facts for u in f.episodes)
+        producers = (
+            {
+                u: p or ""
+                for u, p in self._rows(PRODUCER_IDS, {"group_id": group_id, "uuids": uuids})
+            }
+            if uuids
+            else {}
+        )
+        return sort_views((fact_view(f, s, o, producers, asof), f) for f, s, o in facts)
+
+    # ------------------------------------------------------------------ maintenance
+    async def counts(self, group_id: str) -> dict[str, int]:
+        return await self._call(self._counts, group_id)
+
+    def _counts(self, group_id: str) -> dict[str, int]:
+        return {
+            name: int(self._rows(query, {"group_id": group_id})[0][0])
+            for name, query in COUNTS.items()
+        }
+
+    async def delete_group(self, group_id: str) -> None:
+        await self._write_call("delete_group", 1, self._delete_group, group_id)
+
+    def _delete_group(self, group_id: str) -> None:
+        with self._transaction():
+            for statement in DELETE_GROUP:
+                self._rows(statement, {"group_id": group_id})
