@@ -125,13 +125,18 @@ class FactDraft(BaseModel):
     """A fact as extraction saw it. subject/object index into Extraction.entities."""
 
     subject: int
-    object: int
+    object: int  # -1: no object (only for closing facts: close whatever the subject has)
     relation: str  # UPPER_SNAKE_CASE (to_relation_name)
     fact: str
     valid_at: str | None = None  # as stated: ISO date/time or a phrase ("since last March")
     invalid_at: str | None = None
     cardinality: Literal["one", "many"] | None = None  # one: a new object closes the previous
     closes: bool = False  # a record that only ends the fact (no new fact stored)
+
+    @field_validator("relation")
+    @classmethod
+    def _relation_name(cls, v: str) -> str:
+        return to_relation_name(v)
 
 
 class Extraction(BaseModel):

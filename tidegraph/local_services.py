@@ -51,6 +51,7 @@ class LocalServices:
         self.settings = settings
         self.root = settings.services_dir.resolve()
         self.cache = settings.cache_dir.resolve()
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
     # ------------------------------------------------------------------ paths
     def _dir(self, name: str) -> Path:
@@ -112,10 +113,15 @@ class LocalServices:
             pid = int(self.pid_file(name).read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except FileNotFoundError:
-            return None
+        cmdline = ""
+        for _ in range(20):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except FileNotFoundError:
+                return None
+            if cmdline:
+                break
+            time.sleep(0.05)  # cmdline reads empty while the java launcher re-executes itself
         # Guard against a recycled pid: only a process we started carries our marker.
         return pid if f"tidegraph.service={name}" in cmdline else None
 
@@ -138,7 +144,14 @@ class LocalServices:
                 start_new_session=True,
             )
         self.pid_file(name).write_text(str(proc.pid))
+        self._procs[name] = proc
         return proc.pid
+
+    def _exited(self, name: str) -> bool:
+        proc = self._procs.get(name)
+        if proc is not None:
+            return proc.poll() is not None
+        return self._read_pid(name) is None
 
     # ------------------------------------------------------------------ kafka
     def _start_kafka(self) -> int:
@@ -296,7 +309,7 @@ class LocalServices:
                 if self._probe(name):
                     log.info("%s is ready", name)
                     del pending[name]
-                elif self._read_pid(name) is None:
+                elif self._exited(name):
                     raise ServiceError(
                         f"{name} exited while starting; see its log: {self.log_file(name)}\n"
                         + _tail(self.log_file(name))
