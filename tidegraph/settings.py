@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     embedding_dim: int = Field(
         384, ge=8, description="Embedding dimension for the openai/hashing embedders."
     )
+    mappings: Path | None = Field(
+        None, description="Declared-mapping file (YAML) for JSON records; unset = none."
+    )
     context_episodes: int = Field(
         4, ge=0, description="Previous episodes of the group given to extraction as context."
     )

@@ -1,0 +1,173 @@
+"""Fact dedupe and contradiction on the two timelines (design §3). Pure logic, no I/O.
+
+Given the facts an episode states (already stamped on T) and the stored facts that share an
+endpoint with them, decide per new fact, in episode order:
+
+- **closing record** (``closes``): every fact of subject+relation(+object) valid at t is
+  closed at t;
+- **duplicate**: a stored fact with the same endpoints and relation that is valid at the new
+  fact's valid_at (or that the LLM named as duplicate) gains the episode; nothing else changes;
+- **contradiction**: candidates are only facts sharing an endpoint and a compatible relation
+  (cardinality ``one``: same subject and relation; LLM facts: what the LLM named among facts
+  sharing an endpoint). A candidate that started at or before the new fact and is still
+  valid then is closed at new.valid_at; one that starts later bounds the new fact, which is
+  then stored already closed (a late arrival);
+- ``expired_at`` (T') is set once: when a fact is first closed, or at creation for a fact
+  born closed. ``invalid_at`` may only move earlier (a late fact tightens an interval).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from processors.models import FactRecord, normalize_name, stable_uuid
+from processors.temporal import StampedFact
+from tidegraph.store.base import FactClosure
+
+
+@dataclass(frozen=True)
+class FactDecision:
+    """The LLM's judgement of one new (cardinality-free) fact, as stored uuids."""
+
+    duplicate_of: str | None = None
+    contradicts: tuple[str, ...] = ()
+
+
+@dataclass
+class FactPlan:
+    facts: dict[str, FactRecord] = field(default_factory=dict)  # upserts by uuid (full state)
+    closures: dict[str, FactClosure] = field(default_factory=dict)
+    new: int = 0
+    merged: int = 0
+    closed: int = 0
+    born_closed: int = 0
+
+
+def fact_uuid(group_id: str, episode_uuid: str, fact: StampedFact) -> str:
+    return stable_uuid(
+        "fact", group_id, episode_uuid, fact.source_uuid, fact.relation, fact.target_uuid or ""
+    )
+
+
+def valid_at_time(fact: FactRecord, t: datetime) -> bool:
+    start_ok = fact.valid_at is None or fact.valid_at <= t
+    return start_ok and (fact.invalid_at is None or t < fact.invalid_at)
+
+
+def plan_facts(
+    *,
+    group_id: str,
+    episode_uuid: str,
+    stamped: list[StampedFact],
+    existing: list[FactRecord],
+    now: datetime,
+    embeddings: dict[int, list[float]] | None = None,
+    decisions: dict[int, FactDecision] | None = None,
+) -> FactPlan:
+    """Decide every new fact of one episode against the stored facts (see module doc)."""
+    state: dict[str, FactRecord] = {f.uuid: f.model_copy(deep=True) for f in existing}
+    stored = set(state)
+    plan = FactPlan()
+    touched: set[str] = set()
+    embeddings = embeddings or {}
+    decisions = decisions or {}
+
+    def close(target: FactRecord, at: datetime) -> None:
+        if target.invalid_at is not None and target.invalid_at <= at:
+            return
+        target.invalid_at = at
+        if target.expired_at is None:
+            target.expired_at = now
+        touched.add(target.uuid)
+        plan.closed += 1
+        if target.uuid in stored:
+            plan.closures[target.uuid] = FactClosure(target.uuid, at, target.expired_at)
+
+    for i, new in enumerate(stamped):
+        t = new.valid_at
+        same_pair = [
+            f for f in state.values() if f.source_uuid == new.source_uuid and f.name == new.relation
+        ]
+        if new.closes:
+            for f in same_pair:
+                if (new.target_uuid is None or f.target_uuid == new.target_uuid) and valid_at_time(
+                    f, t
+                ):
+                    close(f, t)
+            continue
+
+        decision = decisions.get(i, FactDecision())
+        duplicate = _find_duplicate(new, same_pair, decision, state)
+        if duplicate is not None:
+            if episode_uuid not in duplicate.episodes:
+                duplicate.episodes.append(episode_uuid)
+                touched.add(duplicate.uuid)
+                plan.merged += 1
+            continue
+
+        record = FactRecord(
+            uuid=fact_uuid(group_id, episode_uuid, new),
+            group_id=group_id,
+            source_uuid=new.source_uuid,
+            target_uuid=new.target_uuid or new.source_uuid,
+            name=new.relation,
+            fact=new.fact,
+            fact_embedding=embeddings.get(i),
+            episodes=[episode_uuid],
+            valid_at=t,
+            invalid_at=new.invalid_at,
+            created_at=now,
+            expired_at=now if new.invalid_at is not None else None,
+            cardinality=new.cardinality,  # type: ignore[arg-type]
+        )
+        if new.cardinality == "one":
+            rivals = same_pair
+        else:
+            endpoints = {new.source_uuid, new.target_uuid}
+            rivals = [
+                state[u]
+                for u in decision.contradicts
+                if u in state and {state[u].source_uuid, state[u].target_uuid} & endpoints
+            ]
+        for rival in rivals:
+            if rival.valid_at is not None and rival.valid_at > t:
+                # A stored fact starts later: this one arrived late and is born closed.
+                if record.invalid_at is None or rival.valid_at < record.invalid_at:
+                    record.invalid_at = rival.valid_at
+                    record.expired_at = now
+            elif rival.target_uuid != record.target_uuid or new.cardinality != "one":
+                close(rival, t)
+            elif rival.invalid_at is None or rival.invalid_at > t:
+                # Same value, still open at t but not matched as duplicate: cannot happen for
+                # cardinality one (it would be the duplicate); kept for safety.
+                close(rival, t)
+        if record.invalid_at is not None:
+            plan.born_closed += 1
+        plan.new += 1
+        state[record.uuid] = record
+        touched.add(record.uuid)
+
+    for uuid in sorted(touched):
+        plan.facts[uuid] = state[uuid]
+    return plan
+
+
+def _find_duplicate(
+    new: StampedFact,
+    same_pair: list[FactRecord],
+    decision: FactDecision,
+    state: dict[str, FactRecord],
+) -> FactRecord | None:
+    if decision.duplicate_of and decision.duplicate_of in state:
+        candidate = state[decision.duplicate_of]
+        if {candidate.source_uuid, candidate.target_uuid} & {new.source_uuid, new.target_uuid}:
+            return candidate
+    for f in sorted(same_pair, key=lambda f: (f.valid_at is None, f.valid_at, f.uuid)):
+        if f.target_uuid != (new.target_uuid or new.source_uuid) or not valid_at_time(
+            f, new.valid_at
+        ):
+            continue
+        if new.cardinality is not None or normalize_name(f.fact) == normalize_name(new.fact):
+            return f
+    return None

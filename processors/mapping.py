@@ -1,0 +1,218 @@
+"""Declared mappings: JSON records -> entities and facts, exactly, with no LLM.
+
+A mapping file (YAML) holds a list of rules. The first rule whose ``match`` fits a record
+turns it into entities and facts::
+
+    mappings:
+      - name: plan_changed
+        match: {type: account.plan_changed}      # every listed field equals the value
+        entities:
+          account: {name: "{account.name}", label: Account, key: "crm:account:{account.id}"}
+          plan:    {name: "{plan}", label: Plan}
+        facts:
+          - relation: HAS_PLAN
+            subject: account
+            object: plan
+            fact: "{account.name} is on the {plan} plan"
+            valid_at: changed_at                  # a field path; default: reference_time
+            cardinality: one                      # a new plan closes the previous one
+      - name: contact_left
+        match: {type: contact.left}
+        entities: {...}
+        facts:
+          - {relation: WORKS_AT, subject: contact, object: company, closes: true,
+             valid_at: left_at}
+
+Templates use ``{dotted.path}`` into the record (``{{`` / ``}}`` for literal braces). A field
+a rule needs but the record lacks is a :class:`MappingError` (the record goes to the dead
+letters with that reason).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from processors.models import EntityDraft, Episode, Extraction, FactDraft, to_label
+
+_TEMPLATE_FIELD = re.compile(r"\{\{|\}\}|\{([^{}]+)\}")
+
+
+class MappingError(ValueError):
+    """A record matched a rule but cannot be mapped (missing field, bad value)."""
+
+
+class EntitySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str  # template
+    label: str | list[str] | None = None
+    key: str | None = None  # template of a stable external id (e.g. "crm:account:{id}")
+    summary: str | None = None  # template
+
+    @field_validator("label")
+    @classmethod
+    def _labels_safe(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for label in [v] if isinstance(v, str) else v or []:
+            if to_label(label) != label:
+                raise ValueError(f"label {label!r} must be letters, digits and underscores")
+        return v
+
+
+class FactSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    relation: str
+    subject: str  # entity alias
+    object: str | None = None  # entity alias; optional only for closing facts
+    fact: str | None = None  # template; default "<subject> <relation> <object>"
+    valid_at: str | None = None  # field path; default: the episode's reference_time
+    invalid_at: str | None = None  # field path
+    cardinality: Literal["one", "many"] = "many"
+    closes: bool = False
+
+    @model_validator(mode="after")
+    def _object_needed(self) -> FactSpec:
+        if self.object is None and not self.closes:
+            raise ValueError(f"fact {self.relation}: 'object' is required unless closes: true")
+        return self
+
+
+class MappingRule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    match: dict[str, Any] = Field(default_factory=dict)
+    entities: dict[str, EntitySpec]
+    facts: list[FactSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _aliases_exist(self) -> MappingRule:
+        for fact in self.facts:
+            for alias in (fact.subject, fact.object):
+                if alias is not None and alias not in self.entities:
+                    raise ValueError(
+                        f"rule {self.name!r}: fact {fact.relation} names entity {alias!r}, "
+                        f"which is not among its entities {sorted(self.entities)}"
+                    )
+        return self
+
+
+class MappingSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mappings: list[MappingRule]
+
+    @classmethod
+    def load(cls, path: Path | str) -> MappingSet:
+        data = yaml.safe_load(Path(path).read_text())
+        try:
+            return cls.model_validate(data)
+        except Exception as exc:
+            raise ValueError(f"mapping file {path} is invalid: {exc}") from exc
+
+    def rule_for(self, record: dict[str, Any]) -> MappingRule | None:
+        for rule in self.mappings:
+            if all(_lookup(record, path, None) == value for path, value in rule.match.items()):
+                return rule
+        return None
+
+    def extract(self, episode: Episode) -> Extraction | None:
+        """The mapped extraction of a json episode, or None when no rule matches."""
+        if not isinstance(episode.content, dict):
+            return None
+        rule = self.rule_for(episode.content)
+        if rule is None:
+            return None
+        return apply_rule(rule, episode)
+
+
+_MISSING = object()
+
+
+def _lookup(record: Any, path: str, default: Any = _MISSING) -> Any:
+    value = record
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            if default is _MISSING:
+                raise MappingError(f"field {path!r} is missing")
+            return default
+    return value
+
+
+def render(template: str, record: dict[str, Any]) -> str:
+    """Fill ``{dotted.path}`` fields of a template from the record."""
+
+    def field(match: re.Match[str]) -> str:
+        if match.group(0) == "{{":
+            return "{"
+        if match.group(0) == "}}":
+            return "}"
+        value = _lookup(record, match.group(1).strip())
+        if value is None or isinstance(value, dict | list):
+            raise MappingError(f"field {match.group(1)!r} must be a non-null scalar")
+        return str(value)
+
+    return _TEMPLATE_FIELD.sub(field, template)
+
+
+def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:
+    record = episode.content
+    assert isinstance(record, dict)
+    aliases = list(rule.entities)
+    entities = []
+    for alias in aliases:
+        spec = rule.entities[alias]
+        name = render(spec.name, record).strip()
+        if not name:
+            raise MappingError(f"rule {rule.name!r}: entity {alias!r} has an empty name")
+        labels = [spec.label] if isinstance(spec.label, str) else list(spec.label or [])
+        entities.append(
+            EntityDraft(
+                name=name,
+                labels=labels,
+                key=render(spec.key, record) if spec.key else None,
+                summary=render(spec.summary, record) if spec.summary else "",
+            )
+        )
+    facts = []
+    for spec in rule.facts:
+        subject = aliases.index(spec.subject)
+        obj = aliases.index(spec.object) if spec.object is not None else -1
+        if spec.fact:
+            text = render(spec.fact, record)
+        else:
+            target = entities[obj].name if obj >= 0 else "?"
+            text = f"{entities[subject].name} {spec.relation} {target}"
+        facts.append(
+            FactDraft(
+                subject=subject,
+                object=obj,
+                relation=spec.relation,
+                fact=text,
+                valid_at=_time_field(record, spec.valid_at),
+                invalid_at=_time_field(record, spec.invalid_at),
+                cardinality=spec.cardinality,
+                closes=spec.closes,
+            )
+        )
+    return Extraction(episode=episode, entities=entities, facts=facts, mapped=True)
+
+
+def _time_field(record: dict[str, Any], path: str | None) -> str | None:
+    if path is None:
+        return None
+    value = _lookup(record, path, None)
+    if value is None:
+        return None
+    if not isinstance(value, str | int | float):
+        raise MappingError(f"time field {path!r} must be a string or a number")
+    return str(value)

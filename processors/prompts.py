@@ -1,0 +1,119 @@
+"""LLM request schemas and prompts for the stages that need an LLM.
+
+The schema class name is the request's name on the wire (``json_schema.name``): servers and
+the scripted test server recognise a stage's request by it. Every field is required (OpenAI
+strict mode); optional values are ``X | None``. LLM output is untrusted: the stages validate
+every index and name it returns and treat names and relation types as data.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from processors.models import EntityRecord, Episode, EpisodeRecord, FactRecord, iso
+
+
+# ----------------------------------------------------------------------------- extraction
+class LLMEntity(BaseModel):
+    name: str
+    type: str | None
+    summary: str | None
+
+
+class LLMFact(BaseModel):
+    subject: str
+    relation: str
+    object: str
+    fact: str
+    valid_at: str | None
+    invalid_at: str | None
+
+
+class ExtractionOutput(BaseModel):
+    entities: list[LLMEntity]
+    facts: list[LLMFact]
+
+
+EXTRACTION_SYSTEM = """You extract a knowledge graph from one episode of a conversation or \
+document. Return every entity (people, organisations, products, plans, places, tickets, \
+concepts) that the CURRENT episode mentions, with a short type (PascalCase, e.g. Person, \
+Organization, Product) and a one-sentence summary of what the episode says about it. Return \
+every fact the CURRENT episode states between two of those entities: subject and object are \
+entity names exactly as in your entity list, relation is a short verb phrase in \
+UPPER_SNAKE_CASE (WORKS_AT, HAS_PLAN, REPORTED_ISSUE), fact is one self-contained sentence. \
+valid_at / invalid_at: when the fact became / stopped being true, as an ISO 8601 date resolved \
+against the episode's reference time ("since last March" -> the date), or null when not \
+stated. Use the previous episodes only to resolve references; do not extract facts from them."""
+
+
+def extraction_user(episode: Episode, context: list[EpisodeRecord]) -> str:
+    lines = [f"Reference time: {iso(episode.reference_time)}"]
+    if context:
+        lines.append("Previous episodes (context only):")
+        lines += [f"- [{iso(c.valid_at)}] {c.content[:1000]}" for c in context]
+    lines.append(f"Current episode ({episode.source}, {episode.source_description or 'n/a'}):")
+    lines.append(episode.content_text())
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- resolution
+class EntityMatch(BaseModel):
+    entity: int  # index of the extracted entity
+    duplicate_of: int | None  # index of the candidate it is the same as, or null
+
+
+class EntityResolutionOutput(BaseModel):
+    matches: list[EntityMatch]
+
+
+ENTITY_RESOLUTION_SYSTEM = """You decide whether newly extracted entities are the same \
+real-world thing as entities already in the knowledge graph. For each new entity, answer the \
+index of the candidate that denotes the same thing (same person, company, product...; \
+spelling variants, abbreviations and legal suffixes do not make a different thing) or null \
+when none does. Related but different things (a company and its subsidiary, two people \
+sharing a surname) are NOT the same."""
+
+
+def entity_resolution_user(
+    drafts: list[tuple[int, str, str]], candidates: list[EntityRecord]
+) -> str:
+    lines = ["Existing entities (candidates):"]
+    lines += [
+        f"[{i}] {c.name} ({', '.join(c.labels) or 'Entity'}): {c.summary[:200]}"
+        for i, c in enumerate(candidates)
+    ]
+    lines.append("New entities:")
+    lines += [f"[{i}] {name}: {summary[:200]}" for i, name, summary in drafts]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- facts
+class FactJudgement(BaseModel):
+    new_fact: int  # index of the new fact
+    duplicate_of: int | None  # index of an existing fact stating the same thing, or null
+    contradicts: list[int]  # indexes of existing facts the new fact makes no longer true
+
+
+class FactResolutionOutput(BaseModel):
+    judgements: list[FactJudgement]
+
+
+FACT_RESOLUTION_SYSTEM = """You compare new facts with facts already in a temporal knowledge \
+graph. For each new fact: duplicate_of = the existing fact that states the same thing (or \
+null); contradicts = the existing facts that cannot both be true at the same time as the new \
+fact (for example a person works at a different company now, an account moved to another \
+plan, a ticket changed status). Facts that merely concern the same entities are NOT \
+contradictions; when unsure, do not list it."""
+
+
+def fact_resolution_user(
+    new_facts: list[tuple[int, str]], candidates: list[FactRecord], names: dict[str, str]
+) -> str:
+    lines = ["Existing facts:"]
+    for i, f in enumerate(candidates):
+        span = f"{iso(f.valid_at)} .. {iso(f.invalid_at) or 'now'}"
+        src, tgt = names.get(f.source_uuid, "?"), names.get(f.target_uuid, "?")
+        lines.append(f"[{i}] {src} -{f.name}-> {tgt}: {f.fact} ({span})")
+    lines.append("New facts:")
+    lines += [f"[{i}] {text}" for i, text in new_facts]
+    return "\n".join(lines)

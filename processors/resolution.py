@@ -1,0 +1,206 @@
+"""Resolution stage: each extracted entity -> one entity of the group's graph.
+
+Order of evidence: stable key, then exact normalised name or alias, then (for LLM-extracted
+episodes only) fulltext + vector candidates judged by ONE batched LLM call for all the
+episode's undecided entities. Resolved entities are written here, so the next episode of the
+group sees them even while this one is still in flight (design §5).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel
+
+from processors.extraction import StructuredLLM
+from processors.models import EntityRecord, Extraction, normalize_name, stable_uuid, utcnow
+from processors.prompts import (
+    ENTITY_RESOLUTION_SYSTEM,
+    EntityResolutionOutput,
+    entity_resolution_user,
+)
+from tidegraph.embed.base import Embedder
+from tidegraph.metrics import ENTITIES_RESOLVED
+from tidegraph.store.base import GraphStore
+
+log = logging.getLogger(__name__)
+
+CANDIDATES_PER_ENTITY = 5
+
+
+class ResolvedEpisode(BaseModel):
+    extraction: Extraction
+    entity_uuids: list[str]  # one per extraction.entities index
+    llm_calls: int = 0
+
+
+def new_entity_uuid(group_id: str, name: str, key: str | None) -> str:
+    if key:
+        return stable_uuid("entity", group_id, "key", key)
+    return stable_uuid("entity", group_id, "name", normalize_name(name))
+
+
+class Resolver:
+    """``run(extraction) -> ResolvedEpisode``; writes the resolved entities."""
+
+    stage = "resolution"
+
+    def __init__(self, *, store: GraphStore, embedder: Embedder, llm: StructuredLLM | None) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.llm = llm
+
+    async def run(self, extraction: Extraction) -> ResolvedEpisode:
+        group = extraction.episode.group_id
+        drafts = extraction.entities
+        norms = [normalize_name(d.name) or d.name for d in drafts]
+        matched: dict[int, EntityRecord] = {}
+        methods: dict[int, str] = {}
+
+        keys = sorted({d.key for d in drafts if d.key})
+        by_key = {e.key: e for e in await self.store.entities_by_keys(group, keys)} if keys else {}
+        by_norm: dict[str, list[EntityRecord]] = {}
+        for record in await self.store.entities_by_names(group, sorted(set(norms))):
+            for n in {normalize_name(record.name), *record.aliases}:
+                by_norm.setdefault(n, []).append(record)
+        for i, draft in enumerate(drafts):
+            if draft.key and draft.key in by_key:
+                matched[i], methods[i] = by_key[draft.key], "key"
+                continue
+            # A name match never merges two different stable keys (two "John Smith" contacts).
+            same_name = [r for r in by_norm.get(norms[i], []) if r.key in (None, draft.key)]
+            if same_name:
+                same_name.sort(key=lambda r: (r.key is not None, r.uuid))
+                matched[i], methods[i] = same_name[0], "exact"
+
+        # Within the episode, one entity per normalised name / key.
+        first_of: dict[str, int] = {}
+        alias_of: dict[int, int] = {}
+        for i, draft in enumerate(drafts):
+            ident = f"key:{draft.key}" if draft.key else f"name:{norms[i]}"
+            if ident in first_of and i not in matched:
+                alias_of[i] = first_of[ident]
+            first_of.setdefault(ident, i)
+
+        undecided = [i for i in range(len(drafts)) if i not in matched and i not in alias_of]
+        embeddings: dict[int, list[float]] = {}
+        if undecided:
+            vectors = await self.embedder.embed([drafts[i].name for i in undecided])
+            embeddings = dict(zip(undecided, vectors, strict=True))
+        llm_calls = 0
+        if undecided and self.llm is not None and not extraction.mapped:
+            decided, llm_calls = await self._judge(group, drafts, undecided, embeddings)
+            for i, record in decided.items():
+                matched[i], methods[i] = record, "llm"
+
+        now = utcnow()
+        uuids: list[str] = [""] * len(drafts)
+        writes: dict[str, EntityRecord] = {}
+        for i, draft in enumerate(drafts):
+            if i in alias_of:
+                continue
+            if i in matched:
+                record = matched[i]
+                uuids[i] = record.uuid
+                update = _update_for(record, draft.labels, draft.summary, draft.key, norms[i])
+                if update is not None:
+                    writes[record.uuid] = _merge_write(writes.get(record.uuid), update)
+            else:
+                methods[i] = "new"
+                uuid = new_entity_uuid(group, draft.name, draft.key)
+                uuids[i] = uuid
+                writes[uuid] = _merge_write(
+                    writes.get(uuid),
+                    EntityRecord(
+                        uuid=uuid,
+                        group_id=group,
+                        name=draft.name,
+                        labels=list(draft.labels),
+                        summary=draft.summary,
+                        key=draft.key,
+                        aliases=[norms[i]],
+                        name_embedding=embeddings.get(i),
+                        created_at=now,
+                    ),
+                )
+            ENTITIES_RESOLVED.labels(methods[i]).inc()
+        for i, first in alias_of.items():
+            uuids[i] = uuids[first]
+        if writes:
+            await self.store.upsert_entities(group, list(writes.values()))
+        return ResolvedEpisode(
+            extraction=extraction, entity_uuids=uuids, llm_calls=extraction.llm_calls + llm_calls
+        )
+
+    async def _judge(
+        self,
+        group: str,
+        drafts: list,
+        undecided: list[int],
+        embeddings: dict[int, list[float]],
+    ) -> tuple[dict[int, EntityRecord], int]:
+        """Candidates from fulltext + vector search, then one LLM call for all of them."""
+        threshold = self.embedder.thresholds.entity_candidate
+        candidates: dict[str, EntityRecord] = {}
+        for i in undecided:
+            for record, score in await self.store.vector_entities(
+                group, embeddings[i], CANDIDATES_PER_ENTITY
+            ):
+                if 2 * score - 1 >= threshold:  # stores score (1 + cos) / 2
+                    candidates.setdefault(record.uuid, record)
+            for record, _ in await self.store.fulltext_entities(
+                group, drafts[i].name, CANDIDATES_PER_ENTITY
+            ):
+                candidates.setdefault(record.uuid, record)
+        if not candidates:
+            return {}, 0
+        listed = sorted(candidates.values(), key=lambda r: r.uuid)
+        output: EntityResolutionOutput = await self.llm.structured(  # type: ignore[union-attr]
+            stage=self.stage,
+            system=ENTITY_RESOLUTION_SYSTEM,
+            user=entity_resolution_user(
+                [(i, drafts[i].name, drafts[i].summary) for i in undecided], listed
+            ),
+            schema=EntityResolutionOutput,
+        )
+        decided: dict[int, EntityRecord] = {}
+        for match in output.matches:
+            if match.entity in undecided and match.duplicate_of is not None:
+                if 0 <= match.duplicate_of < len(listed):
+                    decided.setdefault(match.entity, listed[match.duplicate_of])
+        return decided, 1
+
+
+def _update_for(
+    record: EntityRecord, labels: list[str], summary: str, key: str | None, norm: str
+) -> EntityRecord | None:
+    """The upsert that adds what a matched draft brings, or None when it brings nothing."""
+    new_labels = [lab for lab in labels if lab not in record.labels]
+    new_alias = norm not in record.aliases and norm != normalize_name(record.name)
+    new_summary = bool(summary) and summary != record.summary
+    new_key = key is not None and record.key is None
+    if not (new_labels or new_alias or new_summary or new_key):
+        return None
+    return EntityRecord(
+        uuid=record.uuid,
+        group_id=record.group_id,
+        name=record.name,
+        labels=new_labels,
+        summary=summary if new_summary else "",
+        key=key if new_key else None,
+        aliases=[norm] if new_alias else [],
+        created_at=record.created_at,
+    )
+
+
+def _merge_write(previous: EntityRecord | None, update: EntityRecord) -> EntityRecord:
+    if previous is None:
+        return update
+    return previous.model_copy(
+        update={
+            "labels": sorted(set(previous.labels) | set(update.labels)),
+            "aliases": sorted(set(previous.aliases) | set(update.aliases)),
+            "summary": update.summary or previous.summary,
+            "key": previous.key or update.key,
+        }
+    )

@@ -1,0 +1,154 @@
+"""Temporal stamping: validity intervals on the event timeline T (design §3).
+
+Dates come as stated (ISO from a mapping field or the LLM, epoch seconds, or a phrase such as
+"since last March") and are resolved against the episode's reference_time. A fact with no
+stated start is valid from the reference_time.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import dateparser
+from pydantic import BaseModel, Field
+
+from processors.models import Episode, utc
+from processors.resolution import ResolvedEpisode
+
+_PREFIX = re.compile(
+    r"^\s*(since|from|as of|starting|started|starting on|beginning|effective|until|till|to|"
+    r"ended|ending|on|in)\s+",
+    re.IGNORECASE,
+)
+_LAST_MONTH = re.compile(
+    r"^last\s+(january|february|march|april|may|june|july|august|september|october|"
+    r"november|december)$",
+    re.IGNORECASE,
+)
+_MONTHS = [
+    "january", "february", "march", "april", "may", "june", "july", "august", "september",
+    "october", "november", "december",
+]  # fmt: skip
+_YEAR = re.compile(r"^\d{4}$")
+_EPOCH = re.compile(r"^\d{9,11}(\.\d+)?$")
+
+
+def parse_when(text: str | None, reference: datetime) -> datetime | None:
+    """Resolve a stated time against ``reference``; None when it cannot be understood."""
+    if text is None:
+        return None
+    raw = text.strip()
+    if not raw:
+        return None
+    if _EPOCH.match(raw):
+        return datetime.fromtimestamp(float(raw), UTC)
+    try:
+        return utc(datetime.fromisoformat(raw.replace("Z", "+00:00")))
+    except ValueError:
+        pass
+    phrase = _PREFIX.sub("", raw).strip()
+    if _YEAR.match(phrase):
+        return datetime(int(phrase), 1, 1, tzinfo=UTC)
+    last = _LAST_MONTH.match(phrase)
+    if last:
+        month = _MONTHS.index(last.group(1).lower()) + 1
+        year = reference.year if month < reference.month else reference.year - 1
+        return datetime(year, month, 1, tzinfo=UTC)
+    parsed = dateparser.parse(
+        phrase,
+        settings={
+            "RELATIVE_BASE": utc(reference).replace(tzinfo=None),
+            "PREFER_DATES_FROM": "past",
+            "PREFER_DAY_OF_MONTH": "first",
+            "PREFER_MONTH_OF_YEAR": "first",
+            "TIMEZONE": "UTC",
+            "RETURN_AS_TIMEZONE_AWARE": False,
+        },
+    )
+    return None if parsed is None else parsed.replace(tzinfo=UTC)
+
+
+class StampedFact(BaseModel):
+    """A resolved fact with its interval on T, ready for invalidation and writing."""
+
+    source_uuid: str
+    target_uuid: str | None  # None only for a closing fact without an object
+    relation: str
+    fact: str
+    valid_at: datetime
+    invalid_at: datetime | None = None
+    cardinality: str | None = None
+    closes: bool = False
+    notes: list[str] = Field(default_factory=list)  # e.g. an unparseable date that was ignored
+
+
+def stamp_interval(
+    valid_text: str | None, invalid_text: str | None, episode: Episode
+) -> tuple[datetime, datetime | None, list[str]]:
+    """(valid_at, invalid_at, notes) for a fact stated in ``episode``."""
+    notes: list[str] = []
+    valid_at = parse_when(valid_text, episode.reference_time)
+    if valid_at is None:
+        if valid_text:
+            notes.append(f"valid_at {valid_text!r} not understood; using reference_time")
+        valid_at = episode.reference_time
+    invalid_at = parse_when(invalid_text, episode.reference_time)
+    if invalid_text and invalid_at is None:
+        notes.append(f"invalid_at {invalid_text!r} not understood; ignored")
+    if invalid_at is not None and invalid_at <= valid_at:
+        notes.append(f"invalid_at {invalid_text!r} is not after valid_at; ignored")
+        invalid_at = None
+    return valid_at, invalid_at, notes
+
+
+class StampedEpisode(BaseModel):
+    """The temporal stage's output: what the writer needs for one episode."""
+
+    episode: Episode
+    mentions: list[str]  # entity uuids, episode order, unique
+    facts: list[StampedFact]
+    llm_calls: int = 0
+    mapped: bool = False
+
+
+class Stamper:
+    """``run(resolved) -> StampedEpisode``: pure, no I/O."""
+
+    stage = "temporal"
+
+    async def run(self, resolved: ResolvedEpisode) -> StampedEpisode:
+        return stamp(resolved)
+
+
+def stamp(resolved: ResolvedEpisode) -> StampedEpisode:
+    extraction = resolved.extraction
+    uuids = resolved.entity_uuids
+    facts: list[StampedFact] = []
+    for draft in extraction.facts:
+        valid_at, invalid_at, notes = stamp_interval(
+            draft.valid_at, draft.invalid_at, extraction.episode
+        )
+        if draft.closes:
+            # A closing record's valid_at is the moment the fact ends.
+            invalid_at = None
+        facts.append(
+            StampedFact(
+                source_uuid=uuids[draft.subject],
+                target_uuid=uuids[draft.object] if draft.object >= 0 else None,
+                relation=draft.relation,
+                fact=draft.fact,
+                valid_at=valid_at,
+                invalid_at=invalid_at,
+                cardinality=draft.cardinality,
+                closes=draft.closes,
+                notes=notes,
+            )
+        )
+    return StampedEpisode(
+        episode=extraction.episode,
+        mentions=list(dict.fromkeys(uuids)),
+        facts=facts,
+        llm_calls=resolved.llm_calls,
+        mapped=extraction.mapped,
+    )

@@ -1,0 +1,183 @@
+"""Invalidation + write stage: fact dedupe and contradiction, then one idempotent transaction.
+
+The stored facts are read here (not earlier) because this stage runs in order per group: it
+sees every earlier episode's facts even when later episodes are already in flight upstream.
+The Episodic node written in the same transaction is the processed-episode marker.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel
+
+from processors.extraction import StructuredLLM
+from processors.invalidation import FactDecision, plan_facts
+from processors.models import EntityRecord, EpisodeRecord, FactRecord, utcnow
+from processors.prompts import FACT_RESOLUTION_SYSTEM, FactResolutionOutput, fact_resolution_user
+from processors.temporal import StampedEpisode, StampedFact
+from tidegraph.embed.base import Embedder
+from tidegraph.metrics import FACTS_INVALIDATED
+from tidegraph.store.base import EpisodeWrite, GraphStore
+
+log = logging.getLogger(__name__)
+
+MAX_CANDIDATES_PER_FACT = 12
+
+
+class WriteSummary(BaseModel):
+    group_id: str
+    episode_uuid: str
+    episode_id: str
+    skipped: bool = False  # already processed (a redelivery or replay)
+    facts_new: int = 0
+    facts_merged: int = 0
+    facts_closed: int = 0
+    facts_born_closed: int = 0
+    entities: int = 0
+    llm_calls: int = 0
+
+
+class FactWriter:
+    """``run(stamped) -> WriteSummary``."""
+
+    stage = "invalidation"
+
+    def __init__(
+        self,
+        *,
+        store: GraphStore,
+        embedder: Embedder,
+        llm: StructuredLLM | None,
+        embed_facts: bool = True,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.llm = llm
+        self.embed_facts = embed_facts
+
+    async def run(self, stamped: StampedEpisode) -> WriteSummary:
+        episode = stamped.episode
+        group = episode.group_id
+        summary = WriteSummary(group_id=group, episode_uuid=episode.uuid, episode_id=episode.id)
+        if await self.store.episode_processed(group, episode.uuid):
+            summary.skipped = True
+            return summary
+        facts = stamped.facts
+        endpoints = sorted({u for f in facts for u in (f.source_uuid, f.target_uuid) if u})
+        existing = await self.store.facts_touching(group, endpoints) if endpoints else []
+        embeddings: dict[int, list[float]] = {}
+        to_embed = [i for i, f in enumerate(facts) if not f.closes]
+        if to_embed and self.embed_facts:
+            vectors = await self.embedder.embed([facts[i].fact for i in to_embed])
+            embeddings = dict(zip(to_embed, vectors, strict=True))
+        decisions: dict[int, FactDecision] = {}
+        llm_calls = 0
+        if self.llm is not None and not stamped.mapped:
+            decisions, llm_calls = await self._judge(group, facts, existing, embeddings)
+        now = utcnow()
+        plan = plan_facts(
+            group_id=group,
+            episode_uuid=episode.uuid,
+            stamped=facts,
+            existing=existing,
+            now=now,
+            embeddings=embeddings,
+            decisions=decisions,
+        )
+        record = EpisodeRecord(
+            uuid=episode.uuid,
+            group_id=group,
+            name=episode.name or episode.id,
+            source=episode.source,
+            source_description=episode.source_description,
+            content=episode.content_text(),
+            valid_at=episode.reference_time,
+            created_at=now,
+            producer_id=episode.id,
+        )
+        await self.store.write_episode(
+            group,
+            EpisodeWrite(
+                episode=record,
+                mentions=stamped.mentions,
+                facts=list(plan.facts.values()),
+                closures=list(plan.closures.values()),
+            ),
+        )
+        FACTS_INVALIDATED.labels("closed").inc(plan.closed)
+        FACTS_INVALIDATED.labels("born_closed").inc(plan.born_closed)
+        summary.facts_new = plan.new
+        summary.facts_merged = plan.merged
+        summary.facts_closed = plan.closed
+        summary.facts_born_closed = plan.born_closed
+        summary.entities = len(stamped.mentions)
+        summary.llm_calls = stamped.llm_calls + llm_calls
+        return summary
+
+    async def _judge(
+        self,
+        group: str,
+        facts: list[StampedFact],
+        existing: list[FactRecord],
+        embeddings: dict[int, list[float]],
+    ) -> tuple[dict[int, FactDecision], int]:
+        """One LLM call judging every new fact against its candidates (shared endpoint and
+        same relation or similar text); no call when no fact has a candidate."""
+        threshold = self.embedder.thresholds.fact_candidate
+        per_fact: dict[int, list[FactRecord]] = {}
+        for i, new in enumerate(facts):
+            if new.closes or new.cardinality is not None:
+                continue
+            ends = {new.source_uuid, new.target_uuid}
+            scored = []
+            for f in existing:
+                if not ({f.source_uuid, f.target_uuid} & ends):
+                    continue
+                similarity = _cosine(embeddings.get(i), f.fact_embedding)
+                if f.name == new.relation or similarity >= threshold:
+                    scored.append((f.name != new.relation, -similarity, f.uuid, f))
+            scored.sort(key=lambda s: s[:3])
+            if scored:
+                per_fact[i] = [s[3] for s in scored[:MAX_CANDIDATES_PER_FACT]]
+        if not per_fact:
+            return {}, 0
+        listed: dict[str, FactRecord] = {}
+        for candidates in per_fact.values():
+            for f in candidates:
+                listed.setdefault(f.uuid, f)
+        ordered = sorted(listed.values(), key=lambda f: f.uuid)
+        names = await self._entity_names(group, ordered)
+        output: FactResolutionOutput = await self.llm.structured(  # type: ignore[union-attr]
+            stage=self.stage,
+            system=FACT_RESOLUTION_SYSTEM,
+            user=fact_resolution_user(
+                [(i, facts[i].fact) for i in sorted(per_fact)], ordered, names
+            ),
+            schema=FactResolutionOutput,
+        )
+        decisions: dict[int, FactDecision] = {}
+        for j in output.judgements:
+            if j.new_fact not in per_fact:
+                continue
+            allowed = {f.uuid for f in per_fact[j.new_fact]}
+
+            def pick(k: int | None, allowed: set[str] = allowed) -> str | None:
+                if k is None or not 0 <= k < len(ordered):
+                    return None
+                return ordered[k].uuid if ordered[k].uuid in allowed else None
+
+            contradicts = tuple(u for u in (pick(k) for k in j.contradicts) if u)
+            decisions[j.new_fact] = FactDecision(pick(j.duplicate_of), contradicts)
+        return decisions, 1
+
+    async def _entity_names(self, group: str, facts: list[FactRecord]) -> dict[str, str]:
+        uuids = sorted({u for f in facts for u in (f.source_uuid, f.target_uuid)})
+        records: list[EntityRecord] = await self.store.entities_by_uuids(group, uuids)
+        return {r.uuid: r.name for r in records}
+
+
+def _cosine(a: list[float] | None, b: list[float] | None) -> float:
+    if not a or not b or len(a) != len(b):
+        return 0.0
+    return sum(x * y for x, y in zip(a, b, strict=True))  # both are L2-normalised

@@ -1,0 +1,60 @@
+"""Builds the configured components (store, embedder, LLM, mappings, pipeline) once.
+
+The CLI, the demo and the Faust worker all start from here, so one process has exactly one
+store connection, one embedder and one LLM client (hence one global rate limiter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from processors.mapping import MappingSet
+from processors.pipeline import EpisodePipeline
+from tidegraph.embed import make_embedder
+from tidegraph.embed.base import Embedder
+from tidegraph.llm import LLMClient
+from tidegraph.settings import Settings
+from tidegraph.store import GraphStore, open_store
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    store: GraphStore
+    embedder: Embedder
+    llm: LLMClient | None
+    mappings: MappingSet | None
+    pipeline: EpisodePipeline
+
+    async def close(self) -> None:
+        if self.llm is not None:
+            await self.llm.close()
+        await self.embedder.close()
+        await self.store.close()
+
+
+async def open_runtime(
+    settings: Settings,
+    *,
+    mapping_path: Path | str | None = None,
+    store: GraphStore | None = None,
+    embedder: Embedder | None = None,
+    llm: LLMClient | None = None,
+    use_llm: bool = True,
+) -> Runtime:
+    """Open and set up everything; ``store``/``embedder``/``llm`` override the settings."""
+    embedder = embedder or make_embedder(settings)
+    store = store or open_store(settings)
+    await store.setup(embedder.dim)
+    if llm is None and use_llm:
+        llm = LLMClient.from_settings(settings)
+    mappings = MappingSet.load(mapping_path) if mapping_path else None
+    pipeline = EpisodePipeline(
+        store=store,
+        embedder=embedder,
+        llm=llm,
+        mappings=mappings,
+        context_episodes=settings.context_episodes,
+    )
+    return Runtime(settings, store, embedder, llm, mappings, pipeline)
