@@ -4,9 +4,12 @@ Given the facts an episode states (already stamped on T) and the stored facts th
 endpoint with them, decide per new fact, in episode order:
 
 - **closing record** (``closes``): every fact of subject+relation(+object) valid at t is
-  closed at t;
+  closed at t, and the end is stored as a fact valid from t to t (valid at no time), so that a
+  fact started before t and delivered after the closing record is born closed at t;
 - **duplicate**: a stored fact with the same endpoints and relation that is valid at the new
-  fact's valid_at (or that the LLM named as duplicate) gains the episode; nothing else changes;
+  fact's valid_at (or that the LLM named as duplicate) gains the episode; nothing else changes.
+  For cardinality ``one`` only the same start counts: a value restated later starts a fact
+  of its own (the earlier one ends there), so a late change between the two splits correctly;
 - **contradiction**: candidates are only facts sharing an endpoint and a compatible relation
   (cardinality ``one``: same subject and relation; LLM facts: what the LLM named among facts
   sharing an endpoint). A candidate that started at or before the new fact and is still
@@ -66,7 +69,9 @@ def plan_facts(
     decisions: dict[int, FactDecision] | None = None,
 ) -> FactPlan:
     """Decide every new fact of one episode against the stored facts (see module doc)."""
-    state: dict[str, FactRecord] = {f.uuid: f.model_copy(deep=True) for f in existing}
+    # Copies (the caller's records stay as they were); only the episode lists are mutated,
+    # so the embeddings are shared rather than deep-copied.
+    state = {f.uuid: f.model_copy(update={"episodes": list(f.episodes)}) for f in existing}
     stored = set(state)
     plan = FactPlan()
     touched: set[str] = set()
@@ -95,6 +100,23 @@ def plan_facts(
                     f, t
                 ):
                     close(f, t)
+            # The end itself is kept, as a fact valid from t to t (never valid at any time):
+            # a fact of this subject and relation that arrives later but started before t is
+            # then bounded by it (born closed at t) instead of staying open for good.
+            target = new.target_uuid or new.source_uuid
+            marker = next((f for f in same_pair if _is_end(f, target, t)), None)
+            if marker is None:
+                marker = FactRecord(
+                    uuid=fact_uuid(group_id, episode_uuid, new), group_id=group_id,
+                    source_uuid=new.source_uuid, target_uuid=target, name=new.relation,
+                    fact=new.fact, episodes=[episode_uuid], valid_at=t, invalid_at=t,
+                    created_at=now, expired_at=now, cardinality=new.cardinality,  # type: ignore[arg-type]
+                )  # fmt: skip
+                state[marker.uuid] = marker
+                touched.add(marker.uuid)
+            elif episode_uuid not in marker.episodes:
+                marker.episodes.append(episode_uuid)
+                touched.add(marker.uuid)
             continue
 
         decision = decisions.get(i, FactDecision())
@@ -106,8 +128,12 @@ def plan_facts(
                 plan.merged += 1
             continue
 
+        uuid = fact_uuid(group_id, episode_uuid, new)
+        if uuid in state:
+            # The episode states the same subject-relation-object twice (other time or text).
+            uuid = stable_uuid(uuid, str(i))
         record = FactRecord(
-            uuid=fact_uuid(group_id, episode_uuid, new),
+            uuid=uuid,
             group_id=group_id,
             source_uuid=new.source_uuid,
             target_uuid=new.target_uuid or new.source_uuid,
@@ -123,6 +149,9 @@ def plan_facts(
         )
         if new.cardinality == "one":
             rivals = same_pair
+        elif new.cardinality == "many":
+            # Only the recorded ends of this very fact (closing records) can bound it.
+            rivals = [f for f in same_pair if _is_end(f, record.target_uuid, f.valid_at)]
         else:
             endpoints = {new.source_uuid, new.target_uuid}
             rivals = [
@@ -139,8 +168,7 @@ def plan_facts(
             elif rival.target_uuid != record.target_uuid or new.cardinality != "one":
                 close(rival, t)
             elif rival.invalid_at is None or rival.invalid_at > t:
-                # Same value, still open at t but not matched as duplicate: cannot happen for
-                # cardinality one (it would be the duplicate); kept for safety.
+                # The same value, restated later (see _find_duplicate): the new fact takes over.
                 close(rival, t)
         if record.invalid_at is not None:
             plan.born_closed += 1
@@ -151,6 +179,11 @@ def plan_facts(
     for uuid in sorted(touched):
         plan.facts[uuid] = state[uuid]
     return plan
+
+
+def _is_end(fact: FactRecord, target: str, at: datetime | None) -> bool:
+    """A recorded end (a closing record's fact, valid from ``at`` to ``at``) of ``target``."""
+    return fact.target_uuid == target and fact.valid_at == at == fact.invalid_at
 
 
 def _find_duplicate(
@@ -167,6 +200,14 @@ def _find_duplicate(
         if f.target_uuid != (new.target_uuid or new.source_uuid) or not valid_at_time(
             f, new.valid_at
         ):
+            continue
+        if new.cardinality == "one":
+            # Only the same change restated (same start) is a duplicate. A later restatement
+            # of the value starts a fact of its own: were it merged into the earlier one, a
+            # late change arriving between the two would close the value for good (a ticket
+            # reopened, then its closing delivered late, would stay closed).
+            if f.valid_at == new.valid_at:
+                return f
             continue
         if new.cardinality is not None or normalize_name(f.fact) == normalize_name(new.fact):
             return f

@@ -148,8 +148,10 @@ def _lookup(record: Any, path: str, default: Any = _MISSING) -> Any:
     return value
 
 
-def render(template: str, record: dict[str, Any]) -> str:
-    """Fill ``{dotted.path}`` fields of a template from the record."""
+def render(template: str, record: dict[str, Any], *, allow_empty: bool = True) -> str:
+    """Fill ``{dotted.path}`` fields of a template from the record. ``allow_empty=False``
+    refuses fields whose value is blank (a key ``crm:account:{id}`` with an empty id would
+    merge every such record into one entity)."""
 
     def field(match: re.Match[str]) -> str:
         if match.group(0) == "{{":
@@ -159,6 +161,8 @@ def render(template: str, record: dict[str, Any]) -> str:
         value = _lookup(record, match.group(1).strip())
         if value is None or isinstance(value, dict | list):
             raise MappingError(f"field {match.group(1)!r} must be a non-null scalar")
+        if not allow_empty and not str(value).strip():
+            raise MappingError(f"field {match.group(1)!r} is empty")
         return str(value)
 
     return _TEMPLATE_FIELD.sub(field, template)
@@ -179,7 +183,7 @@ def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:
             EntityDraft(
                 name=name,
                 labels=labels,
-                key=render(spec.key, record) if spec.key else None,
+                key=render(spec.key, record, allow_empty=False) if spec.key else None,
                 summary=render(spec.summary, record) if spec.summary else "",
             )
         )
@@ -190,8 +194,9 @@ def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:
         if spec.fact:
             text = render(spec.fact, record)
         else:
-            target = entities[obj].name if obj >= 0 else "?"
-            text = f"{entities[subject].name} {spec.relation} {target}"
+            target = f" {entities[obj].name}" if obj >= 0 else ""
+            text = f"{entities[subject].name} {spec.relation}{target}"
+            text += " (ended)" if spec.closes else ""
         facts.append(
             FactDraft(
                 subject=subject,

@@ -98,13 +98,15 @@ class EpisodePipeline:
         extraction = await run_stage("extraction", lambda: self.extractor.run(episode))
         resolved = await run_stage("resolution", lambda: self.resolver.run(extraction))
         stamped = await run_stage("temporal", lambda: self.stamper.run(resolved))
-        return await run_stage("invalidation", lambda: self.writer.run(stamped))
+        # process() runs one episode of a group at a time: the marker checked above still holds.
+        return await run_stage("invalidation", lambda: self.writer.run(stamped, unprocessed=True))
 
 
 @dataclass
 class IngestReport:
     episodes: int = 0
     skipped: int = 0
+    entities_new: int = 0
     facts_new: int = 0
     facts_merged: int = 0
     facts_closed: int = 0
@@ -118,6 +120,7 @@ class IngestReport:
         if summary.skipped:
             self.skipped += 1
             return
+        self.entities_new += summary.entities_new
         self.facts_new += summary.facts_new
         self.facts_merged += summary.facts_merged
         self.facts_closed += summary.facts_closed
@@ -127,6 +130,7 @@ class IngestReport:
     def line(self) -> str:
         return (
             f"{self.episodes} episodes ({self.skipped} already processed), "
+            f"{self.entities_new} new entities, "
             f"{self.facts_new} new facts, {self.facts_merged} merged, "
             f"{self.facts_closed + self.facts_born_closed} invalidations "
             f"({self.facts_born_closed} born closed), {self.llm_calls} LLM calls, "

@@ -32,6 +32,7 @@ class ResolvedEpisode(BaseModel):
     extraction: Extraction
     entity_uuids: list[str]  # one per extraction.entities index
     llm_calls: int = 0
+    entities_new: int = 0  # entities this episode created
 
 
 def new_entity_uuid(group_id: str, name: str, key: str | None) -> str:
@@ -60,7 +61,11 @@ class Resolver:
         keys = sorted({d.key for d in drafts if d.key})
         by_key = {e.key: e for e in await self.store.entities_by_keys(group, keys)} if keys else {}
         by_norm: dict[str, list[EntityRecord]] = {}
-        for record in await self.store.entities_by_names(group, sorted(set(norms))):
+        # Names are only looked up for drafts their key did not resolve (none: no query).
+        unkeyed = sorted(
+            {norms[i] for i, d in enumerate(drafts) if not (d.key and d.key in by_key)}
+        )
+        for record in await self.store.entities_by_names(group, unkeyed) if unkeyed else []:
             for n in {normalize_name(record.name), *record.aliases}:
                 by_norm.setdefault(n, []).append(record)
         for i, draft in enumerate(drafts):
@@ -129,7 +134,10 @@ class Resolver:
         if writes:
             await self.store.upsert_entities(group, list(writes.values()))
         return ResolvedEpisode(
-            extraction=extraction, entity_uuids=uuids, llm_calls=extraction.llm_calls + llm_calls
+            extraction=extraction,
+            entity_uuids=uuids,
+            llm_calls=extraction.llm_calls + llm_calls,
+            entities_new=sum(1 for method in methods.values() if method == "new"),
         )
 
     async def _judge(

@@ -32,6 +32,21 @@ _MONTHS = [
 ]  # fmt: skip
 _YEAR = re.compile(r"^\d{4}$")
 _EPOCH = re.compile(r"^\d{9,11}(\.\d+)?$")
+_EPOCH_MS = re.compile(r"^\d{12,14}$")
+# dateparser reads almost anything as a date ("N/A", "x", "1", "on" all become dates), so a
+# phrase is only handed to it when it looks like a date: a year (4+ digits), a d/m/y shape, or
+# a word of three letters or more ("March", "yesterday", "3 days ago", "desde marzo").
+_DATE_SHAPE = re.compile(r"\d{4}|\d{1,2}\s*[/.\-]\s*\d{1,2}|[^\W\d_]{3,}")
+# Ways of saying "no date" (never a date, whatever dateparser thinks).
+_NO_DATE = frozenset(
+    {"n/a", "n.a.", "n.a", "na", "nan", "nil", "null", "none", "unknown", "tbd", "tba",
+     "undefined", "unspecified", "not specified", "not stated", "no date", "-"}
+)  # fmt: skip
+# Ways of saying "still true" where an end time is asked for: an open end, not a date.
+_OPEN_END = frozenset(
+    {"now", "present", "the present", "present day", "current", "currently", "ongoing",
+     "still", "date", "to date", "this day"}
+)  # fmt: skip
 
 
 def parse_when(text: str | None, reference: datetime) -> datetime | None:
@@ -41,8 +56,12 @@ def parse_when(text: str | None, reference: datetime) -> datetime | None:
     raw = text.strip()
     if not raw:
         return None
+    if raw.casefold() in _NO_DATE:
+        return None
     if _EPOCH.match(raw):
         return datetime.fromtimestamp(float(raw), UTC)
+    if _EPOCH_MS.match(raw):
+        return datetime.fromtimestamp(int(raw) / 1000, UTC)
     try:
         return utc(datetime.fromisoformat(raw.replace("Z", "+00:00")))
     except ValueError:
@@ -55,6 +74,8 @@ def parse_when(text: str | None, reference: datetime) -> datetime | None:
         month = _MONTHS.index(last.group(1).lower()) + 1
         year = reference.year if month < reference.month else reference.year - 1
         return datetime(year, month, 1, tzinfo=UTC)
+    if phrase.casefold() in _NO_DATE or not _DATE_SHAPE.search(phrase):
+        return None
     parsed = dateparser.parse(
         phrase,
         settings={
@@ -67,6 +88,11 @@ def parse_when(text: str | None, reference: datetime) -> datetime | None:
         },
     )
     return None if parsed is None else parsed.replace(tzinfo=UTC)
+
+
+def open_end(text: str) -> bool:
+    """True when an end time says the fact is still true ("present", "until now")."""
+    return _PREFIX.sub("", text.strip()).strip().casefold() in _OPEN_END
 
 
 class StampedFact(BaseModel):
@@ -93,6 +119,8 @@ def stamp_interval(
         if valid_text:
             notes.append(f"valid_at {valid_text!r} not understood; using reference_time")
         valid_at = episode.reference_time
+    if invalid_text and open_end(invalid_text):
+        invalid_text = None  # "until now", "to present": still true, not ended now
     invalid_at = parse_when(invalid_text, episode.reference_time)
     if invalid_text and invalid_at is None:
         notes.append(f"invalid_at {invalid_text!r} not understood; ignored")
@@ -110,6 +138,7 @@ class StampedEpisode(BaseModel):
     facts: list[StampedFact]
     llm_calls: int = 0
     mapped: bool = False
+    entities_new: int = 0
 
 
 class Stamper:
@@ -151,4 +180,5 @@ def stamp(resolved: ResolvedEpisode) -> StampedEpisode:
         facts=facts,
         llm_calls=resolved.llm_calls,
         mapped=extraction.mapped,
+        entities_new=resolved.entities_new,
     )

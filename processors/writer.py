@@ -12,8 +12,8 @@ import logging
 from pydantic import BaseModel
 
 from processors.extraction import StructuredLLM
-from processors.invalidation import FactDecision, plan_facts
-from processors.models import EntityRecord, EpisodeRecord, FactRecord, utcnow
+from processors.invalidation import FactDecision, plan_facts, valid_at_time
+from processors.models import EntityRecord, EpisodeRecord, FactRecord, normalize_name, utcnow
 from processors.prompts import FACT_RESOLUTION_SYSTEM, FactResolutionOutput, fact_resolution_user
 from processors.temporal import StampedEpisode, StampedFact
 from tidegraph.embed.base import Embedder
@@ -34,7 +34,8 @@ class WriteSummary(BaseModel):
     facts_merged: int = 0
     facts_closed: int = 0
     facts_born_closed: int = 0
-    entities: int = 0
+    entities: int = 0  # entities the episode mentions
+    entities_new: int = 0  # of which it created
     llm_calls: int = 0
 
 
@@ -56,16 +57,17 @@ class FactWriter:
         self.llm = llm
         self.embed_facts = embed_facts
 
-    async def run(self, stamped: StampedEpisode) -> WriteSummary:
+    async def run(self, stamped: StampedEpisode, *, unprocessed: bool = False) -> WriteSummary:
+        """``unprocessed``: the caller has just seen that the episode is not processed yet
+        (and nothing else writes its group meanwhile), so the marker is not read again."""
         episode = stamped.episode
         group = episode.group_id
         summary = WriteSummary(group_id=group, episode_uuid=episode.uuid, episode_id=episode.id)
-        if await self.store.episode_processed(group, episode.uuid):
+        if not unprocessed and await self.store.episode_processed(group, episode.uuid):
             summary.skipped = True
             return summary
         facts = stamped.facts
-        endpoints = sorted({u for f in facts for u in (f.source_uuid, f.target_uuid) if u})
-        existing = await self.store.facts_touching(group, endpoints) if endpoints else []
+        existing = await self._candidates(group, facts)
         embeddings: dict[int, list[float]] = {}
         to_embed = [i for i, f in enumerate(facts) if not f.closes]
         if to_embed and self.embed_facts:
@@ -112,8 +114,32 @@ class FactWriter:
         summary.facts_closed = plan.closed
         summary.facts_born_closed = plan.born_closed
         summary.entities = len(stamped.mentions)
+        summary.entities_new = stamped.entities_new
         summary.llm_calls = stamped.llm_calls + llm_calls
         return summary
+
+    async def _candidates(self, group: str, facts: list[StampedFact]) -> list[FactRecord]:
+        """The stored facts the new ones can merge with or close: for a relation with a
+        cardinality (or a closing record), facts of the same subject and relation; for an LLM
+        fact, every fact sharing an endpoint. Only the subjects' facts are read for the
+        former: reading a shared object's (a plan, a ticket status) would read, and copy,
+        every fact pointing at it, ever more with each episode of the group."""
+        keyed = {(f.source_uuid, f.relation) for f in facts if f.closes or f.cardinality}
+        ends = {
+            u
+            for f in facts
+            if not (f.closes or f.cardinality)
+            for u in (f.source_uuid, f.target_uuid)
+            if u
+        }
+        read = sorted(ends | {source for source, _ in keyed})
+        if not read:
+            return []
+        return [
+            f
+            for f in await self.store.facts_touching(group, read)
+            if (f.source_uuid, f.name) in keyed or {f.source_uuid, f.target_uuid} & ends
+        ]
 
     async def _judge(
         self,
@@ -129,11 +155,15 @@ class FactWriter:
         for i, new in enumerate(facts):
             if new.closes or new.cardinality is not None:
                 continue
+            if any(_restates(f, new) for f in existing):
+                continue  # the same words between the same entities: a duplicate, no question
             ends = {new.source_uuid, new.target_uuid}
             scored = []
             for f in existing:
                 if not ({f.source_uuid, f.target_uuid} & ends):
                     continue
+                if f.valid_at is not None and f.invalid_at == f.valid_at:
+                    continue  # a recorded end (valid at no time): nothing to judge
                 similarity = _cosine(embeddings.get(i), f.fact_embedding)
                 if f.name == new.relation or similarity >= threshold:
                     scored.append((f.name != new.relation, -similarity, f.uuid, f))
@@ -175,6 +205,18 @@ class FactWriter:
         uuids = sorted({u for f in facts for u in (f.source_uuid, f.target_uuid)})
         records: list[EntityRecord] = await self.store.entities_by_uuids(group, uuids)
         return {r.uuid: r.name for r in records}
+
+
+def _restates(stored: FactRecord, new: StampedFact) -> bool:
+    """True when ``new`` repeats ``stored`` word for word while it holds (plan_facts merges
+    such a fact without the LLM's judgement)."""
+    return (
+        stored.source_uuid == new.source_uuid
+        and stored.target_uuid == new.target_uuid
+        and stored.name == new.relation
+        and normalize_name(stored.fact) == normalize_name(new.fact)
+        and valid_at_time(stored, new.valid_at)
+    )
 
 
 def _cosine(a: list[float] | None, b: list[float] | None) -> float:

@@ -226,6 +226,10 @@ async def _list_entities(group: str):  # type: ignore[no-untyped-def]
         await store.close()
 
 
+from tidegraph.cli_communities import communities_app  # noqa: E402
+
+app.add_typer(communities_app, name="communities")
+
 # Kafka commands (worker, produce, dlq) live in their own module.
 from tidegraph import cli_kafka as _cli_kafka  # noqa: E402,F401  (registers commands on `app`)
 

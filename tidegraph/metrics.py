@@ -83,3 +83,49 @@ ENTITIES_RESOLVED = Counter(
     "Extracted entities by how they were resolved (key, exact, llm, new).",
     ["method"],
 )
+
+# ---- communities -------------------------------------------------------------------------
+COMMUNITY_ASSIGNMENTS = Counter(
+    "tidegraph_community_assignments_total",
+    "New entities handled by incremental assignment, by outcome (joined, none).",
+    ["outcome"],
+)
+COMMUNITY_REFRESHES = Counter(
+    "tidegraph_community_refreshes_total",
+    "Full community refreshes, by trigger (manual, drift, age).",
+    ["trigger"],
+)
+COMMUNITY_REFRESH_SECONDS = Histogram(
+    "tidegraph_community_refresh_seconds",
+    "Duration of a full community refresh (projection, propagation, summaries, write).",
+    buckets=LATENCY_BUCKETS,
+)
+COMMUNITIES_CHANGED = Counter(
+    "tidegraph_communities_changed_total",
+    "Communities a refresh touched, by kind (changed, created, deleted, unchanged).",
+    ["kind"],
+)
+COMMUNITY_DRIFT_ARI = Gauge(
+    "tidegraph_community_drift_ari",
+    "ARI of the live partition against the fresh one at the group's last refresh.",
+    ["group_id"],
+)
+
+# ---- streaming topology (Kafka workers) ----------------------------------------------------
+BATCH_SIZE = Histogram(
+    "tidegraph_batch_records",
+    "Records per micro-batch a stage's agent took from Kafka.",
+    ["stage"],
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+)
+RECORDS_PRODUCED = Counter(
+    "tidegraph_records_produced_total",
+    "Records a worker produced and Kafka acknowledged, by topic (extracted, resolved, stamped, "
+    "entities.new, dlq, episodes).",
+    ["topic"],
+)
+ASSIGNED_PARTITIONS = Gauge(
+    "tidegraph_assigned_partitions",
+    "Partitions of each consumed topic currently assigned to this worker.",
+    ["topic"],
+)

@@ -33,6 +33,7 @@ from tidegraph.store import (
     StoreSchemaError,
     open_store,
 )
+from tidegraph.store.base import CommunityRecord, WeightedEdge
 from tidegraph.store.cypher import SEARCH_STOP_WORDS
 from tidegraph.store.kuzu_store import KuzuStore
 from tidegraph.store.neo4j_store import Neo4jStore
@@ -1179,3 +1180,104 @@ async def test_stores_agree(neo4j_uri: str, tmp_path: Path) -> None:
         await _drop_neo4j_groups(neo4j_uri, [group])
         await neo4j.close()
         await kuzu.close()
+
+
+# ----------------------------------------------------------------------------- communities
+async def _community_corpus(store: GraphStore, group: str) -> dict[str, EntityRecord]:
+    people = {n: entity(group, n) for n in ("A", "B", "C", "D", "E")}
+    await store.upsert_entities(group, list(people.values()))
+    a, b, c, d, e = people.values()
+    facts = [
+        fact(group, a, b, "KNOWS", "A knows B", valid_at=day(1)),
+        fact(group, b, a, "LIKES", "B likes A", valid_at=day(1)),
+        fact(group, b, c, "KNOWS", "B knows C", valid_at=day(1)),
+        fact(group, c, c, "KNOWS", "C knows C", valid_at=day(1)),  # self-loop: no edge
+        fact(
+            group, c, d, "KNOWS", "C knew D", valid_at=day(1), invalid_at=day(3), expired_at=day(0)
+        ),
+        fact(group, d, e, "KNOWS", "D will know E", valid_at=day(5)),
+    ]
+    await store.write_episode(group, EpisodeWrite(episode(group, "e1", day(1)), facts=facts))
+    return people
+
+
+async def test_entity_graph_counts_valid_facts(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    p = await _community_corpus(store, group)
+    other = new_group()
+    await _community_corpus(store, other)
+    nodes, edges = await store.entity_graph(group, at=day(2))
+    assert nodes == sorted(e.uuid for e in p.values())
+
+    def pair(x: str, y: str, w: int) -> WeightedEdge:
+        a, b = sorted((p[x].uuid, p[y].uuid))
+        return WeightedEdge(a, b, w)
+
+    assert edges == sorted(
+        [pair("A", "B", 2), pair("B", "C", 1), pair("C", "D", 1)],
+        key=lambda e: (e.source, e.target),
+    )
+    _, later = await store.entity_graph(group, at=day(6))
+    assert {(e.source, e.target) for e in later} == {
+        (x.source, x.target) for x in (pair("A", "B", 2), pair("B", "C", 1), pair("D", "E", 1))
+    }
+    assert await store.neighbour_weights(group, p["B"].uuid, at=day(2)) == dict(
+        sorted({p["A"].uuid: 2, p["C"].uuid: 1}.items())
+    )
+    assert await store.neighbour_weights(group, p["E"].uuid, at=day(2)) == {}
+
+
+async def test_write_communities_is_idempotent_and_scoped(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    p = await _community_corpus(store, group)
+    u = {n: e.uuid for n, e in p.items()}
+    one = CommunityRecord("c1-" + group, "One", "first", [u["A"], u["B"]], vec(1))
+    two = CommunityRecord("c2-" + group, "Two", "second", [u["C"], u["D"]])
+    for _ in range(2):
+        await store.write_communities(group, [one, two], [])
+    got = await store.communities(group)
+    assert [(c.uuid, c.name, c.summary, c.members) for c in got] == [
+        (one.uuid, "One", "first", sorted(one.members)),
+        (two.uuid, "Two", "second", sorted(two.members)),
+    ]
+    by_entity = {e.uuid: e.community_uuid for e in await store.list_entities(group)}
+    assert by_entity[u["A"]] == one.uuid and by_entity[u["E"]] is None
+    # rewriting `two` with B moves B out of `one`; `one` keeps its name and summary
+    moved = CommunityRecord(two.uuid, "Two'", "second'", [u["B"], u["C"]])
+    three = CommunityRecord("c3-" + group, "Three", "", [u["D"], u["E"]])
+    await store.write_communities(group, [moved, three], [])
+    got = await store.communities(group)
+    assert [(c.uuid, c.name, c.members) for c in got] == sorted(
+        [
+            (one.uuid, "One", [u["A"]]),
+            (two.uuid, "Two'", sorted([u["B"], u["C"]])),
+            (three.uuid, "Three", sorted([u["D"], u["E"]])),
+        ]
+    )
+    await store.write_communities(group, [], [one.uuid, three.uuid])
+    assert [c.uuid for c in await store.communities(group)] == [two.uuid]
+    with pytest.raises(StoreIntegrityError):
+        await store.write_communities(new_group(), [moved], [])
+    assert [c.name for c in await store.communities(group)] == ["Two'"]
+
+
+async def test_assign_member_moves_and_is_idempotent(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    p = await _community_corpus(store, group)
+    u = {n: e.uuid for n, e in p.items()}
+    one = CommunityRecord("c1-" + group, "One", "", [u["A"]])
+    two = CommunityRecord("c2-" + group, "Two", "", [u["B"]])
+    await store.write_communities(group, [one, two], [])
+    for _ in range(2):
+        await store.assign_member(group, one.uuid, u["E"])
+    await store.assign_member(group, two.uuid, u["A"])
+    await store.assign_member(group, "missing", u["B"])  # no such community: nothing changes
+    await store.assign_member(new_group(), one.uuid, u["C"])  # another group: nothing changes
+    got = {c.uuid: c.members for c in await store.communities(group)}
+    assert got == {one.uuid: [u["E"]], two.uuid: sorted([u["A"], u["B"]])}

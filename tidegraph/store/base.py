@@ -38,6 +38,28 @@ class EpisodeWrite:
     closures: list[FactClosure] = field(default_factory=list)
 
 
+@dataclass
+class CommunityRecord:
+    """A stored community: ``members`` are entity uuids (an entity is in at most one).
+
+    ``name_embedding`` is written when given; ``communities()`` does not read it back."""
+
+    uuid: str
+    name: str
+    summary: str
+    members: list[str] = field(default_factory=list)
+    name_embedding: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class WeightedEdge:
+    """Two entities and the number of currently valid facts between them (either way)."""
+
+    source: str
+    target: str
+    weight: int
+
+
 class GraphStore(abc.ABC):
     """Async graph store. All methods are group-scoped; see the module docstring."""
 
@@ -144,3 +166,37 @@ class GraphStore(abc.ABC):
     @abc.abstractmethod
     async def delete_group(self, group_id: str) -> None:
         """Remove every node and relationship of the group."""
+
+    # ---------------------------------------------------------------- communities
+    @abc.abstractmethod
+    async def entity_graph(
+        self, group_id: str, at: datetime | None = None
+    ) -> tuple[list[str], list[WeightedEdge]]:
+        """The group's entity graph over facts valid at ``at`` (None = now, as believed
+        now): every entity uuid (sorted) and one undirected edge per connected pair
+        (``source < target``, no self-loops) weighted by its number of valid facts, sorted.
+        A fixed number of queries, whatever the size of the group."""
+
+    @abc.abstractmethod
+    async def neighbour_weights(
+        self, group_id: str, entity_uuid: str, at: datetime | None = None
+    ) -> dict[str, int]:
+        """{neighbour uuid: number of facts valid at ``at`` between it and the entity}."""
+
+    @abc.abstractmethod
+    async def communities(self, group_id: str) -> list[CommunityRecord]:
+        """The group's communities ordered by uuid, members sorted (empty ones included)."""
+
+    @abc.abstractmethod
+    async def write_communities(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
+    ) -> None:
+        """One transaction: delete the ``deletes`` communities (of this group), then MERGE
+        each upsert by uuid (name, summary and, when given, name_embedding set) and replace
+        its HAS_MEMBER edges by ``members``, removing those members from any other community
+        of the group. Communities not named are left alone. Idempotent."""
+
+    @abc.abstractmethod
+    async def assign_member(self, group_id: str, community_uuid: str, entity_uuid: str) -> None:
+        """Make the entity a member of that (existing) community and of no other. Idempotent;
+        a no-op when the community or the entity is not in the group."""

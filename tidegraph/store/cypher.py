@@ -856,3 +856,119 @@ RETURN count(*) AS deleted
 """
     for label in ("Episodic", "Community", "Entity")
 }
+
+
+# ---- communities (the same text for both stores; kuzu speaks this much Cypher)
+GROUP_ENTITY_UUIDS = "MATCH (e:Entity) WHERE e.group_id = $group_id RETURN e.uuid"
+
+
+def entity_graph_cypher(asof: AsOf) -> str:
+    """Valid facts counted per ordered (source, target) pair; self-loops dropped."""
+    return as_of_match(asof) + ("WITH s, t WHERE s.uuid <> t.uuid\nRETURN s.uuid, t.uuid, count(*)")
+
+
+def fold_edges(rows: Iterable[Sequence[Any]]) -> list[tuple[str, str, int]]:
+    """(source, target, count) rows → undirected (a < b) weighted pairs, sorted."""
+    weights: dict[tuple[str, str], int] = {}
+    for source, target, count in rows:
+        if source == target:
+            continue
+        pair = (source, target) if source < target else (target, source)
+        weights[pair] = weights.get(pair, 0) + int(count)
+    return [(a, b, w) for (a, b), w in sorted(weights.items())]
+
+
+def neighbour_weights_of(entity_uuid: str, rows: Iterable[Sequence[Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for a, b, w in fold_edges(rows):
+        other = b if a == entity_uuid else a if b == entity_uuid else None
+        if other is not None:
+            out[other] = out.get(other, 0) + w
+    return dict(sorted(out.items()))
+
+
+GROUP_COMMUNITIES = (
+    "MATCH (c:Community) WHERE c.group_id = $group_id RETURN c.uuid, c.name, c.summary"
+)
+GROUP_COMMUNITY_MEMBERS = """
+MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
+WHERE c.group_id = $group_id AND e.group_id = $group_id
+RETURN c.uuid, e.uuid
+"""
+COMMUNITY_GROUPS = "MATCH (c:Community) WHERE c.uuid IN $uuids RETURN c.uuid, c.group_id"
+DELETE_COMMUNITIES = """
+MATCH (c:Community) WHERE c.uuid IN $uuids AND c.group_id = $group_id DETACH DELETE c
+"""
+UPSERT_COMMUNITIES = """
+UNWIND $rows AS row
+MERGE (c:Community {uuid: row.uuid})
+ON CREATE SET c.group_id = $group_id
+SET c.name = row.name,
+    c.summary = row.summary,
+    c.name_embedding = coalesce(row.name_embedding, c.name_embedding)
+"""
+DROP_MEMBERSHIPS = """
+MATCH (c:Community)-[m:HAS_MEMBER]->(e:Entity)
+WHERE c.group_id = $group_id AND (c.uuid IN $uuids OR e.uuid IN $members)
+DELETE m
+"""
+ADD_MEMBERSHIPS = """
+UNWIND $rows AS row
+MATCH (c:Community {uuid: row.community}), (e:Entity {uuid: row.entity})
+WHERE c.group_id = $group_id AND e.group_id = $group_id
+CREATE (c)-[:HAS_MEMBER {group_id: $group_id}]->(e)
+"""
+MEMBER_TARGETS = """
+MATCH (c:Community), (e:Entity)
+WHERE c.uuid = $community_uuid AND c.group_id = $group_id
+  AND e.uuid = $entity_uuid AND e.group_id = $group_id
+RETURN count(*)
+"""
+DROP_OTHER_MEMBERSHIPS = """
+MATCH (c:Community)-[m:HAS_MEMBER]->(e:Entity)
+WHERE c.group_id = $group_id AND e.uuid = $entity_uuid AND c.uuid <> $community_uuid
+DELETE m
+"""
+MERGE_MEMBERSHIP = """
+MATCH (c:Community), (e:Entity)
+WHERE c.uuid = $community_uuid AND c.group_id = $group_id
+  AND e.uuid = $entity_uuid AND e.group_id = $group_id
+MERGE (c)-[m:HAS_MEMBER]->(e)
+ON CREATE SET m.group_id = $group_id
+"""
+
+
+def check_community_owners(group_id: str, owners: dict[str, str]) -> None:
+    for uuid, owner in sorted(owners.items()):
+        if owner != group_id:
+            raise StoreIntegrityError(f"community {uuid} belongs to another group")
+
+
+def community_rows(
+    upserts: Sequence[Any], dim: int
+) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[str]]:
+    """(community rows, membership rows, member uuids) for ``write_communities``; a member
+    listed by two upserts stays with the last one."""
+    owner: dict[str, str] = {}
+    rows = []
+    for c in upserts:
+        embedding = check_embedding(c.name_embedding, dim, "community name embedding")
+        rows.append(
+            {"uuid": c.uuid, "name": c.name, "summary": c.summary, "name_embedding": embedding}
+        )
+        for member in c.members:
+            owner[member] = c.uuid
+    members = sorted(owner)
+    return rows, [{"community": owner[m], "entity": m} for m in members], members
+
+
+def fold_communities(
+    heads: Iterable[Sequence[Any]], memberships: Iterable[Sequence[Any]]
+) -> list[tuple[str, str, str, list[str]]]:
+    members: dict[str, list[str]] = {}
+    for community, entity in memberships:
+        members.setdefault(community, []).append(entity)
+    return sorted(
+        (uuid, name or "", summary or "", sorted(set(members.get(uuid, []))))
+        for uuid, name, summary in heads
+    )

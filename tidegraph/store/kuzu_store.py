@@ -41,7 +41,8 @@ import kuzu
 
 from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView, utc
 from tidegraph.metrics import STORE_ERRORS
-from tidegraph.store.base import EpisodeWrite, GraphStore
+from tidegraph.store import cypher as q
+from tidegraph.store.base import CommunityRecord, EpisodeWrite, GraphStore, WeightedEdge
 from tidegraph.store.cypher import (
     ENTITY_FIELDS,
     EPISODE_FIELDS,
@@ -52,10 +53,12 @@ from tidegraph.store.cypher import (
     StoreSchemaError,
     as_of_match,
     as_of_params,
+    check_community_owners,
     check_embedding,
     check_entity_owners,
     check_episode_write,
     closure_row,
+    community_rows,
     cosine_score,
     entity_record,
     entity_row,
@@ -64,7 +67,10 @@ from tidegraph.store.cypher import (
     fact_record,
     fact_row,
     fact_view,
+    fold_communities,
+    fold_edges,
     fold_entity_rows,
+    neighbour_weights_of,
     now_utc,
     observe_write,
     rank,
@@ -288,6 +294,23 @@ DELETE_GROUP = [
     f"MATCH (n:{label}) WHERE n.group_id = $group_id DETACH DELETE n"
     for label in ("Episodic", "Community", "Entity")
 ]
+
+
+# Community has a fulltext index on name: created one statement per row (see the module
+# docstring); it has no vector index, so its name_embedding may be SET later.
+_CREATE_COMMUNITY = """
+CREATE (c:Community {{uuid: $uuid, group_id: $group_id, name: $name, summary: $summary{embedding}}})
+"""
+CREATE_COMMUNITY = _CREATE_COMMUNITY.format(embedding="")
+CREATE_COMMUNITY_EMBEDDED = _CREATE_COMMUNITY.format(embedding=", name_embedding: $name_embedding")
+_UPDATE_COMMUNITY = """
+MATCH (c:Community) WHERE c.uuid = $uuid
+SET c.name = $name, c.summary = $summary{embedding}
+"""
+UPDATE_COMMUNITY = _UPDATE_COMMUNITY.format(embedding="")
+UPDATE_COMMUNITY_EMBEDDED = _UPDATE_COMMUNITY.format(
+    embedding=", c.name_embedding = $name_embedding"
+)
 
 
 def query_facts_text(asof: AsOf) -> str:
@@ -675,6 +698,93 @@ class KuzuStore(GraphStore):
             else {}
         )
         return sort_views((fact_view(f, s, o, producers, asof), f) for f, s, o in facts)
+
+    # ------------------------------------------------------------------ communities
+    async def entity_graph(
+        self, group_id: str, at: datetime | None = None
+    ) -> tuple[list[str], list[WeightedEdge]]:
+        asof = AsOf.resolve(at, None, False, None)
+        return await self._call(self._entity_graph, group_id, asof)
+
+    def _entity_graph(self, group_id: str, asof: AsOf) -> tuple[list[str], list[WeightedEdge]]:
+        nodes = self._rows(q.GROUP_ENTITY_UUIDS, {"group_id": group_id})
+        rows = self._rows(q.entity_graph_cypher(asof), as_of_params(group_id, asof))
+        edges = [WeightedEdge(a, b, w) for a, b, w in fold_edges(rows)]
+        return sorted(row[0] for row in nodes), edges
+
+    async def neighbour_weights(
+        self, group_id: str, entity_uuid: str, at: datetime | None = None
+    ) -> dict[str, int]:
+        asof = AsOf.resolve(at, None, False, entity_uuid)
+        rows = await self._call(
+            self._rows, q.entity_graph_cypher(asof), as_of_params(group_id, asof)
+        )
+        return neighbour_weights_of(entity_uuid, rows)
+
+    async def communities(self, group_id: str) -> list[CommunityRecord]:
+        return await self._call(self._communities, group_id)
+
+    def _communities(self, group_id: str) -> list[CommunityRecord]:
+        heads = self._rows(q.GROUP_COMMUNITIES, {"group_id": group_id})
+        members = self._rows(q.GROUP_COMMUNITY_MEMBERS, {"group_id": group_id})
+        return [CommunityRecord(u, n, s, m) for u, n, s, m in fold_communities(heads, members)]
+
+    async def write_communities(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
+    ) -> None:
+        if not upserts and not deletes:
+            return
+        rows = len(upserts)
+        await self._write_call(
+            "write_communities", rows, self._write_communities, group_id, upserts, deletes
+        )
+
+    def _write_communities(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
+    ) -> None:
+        rows, memberships, members = community_rows(upserts, self._dimension())
+        uuids = [r["uuid"] for r in rows]
+        params = {"group_id": group_id}
+        with self._transaction():
+            owners = self._rows(q.COMMUNITY_GROUPS, {"uuids": unique([*uuids, *deletes])})
+            check_community_owners(group_id, {uuid: owner for uuid, owner in owners})
+            if deletes:
+                self._rows(q.DELETE_COMMUNITIES, {**params, "uuids": unique(deletes)})
+            existing = {uuid for uuid, _ in owners} - set(deletes)
+            for row in rows:
+                self._upsert_community(group_id, row, row["uuid"] in existing)
+                existing.add(row["uuid"])
+            if rows:
+                self._rows(q.DROP_MEMBERSHIPS, {**params, "uuids": uuids, "members": members})
+            if memberships:
+                self._rows(q.ADD_MEMBERSHIPS, {**params, "rows": memberships})
+
+    def _upsert_community(self, group_id: str, row: dict[str, Any], exists: bool) -> None:
+        params = {"uuid": row["uuid"], "name": row["name"], "summary": row["summary"]}
+        embedding = row["name_embedding"]
+        if exists:
+            query = UPDATE_COMMUNITY if embedding is None else UPDATE_COMMUNITY_EMBEDDED
+        else:
+            params["group_id"] = group_id
+            query = CREATE_COMMUNITY if embedding is None else CREATE_COMMUNITY_EMBEDDED
+        if embedding is not None:
+            params["name_embedding"] = embedding
+        self._rows(query, params)
+
+    async def assign_member(self, group_id: str, community_uuid: str, entity_uuid: str) -> None:
+        params = {
+            "group_id": group_id,
+            "community_uuid": community_uuid,
+            "entity_uuid": entity_uuid,
+        }
+        await self._write_call("assign_member", 1, self._assign_member, params)
+
+    def _assign_member(self, params: dict[str, Any]) -> None:
+        with self._transaction():
+            if int(self._rows(q.MEMBER_TARGETS, params)[0][0]) == 0:
+                return
+            self._rows(q.DROP_OTHER_MEMBERSHIPS, params)
+            self._rows(q.MERGE_MEMBERSHIP, params)
 
     # ------------------------------------------------------------------ maintenance
     async def counts(self, group_id: str) -> dict[str, int]:

@@ -24,16 +24,18 @@ from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView,
 from tidegraph.metrics import STORE_ERRORS
 from tidegraph.settings import Settings
 from tidegraph.store import cypher as q
-from tidegraph.store.base import EpisodeWrite, GraphStore
+from tidegraph.store.base import CommunityRecord, EpisodeWrite, GraphStore, WeightedEdge
 from tidegraph.store.cypher import (
     AsOf,
     StoredFact,
     StoreSchemaError,
     as_of_params,
+    check_community_owners,
     check_embedding,
     check_entity_owners,
     check_episode_write,
     closure_row,
+    community_rows,
     entity_record,
     entity_row,
     episode_record,
@@ -41,7 +43,10 @@ from tidegraph.store.cypher import (
     fact_record,
     fact_row,
     fact_view,
+    fold_communities,
+    fold_edges,
     lucene_query,
+    neighbour_weights_of,
     now_utc,
     observe_write,
     rank,
@@ -408,6 +413,69 @@ class Neo4jStore(GraphStore):
             return {}
         records = await self._read(q.PRODUCER_IDS, {"group_id": group_id, "uuids": uuids})
         return {r["uuid"]: r["producer_id"] or "" for r in records}
+
+    # ------------------------------------------------------------------ communities
+    async def entity_graph(
+        self, group_id: str, at: datetime | None = None
+    ) -> tuple[list[str], list[WeightedEdge]]:
+        asof = AsOf.resolve(at, None, False, None)
+        nodes = await self._read(q.GROUP_ENTITY_UUIDS, {"group_id": group_id})
+        rows = await self._read(q.entity_graph_cypher(asof), as_of_params(group_id, asof))
+        edges = fold_edges((r[0], r[1], r[2]) for r in rows)
+        return sorted(r[0] for r in nodes), [WeightedEdge(a, b, w) for a, b, w in edges]
+
+    async def neighbour_weights(
+        self, group_id: str, entity_uuid: str, at: datetime | None = None
+    ) -> dict[str, int]:
+        asof = AsOf.resolve(at, None, False, entity_uuid)
+        rows = await self._read(q.entity_graph_cypher(asof), as_of_params(group_id, asof))
+        return neighbour_weights_of(entity_uuid, ((r[0], r[1], r[2]) for r in rows))
+
+    async def communities(self, group_id: str) -> list[CommunityRecord]:
+        heads = await self._read(q.GROUP_COMMUNITIES, {"group_id": group_id})
+        members = await self._read(q.GROUP_COMMUNITY_MEMBERS, {"group_id": group_id})
+        folded = fold_communities(
+            ((r[0], r[1], r[2]) for r in heads), ((r[0], r[1]) for r in members)
+        )
+        return [CommunityRecord(u, n, s, m) for u, n, s, m in folded]
+
+    async def write_communities(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
+    ) -> None:
+        if not upserts and not deletes:
+            return
+        rows, memberships, members = community_rows(upserts, await self._embedding_dim())
+        uuids = [r["uuid"] for r in rows]
+        params = {"group_id": group_id}
+
+        async def work(tx: AsyncManagedTransaction) -> None:
+            owners = await _run(tx, q.COMMUNITY_GROUPS, {"uuids": unique([*uuids, *deletes])})
+            check_community_owners(group_id, {r[0]: r[1] for r in owners})
+            if deletes:
+                await _run(tx, q.DELETE_COMMUNITIES, {**params, "uuids": unique(deletes)})
+            if rows:
+                await _run(tx, q.UPSERT_COMMUNITIES, {**params, "rows": rows})
+                await _run(tx, q.DROP_MEMBERSHIPS, {**params, "uuids": uuids, "members": members})
+            if memberships:
+                await _run(tx, q.ADD_MEMBERSHIPS, {**params, "rows": memberships})
+
+        await self._write("write_communities", len(rows) + len(memberships), work)
+
+    async def assign_member(self, group_id: str, community_uuid: str, entity_uuid: str) -> None:
+        params = {
+            "group_id": group_id,
+            "community_uuid": community_uuid,
+            "entity_uuid": entity_uuid,
+        }
+
+        async def work(tx: AsyncManagedTransaction) -> None:
+            found = await _run(tx, q.MEMBER_TARGETS, params)
+            if not found or int(found[0][0]) == 0:
+                return
+            await _run(tx, q.DROP_OTHER_MEMBERSHIPS, params)
+            await _run(tx, q.MERGE_MEMBERSHIP, params)
+
+        await self._write("assign_member", 1, work)
 
     # ------------------------------------------------------------------ maintenance
     async def counts(self, group_id: str) -> dict[str, int]:

@@ -1,0 +1,207 @@
+"""The Faust app: one agent per stage, each a thin loop around a ``pipelines.stages`` handler.
+
+Per agent: micro-batches from ``stream.noack_take(batch_size, within)``; each record goes to
+the lane of its key (= group_id, ``pipelines.lanes``): groups run concurrently, each group's
+records strictly in order, with no barrier between batches. A record is acked only once its
+handler finished and Kafka acknowledged every record it produced (downstream hop, new-entity
+events or its dead letter), so offsets are committed only for finished work (Faust commits
+the contiguous acked prefix of each partition).
+``noack_take`` rather than ``take``: ``take`` acks the whole batch when its body ends, also
+when it ends by cancellation at shutdown, which would commit records never processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any
+
+import faust
+
+from pipelines.config import WorkerSettings
+from pipelines.lanes import KeyedLanes
+from pipelines.stages import HANDLERS, Consumed, Emit, ExtractionHandler, StageHandler
+from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
+from tidegraph.runtime import Runtime
+from tidegraph.settings import Settings
+from topics.admin import bootstrap_list
+from topics.names import TopicNames
+
+log = logging.getLogger(__name__)
+
+# Exit status when Kafka does not take a record after the producer's own retries: nothing
+# more is acked or committed, and the restarted worker gets the unfinished records again.
+EXIT_PRODUCE_FAILED = 75
+
+
+class TidegraphApp(faust.App):
+    """faust.App that closes tidegraph's resources after everything else has stopped."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._closers: list[Callable[[], Awaitable[None]]] = []
+
+    def add_closer(self, closer: Callable[[], Awaitable[None]]) -> None:
+        self._closers.append(closer)
+
+    async def on_shutdown(self) -> None:
+        await super().on_shutdown()
+        for closer in reversed(self._closers):
+            try:
+                await closer()
+            except Exception:
+                log.exception("closing %r failed", closer)
+
+
+def create_app(
+    settings: Settings,
+    worker: WorkerSettings,
+    runtime: Runtime,
+    *,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> TidegraphApp:
+    names = TopicNames(settings.topic_prefix)
+    partitions = settings.partitions
+    app = TidegraphApp(
+        worker.group_id(settings.topic_prefix),
+        broker=[f"kafka://{s}" for s in bootstrap_list(settings.kafka_bootstrap_servers)],
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=partitions,
+        topic_replication_factor=settings.replication_factor,
+        topic_allow_declare=False,  # ensure_topics creates them, with checks
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        processing_guarantee="at_least_once",
+        broker_commit_every=worker.commit_every,
+        broker_commit_interval=worker.commit_interval_seconds,
+        broker_session_timeout=worker.session_timeout_seconds,
+        broker_heartbeat_interval=worker.heartbeat_interval_seconds,
+        # On rebalance and shutdown, finish the records already taken before letting go of
+        # the partitions: the next owner of a group never overlaps with this one.
+        stream_wait_empty=True,
+        datadir=str(settings.data_dir / "faust"),
+        loop=loop,
+    )
+    topic_objects = {
+        name: app.topic(
+            name,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=partitions,
+            replicas=settings.replication_factor,
+        )
+        for name in names.all()
+    }
+    sender = Sender(topic_objects, names)
+    handlers = [cls(runtime, names, worker) for cls in HANDLERS]
+    for handler in handlers:
+        source = topic_objects[names.input_of(handler.stage)]
+        app.agent(source, name=f"tidegraph.{handler.stage}")(stage_agent(handler, sender, worker))
+    consumed = [names.input_of(h.stage) for h in handlers]
+    extraction = next(h for h in handlers if isinstance(h, ExtractionHandler))
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
+        for topic in consumed:
+            ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(0)
+        extraction.context.forget_all()
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
+        for topic in consumed:
+            count = sum(1 for tp in assigned if tp.topic == topic)
+            ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(count)
+        log.info(
+            "assigned partitions: %s",
+            ", ".join(sorted(f"{tp.topic}:{tp.partition}" for tp in assigned)) or "none",
+        )
+
+    app.add_closer(runtime.close)
+    return app
+
+
+def _short(names: TopicNames, topic: str) -> str:
+    return topic[len(names.prefix) + 1 :]
+
+
+class Sender:
+    """Produces handler outputs through the app's producer; returns delivery futures."""
+
+    def __init__(self, topics: dict[str, faust.TopicT], names: TopicNames) -> None:
+        self.topics = topics
+        self.names = names
+
+    async def send(self, emit: Emit) -> Awaitable[Any]:
+        topic = self.topics[emit.topic]
+        # force=True: deliver now rather than attaching the send to the current event.
+        return await topic.send(key=emit.key, value=emit.value, force=True)
+
+    def delivered(self, emit: Emit) -> None:
+        RECORDS_PRODUCED.labels(_short(self.names, emit.topic)).inc()
+
+
+def stage_agent(
+    handler: StageHandler, sender: Sender, worker: WorkerSettings
+) -> Callable[[faust.StreamT], Awaitable[None]]:
+    async def agent(stream: faust.StreamT) -> None:
+        lanes = KeyedLanes(worker.max_in_flight, lambda exc: _fail_stop(handler.stage, exc))
+        batches: AsyncIterator[Sequence[faust.EventT]] = stream.noack_take(  # type: ignore[assignment]
+            worker.batch_size, within=worker.batch_within_seconds
+        )
+        try:
+            async for events in batches:
+                BATCH_SIZE.labels(handler.stage).observe(len(events))
+                for event in events:
+                    await lanes.submit(
+                        event.message.key, partial(run_record, handler, sender, stream, event)
+                    )
+        finally:
+            await lanes.cancel()
+
+    agent.__name__ = agent.__qualname__ = f"{handler.stage}_agent"
+    return agent
+
+
+async def run_record(
+    handler: StageHandler, sender: Sender, stream: faust.StreamT, event: faust.EventT
+) -> None:
+    """One record: handle it, produce its outputs, wait for Kafka's acknowledgement, ack."""
+    outputs = await handler.handle(consumed(event))
+    deliveries = [(emit, await sender.send(emit)) for emit in outputs]
+    for emit, delivery in deliveries:
+        await delivery
+        sender.delivered(emit)
+    await stream.ack(event)
+
+
+def consumed(event: faust.EventT) -> Consumed:
+    message = event.message
+    timestamp = message.timestamp
+    return Consumed(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        timestamp_ms=None if timestamp is None else int(round(timestamp * 1000)),
+        key=message.key,
+        value=message.value,
+    )
+
+
+def _fail_stop(stage: str, exc: BaseException) -> None:
+    """A record could not be produced (Kafka unavailable beyond the producer's retries) or a
+    handler broke its contract (handlers turn record failures into dead letters): stop at
+    once without committing anything more."""
+    log.critical(
+        "stage=%s cannot finish a batch (%s: %s); exiting with status %d without committing: "
+        "the unfinished records are redelivered when a worker restarts",
+        stage, type(exc).__name__, exc, EXIT_PRODUCE_FAILED, exc_info=exc,
+    )  # fmt: skip
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_PRODUCE_FAILED)

@@ -1,0 +1,48 @@
+"""Settings of the streaming workers (``TIDEGRAPH_`` environment variables, like Settings).
+
+Kept apart from ``tidegraph.settings.Settings`` because only the Kafka topology reads them;
+they are listed in docs/topology.md.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TIDEGRAPH_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    consumer_group: str | None = Field(
+        None, description="Kafka consumer group of the workers; default '<prefix>.pipeline'."
+    )
+    batch_size: int = Field(64, ge=1, description="Most records per micro-batch (stream.take).")
+    batch_within_seconds: float = Field(
+        0.2, gt=0, description="Longest wait to fill a micro-batch before processing it."
+    )
+    max_in_flight: int = Field(
+        256, ge=1, description="Most records a stage works on at once (all groups together)."
+    )
+    stage_max_attempts: int = Field(
+        4, ge=1, description="Attempts per record and stage for transient errors."
+    )
+    retry_backoff_seconds: float = Field(
+        0.5, gt=0, description="First backoff between attempts (doubles, with jitter)."
+    )
+    retry_backoff_max_seconds: float = Field(8.0, gt=0, description="Longest backoff.")
+    max_record_bytes: int = Field(
+        1_000_000, ge=1024, description="Input records larger than this are dead-lettered."
+    )
+    commit_every: int = Field(100, ge=1, description="Commit offsets after this many acks.")
+    commit_interval_seconds: float = Field(1.0, gt=0, description="Commit offsets this often.")
+    session_timeout_seconds: float = Field(
+        10.0, ge=6, description="Kafka group session timeout (a dead worker's partitions move "
+        "after this long)."
+    )  # fmt: skip
+    heartbeat_interval_seconds: float = Field(2.0, gt=0, description="Kafka heartbeat interval.")
+    metrics_host: str = Field("0.0.0.0", description="Address the /metrics endpoint binds.")
+
+    def group_id(self, prefix: str) -> str:
+        return self.consumer_group or f"{prefix}.pipeline"

@@ -1,0 +1,67 @@
+"""Extraction context that includes the group's episodes still in flight.
+
+Extraction gives the LLM the group's previous episodes as context. In-process those are
+already written when the next episode is extracted; in the topology an earlier episode may
+still be between extraction and the writer. This source merges the store's episodes with the
+ones this worker extracted recently (a group lives on one partition, hence one worker), so the
+prompt is the same as in-process. After a rebalance the new owner starts with the store only.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from datetime import datetime
+
+from processors.models import Episode, EpisodeRecord, utc
+from tidegraph.store.base import GraphStore
+
+
+class RecentEpisodes:
+    """A ``processors.extraction.ContextSource``: stored episodes + recently extracted ones."""
+
+    def __init__(self, store: GraphStore, *, per_group: int = 16, max_groups: int = 10_000):
+        self.store = store
+        self.per_group = per_group
+        self.max_groups = max_groups
+        self._groups: OrderedDict[str, deque[EpisodeRecord]] = OrderedDict()
+
+    def remember(self, episode: Episode) -> None:
+        if self.per_group <= 0:
+            return
+        recent = self._groups.pop(episode.group_id, None)
+        if recent is None:
+            recent = deque(maxlen=self.per_group)
+        if all(r.uuid != episode.uuid for r in recent):
+            recent.append(
+                EpisodeRecord(
+                    uuid=episode.uuid,
+                    group_id=episode.group_id,
+                    name=episode.name or episode.id,
+                    source=episode.source,
+                    source_description=episode.source_description,
+                    content=episode.content_text(),
+                    valid_at=episode.reference_time,
+                    producer_id=episode.id,
+                )
+            )
+        self._groups[episode.group_id] = recent
+        while len(self._groups) > self.max_groups:
+            self._groups.popitem(last=False)
+
+    def forget_all(self) -> None:
+        """Drop what this worker remembers (its partitions were revoked)."""
+        self._groups.clear()
+
+    async def recent_episodes(
+        self, group_id: str, before: datetime, limit: int
+    ) -> list[EpisodeRecord]:
+        if limit <= 0:
+            return []
+        stored = await self.store.recent_episodes(group_id, before, limit)
+        merged = {r.uuid: r for r in stored}
+        cutoff = utc(before)
+        for record in self._groups.get(group_id, ()):
+            if record.valid_at < cutoff:
+                merged.setdefault(record.uuid, record)
+        ordered = sorted(merged.values(), key=lambda r: (r.valid_at, r.uuid))
+        return ordered[-limit:]

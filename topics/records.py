@@ -1,0 +1,150 @@
+"""Record schemas of every tidegraph topic, and their orjson serde.
+
+Every record is keyed by ``group_id`` (UTF-8 bytes). Values are JSON (orjson), one pydantic
+model per topic. The input topic carries the episode envelope exactly as produced (design §4);
+each hop record carries the stage's pydantic output from ``processors`` plus ``origin``, the
+position and Kafka timestamp of the episode's record on the input topic (used for the
+produce->written latency and to match dead letters to what was produced).
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+import orjson
+from pydantic import BaseModel, Field
+
+from processors.extraction import Extraction
+from processors.resolution import ResolvedEpisode
+from processors.temporal import StampedEpisode
+
+M = TypeVar("M", bound=BaseModel)
+
+SCHEMA_VERSION = 1
+# A dead letter keeps at most this much of the original record (Kafka's default maximum
+# message size is ~1 MB); longer records are cut and marked ``truncated``.
+MAX_DEAD_RECORD_BYTES = 512 * 1024
+MAX_MESSAGE_CHARS = 4000
+# The largest record value a stage produces (Kafka's default limit is ~1 MB per record,
+# headers and key included); a larger hop record becomes a dead letter instead.
+MAX_RECORD_VALUE_BYTES = 1_000_000 - 16 * 1024
+
+
+class RecordRef(BaseModel):
+    """A record's place in Kafka."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None = None  # the record's Kafka timestamp (CreateTime)
+
+
+class ExtractedRecord(BaseModel):
+    """``{prefix}.extracted``: extraction -> resolution."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    origin: RecordRef
+    extraction: Extraction
+
+
+class ResolvedRecord(BaseModel):
+    """``{prefix}.resolved``: resolution -> temporal."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    origin: RecordRef
+    resolved: ResolvedEpisode
+    created_entities: list[str] = Field(default_factory=list)  # uuids resolution created
+
+
+class StampedRecord(BaseModel):
+    """``{prefix}.stamped``: temporal -> invalidation + write."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    origin: RecordRef
+    stamped: StampedEpisode
+    created_entities: list[str] = Field(default_factory=list)
+
+
+class NewEntityRecord(BaseModel):
+    """``{prefix}.entities.new``: one entity an episode's resolution created (emitted after
+    the episode's write committed, so its facts are in the graph)."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    group_id: str
+    entity_uuid: str
+    episode_uuid: str
+
+
+class DeadLetter(BaseModel):
+    """``{prefix}.dlq``: a record a stage gave up on, with why."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    stage: str  # validation, extraction, resolution, temporal, invalidation
+    reason: str  # short machine-readable cause (see pipelines.errors)
+    error_class: str
+    message: str
+    attempts: int
+    failed_at: datetime
+    group_id: str | None = None
+    episode_id: str | None = None
+    episode_uuid: str | None = None
+    origin: RecordRef | None = None  # the episode's record on the input topic
+    consumed: RecordRef | None = None  # the record the failing stage consumed
+    record: Any = None  # the original episode record (see record_encoding)
+    record_encoding: Literal["json", "text", "base64"] = "json"
+    truncated: bool = False
+
+    def original_bytes(self) -> bytes:
+        """The original record as bytes, for replay onto the input topic."""
+        if self.record_encoding == "json":
+            return orjson.dumps(self.record)
+        if self.record_encoding == "text":
+            return str(self.record).encode()
+        return base64.b64decode(str(self.record))
+
+
+def original_record(raw: bytes | None) -> tuple[Any, Literal["json", "text", "base64"], bool]:
+    """(record, encoding, truncated) of raw input bytes for a dead letter: parsed JSON when it
+    parses, else the text, else base64; cut to MAX_DEAD_RECORD_BYTES."""
+    if raw is None:
+        return None, "text", False
+    truncated = len(raw) > MAX_DEAD_RECORD_BYTES
+    if not truncated:
+        try:
+            return orjson.loads(raw), "json", False
+        except orjson.JSONDecodeError:
+            pass
+    cut = raw[:MAX_DEAD_RECORD_BYTES]
+    try:
+        return cut.decode(), "text", truncated
+    except UnicodeDecodeError:
+        if truncated:  # the cut may split a character: keep the valid prefix as text
+            text = cut.decode(errors="ignore")
+            if text:
+                return text, "text", True
+        return base64.b64encode(cut).decode(), "base64", truncated
+
+
+def short_message(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…"
+
+
+# ----------------------------------------------------------------------------- serde
+def encode(record: BaseModel) -> bytes:
+    return orjson.dumps(record.model_dump(mode="json"))
+
+
+def decode(model: type[M], data: bytes) -> M:
+    return model.model_validate(orjson.loads(data))
+
+
+def encode_key(group_id: str | None) -> bytes | None:
+    return None if group_id is None else group_id.encode()
+
+
+def decode_key(key: bytes | None) -> str | None:
+    if key is None:
+        return None
+    return key.decode(errors="replace")
