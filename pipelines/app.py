@@ -25,6 +25,7 @@ import faust
 from pipelines.config import WorkerSettings
 from pipelines.lanes import KeyedLanes
 from pipelines.stages import HANDLERS, Consumed, Emit, ExtractionHandler, StageHandler
+from tidegraph.health import HealthState
 from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
 from tidegraph.runtime import Runtime
 from tidegraph.settings import Settings
@@ -63,6 +64,7 @@ def create_app(
     runtime: Runtime,
     *,
     loop: asyncio.AbstractEventLoop | None = None,
+    health: HealthState | None = None,
 ) -> TidegraphApp:
     names = TopicNames(settings.topic_prefix)
     partitions = settings.partitions
@@ -99,14 +101,21 @@ def create_app(
     }
     sender = Sender(topic_objects, names)
     handlers = [cls(runtime, names, worker) for cls in HANDLERS]
+    lanes: list[KeyedLanes] = []
     for handler in handlers:
         source = topic_objects[names.input_of(handler.stage)]
-        app.agent(source, name=f"tidegraph.{handler.stage}")(stage_agent(handler, sender, worker))
+        agent = stage_agent(handler, sender, worker, lanes)
+        app.agent(source, name=f"tidegraph.{handler.stage}")(agent)
     consumed = [names.input_of(h.stage) for h in handlers]
     extraction = next(h for h in handlers if isinstance(h, ExtractionHandler))
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
+        # Faust has waited for the records it tracks (stream_wait_empty); also let every job
+        # this worker admitted finish, so that no record of a group is still being worked on
+        # here when the group's partition starts on its next owner.
+        for stage_lanes in lanes:
+            await stage_lanes.drain()
         for topic in consumed:
             ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(0)
         extraction.context.forget_all()
@@ -120,6 +129,21 @@ def create_app(
             "assigned partitions: %s",
             ", ".join(sorted(f"{tp.topic}:{tp.partition}" for tp in assigned)) or "none",
         )
+        if health is not None:
+            health.kafka_connected = True  # joined the group (possibly with no partitions)
+
+    if health is not None:
+
+        @app.timer(interval=worker.health_probe_seconds)
+        async def probe_neo4j() -> None:
+            try:
+                await runtime.store.episode_processed("tidegraph-health", "probe")
+            except Exception as exc:
+                if health.neo4j_reachable:
+                    log.warning("neo4j is not reachable: %s: %s", type(exc).__name__, exc)
+                health.neo4j_reachable = False
+            else:
+                health.neo4j_reachable = True
 
     app.add_closer(runtime.close)
     return app
@@ -146,10 +170,11 @@ class Sender:
 
 
 def stage_agent(
-    handler: StageHandler, sender: Sender, worker: WorkerSettings
+    handler: StageHandler, sender: Sender, worker: WorkerSettings, registry: list[KeyedLanes]
 ) -> Callable[[faust.StreamT], Awaitable[None]]:
     async def agent(stream: faust.StreamT) -> None:
         lanes = KeyedLanes(worker.max_in_flight, lambda exc: _fail_stop(handler.stage, exc))
+        registry.append(lanes)
         batches: AsyncIterator[Sequence[faust.EventT]] = stream.noack_take(  # type: ignore[assignment]
             worker.batch_size, within=worker.batch_within_seconds
         )
@@ -161,6 +186,7 @@ def stage_agent(
                         event.message.key, partial(run_record, handler, sender, stream, event)
                     )
         finally:
+            registry.remove(lanes)
             await lanes.cancel()
 
     agent.__name__ = agent.__qualname__ = f"{handler.stage}_agent"

@@ -39,6 +39,7 @@ class Produced:
     problem: str | None = None  # why the line is not a valid episode (it is sent anyway)
     partition: int = -1
     offset: int = -1
+    timestamp_ms: int | None = None  # the record's Kafka timestamp
 
 
 @dataclass
@@ -93,11 +94,13 @@ async def produce_lines(
     lines: Iterable[bytes],
     *,
     skip_invalid: bool = False,
+    rate: float | None = None,
     on_delivered: Callable[[], None] | None = None,
 ) -> ProduceReport:
     """Send each non-empty line to the input topic, key = its group_id; wait for Kafka to
     acknowledge every record (acks=all). Lines that are not valid episodes are sent too (the
-    pipeline dead-letters them with the reason) unless ``skip_invalid``."""
+    pipeline dead-letters them with the reason) unless ``skip_invalid``. ``rate``: at most
+    this many records per second (default: as fast as Kafka takes them)."""
     names = TopicNames(settings.topic_prefix)
     await ensure_all_topics(settings)
     report = ProduceReport(topic=names.episodes)
@@ -106,10 +109,15 @@ async def produce_lines(
     await producer.start()
     try:
         pending: list[tuple[Produced, asyncio.Future]] = []
+        clock = time.monotonic()
         for n, raw in enumerate(lines, 1):
             raw = raw.strip()
             if not raw:
                 continue
+            if rate:
+                due = clock + len(pending) / rate
+                if due > time.monotonic():
+                    await asyncio.sleep(due - time.monotonic())
             item = describe_line(n, raw)
             if item.problem is not None and skip_invalid:
                 report.skipped_invalid += 1
@@ -130,6 +138,7 @@ async def produce_lines(
                 report.refused.append((item.line, f"{type(exc).__name__}: {exc}"))
                 continue
             item.partition, item.offset = metadata.partition, metadata.offset
+            item.timestamp_ms = metadata.timestamp if metadata.timestamp >= 0 else None
             report.sent.append(item)
     finally:
         await producer.stop()
@@ -281,6 +290,9 @@ async def replay_dead_letters(
     for stored in letters:
         if stored.letter.truncated:
             report.not_replayable.append((stored, "the dead letter holds a truncated record"))
+            continue
+        if stored.letter.reason == "bad_hop_record":
+            report.not_replayable.append((stored, "an unreadable internal record, not an episode"))
             continue
         try:
             raw = stored.letter.original_bytes()

@@ -42,6 +42,13 @@ class WorkerSettings(BaseSettings):
         "after this long)."
     )  # fmt: skip
     heartbeat_interval_seconds: float = Field(2.0, gt=0, description="Kafka heartbeat interval.")
+    health_stuck_seconds: float = Field(
+        300.0, gt=0, description="/readyz fails when a stage has work in flight and no "
+        "progress for this long."
+    )  # fmt: skip
+    health_probe_seconds: float = Field(
+        10.0, gt=0, description="How often the worker checks that Neo4j answers (/readyz)."
+    )
     metrics_host: str = Field("0.0.0.0", description="Address the /metrics endpoint binds.")
 
     def group_id(self, prefix: str) -> str:

@@ -5,6 +5,7 @@ another partition count, a broken mapping file) fails here, before Faust starts.
 (one store connection, one embedder, one LLM client = one global LLM rate limiter) is opened
 once on the event loop the Faust worker then runs on, and closed after the app has stopped.
 Several workers (one machine or many) with the same consumer group share the partitions.
+The HTTP port serves ``/metrics``, ``/healthz`` and ``/readyz`` (``tidegraph.health``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import faust
 
 from pipelines.app import create_app
 from pipelines.config import WorkerSettings
-from pipelines.observability import ObservabilityServer
+from pipelines.observability import ObservabilityServer, Response
+from tidegraph.health import HealthState, health_routes
 from tidegraph.runtime import open_runtime
 from tidegraph.settings import Settings
 from topics.admin import ensure_topics
@@ -51,10 +53,14 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
     )
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     runtime = loop.run_until_complete(open_runtime(settings, mapping_path=settings.mappings))
+    health = HealthState(neo4j_reachable=True, stuck_after_seconds=worker.health_stuck_seconds)
     server = ObservabilityServer(settings.metrics_port, worker.metrics_host)
+    for path, route in health_routes(health, Response).items():
+        server.add_route(path, route)
     server.start()
-    app = create_app(settings, worker, runtime, loop=loop)
-    app.add_closer(_stopper(server))
+    app = create_app(settings, worker, runtime, loop=loop, health=health)
+    health.watch_loop(loop)
+    app.add_closer(_stopper(server, health))
     log.info(
         "worker starting: group=%s topics=%s.* partitions=%d store=%s llm=%s mappings=%s",
         worker.group_id(settings.topic_prefix), settings.topic_prefix, settings.partitions,
@@ -70,8 +76,10 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
     faust_worker.execute_from_commandline()
 
 
-def _stopper(server: ObservabilityServer):  # type: ignore[no-untyped-def]
+def _stopper(server: ObservabilityServer, health: HealthState):  # type: ignore[no-untyped-def]
     async def stop() -> None:
+        health.unwatch_loop()
+        health.kafka_connected = False
         server.stop()
 
     return stop

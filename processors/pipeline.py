@@ -193,12 +193,17 @@ async def ingest(
             for episode in items:
                 try:
                     summary = await pipeline.process(episode)
-                except StageError as exc:
+                except Exception as exc:
+                    # A stage's error, or one before any stage (the processed-marker read): the
+                    # episode fails, its group goes on, the other groups are not cancelled.
+                    stage, cause = (
+                        (exc.stage, exc.cause) if isinstance(exc, StageError) else ("ingest", exc)
+                    )
                     report.failures.append(
                         Failure(
-                            stage=exc.stage,
-                            error_class=type(exc.cause).__name__,
-                            message=str(exc.cause),
+                            stage=stage,
+                            error_class=type(cause).__name__,
+                            message=str(cause),
                             record=episode.model_dump(mode="json"),
                             group_id=episode.group_id,
                             episode_id=episode.id,

@@ -13,6 +13,7 @@ import sys
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import typer
@@ -21,6 +22,9 @@ from rich.table import Table
 
 from tidegraph.cli import _when, app, console, err
 from tidegraph.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from pipelines.client import ProduceReport
 
 dlq_app = typer.Typer(help="Dead letters: records the pipeline gave up on, and their replay.")
 app.add_typer(dlq_app, name="dlq")
@@ -68,7 +72,9 @@ def _read_lines(path: Path) -> list[bytes]:
     return [line for line in path.read_bytes().splitlines() if line.strip()]
 
 
-def _produce(path: Path, settings: Settings, skip_invalid: bool):  # type: ignore[no-untyped-def]
+def _produce(
+    path: Path, settings: Settings, skip_invalid: bool, rate: float | None = None
+) -> ProduceReport:
     from pipelines.client import produce_lines
 
     lines = _read_lines(path)
@@ -79,6 +85,7 @@ def _produce(path: Path, settings: Settings, skip_invalid: bool):  # type: ignor
                 settings,
                 lines,
                 skip_invalid=skip_invalid,
+                rate=rate,
                 on_delivered=lambda: progress.advance(task),
             )
         )
@@ -105,9 +112,12 @@ def produce(
         help="Do not send lines that are not valid episodes (default: send them; the pipeline "
         "dead-letters them with the reason, as it would for any producer).",
     ),
+    rate: float | None = typer.Option(
+        None, "--rate", min=0.001, help="At most this many records per second (default: no limit)."
+    ),
 ) -> None:
     """Send episodes to the input topic (key = group_id) and wait for Kafka's acknowledgement."""
-    report = _produce(path, get_settings(), skip_invalid)
+    report = _produce(path, get_settings(), skip_invalid, rate)
     if report.refused:
         raise typer.Exit(1)
 

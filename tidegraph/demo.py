@@ -132,9 +132,11 @@ def _read_episodes(path: Path) -> list[Episode]:
 
 
 def _rate(report: IngestReport) -> str:
-    if report.seconds <= 0:
-        return "n/a"
-    return f"{report.episodes / report.seconds:,.0f} events/s"
+    """Events per second over the episodes actually processed (not the already-stored ones)."""
+    processed = report.episodes - report.skipped
+    if processed == 0 or report.seconds <= 0:
+        return "nothing new to ingest"
+    return f"{processed / report.seconds:,.0f} events/s"
 
 
 async def _ingest_feed(runtime: Runtime, console: Console) -> None:
@@ -270,8 +272,8 @@ def _print_entities(console: Console, entities: list[EntityRecord]) -> None:
 
 
 def _print_facts_now(console: Console, views: list[FactView]) -> None:
-    rows = [(v.subject, v.relation, v.object, _day(v.valid_at), v.fact) for v in views]
-    columns = ("subject", "relation", "object", "since", "fact")
+    rows = [(v.subject, v.relation, v.object, _day(v.valid_at)) for v in views]
+    columns = ("subject", "relation", "object", "valid since")
     console.print()
     console.print(_table(f"Facts of {DEMO_GROUP} valid now", columns, rows))
 

@@ -12,7 +12,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 # ---- stages ------------------------------------------------------------------------------
 STAGE_EVENTS = Counter(
     "tidegraph_stage_events_total",
-    "Records handled by a stage, by outcome (ok, skipped, retried, dead_lettered).",
+    "Records handled by a stage, by outcome (ok, skipped, error = one failed attempt, "
+    "retried, dead_lettered).",
     ["stage", "outcome"],
 )
 STAGE_LATENCY = Histogram(
@@ -121,7 +122,7 @@ BATCH_SIZE = Histogram(
 RECORDS_PRODUCED = Counter(
     "tidegraph_records_produced_total",
     "Records a worker produced and Kafka acknowledged, by topic (extracted, resolved, stamped, "
-    "entities.new, dlq, episodes).",
+    "entities.new, dlq).",
     ["topic"],
 )
 ASSIGNED_PARTITIONS = Gauge(

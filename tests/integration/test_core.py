@@ -7,12 +7,13 @@ fixture language: an episode's content maps to the facts it states, one per line
 
     Alice Smith[Person] -WORKS_AT-> Acme Corp[Organization] @since last March ~2025-01-01
 
-(``[Type]`` optional, ``@`` the stated start, ``~`` the stated end, both optional). The
-scripted LLM answers extraction from that table, entity resolution from the names the script
-declares the same (``script.same``), and fact resolution like a careful model: a restated fact
-is a duplicate, a new value of a one-valued relation (``script.one_valued``) contradicts the
-old one, nothing else does. ``script.hostile`` makes it claim that every new fact contradicts
-every candidate, to show that only facts sharing an endpoint can ever be closed.
+(``[Type]`` optional; ``@`` the stated start, ``~`` the stated end and ``= text`` the fact's
+wording, all optional). The scripted LLM answers extraction from that table, entity
+resolution from the names the script declares the same (``script.same``), and fact resolution
+like a careful model: the same subject-relation-object is a duplicate, a new value of a
+one-valued relation (``script.one_valued``) contradicts the old one, nothing else does.
+``script.hostile`` makes it also claim that every new fact contradicts every candidate shown
+(and some indexes that do not exist), to show that only facts sharing an endpoint can close.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def at(*parts: int) -> datetime:
 
 # ============================================================================= scripted LLM
 _LINE = re.compile(
-    r"^(?P<s>.+?) -(?P<rel>.+?)-> (?P<o>.+?)(?: @(?P<valid>[^@~]+?))?(?: ~(?P<invalid>[^@~]+))?$"
+    r"^(?P<s>.+?) -(?P<rel>.+?)-> (?P<o>.+?)"
+    r"(?: @(?P<valid>[^@~=]+?))?(?: ~(?P<invalid>[^@~=]+?))?(?: = (?P<text>.+))?$"
 )
 _TYPED = re.compile(r"^(?P<name>.+?)(?:\[(?P<type>[^\[\]]+)\])?$")
 _INDEXED = re.compile(r"^\[(\d+)\] (.*)$")
@@ -90,10 +92,8 @@ class Script:
             m = _LINE.match(line.strip())
             assert m, f"bad fixture line {line!r}"
             subject, obj = self._entity(m["s"]), self._entity(m["o"])
-            words = m["rel"].lower().replace("_", " ")
-            facts.append(
-                Said(subject, m["rel"], obj, f"{subject} {words} {obj}", m["valid"], m["invalid"])
-            )
+            text = m["text"] or f"{subject} {m['rel'].lower().replace('_', ' ')} {obj}"
+            facts.append(Said(subject, m["rel"], obj, text, m["valid"], m["invalid"]))
         self.episodes[content] = facts
         return content
 
@@ -199,12 +199,6 @@ class Script:
             assert m
             said = self._said(m[2])
             assert said is not None, f"the script never stated {m[2]!r}"
-            if self.hostile:
-                everything = [i for i, _ in existing] + [99, -1]
-                judgements.append(
-                    {"new_fact": int(m[1]), "duplicate_of": None, "contradicts": everything}
-                )
-                continue
             me = (
                 self.canonical(said.subject),
                 to_relation_name(said.relation),
@@ -221,6 +215,8 @@ class Script:
                     duplicate = i
                 elif them[:2] == me[:2] and them[2] != me[2] and me[1] in self.one_valued:
                     contradicts.append(i)
+            if self.hostile:
+                contradicts = [i for i, _ in existing] + [99, -1]
             judgements.append(
                 {"new_fact": int(m[1]), "duplicate_of": duplicate, "contradicts": contradicts}
             )
@@ -281,10 +277,10 @@ def pipeline(store: Neo4jStore, embedder: HashingEmbedder, llm: LLMClient) -> Ep
 
 
 @pytest.fixture
-async def other_group(neo4j_driver: Any) -> AsyncIterator[str]:
+async def other_group(store: Neo4jStore) -> AsyncIterator[str]:
     gid = f"test-other-{os.urandom(6).hex()}"
     yield gid
-    await neo4j_driver.execute_query("MATCH (n {group_id: $g}) DETACH DELETE n", g=gid)
+    await store.delete_group(gid)
 
 
 # ============================================================================= helpers
@@ -457,13 +453,16 @@ async def test_unrelated_facts_never_close_each_other_even_when_the_llm_says_so(
                 script.says(
                     "News: Alice joined Globex. Bob still lives in Paris.",
                     "Alice -WORKS_AT-> Globex[Organization]",
-                    "Bob -LIVES_IN-> Paris",
+                    # Worded otherwise: a candidate the LLM is asked about (and says duplicate).
+                    "Bob -LIVES_IN-> Paris = Bob still lives in Paris",
                 ),
                 ref=at(2024, 2, 1),
             )
         ],
     )
     assert server.count(FACT_RES) == 1  # the LLM was asked, and answered with everything
+    (asked,) = [request.user for name, request, _ in server.requests if name == FACT_RES]
+    assert "Alice works at Acme (" in asked and "Bob lives in Paris (" in asked  # both shown
     assert (report.facts_new, report.facts_merged, report.facts_closed) == (1, 1, 1)
     facts = await facts_of(store, group_id)
     assert parse_iso(facts[("Alice", "WORKS_AT", "Acme")].invalid_at) == at(2024, 2, 1)
@@ -1052,6 +1051,36 @@ async def test_malformed_answers_are_retried_then_reported_per_episode(
     assert ("Bob", "LIVES_IN", "Paris") in await values_at(store, group_id, datetime.now(UTC))
 
 
+async def test_a_store_error_before_any_stage_fails_only_that_episode(
+    store: Neo4jStore, pipeline: EpisodePipeline, script: Script, group_id: str
+) -> None:
+    feed = Feed(group_id)
+    episodes = [
+        feed.text(script.says("Alice joined Acme.", "Alice[Person] -WORKS_AT-> Acme[Org]")),
+        feed.text(script.says("Bob lives in Paris.", "Bob[Person] -LIVES_IN-> Paris[Place]")),
+        feed.text(script.says("Carol uses Slack.", "Carol[Person] -USES-> Slack[Product]")),
+    ]
+
+    class Flaky:
+        """The real store, except that reading one episode's marker fails."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+        async def episode_processed(self, group: str, uuid: str) -> bool:
+            if uuid == episodes[1].uuid:
+                raise ConnectionError("Neo4j went away")
+            return await store.episode_processed(group, uuid)
+
+    pipeline.store = Flaky()  # type: ignore[assignment]
+    report = await ingest(pipeline, episodes)
+    assert report.episodes == 2
+    assert [(f.stage, f.error_class, f.episode_id) for f in report.failures] == [
+        ("ingest", "ConnectionError", episodes[1].id)
+    ]
+    assert len(await values_at(store, group_id, datetime.now(UTC))) == 2
+
+
 # ============================================================================= LLM cost
 def support_feed(feed: Feed, script: Script, people: tuple[str, str], company: str) -> list:
     a, b = people
@@ -1100,7 +1129,6 @@ async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
     script: Script,
     group_id: str,
     other_group: str,
-    neo4j_driver: Any,
 ) -> None:
     third = Feed(f"{group_id}-c", start=at(2024, 4, 1))
     script.declare_same("Contoso Ltd", "Contoso")
@@ -1118,8 +1146,10 @@ async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
     ]
     try:
         report = await run(pipeline, episodes)
+        names = {e.name for e in await store.list_entities(third.group)}
+        assert "Contoso" in names and "Contoso Ltd" not in names  # resolved by the LLM
     finally:
-        await neo4j_driver.execute_query("MATCH (n {group_id: $g}) DETACH DELETE n", g=third.group)
+        await store.delete_group(third.group)
     counts = counts_by_schema(server)
     n = len(episodes)
     per_episode = {name: round(c / n, 2) for name, c in counts.items()}
