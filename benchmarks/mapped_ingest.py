@@ -140,14 +140,32 @@ class FeedBuilder:
             account = {"id": account_id, "name": account_name}
             if kind == "plan":
                 plan = rng.choice(PLANS)
-                records.append((clock, {"type": "account.plan_changed", "account": account,
-                                        "plan": plan, "changed_at": when}))  # fmt: skip
+                records.append(
+                    (
+                        clock,
+                        {
+                            "type": "account.plan_changed",
+                            "account": account,
+                            "plan": plan,
+                            "changed_at": when,
+                        },
+                    )
+                )
                 self._truth(group, f"crm:account:{account_id}", "HAS_PLAN", plan, clock)
             elif kind == "owner":
                 owner_id, owner_name = rng.choice(owners)
                 owner = {"id": owner_id, "name": owner_name}
-                records.append((clock, {"type": "account.owner_changed", "account": account,
-                                        "owner": owner, "changed_at": when}))  # fmt: skip
+                records.append(
+                    (
+                        clock,
+                        {
+                            "type": "account.owner_changed",
+                            "account": account,
+                            "owner": owner,
+                            "changed_at": when,
+                        },
+                    )
+                )
                 self._truth(group, f"crm:account:{account_id}", "OWNED_BY", owner_name, clock)
             elif kind == "contact":
                 contact_id, contact_name = rng.choice(contacts)
@@ -155,32 +173,59 @@ class FeedBuilder:
                 current = employer.get(contact_id)
                 if current is not None and rng.random() < 0.3:
                     company = {"id": current, "name": accounts[current][1]}
-                    records.append((clock, {"type": "contact.left", "contact": contact,
-                                            "company": company, "left_at": when}))  # fmt: skip
+                    records.append(
+                        (
+                            clock,
+                            {
+                                "type": "contact.left",
+                                "contact": contact,
+                                "company": company,
+                                "left_at": when,
+                            },
+                        )
+                    )
                     employer[contact_id] = None
                     self._truth(group, f"crm:contact:{contact_id}", "WORKS_AT", None, clock)
                 else:
-                    records.append((clock, {"type": "contact.joined", "contact": contact,
-                                            "company": account, "joined_at": when}))  # fmt: skip
+                    records.append(
+                        (
+                            clock,
+                            {
+                                "type": "contact.joined",
+                                "contact": contact,
+                                "company": account,
+                                "joined_at": when,
+                            },
+                        )
+                    )
                     employer[contact_id] = account_id
                     self._truth(group, f"crm:contact:{contact_id}", "WORKS_AT", account_name, clock)
             else:
-                open_ids = [t for t, s in tickets.items() if s != "closed"]
-                if tickets and rng.random() < 0.75:
-                    ticket_id = rng.choice(open_ids or list(tickets))
+                if tickets and rng.random() < 0.75:  # a status change (closed -> open: reopened)
+                    ticket_id = rng.choice(list(tickets))
                     status = rng.choice([s for s in STATUSES if s != tickets[ticket_id]])
                 else:
                     ticket_id, status = len(tickets) + 1, "open"
                 tickets[ticket_id] = status
                 ticket = {"id": f"{group[-3:]}-{ticket_id}", "subject": "Printer jams"}
-                records.append((clock, {"type": "ticket.status_changed", "ticket": ticket,
-                                        "status": status, "account": account,
-                                        "changed_at": when}))  # fmt: skip
+                records.append(
+                    (
+                        clock,
+                        {
+                            "type": "ticket.status_changed",
+                            "ticket": ticket,
+                            "status": status,
+                            "account": account,
+                            "changed_at": when,
+                        },
+                    )
+                )
                 self._truth(group, f"crm:ticket:{ticket['id']}", "HAS_STATUS", status, clock)
         # Delivery: in event order, except a share of records held back and sent late (at a
         # random later point). reference_time = arrival: the latest event time sent so far.
         late = [i for i in range(len(records)) if rng.random() < self.late_fraction]
-        order = [i for i in range(len(records)) if i not in set(late)]
+        held = set(late)
+        order = [i for i in range(len(records)) if i not in held]
         for i in late:
             first = next((k for k, j in enumerate(order) if j > i), len(order))
             order.insert(rng.randint(first, len(order)), i)
@@ -197,7 +242,7 @@ class FeedBuilder:
                     source_description="synthetic CRM",
                     content=record,
                     reference_time=arrival + timedelta(seconds=1),
-                )  # fmt: skip
+                )
             )
 
     def _truth(self, group: str, subject: str, relation: str, value: str | None, at: datetime):
@@ -267,6 +312,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
             profiler = Profiler(async_mode="enabled")
             profiler.start()
+        load_before = os.getloadavg()[0]
         started = time.perf_counter()
         report = await ingest(pipeline, episodes, concurrency=args.concurrency)
         seconds = time.perf_counter() - started
@@ -294,7 +340,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "events_per_s": round(len(episodes) / seconds, 1),
         "ms_per_event_per_group": round(
             1000 * seconds * min(args.concurrency, args.groups) / len(episodes), 2
-        ),  # fmt: skip
+        ),
         "failures": len(report.failures),
         "first_failure": report.failures[0].message if report.failures else None,
         "facts_new": report.facts_new,
@@ -305,6 +351,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         **counts,
         **checked,
         "cpus": os.cpu_count(),
+        # The machine may be shared: the 1-minute load average before and after the ingest.
+        "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "python": platform.python_version(),
     }
     if profiler is not None:

@@ -39,7 +39,9 @@ class FactDecision:
 
 @dataclass
 class FactPlan:
-    facts: dict[str, FactRecord] = field(default_factory=dict)  # upserts by uuid (full state)
+    # Upserts by uuid (full state): new facts, and stored ones that gained an episode.
+    facts: dict[str, FactRecord] = field(default_factory=dict)
+    # Stored facts that only need their end set (no full rewrite of the record).
     closures: dict[str, FactClosure] = field(default_factory=dict)
     new: int = 0
     merged: int = 0
@@ -78,14 +80,13 @@ def plan_facts(
     embeddings = embeddings or {}
     decisions = decisions or {}
 
-    def close(target: FactRecord, at: datetime) -> None:
+    def close(target: FactRecord, at: datetime, *, counted: bool = True) -> None:
         if target.invalid_at is not None and target.invalid_at <= at:
             return
         target.invalid_at = at
         if target.expired_at is None:
             target.expired_at = now
-        touched.add(target.uuid)
-        plan.closed += 1
+        plan.closed += counted
         if target.uuid in stored:
             plan.closures[target.uuid] = FactClosure(target.uuid, at, target.expired_at)
 
@@ -107,11 +108,19 @@ def plan_facts(
             marker = next((f for f in same_pair if _is_end(f, target, t)), None)
             if marker is None:
                 marker = FactRecord(
-                    uuid=fact_uuid(group_id, episode_uuid, new), group_id=group_id,
-                    source_uuid=new.source_uuid, target_uuid=target, name=new.relation,
-                    fact=new.fact, episodes=[episode_uuid], valid_at=t, invalid_at=t,
-                    created_at=now, expired_at=now, cardinality=new.cardinality,  # type: ignore[arg-type]
-                )  # fmt: skip
+                    uuid=fact_uuid(group_id, episode_uuid, new),
+                    group_id=group_id,
+                    source_uuid=new.source_uuid,
+                    target_uuid=target,
+                    name=new.relation,
+                    fact=new.fact,
+                    episodes=[episode_uuid],
+                    valid_at=t,
+                    invalid_at=t,
+                    created_at=now,
+                    expired_at=now,
+                    cardinality=new.cardinality,  # type: ignore[arg-type]
+                )
                 state[marker.uuid] = marker
                 touched.add(marker.uuid)
             elif episode_uuid not in marker.episodes:
@@ -168,8 +177,9 @@ def plan_facts(
             elif rival.target_uuid != record.target_uuid or new.cardinality != "one":
                 close(rival, t)
             elif rival.invalid_at is None or rival.invalid_at > t:
-                # The same value, restated later (see _find_duplicate): the new fact takes over.
-                close(rival, t)
+                # The same value, restated later (see _find_duplicate): the new fact takes over
+                # (not counted as an invalidation: the value did not change).
+                close(rival, t, counted=False)
         if record.invalid_at is not None:
             plan.born_closed += 1
         plan.new += 1

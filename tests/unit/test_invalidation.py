@@ -189,7 +189,7 @@ def test_expired_at_is_set_once() -> None:
     plan = graph.ingest("e1", [one("acct", "HAS_PLAN", "pro", 10)])
     closure = plan.closures[basic.uuid]
     assert closure.invalid_at == day(10) and closure.expired_at == expired
-    assert plan.facts[basic.uuid].expired_at == expired
+    assert basic.uuid not in plan.facts  # a closure only: the record is not rewritten
 
 
 def test_a_restated_value_is_a_duplicate_only_for_the_same_change() -> None:
@@ -201,6 +201,15 @@ def test_a_restated_value_is_a_duplicate_only_for_the_same_change() -> None:
     assert fact.episodes == ["e1", "e1-resent"]
     again = graph.ingest("e1-resent", [one("acct", "HAS_PLAN", "pro", 10)])
     assert (again.new, again.merged, again.facts) == (0, 0, {})
+
+
+def test_a_value_restated_later_continues_without_an_invalidation() -> None:
+    graph = Graph()
+    graph.ingest("e0", [one("acct", "HAS_PLAN", "pro", 0)])
+    plan = graph.ingest("e1", [one("acct", "HAS_PLAN", "pro", 10)])
+    assert (plan.new, plan.merged, plan.closed, plan.born_closed) == (1, 0, 0, 0)
+    assert graph.timeline("acct", "HAS_PLAN") == [("pro", None)]
+    assert all(graph.value_at("acct", "HAS_PLAN", day(t)) == ["pro"] for t in (0, 9, 10, 99))
 
 
 def test_reopened_then_late_close_keeps_the_reopening() -> None:
