@@ -40,11 +40,34 @@ EXIT_PRODUCE_FAILED = 75
 
 
 class TidegraphApp(faust.App):
-    """faust.App that closes tidegraph's resources after everything else has stopped."""
+    """faust.App that keeps its commits safe across rebalances and closes tidegraph's
+    resources after everything else has stopped."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._closers: list[Callable[[], Awaitable[None]]] = []
+        self._committed_before_rebalance: dict[Any, int | None] = {}
+
+    def on_rebalance_start(self) -> None:
+        super().on_rebalance_start()
+        consumer = self._consumer
+        committed = getattr(consumer, "_committed_offset", None) if consumer else None
+        self._committed_before_rebalance = dict(committed or {})
+
+    async def _on_partitions_revoked(self, revoked: set[Any]) -> None:
+        # faust-streaming 0.15 forgets the committed offset of revoked partitions *before* it
+        # waits for the records in flight; its periodic commit then takes the first records
+        # acked afterwards as the start of the contiguous range and may commit past records
+        # still in flight (lost if the worker dies then, or if they are handed back). Put the
+        # last committed offsets back so that a commit only ever covers finished records.
+        consumer = self._consumer
+        committed = getattr(consumer, "_committed_offset", None) if consumer else None
+        if committed is not None:
+            for tp in revoked:
+                before = self._committed_before_rebalance.get(tp)
+                if before is not None and committed.get(tp) is None:
+                    committed[tp] = before
+        await super()._on_partitions_revoked(revoked)
 
     def add_closer(self, closer: Callable[[], Awaitable[None]]) -> None:
         self._closers.append(closer)
@@ -83,9 +106,12 @@ def create_app(
         broker_commit_interval=worker.commit_interval_seconds,
         broker_session_timeout=worker.session_timeout_seconds,
         broker_heartbeat_interval=worker.heartbeat_interval_seconds,
-        # On rebalance and shutdown, finish the records already taken before letting go of
-        # the partitions: the next owner of a group never overlaps with this one.
+        # On rebalance and shutdown, finish every record already taken before letting go of
+        # the partitions. Handing them back unprocessed is not safe with this Faust: it drops
+        # its committed offsets at revocation, and its periodic commit can then pass records
+        # that were never acked (we saw records lost that way).
         stream_wait_empty=True,
+        broker_rebalance_timeout=worker.rebalance_timeout_seconds,
         datadir=str(settings.data_dir / "faust"),
         loop=loop,
     )
@@ -104,24 +130,28 @@ def create_app(
     lanes: list[KeyedLanes] = []
     for handler in handlers:
         source = topic_objects[names.input_of(handler.stage)]
-        agent = stage_agent(handler, sender, worker, lanes)
+        agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)
         app.agent(source, name=f"tidegraph.{handler.stage}")(agent)
     consumed = [names.input_of(h.stage) for h in handlers]
     extraction = next(h for h in handlers if isinstance(h, ExtractionHandler))
 
+    async def quiesce() -> None:
+        # Faust has waited for the records it tracks; also finish every job admitted to a
+        # lane, and start nothing new until the next assignment: nothing of this worker runs
+        # on a group once its partition may start elsewhere.
+        await asyncio.gather(*(stage.quiesce() for stage in list(lanes)))
+
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
-        # Faust has waited for the records it tracks (stream_wait_empty); also let every job
-        # this worker admitted finish, so that no record of a group is still being worked on
-        # here when the group's partition starts on its next owner.
-        for stage_lanes in lanes:
-            await stage_lanes.drain()
+        await quiesce()
         for topic in consumed:
             ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(0)
         extraction.context.forget_all()
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
+        for stage_lanes in lanes:
+            stage_lanes.reopen()  # records taken before the rebalance are still dropped
         for topic in consumed:
             count = sum(1 for tp in assigned if tp.topic == topic)
             ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(count)
@@ -131,6 +161,10 @@ def create_app(
         )
         if health is not None:
             health.kafka_connected = True  # joined the group (possibly with no partitions)
+
+    @app.on_before_shutdown.connect
+    async def on_shutdown(sender: Any, **_: Any) -> None:
+        await quiesce()  # before the consumer's last commit
 
     if health is not None:
 
@@ -170,10 +204,18 @@ class Sender:
 
 
 def stage_agent(
-    handler: StageHandler, sender: Sender, worker: WorkerSettings, registry: list[KeyedLanes]
+    handler: StageHandler,
+    sender: Sender,
+    worker: WorkerSettings,
+    registry: list[KeyedLanes],
+    generation: Callable[[], int],
 ) -> Callable[[faust.StreamT], Awaitable[None]]:
     async def agent(stream: faust.StreamT) -> None:
-        lanes = KeyedLanes(worker.max_in_flight, lambda exc: _fail_stop(handler.stage, exc))
+        lanes = KeyedLanes(
+            worker.max_in_flight,
+            lambda exc: _fail_stop(handler.stage, exc),
+            per_key=worker.max_in_flight_per_group,
+        )
         registry.append(lanes)
         batches: AsyncIterator[Sequence[faust.EventT]] = stream.noack_take(  # type: ignore[assignment]
             worker.batch_size, within=worker.batch_within_seconds
@@ -182,9 +224,8 @@ def stage_agent(
             async for events in batches:
                 BATCH_SIZE.labels(handler.stage).observe(len(events))
                 for event in events:
-                    await lanes.submit(
-                        event.message.key, partial(run_record, handler, sender, stream, event)
-                    )
+                    job = partial(run_record, handler, sender, stream, event, generation)
+                    await lanes.submit(event.message.key, job)
         finally:
             registry.remove(lanes)
             await lanes.cancel()
@@ -194,9 +235,21 @@ def stage_agent(
 
 
 async def run_record(
-    handler: StageHandler, sender: Sender, stream: faust.StreamT, event: faust.EventT
+    handler: StageHandler,
+    sender: Sender,
+    stream: faust.StreamT,
+    event: faust.EventT,
+    generation: Callable[[], int],
 ) -> None:
     """One record: handle it, produce its outputs, wait for Kafka's acknowledgement, ack."""
+    if event.message.generation_id != generation():
+        # Taken before a rebalance (none should be left: they are finished before the
+        # partitions are let go). Its partition may be another worker's now: leave it unacked.
+        log.warning(
+            "stage=%s dropped a record taken before the rebalance: %s:%d:%d",
+            handler.stage, event.message.topic, event.message.partition, event.message.offset,
+        )  # fmt: skip
+        return
     outputs = await handler.handle(consumed(event))
     deliveries = [(emit, await sender.send(emit)) for emit in outputs]
     for emit, delivery in deliveries:

@@ -344,6 +344,10 @@ class WaitReport:
 class StalledError(RuntimeError):
     """Nothing progressed for too long (are the workers running?)."""
 
+    def __init__(self, message: str, pending: list[Produced]) -> None:
+        super().__init__(message)
+        self.pending = pending
+
 
 async def wait_until_reflected(
     settings: Settings,
@@ -397,11 +401,11 @@ async def wait_until_reflected(
                 if on_progress is not None:
                     on_progress(before - len(pending))
             elif time.monotonic() - last_change > stall_seconds:
-                result.pending = [by_position[pos] for pos in sorted(pending)]
                 raise StalledError(
                     f"{len(pending)} of {len(by_position)} records not reflected in the graph "
                     f"after {stall_seconds:.0f}s without progress: are workers running "
-                    f"(`tidegraph worker`) on topic prefix {settings.topic_prefix!r}?"
+                    f"(`tidegraph worker`) on topic prefix {settings.topic_prefix!r}?",
+                    [by_position[pos] for pos in sorted(pending)],
                 )
     finally:
         await consumer.stop()

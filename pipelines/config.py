@@ -23,8 +23,15 @@ class WorkerSettings(BaseSettings):
         0.2, gt=0, description="Longest wait to fill a micro-batch before processing it."
     )
     max_in_flight: int = Field(
-        256, ge=1, description="Most records a stage works on at once (all groups together)."
+        128, ge=1, description="Most records a stage has admitted at once (all groups)."
     )
+    max_in_flight_per_group: int = Field(
+        16, ge=1, description="Most records a stage has admitted at once for one group."
+    )
+    rebalance_timeout_seconds: float = Field(
+        60.0, gt=0, le=85, description="How long the group waits for a worker to finish the "
+        "records it took when partitions move (Kafka rebalance timeout)."
+    )  # fmt: skip
     stage_max_attempts: int = Field(
         4, ge=1, description="Attempts per record and stage for transient errors."
     )

@@ -1,41 +1,61 @@
 """Per-key FIFO lanes: jobs of one key run strictly in submission order, different keys run
-concurrently, and at most ``capacity`` jobs are admitted at once (``submit`` waits for a
-free slot: backpressure on the Kafka intake).
+concurrently; at most ``capacity`` jobs are admitted at once and at most ``per_key`` for one
+key (``submit`` waits: backpressure on the Kafka intake).
 
 A micro-batch's records are submitted to the lane of their group_id. There is no barrier
 between batches: a group whose record is slow (an LLM retry in backoff) holds up only the
 later records of that group, never the other groups, and the next batch starts as soon as
-there is room.
+there is room. ``per_key`` bounds how long finishing everything admitted can take (the
+rebalance and shutdown path): one busy group cannot queue a whole backlog.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
 
 Job = Callable[[], Awaitable[None]]
 
 
 class KeyedLanes:
-    def __init__(self, capacity: int, on_error: Callable[[BaseException], None]) -> None:
-        if capacity < 1:
-            raise ValueError("capacity must be at least 1")
+    def __init__(
+        self,
+        capacity: int,
+        on_error: Callable[[BaseException], None],
+        *,
+        per_key: int | None = None,
+    ) -> None:
+        if capacity < 1 or (per_key is not None and per_key < 1):
+            raise ValueError("capacity and per_key must be at least 1")
         self._slots = asyncio.Semaphore(capacity)
+        self._per_key = per_key
+        self._depth: Counter[Hashable] = Counter()
+        self._room = asyncio.Condition()
         self._tails: dict[Hashable, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._on_error = on_error
+        self._closed = False
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
 
     async def submit(self, key: Hashable, job: Job) -> None:
-        """Admit ``job`` after the jobs already submitted for ``key``."""
+        """Admit ``job`` after the jobs already submitted for ``key``. Dropped (not run)
+        while the lanes are closed."""
+        if self._per_key is not None:
+            async with self._room:
+                await self._room.wait_for(lambda: self._depth[key] < self._per_key)
         await self._slots.acquire()
+        if self._closed:
+            self._slots.release()
+            return
         previous = self._tails.get(key)
         task = asyncio.create_task(self._run(previous, job))
         self._tails[key] = task
         self._tasks.add(task)
+        self._depth[key] += 1
         task.add_done_callback(lambda done: self._finished(key, done))
 
     @staticmethod
@@ -47,18 +67,36 @@ class KeyedLanes:
     def _finished(self, key: Hashable, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._slots.release()
+        self._depth[key] -= 1
+        if self._depth[key] <= 0:
+            del self._depth[key]
         if self._tails.get(key) is task:
             del self._tails[key]
+        if self._per_key is not None:
+            asyncio.ensure_future(self._notify_room())
         if not task.cancelled() and task.exception() is not None:
             self._on_error(task.exception())  # type: ignore[arg-type]
+
+    async def _notify_room(self) -> None:
+        async with self._room:
+            self._room.notify_all()
 
     async def drain(self) -> None:
         """Wait until every admitted job has finished."""
         while self._tasks:
             await asyncio.wait(set(self._tasks))
 
+    async def quiesce(self) -> None:
+        """Finish every admitted job; drop later submissions until :meth:`reopen`."""
+        self._closed = True
+        await self.drain()
+
+    def reopen(self) -> None:
+        self._closed = False
+
     async def cancel(self) -> None:
         """Cancel every admitted job (their records stay unacked and are redelivered)."""
+        self._closed = True
         tasks = set(self._tasks)
         for task in tasks:
             task.cancel()

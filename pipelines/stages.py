@@ -348,13 +348,19 @@ class WriteHandler(StageHandler):
             return [hop]
         stamped = hop.stamped
         episode = stamped.episode
-        outcome = await self.retried(
-            lambda: run_stage(self.stage, lambda: self.writer.run(stamped)), episode
-        )
+
+        async def attempt() -> WriteSummary | None:
+            if await self.store.episode_processed(episode.group_id, episode.uuid):
+                return None
+            # No one else writes this group meanwhile (per-group lanes, clean handoff on
+            # rebalance), so the writer need not read the marker again.
+            return await run_stage(self.stage, lambda: self.writer.run(stamped, unprocessed=True))
+
+        outcome = await self.retried(attempt, episode)
         if not outcome.ok:
             return [self.failed(record, outcome, episode, hop.origin)]
-        summary: WriteSummary = outcome.value
-        if summary.skipped:
+        summary: WriteSummary | None = outcome.value
+        if summary is None:
             STAGE_EVENTS.labels(self.stage, "skipped").inc()
         elif hop.origin.timestamp_ms is not None:
             END_TO_END_LATENCY.observe(max(0.0, time.time() - hop.origin.timestamp_ms / 1000))

@@ -15,6 +15,8 @@ import logging
 from typing import NoReturn
 
 import faust
+from aiokafka.errors import KafkaError
+from neo4j.exceptions import DriverError, Neo4jError
 
 from pipelines.app import create_app
 from pipelines.config import WorkerSettings
@@ -22,7 +24,8 @@ from pipelines.observability import ObservabilityServer, Response
 from tidegraph.health import HealthState, health_routes
 from tidegraph.runtime import open_runtime
 from tidegraph.settings import Settings
-from topics.admin import ensure_topics
+from tidegraph.store import StoreSchemaError
+from topics.admin import TopicSetupError, ensure_topics
 from topics.names import TopicNames
 
 log = logging.getLogger(__name__)
@@ -38,21 +41,40 @@ def setup_logging(level: str) -> None:
     logging.getLogger("neo4j.notifications").setLevel(logging.WARNING)
 
 
+class StartupError(RuntimeError):
+    """The worker cannot start with this configuration (the message says what to fix)."""
+
+
 def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
     setup_logging(settings.log_level)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     names = TopicNames(settings.topic_prefix)
-    loop.run_until_complete(
-        ensure_topics(
-            settings.kafka_bootstrap_servers,
-            names,
-            partitions=settings.partitions,
-            replication_factor=settings.replication_factor,
+    try:
+        loop.run_until_complete(
+            ensure_topics(
+                settings.kafka_bootstrap_servers,
+                names,
+                partitions=settings.partitions,
+                replication_factor=settings.replication_factor,
+            )
         )
-    )
+    except KafkaError as exc:
+        raise StartupError(
+            f"Kafka at {settings.kafka_bootstrap_servers} (TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS): "
+            f"{exc}"
+        ) from exc
+    except TopicSetupError as exc:
+        raise StartupError(str(exc)) from exc
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
-    runtime = loop.run_until_complete(open_runtime(settings, mapping_path=settings.mappings))
+    try:
+        runtime = loop.run_until_complete(open_runtime(settings, mapping_path=settings.mappings))
+    except (DriverError, Neo4jError) as exc:
+        raise StartupError(
+            f"Neo4j at {settings.neo4j_uri} (TIDEGRAPH_NEO4J_URI): {type(exc).__name__}: {exc}"
+        ) from exc
+    except (ValueError, StoreSchemaError, OSError) as exc:  # mapping file, schema, paths
+        raise StartupError(f"{type(exc).__name__}: {exc}") from exc
     health = HealthState(neo4j_reachable=True, stuck_after_seconds=worker.health_stuck_seconds)
     server = ObservabilityServer(settings.metrics_port, worker.metrics_host)
     for path, route in health_routes(health, Response).items():

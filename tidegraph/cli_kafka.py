@@ -58,13 +58,17 @@ def worker(
     or Ctrl-C: records already taken are finished and committed first.
     """
     from pipelines.config import WorkerSettings
-    from pipelines.worker import run_worker
+    from pipelines.worker import StartupError, run_worker
 
     settings = get_settings()
     worker_settings = WorkerSettings()
     if consumer_group:
         worker_settings = worker_settings.model_copy(update={"consumer_group": consumer_group})
-    run_worker(settings, worker_settings)
+    try:
+        run_worker(settings, worker_settings)
+    except StartupError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
 
 
 # ----------------------------------------------------------------------------- produce

@@ -21,6 +21,7 @@ import orjson
 from benchmarks.kafka_throughput import CRM_MAPPING, free_port, metric_value, scrape
 from pipelines.client import (
     ProduceReport,
+    StalledError,
     WaitReport,
     produce_lines,
     read_dead_letters,
@@ -211,9 +212,13 @@ class Topology:
     async def wait_reflected(self, report: ProduceReport, timeout: float = 150.0) -> WaitReport:
         self.check_workers()
         async with asyncio.timeout(timeout):
-            return await wait_until_reflected(
-                self.settings(), report, poll_seconds=0.2, stall_seconds=60
-            )
+            try:
+                return await wait_until_reflected(
+                    self.settings(), report, poll_seconds=0.2, stall_seconds=60
+                )
+            except StalledError as exc:
+                missing = [(p.partition, p.offset, p.group_id) for p in exc.pending[:10]]
+                raise AssertionError(f"{exc}; not reflected: {missing}") from exc
 
     async def wait_assigned(self, workers: list[Worker], timeout: float = 90.0) -> None:
         async def owned() -> list[float]:
