@@ -73,8 +73,8 @@ class Checkpoint:
     refresh_seconds: float
 
 
-def load(limit: int | None) -> list[Fact]:
-    with DATA.open(newline="") as handle:
+def load(limit: int | None, data: Path = DATA) -> list[Fact]:
+    with data.open(newline="") as handle:
         rows = list(csv.DictReader(handle, delimiter="\t"))
     facts = [
         Fact(r["subject"], r["object"], int(r["start_year"]), int(r["end_year"]))
@@ -232,7 +232,7 @@ def table(points: list[Checkpoint]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--facts", type=int, default=None, help="Stream only the first N facts.")
     parser.add_argument("--schedule", choices=["on", "off", "both"], default="both")
@@ -240,8 +240,10 @@ def main() -> None:
     parser.add_argument(
         "--max-age-years", type=int, default=5, help="Refresh at least this often (stream time)."
     )
-    args = parser.parse_args()
-    facts = load(args.facts)
+    parser.add_argument("--data", type=Path, default=DATA, help="facts TSV (YAGO11k columns)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON file to write")
+    args = parser.parse_args(argv)
+    facts = load(args.facts, args.data)
     modes = ["on", "off"] if args.schedule == "both" else [args.schedule]
     out: dict[str, object] = {
         "command": "python -m benchmarks.community_drift "
@@ -260,10 +262,11 @@ def main() -> None:
         print(f"\nschedule {mode} ({len(facts)} facts, {time.perf_counter() - started:.1f} s)")
         print(table(points))
         out["runs"][mode] = [asdict(p) for p in points]  # type: ignore[index]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"\nwritten to {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"\nwritten to {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=1000, help="texts per throughput run")
     parser.add_argument("--threads", type=int, default=None, help="onnxruntime threads")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON file to write")
     args = parser.parse_args(argv)
 
     if args.calibrate:
@@ -238,15 +239,15 @@ def main(argv: list[str] | None = None) -> int:
 
     results = run_speed(args.n, args.threads, args.batch_size)
     print_table(results)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "threads": args.threads,
         "results": [asdict(r) for r in results],
     }
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    print(f"\nwritten to {RESULTS}")
+    args.out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    print(f"\nwritten to {args.out}")
     return 0
 
 

@@ -1,29 +1,27 @@
-"""Throughput of the streaming topology: a mapped CRM feed through Kafka into Neo4j.
+"""The Kafka path of ``benchmarks.throughput``: the CRM feed via Kafka -> Faust workers -> Neo4j.
 
-    python -m benchmarks.kafka_throughput --episodes 2000 --workers 1
-    python -m benchmarks.kafka_throughput --episodes 2000 --workers 2
-    python -m benchmarks.kafka_throughput --episodes 1000 --workers 1 --rate 5
+``run_kafka_path`` starts ``workers`` worker processes (``tidegraph worker``) on fresh topics,
+waits until every worker owns its partitions, then runs two phases on the same workers:
 
-Generates a CRM feed (accounts changing plan and owner, tickets changing status, over
-``--groups`` tenants; declared mappings, so no LLM), starts ``--workers`` worker processes
-(``tidegraph worker``) on fresh topics, waits until every worker owns its partitions, produces
-the feed (all at once, or ``--rate`` episodes/s), and waits until every episode's processed
-marker is in Neo4j. Prints events/s (first produce to last write) and the p50/p99
-produce->written latency, exactly per episode (its record's Kafka timestamp to its Episodic
-node's created_at); the JSON in benchmarks/results/ also has the quantiles of the workers'
-``tidegraph_end_to_end_latency_seconds`` histograms. With everything produced at once the
-latency is mostly queueing; ``--rate`` below the throughput measures the pipeline itself.
-The feed and mapping are also the integration tests' (tests/integration/test_topology.py).
+1. **maximum**: the whole feed produced at once; events/s from the first produce to the last
+   episode written (the latency is then mostly queueing);
+2. **paced**: a second copy of the feed (fresh groups), ``latency_seconds`` worth of it, at a
+   fixed offered load (default: half the measured maximum); p50/p99 produce->queryable
+   latency, exactly per episode (its record's Kafka timestamp to its Episodic node's
+   ``created_at``), and the same quantiles from the workers' histograms.
+
+After each phase the graph is checked against the feed's truth and the groups are deleted;
+the topics are deleted at the end. Each worker's peak RSS is its ``VmHWM``.
+
+Run it through ``python -m benchmarks.throughput --paths kafka-1w,kafka-2w``. The helpers
+(worker processes, metrics scraping) are also the topology tests' harness.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
 import os
-import platform
-import random
 import signal
 import socket
 import subprocess
@@ -31,140 +29,32 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from tidegraph.testing.crm_feed import CRM_MAPPING, CrmFeed, check_graph, crm_feed
+
+__all__ = ["CRM_MAPPING", "crm_feed", "free_port", "metric_value", "scrape", "run_kafka_path"]
+
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
-
-CRM_MAPPING = """\
-mappings:
-  - name: plan_changed
-    match: {type: account.plan_changed}
-    entities:
-      account: {name: "{account.name}", label: Account, key: "crm:account:{account.id}"}
-      plan: {name: "{plan}", label: Plan}
-    facts:
-      - relation: HAS_PLAN
-        subject: account
-        object: plan
-        fact: "{account.name} is on the {plan} plan"
-        valid_at: changed_at
-        cardinality: one
-  - name: owner_changed
-    match: {type: account.owner_changed}
-    entities:
-      account: {name: "{account.name}", label: Account, key: "crm:account:{account.id}"}
-      owner: {name: "{owner.name}", label: Person, key: "crm:user:{owner.id}"}
-    facts:
-      - relation: OWNED_BY
-        subject: account
-        object: owner
-        fact: "{account.name} is owned by {owner.name}"
-        valid_at: changed_at
-        cardinality: one
-  - name: ticket_status_changed
-    match: {type: ticket.status_changed}
-    entities:
-      ticket: {name: "{ticket.title}", label: Ticket, key: "crm:ticket:{ticket.id}"}
-      status: {name: "{status}", label: TicketStatus}
-      account: {name: "{account.name}", label: Account, key: "crm:account:{account.id}"}
-    facts:
-      - relation: HAS_STATUS
-        subject: ticket
-        object: status
-        fact: "Ticket {ticket.id} ({ticket.title}) is {status}"
-        valid_at: changed_at
-        cardinality: one
-      - relation: RAISED_BY
-        subject: ticket
-        object: account
-        fact: "Ticket {ticket.id} was raised by {account.name}"
-        cardinality: many
-  - name: company_note
-    match: {type: company.note}
-    entities:
-      company: {name: "{company}", label: Organization}
-      topic: {name: "{topic}", label: Topic}
-    facts:
-      - relation: DISCUSSED
-        subject: company
-        object: topic
-        fact: "{company} discussed {topic}"
-        cardinality: many
-"""
-
-PLANS = ["Free", "Starter", "Pro", "Business", "Enterprise"]
-STATUSES = ["open", "pending", "in_progress", "solved", "closed"]
-OWNERS = ["Dana Reyes", "Lee Okafor", "Sam Novak", "Ivy Chen", "Ravi Patel", "Noor Haddad"]
-TITLES = ["Printer jams", "Invoice overdue", "SSO login fails", "Export is slow", "API 500s"]
 
 
-def crm_feed(
-    episodes: int,
-    groups: int,
-    *,
-    run: str = "bench",
-    seed: int = 7,
-    start: datetime = datetime(2025, 1, 6, 9, 0, tzinfo=UTC),
-) -> list[dict[str, Any]]:
-    """``episodes`` CRM json episodes over ``groups`` tenants, interleaved as a live feed
-    would be; each tenant's reference times increase in feed order."""
-    rng = random.Random(seed)
-    clocks = [start] * groups
-    counters = [0] * groups
-    accounts = [[(f"A{g}-{a}", f"Account {g}-{a}") for a in range(4)] for g in range(groups)]
-    tickets: list[dict[str, tuple[str, str, int]]] = [{} for _ in range(groups)]
-    feed = []
-    for i in range(episodes):
-        g = rng.randrange(groups) if i >= groups else i
-        counters[g] += 1
-        clocks[g] += timedelta(minutes=rng.randint(5, 240))
-        when = clocks[g].isoformat().replace("+00:00", "Z")
-        account_id, account_name = rng.choice(accounts[g])
-        account = {"id": account_id, "name": account_name}
-        kind = rng.random()
-        if kind < 0.35:
-            content = {"type": "account.plan_changed", "account": account,
-                       "plan": rng.choice(PLANS), "changed_at": when}  # fmt: skip
-        elif kind < 0.55:
-            owner = rng.randrange(len(OWNERS))
-            content = {"type": "account.owner_changed", "account": account,
-                       "owner": {"id": f"U{owner}", "name": OWNERS[owner]},
-                       "changed_at": when}  # fmt: skip
-        else:
-            open_tickets = tickets[g]
-            if open_tickets and rng.random() < 0.7:
-                ticket_id = rng.choice(sorted(open_tickets))
-            else:
-                ticket_id = f"T{g}-{len(open_tickets)}"
-                open_tickets[ticket_id] = (account_id, account_name, rng.randrange(len(TITLES)))
-            owner_id, owner_name, title = open_tickets[ticket_id]
-            content = {"type": "ticket.status_changed",
-                       "ticket": {"id": ticket_id, "title": TITLES[title]},
-                       "account": {"id": owner_id, "name": owner_name},
-                       "status": rng.choice(STATUSES), "changed_at": when}  # fmt: skip
-        group_id = f"{run}-tenant-{g:02d}"
-        feed.append(
-            {
-                "id": f"crm:{group_id}:{counters[g]:05d}",
-                "group_id": group_id,
-                "source": "json",
-                "name": content["type"],
-                "source_description": "CRM webhook",
-                "content": content,
-                "reference_time": when,
-            }
-        )
-    return feed
-
-
-def to_jsonl(episodes: Iterable[dict[str, Any]]) -> bytes:
-    return b"".join(orjson.dumps(e) + b"\n" for e in episodes)
+@dataclass(frozen=True)
+class KafkaPath:
+    workers: int
+    bootstrap: str
+    neo4j_uri: str
+    embedder: str
+    partitions: int
+    batch_size: int
+    rate: float | None  # offered load of the paced phase; None: half the measured maximum
+    latency_seconds: float  # length of the paced phase
+    work: Path  # worker logs, mapping file, worker data folders
 
 
 # ----------------------------------------------------------------------------- workers
@@ -204,6 +94,19 @@ def stop_worker(process: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
     return int(process.returncode)
 
 
+def peak_rss_mb(pid: int | str = "self") -> float | None:
+    """A process's peak resident set size (``VmHWM``), in MiB; None when unreadable."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+# ----------------------------------------------------------------------------- metrics
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return response.read().decode()
@@ -242,7 +145,7 @@ def metric_value(text: str, name: str, **labels: str) -> float:
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
     """PromQL-style quantile from cumulative bucket counts {upper bound: count}."""
     bounds = sorted(buckets)
-    total = buckets[bounds[-1]]
+    total = buckets[bounds[-1]] if bounds else 0.0
     if total == 0:
         return float("nan")
     rank = q * total
@@ -266,8 +169,13 @@ def merged_buckets(texts: list[str], name: str) -> dict[float, float]:
     return buckets
 
 
-# ----------------------------------------------------------------------------- the run
-async def _wait_assigned(ports: list[int], topic: str, partitions: int, timeout: float) -> None:
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+async def wait_assigned(ports: list[int], topic: str, partitions: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -283,156 +191,174 @@ async def _wait_assigned(ports: list[int], topic: str, partitions: int, timeout:
         await asyncio.sleep(0.5)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+# ----------------------------------------------------------------------------- the path
+LATENCY = "tidegraph_end_to_end_latency_seconds"
+FeedMaker = Callable[[int, str], CrmFeed]  # (records, group prefix) -> the feed
 
 
-async def run(args: argparse.Namespace, run_id: str, work: Path) -> dict[str, Any]:
-    from pipelines.client import produce_lines, wait_until_reflected
-    from tidegraph.settings import Settings
-    from tidegraph.store import open_store
-    from topics.admin import delete_topics
-    from topics.names import TopicNames
+class _Run:
+    """One Kafka path: its topics (prefix ``run_id``), workers and settings."""
 
-    mapping = work / "crm_mapping.yaml"
-    feed = crm_feed(args.episodes, args.groups, run=run_id)
-    groups = sorted({e["group_id"] for e in feed})
-    base = {
-        "TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
-        "TIDEGRAPH_TOPIC_PREFIX": run_id,
-        "TIDEGRAPH_PARTITIONS": str(args.partitions),
-        "TIDEGRAPH_STORE": "neo4j",
-        "TIDEGRAPH_NEO4J_URI": args.neo4j,
-        "TIDEGRAPH_EMBEDDER": args.embedder,
-        "TIDEGRAPH_MAPPINGS": str(mapping),
-        "TIDEGRAPH_DATA_DIR": str(work / "data"),
-        "TIDEGRAPH_BATCH_SIZE": str(args.batch_size),
-        "TIDEGRAPH_LOG_LEVEL": "WARNING",
-    }
-    settings = Settings(
-        kafka_bootstrap_servers=args.bootstrap,
-        topic_prefix=run_id,
-        partitions=args.partitions,
-        store="neo4j",
-        neo4j_uri=args.neo4j,
-        embedder=args.embedder,
-        data_dir=work / "data",
-    )
-    ports = [free_port() for _ in range(args.workers)]
-    workers = [
-        start_worker(worker_env(base, TIDEGRAPH_METRICS_PORT=str(port)), work / f"worker{i}.log")
-        for i, port in enumerate(ports)
-    ]
-    try:
-        # The workers create the topics; producing starts once every worker owns partitions.
-        await _wait_assigned(ports, "episodes", args.partitions, timeout=180)
-        report = await produce_lines(settings, [orjson.dumps(e) for e in feed], rate=args.rate)
-        result = await wait_until_reflected(settings, report, poll_seconds=0.2, stall_seconds=120)
-        texts = [scrape(p) for p in ports]
-    finally:
-        codes = [stop_worker(w) for w in workers]
-    store = open_store(settings)
-    try:
+    def __init__(self, path: KafkaPath) -> None:
+        from tidegraph.settings import Settings
+
+        self.path = path
+        self.run_id = f"bench{uuid.uuid4().hex[:8]}"
+        path.work.mkdir(parents=True, exist_ok=True)
+        mapping = path.work / f"{self.run_id}-mapping.yaml"
+        mapping.write_text(CRM_MAPPING)
+        self.data = path.work / f"{self.run_id}-data"
+        self.env = {
+            "TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS": path.bootstrap,
+            "TIDEGRAPH_TOPIC_PREFIX": self.run_id,
+            "TIDEGRAPH_PARTITIONS": str(path.partitions),
+            "TIDEGRAPH_STORE": "neo4j",
+            "TIDEGRAPH_NEO4J_URI": path.neo4j_uri,
+            "TIDEGRAPH_EMBEDDER": path.embedder,
+            "TIDEGRAPH_MAPPINGS": str(mapping),
+            "TIDEGRAPH_DATA_DIR": str(self.data),
+            "TIDEGRAPH_BATCH_SIZE": str(path.batch_size),
+            "TIDEGRAPH_LOG_LEVEL": "WARNING",
+        }
+        self.settings = Settings(
+            kafka_bootstrap_servers=path.bootstrap,
+            topic_prefix=self.run_id,
+            partitions=path.partitions,
+            store="neo4j",
+            neo4j_uri=path.neo4j_uri,
+            embedder=path.embedder,
+            data_dir=self.data,
+        )
+        self.ports = [free_port() for _ in range(path.workers)]
+        self.workers: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        for i, port in enumerate(self.ports):
+            env = worker_env(self.env, TIDEGRAPH_METRICS_PORT=str(port))
+            log = self.path.work / f"{self.run_id}-worker{i}.log"
+            self.workers.append(start_worker(env, log))
+
+    def metrics(self) -> list[str]:
+        return [scrape(p) for p in self.ports]
+
+    async def phase(self, feed: CrmFeed, rate: float | None) -> dict[str, Any]:
+        """Produce the feed (at ``rate``/s, or all at once), wait until it is in Neo4j,
+        check it against the truth, delete its groups."""
+        from pipelines.client import produce_lines, wait_until_reflected
+
+        lines = [orjson.dumps(e) for e in feed.episodes]
+        before = self.metrics()
+        report = await produce_lines(self.settings, lines, rate=rate)
+        waited = await wait_until_reflected(
+            self.settings, report, poll_seconds=0.2, stall_seconds=300
+        )
+        after = self.metrics()
+        written, graph = await self._read_graph(feed)
+        result = _phase_figures(report, written, before, after)
+        return result | {
+            "records": len(feed.episodes),
+            "offered_rate": rate,
+            "processed": waited.processed,
+            "dead_lettered": len(waited.dead),
+            **graph,
+        }
+
+    async def _read_graph(self, feed: CrmFeed) -> tuple[dict[str, datetime], dict[str, Any]]:
+        """Each episode's created_at, the truth check and the counts; then the groups go."""
+        from tidegraph.store import open_store
+
+        store = open_store(self.settings)
         written: dict[str, datetime] = {}
-        counts = []
-        for group in groups:
-            counts.append(await store.counts(group))
+        counts = {"episodes": 0, "entities": 0, "facts": 0}
+        try:
+            checked = await check_graph(store, feed)
             far = datetime.now(UTC) + timedelta(days=36500)
-            for episode in await store.recent_episodes(group, far, 10 * args.episodes):
-                assert episode.created_at is not None
-                written[episode.uuid] = episode.created_at
-            await store.delete_group(group)
-    finally:
-        await store.close()
-    await delete_topics(args.bootstrap, TopicNames(run_id).all())
-    # Exact produce->written latency per episode: the record's Kafka timestamp to the
-    # writer's created_at of its Episodic node (set just before the write transaction).
+            for group in feed.groups:
+                for episode in await store.recent_episodes(group, far, 10 * len(feed.episodes)):
+                    if episode.created_at is not None:
+                        written[episode.uuid] = episode.created_at
+                got = await store.counts(group)
+                for key in counts:
+                    counts[key] += got[key]
+        finally:
+            for group in feed.groups:
+                await store.delete_group(group)
+            await store.close()
+        return written, {"check": checked, "graph": counts}
+
+    async def close(self) -> dict[str, Any]:
+        from topics.admin import delete_topics
+        from topics.names import TopicNames
+
+        rss = [peak_rss_mb(w.pid) for w in self.workers]
+        codes = [stop_worker(w) for w in self.workers]
+        await delete_topics(self.path.bootstrap, TopicNames(self.run_id).all())
+        return {"workers_peak_rss_mb": rss, "worker_exit_codes": codes}
+
+
+def _phase_figures(
+    report: Any, written: dict[str, datetime], before: list[str], after: list[str]
+) -> dict[str, Any]:
+    """Events/s (first produce to last write) and produce->queryable latency quantiles."""
+    sent = [p for p in report.sent if p.timestamp_ms is not None]
     latencies = [
         written[p.episode_uuid].timestamp() - p.timestamp_ms / 1000
-        for p in report.sent
-        if p.episode_uuid in written and p.timestamp_ms is not None
+        for p in sent
+        if p.episode_uuid in written
     ]
-    first = min(p.timestamp_ms for p in report.sent if p.timestamp_ms is not None) / 1000
-    elapsed = max(t.timestamp() for t in written.values()) - first
-    buckets = merged_buckets(texts, "tidegraph_end_to_end_latency_seconds")
+    if not latencies:
+        return {"seconds": None, "events_per_s": None, "latency_s": None}
+    first = min(p.timestamp_ms for p in sent) / 1000
+    elapsed = max(written[p.episode_uuid].timestamp() for p in sent if p.episode_uuid in written)
+    elapsed -= first
+    # This phase's share of the workers' histograms: after minus before.
+    now, then = merged_buckets(after, LATENCY), merged_buckets(before, LATENCY)
+    buckets = {le: count - then.get(le, 0.0) for le, count in now.items()}
     return {
-        "benchmark": "kafka_throughput",
-        "when": datetime.now(UTC).isoformat(),
-        "command": "python -m benchmarks.kafka_throughput " + " ".join(sys.argv[1:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-        },
-        "episodes": args.episodes,
-        "groups": args.groups,
-        "workers": args.workers,
-        "partitions": args.partitions,
-        "batch_size": args.batch_size,
-        "embedder": args.embedder,
-        "produce_rate": args.rate,
+        "seconds": round(elapsed, 3),
+        "events_per_s": round(len(latencies) / elapsed, 1),
         "produce_seconds": round(report.seconds, 3),
-        "first_produce_to_last_write_seconds": round(elapsed, 3),
-        "events_per_second": round(len(written) / elapsed, 1),
-        "processed": result.processed,
-        "dead_lettered": len(result.dead),
-        "latency_seconds": {
+        "latency_s": {
             "p50": round(percentile(latencies, 0.50), 3),
             "p99": round(percentile(latencies, 0.99), 3),
             "max": round(max(latencies), 3),
             "episodes": len(latencies),
+            "histogram_p50": round(histogram_quantile(0.50, buckets), 3),
+            "histogram_p99": round(histogram_quantile(0.99, buckets), 3),
         },
-        "latency_seconds_from_worker_histogram": {
-            "p50": round(histogram_quantile(0.50, buckets), 3),
-            "p99": round(histogram_quantile(0.99, buckets), 3),
-        },
-        "graph": {
-            "episodes": sum(c["episodes"] for c in counts),
-            "entities": sum(c["entities"] for c in counts),
-            "facts": sum(c["facts"] for c in counts),
-        },
-        "worker_exit_codes": codes,
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=5000)
-    parser.add_argument("--workers", type=int, choices=(1, 2), default=1)
-    parser.add_argument("--groups", type=int, default=16)
-    parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument(
-        "--rate", type=float, default=None, help="produce at most this many episodes/s "
-        "(default: all at once, which measures throughput; latency then includes queueing)"
-    )  # fmt: skip
-    parser.add_argument("--embedder", default="minilm", choices=("minilm", "hashing"))
-    parser.add_argument("--bootstrap", default="127.0.0.1:19092")
-    parser.add_argument("--neo4j", default="bolt://127.0.0.1:17687")
-    parser.add_argument("--work-dir", default=None)
-    args = parser.parse_args()
-    if args.groups < 16:
-        parser.error("--groups must be at least 16")
-    run_id = f"bench{uuid.uuid4().hex[:8]}"
-    work = Path(args.work_dir or (REPO / ".tidegraph" / "bench" / run_id))
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "crm_mapping.yaml").write_text(CRM_MAPPING)
-    result = asyncio.run(run(args, run_id, work))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    paced = f"_rate{args.rate:g}" if args.rate else ""
-    out = RESULTS / f"kafka_throughput_{args.workers}w{paced}.json"
-    out.write_text(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
-    lat = result["latency_seconds"]
-    print(
-        f"{result['episodes']} episodes, {args.workers} worker(s), {args.partitions} partitions: "
-        f"{result['events_per_second']} events/s "
-        f"({result['first_produce_to_last_write_seconds']}s first produce to last write); "
-        f"end-to-end latency p50 {lat['p50']}s p99 {lat['p99']}s; "
-        f"{result['dead_lettered']} dead-lettered -> {out.relative_to(REPO)}"
-    )
+def paced_records(rate: float, seconds: float, records: int, groups: int) -> int:
+    """Records of the paced phase: ``seconds`` worth at ``rate``, within [groups, records]."""
+    return min(records, max(groups, int(rate * seconds)))
 
 
-if __name__ == "__main__":
-    main()
+async def run_kafka_path(
+    path: KafkaPath, make_feed: FeedMaker, records: int, groups: int
+) -> dict[str, Any]:
+    """Both phases on ``path.workers`` workers; the figures of each, the workers' peak RSS."""
+    run = _Run(path)
+    started = time.perf_counter()
+    run.start()
+    closed: dict[str, Any] = {}
+    try:
+        await wait_assigned(run.ports, "episodes", path.partitions, timeout=240)
+        startup = time.perf_counter() - started
+        maximum = await run.phase(make_feed(records, f"{run.run_id}-max"), None)
+        rate = path.rate or max(1.0, round(0.5 * (maximum["events_per_s"] or 2.0), 1))
+        n = paced_records(rate, path.latency_seconds, records, groups)
+        paced = await run.phase(make_feed(n, f"{run.run_id}-paced"), rate)
+    finally:
+        closed = await run.close()
+    return {
+        "workers": path.workers,
+        "partitions": path.partitions,
+        "batch_size": path.batch_size,
+        "topic_prefix": run.run_id,
+        "startup_seconds": round(startup, 1),
+        "maximum": maximum,
+        "paced": paced,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        **closed,
+    }

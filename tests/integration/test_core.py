@@ -38,6 +38,7 @@ from processors.pipeline import EpisodePipeline, IngestReport, ingest
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
 from tidegraph.store.neo4j_store import Neo4jStore
+from tidegraph.testing import crm_feed as crm
 from tidegraph.testing.fake_llm import TIMEOUT_STATUS, FakeRequest, ScriptedLLMServer
 
 pytestmark = pytest.mark.integration
@@ -491,47 +492,10 @@ async def test_unrelated_facts_never_close_each_other_even_when_the_llm_says_so(
     assert len(await values_at(store, group_id, at(2024, 3, 2))) == 4
 
 
-CRM_MAPPING = """
-mappings:
-  - name: plan
-    match: {type: account.plan}
-    entities:
-      account: {name: "{account.name}", label: Account, key: "crm:account:{account.id}"}
-      plan: {name: "{plan}", label: Plan}
-    facts:
-      - {relation: "`has`plan`", subject: account, object: plan, cardinality: one,
-         valid_at: at, fact: "{account.name} is on the {plan} plan"}
-  - name: owner
-    match: {type: account.owner}
-    entities:
-      account: {name: "{account.name}", label: Account, key: "crm:account:{account.id}"}
-      owner: {name: "{owner.name}", label: User, key: "crm:user:{owner.id}"}
-    facts:
-      - {relation: OWNED_BY, subject: account, object: owner, cardinality: one, valid_at: at}
-  - name: ticket
-    match: {type: ticket.status}
-    entities:
-      ticket: {name: "Ticket {ticket.id}", label: Ticket, key: "crm:ticket:{ticket.id}"}
-      status: {name: "{status}", label: TicketStatus}
-      account: {name: "{account.name}", label: Account, key: "crm:account:{account.id}"}
-    facts:
-      - {relation: HAS_STATUS, subject: ticket, object: status, cardinality: one, valid_at: at}
-      - {relation: FOR_ACCOUNT, subject: ticket, object: account, valid_at: at}
-  - name: contact_joined
-    match: {type: contact.joined}
-    entities:
-      contact: {name: "{contact.name}", label: Contact, key: "crm:contact:{contact.id}"}
-      company: {name: "{company.name}", label: Account, key: "crm:account:{company.id}"}
-    facts:
-      - {relation: WORKS_AT, subject: contact, object: company, cardinality: one, valid_at: at}
-  - name: contact_left
-    match: {type: contact.left}
-    entities:
-      contact: {name: "{contact.name}", label: Contact, key: "crm:contact:{contact.id}"}
-      company: {name: "{company.name}", label: Account, key: "crm:account:{company.id}"}
-    facts:
-      - {relation: WORKS_AT, subject: contact, object: company, closes: true, valid_at: at}
-"""
+# The shared CRM mapping (tidegraph.testing.crm_feed), with the plan relation spelled
+# "`has`plan`" to show that a mapping's relation type is stored normalised.
+CRM_MAPPING = crm.CRM_MAPPING.replace("relation: HAS_PLAN,", 'relation: "`has`plan`",')
+assert CRM_MAPPING != crm.CRM_MAPPING
 
 
 def crm_mappings() -> MappingSet:
@@ -554,26 +518,16 @@ OWNERS = {"Olivia": 10, "Omar": 11, "Oscar": 12}
 
 
 def crm_record(event: Event) -> dict[str, Any]:
-    account = {"id": event.subject_id, "name": ACCOUNTS.get(event.subject_id, "?")}
-    when = event.at.isoformat()
+    account = (event.subject_id, ACCOUNTS.get(event.subject_id, "?"))
     if event.kind in ("joined", "left"):
-        contact = {"id": event.subject_id, "name": f"Contact {event.subject_id}"}
+        contact = (event.subject_id, f"Contact {event.subject_id}")
         company_id = next(i for i, name in ACCOUNTS.items() if name == event.value)
-        company = {"id": company_id, "name": event.value}
-        return {"type": f"contact.{event.kind}", "contact": contact, "company": company, "at": when}
+        return crm.contact_record(event.kind, contact, (company_id, event.value), event.at)
     if event.kind == "plan":
-        return {"type": "account.plan", "account": account, "plan": event.value, "at": when}
+        return crm.plan_record(account, event.value, event.at)
     if event.kind == "owner":
-        owner = {"id": OWNERS[event.value], "name": event.value}
-        return {"type": "account.owner", "account": account, "owner": owner, "at": when}
-    ticket = {"id": event.subject_id}
-    return {
-        "type": "ticket.status",
-        "ticket": ticket,
-        "status": event.value,
-        "at": when,
-        "account": {"id": 1, "name": "Acme Corp"},
-    }
+        return crm.owner_record(account, (OWNERS[event.value], event.value), event.at)
+    return crm.ticket_record(event.subject_id, event.value, (1, "Acme Corp"), event.at)
 
 
 def crm_subject(event: Event) -> tuple[str, str]:

@@ -1,0 +1,1 @@
+"""Smoke runs of the benchmarks (tiny inputs, no thresholds)."""

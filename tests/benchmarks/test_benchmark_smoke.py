@@ -1,0 +1,109 @@
+"""Each non-Graphiti benchmark on a tiny input, so that they keep working (issue 8, part 4).
+
+They run through their ``main(argv)`` against the real broker and server of the fixtures and
+write their JSON into the test's folder. No timing thresholds: only that each finishes, exits
+0 and writes the keys the README's figures are read from.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from benchmarks import community_drift, embedders, mapped_ingest, throughput
+
+pytestmark = pytest.mark.integration
+
+
+def read(path: Path) -> dict[str, Any]:
+    assert path.exists(), f"{path} was not written"
+    document = orjson.loads(path.read_bytes())
+    assert isinstance(document, dict)
+    return document
+
+
+def test_throughput_every_path_on_a_tiny_feed(
+    kafka_bootstrap: str, neo4j_uri: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "throughput.json"
+    argv = ["--records", "40", "--groups", "4", "--partitions", "2", "--latency-seconds", "2",
+            "--neo4j-uri", neo4j_uri, "--bootstrap", kafka_bootstrap,
+            "--out", str(out), "--work-dir", str(tmp_path / "work")]  # fmt: skip
+    assert throughput.main(argv) == 0
+    document = read(out)
+    assert {"command", "machine", "feed", "paths"} <= set(document)
+    assert document["feed"]["records"] == 40 and document["machine"]["cpus"]
+    paths = document["paths"]
+    assert list(paths) == list(throughput.PATHS)
+    for name, result in paths.items():
+        assert result["events_per_s"] > 0, name
+        assert result["fraction_of_raw"] > 0, name
+        assert {"seconds", "wall_seconds"} <= set(result), name
+    raw = paths["raw"]
+    assert raw["written_ok"] and raw["rows_per_s"] > 0 and raw["rows"]["episodes"] == 40
+    for name in ("embedded", "neo4j", "kafka-1w", "kafka-2w"):
+        check = paths[name]["check"]
+        assert check["subjects_checked"] > 0 and check["subjects_wrong"] == 0, (name, check)
+        assert paths[name]["peak_rss_mb"] > 0, name
+    for name, workers in (("kafka-1w", 1), ("kafka-2w", 2)):
+        result = paths[name]
+        assert len(result["workers_peak_rss_mb"]) == workers
+        assert result["worker_exit_codes"] == [0] * workers
+        assert result["offered_rate"] > 0
+        latency = result["latency_s"]
+        assert 0 < latency["p50"] <= latency["p99"], latency
+        assert result["maximum"]["processed"] == 40 and result["dead_lettered"] == 0
+
+
+def test_mapped_ingest_runs_one_in_process_path(tmp_path: Path) -> None:
+    out = tmp_path / "mapped_ingest.json"
+    argv = ["--records", "24", "--groups", "2", "--store", "embedded", "--out", str(out)]
+    assert mapped_ingest.main(argv) == 0
+    document = read(out)
+    assert document["records"] == 24 and document["events_per_s"] > 0
+    assert document["failures"] == 0 and document["check"]["subjects_wrong"] == 0
+    assert document["peak_rss_mb"] > 0
+
+
+def test_embedders_benchmark_writes_speeds(tmp_path: Path) -> None:
+    out = tmp_path / "embedders.json"
+    assert embedders.main(["-n", "8", "--out", str(out)]) == 0
+    document = read(out)
+    assert {"cpus", "python", "results"} <= set(document)
+    assert len(document["results"]) == 2
+    for result in document["results"]:
+        assert {"model", "load_s", "short_per_s", "long_per_s"} <= set(result)
+        assert result["short_per_s"] > 0 and result["long_per_s"] > 0
+
+
+def tiny_temporal_facts(path: Path, n: int = 240) -> Path:
+    """A YAGO11k-shaped TSV: a few clusters of entities whose facts start and end over time."""
+    rng = random.Random(3)
+    lines = ["subject\trelation\tobject\tstart_year\tend_year\tsplit"]
+    for i in range(n):
+        cluster = rng.randrange(6)
+        a, b = rng.sample(range(12), 2)
+        start = 1950 + i // 4
+        end = 3000 if rng.random() < 0.7 else start + rng.randint(1, 8)
+        lines.append(f"c{cluster}e{a}\trel\tc{cluster}e{b}\t{start}\t{end}\ttrain")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_community_drift_benchmark_writes_checkpoints(tmp_path: Path) -> None:
+    out = tmp_path / "community_drift.json"
+    data = tiny_temporal_facts(tmp_path / "facts.tsv")
+    assert community_drift.main(["--data", str(data), "--out", str(out)]) == 0
+    document = read(out)
+    assert document["facts"] == 240
+    assert set(document["runs"]) == {"on", "off"}
+    for points in document["runs"].values():
+        assert points, "no checkpoint"
+        assert {"facts", "year", "nodes", "ari_live", "nmi_live", "refresh_seconds"} <= set(
+            points[-1]
+        )
+        assert points[-1]["facts"] == 240
