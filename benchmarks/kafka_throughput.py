@@ -37,9 +37,9 @@ from typing import Any
 
 import orjson
 
-from tidegraph.testing.crm_feed import CRM_MAPPING, CrmFeed, check_graph, crm_feed
+from tidegraph.testing.crm_feed import CRM_MAPPING, CrmFeed, check_graph
 
-__all__ = ["CRM_MAPPING", "crm_feed", "free_port", "metric_value", "scrape", "run_kafka_path"]
+__all__ = ["free_port", "metric_value", "run_kafka_path", "scrape"]
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,9 +17,10 @@ from aiokafka.errors import KafkaError
 
 from processors.models import utc
 from processors.pipeline import parse_episode
+from tidegraph.connections import KafkaConnection
 from tidegraph.settings import Settings
 from tidegraph.store import open_store
-from topics.admin import bootstrap_list, ensure_topics, partitions_of
+from topics.admin import ensure_topics, partitions_of
 from topics.names import TopicNames
 from topics.records import DeadLetter, RecordRef, decode
 
@@ -73,7 +74,7 @@ def describe_line(line: int, raw: bytes) -> Produced:
 
 def producer_for(settings: Settings) -> AIOKafkaProducer:
     return AIOKafkaProducer(
-        bootstrap_servers=bootstrap_list(settings.kafka_bootstrap_servers),
+        **KafkaConnection.from_settings(settings).client_options(),
         acks="all",
         enable_idempotence=True,
         linger_ms=5,
@@ -82,7 +83,7 @@ def producer_for(settings: Settings) -> AIOKafkaProducer:
 
 async def ensure_all_topics(settings: Settings) -> None:
     await ensure_topics(
-        settings.kafka_bootstrap_servers,
+        KafkaConnection.from_settings(settings),
         TopicNames(settings.topic_prefix),
         partitions=settings.partitions,
         replication_factor=settings.replication_factor,
@@ -155,7 +156,7 @@ class StoredLetter:
 
 def dlq_consumer(settings: Settings) -> AIOKafkaConsumer:
     return AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_list(settings.kafka_bootstrap_servers),
+        **KafkaConnection.from_settings(settings).client_options(),
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         group_id=None,
@@ -166,7 +167,7 @@ async def _assign_all(
     settings: Settings, consumer: AIOKafkaConsumer, topic: str
 ) -> list[TopicPartition]:
     """Assign every partition of ``topic`` (none when the topic does not exist yet)."""
-    partitions = await partitions_of(settings.kafka_bootstrap_servers, topic)
+    partitions = await partitions_of(KafkaConnection.from_settings(settings), topic)
     tps = [TopicPartition(topic, p) for p in partitions]
     if tps:
         consumer.assign(tps)

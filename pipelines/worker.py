@@ -21,6 +21,7 @@ from neo4j.exceptions import DriverError, Neo4jError
 from pipelines.app import create_app
 from pipelines.config import WorkerSettings
 from pipelines.observability import ObservabilityServer, Response
+from tidegraph.connections import ConnectionSettingsError, KafkaConnection, neo4j_driver_options
 from tidegraph.health import HealthState, health_routes
 from tidegraph.runtime import open_runtime
 from tidegraph.settings import Settings
@@ -51,18 +52,25 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
     asyncio.set_event_loop(loop)
     names = TopicNames(settings.topic_prefix)
     try:
+        kafka = KafkaConnection.from_settings(settings)
+        neo4j_driver_options(settings)  # checks the Neo4j TLS settings before anything starts
+    except ConnectionSettingsError as exc:
+        raise StartupError(str(exc)) from exc
+    try:
         loop.run_until_complete(
             ensure_topics(
-                settings.kafka_bootstrap_servers,
+                kafka,
                 names,
                 partitions=settings.partitions,
                 replication_factor=settings.replication_factor,
             )
         )
-    except KafkaError as exc:
+    except (KafkaError, OSError) as exc:  # OSError includes TLS handshake failures
         raise StartupError(
-            f"Kafka at {settings.kafka_bootstrap_servers} (TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS): "
-            f"{exc}"
+            f"Kafka at {settings.kafka_bootstrap_servers} (TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS, "
+            f"security protocol {settings.kafka_security_protocol}): {type(exc).__name__}: "
+            f"{exc or 'no answer'}; check the address and the TIDEGRAPH_KAFKA_SASL_* / "
+            f"TIDEGRAPH_KAFKA_SSL_* settings"
         ) from exc
     except TopicSetupError as exc:
         raise StartupError(str(exc)) from exc

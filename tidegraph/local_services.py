@@ -28,6 +28,9 @@ POM_DIR = REPO_ROOT / "deploy" / "local"
 KAFKA_VERSION = "4.3.1"
 NEO4J_VERSION = "5.26.30"
 START_TIMEOUT_SECONDS = 180.0
+# The SASL user of the local broker's SASL_SSL listener (a development credential).
+LOCAL_SASL_USERNAME = "tidegraph"
+LOCAL_SASL_PASSWORD = "tidegraph-local"
 
 
 class ServiceError(RuntimeError):
@@ -74,6 +77,47 @@ class LocalServices:
     @property
     def neo4j_address(self) -> str:
         return f"bolt://127.0.0.1:{self.settings.local_neo4j_bolt_port}"
+
+    @property
+    def kafka_secure_address(self) -> str:
+        """The SASL_SSL listener (PLAIN user LOCAL_SASL_USERNAME, certificate ``ca_file``)."""
+        return f"127.0.0.1:{self.settings.local_kafka_secure_port}"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.root / "tls"
+
+    @property
+    def ca_file(self) -> Path:
+        """The self-signed certificate of both local services (127.0.0.1 and localhost):
+        the CA file a client trusts to reach their TLS listeners."""
+        return self.tls_dir / "server.crt"
+
+    def ensure_certificate(self) -> Path:
+        """Create the local services' self-signed key and certificate once (openssl)."""
+        key, cert = self.tls_dir / "server.key", self.ca_file
+        if key.exists() and cert.exists():
+            return self.tls_dir
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise ServiceError(
+                "openssl is needed to create the local services' TLS certificate; install it "
+                "(Debian: apt-get install openssl)"
+            )
+        self.tls_dir.mkdir(parents=True, exist_ok=True)
+        made = subprocess.run(
+            [
+                openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+                "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+                "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            ],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if made.returncode != 0:
+            raise ServiceError(f"openssl could not create the TLS certificate:\n{made.stderr}")
+        # Kafka reads a PEM key store: the private key followed by the certificate chain.
+        (self.tls_dir / "kafka-keystore.pem").write_text(key.read_text() + cert.read_text())
+        return self.tls_dir
 
     # ------------------------------------------------------------------ fetch
     def fetch(self, name: str) -> Path:
@@ -161,6 +205,12 @@ class LocalServices:
         data = home / "data"
         port = self.settings.local_kafka_port
         cport = self.settings.local_kafka_controller_port
+        sport = self.settings.local_kafka_secure_port
+        keystore = self.ensure_certificate() / "kafka-keystore.pem"
+        jaas = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'user_{LOCAL_SASL_USERNAME}="{LOCAL_SASL_PASSWORD}";'
+        )
         props = home / "server.properties"
         props.write_text(
             "\n".join(
@@ -168,11 +218,21 @@ class LocalServices:
                     "process.roles=broker,controller",
                     "node.id=1",
                     f"controller.quorum.voters=1@127.0.0.1:{cport}",
-                    f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
-                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport},"
+                    f"SASL_SSL://127.0.0.1:{sport}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{port},"
+                    f"SASL_SSL://127.0.0.1:{sport}",
                     "controller.listener.names=CONTROLLER",
                     "inter.broker.listener.name=PLAINTEXT",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,"
+                    "SASL_SSL:SASL_SSL",
+                    # A SASL_SSL listener (PLAIN, self-signed certificate) for testing the
+                    # clients' TIDEGRAPH_KAFKA_SECURITY_PROTOCOL/SASL/SSL settings.
+                    "sasl.enabled.mechanisms=PLAIN",
+                    "listener.name.sasl_ssl.sasl.enabled.mechanisms=PLAIN",
+                    f"listener.name.sasl_ssl.plain.sasl.jaas.config={jaas}",
+                    "listener.name.sasl_ssl.ssl.keystore.type=PEM",
+                    f"listener.name.sasl_ssl.ssl.keystore.location={keystore}",
                     f"log.dirs={data}",
                     "num.partitions=1",
                     "auto.create.topics.enable=true",
@@ -230,6 +290,7 @@ class LocalServices:
         for sub in ("conf", "data", "logs", "plugins", "import", "run"):
             (home / sub).mkdir(parents=True, exist_ok=True)
         port = self.settings.local_neo4j_bolt_port
+        tls = self.ensure_certificate()
         (conf / "neo4j.conf").write_text(
             "\n".join(
                 [
@@ -238,6 +299,14 @@ class LocalServices:
                     f"server.bolt.advertised_address=127.0.0.1:{port}",
                     "server.http.enabled=false",
                     "server.https.enabled=false",
+                    # Bolt takes plain and TLS connections (self-signed certificate), so the
+                    # driver's TIDEGRAPH_NEO4J_CA_FILE setting can be tested locally.
+                    "server.bolt.tls_level=OPTIONAL",
+                    "dbms.ssl.policy.bolt.enabled=true",
+                    f"dbms.ssl.policy.bolt.base_directory={tls}",
+                    "dbms.ssl.policy.bolt.private_key=server.key",
+                    "dbms.ssl.policy.bolt.public_certificate=server.crt",
+                    "dbms.ssl.policy.bolt.client_auth=NONE",
                     "dbms.usage_report.enabled=false",
                     "dbms.security.auth_enabled=false",
                     "server.memory.pagecache.size=256m",
@@ -342,10 +411,15 @@ class LocalServices:
 
 
 def _kafka_cluster_id() -> str:
-    """A 22-character base64url cluster id, as ``kafka-storage random-uuid`` prints."""
+    """A 22-character base64url cluster id, as ``kafka-storage random-uuid`` prints: never
+    starting with '-', which the storage tool would read as an option (as Kafka's own
+    generator avoids)."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tidegraph.connections import KafkaSaslMechanism, KafkaSecurityProtocol
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
@@ -29,10 +31,37 @@ class Settings(BaseSettings):
     neo4j_user: str = Field("neo4j", description="Neo4j user.")
     neo4j_password: SecretStr = Field(SecretStr("tidegraph-local"), description="Neo4j password.")
     neo4j_database: str = Field("neo4j", description="Neo4j database name.")
+    neo4j_ca_file: Path | None = Field(
+        None,
+        description="CA certificate (PEM) that signed Neo4j's Bolt certificate; turns on TLS "
+        "for bolt:// and neo4j:// URIs (neo4j+s:// uses the system CAs instead).",
+    )
 
     # --- kafka -------------------------------------------------------------------------
     kafka_bootstrap_servers: str = Field(
         "127.0.0.1:19092", description="Kafka bootstrap servers, comma separated."
+    )
+    kafka_security_protocol: KafkaSecurityProtocol = Field(
+        "PLAINTEXT", description="Kafka security protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or "
+        "SASL_SSL (every Kafka client: workers, topic admin, produce, dlq)."
+    )  # fmt: skip
+    kafka_sasl_mechanism: KafkaSaslMechanism = Field(
+        "PLAIN", description="SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."
+    )
+    kafka_sasl_username: str | None = Field(None, description="SASL user name.")
+    kafka_sasl_password: SecretStr | None = Field(None, description="SASL password.")
+    kafka_ssl_cafile: Path | None = Field(
+        None, description="CA certificate (PEM) for the brokers' TLS; unset = system CAs."
+    )
+    kafka_ssl_certfile: Path | None = Field(
+        None, description="Client certificate (PEM) for mutual TLS."
+    )
+    kafka_ssl_keyfile: Path | None = Field(None, description="Client private key (PEM).")
+    kafka_ssl_key_password: SecretStr | None = Field(
+        None, description="Password of the client private key, if it is encrypted."
+    )
+    kafka_ssl_check_hostname: bool = Field(
+        True, description="Check that the broker certificate names the host connected to."
     )
     topic_prefix: str = Field("tidegraph", description="Prefix of every topic name.")
     partitions: int = Field(8, ge=1, description="Partitions of every tidegraph topic.")
@@ -77,6 +106,9 @@ class Settings(BaseSettings):
     )
     local_kafka_port: int = Field(19092, description="Port of the local Kafka broker.")
     local_kafka_controller_port: int = Field(19093, description="Port of the local controller.")
+    local_kafka_secure_port: int = Field(
+        19094, description="Port of the local broker's SASL_SSL listener (tests of TLS/SASL)."
+    )
     local_neo4j_bolt_port: int = Field(17687, description="Bolt port of the local Neo4j.")
 
     # --- worker ------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from tidegraph.connections import KafkaConnection, as_kafka_connection, bootstrap_list
 from topics.names import TopicNames
 
 log = logging.getLogger(__name__)
@@ -26,12 +27,16 @@ class TopicSetupError(RuntimeError):
     co-partitioning."""
 
 
-def bootstrap_list(servers: str) -> list[str]:
-    return [s.strip() for s in servers.split(",") if s.strip()]
+__all__ = ["TopicSetupError", "bootstrap_list", "delete_topics", "ensure_topics", "partitions_of"]
+
+
+def admin_client(kafka: str | KafkaConnection) -> AIOKafkaAdminClient:
+    """An admin client with the connection's TLS/SASL options (a bare string = plaintext)."""
+    return AIOKafkaAdminClient(**as_kafka_connection(kafka).client_options())
 
 
 async def ensure_topics(
-    bootstrap_servers: str,
+    kafka: str | KafkaConnection,
     names: TopicNames | Iterable[str],
     *,
     partitions: int,
@@ -41,7 +46,7 @@ async def ensure_topics(
     """Create the missing topics; check every one has ``partitions`` partitions, all with a
     leader. Returns the names of the topics this call created."""
     wanted = names.all() if isinstance(names, TopicNames) else list(names)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_list(bootstrap_servers))
+    admin = admin_client(kafka)
     await admin.start()
     try:
         # list_topics, not describe_topics: a metadata request naming a missing topic makes
@@ -113,9 +118,9 @@ def _problems(
     return problems
 
 
-async def partitions_of(bootstrap_servers: str, topic: str) -> list[int]:
+async def partitions_of(kafka: str | KafkaConnection, topic: str) -> list[int]:
     """The partition numbers of an existing topic; empty when the topic does not exist."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_list(bootstrap_servers))
+    admin = admin_client(kafka)
     await admin.start()
     try:
         if topic not in set(await admin.list_topics()):  # never auto-create it
@@ -126,8 +131,8 @@ async def partitions_of(bootstrap_servers: str, topic: str) -> list[int]:
     return sorted(p["partition"] for t in described if t["topic"] == topic for p in t["partitions"])
 
 
-async def delete_topics(bootstrap_servers: str, names: Iterable[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_list(bootstrap_servers))
+async def delete_topics(kafka: str | KafkaConnection, names: Iterable[str]) -> None:
+    admin = admin_client(kafka)
     await admin.start()
     try:
         await admin.delete_topics(list(names))

@@ -18,13 +18,13 @@ import orjson
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from benchmarks.kafka_throughput import CRM_MAPPING, crm_feed
 from processors.models import MAX_CONTENT_CHARS, Episode
 from processors.pipeline import ingest
 from tests.integration.graph_compare import comparable, creation_order_problems, exact
 from tests.integration.topology_harness import PARTITIONS, Topology, Worker, eventually
 from tidegraph.runtime import open_runtime
 from tidegraph.settings import Settings
+from tidegraph.testing.crm_feed import CRM_MAPPING, crm_feed
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from benchmarks.kafka_throughput import CRM_MAPPING, free_port, metric_value, scrape
+from benchmarks.kafka_throughput import free_port, metric_value, scrape
 from pipelines.client import (
     ProduceReport,
     StalledError,
@@ -27,9 +27,11 @@ from pipelines.client import (
     read_dead_letters,
     wait_until_reflected,
 )
+from tidegraph.connections import KafkaConnection
 from tidegraph.settings import Settings
 from tidegraph.store import open_store
 from tidegraph.store.base import GraphStore
+from tidegraph.testing.crm_feed import CRM_MAPPING
 from topics.admin import delete_topics
 from topics.names import TopicNames
 
@@ -118,6 +120,9 @@ class Topology:
     mapping_text: str = CRM_MAPPING
     workers: list[Worker] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Settings fields for this process's clients (e.g. TLS/SASL), beside extra_env's for
+    # the workers and CLI subprocesses.
+    extra_settings: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.mapping = self.tmp / "mapping.yaml"
@@ -142,6 +147,7 @@ class Topology:
             embedder="hashing",
             data_dir=self.tmp / "client",
             mappings=self.mapping,
+            **self.extra_settings,
         )
 
     def env(self, port: int, data_dir: Path, **overrides: str) -> dict[str, str]:
@@ -280,4 +286,4 @@ class Topology:
                 f"MATCH (n:{label}) WHERE n.group_id STARTS WITH $run DETACH DELETE n",
                 run=self.run,
             )
-        await delete_topics(self.kafka, self.names.all())
+        await delete_topics(KafkaConnection.from_settings(self.settings()), self.names.all())

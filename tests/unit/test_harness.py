@@ -34,3 +34,11 @@ def test_unreachable_service_fails_and_names_it(
     assert f"{service} is not reachable at {value}" in output
     assert "skipped" not in output.splitlines()[-1]
     assert "1 error" in output.splitlines()[-1] or "1 failed" in output.splitlines()[-1]
+
+
+def test_kafka_cluster_ids_never_start_with_a_dash() -> None:
+    from tidegraph.local_services import _kafka_cluster_id
+
+    ids = [_kafka_cluster_id() for _ in range(5000)]  # ~1 in 64 would start with '-'
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids)
+    assert len(set(ids)) == len(ids)

@@ -69,12 +69,24 @@ def settings_table(path: Path, heading: str, *, required: bool = True) -> set[st
 
 
 def readme_settings() -> set[str]:
-    return settings_table(ROOT / "README.md", "Configuration")
+    """Every setting the README documents: the Configuration and Worker settings tables."""
+    readme = ROOT / "README.md"
+    return settings_table(readme, "Configuration") | settings_table(readme, "Worker settings")
 
 
-def proposed_settings() -> set[str]:
-    """Settings the manifests use before settings.py has them (none once they are merged)."""
-    return settings_table(OPERATIONS_MD, "Proposed settings", required=False)
+def real_settings() -> set[str]:
+    """The environment variables tidegraph reads: Settings and WorkerSettings fields."""
+    from pipelines.config import WorkerSettings
+    from tidegraph.settings import Settings
+
+    fields = set(Settings.model_fields) | set(WorkerSettings.model_fields)
+    return {f"TIDEGRAPH_{name.upper()}" for name in fields}
+
+
+def test_the_readme_documents_exactly_the_real_settings():
+    documented, real = readme_settings(), real_settings()
+    assert real - documented == set(), "settings missing from the README tables"
+    assert documented - real == set(), "README documents settings tidegraph does not read"
 
 
 def strip_promql(expr: str) -> str:
@@ -139,17 +151,10 @@ def tidegraph_metric_objects() -> dict[str, MetricWrapperBase]:
     return found
 
 
-@pytest.fixture(scope="module")
-def exported_series() -> set[str]:
-    """Series names a worker's /metrics exposes: the health server over the real registry."""
-    server = start_http_server(0, HealthState(kafka_connected=True), addr="127.0.0.1")
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-    finally:
-        server.close()
+def series_in(exposition: str) -> set[str]:
+    """Series names a Prometheus text exposition declares (from its ``# TYPE`` lines)."""
     series = set()
-    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", exposition, re.M):
         if kind == "counter":
             base = name.removesuffix("_total")
             series |= {f"{base}_total", f"{base}_created"}
@@ -160,6 +165,30 @@ def exported_series() -> set[str]:
         else:
             series.add(name)
     return series
+
+
+def queried_but_not_exported(series: set[str]) -> list[str]:
+    """``where: metric`` for every metric a dashboard or alert queries that is not in
+    ``series`` (nor a known external metric)."""
+    missing = []
+    for where, expr in all_exprs():
+        for name in promql_metric_names(expr):
+            if name not in series and name not in EXTERNAL_METRICS:
+                missing.append(f"{where}: {name}")
+    return missing
+
+
+@pytest.fixture(scope="module")
+def exported_series() -> set[str]:
+    """Series names the health server exposes over the real registry (the integration test
+    tests/integration/test_worker_metrics.py checks a real worker's /metrics the same way)."""
+    server = start_http_server(0, HealthState(kafka_connected=True), addr="127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    finally:
+        server.close()
+    return series_in(text)
 
 
 # ---- metrics referenced by dashboards and alerts ---------------------------------------------
@@ -179,11 +208,7 @@ def test_the_promql_name_parser():
 
 def test_every_queried_metric_is_exported_by_a_worker(exported_series):
     assert any(n.startswith("tidegraph_") for n in exported_series)
-    missing = []
-    for where, expr in all_exprs():
-        for name in promql_metric_names(expr):
-            if name not in exported_series and name not in EXTERNAL_METRICS:
-                missing.append(f"{where}: {name}")
+    missing = queried_but_not_exported(exported_series)
     assert not missing, "metrics that no worker exports:\n" + "\n".join(missing)
 
 
@@ -508,8 +533,8 @@ def test_k8s_worker_deployment():
     assert by_kind("Service")["spec"]["selector"].items() <= labels.items()
 
 
-def test_k8s_settings_are_documented_or_proposed():
-    known = readme_settings() | proposed_settings()
+def test_k8s_settings_are_documented():
+    known = readme_settings()
     config = set(by_kind("ConfigMap")["data"])
     secret = set(by_kind("Secret")["stringData"])
     assert config | secret <= known, (config | secret) - known
