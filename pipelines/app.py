@@ -22,14 +22,15 @@ from typing import Any
 
 import faust
 
+from pipelines.community_agent import install_community_agent
 from pipelines.config import WorkerSettings
 from pipelines.lanes import KeyedLanes
 from pipelines.stages import HANDLERS, Consumed, Emit, ExtractionHandler, StageHandler
+from tidegraph.connections import KafkaConnection
 from tidegraph.health import HealthState
 from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
 from tidegraph.runtime import Runtime
 from tidegraph.settings import Settings
-from topics.admin import bootstrap_list
 from topics.names import TopicNames
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,11 @@ def create_app(
 ) -> TidegraphApp:
     names = TopicNames(settings.topic_prefix)
     partitions = settings.partitions
+    kafka = KafkaConnection.from_settings(settings)
     app = TidegraphApp(
         worker.group_id(settings.topic_prefix),
-        broker=[f"kafka://{s}" for s in bootstrap_list(settings.kafka_bootstrap_servers)],
+        broker=kafka.faust_brokers(),
+        broker_credentials=kafka.faust_credentials(),
         store="memory://",
         web_enabled=False,
         topic_partitions=partitions,
@@ -132,6 +135,12 @@ def create_app(
         source = topic_objects[names.input_of(handler.stage)]
         agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)
         app.agent(source, name=f"tidegraph.{handler.stage}")(agent)
+    if worker.communities_enabled:  # entities.new -> communities (pipelines/community_agent)
+        install_community_agent(
+            app, runtime, names, worker, source=topic_objects[names.entities_new],
+            run_agent=partial(stage_agent, sender=sender, worker=worker, registry=lanes,
+                              generation=lambda: app.consumer_generation_id),
+        )  # fmt: skip
     consumed = [names.input_of(h.stage) for h in handlers]
     extraction = next(h for h in handlers if isinstance(h, ExtractionHandler))
 

@@ -57,6 +57,23 @@ class WorkerSettings(BaseSettings):
         10.0, gt=0, description="How often the worker checks that Neo4j answers (/readyz)."
     )
     metrics_host: str = Field("0.0.0.0", description="Address the /metrics endpoint binds.")
+    communities_enabled: bool = Field(
+        True, description="Run the community processor (assignment agent and refresh timer)."
+    )
+    community_check_seconds: float = Field(
+        30.0, gt=0, description="How often the refresh timer checks each group's drift and age."
+    )
+    community_drift_threshold: float = Field(
+        0.1, ge=0, description="Refresh a group when its incremental assignments since the "
+        "last refresh exceed this fraction of its size."
+    )  # fmt: skip
+    community_max_age_seconds: float = Field(
+        6 * 3600.0, gt=0, description="Refresh a group whose last refresh is older than this "
+        "when something was assigned since."
+    )  # fmt: skip
+    community_max_concurrent_refreshes: int = Field(
+        2, ge=1, description="Most group refreshes a worker runs at once."
+    )
 
     def group_id(self, prefix: str) -> str:
         return self.consumer_group or f"{prefix}.pipeline"

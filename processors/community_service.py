@@ -6,8 +6,11 @@
         await service.refresh(group_id, trigger="drift")   # the timer
 
 Refreshes of one group are serialised by a per-group asyncio lock (one process; across
-workers a group lives on one partition, hence one worker). Drift counters live in memory: a
-restarted worker has none, so ``should_refresh`` answers True for a group it never refreshed.
+workers a group lives on one partition, hence one worker). Assignments do not wait for a
+refresh: an entity assigned while its group is refreshing is placed again once the refresh has
+written, since the refresh's rewrite of the memberships may drop a membership it did not know
+of. Drift counters live in memory: a restarted worker has none, so ``refresh_trigger``
+answers "initial" for a group it never refreshed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from processors.communities import (
@@ -39,8 +42,10 @@ from tidegraph.metrics import (
     COMMUNITIES_CHANGED,
     COMMUNITY_ASSIGNMENTS,
     COMMUNITY_DRIFT_ARI,
+    COMMUNITY_DRIFT_RATIO,
     COMMUNITY_REFRESH_SECONDS,
     COMMUNITY_REFRESHES,
+    COMMUNITY_SUMMARIES,
 )
 from tidegraph.store.base import CommunityRecord, GraphStore
 
@@ -64,6 +69,8 @@ class _GroupState:
     assignments_since_refresh: int = 0
     group_size: int = 0
     last_refresh: datetime | None = None
+    # entities assigned while a refresh of the group ran: placed again after its write
+    assigned_during_refresh: set[str] = field(default_factory=set)
 
 
 class CommunityService:
@@ -79,20 +86,50 @@ class CommunityService:
     # ------------------------------------------------------------------ incremental
     async def assign(self, group_id: str, entity_uuid: str) -> str | None:
         """Put a new entity into its neighbours' weighted-majority community (over facts
-        valid now); None (and no write) when no neighbour has one."""
+        valid now); None (and no write) when no neighbour has one. Idempotent: the choice
+        does not depend on the entity's own membership, and the write replaces it."""
+        state = self._state[group_id]
+        state.assignments_since_refresh += 1  # also when the write fails: drift is drift
+        self._publish_drift(group_id)
+        if self.is_refreshing(group_id):
+            state.assigned_during_refresh.add(entity_uuid)
+        choice = await self._place(group_id, entity_uuid)
+        COMMUNITY_ASSIGNMENTS.labels("joined" if choice else "none").inc()
+        return choice
+
+    async def _place(self, group_id: str, entity_uuid: str) -> str | None:
         weights = await self.store.neighbour_weights(group_id, entity_uuid)
         neighbours = await self.store.entities_by_uuids(group_id, list(weights))
         choice = assign_by_majority(weights, {e.uuid: e.community_uuid for e in neighbours})
         if choice is not None:
             await self.store.assign_member(group_id, choice, entity_uuid)
-        self._state[group_id].assignments_since_refresh += 1
-        COMMUNITY_ASSIGNMENTS.labels("joined" if choice else "none").inc()
         return choice
 
     # ------------------------------------------------------------------ scheduling
     def drift(self, group_id: str) -> float:
         state = self._state[group_id]
         return drift_ratio(state.assignments_since_refresh, state.group_size)
+
+    def refresh_trigger(
+        self,
+        group_id: str,
+        threshold: float,
+        max_age: timedelta,
+        now: datetime | None = None,
+    ) -> str | None:
+        """Why the group needs a refresh now, or None: "initial" when this process never
+        refreshed it, "drift" when assignments since the last refresh exceed ``threshold``
+        of its size, "age" when the last refresh is older than ``max_age`` and something
+        was assigned since."""
+        state = self._state[group_id]
+        if state.last_refresh is None:
+            return "initial"
+        if self.drift(group_id) > threshold:
+            return "drift"
+        age = (now or utcnow()) - state.last_refresh
+        if age > max_age and state.assignments_since_refresh > 0:
+            return "age"
+        return None
 
     def should_refresh(
         self,
@@ -101,16 +138,21 @@ class CommunityService:
         max_age: timedelta,
         now: datetime | None = None,
     ) -> bool:
-        """True when the group was never refreshed here, when assignments since the last
-        refresh exceed ``threshold`` of its size, or when the last refresh is older than
-        ``max_age`` and something was assigned since."""
-        state = self._state[group_id]
-        if state.last_refresh is None:
-            return True
-        if self.drift(group_id) > threshold:
-            return True
-        age = (now or utcnow()) - state.last_refresh
-        return age > max_age and state.assignments_since_refresh > 0
+        return self.refresh_trigger(group_id, threshold, max_age, now) is not None
+
+    def forget(self, group_id: str) -> None:
+        """Drop the group's drift state (its partition went to another worker). A group
+        being refreshed keeps its lock until the refresh ends."""
+        self._state.pop(group_id, None)
+        lock = self._locks.get(group_id)
+        if lock is not None and not lock.locked():
+            del self._locks[group_id]
+        COMMUNITY_DRIFT_RATIO.remove(group_id)  # absent labels are fine
+        COMMUNITY_DRIFT_ARI.remove(group_id)
+
+    def _publish_drift(self, group_id: str) -> None:
+        if self._state[group_id].last_refresh is not None:  # no size to relate to before
+            COMMUNITY_DRIFT_RATIO.labels(group_id).set(self.drift(group_id))
 
     def is_refreshing(self, group_id: str) -> bool:
         return self._locks[group_id].locked()
@@ -138,12 +180,20 @@ class CommunityService:
             )
             rewrites, calls = await self._describe(group_id, plan.rewrites, degrees(edges))
             await self.store.write_communities(group_id, rewrites, plan.deleted)
+            state = self._state[group_id]
+            # entities the projection did not see may have lost the membership that their
+            # assignment wrote meanwhile: place them again, on the new communities
+            projected = set(nodes)
+            late = sorted(state.assigned_during_refresh - projected)
+            state.assigned_during_refresh.clear()
+            for entity_uuid in late:
+                await self._place(group_id, entity_uuid)
             seconds = time.perf_counter() - started
 
-            state = self._state[group_id]
             state.assignments_since_refresh -= assigned_before
             state.group_size = len(nodes)
             state.last_refresh = utcnow()
+            self._publish_drift(group_id)
             COMMUNITY_REFRESHES.labels(trigger).inc()
             COMMUNITY_REFRESH_SECONDS.observe(seconds)
             COMMUNITY_DRIFT_ARI.labels(group_id).set(ari)
@@ -178,6 +228,7 @@ class CommunityService:
         names = {u: e.name for u, e in entities.items()}
         summaries = {u: e.summary for u, e in entities.items()}
         if self.llm is None:
+            COMMUNITY_SUMMARIES.labels("default").inc(len(communities))
             described = [
                 (default_name(c.members, degree, names), self._plain_summary(c, degree, names))
                 for c in communities
@@ -195,6 +246,7 @@ class CommunityService:
                     for c in communities
                 )
             )
+            COMMUNITY_SUMMARIES.labels("llm").inc(len(communities))
             described = [
                 (a.name.strip() or default_name(c.members, degree, names), a.summary.strip())
                 for a, c in zip(answers, communities, strict=True)

@@ -1,5 +1,11 @@
 """``tidegraph communities``: list a group's communities, force a refresh.
 
+    tidegraph communities --group G [--json]          # = tidegraph communities list ...
+    tidegraph communities refresh --group G
+
+With ``--json`` one object per line: ``{"uuid", "name", "summary", "members": [names],
+"size"}``, largest community first.
+
 Registered by ``tidegraph.cli`` as ``app.add_typer(communities_app, name="communities")``.
 """
 
@@ -19,8 +25,32 @@ from tidegraph.settings import get_settings
 communities_app = typer.Typer(
     help="Communities of entities (label propagation + neighbour-majority assignment).",
     no_args_is_help=True,
+    invoke_without_command=True,
 )
 console = Console()
+
+
+@communities_app.callback()
+def communities(
+    ctx: typer.Context,
+    group: str | None = typer.Option(
+        None, "--group", help="Group id (tenant): list its communities."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+) -> None:
+    """Communities of entities: `tidegraph communities --group G [--json]` lists a group's
+    communities (as the `list` command does)."""
+    if ctx.invoked_subcommand is not None:
+        if group is not None or as_json:
+            raise typer.BadParameter(
+                f"give --group/--json after the command: tidegraph communities "
+                f"{ctx.invoked_subcommand} --group G"
+            )
+        return
+    if group is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
+    _print(group, as_json)
 
 
 @communities_app.command("list")
@@ -29,6 +59,10 @@ def list_communities(
     as_json: bool = typer.Option(False, "--json", help="JSON lines."),
 ) -> None:
     """The group's communities with their members' names, largest first."""
+    _print(group, as_json)
+
+
+def _print(group: str, as_json: bool) -> None:
     rows = asyncio.run(_rows(group))
     if as_json:
         for row in rows:

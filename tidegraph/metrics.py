@@ -88,12 +88,13 @@ ENTITIES_RESOLVED = Counter(
 # ---- communities -------------------------------------------------------------------------
 COMMUNITY_ASSIGNMENTS = Counter(
     "tidegraph_community_assignments_total",
-    "New entities handled by incremental assignment, by outcome (joined, none).",
+    "New entities handled by incremental assignment, by outcome (joined, none, error = "
+    "given up after retries; the next refresh places it).",
     ["outcome"],
 )
 COMMUNITY_REFRESHES = Counter(
     "tidegraph_community_refreshes_total",
-    "Full community refreshes, by trigger (manual, drift, age).",
+    "Full community refreshes, by trigger (initial, drift, age, manual).",
     ["trigger"],
 )
 COMMUNITY_REFRESH_SECONDS = Histogram(
@@ -110,6 +111,18 @@ COMMUNITY_DRIFT_ARI = Gauge(
     "tidegraph_community_drift_ari",
     "ARI of the live partition against the fresh one at the group's last refresh.",
     ["group_id"],
+)
+COMMUNITY_DRIFT_RATIO = Gauge(
+    "tidegraph_community_drift_ratio",
+    "Incremental assignments since the group's last refresh relative to the group's size "
+    "then; a refresh is scheduled above TIDEGRAPH_COMMUNITY_DRIFT_THRESHOLD.",
+    ["group_id"],
+)
+COMMUNITY_SUMMARIES = Counter(
+    "tidegraph_community_summaries_total",
+    "Communities a refresh named and summarised, by source (llm = one LLM summary call, "
+    "default = named from the top members without an LLM).",
+    ["source"],
 )
 
 # ---- streaming topology (Kafka workers) ----------------------------------------------------

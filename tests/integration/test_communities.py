@@ -4,10 +4,12 @@ Runs on Neo4j and on the embedded kuzu store (same scenario, same answers)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from neo4j import AsyncGraphDatabase
@@ -279,6 +281,7 @@ async def test_refresh_without_llm_names_by_top_members(graph: Graph) -> None:
     service = CommunityService(graph.store)
     await graph.link(clique(A))
     await graph.link([("a2", "hub"), ("a3", "hub")])
+    assert service.refresh_trigger(graph.group, 0.5, timedelta(hours=1)) == "initial"
     await service.refresh(graph.group)
     [community] = await graph.store.communities(graph.group)
     # degree a2 = a3 = 4, then a1 = a4 = 3 (ties by name)
@@ -289,3 +292,46 @@ async def test_refresh_without_llm_names_by_top_members(graph: Graph) -> None:
     await service.assign(graph.group, graph.uuid("n1"))
     assert service.drift(graph.group) == pytest.approx(1 / 5)
     assert service.should_refresh(graph.group, 0.1, timedelta(hours=1)) is True
+    assert service.refresh_trigger(graph.group, 0.1, timedelta(hours=1)) == "drift"
+    assert service.refresh_trigger(graph.group, 0.5, timedelta(hours=1)) is None
+    later = datetime.now(UTC) + timedelta(hours=2)
+    assert service.refresh_trigger(graph.group, 0.5, timedelta(hours=1), now=later) == "age"
+
+
+class GatedStore:
+    """The store, with ``write_communities`` held until ``release`` is set."""
+
+    def __init__(self, store: GraphStore) -> None:
+        self._store = store
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+        self.release.set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def write_communities(self, *args: Any) -> None:
+        self.reached.set()
+        await self.release.wait()
+        await self._store.write_communities(*args)
+
+
+async def test_an_entity_assigned_during_a_refresh_keeps_its_place(graph: Graph) -> None:
+    gated = GatedStore(graph.store)
+    service = CommunityService(cast(GraphStore, gated))
+    community_a, _ = await _two_communities(graph, service)
+    await graph.link([("a5", a) for a in A], times=2)  # A grows: the refresh rewrites it
+    gated.reached.clear()
+    gated.release.clear()
+    refresh = asyncio.create_task(service.refresh(graph.group))
+    await asyncio.wait_for(gated.reached.wait(), 30)
+    # x arrives after the refresh's projection and joins A as stored now
+    await graph.link([("x", "a2"), ("x", "a3")])
+    assert service.is_refreshing(graph.group)
+    assert await service.assign(graph.group, graph.uuid("x")) == community_a
+    gated.release.set()
+    result = await asyncio.wait_for(refresh, 30)
+    # the rewrite of A replaced its memberships; x was placed again afterwards
+    assert (result.changed, result.created, result.deleted) == (1, 0, 0)
+    assert (await graph.members())[community_a] == sorted([*A, "a5", "x"])
+    assert service.drift(graph.group) == pytest.approx(1 / 9)  # x, over the 9 projected
