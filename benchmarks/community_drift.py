@@ -12,7 +12,7 @@ refresh (label propagation, seeds 1000, 1001, ... so that it never reuses the re
 seeds) also runs whenever assignments since the last refresh pass ``threshold`` x the graph's
 size, or when the last one is ``--max-age-years`` old in stream time (the service's
 ``max_age``: fact expiries among known entities are no assignments). At each checkpoint it
-prints ARI and NMI of the live partition against a fresh run (seed 0), the same for a
+prints ARI, AMI and NMI of the live partition against a fresh run (seed 0), the same for a
 second fresh run (seed 1: the noise floor), the modularity of each,
 and the time of a fresh refresh (propagation + diff). JSON goes to
 ``benchmarks/results/community_drift.json``.
@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from processors.communities import (
+    adjusted_mutual_info,
     adjusted_rand_index,
     assign_by_majority,
     drift_ratio,
@@ -64,8 +65,10 @@ class Checkpoint:
     edges: int
     refreshes: int
     ari_live: float
+    ami_live: float
     nmi_live: float
     ari_floor: float
+    ami_floor: float
     nmi_floor: float
     modularity_live: float
     modularity_fresh: float
@@ -159,8 +162,10 @@ def checkpoint(stream: Stream, facts: int, year: int) -> Checkpoint:
         edges=len(edges),
         refreshes=stream.refreshes,
         ari_live=adjusted_rand_index(live, fresh),
+        ami_live=adjusted_mutual_info(live, fresh),
         nmi_live=normalized_mutual_info(live, fresh),
         ari_floor=adjusted_rand_index(other, fresh),
+        ami_floor=adjusted_mutual_info(other, fresh),
         nmi_floor=normalized_mutual_info(other, fresh),
         modularity_live=modularity(graph, live),
         modularity_fresh=modularity(graph, fresh),
@@ -215,6 +220,8 @@ COLUMNS = (
     ("refreshes", "{:>4}"),
     ("ari_live", "{:>6.3f}"),
     ("ari_floor", "{:>6.3f}"),
+    ("ami_live", "{:>6.3f}"),
+    ("ami_floor", "{:>6.3f}"),
     ("nmi_live", "{:>6.3f}"),
     ("nmi_floor", "{:>6.3f}"),
     ("modularity_live", "{:>6.3f}"),
@@ -222,7 +229,9 @@ COLUMNS = (
     ("modularity_fresh_seed1", "{:>6.3f}"),
     ("refresh_seconds", "{:>6.3f}"),
 )
-HEADERS = "facts  year  nodes refr ARIliv ARIflr NMIliv NMIflr Q_live Q_frsh Q_frs1 refr_s"
+HEADERS = (
+    "facts  year  nodes refr ARIliv ARIflr AMIliv AMIflr NMIliv NMIflr Q_live Q_frsh Q_frs1 refr_s"
+)
 
 
 def table(points: list[Checkpoint]) -> str:

@@ -4,7 +4,8 @@
 - ``label_propagation``: a deterministic, capped, weighted asynchronous label propagation;
 - ``plan_refresh``: the diff of a fresh partition against the stored communities, keeping
   the uuid (and name and summary) of every stored community matched to a new one;
-- ``adjusted_rand_index``, ``normalized_mutual_info``, ``modularity``: agreement and quality;
+- ``adjusted_rand_index``, ``normalized_mutual_info``, ``adjusted_mutual_info`` (scikit-learn),
+  ``modularity`` (networkx): agreement and quality;
 - ``default_name`` and the summary prompt for ``CommunitySummaryOutput``.
 
 A partition is a ``dict`` entity uuid -> label (any string); an entity missing from one side
@@ -13,7 +14,6 @@ of a comparison counts as a community of its own there.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,6 +21,11 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 from pydantic import BaseModel
+from sklearn.metrics import (
+    adjusted_mutual_info_score,
+    adjusted_rand_score,
+    normalized_mutual_info_score,
+)
 
 from processors.models import stable_uuid
 from tidegraph.store.base import CommunityRecord, WeightedEdge
@@ -184,46 +189,28 @@ def _aligned(a: Partition, b: Partition) -> tuple[list[str], list[str]]:
     )
 
 
-def _pairs(n: int) -> float:
-    return n * (n - 1) / 2
-
-
 def adjusted_rand_index(a: Partition, b: Partition) -> float:
-    """ARI (Hubert & Arabie) over the union of both key sets; 1.0 for identical partitions."""
+    """ARI (scikit-learn) over the union of both key sets; 1.0 for identical partitions."""
     left, right = _aligned(a, b)
-    n = len(left)
-    if n < 2:
+    if len(left) < 2:
         return 1.0
-    joint = sum(_pairs(c) for c in Counter(zip(left, right, strict=True)).values())
-    sum_a = sum(_pairs(c) for c in Counter(left).values())
-    sum_b = sum(_pairs(c) for c in Counter(right).values())
-    expected = sum_a * sum_b / _pairs(n)
-    top = (sum_a + sum_b) / 2 - expected
-    if top == 0:
-        return 1.0 if joint == sum_a == sum_b else 0.0
-    return (joint - expected) / top
-
-
-def _entropy(counts: Iterable[int], n: int) -> float:
-    return -sum(c / n * math.log(c / n) for c in counts if c)
+    return float(adjusted_rand_score(left, right))
 
 
 def normalized_mutual_info(a: Partition, b: Partition) -> float:
-    """NMI with the arithmetic-mean normalisation (scikit-learn's default); 1.0 when both
-    partitions are a single block each."""
+    """NMI (scikit-learn, arithmetic-mean normalisation) over the union of both key sets."""
     left, right = _aligned(a, b)
-    n = len(left)
-    if n == 0:
+    if not left:
         return 1.0
-    ca, cb = Counter(left), Counter(right)
-    mi = sum(
-        c / n * math.log(c * n / (ca[x] * cb[y]))
-        for (x, y), c in Counter(zip(left, right, strict=True)).items()
-    )
-    h = _entropy(ca.values(), n) + _entropy(cb.values(), n)
-    if h == 0:
+    return float(normalized_mutual_info_score(left, right))
+
+
+def adjusted_mutual_info(a: Partition, b: Partition) -> float:
+    """AMI (scikit-learn): mutual information corrected for chance, over both key sets."""
+    left, right = _aligned(a, b)
+    if len(left) < 2:
         return 1.0
-    return max(0.0, min(1.0, 2 * mi / h))
+    return float(adjusted_mutual_info_score(left, right))
 
 
 def to_networkx(nodes: Iterable[str], edges: Iterable[WeightedEdge]) -> nx.Graph:

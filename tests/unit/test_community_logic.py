@@ -10,6 +10,7 @@ import pytest
 
 from processors.communities import (
     CommunitySummaryOutput,
+    adjusted_mutual_info,
     adjusted_rand_index,
     assign_by_majority,
     community_uuid,
@@ -96,11 +97,12 @@ def test_plan_split_and_merge() -> None:
     assert merged.deleted == ["u2"]
 
 
-def test_ari_and_nmi() -> None:
+def test_ari_ami_and_nmi() -> None:
     a = {**dict.fromkeys("abc", "1"), **dict.fromkeys("def", "2")}
     renamed = {k: "x" + v for k, v in a.items()}
     assert adjusted_rand_index(a, renamed) == pytest.approx(1.0)
     assert normalized_mutual_info(a, renamed) == pytest.approx(1.0)
+    assert adjusted_mutual_info(a, renamed) == pytest.approx(1.0)
     # by hand: contingency [[2, 1], [0, 3]]; ARI = (4 - 2.8) / (6.5 - 2.8);
     # NMI = 2 * (ln2/3 - ln2/6 + ln1.5/2) / (ln2 + H(1/3, 2/3))
     b = {**dict.fromkeys("ab", "1"), **dict.fromkeys("cdef", "2")}
@@ -109,6 +111,8 @@ def test_ari_and_nmi() -> None:
     mi = math.log(2) / 3 - math.log(2) / 6 + math.log(1.5) / 2
     assert normalized_mutual_info(a, b) == pytest.approx(2 * mi / (math.log(2) + h_b))
     assert adjusted_rand_index({"a": "1"}, {"a": "2"}) == 1.0
+    # AMI corrects MI for chance: below NMI for this small, weakly related pair
+    assert 0 < adjusted_mutual_info(a, b) < normalized_mutual_info(a, b)
     # a missing entity is a singleton on that side
     assert adjusted_rand_index(a, {k: v for k, v in a.items() if k != "f"}) < 1.0
 
