@@ -427,6 +427,9 @@ class ScriptedLLMServer:
 class _HTTPServer(http.server.ThreadingHTTPServer):
     daemon_threads = False  # server_close() joins the handler threads
     block_on_close = True
+    # Listen backlog (socketserver's default is 5): benchmarks open dozens of connections at
+    # once, and a full backlog drops SYNs, which clients only retry after a second.
+    request_queue_size = 128
 
     def __init__(self, owner: ScriptedLLMServer) -> None:
         self.owner = owner
