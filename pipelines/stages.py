@@ -360,7 +360,7 @@ class WriteHandler(StageHandler):
         if not outcome.ok:
             return [self.failed(record, outcome, episode, hop.origin)]
         summary: WriteSummary | None = outcome.value
-        if summary is None:
+        if summary is None or summary.skipped:  # skipped: written meanwhile (a zombie race)
             STAGE_EVENTS.labels(self.stage, "skipped").inc()
         elif hop.origin.timestamp_ms is not None:
             END_TO_END_LATENCY.observe(max(0.0, time.time() - hop.origin.timestamp_ms / 1000))

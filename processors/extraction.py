@@ -48,6 +48,16 @@ class Extractor:
         self.context = context
         self.context_episodes = context_episodes
 
+    def mapped(self, episode: Episode) -> Extraction | None:
+        """The extraction a declared mapping gives (no I/O, no LLM); None when no mapping
+        applies or the record cannot be mapped (``run`` then says why)."""
+        if episode.source != "json" or self.mappings is None:
+            return None
+        try:
+            return self.mappings.extract(episode)
+        except ValueError:
+            return None
+
     async def run(self, episode: Episode) -> Extraction:
         if episode.source == "json" and self.mappings is not None:
             mapped = self.mappings.extract(episode)

@@ -17,13 +17,14 @@ from pydantic import ValidationError
 
 from processors.extraction import Extractor, StructuredLLM
 from processors.mapping import MappingSet
-from processors.models import Episode
-from processors.resolution import Resolver
-from processors.temporal import Stamper
-from processors.writer import FactWriter, WriteSummary
+from processors.models import Episode, Extraction, FactRecord
+from processors.resolution import Resolution, Resolver
+from processors.temporal import StampedEpisode, Stamper
+from processors.writer import FactWriter, WriteSummary, prefetched_candidates
 from tidegraph.embed.base import Embedder
+from tidegraph.embed.cache import CachingEmbedder
 from tidegraph.metrics import IN_FLIGHT, STAGE_EVENTS, STAGE_LATENCY
-from tidegraph.store.base import GraphStore
+from tidegraph.store.base import EntityLookup, GraphStore
 
 T = TypeVar("T")
 
@@ -79,6 +80,8 @@ class EpisodePipeline:
         context_episodes: int = 4,
     ) -> None:
         self.store = store
+        # Fact texts and names recur across a group's episodes: each is embedded once.
+        embedder = CachingEmbedder(embedder)
         self.extractor = Extractor(
             mappings=mappings, llm=llm, context=store, context_episodes=context_episodes
         )
@@ -87,19 +90,67 @@ class EpisodePipeline:
         self.writer = FactWriter(store=store, embedder=embedder, llm=llm)
 
     async def process(self, episode: Episode) -> WriteSummary:
-        if await self.store.episode_processed(episode.group_id, episode.uuid):
-            STAGE_EVENTS.labels("extraction", "skipped").inc()
-            return WriteSummary(
-                group_id=episode.group_id,
-                episode_uuid=episode.uuid,
-                episode_id=episode.id,
-                skipped=True,
+        """One episode through every stage; entities are written with the episode, in one
+        transaction (process() runs one episode of a group at a time, so no later episode of
+        the group needs them earlier)."""
+        extraction = self.extractor.mapped(episode)
+        lookup: EntityLookup | None = None
+        if extraction is None:
+            if await self.store.episode_processed(episode.group_id, episode.uuid):
+                return self._skipped(episode)
+            extraction = await run_stage("extraction", lambda: self.extractor.run(episode))
+        else:
+            # A mapped extraction needs no I/O: the processed marker and the stored facts the
+            # new ones can merge with or close are read with the resolution lookup, in one
+            # round trip.
+            relations = sorted({f.relation for f in extraction.facts})
+            lookup = await self.resolver.lookup(
+                extraction, episode_uuid=episode.uuid, relations=relations
             )
-        extraction = await run_stage("extraction", lambda: self.extractor.run(episode))
-        resolved = await run_stage("resolution", lambda: self.resolver.run(extraction))
-        stamped = await run_stage("temporal", lambda: self.stamper.run(resolved))
-        # process() runs one episode of a group at a time: the marker checked above still holds.
-        return await run_stage("invalidation", lambda: self.writer.run(stamped, unprocessed=True))
+            if lookup.processed:
+                return self._skipped(episode)
+            await run_stage("extraction", lambda: _ready(extraction))
+        resolution = await run_stage("resolution", lambda: self._resolve(extraction, lookup))
+        stamped = await run_stage("temporal", lambda: self.stamper.run(resolution.resolved))
+        candidates = _prefetched(lookup, resolution, stamped)
+        # The marker checked above still holds (one episode of a group at a time), and the
+        # write re-checks it in its own transaction.
+        return await run_stage(
+            "invalidation",
+            lambda: self.writer.run(
+                stamped, unprocessed=True, entities=resolution.writes, candidates=candidates
+            ),
+        )
+
+    async def _resolve(self, extraction: Extraction, lookup: EntityLookup | None) -> Resolution:
+        if lookup is None:
+            lookup = await self.resolver.lookup(extraction)
+        return await self.resolver.resolve(extraction, lookup)
+
+    @staticmethod
+    def _skipped(episode: Episode) -> WriteSummary:
+        STAGE_EVENTS.labels("extraction", "skipped").inc()
+        return WriteSummary(
+            group_id=episode.group_id,
+            episode_uuid=episode.uuid,
+            episode_id=episode.id,
+            skipped=True,
+        )
+
+
+async def _ready(value: T) -> T:
+    return value
+
+
+def _prefetched(
+    lookup: EntityLookup | None, resolution: Resolution, stamped: StampedEpisode
+) -> list[FactRecord] | None:
+    """The writer's candidate facts out of the lookup's, or None (the writer reads them)."""
+    if lookup is None or lookup.facts is None:
+        return None
+    found = {e.uuid for e in [*lookup.by_key, *lookup.by_name]}
+    created = {e.uuid for e in resolution.writes} - found  # new entities: no stored facts
+    return prefetched_candidates(stamped.facts, lookup.facts, found | created)
 
 
 @dataclass

@@ -9,6 +9,7 @@ group sees them even while this one is still in flight (design §5).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
@@ -21,7 +22,7 @@ from processors.prompts import (
 )
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import ENTITIES_RESOLVED
-from tidegraph.store.base import GraphStore
+from tidegraph.store.base import EntityLookup, GraphStore
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,20 @@ def new_entity_uuid(group_id: str, name: str, key: str | None) -> str:
     return stable_uuid("entity", group_id, "name", normalize_name(name))
 
 
+@dataclass
+class Resolution:
+    """A resolved episode and the entity upserts it needs, not yet written."""
+
+    resolved: ResolvedEpisode
+    writes: list[EntityRecord] = field(default_factory=list)
+
+
 class Resolver:
-    """``run(extraction) -> ResolvedEpisode``; writes the resolved entities."""
+    """``run(extraction) -> ResolvedEpisode``; writes the resolved entities.
+
+    ``lookup`` + ``resolve`` are the same in two steps, for a caller that writes the entities
+    itself (in the episode's own transaction) and reads the processed marker with the lookup.
+    """
 
     stage = "resolution"
 
@@ -52,20 +65,41 @@ class Resolver:
         self.llm = llm
 
     async def run(self, extraction: Extraction) -> ResolvedEpisode:
+        resolution = await self.resolve(extraction, await self.lookup(extraction))
+        if resolution.writes:
+            group = extraction.episode.group_id
+            await self.store.upsert_entities(group, resolution.writes)
+        return resolution.resolved
+
+    async def lookup(
+        self,
+        extraction: Extraction,
+        *,
+        episode_uuid: str | None = None,
+        relations: list[str] | None = None,
+    ) -> EntityLookup:
+        """The stored entities the drafts' keys and names match (one store round trip),
+        whether ``episode_uuid`` (when given) is already processed, and with ``relations``
+        the found entities' facts of those relations (see ``GraphStore.lookup_entities``)."""
+        drafts = extraction.entities
+        keys = sorted({d.key for d in drafts if d.key})
+        names = sorted({normalize_name(d.name) or d.name for d in drafts})
+        return await self.store.lookup_entities(
+            extraction.episode.group_id, keys, names, episode_uuid, relations
+        )
+
+    async def resolve(self, extraction: Extraction, lookup: EntityLookup) -> Resolution:
+        """Each draft -> an entity uuid, from ``lookup`` (and, for LLM-extracted episodes,
+        the LLM); the upserts are returned, not written."""
         group = extraction.episode.group_id
         drafts = extraction.entities
         norms = [normalize_name(d.name) or d.name for d in drafts]
         matched: dict[int, EntityRecord] = {}
         methods: dict[int, str] = {}
 
-        keys = sorted({d.key for d in drafts if d.key})
-        by_key = {e.key: e for e in await self.store.entities_by_keys(group, keys)} if keys else {}
+        by_key = {e.key: e for e in lookup.by_key}
         by_norm: dict[str, list[EntityRecord]] = {}
-        # Names are only looked up for drafts their key did not resolve (none: no query).
-        unkeyed = sorted(
-            {norms[i] for i, d in enumerate(drafts) if not (d.key and d.key in by_key)}
-        )
-        for record in await self.store.entities_by_names(group, unkeyed) if unkeyed else []:
+        for record in lookup.by_name:
             for n in {normalize_name(record.name), *record.aliases}:
                 by_norm.setdefault(n, []).append(record)
         for i, draft in enumerate(drafts):
@@ -131,14 +165,13 @@ class Resolver:
             ENTITIES_RESOLVED.labels(methods[i]).inc()
         for i, first in alias_of.items():
             uuids[i] = uuids[first]
-        if writes:
-            await self.store.upsert_entities(group, list(writes.values()))
-        return ResolvedEpisode(
+        resolved = ResolvedEpisode(
             extraction=extraction,
             entity_uuids=uuids,
             llm_calls=extraction.llm_calls + llm_calls,
             entities_new=sum(1 for method in methods.values() if method == "new"),
         )
+        return Resolution(resolved, list(writes.values()))
 
     async def _judge(
         self,

@@ -57,9 +57,20 @@ class FactWriter:
         self.llm = llm
         self.embed_facts = embed_facts
 
-    async def run(self, stamped: StampedEpisode, *, unprocessed: bool = False) -> WriteSummary:
+    async def run(
+        self,
+        stamped: StampedEpisode,
+        *,
+        unprocessed: bool = False,
+        entities: list[EntityRecord] | None = None,
+        candidates: list[FactRecord] | None = None,
+    ) -> WriteSummary:
         """``unprocessed``: the caller has just seen that the episode is not processed yet
-        (and nothing else writes its group meanwhile), so the marker is not read again."""
+        (and nothing else writes its group meanwhile), so the marker is not read again before
+        the work; the write itself still skips an episode processed meanwhile.
+        ``entities``: entity upserts resolution left to this write (same transaction).
+        ``candidates``: the stored facts ``candidate_reads`` names, already read (see
+        ``prefetched_candidates``); None: read here."""
         episode = stamped.episode
         group = episode.group_id
         summary = WriteSummary(group_id=group, episode_uuid=episode.uuid, episode_id=episode.id)
@@ -67,7 +78,11 @@ class FactWriter:
             summary.skipped = True
             return summary
         facts = stamped.facts
-        existing = await self._candidates(group, facts)
+        judged = self.llm is not None and not stamped.mapped
+        if candidates is None:
+            existing = await self._candidates(group, facts, judged=judged)
+        else:
+            existing = candidates
         embeddings: dict[int, list[float]] = {}
         to_embed = [i for i, f in enumerate(facts) if not f.closes]
         if to_embed and self.embed_facts:
@@ -75,7 +90,7 @@ class FactWriter:
             embeddings = dict(zip(to_embed, vectors, strict=True))
         decisions: dict[int, FactDecision] = {}
         llm_calls = 0
-        if self.llm is not None and not stamped.mapped:
+        if judged:
             decisions, llm_calls = await self._judge(group, facts, existing, embeddings)
         now = utcnow()
         plan = plan_facts(
@@ -98,15 +113,20 @@ class FactWriter:
             created_at=now,
             producer_id=episode.id,
         )
-        await self.store.write_episode(
+        written = await self.store.write_episode(
             group,
             EpisodeWrite(
                 episode=record,
                 mentions=stamped.mentions,
                 facts=list(plan.facts.values()),
                 closures=list(plan.closures.values()),
+                entities=list(entities or []),
             ),
         )
+        summary.llm_calls = stamped.llm_calls + llm_calls
+        if not written:  # processed meanwhile (e.g. by the worker that now owns the group)
+            summary.skipped = True
+            return summary
         FACTS_INVALIDATED.labels("closed").inc(plan.closed)
         FACTS_INVALIDATED.labels("born_closed").inc(plan.born_closed)
         summary.facts_new = plan.new
@@ -115,31 +135,16 @@ class FactWriter:
         summary.facts_born_closed = plan.born_closed
         summary.entities = len(stamped.mentions)
         summary.entities_new = stamped.entities_new
-        summary.llm_calls = stamped.llm_calls + llm_calls
         return summary
 
-    async def _candidates(self, group: str, facts: list[StampedFact]) -> list[FactRecord]:
-        """The stored facts the new ones can merge with or close: for a relation with a
-        cardinality (or a closing record), facts of the same subject and relation; for an LLM
-        fact, every fact sharing an endpoint. Only the subjects' facts are read for the
-        former: reading a shared object's (a plan, a ticket status) would read, and copy,
-        every fact pointing at it, ever more with each episode of the group."""
-        keyed = {(f.source_uuid, f.relation) for f in facts if f.closes or f.cardinality}
-        ends = {
-            u
-            for f in facts
-            if not (f.closes or f.cardinality)
-            for u in (f.source_uuid, f.target_uuid)
-            if u
-        }
-        read = sorted(ends | {source for source, _ in keyed})
-        if not read:
+    async def _candidates(
+        self, group: str, facts: list[StampedFact], *, judged: bool
+    ) -> list[FactRecord]:
+        """The stored facts the new ones can merge with or close (see ``candidate_reads``)."""
+        pairs, ends = candidate_reads(facts, judged=judged)
+        if not pairs and not ends:
             return []
-        return [
-            f
-            for f in await self.store.facts_touching(group, read)
-            if (f.source_uuid, f.name) in keyed or {f.source_uuid, f.target_uuid} & ends
-        ]
+        return await self.store.fact_candidates(group, pairs, ends, embeddings=judged)
 
     async def _judge(
         self,
@@ -205,6 +210,42 @@ class FactWriter:
         uuids = sorted({u for f in facts for u in (f.source_uuid, f.target_uuid)})
         records: list[EntityRecord] = await self.store.entities_by_uuids(group, uuids)
         return {r.uuid: r.name for r in records}
+
+
+def candidate_reads(
+    facts: list[StampedFact], *, judged: bool
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """What to read for ``plan_facts``: (subject, relation) pairs and entities whose every fact
+    is read. For a relation with a cardinality (or a closing record), the facts of the same
+    subject and relation; for a fact the LLM judges, every fact sharing an endpoint (its
+    candidates). Unjudged facts without a cardinality (mapped) only merge with facts of the
+    same subject and relation, so no more is read for them: reading a shared object's facts
+    (an account, a plan, a ticket status) would read, and copy, every fact pointing at it,
+    ever more with each episode of the group. Only judged facts need the stored embeddings
+    (a fact written back without one keeps its stored embedding)."""
+    pairs = {(f.source_uuid, f.relation) for f in facts if f.closes or f.cardinality or not judged}
+    ends = {
+        u
+        for f in facts
+        if judged and not (f.closes or f.cardinality)
+        for u in (f.source_uuid, f.target_uuid)
+        if u
+    }
+    return sorted(pairs), sorted(ends)
+
+
+def prefetched_candidates(
+    facts: list[StampedFact], read: list[FactRecord], sources: set[str]
+) -> list[FactRecord] | None:
+    """The unjudged candidates of ``facts`` (``candidate_reads(judged=False)``) out of
+    ``read``: the stored facts of relations among the facts' whose source is in ``sources``
+    (e.g. read with the resolution lookup). None when some fact's subject is not in
+    ``sources``: then ``read`` may miss candidates and they must be read."""
+    pairs, ends = candidate_reads(facts, judged=False)
+    if ends or any(source not in sources for source, _ in pairs):
+        return None
+    wanted = set(pairs)
+    return [f for f in read if (f.source_uuid, f.name) in wanted]
 
 
 def _restates(stored: FactRecord, new: StampedFact) -> bool:

@@ -770,6 +770,55 @@ async def test_write_episode_twice_is_identical(
     assert history == {"A works at B": ["m-1"], "B owns C": ["m-1"], "A works at C": ["m-2"]}
 
 
+async def test_a_processed_episode_is_never_written_again(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    """A late writer of an episode (e.g. a worker that lost the group's partition) changes
+    nothing: the marker is checked in the write's own transaction."""
+    group = new_group()
+    a, b, c = (entity(group, n) for n in "ABC")
+    await store.upsert_entities(group, [a, b, c])
+    ep1, ep2 = episode(group, "m-1", day(1)), episode(group, "m-2", day(2))
+    f1 = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(1), episodes=[ep1.uuid])
+    f2 = fact(group, a, c, "PLAN", "A is on plan C", valid_at=day(2), episodes=[ep2.uuid])
+    assert await store.write_episode(group, EpisodeWrite(episode=ep1, facts=[f1]))
+    closure = FactClosure(f1.uuid, invalid_at=day(2), expired_at=day(3))
+    assert await store.write_episode(group, EpisodeWrite(ep2, facts=[f2], closures=[closure]))
+    before = await snapshot(store, group)
+    stale = EpisodeWrite(episode=ep1, facts=[f1], entities=[entity(group, "D")])
+    assert not await store.write_episode(group, stale)  # f1 stays closed, no D
+    assert await snapshot(store, group) == before
+
+
+async def test_write_episode_upserts_its_entities_in_the_same_write(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group, other = new_group(), new_group()
+    a = entity(group, "A", embedding=vec(1), key="crm:a", aliases=["a"])
+    b = entity(group, "B", labels=["Plan"], aliases=["b"])
+    ep = episode(group, "m-1", day(1))
+    f = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(1), episodes=[ep.uuid])
+    write = EpisodeWrite(episode=ep, mentions=[a.uuid, b.uuid], facts=[f], entities=[a, b])
+    assert await store.write_episode(group, write)
+    assert [e.name for e in await store.list_entities(group)] == ["A", "B"]
+    assert await store.counts(group) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    lookup = await store.lookup_entities(group, ["crm:a"], ["b"], "nope", ["PLAN"])
+    assert not lookup.processed
+    assert [e.name for e in lookup.by_key] == ["A"] and [e.name for e in lookup.by_name] == ["B"]
+    assert lookup.by_key[0].name_embedding is None and lookup.facts is not None
+    assert [x.uuid for x in lookup.facts] == [f.uuid] and lookup.facts[0].valid_at == day(1)
+    assert (await store.lookup_entities(group, [], [], ep.uuid)).processed
+    assert await store.fact_candidates(group, [(a.uuid, "PLAN")], []) == [
+        x for x in await store.facts_touching(group, [a.uuid]) if x.uuid == f.uuid
+    ]
+    # a write that fails its checks writes nothing, not even its entities
+    ghost = fact(other, entity(other, "X"), entity(other, "Y"), "R", "x r y")
+    bad = EpisodeWrite(episode(other, "m-1", day(1)), facts=[ghost], entities=[entity(other, "X")])
+    with pytest.raises(StoreIntegrityError):
+        await store.write_episode(other, bad)
+    assert await store.counts(other) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+
+
 async def test_expired_at_is_set_only_once(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:

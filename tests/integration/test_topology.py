@@ -7,6 +7,7 @@ uses the scripted OpenAI-compatible server. Graphs are compared through the stor
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections import Counter
@@ -225,7 +226,11 @@ async def test_workers_stopped_and_killed_mid_run_give_the_uninterrupted_graph(
         )
 
     first = topology.start_worker()
-    report = await topology.produce(crm_feed(EPISODES, GROUPS, run=topology.run))
+    # Paced, so that the run is still going when the workers are stopped and killed however
+    # fast they are (the feed takes 20 s to produce).
+    producing = asyncio.create_task(
+        topology.produce(crm_feed(EPISODES, GROUPS, run=topology.run), rate=EPISODES / 20)
+    )
     await written_at_least(40)
     # SIGTERM mid-run: the worker finishes the records it took, commits, exits 0
     assert first.stop() == 0
@@ -240,6 +245,7 @@ async def test_workers_stopped_and_killed_mid_run_give_the_uninterrupted_graph(
     assert killed_at < EPISODES, "the run finished before the kill: nothing was interrupted"
 
     topology.start_worker()
+    report = await producing
     result = await topology.wait_reflected(report)
     assert result.processed == EPISODES and result.dead == []
     await assert_matches_reference(topology, reference)  # no loss, no duplicates

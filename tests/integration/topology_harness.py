@@ -211,9 +211,12 @@ class Topology:
         return result
 
     # ---- producing and waiting ------------------------------------------------------------
-    async def produce(self, episodes: list[dict[str, Any]] | list[bytes]) -> ProduceReport:
+    async def produce(
+        self, episodes: list[dict[str, Any]] | list[bytes], rate: float | None = None
+    ) -> ProduceReport:
+        """Produce and wait for Kafka's acknowledgements; ``rate``: episodes per second."""
         lines = [e if isinstance(e, bytes) else orjson.dumps(e) for e in episodes]
-        return await produce_lines(self.settings(), lines)
+        return await produce_lines(self.settings(), lines, rate=rate)
 
     async def wait_reflected(self, report: ProduceReport, timeout: float = 150.0) -> WaitReport:
         self.check_workers()

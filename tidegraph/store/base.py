@@ -36,6 +36,23 @@ class EpisodeWrite:
     mentions: list[str] = field(default_factory=list)  # entity uuids the episode mentions
     facts: list[FactRecord] = field(default_factory=list)  # upserted by uuid (full state)
     closures: list[FactClosure] = field(default_factory=list)
+    # Entity upserts (as ``upsert_entities``) written first, in the same transaction.
+    entities: list[EntityRecord] = field(default_factory=list)
+
+
+@dataclass
+class EntityLookup:
+    """What resolution reads for one episode, in one round trip (``lookup_entities``).
+
+    Records carry neither ``name_embedding`` nor ``community_uuid`` (resolution uses
+    neither), facts no ``fact_embedding``."""
+
+    processed: bool = False  # the episode asked about is already processed (nothing else read)
+    by_key: list[EntityRecord] = field(default_factory=list)
+    by_name: list[EntityRecord] = field(default_factory=list)
+    # When relations were given: the stored facts whose source is an entity found above and
+    # whose relation is one of them (ordered like facts_touching).
+    facts: list[FactRecord] | None = None
 
 
 @dataclass
@@ -118,6 +135,34 @@ class GraphStore(abc.ABC):
         union), replace summary when the new one is non-empty, set key when null.
         ``name``, ``created_at`` and ``name_embedding`` never change after creation."""
 
+    async def lookup_entities(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        episode_uuid: str | None = None,
+        relations: list[str] | None = None,
+    ) -> EntityLookup:
+        """``entities_by_keys(keys)`` and ``entities_by_names(names)`` (without name
+        embeddings) and, when ``episode_uuid`` is given, ``episode_processed``; with
+        ``relations``, the found entities' facts of those relations too (see
+        ``EntityLookup``) — in one round trip where the store can (this default makes up to
+        four)."""
+        if episode_uuid and await self.episode_processed(group_id, episode_uuid):
+            return EntityLookup(processed=True)
+        by_key = await self.entities_by_keys(group_id, keys) if keys else []
+        by_name = await self.entities_by_names(group_id, names) if names else []
+        lookup = EntityLookup(
+            by_key=_without_embeddings(by_key), by_name=_without_embeddings(by_name)
+        )
+        if relations is not None:
+            sources = sorted({e.uuid for e in [*by_key, *by_name]})
+            pairs = [(source, relation) for source in sources for relation in relations]
+            lookup.facts = (
+                await self.fact_candidates(group_id, pairs, [], embeddings=False) if pairs else []
+            )
+        return lookup
+
     @abc.abstractmethod
     async def list_entities(self, group_id: str) -> list[EntityRecord]:
         """All entities of the group, ordered by name then uuid."""
@@ -127,6 +172,29 @@ class GraphStore(abc.ABC):
     async def facts_touching(self, group_id: str, entity_uuids: list[str]) -> list[FactRecord]:
         """Every fact (open or closed) with its source or target in ``entity_uuids``."""
 
+    async def fact_candidates(
+        self,
+        group_id: str,
+        pairs: list[tuple[str, str]],
+        ends: list[str],
+        *,
+        embeddings: bool = True,
+    ) -> list[FactRecord]:
+        """The facts (open or closed) whose (source uuid, relation name) is in ``pairs``, and
+        those with their source or target in ``ends``; ordered like ``facts_touching``.
+        ``embeddings=False``: without ``fact_embedding`` (cheaper where it is not compared)."""
+        wanted = set(pairs)
+        touched = set(ends)
+        read = sorted(touched | {source for source, _ in wanted})
+        found = [
+            f
+            for f in (await self.facts_touching(group_id, read) if read else [])
+            if (f.source_uuid, f.name) in wanted or {f.source_uuid, f.target_uuid} & touched
+        ]
+        if embeddings:
+            return found
+        return [f.model_copy(update={"fact_embedding": None}) for f in found]
+
     @abc.abstractmethod
     async def vector_facts(
         self, group_id: str, embedding: list[float], limit: int
@@ -134,11 +202,17 @@ class GraphStore(abc.ABC):
         """Nearest facts by fact embedding (cosine similarity), best first."""
 
     @abc.abstractmethod
-    async def write_episode(self, group_id: str, write: EpisodeWrite) -> None:
-        """One transaction: MERGE the Episodic node (the processed marker), its MENTIONS,
-        the facts (MERGE by uuid, then SET the given state except ``created_at`` which only
-        applies on create and ``expired_at`` which is only set while null), and closures
-        (``invalid_at`` set, ``expired_at`` only while null)."""
+    async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
+        """One transaction: the entity upserts (as ``upsert_entities``), then MERGE the
+        Episodic node (the processed marker), its MENTIONS, the facts (MERGE by uuid, then SET
+        the given state except ``created_at`` which only applies on create, ``expired_at``
+        which is only set while null and ``fact_embedding`` which a record without one leaves
+        as stored), and closures (``invalid_at`` set, ``expired_at`` only while null).
+
+        When the episode's marker is already stored in the group, nothing is written and the
+        answer is False (a late or repeated writer of a processed episode must not reopen
+        what later episodes closed); True when written. The marker is checked inside the
+        write's own transaction."""
 
     @abc.abstractmethod
     async def query_facts(
@@ -200,3 +274,7 @@ class GraphStore(abc.ABC):
     async def assign_member(self, group_id: str, community_uuid: str, entity_uuid: str) -> None:
         """Make the entity a member of that (existing) community and of no other. Idempotent;
         a no-op when the community or the entity is not in the group."""
+
+
+def _without_embeddings(records: list[EntityRecord]) -> list[EntityRecord]:
+    return [r.model_copy(update={"name_embedding": None, "community_uuid": None}) for r in records]

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from processors.models import (
@@ -165,11 +165,17 @@ def cosine_score(cos: float) -> float:
     return min(1.0, max(0.0, (1.0 + cos) / 2.0))
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def to_utc(value: Any) -> datetime | None:
     """A datetime from either store as an aware UTC datetime (kuzu returns naive UTC,
-    the Neo4j driver its own DateTime)."""
+    the Neo4j driver its own DateTime; an int is microseconds since the epoch, as
+    ``epoch_micros`` projects it)."""
     if value is None:
         return None
+    if isinstance(value, int):
+        return _EPOCH + timedelta(microseconds=value)
     if hasattr(value, "to_native"):
         value = value.to_native()
     if not isinstance(value, datetime):
@@ -538,6 +544,8 @@ SCHEMA = (
     "CREATE INDEX entity_group_id IF NOT EXISTS FOR (n:Entity) ON (n.group_id)",
     "CREATE INDEX entity_name_norm IF NOT EXISTS FOR (n:Entity) ON (n.name_norm)",
     "CREATE INDEX entity_key IF NOT EXISTS FOR (n:Entity) ON (n.key)",
+    # a stable key is looked up within its group (the same CRM ids recur in every tenant)
+    "CREATE INDEX entity_group_key IF NOT EXISTS FOR (n:Entity) ON (n.group_id, n.key)",
     "CREATE INDEX community_group_id IF NOT EXISTS FOR (n:Community) ON (n.group_id)",
     "CREATE INDEX mentions_group_id IF NOT EXISTS FOR ()-[r:MENTIONS]-() ON (r.group_id)",
     "CREATE INDEX has_member_group_id IF NOT EXISTS FOR ()-[r:HAS_MEMBER]-() ON (r.group_id)",
@@ -571,6 +579,11 @@ RETURN name, options.indexConfig.`vector.dimensions` AS dim
 AWAIT_INDEXES = "CALL db.awaitIndexes($timeout)"
 
 # ---- episodes
+# Lookups by uuid name the uniqueness constraint's index: without the hint the planner may
+# pick the group_id index and filter every episode (entity, fact) of the group instead.
+# No hint here: clients (`ingest --via kafka`, `dlq replay`) ask before any worker may have
+# created the schema, and a hint on a missing index is an error; the planner picks the unique
+# index seek for this shape by itself (checked with EXPLAIN).
 EPISODE_PROCESSED = """
 MATCH (ep:Episodic {uuid: $uuid})
 WHERE ep.group_id = $group_id
@@ -585,30 +598,6 @@ ORDER BY ep.valid_at DESC, ep.uuid DESC
 LIMIT $limit
 """
 
-EPISODE_GROUP = """
-OPTIONAL MATCH (ep:Episodic {uuid: $uuid})
-RETURN ep.group_id AS group_id
-"""
-
-MERGE_EPISODE = """
-MERGE (ep:Episodic {uuid: $ep.uuid})
-ON CREATE SET ep.group_id = $group_id, ep.created_at = $ep.created_at
-SET ep.name = $ep.name,
-    ep.source = $ep.source,
-    ep.source_description = $ep.source_description,
-    ep.content = $ep.content,
-    ep.valid_at = $ep.valid_at,
-    ep.producer_id = $ep.producer_id
-"""
-
-MERGE_MENTIONS = """
-MATCH (ep:Episodic {uuid: $episode_uuid})
-UNWIND $mentions AS mention
-MATCH (e:Entity {uuid: mention})
-MERGE (ep)-[m:MENTIONS]->(e)
-ON CREATE SET m.group_id = $group_id
-"""
-
 PRODUCER_IDS = """
 MATCH (ep:Episodic)
 WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
@@ -616,13 +605,15 @@ RETURN ep.uuid AS uuid, ep.producer_id AS producer_id
 """
 
 # ---- entities
+_COMMUNITY_OF_E = """COLLECT {
+  MATCH (c:Community)-[:HAS_MEMBER]->(e) WHERE c.group_id = $group_id
+  RETURN c.uuid ORDER BY c.uuid LIMIT 1
+}[0]"""
+
 # The entity projection every entity read ends with.
-_ENTITY_RETURN = """
-RETURN e {.*} AS e,
-       COLLECT {
-         MATCH (c:Community)-[:HAS_MEMBER]->(e) WHERE c.group_id = $group_id
-         RETURN c.uuid ORDER BY c.uuid LIMIT 1
-       }[0] AS community_uuid
+_ENTITY_RETURN = f"""
+RETURN e {{.*}} AS e,
+       {_COMMUNITY_OF_E} AS community_uuid
 """
 
 ENTITY_GROUPS = """
@@ -631,9 +622,11 @@ WHERE e.uuid IN $uuids
 RETURN e.uuid AS uuid, e.group_id AS group_id
 """
 
-UPSERT_ENTITIES = """
-UNWIND $rows AS row
-MERGE (e:Entity {uuid: row.uuid})
+# One MERGE per row of ``$rows_param``; on match, labels and aliases are added (set union),
+# the summary replaced when the row has one and the key set while null.
+_UPSERT_ENTITY_ROWS = """
+UNWIND {rows} AS row
+MERGE (e:Entity {{uuid: row.uuid}})
 ON CREATE SET e.group_id = $group_id,
               e.name = row.name,
               e.name_norm = row.name_norm,
@@ -648,22 +641,68 @@ SET e.labels = coalesce(e.labels, [])
     e.key = coalesce(e.key, row.key)
 SET e:$(row.labels)
 """
+UPSERT_ENTITIES = _UPSERT_ENTITY_ROWS.format(rows="$rows")
 
-ENTITIES_BY_NAMES = (
-    """
+_ENTITIES_NAMED = """
 MATCH (e:Entity)
 WHERE e.group_id = $group_id
   AND (e.name_norm IN $names OR any(alias IN e.aliases WHERE alias IN $names))
 """
-    + _ENTITY_RETURN
-)
-
-ENTITIES_BY_KEYS = (
-    """
+_ENTITIES_KEYED = """
 MATCH (e:Entity)
-WHERE e.key IN $keys AND e.group_id = $group_id
+USING INDEX e:Entity(group_id, key)
+WHERE e.group_id = $group_id AND e.key IN $keys
 """
-    + _ENTITY_RETURN
+
+ENTITIES_BY_NAMES = _ENTITIES_NAMED + _ENTITY_RETURN
+
+ENTITIES_BY_KEYS = _ENTITIES_KEYED + _ENTITY_RETURN
+
+
+def epoch_micros(expression: str) -> str:
+    """Cypher for a datetime as microseconds since the epoch (null stays null): the driver
+    turns an int into Python far faster than a DateTime, and ``to_utc`` reads it back."""
+    return f"{expression}.epochSeconds * 1000000 + {expression}.microsecond"
+
+
+def _times_as_micros(variable: str, fields: tuple[str, ...]) -> str:
+    return ", ".join(f"{name}: {epoch_micros(f'{variable}.{name}')}" for name in fields)
+
+
+_FACT_TIMES = _times_as_micros("r", ("valid_at", "invalid_at", "created_at", "expired_at"))
+
+# Everything resolution needs in one round trip: whether the episode is already processed
+# (then nothing else is read), the entities matching the drafts' keys or names (without their
+# name embeddings and communities, which resolution does not use) and, of each, the stored facts
+# it is the source of with a relation in $relations (without their embeddings). One row per
+# entity found (``how``: key or name), or a single row with a null entity.
+RESOLUTION_LOOKUP = (
+    """
+OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
+USING INDEX ep:Episodic(uuid)
+WHERE ep.group_id = $group_id
+WITH ep IS NOT NULL AS processed
+OPTIONAL CALL (processed) {
+  WITH processed WHERE NOT processed"""
+    + _ENTITIES_KEYED
+    + """  RETURN e, 'key' AS how
+  UNION ALL
+  WITH processed WHERE NOT processed"""
+    + _ENTITIES_NAMED
+    + """  RETURN e, 'name' AS how
+}
+RETURN processed, how,
+       e {.*, name_embedding: null, """
+    + _times_as_micros("e", ("created_at",))
+    + """} AS e,
+       COLLECT {
+         MATCH (e)-[r:RELATES_TO]->(t:Entity)
+         WHERE r.group_id = $group_id AND r.name IN $relations
+         RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
+    + _FACT_TIMES
+    + """}
+       } AS facts
+"""
 )
 
 ENTITIES_BY_UUIDS = (
@@ -721,21 +760,14 @@ RETURN e.uuid AS uuid, score
 _FACT_RETURN = """
 RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
 """
-
-FACTS_BY_UUIDS = """
-MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
-WHERE r.uuid IN $uuids
-RETURN r.uuid AS uuid, r.group_id AS group_id, s.uuid AS source_uuid, t.uuid AS target_uuid
-"""
-
-MERGE_FACTS = """
-UNWIND $rows AS row
-MATCH (s:Entity {uuid: row.source_uuid}), (t:Entity {uuid: row.target_uuid})
-MERGE (s)-[r:RELATES_TO {uuid: row.uuid}]->(t)
+_MERGE_FACT_ROWS = """
+UNWIND {rows} AS row
+MATCH (s:Entity {{uuid: row.source_uuid}}), (t:Entity {{uuid: row.target_uuid}})
+MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
 ON CREATE SET r.group_id = $group_id, r.created_at = row.created_at
 SET r.name = row.name,
     r.fact = row.fact,
-    r.fact_embedding = row.fact_embedding,
+    r.fact_embedding = coalesce(row.fact_embedding, r.fact_embedding),
     r.episodes = row.episodes,
     r.valid_at = row.valid_at,
     r.invalid_at = row.invalid_at,
@@ -743,9 +775,10 @@ SET r.name = row.name,
     r.expired_at = coalesce(r.expired_at, row.expired_at)
 """
 
-CLOSE_FACTS = """
-UNWIND $rows AS row
-MATCH ()-[r:RELATES_TO {uuid: row.uuid}]->()
+_CLOSE_FACT_ROWS = """
+UNWIND {rows} AS row
+MATCH ()-[r:RELATES_TO {{uuid: row.uuid}}]->()
+USING INDEX r:RELATES_TO(uuid)
 WHERE r.group_id = $group_id
 SET r.invalid_at = row.invalid_at,
     r.expired_at = coalesce(r.expired_at, row.expired_at)
@@ -755,11 +788,41 @@ FACTS_TOUCHING = (
     """
 UNWIND $uuids AS uuid
 MATCH (e:Entity {uuid: uuid})-[r:RELATES_TO]-()
+USING INDEX e:Entity(uuid)
 WHERE e.group_id = $group_id AND r.group_id = $group_id
 WITH DISTINCT r
 MATCH (s:Entity)-[r]->(t:Entity)
 """
     + _FACT_RETURN
+)
+
+# The stored facts a new episode's facts can merge with or close: those of each
+# (subject, relation) in $pairs, and every fact touching an entity of $ends.
+_FACT_CANDIDATES = """
+CALL () {
+  UNWIND $pairs AS pair
+  MATCH (s:Entity {uuid: pair.source})-[r:RELATES_TO]->(:Entity)
+  USING INDEX s:Entity(uuid)
+  WHERE s.group_id = $group_id AND r.group_id = $group_id AND r.name = pair.relation
+  RETURN r
+  UNION
+  UNWIND $ends AS uuid
+  MATCH (e:Entity {uuid: uuid})-[r:RELATES_TO]-(:Entity)
+  USING INDEX e:Entity(uuid)
+  WHERE e.group_id = $group_id AND r.group_id = $group_id
+  RETURN r
+}
+MATCH (s:Entity)-[r]->(t:Entity)
+"""
+# (times as epoch microseconds: see epoch_micros)
+FACT_CANDIDATES = (
+    _FACT_CANDIDATES
+    + f"RETURN r {{.*, {_FACT_TIMES}}} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid\n"
+)
+FACT_CANDIDATES_PLAIN = (
+    _FACT_CANDIDATES
+    + f"RETURN r {{.*, fact_embedding: null, {_FACT_TIMES}}} AS r, "
+    + "s.uuid AS source_uuid, t.uuid AS target_uuid\n"
 )
 
 FACTS_BY_UUIDS_FULL = (
@@ -768,6 +831,54 @@ MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
 """
     + _FACT_RETURN
+)
+
+# ---- one episode's write: one read of what it touches, then one write
+# What the checks of an episode write need (see ``check_episode_write``): the group of a stored
+# Episodic with this uuid (the processed marker), and of the stored entities and facts the
+# write names.
+WRITE_STATE = """
+OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
+WITH ep.group_id AS episode_group
+CALL () {
+  UNWIND $entity_uuids AS uuid
+  MATCH (e:Entity {uuid: uuid})
+  RETURN collect([e.uuid, e.group_id]) AS entities
+}
+CALL () {
+  UNWIND $fact_uuids AS uuid
+  MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
+  RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
+}
+RETURN episode_group, entities, facts
+"""
+
+# Entities first (mentions and facts point at them), then the Episodic marker, its MENTIONS,
+# the facts (full state) and the closures, in one statement.
+WRITE_EPISODE = (
+    "CALL () {"
+    + _UPSERT_ENTITY_ROWS.format(rows="$entities")
+    + """}
+MERGE (ep:Episodic {uuid: $ep.uuid})
+ON CREATE SET ep.group_id = $group_id, ep.created_at = $ep.created_at
+SET ep.name = $ep.name,
+    ep.source = $ep.source,
+    ep.source_description = $ep.source_description,
+    ep.content = $ep.content,
+    ep.valid_at = $ep.valid_at,
+    ep.producer_id = $ep.producer_id
+WITH ep
+CALL (ep) {
+  UNWIND $mentions AS mention
+  MATCH (e:Entity {uuid: mention})
+  MERGE (ep)-[m:MENTIONS]->(e)
+  ON CREATE SET m.group_id = $group_id
+}
+CALL () {"""
+    + _MERGE_FACT_ROWS.format(rows="$facts")
+    + "}\nCALL () {"
+    + _CLOSE_FACT_ROWS.format(rows="$closures")
+    + "}\n"
 )
 
 VECTOR_FACT_CANDIDATES = """

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -42,7 +43,13 @@ import kuzu
 from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView, utc
 from tidegraph.metrics import STORE_ERRORS
 from tidegraph.store import cypher as q
-from tidegraph.store.base import CommunityRecord, EpisodeWrite, GraphStore, WeightedEdge
+from tidegraph.store.base import (
+    CommunityRecord,
+    EntityLookup,
+    EpisodeWrite,
+    GraphStore,
+    WeightedEdge,
+)
 from tidegraph.store.cypher import (
     ENTITY_FIELDS,
     EPISODE_FIELDS,
@@ -86,6 +93,12 @@ from tidegraph.store.cypher import (
 T = TypeVar("T")
 
 DB_FILE = "graph.kuzu"
+# Checkpoint once the WAL holds this much: kuzu keeps every uncheckpointed change (with its
+# vector and fulltext index updates) in the buffer pool, and a long ingest into one database
+# otherwise exhausts the pool and crashes the process (kuzu's default threshold is 16 MiB).
+CHECKPOINT_THRESHOLD_BYTES = 4 * 1024 * 1024
+# Prepared statements kept (the queries are constants: a few dozen texts).
+MAX_PREPARED_STATEMENTS = 256
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
 ENTITY_FULLTEXT_INDEX = "entity_name_summary"
 _ARRAY_DIM = re.compile(r"^DOUBLE\[(\d+)\]$")
@@ -155,12 +168,12 @@ SET ep.name = $name,
     ep.valid_at = $valid_at,
     ep.producer_id = $producer_id
 """
-MERGE_MENTIONS = """
-MATCH (ep:Episodic {uuid: $episode_uuid})
-UNWIND $mentions AS mention
-MATCH (e:Entity {uuid: mention})
-MERGE (ep)-[m:MENTIONS]->(e)
-ON CREATE SET m.group_id = $group_id
+# An episode's MENTIONS and new facts are CREATEd one statement per row, by primary key: the
+# episode is new (a processed one is never written again) and so are those facts, and kuzu
+# plans a MERGE of a relationship, or any UNWIND-driven match, as a scan of the whole table.
+CREATE_MENTION = """
+MATCH (ep:Episodic {uuid: $episode_uuid}), (e:Entity {uuid: $entity_uuid})
+CREATE (ep)-[:MENTIONS {group_id: $group_id}]->(e)
 """
 PRODUCER_IDS = """
 MATCH (ep:Episodic) WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
@@ -205,6 +218,12 @@ ENTITIES_BY_UUIDS = f"""
 MATCH (e:Entity) WHERE e.uuid IN $uuids AND e.group_id = $group_id RETURN {_ENTITY_COLUMNS}
 """
 LIST_ENTITIES = f"MATCH (e:Entity) WHERE e.group_id = $group_id RETURN {_ENTITY_COLUMNS}"
+# Resolution's lookups (EntityLookup): the same rows without the name embedding.
+_LOOKUP_COLUMNS = ", ".join(
+    "NULL" if name == "name_embedding" else f"e.{name}" for name in ENTITY_FIELDS
+)
+LOOKUP_BY_NAMES = ENTITIES_BY_NAMES.replace(_ENTITY_COLUMNS, _LOOKUP_COLUMNS)
+LOOKUP_BY_KEYS = ENTITIES_BY_KEYS.replace(_ENTITY_COLUMNS, _LOOKUP_COLUMNS)
 COMMUNITIES = """
 MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
 WHERE e.uuid IN $uuids AND c.group_id = $group_id
@@ -240,22 +259,35 @@ FACT_STATES = """
 MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity) WHERE r.uuid IN $uuids
 RETURN r.uuid, r.group_id, s.uuid, t.uuid
 """
-_MERGE_FACTS = """
-UNWIND $rows AS row
-MATCH (s:Entity {{uuid: row.source_uuid}}), (t:Entity {{uuid: row.target_uuid}})
-MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
-ON CREATE SET r.group_id = $group_id, r.created_at = row.created_at
-SET r.name = row.name,
-    r.fact = row.fact,
-    r.fact_embedding = {embedding},
-    r.episodes = CAST(row.episodes AS STRING[]),
-    r.valid_at = CAST(row.valid_at AS TIMESTAMP),
-    r.invalid_at = CAST(row.invalid_at AS TIMESTAMP),
-    r.cardinality = CAST(row.cardinality AS STRING),
-    r.expired_at = coalesce(r.expired_at, CAST(row.expired_at AS TIMESTAMP))
+_CREATE_FACT = """
+MATCH (s:Entity {{uuid: $source_uuid}}), (t:Entity {{uuid: $target_uuid}})
+CREATE (s)-[:RELATES_TO {{uuid: $uuid, group_id: $group_id, name: $name, fact: $fact,{embedding}
+                         episodes: CAST($episodes AS STRING[]),
+                         valid_at: CAST($valid_at AS TIMESTAMP),
+                         invalid_at: CAST($invalid_at AS TIMESTAMP),
+                         created_at: CAST($created_at AS TIMESTAMP),
+                         expired_at: CAST($expired_at AS TIMESTAMP),
+                         cardinality: CAST($cardinality AS STRING)}}]->(t)
 """
-MERGE_FACTS = _MERGE_FACTS.format(embedding="NULL")
-MERGE_FACTS_EMBEDDED = _MERGE_FACTS.format(embedding="row.fact_embedding")
+CREATE_FACT = _CREATE_FACT.format(embedding="")
+CREATE_FACT_EMBEDDED = _CREATE_FACT.format(
+    embedding="\n                         fact_embedding: $fact_embedding,"
+)
+# A stored fact takes the given state, except created_at and a set expired_at; a row without
+# an embedding leaves the stored one (an embedding never changes).
+_UPDATE_FACT = """
+MATCH (s:Entity {{uuid: $source_uuid}})-[r:RELATES_TO]->(t:Entity {{uuid: $target_uuid}})
+WHERE r.uuid = $uuid
+SET r.name = $name,
+    r.fact = $fact,{embedding}
+    r.episodes = CAST($episodes AS STRING[]),
+    r.valid_at = CAST($valid_at AS TIMESTAMP),
+    r.invalid_at = CAST($invalid_at AS TIMESTAMP),
+    r.cardinality = CAST($cardinality AS STRING),
+    r.expired_at = coalesce(r.expired_at, CAST($expired_at AS TIMESTAMP))
+"""
+UPDATE_FACT = _UPDATE_FACT.format(embedding="")
+UPDATE_FACT_EMBEDDED = _UPDATE_FACT.format(embedding="\n    r.fact_embedding = $fact_embedding,")
 CLOSE_FACTS = """
 UNWIND $rows AS row
 MATCH ()-[r:RELATES_TO {uuid: row.uuid}]->()
@@ -268,6 +300,35 @@ MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
 WHERE r.group_id = $group_id AND (s.uuid IN $uuids OR t.uuid IN $uuids)
 RETURN {_FACT_COLUMNS}
 """
+_FACT_COLUMNS_PLAIN = _FACT_COLUMNS.replace("r.fact_embedding", "NULL")
+# One statement per subject (a primary-key lookup, then its adjacency): kuzu plans an
+# UNWIND-driven match as a scan of every fact.
+_FACTS_OF_PAIR = """
+MATCH (s:Entity {{uuid: $source}})-[r:RELATES_TO]->(t:Entity)
+WHERE r.group_id = $group_id AND r.name = $relation
+RETURN {columns}
+"""
+_FACTS_FROM = """
+MATCH (s:Entity {{uuid: $uuid}})-[r:RELATES_TO]->(t:Entity)
+WHERE r.group_id = $group_id
+RETURN {columns}
+"""
+_FACTS_TO = """
+MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity {{uuid: $uuid}})
+WHERE r.group_id = $group_id
+RETURN {columns}
+"""
+# The lookup's facts: every found entity's facts of the episode's relations, in one statement.
+FACTS_OF_SOURCES = f"""
+MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
+WHERE s.uuid IN $uuids AND r.group_id = $group_id AND r.name IN $relations
+RETURN {_FACT_COLUMNS_PLAIN}
+"""
+# (query with embeddings, query without) for each part of fact_candidates
+FACT_CANDIDATE_QUERIES = {
+    name: (text.format(columns=_FACT_COLUMNS), text.format(columns=_FACT_COLUMNS_PLAIN))
+    for name, text in (("pair", _FACTS_OF_PAIR), ("from", _FACTS_FROM), ("to", _FACTS_TO))
+}
 FACTS_BY_UUIDS = f"""
 MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
@@ -362,6 +423,7 @@ class KuzuStore(GraphStore):
         self._closed = False
         self._dim: int | None = None
         self._lock = asyncio.Lock()
+        self._statements: dict[str, kuzu.PreparedStatement] = {}
 
     # ------------------------------------------------------------------ plumbing
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -379,18 +441,39 @@ class KuzuStore(GraphStore):
             if self._closed:
                 raise RuntimeError("the kuzu store is closed")
             self._dir.mkdir(parents=True, exist_ok=True)
-            self._db = kuzu.Database(str(self._dir / DB_FILE), buffer_pool_size=self._buffer_pool)
+            self._db = kuzu.Database(
+                str(self._dir / DB_FILE),
+                buffer_pool_size=self._buffer_pool,
+                checkpoint_threshold=CHECKPOINT_THRESHOLD_BYTES,
+            )
             self._conn = kuzu.Connection(self._db)
         return self._conn
 
     def _rows(self, query: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
-        result = self._connection().execute(query, _naive(params or {}))
+        connection = self._connection()
+        if params:
+            result = connection.execute(self._prepared(connection, query), _naive(params))
+        else:
+            result = connection.execute(query)
         if not isinstance(result, kuzu.QueryResult):  # several statements: never sent
             raise TypeError("one statement per query")
         try:
             return result.get_all()
         finally:
             result.close()
+
+    def _prepared(self, connection: kuzu.Connection, query: str) -> kuzu.PreparedStatement:
+        """The query prepared once and reused: kuzu 0.11.3 never frees the statement it
+        prepares for each call with parameters (~11 KB a call: gigabytes over a long ingest),
+        and preparing is a good part of a small query's time."""
+        statement = self._statements.get(query)
+        if statement is None:
+            if len(self._statements) >= MAX_PREPARED_STATEMENTS:
+                self._statements.clear()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # prepare() is deprecated
+                statement = self._statements[query] = connection.prepare(query)
+        return statement
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -453,6 +536,7 @@ class KuzuStore(GraphStore):
         for name, statement in INDEXES:
             if name not in present:
                 self._rows(statement)
+        self._statements.clear()  # prepared before the schema changed
         self._dim = dim
 
     async def close(self) -> None:
@@ -460,6 +544,7 @@ class KuzuStore(GraphStore):
 
     def _close(self) -> None:
         self._closed = True
+        self._statements.clear()
         if self._conn is not None:
             self._conn.close()
         if self._db is not None:
@@ -503,6 +588,48 @@ class KuzuStore(GraphStore):
         if not keys:
             return []
         return await self._call(self._entities, group_id, ENTITIES_BY_KEYS, {"keys": unique(keys)})
+
+    async def lookup_entities(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        episode_uuid: str | None = None,
+        relations: list[str] | None = None,
+    ) -> EntityLookup:
+        return await self._call(
+            self._lookup_entities, group_id, keys, names, episode_uuid, relations
+        )
+
+    def _lookup_entities(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        episode_uuid: str | None,
+        relations: list[str] | None,
+    ) -> EntityLookup:
+        if episode_uuid:
+            marker = self._rows(EPISODE_PROCESSED, {"group_id": group_id, "uuid": episode_uuid})
+            if marker[0][0] > 0:
+                return EntityLookup(processed=True)
+
+        def read(query: str, values: list[str], name: str) -> list[EntityRecord]:
+            if not values:
+                return []
+            rows = self._rows(query, {"group_id": group_id, name: unique(values)})
+            return sort_entities(_entity(row) for row in rows)
+
+        lookup = EntityLookup(
+            by_key=read(LOOKUP_BY_KEYS, keys, "keys"),
+            by_name=read(LOOKUP_BY_NAMES, names, "names"),
+        )
+        if relations is not None:
+            sources = unique(e.uuid for e in [*lookup.by_key, *lookup.by_name])
+            params = {"group_id": group_id, "uuids": sources, "relations": unique(relations)}
+            rows = self._rows(FACTS_OF_SOURCES, params) if sources and relations else []
+            lookup.facts = sort_facts({f.uuid: f for f in map(_fact, rows)}.values())
+        return lookup
 
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         if not uuids:
@@ -568,21 +695,25 @@ class KuzuStore(GraphStore):
         )
 
     def _upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
+        with self._transaction():
+            self._write_entities(group_id, entities)
+
+    def _write_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
+        """The upsert's statements, inside the caller's transaction."""
         now = now_utc()
         rows = [entity_row(group_id, e, self._dimension(), now) for e in entities]
-        with self._transaction():
-            stored = self._rows(ENTITY_STATES, {"uuids": unique(r["uuid"] for r in rows)})
-            check_entity_owners(group_id, {row[0]: row[1] for row in stored})
-            states = {
-                uuid: EntityState(list(labels or []), list(aliases or []), summary or "", key)
-                for uuid, _, labels, aliases, summary, key in stored
-            }
-            creates, updates = fold_entity_rows(rows, states)
-            for row in creates:
-                self._create_entity(group_id, row)
-            if updates:
-                update_rows = [{"uuid": u, **vars(s)} for u, s in updates.items()]
-                self._rows(UPDATE_ENTITIES, {"rows": update_rows})
+        stored = self._rows(ENTITY_STATES, {"uuids": unique(r["uuid"] for r in rows)})
+        check_entity_owners(group_id, {row[0]: row[1] for row in stored})
+        states = {
+            uuid: EntityState(list(labels or []), list(aliases or []), summary or "", key)
+            for uuid, _, labels, aliases, summary, key in stored
+        }
+        creates, updates = fold_entity_rows(rows, states)
+        for row in creates:
+            self._create_entity(group_id, row)
+        if updates:
+            update_rows = [{"uuid": u, **vars(s)} for u, s in updates.items()]
+            self._rows(UPDATE_ENTITIES, {"rows": update_rows})
 
     def _create_entity(self, group_id: str, row: dict[str, Any]) -> None:
         fields = ("uuid", "name", "name_norm", "labels", "summary", "key", "aliases", "created_at")
@@ -600,6 +731,33 @@ class KuzuStore(GraphStore):
             self._rows, FACTS_TOUCHING, {"group_id": group_id, "uuids": unique(entity_uuids)}
         )
         return sort_facts(_fact(row) for row in rows)
+
+    async def fact_candidates(
+        self,
+        group_id: str,
+        pairs: list[tuple[str, str]],
+        ends: list[str],
+        *,
+        embeddings: bool = True,
+    ) -> list[FactRecord]:
+        if not pairs and not ends:
+            return []
+        return await self._call(self._fact_candidates, group_id, pairs, ends, embeddings)
+
+    def _fact_candidates(
+        self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
+    ) -> list[FactRecord]:
+        pick = 0 if embeddings else 1
+        rows: list[list[Any]] = []
+        for source, relation in sorted(set(pairs)):
+            params = {"group_id": group_id, "source": source, "relation": relation}
+            rows += self._rows(FACT_CANDIDATE_QUERIES["pair"][pick], params)
+        for uuid in unique(ends):
+            for part in ("from", "to"):
+                params = {"group_id": group_id, "uuid": uuid}
+                rows += self._rows(FACT_CANDIDATE_QUERIES[part][pick], params)
+        facts = {fact.uuid: fact for fact in map(_fact, rows)}
+        return sort_facts(facts.values())
 
     async def vector_facts(
         self, group_id: str, embedding: list[float], limit: int
@@ -625,53 +783,85 @@ class KuzuStore(GraphStore):
         }
         return rank(((found[u], cosine_score(c)) for u, c in scores if u in found), limit)
 
-    async def write_episode(self, group_id: str, write: EpisodeWrite) -> None:
-        rows = 1 + len(write.mentions) + len(write.facts) + len(write.closures)
-        await self._write_call("write_episode", rows, self._write_episode, group_id, write)
+    async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
+        rows = (
+            1 + len(write.entities) + len(write.mentions) + len(write.facts) + len(write.closures)
+        )
+        return await self._write_call("write_episode", rows, self._write_episode, group_id, write)
 
-    def _write_episode(self, group_id: str, write: EpisodeWrite) -> None:
+    def _write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         dim = self._dimension()
         now = now_utc()
         episode = episode_row(group_id, write.episode, now)
         facts = [fact_row(group_id, f, dim, now) for f in write.facts]
         closures = [closure_row(c) for c in write.closures]
-        mentions = unique(write.mentions)
+        stored = self._rows(EPISODE_GROUP, {"uuid": write.episode.uuid})
+        episode_group = stored[0][0] if stored else None
+        if episode_group == group_id:
+            return False  # already processed: nothing may change (see GraphStore)
+        # Checked before anything is written: the entities go in a transaction of their own,
+        # committed first, because inside one transaction kuzu 0.11.3 finds the wrong node by
+        # primary key (`uuid IN [...]`) once nodes were created in it, and may crash. Nothing
+        # else runs in between (one call at a time).
+        stored_facts = self._check_write(group_id, write, episode_group)
+        if write.entities:
+            with self._transaction():
+                self._write_entities(group_id, write.entities)
         with self._transaction():
-            self._check_write(group_id, write)
             self._rows(MERGE_EPISODE, {"group_id": group_id, **episode})
-            if mentions:
+            for entity_uuid in unique(write.mentions):
                 self._rows(
-                    MERGE_MENTIONS,
-                    {"group_id": group_id, "episode_uuid": episode["uuid"], "mentions": mentions},
+                    CREATE_MENTION,
+                    {
+                        "group_id": group_id,
+                        "episode_uuid": episode["uuid"],
+                        "entity_uuid": entity_uuid,
+                    },
                 )
-            embedded = [f for f in facts if f["fact_embedding"] is not None]
-            plain = [
-                {k: v for k, v in f.items() if k != "fact_embedding"}
-                for f in facts
-                if f["fact_embedding"] is None
-            ]
-            if embedded:
-                self._rows(MERGE_FACTS_EMBEDDED, {"group_id": group_id, "rows": embedded})
-            if plain:
-                self._rows(MERGE_FACTS, {"group_id": group_id, "rows": plain})
+            for row in facts:
+                self._write_fact(group_id, row, row["uuid"] in stored_facts)
+                stored_facts.add(row["uuid"])
             if closures:
                 self._rows(CLOSE_FACTS, {"group_id": group_id, "rows": closures})
+        return True
 
-    def _check_write(self, group_id: str, write: EpisodeWrite) -> None:
-        episode = self._rows(EPISODE_GROUP, {"uuid": write.episode.uuid})
+    def _write_fact(self, group_id: str, row: dict[str, Any], stored: bool) -> None:
+        params = {"group_id": group_id, **row}
+        if row["fact_embedding"] is None:
+            del params["fact_embedding"]
+            query = UPDATE_FACT if stored else CREATE_FACT
+        else:
+            query = UPDATE_FACT_EMBEDDED if stored else CREATE_FACT_EMBEDDED
+        if stored:
+            del params["group_id"], params["created_at"]
+        self._rows(query, params)
+
+    def _check_write(
+        self, group_id: str, write: EpisodeWrite, episode_group: str | None
+    ) -> set[str]:
+        """Refuse a write that would cross groups or dangle (its entity upserts count as the
+        group's); the uuids of its stored facts."""
+        upserted = unique(e.uuid for e in write.entities)
         entity_uuids = unique(
-            [*write.mentions, *(u for f in write.facts for u in (f.source_uuid, f.target_uuid))]
+            [
+                *upserted,
+                *write.mentions,
+                *(u for f in write.facts for u in (f.source_uuid, f.target_uuid)),
+            ]
         )
         entities = self._rows(ENTITY_GROUPS, {"uuids": entity_uuids}) if entity_uuids else []
+        owners = {uuid: group for uuid, group in entities}
+        check_entity_owners(group_id, {u: owners[u] for u in upserted if u in owners})
         fact_uuids = unique([*(f.uuid for f in write.facts), *(c.uuid for c in write.closures)])
         facts = self._rows(FACT_STATES, {"uuids": fact_uuids}) if fact_uuids else []
         check_episode_write(
             group_id,
             write,
-            episode[0][0] if episode else None,
-            {uuid: group for uuid, group in entities},
+            episode_group,
+            {**owners, **dict.fromkeys(upserted, group_id)},
             {uuid: StoredFact(group, source, target) for uuid, group, source, target in facts},
         )
+        return {uuid for uuid, *_ in facts}
 
     async def query_facts(
         self,

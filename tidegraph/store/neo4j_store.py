@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -21,10 +22,18 @@ from neo4j import (
 from neo4j.exceptions import ClientError, ServiceUnavailable, SessionExpired, TransientError
 
 from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView, utc
-from tidegraph.metrics import STORE_ERRORS
+from tidegraph.connections import neo4j_driver_options
+from tidegraph.metrics import STORE_BATCH_SIZE, STORE_ERRORS
 from tidegraph.settings import Settings
 from tidegraph.store import cypher as q
-from tidegraph.store.base import CommunityRecord, EpisodeWrite, GraphStore, WeightedEdge
+from tidegraph.store.base import (
+    CommunityRecord,
+    EntityLookup,
+    EpisodeWrite,
+    GraphStore,
+    WeightedEdge,
+)
+from tidegraph.store.batching import GroupCommit
 from tidegraph.store.cypher import (
     AsOf,
     StoredFact,
@@ -60,6 +69,9 @@ from tidegraph.store.cypher import (
 
 T = TypeVar("T")
 
+# Episode writes that arrive while a transaction runs share the next one (GroupCommit).
+MAX_EPISODES_PER_TRANSACTION = 32
+
 AWAIT_INDEXES_SECONDS = 300
 DELETE_BATCH = 5000
 # Another process may create the same schema rule between our check and our create.
@@ -87,6 +99,15 @@ def _count_errors() -> Iterator[None]:
         raise
 
 
+@dataclass(frozen=True)
+class _EpisodeJob:
+    """One ``write_episode`` call, its query parameters ready."""
+
+    group_id: str
+    write: EpisodeWrite
+    params: dict[str, Any]
+
+
 async def _run(tx: AsyncManagedTransaction, query: str, params: dict[str, Any]) -> list[Record]:
     result = await tx.run(query, params)
     return [record async for record in result]
@@ -103,11 +124,15 @@ class Neo4jStore(GraphStore):
         user: str | None = None,
         password: str | None = None,
         database: str = "neo4j",
+        driver_options: dict[str, Any] | None = None,
     ) -> None:
         auth = None if user is None else basic_auth(user, password or "")
-        self._driver = AsyncGraphDatabase.driver(uri, auth=auth)
+        self._driver = AsyncGraphDatabase.driver(uri, auth=auth, **(driver_options or {}))
         self._database = database
         self._dim: int | None = None
+        self._episodes: GroupCommit[_EpisodeJob, bool] = GroupCommit(
+            self._commit_episodes, MAX_EPISODES_PER_TRANSACTION
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Neo4jStore:
@@ -116,6 +141,7 @@ class Neo4jStore(GraphStore):
             settings.neo4j_user,
             settings.neo4j_password.get_secret_value(),
             settings.neo4j_database,
+            driver_options=neo4j_driver_options(settings),
         )
 
     # ------------------------------------------------------------------ plumbing
@@ -224,6 +250,40 @@ class Neo4jStore(GraphStore):
             q.ENTITIES_BY_KEYS, {"group_id": group_id, "keys": unique(keys)}
         )
 
+    async def lookup_entities(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        episode_uuid: str | None = None,
+        relations: list[str] | None = None,
+    ) -> EntityLookup:
+        params = {
+            "group_id": group_id,
+            "keys": unique(keys),
+            "names": unique(names),
+            "episode_uuid": episode_uuid,
+            "relations": unique(relations or []),
+        }
+        records = await self._read(q.RESOLUTION_LOOKUP, params)
+        if records and records[0]["processed"]:
+            return EntityLookup(processed=True)
+        found: dict[str, list[EntityRecord]] = {"key": [], "name": []}
+        facts: dict[str, FactRecord] = {}
+        for record in records:
+            if record["e"] is None:
+                continue
+            entity = entity_record(dict(record["e"]))
+            found[record["how"]].append(entity)
+            for r in record["facts"]:
+                fact = fact_record(dict(r), entity.uuid, r["target_uuid"])
+                facts[fact.uuid] = fact
+        return EntityLookup(
+            by_key=sort_entities(found["key"]),
+            by_name=sort_entities(found["name"]),
+            facts=None if relations is None else sort_facts(facts.values()),
+        )
+
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         if not uuids:
             return []
@@ -327,6 +387,24 @@ class Neo4jStore(GraphStore):
         )
         return sort_facts(self._fact(r) for r in records)
 
+    async def fact_candidates(
+        self,
+        group_id: str,
+        pairs: list[tuple[str, str]],
+        ends: list[str],
+        *,
+        embeddings: bool = True,
+    ) -> list[FactRecord]:
+        if not pairs and not ends:
+            return []
+        params = {
+            "group_id": group_id,
+            "pairs": [{"source": s, "relation": r} for s, r in sorted(set(pairs))],
+            "ends": unique(ends),
+        }
+        query = q.FACT_CANDIDATES if embeddings else q.FACT_CANDIDATES_PLAIN
+        return sort_facts(self._fact(r) for r in await self._read(query, params))
+
     async def vector_facts(
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[FactRecord, float]]:
@@ -347,50 +425,73 @@ class Neo4jStore(GraphStore):
         found = {f.uuid: f for f in map(self._fact, records)}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 
-    async def write_episode(self, group_id: str, write: EpisodeWrite) -> None:
+    async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         dim = await self._embedding_dim()
         now = now_utc()
-        episode = episode_row(group_id, write.episode, now)
-        facts = [fact_row(group_id, f, dim, now) for f in write.facts]
-        closures = [closure_row(c) for c in write.closures]
-        mentions = unique(write.mentions)
+        params = {
+            "group_id": group_id,
+            "entities": [entity_row(group_id, e, dim, now) for e in write.entities],
+            "ep": episode_row(group_id, write.episode, now),
+            "mentions": unique(write.mentions),
+            "facts": [fact_row(group_id, f, dim, now) for f in write.facts],
+            "closures": [closure_row(c) for c in write.closures],
+        }
+        rows = sum(len(params[k]) for k in ("entities", "mentions", "facts", "closures")) + 1
+        with observe_write("write_episode", rows):
+            return await self._episodes.submit(_EpisodeJob(group_id, write, params))
 
-        async def work(tx: AsyncManagedTransaction) -> None:
-            await self._check_write(tx, group_id, write)
-            await _run(tx, q.MERGE_EPISODE, {"group_id": group_id, "ep": episode})
-            if mentions:
-                await _run(
-                    tx,
-                    q.MERGE_MENTIONS,
-                    {"group_id": group_id, "episode_uuid": episode["uuid"], "mentions": mentions},
-                )
-            if facts:
-                await _run(tx, q.MERGE_FACTS, {"group_id": group_id, "rows": facts})
-            if closures:
-                await _run(tx, q.CLOSE_FACTS, {"group_id": group_id, "rows": closures})
+    async def _commit_episodes(self, jobs: list[_EpisodeJob]) -> list[bool]:
+        """One transaction for the episode writes of ``jobs``, in order (group commit)."""
 
-        rows = 1 + len(mentions) + len(facts) + len(closures)
-        await self._write("write_episode", rows, work)
+        async def work(tx: AsyncManagedTransaction) -> list[bool]:
+            written = []
+            for job in jobs:
+                fresh = await self._check_write(tx, job.group_id, job.write)
+                if fresh:
+                    await _run(tx, q.WRITE_EPISODE, job.params)
+                written.append(fresh)
+            return written
+
+        STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(jobs))
+        with _count_errors():
+            async with self._driver.session(database=self._database) as session:
+                return await session.execute_write(work)
 
     @staticmethod
-    async def _check_write(tx: AsyncManagedTransaction, group_id: str, write: EpisodeWrite) -> None:
-        episode = await _run(tx, q.EPISODE_GROUP, {"uuid": write.episode.uuid})
+    async def _check_write(tx: AsyncManagedTransaction, group_id: str, write: EpisodeWrite) -> bool:
+        """False when the episode is already processed in the group (nothing to write); raises
+        ``StoreIntegrityError`` for a write that would cross groups or dangle."""
+        upserted = unique(e.uuid for e in write.entities)
         entity_uuids = unique(
-            [*write.mentions, *(u for f in write.facts for u in (f.source_uuid, f.target_uuid))]
+            [
+                *upserted,
+                *write.mentions,
+                *(u for f in write.facts for u in (f.source_uuid, f.target_uuid)),
+            ]
         )
-        entities = await _run(tx, q.ENTITY_GROUPS, {"uuids": entity_uuids})
         fact_uuids = unique([*(f.uuid for f in write.facts), *(c.uuid for c in write.closures)])
-        facts = await _run(tx, q.FACTS_BY_UUIDS, {"uuids": fact_uuids})
+        [state] = await _run(
+            tx,
+            q.WRITE_STATE,
+            {
+                "episode_uuid": write.episode.uuid,
+                "entity_uuids": entity_uuids,
+                "fact_uuids": fact_uuids,
+            },
+        )
+        if state["episode_group"] == group_id:
+            return False
+        owners = {uuid: group for uuid, group in state["entities"]}
+        check_entity_owners(group_id, {u: owners[u] for u in upserted if u in owners})
+        facts = {u: StoredFact(g, source, target) for u, g, source, target in state["facts"]}
         check_episode_write(
             group_id,
             write,
-            episode[0]["group_id"] if episode else None,
-            {r["uuid"]: r["group_id"] for r in entities},
-            {
-                r["uuid"]: StoredFact(r["group_id"], r["source_uuid"], r["target_uuid"])
-                for r in facts
-            },
+            state["episode_group"],
+            {**owners, **dict.fromkeys(upserted, group_id)},
+            facts,
         )
+        return True
 
     async def query_facts(
         self,

@@ -1,0 +1,65 @@
+"""Group commit (tidegraph.store.batching) and the embedding cache (tidegraph.embed.cache)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tidegraph.embed.cache import CachingEmbedder
+from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.store.batching import GroupCommit
+
+
+class Recorder:
+    """A commit that records its batches; items named "bad" make a batch fail."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    async def commit(self, items: list[str]) -> list[str]:
+        await asyncio.sleep(0.01)
+        self.batches.append(list(items))
+        if "bad" in items:
+            raise ValueError("bad item")
+        return [item.upper() for item in items]
+
+
+async def test_concurrent_items_share_a_commit_in_order() -> None:
+    recorder = Recorder()
+    batcher: GroupCommit[str, str] = GroupCommit(recorder.commit, max_items=3)
+    results = await asyncio.gather(*(batcher.submit(x) for x in "abcde"))
+    assert results == list("ABCDE")
+    assert recorder.batches == [["a", "b", "c"], ["d", "e"]]
+
+
+async def test_a_failing_item_fails_alone() -> None:
+    recorder = Recorder()
+    batcher: GroupCommit[str, str] = GroupCommit(recorder.commit, max_items=8)
+    results = await asyncio.gather(
+        *(batcher.submit(x) for x in ["a", "b", "bad", "c"]), return_exceptions=True
+    )
+    assert results[:2] == ["A", "B"] and results[3] == "C"
+    assert isinstance(results[2], ValueError)
+    assert recorder.batches == [["a", "b", "bad", "c"], ["a"], ["b"], ["bad"], ["c"]]
+
+
+async def test_caching_embedder_embeds_each_text_once() -> None:
+    calls: list[list[str]] = []
+    inner = HashingEmbedder(dim=64)
+    original = inner.embed
+
+    async def counted(texts: list[str]) -> list[list[float]]:
+        calls.append(list(texts))
+        return await original(texts)
+
+    inner.embed = counted  # type: ignore[method-assign]
+    cached = CachingEmbedder(inner, max_texts=2)
+    first = await cached.embed(["x", "y", "x"])
+    assert first == await original(["x", "y", "x"])
+    assert await cached.embed(["y"]) == first[1:2]
+    await cached.embed(["z"])  # evicts x (least recently used)
+    await cached.embed(["x"])
+    assert calls == [["x", "y"], ["z"], ["x"]]
+    with pytest.raises(ValueError):
+        CachingEmbedder(inner, max_texts=0)

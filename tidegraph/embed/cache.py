@@ -1,0 +1,49 @@
+"""A bounded cache in front of an embedder: the same text is embedded once.
+
+A feed states the same fact texts and names again and again (a ticket's status toggling, a
+record restating an account's plan); every embedder here is deterministic, so a text's vector
+can be reused. Vectors are kept as ``array('d')`` (8 bytes a number instead of a Python float
+object each) and handed out as fresh lists.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+
+from tidegraph.embed.base import Embedder
+
+DEFAULT_MAX_TEXTS = 4096
+
+
+class CachingEmbedder(Embedder):
+    """Wraps ``inner``; at most ``max_texts`` vectors are kept (least recently used go)."""
+
+    def __init__(self, inner: Embedder, max_texts: int = DEFAULT_MAX_TEXTS) -> None:
+        if max_texts < 1:
+            raise ValueError("max_texts must be at least 1")
+        self.inner = inner
+        self.model_name = inner.model_name
+        self.dim = inner.dim
+        self.thresholds = inner.thresholds
+        self.max_texts = max_texts
+        self._vectors: OrderedDict[str, array] = OrderedDict()
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        # Taken before awaiting: another caller may evict them meanwhile.
+        cached = {t: self._vectors[t] for t in texts if t in self._vectors}
+        for text in cached:
+            self._vectors.move_to_end(text)
+        missing = list(dict.fromkeys(t for t in texts if t not in cached))
+        fresh = dict(zip(missing, await self.inner.embed(missing), strict=True)) if missing else {}
+        for text, vector in fresh.items():
+            self._remember(text, vector)
+        return [list(fresh[t]) if t in fresh else cached[t].tolist() for t in texts]
+
+    def _remember(self, text: str, vector: list[float]) -> None:
+        self._vectors[text] = array("d", vector)
+        while len(self._vectors) > self.max_texts:
+            self._vectors.popitem(last=False)
+
+    async def close(self) -> None:
+        await self.inner.close()
