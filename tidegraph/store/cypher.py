@@ -958,14 +958,25 @@ RETURN episodes, entities, facts, mentions
 
 # One batch per call, per label (the group_id index is per label); repeat until 0.
 DELETE_GROUP_BATCH = {
-    label: f"""
+    # Facts first, in batches of their own: deleting a well-connected entity would otherwise
+    # delete all its facts (with their embeddings) in one transaction.
+    "RELATES_TO": """
+MATCH (s:Entity)-[r:RELATES_TO]->()
+WHERE s.group_id = $group_id
+WITH r LIMIT $batch
+DELETE r
+RETURN count(*) AS deleted
+""",
+    **{
+        label: f"""
 MATCH (n:{label})
 WHERE n.group_id = $group_id
 WITH n LIMIT $batch
 DETACH DELETE n
 RETURN count(*) AS deleted
 """
-    for label in ("Episodic", "Community", "Entity")
+        for label in ("Episodic", "Community", "Entity")
+    },
 }
 
 

@@ -73,7 +73,7 @@ T = TypeVar("T")
 MAX_EPISODES_PER_TRANSACTION = 32
 
 AWAIT_INDEXES_SECONDS = 300
-DELETE_BATCH = 5000
+DELETE_BATCH = 2000
 # Another process may create the same schema rule between our check and our create.
 _ALREADY_EXISTS = frozenset(
     {
