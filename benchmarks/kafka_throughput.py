@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 
 from tidegraph.testing.crm_feed import CRM_MAPPING, CrmFeed, check_graph
+from tidegraph.testing.processes import terminate_with_parent
 
 __all__ = ["free_port", "metric_value", "run_kafka_path", "scrape"]
 
@@ -80,6 +81,7 @@ def start_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]
         stdout=log_file,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=terminate_with_parent,  # never outlives this process
     )
 
 

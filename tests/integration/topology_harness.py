@@ -32,6 +32,7 @@ from tidegraph.settings import Settings
 from tidegraph.store import open_store
 from tidegraph.store.base import GraphStore
 from tidegraph.testing.crm_feed import CRM_MAPPING
+from tidegraph.testing.processes import terminate_with_parent
 from topics.admin import delete_topics
 from topics.names import TopicNames
 
@@ -189,6 +190,7 @@ class Topology:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=terminate_with_parent,  # never outlives this process
             )
         worker = Worker(name, process, port, log)
         self.workers.append(worker)
