@@ -22,6 +22,7 @@ from typing import Any
 
 import faust
 
+from pipelines.commits import guard_commits
 from pipelines.community_agent import install_community_agent
 from pipelines.config import WorkerSettings
 from pipelines.lanes import KeyedLanes
@@ -48,6 +49,11 @@ class TidegraphApp(faust.App):
         super().__init__(*args, **kwargs)
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._committed_before_rebalance: dict[Any, int | None] = {}
+
+    def _new_consumer(self) -> Any:
+        consumer = super()._new_consumer()
+        guard_commits(consumer)  # never commit past a record still in flight
+        return consumer
 
     def on_rebalance_start(self) -> None:
         super().on_rebalance_start()

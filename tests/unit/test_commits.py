@@ -1,0 +1,88 @@
+"""Offsets are committed only past finished records (``pipelines.commits``), checked on a real
+faust-streaming consumer's own bookkeeping: records are tracked and acked with its methods,
+and the offsets it would commit come from its own ``_filter_committable_offsets``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import faust
+import pytest
+from faust.types import TP
+from faust.types.tuples import Message
+
+from pipelines.commits import guard_commits, may_commit
+
+TOPIC = "tidegraph-commits-test.stamped"
+PARTITION = TP(TOPIC, 0)
+
+
+@pytest.fixture
+def consumer() -> Iterator[Any]:
+    loop = asyncio.new_event_loop()
+    try:
+        app = faust.App("tidegraph-commits-test", broker="kafka://127.0.0.1:9", loop=loop)
+        app.topics.add(app.topic(TOPIC))  # an agent's subscription: its acks are tracked
+        loop.run_until_complete(app.topics._update_indices())
+        yield app.consumer  # created, never started: no broker needed
+    finally:
+        loop.close()
+
+
+def message(offset: int) -> Message:
+    return Message(TOPIC, 0, offset, 0.0, 0, None, b"group", b"{}", None, tp=PARTITION)
+
+
+def taken(consumer: Any, *offsets: int) -> dict[int, Message]:
+    messages = {o: message(o) for o in offsets}
+    for m in messages.values():
+        consumer.track_message(m)
+    return messages
+
+
+def committable(consumer: Any) -> int | None:
+    return consumer._filter_committable_offsets([PARTITION]).get(PARTITION)
+
+
+@pytest.mark.parametrize("committed", [None, 40])
+def test_no_commit_past_a_record_still_in_flight(consumer: Any, committed: int | None) -> None:
+    guard_commits(consumer)
+    consumer._committed_offset[PARTITION] = committed
+    records = taken(consumer, 40, 41, 42)
+    consumer.ack(records[41])  # another group's record of the partition finished first
+    consumer.ack(records[42])
+    assert committable(consumer) is None  # 40 is still in flight
+    consumer.ack(records[40])
+    assert committable(consumer) == 43
+
+
+def test_commits_the_finished_prefix_and_waits_for_the_rest(consumer: Any) -> None:
+    guard_commits(consumer)
+    consumer._committed_offset[PARTITION] = 40
+    records = taken(consumer, 40, 41, 42, 43)
+    for offset in (40, 41, 43):
+        consumer.ack(records[offset])
+    assert committable(consumer) == 42  # 40 and 41 are done; 42 is not
+    consumer._committed_offset[PARTITION] = 42
+    assert committable(consumer) is None  # 43 is done, 42 still in flight
+    consumer.ack(records[42])
+    assert committable(consumer) == 44
+
+
+def test_faust_alone_would_commit_past_the_record_in_flight(consumer: Any) -> None:
+    """Why the guard exists (faust-streaming 0.15): without it, record 40 is committed as
+    done while it is still being processed, and lost if the worker dies now."""
+    consumer._committed_offset[PARTITION] = 40
+    records = taken(consumer, 40, 41)
+    consumer.ack(records[41])
+    assert committable(consumer) == 42
+
+
+@pytest.mark.parametrize(
+    ("acked", "in_flight", "expected"),
+    [([], 3, True), ([5, 6], None, True), ([5, 6], 7, True), ([5, 6], 4, False)],
+)
+def test_may_commit(acked: list[int], in_flight: int | None, expected: bool) -> None:
+    assert may_commit(acked, in_flight) is expected
