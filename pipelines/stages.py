@@ -35,6 +35,7 @@ from processors.temporal import StampedEpisode, Stamper
 from processors.writer import FactWriter, WriteSummary
 from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, STAGE_EVENTS
 from tidegraph.runtime import Runtime
+from tidegraph.store.base import EntityLookup
 from topics.names import TopicNames
 from topics.records import (
     MAX_RECORD_VALUE_BYTES,
@@ -281,27 +282,28 @@ class ResolutionHandler(StageHandler):
         extraction = hop.extraction
         episode = extraction.episode
         group = episode.group_id
-        # Entities resolution would create: known before it runs, so that a retry after a
-        # write whose answer was lost still reports them as created by this episode.
+        # Entities resolution would create: those its first lookup (before it wrote anything)
+        # did not find. Taken from the first attempt, so that a retry after a write whose
+        # answer was lost still reports them as created by this episode.
         candidates = {new_entity_uuid(group, d.name, d.key) for d in extraction.entities}
+        first: list[EntityLookup] = []
 
-        async def existing() -> set[str]:
-            found = await self.store.entities_by_uuids(group, sorted(candidates))
-            return {e.uuid for e in found}
+        def remember(lookup: EntityLookup) -> None:
+            if not first:
+                first.append(lookup)
 
-        before = await self.retried(existing, episode)
-        if not before.ok:
-            return [self.failed(record, before, episode, hop.origin)]
         outcome = await self.retried(
-            lambda: run_stage(self.stage, lambda: self.resolver.run(extraction)), episode
+            lambda: run_stage(
+                self.stage, lambda: self.resolver.run(extraction, on_lookup=remember)
+            ),
+            episode,
         )
         if not outcome.ok:
             return [self.failed(record, outcome, episode, hop.origin)]
         resolved: ResolvedEpisode = outcome.value
+        before = {e.uuid for e in (*first[0].by_key, *first[0].by_name)} if first else set()
         created = [
-            u
-            for u in dict.fromkeys(resolved.entity_uuids)
-            if u in candidates and u not in before.value
+            u for u in dict.fromkeys(resolved.entity_uuids) if u in candidates and u not in before
         ]
         out = ResolvedRecord(origin=hop.origin, resolved=resolved, created_entities=created)
         return [self.emit(self.names.resolved, out, record, episode, hop.origin)]
@@ -349,11 +351,16 @@ class WriteHandler(StageHandler):
         stamped = hop.stamped
         episode = stamped.episode
 
+        # A mapped episode costs no LLM call to write: its write transaction's own marker check
+        # is enough, and saves a round trip. Otherwise read the marker first, so that a replay
+        # does not pay for fact judgements that would be thrown away.
+        check_first = not stamped.mapped and self.writer.llm is not None
+
         async def attempt() -> WriteSummary | None:
-            if await self.store.episode_processed(episode.group_id, episode.uuid):
+            if check_first and await self.store.episode_processed(episode.group_id, episode.uuid):
                 return None
-            # No one else writes this group meanwhile (per-group lanes, clean handoff on
-            # rebalance), so the writer need not read the marker again.
+            # The writer need not read the marker (again): its transaction skips an episode
+            # that is already processed (a replay, or a zombie worker's race).
             return await run_stage(self.stage, lambda: self.writer.run(stamped, unprocessed=True))
 
         outcome = await self.retried(attempt, episode)

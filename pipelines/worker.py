@@ -96,7 +96,7 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
         worker.group_id(settings.topic_prefix), settings.topic_prefix, settings.partitions,
         settings.store, "yes" if runtime.llm else "no", settings.mappings or "none",
     )  # fmt: skip
-    faust_worker = faust.Worker(
+    faust_worker = QuietWorker(
         app,
         loop=loop,
         loglevel=settings.log_level.upper(),
@@ -104,6 +104,16 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
         redirect_stdouts=False,
     )
     faust_worker.execute_from_commandline()
+
+
+class QuietWorker(faust.Worker):
+    """faust.Worker without its terminal spinner. For the spinner Faust sets the root logger
+    to DEBUG whenever the level asked for is WARNING or above, so every debug call of the
+    neo4j driver and aiokafka built a log record (about 8 % of a busy worker's CPU, profiled
+    with py-spy) and wrote cursor codes into the log."""
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        self.spinner = None
 
 
 def _stopper(server: ObservabilityServer, health: HealthState):  # type: ignore[no-untyped-def]

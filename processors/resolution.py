@@ -9,6 +9,7 @@ group sees them even while this one is still in flight (design §5).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
@@ -64,8 +65,17 @@ class Resolver:
         self.embedder = embedder
         self.llm = llm
 
-    async def run(self, extraction: Extraction) -> ResolvedEpisode:
-        resolution = await self.resolve(extraction, await self.lookup(extraction))
+    async def run(
+        self,
+        extraction: Extraction,
+        *,
+        on_lookup: Callable[[EntityLookup], None] | None = None,
+    ) -> ResolvedEpisode:
+        """``on_lookup`` sees what the store held before this run wrote anything."""
+        lookup = await self.lookup(extraction)
+        if on_lookup is not None:
+            on_lookup(lookup)
+        resolution = await self.resolve(extraction, lookup)
         if resolution.writes:
             group = extraction.episode.group_id
             await self.store.upsert_entities(group, resolution.writes)
