@@ -367,8 +367,10 @@ def machine() -> dict[str, Any]:
 async def neo4j_version(uri: str) -> str | None:
     from neo4j import AsyncGraphDatabase
 
-    try:
-        async with AsyncGraphDatabase.driver(uri, auth=None) as driver:
+    try:  # one try, no retries: informational only
+        async with AsyncGraphDatabase.driver(
+            uri, auth=None, max_transaction_retry_time=0, connection_timeout=5
+        ) as driver:
             found = await driver.execute_query(
                 "CALL dbms.components() YIELD versions RETURN versions[0] AS v"
             )
@@ -450,7 +452,9 @@ def run(args: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
         "command": "python -m benchmarks.throughput " + " ".join(args.argv),
         "machine": machine()
         | {
-            "neo4j": asyncio.run(neo4j_version(args.neo4j_uri)),
+            "neo4j": (
+                asyncio.run(neo4j_version(args.neo4j_uri)) if set(paths) - {"embedded"} else None
+            ),
             "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         },
         "feed": {

@@ -1185,6 +1185,63 @@ async def test_search_stop_words_are_the_ones_kuzu_drops(tmp_path: Path) -> None
         await store.close()
 
 
+# The schema of stores made before fact embeddings moved to their own node table.
+LEGACY_KUZU_SCHEMA = [
+    "CREATE NODE TABLE Entity(uuid STRING PRIMARY KEY, group_id STRING, name STRING, "
+    "name_norm STRING, labels STRING[], summary STRING, key STRING, aliases STRING[], "
+    f"name_embedding DOUBLE[{DIM}], created_at TIMESTAMP)",
+    "CREATE REL TABLE RELATES_TO(FROM Entity TO Entity, uuid STRING, group_id STRING, "
+    f"name STRING, fact STRING, fact_embedding DOUBLE[{DIM}], episodes STRING[], "
+    "valid_at TIMESTAMP, invalid_at TIMESTAMP, created_at TIMESTAMP, expired_at TIMESTAMP, "
+    "cardinality STRING)",
+    "CREATE (:Entity {uuid: 'a', group_id: 'old', name: 'a', name_norm: 'a'})",
+    "CREATE (:Entity {uuid: 'b', group_id: 'old', name: 'b', name_norm: 'b'})",
+    "MATCH (a:Entity {uuid: 'a'}), (b:Entity {uuid: 'b'}) "
+    "CREATE (a)-[:RELATES_TO {uuid: 'f1', group_id: 'old', name: 'KNOWS', fact: 'a knows b', "
+    f"fact_embedding: [1.0{', 0.0' * (DIM - 1)}], episodes: ['e1'], "
+    "created_at: timestamp('2024-01-01')}]->(b)",
+    "MATCH (a:Entity {uuid: 'a'}), (b:Entity {uuid: 'b'}) "
+    "CREATE (b)-[:RELATES_TO {uuid: 'f2', group_id: 'old', name: 'KNOWS', fact: 'b knows a', "
+    "episodes: ['e1'], created_at: timestamp('2024-01-01')}]->(a)",
+]
+
+
+async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path: Path) -> None:
+    """A store whose facts kept their embeddings on RELATES_TO opens with them moved to the
+    FactEmbedding table: search finds them, nothing else changes, the column is gone."""
+    import kuzu
+
+    from tidegraph.store.kuzu_store import DB_FILE
+
+    folder = tmp_path / "graph"
+    folder.mkdir()
+    database = kuzu.Database(str(folder / DB_FILE), buffer_pool_size=64 * 2**20)
+    connection = kuzu.Connection(database)
+    for statement in LEGACY_KUZU_SCHEMA:
+        connection.execute(statement)
+    connection.close()
+    database.close()
+
+    store = KuzuStore(folder, buffer_pool_mb=64)
+    try:
+        await store.setup(DIM)
+        [(hit, score)] = await store.vector_facts("old", vec(1), 5)
+        assert (hit.uuid, hit.fact, hit.fact_embedding, round(score, 6)) == (
+            "f1",
+            "a knows b",
+            vec(1),
+            1.0,
+        )
+        touching = await store.facts_touching("old", ["a"])
+        assert {f.uuid: f.fact_embedding for f in touching} == {"f1": vec(1), "f2": None}
+        columns = await store._call(store._rows, "CALL TABLE_INFO('RELATES_TO') RETURN *")
+        assert "fact_embedding" not in {row[1] for row in columns}
+        await store.setup(DIM)  # opening it again changes nothing
+        assert len(await store.facts_touching("old", ["a"])) == 2
+    finally:
+        await store.close()
+
+
 # ----------------------------------------------------------------------------- both at once
 async def _scenario(store: GraphStore, group: str) -> dict[str, Any]:
     await _timeline(store, group)

@@ -16,6 +16,9 @@ both indexes work with no network at all):
   (English, ~570 words) is kept, and ``cypher.SEARCH_STOP_WORDS`` mirrors it for both stores;
   digits are never indexed;
 - relationships cannot be indexed: fact vector search is an exact cosine scan of the group;
+- a fixed-size array on a relationship table makes every checkpoint rewrite all of them
+  (measured: 0.4 s at 2,000 facts, 76 s at 12,000), so a fact's embedding lives in a node
+  table of its own, ``FactEmbedding``, keyed by the fact's uuid (0.5 s at 12,000);
 - ``TIMESTAMP`` drops the UTC offset, so naive UTC goes in and comes back as aware UTC;
 - an UNWIND row whose field is null in every row is typed STRING, hence the CASTs; a null
   embedding inside rows that also carry embeddings fails, hence rows are split by it;
@@ -118,9 +121,11 @@ def schema(dim: int) -> list[str]:
         "CREATE NODE TABLE IF NOT EXISTS Community(uuid STRING PRIMARY KEY, group_id STRING, "
         f"name STRING, summary STRING, name_embedding {vector})",
         "CREATE REL TABLE IF NOT EXISTS RELATES_TO(FROM Entity TO Entity, uuid STRING, "
-        f"group_id STRING, name STRING, fact STRING, fact_embedding {vector}, "
+        "group_id STRING, name STRING, fact STRING, "
         "episodes STRING[], valid_at TIMESTAMP, invalid_at TIMESTAMP, created_at TIMESTAMP, "
         "expired_at TIMESTAMP, cardinality STRING)",
+        "CREATE NODE TABLE IF NOT EXISTS FactEmbedding(uuid STRING PRIMARY KEY, "
+        f"group_id STRING, embedding {vector})",
         "CREATE REL TABLE IF NOT EXISTS MENTIONS(FROM Episodic TO Entity, group_id STRING)",
         "CREATE REL TABLE IF NOT EXISTS HAS_MEMBER(FROM Community TO Entity, group_id STRING)",
     ]
@@ -146,7 +151,12 @@ INDEXES = (
 # ----------------------------------------------------------------------------- queries
 _ENTITY_COLUMNS = ", ".join(f"e.{name}" for name in ENTITY_FIELDS)
 _EPISODE_COLUMNS = ", ".join(f"ep.{name}" for name in EPISODE_FIELDS)
-_FACT_COLUMNS = ", ".join(f"r.{name}" for name in FACT_FIELDS) + ", s.uuid, t.uuid"
+# A fact's embedding is not on the relationship (see the module docstring): read with
+# FACT_EMBEDDING where it is wanted.
+_FACT_COLUMNS = (
+    ", ".join("NULL" if name == "fact_embedding" else f"r.{name}" for name in FACT_FIELDS)
+    + ", s.uuid, t.uuid"
+)
 
 EPISODE_PROCESSED = """
 MATCH (ep:Episodic) WHERE ep.uuid = $uuid AND ep.group_id = $group_id RETURN count(ep)
@@ -259,35 +269,35 @@ FACT_STATES = """
 MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity) WHERE r.uuid IN $uuids
 RETURN r.uuid, r.group_id, s.uuid, t.uuid
 """
-_CREATE_FACT = """
-MATCH (s:Entity {{uuid: $source_uuid}}), (t:Entity {{uuid: $target_uuid}})
-CREATE (s)-[:RELATES_TO {{uuid: $uuid, group_id: $group_id, name: $name, fact: $fact,{embedding}
+CREATE_FACT = """
+MATCH (s:Entity {uuid: $source_uuid}), (t:Entity {uuid: $target_uuid})
+CREATE (s)-[:RELATES_TO {uuid: $uuid, group_id: $group_id, name: $name, fact: $fact,
                          episodes: CAST($episodes AS STRING[]),
                          valid_at: CAST($valid_at AS TIMESTAMP),
                          invalid_at: CAST($invalid_at AS TIMESTAMP),
                          created_at: CAST($created_at AS TIMESTAMP),
                          expired_at: CAST($expired_at AS TIMESTAMP),
-                         cardinality: CAST($cardinality AS STRING)}}]->(t)
+                         cardinality: CAST($cardinality AS STRING)}]->(t)
 """
-CREATE_FACT = _CREATE_FACT.format(embedding="")
-CREATE_FACT_EMBEDDED = _CREATE_FACT.format(
-    embedding="\n                         fact_embedding: $fact_embedding,"
-)
-# A stored fact takes the given state, except created_at and a set expired_at; a row without
-# an embedding leaves the stored one (an embedding never changes).
-_UPDATE_FACT = """
-MATCH (s:Entity {{uuid: $source_uuid}})-[r:RELATES_TO]->(t:Entity {{uuid: $target_uuid}})
+# A stored fact takes the given state, except created_at and a set expired_at.
+UPDATE_FACT = """
+MATCH (s:Entity {uuid: $source_uuid})-[r:RELATES_TO]->(t:Entity {uuid: $target_uuid})
 WHERE r.uuid = $uuid
 SET r.name = $name,
-    r.fact = $fact,{embedding}
+    r.fact = $fact,
     r.episodes = CAST($episodes AS STRING[]),
     r.valid_at = CAST($valid_at AS TIMESTAMP),
     r.invalid_at = CAST($invalid_at AS TIMESTAMP),
     r.cardinality = CAST($cardinality AS STRING),
     r.expired_at = coalesce(r.expired_at, CAST($expired_at AS TIMESTAMP))
 """
-UPDATE_FACT = _UPDATE_FACT.format(embedding="")
-UPDATE_FACT_EMBEDDED = _UPDATE_FACT.format(embedding="\n    r.fact_embedding = $fact_embedding,")
+# A row without an embedding leaves the stored one (an embedding never changes).
+MERGE_FACT_EMBEDDING = """
+MERGE (x:FactEmbedding {uuid: $uuid})
+ON CREATE SET x.group_id = $group_id
+SET x.embedding = $embedding
+"""
+FACT_EMBEDDING = "MATCH (x:FactEmbedding {uuid: $uuid}) RETURN x.group_id, x.embedding"
 CLOSE_FACTS = """
 UNWIND $rows AS row
 MATCH ()-[r:RELATES_TO {uuid: row.uuid}]->()
@@ -300,7 +310,6 @@ MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
 WHERE r.group_id = $group_id AND (s.uuid IN $uuids OR t.uuid IN $uuids)
 RETURN {_FACT_COLUMNS}
 """
-_FACT_COLUMNS_PLAIN = _FACT_COLUMNS.replace("r.fact_embedding", "NULL")
 # One statement per subject (a primary-key lookup, then its adjacency): kuzu plans an
 # UNWIND-driven match as a scan of every fact.
 _FACTS_OF_PAIR = """
@@ -322,11 +331,10 @@ RETURN {columns}
 FACTS_OF_SOURCES = f"""
 MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
 WHERE s.uuid IN $uuids AND r.group_id = $group_id AND r.name IN $relations
-RETURN {_FACT_COLUMNS_PLAIN}
+RETURN {_FACT_COLUMNS}
 """
-# (query with embeddings, query without) for each part of fact_candidates
 FACT_CANDIDATE_QUERIES = {
-    name: (text.format(columns=_FACT_COLUMNS), text.format(columns=_FACT_COLUMNS_PLAIN))
+    name: text.format(columns=_FACT_COLUMNS)
     for name, text in (("pair", _FACTS_OF_PAIR), ("from", _FACTS_FROM), ("to", _FACTS_TO))
 }
 FACTS_BY_UUIDS = f"""
@@ -336,10 +344,10 @@ RETURN {_FACT_COLUMNS}
 """
 # Relationship properties cannot be indexed in kuzu: an exact scan of the group's facts.
 VECTOR_FACT_SCAN = """
-MATCH ()-[r:RELATES_TO]->()
-WHERE r.group_id = $group_id AND r.fact_embedding IS NOT NULL
-RETURN r.uuid, array_cosine_similarity(r.fact_embedding, $embedding) AS cos
-ORDER BY cos DESC, r.uuid
+MATCH (x:FactEmbedding)
+WHERE x.group_id = $group_id
+RETURN x.uuid, array_cosine_similarity(x.embedding, $embedding) AS cos, x.embedding
+ORDER BY cos DESC, x.uuid
 LIMIT $limit
 """
 
@@ -353,7 +361,18 @@ COUNTS = {
 }
 DELETE_GROUP = [
     f"MATCH (n:{label}) WHERE n.group_id = $group_id DETACH DELETE n"
-    for label in ("Episodic", "Community", "Entity")
+    for label in ("Episodic", "Community", "Entity", "FactEmbedding")
+]
+# Stores made before fact embeddings moved off RELATES_TO: copied over, then the column goes.
+LEGACY_FACT_EMBEDDINGS = [
+    """
+    MATCH ()-[r:RELATES_TO]->()
+    WHERE r.fact_embedding IS NOT NULL
+    MERGE (x:FactEmbedding {uuid: r.uuid})
+    ON CREATE SET x.group_id = r.group_id
+    SET x.embedding = r.fact_embedding
+    """,
+    "ALTER TABLE RELATES_TO DROP fact_embedding",
 ]
 
 
@@ -497,7 +516,8 @@ class KuzuStore(GraphStore):
         for table, prop in (
             ("Entity", "name_embedding"),
             ("Community", "name_embedding"),
-            ("RELATES_TO", "fact_embedding"),
+            ("FactEmbedding", "embedding"),
+            ("RELATES_TO", "fact_embedding"),  # a store made before FactEmbedding
         ):
             if table not in tables:
                 continue
@@ -530,8 +550,12 @@ class KuzuStore(GraphStore):
                     f"that made it (TIDEGRAPH_EMBEDDER / TIDEGRAPH_EMBEDDING_DIM), or start a "
                     f"new store in another data folder and replay the episodes into it."
                 )
+        legacy = "RELATES_TO.fact_embedding" in (self._entity_dims() or {})
         for statement in schema(dim):
             self._rows(statement)
+        if legacy:
+            for statement in LEGACY_FACT_EMBEDDINGS:
+                self._rows(statement)
         present = {row[1] for row in self._rows("CALL SHOW_INDEXES() RETURN *")}
         for name, statement in INDEXES:
             if name not in present:
@@ -727,10 +751,22 @@ class KuzuStore(GraphStore):
     async def facts_touching(self, group_id: str, entity_uuids: list[str]) -> list[FactRecord]:
         if not entity_uuids:
             return []
-        rows = await self._call(
-            self._rows, FACTS_TOUCHING, {"group_id": group_id, "uuids": unique(entity_uuids)}
-        )
-        return sort_facts(_fact(row) for row in rows)
+        return await self._call(self._facts_touching, group_id, unique(entity_uuids))
+
+    def _facts_touching(self, group_id: str, entity_uuids: list[str]) -> list[FactRecord]:
+        rows = self._rows(FACTS_TOUCHING, {"group_id": group_id, "uuids": entity_uuids})
+        return self._with_fact_embeddings(group_id, sort_facts(map(_fact, rows)))
+
+    def _with_fact_embeddings(self, group_id: str, facts: list[FactRecord]) -> list[FactRecord]:
+        """The facts with their stored embeddings (one primary-key lookup each: kuzu plans
+        ``uuid IN [...]`` as a scan of the whole table)."""
+        found = []
+        for fact in facts:
+            stored = self._rows(FACT_EMBEDDING, {"uuid": fact.uuid})
+            if stored and stored[0][0] == group_id:
+                fact = fact.model_copy(update={"fact_embedding": list(stored[0][1])})
+            found.append(fact)
+        return found
 
     async def fact_candidates(
         self,
@@ -747,17 +783,16 @@ class KuzuStore(GraphStore):
     def _fact_candidates(
         self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
     ) -> list[FactRecord]:
-        pick = 0 if embeddings else 1
         rows: list[list[Any]] = []
         for source, relation in sorted(set(pairs)):
             params = {"group_id": group_id, "source": source, "relation": relation}
-            rows += self._rows(FACT_CANDIDATE_QUERIES["pair"][pick], params)
+            rows += self._rows(FACT_CANDIDATE_QUERIES["pair"], params)
         for uuid in unique(ends):
             for part in ("from", "to"):
                 params = {"group_id": group_id, "uuid": uuid}
-                rows += self._rows(FACT_CANDIDATE_QUERIES[part][pick], params)
-        facts = {fact.uuid: fact for fact in map(_fact, rows)}
-        return sort_facts(facts.values())
+                rows += self._rows(FACT_CANDIDATE_QUERIES[part], params)
+        facts = sort_facts({fact.uuid: fact for fact in map(_fact, rows)}.values())
+        return self._with_fact_embeddings(group_id, facts) if embeddings else facts
 
     async def vector_facts(
         self, group_id: str, embedding: list[float], limit: int
@@ -770,15 +805,14 @@ class KuzuStore(GraphStore):
         vector = check_embedding(embedding, self._dimension(), "query embedding")
         if limit <= 0 or vector is None:
             return []
-        scores = top(
-            self._rows(
-                VECTOR_FACT_SCAN, {"group_id": group_id, "embedding": vector, "limit": limit}
-            ),
-            limit,
+        scanned = self._rows(
+            VECTOR_FACT_SCAN, {"group_id": group_id, "embedding": vector, "limit": limit}
         )
+        scores = top([(uuid, cos) for uuid, cos, _ in scanned], limit)
+        stored = {uuid: list(embedding) for uuid, _, embedding in scanned}
         uuids = [uuid for uuid, _ in scores]
         found = {
-            f.uuid: f
+            f.uuid: f.model_copy(update={"fact_embedding": stored[f.uuid]})
             for f in map(_fact, self._rows(FACTS_BY_UUIDS, {"group_id": group_id, "uuids": uuids}))
         }
         return rank(((found[u], cosine_score(c)) for u, c in scores if u in found), limit)
@@ -827,14 +861,15 @@ class KuzuStore(GraphStore):
 
     def _write_fact(self, group_id: str, row: dict[str, Any], stored: bool) -> None:
         params = {"group_id": group_id, **row}
-        if row["fact_embedding"] is None:
-            del params["fact_embedding"]
-            query = UPDATE_FACT if stored else CREATE_FACT
-        else:
-            query = UPDATE_FACT_EMBEDDED if stored else CREATE_FACT_EMBEDDED
+        embedding = params.pop("fact_embedding")
         if stored:
             del params["group_id"], params["created_at"]
-        self._rows(query, params)
+        self._rows(UPDATE_FACT if stored else CREATE_FACT, params)
+        if embedding is not None:
+            self._rows(
+                MERGE_FACT_EMBEDDING,
+                {"uuid": row["uuid"], "group_id": group_id, "embedding": embedding},
+            )
 
     def _check_write(
         self, group_id: str, write: EpisodeWrite, episode_group: str | None
