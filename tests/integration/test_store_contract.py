@@ -1208,7 +1208,7 @@ LEGACY_KUZU_SCHEMA = [
 
 async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path: Path) -> None:
     """A store whose facts kept their embeddings on RELATES_TO opens with them moved to the
-    FactEmbedding table: search finds them, nothing else changes, the column is gone."""
+    FactIndex table: search finds them, nothing else changes, the column is gone."""
     import kuzu
 
     from tidegraph.store.kuzu_store import DB_FILE

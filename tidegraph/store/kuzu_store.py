@@ -15,10 +15,12 @@ both indexes work with no network at all):
 - a fulltext index with a custom stop-word table crashes on the next insert: the default
   (English, ~570 words) is kept, and ``cypher.SEARCH_STOP_WORDS`` mirrors it for both stores;
   digits are never indexed;
-- relationships cannot be indexed: fact vector search is an exact cosine scan of the group;
-- a fixed-size array on a relationship table makes every checkpoint rewrite all of them
-  (measured: 0.4 s at 2,000 facts, 76 s at 12,000), so a fact's embedding lives in a node
-  table of its own, ``FactEmbedding``, keyed by the fact's uuid (0.5 s at 12,000);
+- relationship properties cannot be indexed, and a fixed-size array on a relationship table
+  makes every checkpoint rewrite all of them (measured: 0.4 s at 2,000 facts, 76 s at
+  12,000). So each fact has a row in the node table ``FactIndex``, keyed by the fact's uuid:
+  its group, its two ends and its embedding (checkpoint 0.5 s at 12,000). A fact is found by
+  uuid through it (a primary-key lookup, then the source's adjacency), never by scanning
+  RELATES_TO; fact vector search is an exact cosine scan of the group's rows;
 - ``TIMESTAMP`` drops the UTC offset, so naive UTC goes in and comes back as aware UTC;
 - an UNWIND row whose field is null in every row is typed STRING, hence the CASTs; a null
   embedding inside rows that also carry embeddings fails, hence rows are split by it;
@@ -124,8 +126,8 @@ def schema(dim: int) -> list[str]:
         "group_id STRING, name STRING, fact STRING, "
         "episodes STRING[], valid_at TIMESTAMP, invalid_at TIMESTAMP, created_at TIMESTAMP, "
         "expired_at TIMESTAMP, cardinality STRING)",
-        "CREATE NODE TABLE IF NOT EXISTS FactEmbedding(uuid STRING PRIMARY KEY, "
-        f"group_id STRING, embedding {vector})",
+        "CREATE NODE TABLE IF NOT EXISTS FactIndex(uuid STRING PRIMARY KEY, group_id STRING, "
+        f"source_uuid STRING, target_uuid STRING, embedding {vector})",
         "CREATE REL TABLE IF NOT EXISTS MENTIONS(FROM Episodic TO Entity, group_id STRING)",
         "CREATE REL TABLE IF NOT EXISTS HAS_MEMBER(FROM Community TO Entity, group_id STRING)",
     ]
@@ -151,8 +153,8 @@ INDEXES = (
 # ----------------------------------------------------------------------------- queries
 _ENTITY_COLUMNS = ", ".join(f"e.{name}" for name in ENTITY_FIELDS)
 _EPISODE_COLUMNS = ", ".join(f"ep.{name}" for name in EPISODE_FIELDS)
-# A fact's embedding is not on the relationship (see the module docstring): read with
-# FACT_EMBEDDING where it is wanted.
+# A fact's embedding is not on the relationship (see the module docstring): read from its
+# FactIndex row where it is wanted.
 _FACT_COLUMNS = (
     ", ".join("NULL" if name == "fact_embedding" else f"r.{name}" for name in FACT_FIELDS)
     + ", s.uuid, t.uuid"
@@ -190,11 +192,12 @@ MATCH (ep:Episodic) WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
 RETURN ep.uuid, ep.producer_id
 """
 
-ENTITY_STATES = """
-MATCH (e:Entity) WHERE e.uuid IN $uuids
+ENTITY_STATE = """
+MATCH (e:Entity {uuid: $uuid})
 RETURN e.uuid, e.group_id, e.labels, e.aliases, e.summary, e.key
 """
-ENTITY_GROUPS = "MATCH (e:Entity) WHERE e.uuid IN $uuids RETURN e.uuid, e.group_id"
+# By primary key, one statement per entity: kuzu plans `uuid IN [...]` as a scan of the table.
+ENTITY_GROUP = "MATCH (e:Entity {uuid: $uuid}) RETURN e.group_id"
 # One row per statement: kuzu 0.11.3 indexes every row of a multi-row CREATE under the
 # first row's words in its fulltext index (and a multi-row MERGE that creates nodes in a
 # fulltext-indexed table crashes the process).
@@ -265,10 +268,18 @@ WHERE e.uuid IN $uuids AND e.group_id = $group_id
 RETURN e.uuid, array_cosine_similarity(e.name_embedding, $embedding)
 """
 
-FACT_STATES = """
-MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity) WHERE r.uuid IN $uuids
-RETURN r.uuid, r.group_id, s.uuid, t.uuid
+FACT_INDEX_ROW = """
+MATCH (x:FactIndex {uuid: $uuid})
+RETURN x.group_id, x.source_uuid, x.target_uuid, x.embedding
 """
+_CREATE_FACT_INDEX_ROW = """
+CREATE (:FactIndex {{uuid: $uuid, group_id: $group_id, source_uuid: $source_uuid,
+                    target_uuid: $target_uuid{embedding}}})
+"""
+CREATE_FACT_INDEX_ROW = _CREATE_FACT_INDEX_ROW.format(embedding="")
+CREATE_FACT_INDEX_ROW_EMBEDDED = _CREATE_FACT_INDEX_ROW.format(embedding=", embedding: $embedding")
+# A row without an embedding leaves the stored one (an embedding never changes).
+SET_FACT_EMBEDDING = "MATCH (x:FactIndex {uuid: $uuid}) SET x.embedding = $embedding"
 CREATE_FACT = """
 MATCH (s:Entity {uuid: $source_uuid}), (t:Entity {uuid: $target_uuid})
 CREATE (s)-[:RELATES_TO {uuid: $uuid, group_id: $group_id, name: $name, fact: $fact,
@@ -291,19 +302,11 @@ SET r.name = $name,
     r.cardinality = CAST($cardinality AS STRING),
     r.expired_at = coalesce(r.expired_at, CAST($expired_at AS TIMESTAMP))
 """
-# A row without an embedding leaves the stored one (an embedding never changes).
-MERGE_FACT_EMBEDDING = """
-MERGE (x:FactEmbedding {uuid: $uuid})
-ON CREATE SET x.group_id = $group_id
-SET x.embedding = $embedding
-"""
-FACT_EMBEDDING = "MATCH (x:FactEmbedding {uuid: $uuid}) RETURN x.group_id, x.embedding"
-CLOSE_FACTS = """
-UNWIND $rows AS row
-MATCH ()-[r:RELATES_TO {uuid: row.uuid}]->()
-WHERE r.group_id = $group_id
-SET r.invalid_at = row.invalid_at,
-    r.expired_at = coalesce(r.expired_at, row.expired_at)
+CLOSE_FACT = """
+MATCH (s:Entity {uuid: $source_uuid})-[r:RELATES_TO]->(t:Entity {uuid: $target_uuid})
+WHERE r.uuid = $uuid AND r.group_id = $group_id
+SET r.invalid_at = $invalid_at,
+    r.expired_at = coalesce(r.expired_at, $expired_at)
 """
 FACTS_TOUCHING = f"""
 MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
@@ -311,42 +314,52 @@ WHERE r.group_id = $group_id AND (s.uuid IN $uuids OR t.uuid IN $uuids)
 RETURN {_FACT_COLUMNS}
 """
 # One statement per subject (a primary-key lookup, then its adjacency): kuzu plans an
-# UNWIND-driven match as a scan of every fact.
-_FACTS_OF_PAIR = """
-MATCH (s:Entity {{uuid: $source}})-[r:RELATES_TO]->(t:Entity)
+# UNWIND-driven match as a scan of every fact. The HINT keeps kuzu walking from the looked-up
+# node: with a filter on the relationship it otherwise joins against a scan of Entity (at
+# 6,000 records 2.5 ms a statement instead of 0.9, growing with the table).
+FROM_SOURCE = "HINT (s JOIN r) JOIN t"
+_FACTS_OF_PAIR = f"""
+MATCH (s:Entity {{{{uuid: $source}}}})-[r:RELATES_TO]->(t:Entity)
 WHERE r.group_id = $group_id AND r.name = $relation
-RETURN {columns}
+{FROM_SOURCE}
+RETURN {{columns}}
 """
-_FACTS_FROM = """
-MATCH (s:Entity {{uuid: $uuid}})-[r:RELATES_TO]->(t:Entity)
+_FACTS_FROM = f"""
+MATCH (s:Entity {{{{uuid: $uuid}}}})-[r:RELATES_TO]->(t:Entity)
 WHERE r.group_id = $group_id
-RETURN {columns}
+{FROM_SOURCE}
+RETURN {{columns}}
 """
 _FACTS_TO = """
 MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity {{uuid: $uuid}})
 WHERE r.group_id = $group_id
+HINT (t JOIN r) JOIN s
 RETURN {columns}
 """
-# The lookup's facts: every found entity's facts of the episode's relations, in one statement.
-FACTS_OF_SOURCES = f"""
-MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
-WHERE s.uuid IN $uuids AND r.group_id = $group_id AND r.name IN $relations
+# The lookup's facts: a found entity's facts of the episode's relations.
+FACTS_OF_SOURCE = f"""
+MATCH (s:Entity {{uuid: $uuid}})-[r:RELATES_TO]->(t:Entity)
+WHERE r.group_id = $group_id AND r.name IN $relations
+{FROM_SOURCE}
 RETURN {_FACT_COLUMNS}
 """
 FACT_CANDIDATE_QUERIES = {
     name: text.format(columns=_FACT_COLUMNS)
     for name, text in (("pair", _FACTS_OF_PAIR), ("from", _FACTS_FROM), ("to", _FACTS_TO))
 }
-FACTS_BY_UUIDS = f"""
-MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
-WHERE r.uuid IN $uuids AND r.group_id = $group_id
+# A fact by uuid, from its FactIndex row's source.
+FACT_FROM_SOURCE = f"""
+MATCH (s:Entity {{uuid: $source_uuid}})-[r:RELATES_TO]->(t:Entity)
+WHERE r.uuid = $uuid AND r.group_id = $group_id
+{FROM_SOURCE}
 RETURN {_FACT_COLUMNS}
 """
-# Relationship properties cannot be indexed in kuzu: an exact scan of the group's facts.
+# An exact scan of the group's fact embeddings.
 VECTOR_FACT_SCAN = """
-MATCH (x:FactEmbedding)
-WHERE x.group_id = $group_id
-RETURN x.uuid, array_cosine_similarity(x.embedding, $embedding) AS cos, x.embedding
+MATCH (x:FactIndex)
+WHERE x.group_id = $group_id AND x.embedding IS NOT NULL
+RETURN x.uuid, array_cosine_similarity(x.embedding, $embedding) AS cos, x.source_uuid,
+       x.embedding
 ORDER BY cos DESC, x.uuid
 LIMIT $limit
 """
@@ -361,15 +374,15 @@ COUNTS = {
 }
 DELETE_GROUP = [
     f"MATCH (n:{label}) WHERE n.group_id = $group_id DETACH DELETE n"
-    for label in ("Episodic", "Community", "Entity", "FactEmbedding")
+    for label in ("Episodic", "Community", "Entity", "FactIndex")
 ]
-# Stores made before fact embeddings moved off RELATES_TO: copied over, then the column goes.
-LEGACY_FACT_EMBEDDINGS = [
+# Stores made before FactIndex (embeddings on RELATES_TO): every fact gets its row, then the
+# column goes. Idempotent, should it be interrupted.
+LEGACY_FACT_INDEX = [
     """
-    MATCH ()-[r:RELATES_TO]->()
-    WHERE r.fact_embedding IS NOT NULL
-    MERGE (x:FactEmbedding {uuid: r.uuid})
-    ON CREATE SET x.group_id = r.group_id
+    MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
+    MERGE (x:FactIndex {uuid: r.uuid})
+    ON CREATE SET x.group_id = r.group_id, x.source_uuid = s.uuid, x.target_uuid = t.uuid
     SET x.embedding = r.fact_embedding
     """,
     "ALTER TABLE RELATES_TO DROP fact_embedding",
@@ -516,8 +529,8 @@ class KuzuStore(GraphStore):
         for table, prop in (
             ("Entity", "name_embedding"),
             ("Community", "name_embedding"),
-            ("FactEmbedding", "embedding"),
-            ("RELATES_TO", "fact_embedding"),  # a store made before FactEmbedding
+            ("FactIndex", "embedding"),
+            ("RELATES_TO", "fact_embedding"),  # a store made before FactIndex
         ):
             if table not in tables:
                 continue
@@ -554,7 +567,7 @@ class KuzuStore(GraphStore):
         for statement in schema(dim):
             self._rows(statement)
         if legacy:
-            for statement in LEGACY_FACT_EMBEDDINGS:
+            for statement in LEGACY_FACT_INDEX:
                 self._rows(statement)
         present = {row[1] for row in self._rows("CALL SHOW_INDEXES() RETURN *")}
         for name, statement in INDEXES:
@@ -649,9 +662,11 @@ class KuzuStore(GraphStore):
             by_name=read(LOOKUP_BY_NAMES, names, "names"),
         )
         if relations is not None:
-            sources = unique(e.uuid for e in [*lookup.by_key, *lookup.by_name])
-            params = {"group_id": group_id, "uuids": sources, "relations": unique(relations)}
-            rows = self._rows(FACTS_OF_SOURCES, params) if sources and relations else []
+            rows = []
+            params = {"group_id": group_id, "relations": unique(relations)}
+            for source in unique(e.uuid for e in [*lookup.by_key, *lookup.by_name]):
+                if relations:
+                    rows += self._rows(FACTS_OF_SOURCE, {**params, "uuid": source})
             lookup.facts = sort_facts({f.uuid: f for f in map(_fact, rows)}.values())
         return lookup
 
@@ -726,7 +741,11 @@ class KuzuStore(GraphStore):
         """The upsert's statements, inside the caller's transaction."""
         now = now_utc()
         rows = [entity_row(group_id, e, self._dimension(), now) for e in entities]
-        stored = self._rows(ENTITY_STATES, {"uuids": unique(r["uuid"] for r in rows)})
+        stored = [
+            found
+            for uuid in unique(r["uuid"] for r in rows)
+            for found in self._rows(ENTITY_STATE, {"uuid": uuid})
+        ]
         check_entity_owners(group_id, {row[0]: row[1] for row in stored})
         states = {
             uuid: EntityState(list(labels or []), list(aliases or []), summary or "", key)
@@ -757,14 +776,23 @@ class KuzuStore(GraphStore):
         rows = self._rows(FACTS_TOUCHING, {"group_id": group_id, "uuids": entity_uuids})
         return self._with_fact_embeddings(group_id, sort_facts(map(_fact, rows)))
 
-    def _with_fact_embeddings(self, group_id: str, facts: list[FactRecord]) -> list[FactRecord]:
-        """The facts with their stored embeddings (one primary-key lookup each: kuzu plans
+    def _fact_index(self, uuids: list[str]) -> dict[str, tuple[StoredFact, list[float] | None]]:
+        """The FactIndex rows of these facts (one primary-key lookup each: kuzu plans
         ``uuid IN [...]`` as a scan of the whole table)."""
+        found = {}
+        for uuid in uuids:
+            for group, source, target, embedding in self._rows(FACT_INDEX_ROW, {"uuid": uuid}):
+                stored = StoredFact(group, source, target)
+                found[uuid] = (stored, None if embedding is None else list(embedding))
+        return found
+
+    def _with_fact_embeddings(self, group_id: str, facts: list[FactRecord]) -> list[FactRecord]:
+        index = self._fact_index([f.uuid for f in facts])
         found = []
         for fact in facts:
-            stored = self._rows(FACT_EMBEDDING, {"uuid": fact.uuid})
-            if stored and stored[0][0] == group_id:
-                fact = fact.model_copy(update={"fact_embedding": list(stored[0][1])})
+            stored, embedding = index.get(fact.uuid, (None, None))
+            if stored is not None and stored.group_id == group_id and embedding is not None:
+                fact = fact.model_copy(update={"fact_embedding": embedding})
             found.append(fact)
         return found
 
@@ -808,13 +836,14 @@ class KuzuStore(GraphStore):
         scanned = self._rows(
             VECTOR_FACT_SCAN, {"group_id": group_id, "embedding": vector, "limit": limit}
         )
-        scores = top([(uuid, cos) for uuid, cos, _ in scanned], limit)
-        stored = {uuid: list(embedding) for uuid, _, embedding in scanned}
-        uuids = [uuid for uuid, _ in scores]
-        found = {
-            f.uuid: f.model_copy(update={"fact_embedding": stored[f.uuid]})
-            for f in map(_fact, self._rows(FACTS_BY_UUIDS, {"group_id": group_id, "uuids": uuids}))
-        }
+        scores = top([(uuid, cos) for uuid, cos, _, _ in scanned], limit)
+        rows = {uuid: (source, list(embedding)) for uuid, _, source, embedding in scanned}
+        found = {}
+        for uuid, _ in scores:
+            source, embedding = rows[uuid]
+            params = {"group_id": group_id, "uuid": uuid, "source_uuid": source}
+            for row in self._rows(FACT_FROM_SOURCE, params):
+                found[uuid] = _fact(row).model_copy(update={"fact_embedding": embedding})
         return rank(((found[u], cosine_score(c)) for u, c in scores if u in found), limit)
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
@@ -854,28 +883,48 @@ class KuzuStore(GraphStore):
                 )
             for row in facts:
                 self._write_fact(group_id, row, row["uuid"] in stored_facts)
-                stored_facts.add(row["uuid"])
-            if closures:
-                self._rows(CLOSE_FACTS, {"group_id": group_id, "rows": closures})
+                stored_facts[row["uuid"]] = StoredFact(
+                    group_id, row["source_uuid"], row["target_uuid"]
+                )
+            for row in closures:
+                ends = stored_facts[row["uuid"]]  # checked: written or stored in the group
+                self._rows(
+                    CLOSE_FACT,
+                    {
+                        **row,
+                        "group_id": group_id,
+                        "source_uuid": ends.source_uuid,
+                        "target_uuid": ends.target_uuid,
+                    },
+                )
         return True
 
     def _write_fact(self, group_id: str, row: dict[str, Any], stored: bool) -> None:
         params = {"group_id": group_id, **row}
         embedding = params.pop("fact_embedding")
+        index = {
+            "uuid": row["uuid"],
+            "group_id": group_id,
+            "source_uuid": row["source_uuid"],
+            "target_uuid": row["target_uuid"],
+        }
         if stored:
             del params["group_id"], params["created_at"]
-        self._rows(UPDATE_FACT if stored else CREATE_FACT, params)
-        if embedding is not None:
-            self._rows(
-                MERGE_FACT_EMBEDDING,
-                {"uuid": row["uuid"], "group_id": group_id, "embedding": embedding},
-            )
+            self._rows(UPDATE_FACT, params)
+            if embedding is not None:
+                self._rows(SET_FACT_EMBEDDING, {"uuid": row["uuid"], "embedding": embedding})
+        else:
+            self._rows(CREATE_FACT, params)
+            if embedding is None:
+                self._rows(CREATE_FACT_INDEX_ROW, index)
+            else:
+                self._rows(CREATE_FACT_INDEX_ROW_EMBEDDED, {**index, "embedding": embedding})
 
     def _check_write(
         self, group_id: str, write: EpisodeWrite, episode_group: str | None
-    ) -> set[str]:
+    ) -> dict[str, StoredFact]:
         """Refuse a write that would cross groups or dangle (its entity upserts count as the
-        group's); the uuids of its stored facts."""
+        group's); its stored facts, by uuid."""
         upserted = unique(e.uuid for e in write.entities)
         entity_uuids = unique(
             [
@@ -884,19 +933,18 @@ class KuzuStore(GraphStore):
                 *(u for f in write.facts for u in (f.source_uuid, f.target_uuid)),
             ]
         )
-        entities = self._rows(ENTITY_GROUPS, {"uuids": entity_uuids}) if entity_uuids else []
-        owners = {uuid: group for uuid, group in entities}
+        owners = {
+            uuid: row[0]
+            for uuid in entity_uuids
+            for row in self._rows(ENTITY_GROUP, {"uuid": uuid})
+        }
         check_entity_owners(group_id, {u: owners[u] for u in upserted if u in owners})
         fact_uuids = unique([*(f.uuid for f in write.facts), *(c.uuid for c in write.closures)])
-        facts = self._rows(FACT_STATES, {"uuids": fact_uuids}) if fact_uuids else []
+        facts = {uuid: stored for uuid, (stored, _) in self._fact_index(fact_uuids).items()}
         check_episode_write(
-            group_id,
-            write,
-            episode_group,
-            {**owners, **dict.fromkeys(upserted, group_id)},
-            {uuid: StoredFact(group, source, target) for uuid, group, source, target in facts},
+            group_id, write, episode_group, {**owners, **dict.fromkeys(upserted, group_id)}, facts
         )
-        return {uuid for uuid, *_ in facts}
+        return facts
 
     async def query_facts(
         self,
