@@ -16,7 +16,9 @@ endpoint with them, decide per new fact, in episode order:
   valid then is closed at new.valid_at; one that starts later bounds the new fact, which is
   then stored already closed (a late arrival);
 - ``expired_at`` (T') is set once: when a fact is first closed, or at creation for a fact
-  born closed. ``invalid_at`` may only move earlier (a late fact tightens an interval).
+  born closed. ``invalid_at`` may only move earlier (a late fact tightens an interval); when
+  it moves, the end it replaces is kept with the time it was learned (``prior_ends``), so
+  that "as known at k" still answers with what was believed at k.
 """
 
 from __future__ import annotations
@@ -83,12 +85,10 @@ def plan_facts(
     def close(target: FactRecord, at: datetime, *, counted: bool = True) -> None:
         if target.invalid_at is not None and target.invalid_at <= at:
             return
-        target.invalid_at = at
-        if target.expired_at is None:
-            target.expired_at = now
+        target.move_end(at, now)
         plan.closed += counted
         if target.uuid in stored:
-            plan.closures[target.uuid] = FactClosure(target.uuid, at, target.expired_at)
+            plan.closures[target.uuid] = FactClosure.of(target)
 
     for i, new in enumerate(stamped):
         t = new.valid_at

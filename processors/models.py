@@ -175,6 +175,39 @@ class FactRecord(BaseModel):
     created_at: datetime | None = None
     expired_at: datetime | None = None
     cardinality: Literal["one", "many"] | None = None
+    # What was believed before the end moved (a late fact tightened an already-closed
+    # interval): the earlier invalid_at values, oldest first, and when tidegraph learned each
+    # (T'); end_learned_at is when it learned the current invalid_at (None: at expired_at).
+    # Empty and None while the end has never moved, which is nearly always.
+    prior_ends: list[datetime] = Field(default_factory=list)
+    prior_ends_learned_at: list[datetime] = Field(default_factory=list)
+    end_learned_at: datetime | None = None
+
+    def end_known_at(self, known_at: datetime) -> datetime | None:
+        """``invalid_at`` as tidegraph believed it at ``known_at`` (None: no end known yet)."""
+        if self.expired_at is None or self.expired_at > known_at:
+            return None
+        if (self.end_learned_at or self.expired_at) <= known_at:
+            return self.invalid_at
+        believed = [
+            end
+            for end, learned in zip(self.prior_ends, self.prior_ends_learned_at, strict=True)
+            if learned <= known_at
+        ]
+        return believed[-1] if believed else None
+
+    def move_end(self, at: datetime, now: datetime) -> None:
+        """Set ``invalid_at`` to ``at`` as learned ``now``: the first end sets ``expired_at``
+        (once); moving an end already stored keeps the one it replaces in the history, so
+        that questions about an earlier belief (known-at) still see it."""
+        learned = self.end_learned_at or self.expired_at
+        if self.invalid_at is not None and learned is not None and learned < now:
+            self.prior_ends = [*self.prior_ends, self.invalid_at]
+            self.prior_ends_learned_at = [*self.prior_ends_learned_at, learned]
+            self.end_learned_at = now
+        self.invalid_at = at
+        if self.expired_at is None:
+            self.expired_at = now
 
 
 class EpisodeRecord(BaseModel):

@@ -1176,10 +1176,14 @@ async def test_cli_mapped_feed_answers_valid_at_and_known_at(
         cut = (len(mine) + 1) // 2
         first_half += reversed(mine[:cut])
         second_half += mine[cut:]
-    # Part two mixes later changes with late arrivals from before anything stored.
+    # Part two mixes later changes with late arrivals: two from before anything stored, and
+    # one between two changes part one stored (Acme Corp's Basic, closed on 31 January by
+    # Pro, now ends on 16 January: a moved end).
+    between = Event("plan", 1, "Team", at(2024, 1, 16))
     early = [
         Event("plan", 3, "Trial", at(2023, 12, 1)),
         Event("owner", 3, "Olivia", at(2023, 12, 15)),
+        between,
     ]
     second_half = second_half[::2] + early + second_half[1::2]
     one = write_jsonl(
@@ -1232,6 +1236,16 @@ async def test_cli_mapped_feed_answers_valid_at_and_known_at(
         views = await store.query_facts(group_id, valid_at=t, known_at=known)
         assert strip([v.model_dump() for v in views]) == strip([v.model_dump() for v in before])
         assert triples([v.model_dump() for v in views]) == expected_at(first_half, t), t
+    # The moved end, asked directly: on 20 January Acme Corp was on Basic as known after part
+    # one, on Team as known now.
+    t = at(2024, 1, 20)
+    acme_plan = {("Acme Corp", "HAS_PLAN", "Basic")}
+    assert triples(cli_facts(cli_env, group_id, "--valid-at", t.isoformat())) & acme_plan == set()
+    assert ("Acme Corp", "HAS_PLAN", "Team") in expected_at(all_events, t)
+    then = cli_facts(
+        cli_env, group_id, "--valid-at", t.isoformat(), "--known-at", known.isoformat()
+    )
+    assert triples(then) >= acme_plan
 
     row = next(
         r

@@ -21,6 +21,7 @@ from processors.models import (
     EpisodeRecord,
     FactRecord,
     FactView,
+    iso,
     normalize_name,
     stable_uuid,
 )
@@ -817,6 +818,60 @@ async def test_write_episode_upserts_its_entities_in_the_same_write(
     with pytest.raises(StoreIntegrityError):
         await store.write_episode(other, bad)
     assert await store.counts(other) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+
+
+async def test_a_moved_end_is_answered_as_believed_at_each_time(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    """A fact closed at day 20 (learned at day 21), whose end a late fact moved to day 10
+    (learned at day 22): "valid at day 15" is answered as it was believed at each time, by
+    closures and by full-state upserts alike, and the history survives a rewrite."""
+    group = new_group()
+    a, b = entity(group, "A"), entity(group, "B")
+    await store.upsert_entities(group, [a, b])
+    f = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(0), created_at=day(1))
+
+    async def write(**change: Any) -> FactRecord:
+        ep = episode(group, f"m-{uuidlib.uuid4().hex[:6]}", day(1))
+        await store.write_episode(group, EpisodeWrite(episode=ep, **change))
+        return {x.uuid: x for x in await store.facts_touching(group, [a.uuid])}[f.uuid]
+
+    async def believed(valid: int, known: float) -> list[str]:
+        views = await store.query_facts(group, valid_at=day(valid), known_at=day(known))
+        return [v.fact for v in views]
+
+    async def ends(known: float) -> list[tuple[str | None, str | None]]:
+        views = await store.query_facts(group, known_at=day(known), include_invalid=True)
+        return [(v.invalid_at, v.expired_at) for v in views]
+
+    await write(facts=[f])
+    await write(closures=[FactClosure(f.uuid, invalid_at=day(20), expired_at=day(21))])
+    closed = f.model_copy(update={"invalid_at": day(20), "expired_at": day(21)})
+    closed.move_end(day(10), day(22))
+    stored = await write(closures=[FactClosure.of(closed)])
+    assert (stored.invalid_at, stored.expired_at) == (day(10), day(21))
+    assert (stored.prior_ends, stored.prior_ends_learned_at) == ([day(20)], [day(21)])
+    assert stored.end_learned_at == day(22)
+
+    plan_b = ["A is on plan B"]
+    beliefs = [await believed(15, k) for k in (1, 21, 21.5, 22, 30)]
+    assert beliefs == [plan_b, plan_b, plan_b, [], []]  # fmt: skip
+    assert [await believed(25, k) for k in (1, 21, 22)] == [plan_b, [], []]
+    assert await believed(5, 30) == plan_b
+    iso20, iso10, iso21 = (iso(day(n)) for n in (20, 10, 21))
+    known_ends = [await ends(k) for k in (1, 21, 22)]
+    assert known_ends == [[(None, None)], [(iso20, iso21)], [(iso10, iso21)]]
+
+    # A full-state upsert of the closed fact (it gained an episode) keeps the history; one
+    # that carries none leaves the stored history as it is.
+    stored = await write(facts=[closed.model_copy(update={"fact": "A is on plan B (again)"})])
+    assert (stored.prior_ends, stored.end_learned_at) == ([day(20)], day(22))
+    plain = closed.model_copy(
+        update={"prior_ends": [], "prior_ends_learned_at": [], "end_learned_at": None}
+    )
+    stored = await write(facts=[plain])
+    assert (stored.prior_ends, stored.end_learned_at) == ([day(20)], day(22))
+    assert await believed(15, 21.5) == plan_b  # the text as last written, the end as then
 
 
 async def test_expired_at_is_set_only_once(

@@ -81,7 +81,24 @@ class Graph:
             stored = self.facts[closure.uuid]
             stored.invalid_at = closure.invalid_at
             stored.expired_at = stored.expired_at or closure.expired_at
+            if closure.prior_ends:
+                stored.prior_ends = list(closure.prior_ends)
+                stored.prior_ends_learned_at = list(closure.prior_ends_learned_at)
+                stored.end_learned_at = closure.end_learned_at
         return plan
+
+    def known_at(self, subject: str, relation: str, t: datetime, k: datetime) -> list[str]:
+        """The values of subject+relation valid at t, as believed at ingestion time k."""
+        return sorted(
+            f.target_uuid
+            for f in self.facts.values()
+            if f.source_uuid == subject
+            and f.name == relation
+            and f.created_at is not None
+            and f.created_at <= k
+            and (f.valid_at is None or f.valid_at <= t)
+            and ((end := f.end_known_at(k)) is None or t < end)
+        )
 
     def value_at(self, subject: str, relation: str, t: datetime) -> list[str]:
         return sorted(
@@ -167,6 +184,56 @@ def test_a_late_fact_between_two_tightens_the_earlier_one() -> None:
         ("pro", day(20)),
         ("enterprise", None),
     ]
+
+
+def test_a_moved_end_keeps_what_was_believed_before() -> None:
+    """A late fact between two stored ones moves the earlier one's end: the end it replaces
+    stays in the history, so the belief at any ingestion time is answered as it was."""
+    graph = Graph()
+    graph.ingest("e0", [one("acct", "HAS_PLAN", "basic", 0)])  # learned at NOW0
+    graph.ingest("e2", [one("acct", "HAS_PLAN", "enterprise", 20)])  # NOW0 + 1 s
+    plan = graph.ingest("e1", [one("acct", "HAS_PLAN", "pro", 10)])  # NOW0 + 2 s
+    basic = next(f for f in graph.facts.values() if f.target_uuid == "basic")
+    closure = plan.closures[basic.uuid]
+    assert closure.prior_ends == (day(20),)
+    assert closure.prior_ends_learned_at == (NOW0 + timedelta(seconds=1),)
+    assert closure.end_learned_at == NOW0 + timedelta(seconds=2)
+    assert basic.expired_at == NOW0 + timedelta(seconds=1)  # still set once
+
+    def belief(t: int, k: int) -> list[str]:
+        return graph.known_at("acct", "HAS_PLAN", day(t), NOW0 + timedelta(seconds=k))
+
+    assert [belief(15, k) for k in (0, 1, 2)] == [["basic"], ["basic"], ["pro"]]
+    assert [belief(25, k) for k in (0, 1, 2)] == [["basic"], ["enterprise"], ["enterprise"]]
+    assert [basic.end_known_at(NOW0 + timedelta(seconds=k)) for k in (0, 1, 2)] == [
+        None,
+        day(20),
+        day(10),
+    ]
+
+
+def test_an_end_moved_twice_keeps_both_earlier_ends() -> None:
+    graph = Graph()
+    graph.ingest("e0", [one("acct", "HAS_PLAN", "basic", 0)])
+    graph.ingest("e3", [one("acct", "HAS_PLAN", "enterprise", 30)])
+    graph.ingest("e2", [one("acct", "HAS_PLAN", "pro", 20)])
+    graph.ingest("e1", [one("acct", "HAS_PLAN", "team", 10)])
+    basic = next(f for f in graph.facts.values() if f.target_uuid == "basic")
+    assert (basic.prior_ends, basic.invalid_at) == ([day(30), day(20)], day(10))
+    ends = [basic.end_known_at(NOW0 + timedelta(seconds=k)) for k in range(4)]
+    assert ends == [None, day(30), day(20), day(10)]
+
+
+def test_an_end_set_and_moved_in_one_episode_has_no_history() -> None:
+    """Nothing was ever believed about an end set and moved by the same episode."""
+    graph = Graph()
+    graph.ingest("e0", [one("acct", "HAS_PLAN", "basic", 0)])
+    plan = graph.ingest(
+        "e1", [one("acct", "HAS_PLAN", "enterprise", 20), one("acct", "HAS_PLAN", "pro", 10)]
+    )
+    basic = next(f for f in graph.facts.values() if f.target_uuid == "basic")
+    assert basic.invalid_at == day(10) and basic.prior_ends == []
+    assert plan.closures[basic.uuid].prior_ends == ()
 
 
 def test_invalid_at_never_moves_later() -> None:

@@ -21,11 +21,30 @@ from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView
 
 @dataclass(frozen=True)
 class FactClosure:
-    """Close a stored fact: set ``invalid_at`` (event time) and, once, ``expired_at``."""
+    """Close a stored fact: set ``invalid_at`` (event time) and, once, ``expired_at``; when
+    the end moved, also its history (``FactRecord.prior_ends``: the full lists, so that
+    writing a closure twice is harmless)."""
 
     uuid: str
     invalid_at: datetime
     expired_at: datetime
+    prior_ends: tuple[datetime, ...] = ()
+    prior_ends_learned_at: tuple[datetime, ...] = ()
+    end_learned_at: datetime | None = None
+
+    @classmethod
+    def of(cls, fact: FactRecord) -> FactClosure:
+        """The closure that brings a stored fact to ``fact``'s end (which must be set)."""
+        if fact.invalid_at is None or fact.expired_at is None:
+            raise ValueError(f"fact {fact.uuid} has no end to write")
+        return cls(
+            fact.uuid,
+            fact.invalid_at,
+            fact.expired_at,
+            tuple(fact.prior_ends),
+            tuple(fact.prior_ends_learned_at),
+            fact.end_learned_at,
+        )
 
 
 @dataclass

@@ -237,6 +237,23 @@ def fact_row(group_id: str, fact: FactRecord, dim: int, now: datetime) -> dict[s
         "created_at": utc(fact.created_at) if fact.created_at else now,
         "expired_at": _opt_utc(fact.expired_at),
         "cardinality": fact.cardinality,
+        **end_history_row(fact.prior_ends, fact.prior_ends_learned_at, fact.end_learned_at),
+    }
+
+
+def end_history_row(
+    prior_ends: Sequence[datetime],
+    prior_ends_learned_at: Sequence[datetime],
+    end_learned_at: datetime | None,
+) -> dict[str, Any]:
+    """A fact's end history as parameters: None where there is none, which the writes read
+    as "leave what is stored" (a history only grows)."""
+    if len(prior_ends) != len(prior_ends_learned_at):
+        raise ValueError("prior_ends and prior_ends_learned_at differ in length")
+    return {
+        "prior_ends": [utc(t) for t in prior_ends] or None,
+        "prior_ends_learned_at": [utc(t) for t in prior_ends_learned_at] or None,
+        "end_learned_at": _opt_utc(end_learned_at),
     }
 
 
@@ -259,6 +276,9 @@ def closure_row(closure: FactClosure) -> dict[str, Any]:
         "uuid": closure.uuid,
         "invalid_at": utc(closure.invalid_at),
         "expired_at": utc(closure.expired_at),
+        **end_history_row(
+            closure.prior_ends, closure.prior_ends_learned_at, closure.end_learned_at
+        ),
     }
 
 
@@ -387,6 +407,9 @@ FACT_FIELDS = (
     "created_at",
     "expired_at",
     "cardinality",
+    "prior_ends",
+    "prior_ends_learned_at",
+    "end_learned_at",
 )
 EPISODE_FIELDS = (
     "uuid",
@@ -399,7 +422,8 @@ EPISODE_FIELDS = (
     "created_at",
     "producer_id",
 )
-_TIME_FIELDS = frozenset({"valid_at", "invalid_at", "created_at", "expired_at"})
+_TIME_FIELDS = frozenset({"valid_at", "invalid_at", "created_at", "expired_at", "end_learned_at"})
+_TIME_LIST_FIELDS = frozenset({"prior_ends", "prior_ends_learned_at"})
 
 
 def _clean(props: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
@@ -408,6 +432,8 @@ def _clean(props: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
         value = props.get(name)
         if name in _TIME_FIELDS:
             value = to_utc(value)
+        elif name in _TIME_LIST_FIELDS:
+            value = None if value is None else [to_utc(v) for v in value]
         elif isinstance(value, tuple):
             value = list(value)
         if value is not None:
@@ -484,10 +510,20 @@ class AsOf:
 
     def known_end(self, fact: FactRecord) -> tuple[datetime | None, datetime | None]:
         """(invalid_at, expired_at) as believed at ``known_at``: both unknown (None) until
-        ``expired_at <= known_at``."""
-        if fact.expired_at is not None and fact.expired_at <= self.known_at:
-            return fact.invalid_at, fact.expired_at
-        return None, None
+        ``expired_at <= known_at``; then the end believed at that time (an end that moved
+        later, when a late fact tightened it, is answered as it was then)."""
+        end = fact.end_known_at(self.known_at)
+        return (end, fact.expired_at) if end is not None else (None, None)
+
+    def believed(self, fact: FactRecord) -> bool:
+        """The exact as-of test (``as_of_match`` lets through a superset when an end moved)."""
+        if fact.created_at is None or fact.created_at > self.known_at:
+            return False
+        if self.include_invalid:
+            return True
+        end = fact.end_known_at(self.known_at)
+        started = fact.valid_at is None or fact.valid_at <= self.valid_at
+        return started and (end is None or self.valid_at < end)
 
 
 def fact_view(
@@ -772,6 +808,9 @@ SET r.name = row.name,
     r.valid_at = row.valid_at,
     r.invalid_at = row.invalid_at,
     r.cardinality = row.cardinality,
+    r.prior_ends = coalesce(row.prior_ends, r.prior_ends),
+    r.prior_ends_learned_at = coalesce(row.prior_ends_learned_at, r.prior_ends_learned_at),
+    r.end_learned_at = coalesce(row.end_learned_at, r.end_learned_at),
     r.expired_at = coalesce(r.expired_at, row.expired_at)
 """
 
@@ -781,6 +820,9 @@ MATCH ()-[r:RELATES_TO {{uuid: row.uuid}}]->()
 USING INDEX r:RELATES_TO(uuid)
 WHERE r.group_id = $group_id
 SET r.invalid_at = row.invalid_at,
+    r.prior_ends = coalesce(row.prior_ends, r.prior_ends),
+    r.prior_ends_learned_at = coalesce(row.prior_ends_learned_at, r.prior_ends_learned_at),
+    r.end_learned_at = coalesce(row.end_learned_at, r.end_learned_at),
     r.expired_at = coalesce(r.expired_at, row.expired_at)
 """
 
@@ -911,7 +953,10 @@ def as_of_match(asof: AsOf) -> str:
 
     A fact is believed at $known_at when created by then; its invalid_at counts only when
     its expired_at is known by then. It is valid at $valid_at when valid_at <= t < invalid_at
-    (a null valid_at is an open start, a null invalid_at an open end)."""
+    (a null valid_at is an open start, a null invalid_at an open end). When the end moved
+    after $known_at (``end_learned_at``), the end believed then is one of ``prior_ends``:
+    such a fact is let through here and ``AsOf.believed`` decides it; with $known_at = now
+    (the graph questions of communities) this match is exact."""
     where = ["r.group_id = $group_id", "r.created_at <= $known_at"]
     if asof.entity_uuid is not None:
         where.append("(s.uuid = $entity_uuid OR t.uuid = $entity_uuid)")
@@ -919,7 +964,7 @@ def as_of_match(asof: AsOf) -> str:
     if not asof.include_invalid:
         text += """
 WITH s, r, t,
-     CASE WHEN r.expired_at IS NOT NULL AND r.expired_at <= $known_at
+     CASE WHEN coalesce(r.end_learned_at, r.expired_at) <= $known_at
           THEN r.invalid_at ELSE NULL END AS known_invalid
 WHERE (r.valid_at IS NULL OR r.valid_at <= $valid_at)
   AND (known_invalid IS NULL OR $valid_at < known_invalid)"""

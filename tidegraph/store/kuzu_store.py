@@ -125,7 +125,8 @@ def schema(dim: int) -> list[str]:
         "CREATE REL TABLE IF NOT EXISTS RELATES_TO(FROM Entity TO Entity, uuid STRING, "
         "group_id STRING, name STRING, fact STRING, "
         "episodes STRING[], valid_at TIMESTAMP, invalid_at TIMESTAMP, created_at TIMESTAMP, "
-        "expired_at TIMESTAMP, cardinality STRING)",
+        "expired_at TIMESTAMP, cardinality STRING, prior_ends TIMESTAMP[], "
+        "prior_ends_learned_at TIMESTAMP[], end_learned_at TIMESTAMP)",
         "CREATE NODE TABLE IF NOT EXISTS FactIndex(uuid STRING PRIMARY KEY, group_id STRING, "
         f"source_uuid STRING, target_uuid STRING, embedding {vector})",
         "CREATE REL TABLE IF NOT EXISTS MENTIONS(FROM Episodic TO Entity, group_id STRING)",
@@ -288,7 +289,10 @@ CREATE (s)-[:RELATES_TO {uuid: $uuid, group_id: $group_id, name: $name, fact: $f
                          invalid_at: CAST($invalid_at AS TIMESTAMP),
                          created_at: CAST($created_at AS TIMESTAMP),
                          expired_at: CAST($expired_at AS TIMESTAMP),
-                         cardinality: CAST($cardinality AS STRING)}]->(t)
+                         cardinality: CAST($cardinality AS STRING),
+                         prior_ends: CAST($prior_ends AS TIMESTAMP[]),
+                         prior_ends_learned_at: CAST($prior_ends_learned_at AS TIMESTAMP[]),
+                         end_learned_at: CAST($end_learned_at AS TIMESTAMP)}]->(t)
 """
 # A stored fact takes the given state, except created_at and a set expired_at.
 UPDATE_FACT = """
@@ -300,12 +304,22 @@ SET r.name = $name,
     r.valid_at = CAST($valid_at AS TIMESTAMP),
     r.invalid_at = CAST($invalid_at AS TIMESTAMP),
     r.cardinality = CAST($cardinality AS STRING),
+    r.prior_ends = coalesce(CAST($prior_ends AS TIMESTAMP[]), r.prior_ends),
+    r.prior_ends_learned_at = coalesce(
+        CAST($prior_ends_learned_at AS TIMESTAMP[]), r.prior_ends_learned_at
+    ),
+    r.end_learned_at = coalesce(CAST($end_learned_at AS TIMESTAMP), r.end_learned_at),
     r.expired_at = coalesce(r.expired_at, CAST($expired_at AS TIMESTAMP))
 """
 CLOSE_FACT = """
 MATCH (s:Entity {uuid: $source_uuid})-[r:RELATES_TO]->(t:Entity {uuid: $target_uuid})
 WHERE r.uuid = $uuid AND r.group_id = $group_id
 SET r.invalid_at = $invalid_at,
+    r.prior_ends = coalesce(CAST($prior_ends AS TIMESTAMP[]), r.prior_ends),
+    r.prior_ends_learned_at = coalesce(
+        CAST($prior_ends_learned_at AS TIMESTAMP[]), r.prior_ends_learned_at
+    ),
+    r.end_learned_at = coalesce(CAST($end_learned_at AS TIMESTAMP), r.end_learned_at),
     r.expired_at = coalesce(r.expired_at, $expired_at)
 """
 FACTS_TOUCHING = f"""
@@ -388,6 +402,13 @@ LEGACY_FACT_INDEX = [
     "ALTER TABLE RELATES_TO DROP fact_embedding",
 ]
 
+# Columns added to RELATES_TO since stores were first made (ALTER is a no-op for new stores,
+# whose CREATE already has them; the new columns start null, which is what they mean).
+ADDED_FACT_COLUMNS = (
+    ("prior_ends", "ALTER TABLE RELATES_TO ADD prior_ends TIMESTAMP[]"),
+    ("prior_ends_learned_at", "ALTER TABLE RELATES_TO ADD prior_ends_learned_at TIMESTAMP[]"),
+    ("end_learned_at", "ALTER TABLE RELATES_TO ADD end_learned_at TIMESTAMP"),
+)
 
 # Community has a fulltext index on name: created one statement per row (see the module
 # docstring); it has no vector index, so its name_embedding may be SET later.
@@ -568,6 +589,10 @@ class KuzuStore(GraphStore):
             self._rows(statement)
         if legacy:
             for statement in LEGACY_FACT_INDEX:
+                self._rows(statement)
+        columns = {row[1] for row in self._rows("CALL TABLE_INFO('RELATES_TO') RETURN *")}
+        for name, statement in ADDED_FACT_COLUMNS:
+            if name not in columns:
                 self._rows(statement)
         present = {row[1] for row in self._rows("CALL SHOW_INDEXES() RETURN *")}
         for name, statement in INDEXES:
@@ -961,6 +986,7 @@ class KuzuStore(GraphStore):
     def _query_facts(self, group_id: str, asof: AsOf) -> list[FactView]:
         rows = self._rows(query_facts_text(asof), as_of_params(group_id, asof))
         facts = [(_fact(row[:-2]), row[-2], row[-1]) for row in rows]
+        facts = [(f, s, o) for f, s, o in facts if asof.believed(f)]
         uuids = unique(u for f, _, _ in facts for u in f.episodes)
         producers = (
             {

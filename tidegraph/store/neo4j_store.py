@@ -505,6 +505,7 @@ class Neo4jStore(GraphStore):
         asof = AsOf.resolve(valid_at, known_at, include_invalid, entity_uuid)
         records = await self._read(q.query_facts_cypher(asof), as_of_params(group_id, asof))
         rows = [(self._fact(r), r["subject"], r["object"]) for r in records]
+        rows = [(f, s, o) for f, s, o in rows if asof.believed(f)]
         producers = await self._producers(group_id, [f for f, _, _ in rows])
         return sort_views((fact_view(f, s, o, producers, asof), f) for f, s, o in rows)
 
