@@ -6,7 +6,8 @@
 graphiti-core 0.31.2 declares ``certifi>=2026.10.19``, newer than any certifi on PyPI, so pip
 cannot resolve it. The environment is built in three steps: download the graphiti-core wheel
 alone, read its ``Requires-Dist`` (extras left out) and install those requirements with the
-certifi pin relaxed, plus ``httpx``, which graphiti imports without declaring it; then install
+certifi pin relaxed, plus ``httpx``, which graphiti imports without declaring it, and the neo4j
+driver's Rust codec (``neo4j-rust-ext``, which tidegraph installs too); then install
 graphiti-core itself with ``--no-deps``. A marker file records what was installed, so a second
 call returns at once. The folder is ``.bench-venvs/graphiti/`` in the repository (gitignored),
 or ``$TIDEGRAPH_GRAPHITI_VENV``. Graphiti's telemetry is switched off
@@ -31,7 +32,12 @@ import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 GRAPHITI_VERSION = "0.31.2"
-EXTRA_REQUIREMENTS = ("httpx>=0.27",)  # imported by graphiti_core, not declared
+EXTRA_REQUIREMENTS = (
+    "httpx>=0.27",  # imported by graphiti_core, not declared
+    # The neo4j driver's Rust codec, as tidegraph installs it: both sides of the comparison
+    # encode and decode Bolt with the same code (it is a drop-in any Graphiti user can add).
+    "neo4j-rust-ext>=6.4,<7",
+)
 RELAXED = {"certifi": "certifi"}  # declared >=2026.10.19, newer than the registry holds
 PROFILERS = ("pyinstrument>=5,<6", "py-spy>=0.4,<0.5")
 MARKER = ".tidegraph-graphiti.json"
@@ -94,9 +100,15 @@ def _ready(root: Path, want_profiler: bool) -> bool:
     if not (marker.exists() and venv_python(root).exists()):
         return False
     state = orjson.loads(marker.read_bytes())
-    if state.get("graphiti_core") != GRAPHITI_VERSION:
+    if not _installed(state):
         return False
     return state.get("profiler", False) or not want_profiler
+
+
+def _installed(state: dict[str, object]) -> bool:
+    return state.get("graphiti_core") == GRAPHITI_VERSION and state.get("extras") == list(
+        EXTRA_REQUIREMENTS
+    )
 
 
 @contextmanager
@@ -120,7 +132,7 @@ def ensure(*, profiler: bool = False, quiet: bool = True) -> Path:
             return venv_python(root)
         python = venv_python(root)
         state = orjson.loads((root / MARKER).read_bytes()) if (root / MARKER).exists() else {}
-        if state.get("graphiti_core") != GRAPHITI_VERSION:
+        if not _installed(state):
             if not python.exists():
                 _run([sys.executable, "-m", "venv", root], quiet)
             requirements = [*_wheel_requirements(python, quiet), *EXTRA_REQUIREMENTS]
@@ -131,7 +143,11 @@ def ensure(*, profiler: bool = False, quiet: bool = True) -> Path:
                 quiet,
             )  # fmt: skip
             _run([python, "-c", "import graphiti_core.graphiti, httpx"], quiet)
-            state = {"graphiti_core": GRAPHITI_VERSION, "requirements": requirements}
+            state = {
+                "graphiti_core": GRAPHITI_VERSION,
+                "extras": list(EXTRA_REQUIREMENTS),
+                "requirements": requirements,
+            }
         if profiler and not state.get("profiler"):
             _run([python, "-m", "pip", "install", "--quiet", *PROFILERS], quiet)
             state["profiler"] = True
