@@ -70,9 +70,15 @@ class Resolver:
         extraction: Extraction,
         *,
         on_lookup: Callable[[EntityLookup], None] | None = None,
-    ) -> ResolvedEpisode:
-        """``on_lookup`` sees what the store held before this run wrote anything."""
-        lookup = await self.lookup(extraction)
+        skip_processed: bool = False,
+    ) -> ResolvedEpisode | None:
+        """``on_lookup`` sees what the store held before this run wrote anything. With
+        ``skip_processed`` the lookup also reads the episode's processed marker (in the same
+        round trip), and a processed episode is left alone: None, nothing written."""
+        episode_uuid = extraction.episode.uuid if skip_processed else None
+        lookup = await self.lookup(extraction, episode_uuid=episode_uuid)
+        if lookup.processed:
+            return None
         if on_lookup is not None:
             on_lookup(lookup)
         resolution = await self.resolve(extraction, lookup)
@@ -117,7 +123,12 @@ class Resolver:
                 matched[i], methods[i] = by_key[draft.key], "key"
                 continue
             # A name match never merges two different stable keys (two "John Smith" contacts).
-            same_name = [r for r in by_norm.get(norms[i], []) if r.key in (None, draft.key)]
+            named = by_norm.get(norms[i], [])
+            same_name = [r for r in named if r.key in (None, draft.key)]
+            if not same_name and draft.key is None and len({r.uuid for r in named}) == 1:
+                # A mention without a key ("Acme Corp" in a ticket) is the one keyed entity
+                # of that name (the CRM account); with two or more, the LLM decides.
+                same_name = named[:1]
             if same_name:
                 same_name.sort(key=lambda r: (r.key is not None, r.uuid))
                 matched[i], methods[i] = same_name[0], "exact"

@@ -852,6 +852,46 @@ async def test_records_with_the_same_crm_key_resolve_without_any_llm_call(
     assert [(v.relation, v.object) for v in views] == [("HAS_PLAN", "Basic")]
 
 
+async def test_a_text_mention_joins_the_one_crm_entity_of_its_name_without_an_llm_call(
+    store: Neo4jStore,
+    embedder: HashingEmbedder,
+    llm: LLMClient,
+    server: ScriptedLLMServer,
+    script: Script,
+    group_id: str,
+    other_group: str,
+) -> None:
+    """A ticket that says "Acme Corp" is about the CRM account named Acme Corp: with one keyed
+    entity of that name, no resolution call; with two (two accounts share the name), the
+    LLM decides, as it does for any undecided mention."""
+    pipeline = EpisodePipeline(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
+
+    def account(feed: Feed, ident: int, at_day: int) -> Episode:
+        record = {"type": "account.plan", "account": {"id": ident, "name": "Acme Corp"},
+                  "plan": "Pro", "at": "2024-01-01"}  # fmt: skip
+        return feed.record(record, ident=f"crm-{ident}", ref=at(2024, 1, at_day))
+
+    said = script.says(
+        "Acme Corp reported a broken printer.", "Acme Corp[Organization] -REPORTED-> Printer"
+    )
+    feed = Feed(group_id)
+    await run(pipeline, [account(feed, 42, 1), feed.text(said)])
+    assert server.count(ENTITY_RES) == 0
+    entities = await store.list_entities(group_id)
+    assert sorted(e.name for e in entities) == ["Acme Corp", "Printer", "Pro"]
+    [acme] = [e for e in entities if e.name == "Acme Corp"]
+    assert acme.key == "crm:account:42" and "Organization" in acme.labels
+    reported = {(v.subject, v.relation) for v in await store.query_facts(group_id)}
+    assert ("Acme Corp", "REPORTED") in reported
+    assert {v.uuid for v in await store.query_facts(group_id, entity_uuid=acme.uuid)} == {
+        v.uuid for v in await store.query_facts(group_id)
+    }
+
+    other = Feed(other_group)
+    await run(pipeline, [account(other, 42, 1), account(other, 43, 2), other.text(said)])
+    assert server.count(ENTITY_RES) == 1  # two keyed Acme Corps: the mention is undecided
+
+
 # ============================================================================= hostile text
 async def test_hostile_names_and_relation_types_are_stored_verbatim_and_harm_nothing(
     store: Neo4jStore,
