@@ -35,7 +35,14 @@ from tidegraph.store import (
     open_store,
 )
 from tidegraph.store.base import CommunityRecord, WeightedEdge
-from tidegraph.store.cypher import SEARCH_STOP_WORDS
+from tidegraph.store.cypher import (
+    NEO4J_ANCHOR_HINTS,
+    SEARCH_STOP_WORDS,
+    AsOf,
+    as_of_params,
+    entity_graph_cypher,
+    query_facts_cypher,
+)
 from tidegraph.store.kuzu_store import KuzuStore
 from tidegraph.store.neo4j_store import Neo4jStore
 
@@ -1291,10 +1298,39 @@ async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path:
         assert {f.uuid: f.fact_embedding for f in touching} == {"f1": vec(1), "f2": None}
         columns = await store._call(store._rows, "CALL TABLE_INFO('RELATES_TO') RETURN *")
         assert "fact_embedding" not in {row[1] for row in columns}
+        # the end-history columns were added (known-at questions read them)
+        assert {"prior_ends", "prior_ends_learned_at", "end_learned_at"} <= {
+            row[1] for row in columns
+        }
+        views = await store.query_facts("old", valid_at=day(1000), known_at=day(1000))
+        assert sorted(v.fact for v in views) == ["a knows b", "b knows a"]
         await store.setup(DIM)  # opening it again changes nothing
         assert len(await store.facts_touching("old", ["a"])) == 2
     finally:
         await store.close()
+
+
+async def test_questions_about_one_entity_start_from_its_node(neo4j_driver: Any) -> None:
+    """Neo4j plans every as-of question about one entity (an agent's "what about Acme?",
+    the community processor's neighbour weights) as a uuid lookup and an expansion from that
+    node, never as a scan of the group's facts (which grows with the group)."""
+    asof = AsOf.resolve(None, None, False, "some-entity")
+    questions = {
+        "query_facts": query_facts_cypher(asof),
+        "neighbour_weights": entity_graph_cypher(asof, NEO4J_ANCHOR_HINTS),
+    }
+    for name, text in questions.items():
+        async with neo4j_driver.session() as session:
+            result = await session.run("EXPLAIN " + text, as_of_params("g", asof))
+            plan = (await result.consume()).plan
+
+        def leaves(op: dict[str, Any]) -> list[str]:
+            children = op.get("children") or []
+            if not children:
+                return [op["operatorType"].split("@")[0]]
+            return [leaf for child in children for leaf in leaves(child)]
+
+        assert leaves(plan) == ["NodeUniqueIndexSeek", "NodeUniqueIndexSeek"], name
 
 
 # ----------------------------------------------------------------------------- both at once

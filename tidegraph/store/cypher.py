@@ -946,10 +946,23 @@ RETURN r.uuid AS uuid, score
 """
 
 
-def as_of_match(asof: AsOf) -> str:
+# How each store is told to walk from the anchor node of an as-of question about one entity
+# (see ``as_of_query``): text after the MATCH pattern, text after its WHERE.
+AnchorHints = dict[str, tuple[str, str]]
+NEO4J_ANCHOR_HINTS: AnchorHints = {
+    "s": ("USING INDEX s:Entity(uuid)", ""),
+    "t": ("USING INDEX t:Entity(uuid)", ""),
+}
+
+
+def as_of_match(asof: AsOf, anchor: str | None = None, hints: AnchorHints | None = None) -> str:
     """The MATCH of an as-of question, the same text for both stores (kuzu speaks this much
     Cypher); the clauses are chosen from constants, the values are parameters ($group_id,
-    $known_at, $valid_at unless include_invalid, $entity_uuid when asked). Binds s, r, t.
+    $known_at, $valid_at unless include_invalid, $entity_uuid with an anchor). Binds s, r, t.
+
+    ``anchor`` "s" or "t": only facts whose source (target) is $entity_uuid, found from that
+    node by its uuid (a fact with the entity at both ends is the source's); see
+    ``as_of_query``.
 
     A fact is believed at $known_at when created by then; its invalid_at counts only when
     its expired_at is known by then. It is valid at $valid_at when valid_at <= t < invalid_at
@@ -958,9 +971,19 @@ def as_of_match(asof: AsOf) -> str:
     such a fact is let through here and ``AsOf.believed`` decides it; with $known_at = now
     (the graph questions of communities) this match is exact."""
     where = ["r.group_id = $group_id", "r.created_at <= $known_at"]
-    if asof.entity_uuid is not None:
-        where.append("(s.uuid = $entity_uuid OR t.uuid = $entity_uuid)")
-    text = "MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)\nWHERE " + " AND ".join(where)
+    after_match = after_where = ""
+    if anchor == "s":
+        where.insert(0, "s.uuid = $entity_uuid")
+    elif anchor == "t":
+        where.insert(0, "t.uuid = $entity_uuid AND s.uuid <> $entity_uuid")
+    elif anchor is not None:
+        raise ValueError(f"anchor must be 's' or 't', not {anchor!r}")
+    if anchor is not None and hints is not None:
+        after_match, after_where = hints[anchor]
+    text = "MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)\n"
+    text += f"{after_match}\n" if after_match else ""
+    text += "WHERE " + " AND ".join(where)
+    text += f"\n{after_where}" if after_where else ""
     if not asof.include_invalid:
         text += """
 WITH s, r, t,
@@ -971,8 +994,20 @@ WHERE (r.valid_at IS NULL OR r.valid_at <= $valid_at)
     return text + "\n"
 
 
+def as_of_query(asof: AsOf, tail: str, hints: AnchorHints | None = None) -> str:
+    """An as-of question with its RETURN ``tail``. About one entity, it is two matches joined
+    by UNION ALL, each walking from the entity's node (found by its uuid, as the store's
+    ``hints`` say) in one direction, instead of one match over every fact of the group
+    filtered on either end."""
+    tail = tail.rstrip("\n") + "\n"
+    if asof.entity_uuid is None:
+        return as_of_match(asof) + tail
+    from_source = as_of_match(asof, "s", hints) + tail
+    return from_source + "UNION ALL\n" + as_of_match(asof, "t", hints) + tail
+
+
 def as_of_params(group_id: str, asof: AsOf) -> dict[str, Any]:
-    """Exactly the parameters ``as_of_match(asof)`` uses."""
+    """Exactly the parameters ``as_of_query(asof, ...)`` uses."""
     params: dict[str, Any] = {"group_id": group_id, "known_at": asof.known_at}
     if not asof.include_invalid:
         params["valid_at"] = asof.valid_at
@@ -982,9 +1017,11 @@ def as_of_params(group_id: str, asof: AsOf) -> dict[str, Any]:
 
 
 def query_facts_cypher(asof: AsOf) -> str:
-    return as_of_match(asof) + (
+    return as_of_query(
+        asof,
         "RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid, "
-        "s.name AS subject, t.name AS object"
+        "s.name AS subject, t.name AS object",
+        NEO4J_ANCHOR_HINTS,
     )
 
 
@@ -1029,9 +1066,10 @@ RETURN count(*) AS deleted
 GROUP_ENTITY_UUIDS = "MATCH (e:Entity) WHERE e.group_id = $group_id RETURN e.uuid"
 
 
-def entity_graph_cypher(asof: AsOf) -> str:
+def entity_graph_cypher(asof: AsOf, hints: AnchorHints | None = None) -> str:
     """Valid facts counted per ordered (source, target) pair; self-loops dropped."""
-    return as_of_match(asof) + ("WITH s, t WHERE s.uuid <> t.uuid\nRETURN s.uuid, t.uuid, count(*)")
+    tail = "WITH s, t WHERE s.uuid <> t.uuid\nRETURN s.uuid, t.uuid, count(*)"
+    return as_of_query(asof, tail, hints)
 
 
 def fold_edges(rows: Iterable[Sequence[Any]]) -> list[tuple[str, str, int]]:

@@ -63,8 +63,8 @@ from tidegraph.store.cypher import (
     EntityState,
     StoredFact,
     StoreSchemaError,
-    as_of_match,
     as_of_params,
+    as_of_query,
     check_community_owners,
     check_embedding,
     check_entity_owners,
@@ -332,6 +332,8 @@ RETURN {_FACT_COLUMNS}
 # node: with a filter on the relationship it otherwise joins against a scan of Entity (at
 # 6,000 records 2.5 ms a statement instead of 0.9, growing with the table).
 FROM_SOURCE = "HINT (s JOIN r) JOIN t"
+# The same for the two halves of an as-of question about one entity (cypher.as_of_query).
+ANCHOR_HINTS: q.AnchorHints = {"s": ("", FROM_SOURCE), "t": ("", "HINT (t JOIN r) JOIN s")}
 _FACTS_OF_PAIR = f"""
 MATCH (s:Entity {{{{uuid: $source}}}})-[r:RELATES_TO]->(t:Entity)
 WHERE r.group_id = $group_id AND r.name = $relation
@@ -428,7 +430,7 @@ UPDATE_COMMUNITY_EMBEDDED = _UPDATE_COMMUNITY.format(
 
 
 def query_facts_text(asof: AsOf) -> str:
-    return as_of_match(asof) + f"RETURN {_FACT_COLUMNS}, s.name, t.name"
+    return as_of_query(asof, f"RETURN {_FACT_COLUMNS}, s.name, t.name", ANCHOR_HINTS)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -1007,7 +1009,7 @@ class KuzuStore(GraphStore):
 
     def _entity_graph(self, group_id: str, asof: AsOf) -> tuple[list[str], list[WeightedEdge]]:
         nodes = self._rows(q.GROUP_ENTITY_UUIDS, {"group_id": group_id})
-        rows = self._rows(q.entity_graph_cypher(asof), as_of_params(group_id, asof))
+        rows = self._rows(q.entity_graph_cypher(asof, ANCHOR_HINTS), as_of_params(group_id, asof))
         edges = [WeightedEdge(a, b, w) for a, b, w in fold_edges(rows)]
         return sorted(row[0] for row in nodes), edges
 
@@ -1016,7 +1018,7 @@ class KuzuStore(GraphStore):
     ) -> dict[str, int]:
         asof = AsOf.resolve(at, None, False, entity_uuid)
         rows = await self._call(
-            self._rows, q.entity_graph_cypher(asof), as_of_params(group_id, asof)
+            self._rows, q.entity_graph_cypher(asof, ANCHOR_HINTS), as_of_params(group_id, asof)
         )
         return neighbour_weights_of(entity_uuid, rows)
 

@@ -522,7 +522,9 @@ class Neo4jStore(GraphStore):
     ) -> tuple[list[str], list[WeightedEdge]]:
         asof = AsOf.resolve(at, None, False, None)
         nodes = await self._read(q.GROUP_ENTITY_UUIDS, {"group_id": group_id})
-        rows = await self._read(q.entity_graph_cypher(asof), as_of_params(group_id, asof))
+        rows = await self._read(
+            q.entity_graph_cypher(asof, q.NEO4J_ANCHOR_HINTS), as_of_params(group_id, asof)
+        )
         edges = fold_edges((r[0], r[1], r[2]) for r in rows)
         return sorted(r[0] for r in nodes), [WeightedEdge(a, b, w) for a, b, w in edges]
 
@@ -530,7 +532,9 @@ class Neo4jStore(GraphStore):
         self, group_id: str, entity_uuid: str, at: datetime | None = None
     ) -> dict[str, int]:
         asof = AsOf.resolve(at, None, False, entity_uuid)
-        rows = await self._read(q.entity_graph_cypher(asof), as_of_params(group_id, asof))
+        rows = await self._read(
+            q.entity_graph_cypher(asof, q.NEO4J_ANCHOR_HINTS), as_of_params(group_id, asof)
+        )
         return neighbour_weights_of(entity_uuid, ((r[0], r[1], r[2]) for r in rows))
 
     async def communities(self, group_id: str) -> list[CommunityRecord]:
