@@ -1304,6 +1304,12 @@ async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path:
         }
         views = await store.query_facts("old", valid_at=day(1000), known_at=day(1000))
         assert sorted(v.fact for v in views) == ["a knows b", "b knows a"]
+        # names are found through the lookup table, built from the stored entities
+        assert [e.uuid for e in await store.entities_by_names("old", ["b", "a", "c"])] == [
+            "a",
+            "b",
+        ]
+        assert (await store.lookup_entities("old", [], ["a"])).by_name[0].uuid == "a"
         await store.setup(DIM)  # opening it again changes nothing
         assert len(await store.facts_touching("old", ["a"])) == 2
     finally:

@@ -45,7 +45,14 @@ from typing import Any, TypeVar
 
 import kuzu
 
-from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView, utc
+from processors.models import (
+    EntityRecord,
+    EpisodeRecord,
+    FactRecord,
+    FactView,
+    normalize_name,
+    utc,
+)
 from tidegraph.metrics import STORE_ERRORS
 from tidegraph.store import cypher as q
 from tidegraph.store.base import (
@@ -129,6 +136,8 @@ def schema(dim: int) -> list[str]:
         "prior_ends_learned_at TIMESTAMP[], end_learned_at TIMESTAMP)",
         "CREATE NODE TABLE IF NOT EXISTS FactIndex(uuid STRING PRIMARY KEY, group_id STRING, "
         f"source_uuid STRING, target_uuid STRING, embedding {vector})",
+        "CREATE NODE TABLE IF NOT EXISTS EntityLookupKey(id STRING PRIMARY KEY, "
+        "group_id STRING, uuids STRING[])",
         "CREATE REL TABLE IF NOT EXISTS MENTIONS(FROM Episodic TO Entity, group_id STRING)",
         "CREATE REL TABLE IF NOT EXISTS HAS_MEMBER(FROM Community TO Entity, group_id STRING)",
     ]
@@ -218,26 +227,45 @@ SET e.labels = CAST(r.labels AS STRING[]),
     e.summary = r.summary,
     e.key = CAST(r.key AS STRING)
 """
-ENTITIES_BY_NAMES = f"""
-UNWIND $names AS name
-MATCH (e:Entity)
-WHERE e.group_id = $group_id AND (e.name_norm = name OR list_contains(e.aliases, name))
-WITH DISTINCT e
-RETURN {_ENTITY_COLUMNS}
-"""
-ENTITIES_BY_KEYS = f"""
-MATCH (e:Entity) WHERE e.key IN $keys AND e.group_id = $group_id RETURN {_ENTITY_COLUMNS}
-"""
-ENTITIES_BY_UUIDS = f"""
-MATCH (e:Entity) WHERE e.uuid IN $uuids AND e.group_id = $group_id RETURN {_ENTITY_COLUMNS}
-"""
+# One statement per uuid (a primary-key lookup): kuzu plans `uuid IN [...]` as a scan.
+ENTITY_BY_UUID = f"MATCH (e:Entity {{uuid: $uuid}}) RETURN {_ENTITY_COLUMNS}"
 LIST_ENTITIES = f"MATCH (e:Entity) WHERE e.group_id = $group_id RETURN {_ENTITY_COLUMNS}"
 # Resolution's lookups (EntityLookup): the same rows without the name embedding.
 _LOOKUP_COLUMNS = ", ".join(
     "NULL" if name == "name_embedding" else f"e.{name}" for name in ENTITY_FIELDS
 )
-LOOKUP_BY_NAMES = ENTITIES_BY_NAMES.replace(_ENTITY_COLUMNS, _LOOKUP_COLUMNS)
-LOOKUP_BY_KEYS = ENTITIES_BY_KEYS.replace(_ENTITY_COLUMNS, _LOOKUP_COLUMNS)
+LOOKUP_BY_UUID = ENTITY_BY_UUID.replace(_ENTITY_COLUMNS, _LOOKUP_COLUMNS)
+# Entities by key and by name go through EntityLookupKey, kuzu having no secondary index: one
+# row per (group, key) and per (group, normalised name or alias), keyed by them, with the uuids
+# of the entities that have it. Without it, every lookup scanned the entities of every group
+# (the largest cost of a mapped episode at 50,000 records, growing with the store). A row only
+# gains uuids (an entity's key, name and aliases are only ever added to), and a read checks
+# each entity it finds, so an entry that no longer applies finds nothing.
+LOOKUP_KEY = "MATCH (x:EntityLookupKey {id: $id}) RETURN x.uuids"
+ADD_LOOKUP_KEY = """
+MERGE (x:EntityLookupKey {id: $id})
+ON CREATE SET x.group_id = $group_id, x.uuids = [$uuid]
+ON MATCH SET x.uuids = CASE WHEN list_contains(x.uuids, $uuid) THEN x.uuids
+                            ELSE list_append(x.uuids, $uuid) END
+"""
+ALL_ENTITY_NAMES = "MATCH (e:Entity) RETURN e.uuid, e.group_id, e.key, e.name_norm, e.aliases"
+CREATE_LOOKUP_KEYS = """
+UNWIND $rows AS row
+CREATE (:EntityLookupKey {id: row.id, group_id: row.group_id, uuids: row.uuids})
+"""
+
+
+def lookup_key_id(group_id: str, kind: str, value: str) -> str:
+    """The EntityLookupKey id of a key (``kind`` "key") or a normalised name ("name")."""
+    return "\x1f".join((group_id, kind, value))
+
+
+def lookup_key_ids(group_id: str, key: str | None, names: list[str]) -> list[tuple[str, str]]:
+    """(kind, id) of every lookup row an entity with this key and these names belongs to."""
+    ids = [("name", lookup_key_id(group_id, "name", n)) for n in unique(n for n in names if n)]
+    return ([("key", lookup_key_id(group_id, "key", key))] if key else []) + ids
+
+
 COMMUNITIES = """
 MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
 WHERE e.uuid IN $uuids AND c.group_id = $group_id
@@ -390,7 +418,7 @@ COUNTS = {
 }
 DELETE_GROUP = [
     f"MATCH (n:{label}) WHERE n.group_id = $group_id DETACH DELETE n"
-    for label in ("Episodic", "Community", "Entity", "FactIndex")
+    for label in ("Episodic", "Community", "Entity", "FactIndex", "EntityLookupKey")
 ]
 # Stores made before FactIndex (embeddings on RELATES_TO): every fact gets its row, then the
 # column goes. Idempotent, should it be interrupted.
@@ -587,8 +615,11 @@ class KuzuStore(GraphStore):
                     f"new store in another data folder and replay the episodes into it."
                 )
         legacy = "RELATES_TO.fact_embedding" in (self._entity_dims() or {})
+        tables = {row[1] for row in self._rows("CALL SHOW_TABLES() RETURN *")}
         for statement in schema(dim):
             self._rows(statement)
+        if "Entity" in tables and "EntityLookupKey" not in tables:
+            self._build_lookup_keys()  # a store made before the lookup table
         if legacy:
             for statement in LEGACY_FACT_INDEX:
                 self._rows(statement)
@@ -602,6 +633,16 @@ class KuzuStore(GraphStore):
                 self._rows(statement)
         self._statements.clear()  # prepared before the schema changed
         self._dim = dim
+
+    def _build_lookup_keys(self) -> None:
+        uuids: dict[str, tuple[str, list[str]]] = {}
+        for uuid, group, key, name_norm, aliases in self._rows(ALL_ENTITY_NAMES):
+            for _, row_id in lookup_key_ids(group, key, [name_norm, *(aliases or [])]):
+                uuids.setdefault(row_id, (group, []))[1].append(uuid)
+        rows = [{"id": i, "group_id": g, "uuids": sorted(u)} for i, (g, u) in uuids.items()]
+        with self._transaction():
+            for start in range(0, len(rows), 1000):
+                self._rows(CREATE_LOOKUP_KEYS, {"rows": rows[start : start + 1000]})
 
     async def close(self) -> None:
         await self._call(self._close)
@@ -634,24 +675,56 @@ class KuzuStore(GraphStore):
 
     # ------------------------------------------------------------------ entities
     def _entities(self, group_id: str, query: str, params: dict[str, Any]) -> list[EntityRecord]:
-        rows = self._rows(query, {"group_id": group_id, **params})
+        return self._with_communities(group_id, self._rows(query, {"group_id": group_id, **params}))
+
+    def _with_communities(self, group_id: str, rows: list[list[Any]]) -> list[EntityRecord]:
         uuids = [row[0] for row in rows]
         communities = (
             dict(self._rows(COMMUNITIES, {"group_id": group_id, "uuids": uuids})) if uuids else {}
         )
         return sort_entities(_entity(row, communities.get(row[0])) for row in rows)
 
+    def _entity_rows(self, group_id: str, uuids: list[str], query: str) -> list[list[Any]]:
+        """The group's entities of these uuids (``query``: ENTITY_BY_UUID or LOOKUP_BY_UUID)."""
+        rows = [row for uuid in unique(uuids) for row in self._rows(query, {"uuid": uuid})]
+        group_at = ENTITY_FIELDS.index("group_id")
+        return [row for row in rows if row[group_at] == group_id]
+
+    def _find_rows(
+        self, group_id: str, kind: str, values: list[str], query: str
+    ) -> list[list[Any]]:
+        """The group's entities with one of these keys (``kind`` "key") or normalised names
+        or aliases ("name"), through EntityLookupKey, each checked against what it holds."""
+        wanted = set(values)
+        uuids = [
+            uuid
+            for value in unique(values)
+            for row in self._rows(LOOKUP_KEY, {"id": lookup_key_id(group_id, kind, value)})
+            for uuid in row[0] or []
+        ]
+        fields = {name: ENTITY_FIELDS.index(name) for name in ("key", "name", "aliases")}
+
+        def matches(row: list[Any]) -> bool:
+            if kind == "key":
+                return row[fields["key"]] in wanted
+            names = {normalize_name(row[fields["name"]]), *(row[fields["aliases"]] or [])}
+            return bool(names & wanted)
+
+        return [row for row in self._entity_rows(group_id, uuids, query) if matches(row)]
+
     async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
         if not names:
             return []
-        return await self._call(
-            self._entities, group_id, ENTITIES_BY_NAMES, {"names": unique(names)}
-        )
+        return await self._call(self._entities_found, group_id, "name", unique(names))
 
     async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
         if not keys:
             return []
-        return await self._call(self._entities, group_id, ENTITIES_BY_KEYS, {"keys": unique(keys)})
+        return await self._call(self._entities_found, group_id, "key", unique(keys))
+
+    def _entities_found(self, group_id: str, kind: str, values: list[str]) -> list[EntityRecord]:
+        rows = self._find_rows(group_id, kind, values, ENTITY_BY_UUID)
+        return self._with_communities(group_id, rows)
 
     async def lookup_entities(
         self,
@@ -678,16 +751,11 @@ class KuzuStore(GraphStore):
             if marker[0][0] > 0:
                 return EntityLookup(processed=True)
 
-        def read(query: str, values: list[str], name: str) -> list[EntityRecord]:
-            if not values:
-                return []
-            rows = self._rows(query, {"group_id": group_id, name: unique(values)})
+        def read(kind: str, values: list[str]) -> list[EntityRecord]:
+            rows = self._find_rows(group_id, kind, values, LOOKUP_BY_UUID) if values else []
             return sort_entities(_entity(row) for row in rows)
 
-        lookup = EntityLookup(
-            by_key=read(LOOKUP_BY_KEYS, keys, "keys"),
-            by_name=read(LOOKUP_BY_NAMES, names, "names"),
-        )
+        lookup = EntityLookup(by_key=read("key", keys), by_name=read("name", names))
         if relations is not None:
             rows = []
             params = {"group_id": group_id, "relations": unique(relations)}
@@ -700,9 +768,10 @@ class KuzuStore(GraphStore):
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         if not uuids:
             return []
-        return await self._call(
-            self._entities, group_id, ENTITIES_BY_UUIDS, {"uuids": unique(uuids)}
-        )
+        return await self._call(self._entities_by_uuids, group_id, uuids)
+
+    def _entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
+        return self._with_communities(group_id, self._entity_rows(group_id, uuids, ENTITY_BY_UUID))
 
     async def list_entities(self, group_id: str) -> list[EntityRecord]:
         return await self._call(self._entities, group_id, LIST_ENTITIES, {})
@@ -726,7 +795,7 @@ class KuzuStore(GraphStore):
     ) -> list[tuple[EntityRecord, float]]:
         hits = top(hits, limit)
         uuids = [uuid for uuid, _ in hits]
-        found = {e.uuid: e for e in self._entities(group_id, ENTITIES_BY_UUIDS, {"uuids": uuids})}
+        found = {e.uuid: e for e in self._entities_by_uuids(group_id, uuids)}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 
     async def vector_entities(
@@ -784,6 +853,18 @@ class KuzuStore(GraphStore):
         if updates:
             update_rows = [{"uuid": u, **vars(s)} for u, s in updates.items()]
             self._rows(UPDATE_ENTITIES, {"rows": update_rows})
+        # The lookup rows of every key, name and alias the write added.
+        added: list[tuple[str, str]] = []
+        for row in creates:
+            names = [row["name_norm"], *row["aliases"]]
+            added += [(row["uuid"], i) for _, i in lookup_key_ids(group_id, row["key"], names)]
+        for uuid, state in updates.items():
+            before = states[uuid]
+            key = state.key if state.key != before.key else None
+            new_aliases = [a for a in state.aliases if a not in before.aliases]
+            added += [(uuid, i) for _, i in lookup_key_ids(group_id, key, new_aliases)]
+        for uuid, row_id in added:
+            self._rows(ADD_LOOKUP_KEY, {"id": row_id, "group_id": group_id, "uuid": uuid})
 
     def _create_entity(self, group_id: str, row: dict[str, Any]) -> None:
         fields = ("uuid", "name", "name_norm", "labels", "summary", "key", "aliases", "created_at")
