@@ -5,8 +5,10 @@ transient failures are retried (``pipelines.retry``), and a record that still fa
 permanently, becomes a dead letter among the outputs. Every effect is idempotent, so a handler
 may safely see the same record again (redelivery after a crash, a replay):
 
-- extraction skips an episode whose processed marker (its Episodic node) exists;
-- resolution MERGEs entities by deterministic uuid (a re-run matches what it wrote before);
+- extraction skips an episode whose processed marker (its Episodic node) exists before it
+  asks the LLM; a mapped episode costs no LLM call, and resolution checks its marker instead;
+- resolution skips a processed episode (the marker is read with its entity lookup, in one
+  round trip) and MERGEs entities by deterministic uuid (a re-run matches what it wrote);
 - temporal stamping is pure;
 - the writer skips a processed episode, else writes everything in one transaction that also
   creates the marker (MERGE by deterministic uuid).
@@ -55,6 +57,7 @@ from topics.records import (
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,12 @@ class ExtractionHandler(StageHandler):
             return [self.invalid(record, "key_mismatch", error)]
 
         async def attempt() -> Extraction | None:
+            # A mapped episode is pure computation: its processed marker is read by
+            # resolution's lookup, in the round trip that stage makes anyway. An episode for
+            # the LLM is checked first, so that a replay costs no LLM call.
+            mapped = self.extractor.mapped(episode)
+            if mapped is not None:
+                return await run_stage(self.stage, lambda: _ready(mapped))
             if await self.store.episode_processed(episode.group_id, episode.uuid):
                 return None
             return await run_stage(self.stage, lambda: self.extractor.run(episode))
@@ -294,12 +303,16 @@ class ResolutionHandler(StageHandler):
 
         outcome = await self.retried(
             lambda: run_stage(
-                self.stage, lambda: self.resolver.run(extraction, on_lookup=remember)
+                self.stage,
+                lambda: self.resolver.run(extraction, on_lookup=remember, skip_processed=True),
+                skipped=lambda resolved: resolved is None,
             ),
             episode,
         )
         if not outcome.ok:
             return [self.failed(record, outcome, episode, hop.origin)]
+        if outcome.value is None:  # already processed (a redelivery or a replay)
+            return []
         resolved: ResolvedEpisode = outcome.value
         before = {e.uuid for e in (*first[0].by_key, *first[0].by_name)} if first else set()
         created = [
@@ -361,15 +374,19 @@ class WriteHandler(StageHandler):
                 return None
             # The writer need not read the marker (again): its transaction skips an episode
             # that is already processed (a replay, or a zombie worker's race).
-            return await run_stage(self.stage, lambda: self.writer.run(stamped, unprocessed=True))
+            return await run_stage(
+                self.stage,
+                lambda: self.writer.run(stamped, unprocessed=True),
+                skipped=lambda summary: summary.skipped,
+            )
 
         outcome = await self.retried(attempt, episode)
         if not outcome.ok:
             return [self.failed(record, outcome, episode, hop.origin)]
         summary: WriteSummary | None = outcome.value
-        if summary is None or summary.skipped:  # skipped: written meanwhile (a zombie race)
+        if summary is None:  # found processed before the stage ran
             STAGE_EVENTS.labels(self.stage, "skipped").inc()
-        elif hop.origin.timestamp_ms is not None:
+        elif not summary.skipped and hop.origin.timestamp_ms is not None:
             END_TO_END_LATENCY.observe(max(0.0, time.time() - hop.origin.timestamp_ms / 1000))
         # Also re-sent for a skipped (already written) episode: the events of a write whose
         # worker died before producing them are not lost; consumers treat them idempotently.
@@ -386,6 +403,10 @@ class WriteHandler(StageHandler):
             )
             for uuid in hop.created_entities
         ]
+
+
+async def _ready(value: T) -> T:
+    return value
 
 
 HANDLERS: tuple[type[StageHandler], ...] = (

@@ -51,8 +51,14 @@ class StageError(Exception):
         self.cause = cause
 
 
-async def run_stage(stage: str, call: Callable[[], Awaitable[T]]) -> T:
-    """Run one stage call with its metrics; wrap failures in StageError."""
+async def run_stage(
+    stage: str,
+    call: Callable[[], Awaitable[T]],
+    *,
+    skipped: Callable[[T], bool] | None = None,
+) -> T:
+    """Run one stage call with its metrics; wrap failures in StageError. A result for which
+    ``skipped`` is true (an episode found already processed) counts as skipped, not ok."""
     started = time.perf_counter()
     IN_FLIGHT.labels(stage).inc()
     try:
@@ -63,7 +69,8 @@ async def run_stage(stage: str, call: Callable[[], Awaitable[T]]) -> T:
     finally:
         IN_FLIGHT.labels(stage).dec()
         STAGE_LATENCY.labels(stage).observe(time.perf_counter() - started)
-    STAGE_EVENTS.labels(stage, "ok").inc()
+    outcome = "skipped" if skipped is not None and skipped(result) else "ok"
+    STAGE_EVENTS.labels(stage, outcome).inc()
     return result
 
 

@@ -140,20 +140,24 @@ async def test_feed_matches_in_process_run_replay_changes_nothing_and_metrics_mo
     assert worker.stop() == 0  # SIGTERM: a graceful stop
 
     # Replay every topic from offset 0: a new consumer group re-reads the input and all the
-    # hop topics; extraction and the writer skip processed episodes, resolution re-runs on
-    # the old extracted records. Nothing in the graph may change, not even created_at.
+    # hop topics. Extraction maps the records again (pure, no store access), resolution and
+    # the writer find every episode processed. Nothing in the graph may change, not even
+    # created_at.
     replayer = topology.start_worker(
         "--consumer-group", f"{topology.prefix}.replay", TIDEGRAPH_COMMUNITIES_ENABLED="false"
     )
-    # stamped records: the 200 old ones, and 400 from re-stamping the 200 old + 200 new
-    # resolved records; all of their episodes are already written
+    # extracted: the 200 old records and 200 re-mapped ones, all skipped by resolution;
+    # stamped: the 200 old ones and 200 from re-stamping the 200 old resolved records
     await topology.wait_metric(
-        replayer, "tidegraph_stage_events_total", 3 * EPISODES, stage="invalidation",
+        replayer, "tidegraph_stage_events_total", 2 * EPISODES, stage="invalidation",
         outcome="skipped",
     )  # fmt: skip
-    assert events(replayer, "invalidation", "skipped") == 3 * EPISODES
-    assert events(replayer, "resolution", "ok") == EPISODES
-    assert events(replayer, "extraction", "skipped") == EPISODES
+    assert events(replayer, "extraction", "ok") == EPISODES
+    assert events(replayer, "resolution", "skipped") == 2 * EPISODES
+    assert events(replayer, "temporal", "ok") == EPISODES
+    assert events(replayer, "invalidation", "skipped") == 2 * EPISODES
+    for stage, outcome in (("resolution", "ok"), ("invalidation", "ok")):
+        assert events(replayer, stage, outcome) == 0
     assert replayer.value("tidegraph_end_to_end_latency_seconds_count") == 0
     assert await exact_graph(topology) == written
 
