@@ -1312,6 +1312,18 @@ async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path:
         assert (await store.lookup_entities("old", [], ["a"])).by_name[0].uuid == "a"
         await store.setup(DIM)  # opening it again changes nothing
         assert len(await store.facts_touching("old", ["a"])) == 2
+
+        # older stores kept a fulltext index of episode contents that nothing reads and
+        # every episode write maintained: setup drops it
+        def index_names() -> set[str]:
+            return {row[1] for row in store._rows("CALL SHOW_INDEXES() RETURN *")}
+
+        await store._call(
+            store._rows, "CALL CREATE_FTS_INDEX('Episodic', 'episodic_content', ['content'])"
+        )
+        assert "episodic_content" in await store._call(index_names)
+        await store.setup(DIM)
+        assert await store._call(index_names) == {"entity_name_embedding", "entity_name_summary"}
     finally:
         await store.close()
 

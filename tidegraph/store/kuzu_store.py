@@ -156,8 +156,13 @@ INDEXES = (
         ENTITY_FULLTEXT_INDEX,
         f"CALL CREATE_FTS_INDEX('Entity', '{ENTITY_FULLTEXT_INDEX}', ['name', 'summary'])",
     ),
-    ("episodic_content", "CALL CREATE_FTS_INDEX('Episodic', 'episodic_content', ['content'])"),
-    ("community_name", "CALL CREATE_FTS_INDEX('Community', 'community_name', ['name'])"),
+)
+
+# Fulltext indexes older stores made and nothing reads: kuzu maintains an FTS index on every
+# insert, and the episode one grew with each episode's content. Dropped on setup.
+DROPPED_INDEXES = (
+    ("episodic_content", "CALL DROP_FTS_INDEX('Episodic', 'episodic_content')"),
+    ("community_name", "CALL DROP_FTS_INDEX('Community', 'community_name')"),
 )
 
 # ----------------------------------------------------------------------------- queries
@@ -630,6 +635,9 @@ class KuzuStore(GraphStore):
         present = {row[1] for row in self._rows("CALL SHOW_INDEXES() RETURN *")}
         for name, statement in INDEXES:
             if name not in present:
+                self._rows(statement)
+        for name, statement in DROPPED_INDEXES:
+            if name in present:
                 self._rows(statement)
         self._statements.clear()  # prepared before the schema changed
         self._dim = dim
