@@ -33,7 +33,6 @@ import asyncio
 import multiprocessing
 import os
 import platform
-import resource
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.kafka_throughput import KafkaPath, run_kafka_path
+from benchmarks.kafka_throughput import KafkaPath, peak_rss_mb, run_kafka_path
 from processors.models import Episode, Extraction, normalize_name, stable_uuid
 from tidegraph.testing.crm_feed import CRM_MAPPING, CrmFeed, check_graph, crm_mappings, generate
 
@@ -137,7 +136,9 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
         "llm_calls": report.llm_calls,
         "check": checked,
         "graph": counts,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        # VmHWM, not rusage: a spawned child's ru_maxrss starts at its parent's peak (Linux
+        # keeps it across exec), and the parent may have built the raw path's rows
+        "peak_rss_mb": peak_rss_mb(),
     }
 
 
