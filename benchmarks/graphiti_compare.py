@@ -583,9 +583,14 @@ def summarise(runs: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
         row[f"{prefix}_neo4j_queries_per_episode"] = run["neo4j_queries_per_episode"]
         cpu = [r["cpu_ms_per_episode"] for r in runs if (r[key], r["system"]) == (run[key], prefix)]
         row[f"{prefix}_cpu_ms_per_episode"] = round(statistics.median(cpu), 1)
-        neo4j = run.get("neo4j_cpu_seconds")
+        neo4j = [
+            1000 * r["neo4j_cpu_seconds"] / r["episodes"]
+            for r in runs
+            if (r[key], r["system"]) == (run[key], prefix)
+            and r.get("neo4j_cpu_seconds") is not None
+        ]
         row[f"{prefix}_neo4j_cpu_ms_per_episode"] = (
-            round(1000 * neo4j / run["episodes"], 1) if neo4j is not None else None
+            round(statistics.median(neo4j), 1) if neo4j else None
         )
     for (value, prefix), values in rates.items():
         rows[value][f"{prefix}_episodes_per_s"] = round(statistics.median(values), 2)
