@@ -581,13 +581,13 @@ def summarise(runs: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
         row[f"{prefix}_prompt_chars_per_episode"] = run["llm"]["prompt_chars_per_episode"]
         row[f"{prefix}_calls_per_episode_by_stage"] = run["llm"]["calls_per_episode_by_stage"]
         row[f"{prefix}_neo4j_queries_per_episode"] = run["neo4j_queries_per_episode"]
-        cpu = [r["cpu_ms_per_episode"] for r in runs if (r[key], r["system"]) == (run[key], prefix)]
+        alike = [r for r in runs if (r[key], r["system"]) == (run[key], prefix)]
+        cpu = [r["cpu_ms_per_episode"] for r in alike]
         row[f"{prefix}_cpu_ms_per_episode"] = round(statistics.median(cpu), 1)
         neo4j = [
             1000 * r["neo4j_cpu_seconds"] / r["episodes"]
-            for r in runs
-            if (r[key], r["system"]) == (run[key], prefix)
-            and r.get("neo4j_cpu_seconds") is not None
+            for r in alike
+            if r.get("neo4j_cpu_seconds") is not None
         ]
         row[f"{prefix}_neo4j_cpu_ms_per_episode"] = (
             round(statistics.median(neo4j), 1) if neo4j else None
