@@ -1247,6 +1247,35 @@ async def test_search_stop_words_are_the_ones_kuzu_drops(tmp_path: Path) -> None
         await store.close()
 
 
+async def test_kuzu_store_outlives_kuzus_per_checkpoint_leak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kuzu 0.11.3 leaks address space at every checkpoint, and a database that runs out
+    fails every later write ("No more frame groups") and then segfaults: the store reopens
+    the database every few checkpoints, so a long ingest never runs out. Here a checkpoint
+    after every write and an address space that holds fewer than 10 checkpoints."""
+    from tidegraph.store import kuzu_store
+
+    monkeypatch.setattr(kuzu_store, "CHECKPOINT_THRESHOLD_BYTES", 1)
+    monkeypatch.setattr(kuzu_store, "REOPEN_AFTER_CHECKPOINTS", 4)
+    store = KuzuStore(tmp_path / "graph", buffer_pool_mb=64, max_db_size_mb=128)
+    names = [f"acme {i}" for i in range(30)]
+    try:
+        await store.setup(DIM)
+        for i, name in enumerate(names):
+            await store.upsert_entities("g", [entity("g", name, embedding=vec(1, i))])
+    finally:
+        await store.close()
+    reopened = KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
+    try:
+        await reopened.setup(DIM)
+        assert (await reopened.counts("g"))["entities"] == len(names)
+        [(hit, _)] = await reopened.vector_entities("g", vec(1, 29), 1)
+        assert hit.name == "acme 29"
+    finally:
+        await reopened.close()
+
+
 # The schema of stores made before fact embeddings moved to their own node table.
 LEGACY_KUZU_SCHEMA = [
     "CREATE NODE TABLE Entity(uuid STRING PRIMARY KEY, group_id STRING, name STRING, "

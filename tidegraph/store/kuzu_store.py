@@ -53,7 +53,7 @@ from processors.models import (
     normalize_name,
     utc,
 )
-from tidegraph.metrics import STORE_ERRORS
+from tidegraph.metrics import STORE_ERRORS, STORE_MAINTENANCE_LATENCY
 from tidegraph.store import cypher as q
 from tidegraph.store.base import (
     CommunityRecord,
@@ -109,6 +109,13 @@ DB_FILE = "graph.kuzu"
 # vector and fulltext index updates) in the buffer pool, and a long ingest into one database
 # otherwise exhausts the pool and crashes the process (kuzu's default threshold is 16 MiB).
 CHECKPOINT_THRESHOLD_BYTES = 4 * 1024 * 1024
+# Every checkpoint in kuzu 0.11.3 leaks the buffer manager's handle on the shadow file, with
+# the frame groups it took (about 9 MiB of the database's address space for a one-row
+# checkpoint, more for larger ones); a long ingest into one open database piles them up until
+# kuzu crashes (a segfault after about 45,000 records of the throughput benchmark's feed).
+# Closing the database returns all of it, so the store checkpoints by itself (auto-checkpoint
+# off) and reopens the database after this many checkpoints.
+REOPEN_AFTER_CHECKPOINTS = 16
 # Prepared statements kept (the queries are constants: a few dozen texts).
 MAX_PREPARED_STATEMENTS = 256
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
@@ -503,9 +510,14 @@ class KuzuStore(GraphStore):
 
     name = "kuzu"
 
-    def __init__(self, path: Path, buffer_pool_mb: int = 512) -> None:
+    def __init__(
+        self, path: Path, buffer_pool_mb: int = 512, max_db_size_mb: int | None = None
+    ) -> None:
         self._dir = Path(path)
         self._buffer_pool = buffer_pool_mb * 1024 * 1024
+        # kuzu's own default (8 TiB of address space) unless given: tests set it small
+        self._max_db_size = None if max_db_size_mb is None else max_db_size_mb * 1024 * 1024
+        self._checkpoints_since_open = 0
         self._db: kuzu.Database | None = None
         self._conn: kuzu.Connection | None = None
         self._closed = False
@@ -515,10 +527,33 @@ class KuzuStore(GraphStore):
 
     # ------------------------------------------------------------------ plumbing
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` in a worker thread, one call at a time."""
+        """Run ``fn`` in a worker thread, one call at a time; then checkpoint if it is due."""
         async with self._lock:
             with _count_errors():
-                return await asyncio.to_thread(fn, *args)
+                return await asyncio.to_thread(self._then_checkpoint, fn, *args)
+
+    def _then_checkpoint(self, fn: Callable[..., T], *args: Any) -> T:
+        result = fn(*args)
+        if self._conn is not None:
+            self._checkpoint_if_due()
+        return result
+
+    def _checkpoint_if_due(self) -> None:
+        """Checkpoint once the WAL passes the threshold (what kuzu's auto-checkpoint does at
+        commit) and reopen the database every ``REOPEN_AFTER_CHECKPOINTS`` checkpoints."""
+        try:
+            wal_bytes = (self._dir / f"{DB_FILE}.wal").stat().st_size
+        except FileNotFoundError:
+            return
+        if wal_bytes < CHECKPOINT_THRESHOLD_BYTES:
+            return
+        with STORE_MAINTENANCE_LATENCY.labels("kuzu", "checkpoint").time():
+            self._rows("CHECKPOINT")
+        self._checkpoints_since_open += 1
+        if self._checkpoints_since_open >= REOPEN_AFTER_CHECKPOINTS:
+            with STORE_MAINTENANCE_LATENCY.labels("kuzu", "reopen").time():
+                self._release()
+                self._connection()
 
     async def _write_call(self, operation: str, rows: int, fn: Callable[..., T], *args: Any) -> T:
         with observe_write(operation, rows):
@@ -529,12 +564,15 @@ class KuzuStore(GraphStore):
             if self._closed:
                 raise RuntimeError("the kuzu store is closed")
             self._dir.mkdir(parents=True, exist_ok=True)
+            limits = {} if self._max_db_size is None else {"max_db_size": self._max_db_size}
             self._db = kuzu.Database(
                 str(self._dir / DB_FILE),
                 buffer_pool_size=self._buffer_pool,
-                checkpoint_threshold=CHECKPOINT_THRESHOLD_BYTES,
+                auto_checkpoint=False,  # _checkpoint_if_due
+                **limits,
             )
             self._conn = kuzu.Connection(self._db)
+            self._checkpoints_since_open = 0
         return self._conn
 
     def _rows(self, query: str, params: dict[str, Any] | None = None) -> list[list[Any]]:
@@ -657,6 +695,10 @@ class KuzuStore(GraphStore):
 
     def _close(self) -> None:
         self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        """Close the connection and the database (kuzu checkpoints on close)."""
         self._statements.clear()
         if self._conn is not None:
             self._conn.close()
