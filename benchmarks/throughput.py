@@ -139,7 +139,23 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
         # VmHWM, not rusage: a spawned child's ru_maxrss starts at its parent's peak (Linux
         # keeps it across exec), and the parent may have built the raw path's rows
         "peak_rss_mb": peak_rss_mb(),
+        "store_maintenance": _maintenance(),
     }
+
+
+def _maintenance() -> dict[str, dict[str, float]]:
+    """What the store did by itself during the run (the embedded store's checkpoints and
+    reopenings): how many, and their seconds in total."""
+    from tidegraph.metrics import STORE_MAINTENANCE_LATENCY
+
+    done: dict[str, dict[str, float]] = {}
+    for metric in STORE_MAINTENANCE_LATENCY.collect():
+        for sample in metric.samples:
+            kind = sample.name.rsplit("_", 1)[-1]
+            if kind in ("count", "sum"):
+                field = "times" if kind == "count" else "seconds"
+                done.setdefault(sample.labels["operation"], {})[field] = round(sample.value, 3)
+    return done
 
 
 async def _counts(store: Any, groups: list[str]) -> dict[str, int]:
@@ -499,13 +515,20 @@ def table(document: dict[str, Any]) -> str:
             )
         )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
-    return "\n".join(
+    lines = [
         "  ".join(
             str(c).ljust(w) if i == 0 else str(c).rjust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
         )
         for row in rows
-    )
+    ]
+    for name, r in document["paths"].items():
+        for operation, done in sorted((r.get("store_maintenance") or {}).items()):
+            lines.append(
+                f"{DESCRIPTIONS[name]}: {done.get('times', 0):.0f} x {operation}, "
+                f"{done.get('seconds', 0):.1f} s in all"
+            )
+    return "\n".join(lines)
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
