@@ -27,6 +27,12 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         Path(".tidegraph"), description="Folder for the embedded store, LLM cache and local data."
     )
+    embedded_buffer_pool_mb: int = Field(
+        2048,
+        ge=64,
+        description="Memory the embedded store may use for its page cache and uncheckpointed "
+        "changes, MiB (an upper bound: a small store uses much less).",
+    )
     neo4j_uri: str = Field("bolt://127.0.0.1:17687", description="Neo4j Bolt URI.")
     neo4j_user: str = Field("neo4j", description="Neo4j user.")
     neo4j_password: SecretStr = Field(SecretStr("tidegraph-local"), description="Neo4j password.")

@@ -29,5 +29,5 @@ def open_store(settings: Settings) -> GraphStore:
     if settings.store == "embedded":
         from tidegraph.store.kuzu_store import KuzuStore
 
-        return KuzuStore(settings.data_dir / "graph")
+        return KuzuStore(settings.data_dir / "graph", settings.embedded_buffer_pool_mb)
     raise ValueError(f"unknown store {settings.store!r} (expected 'neo4j' or 'embedded')")

@@ -111,10 +111,11 @@ DB_FILE = "graph.kuzu"
 CHECKPOINT_THRESHOLD_BYTES = 4 * 1024 * 1024
 # Every checkpoint in kuzu 0.11.3 leaks the buffer manager's handle on the shadow file, with
 # the frame groups it took (about 9 MiB of the database's address space for a one-row
-# checkpoint, more for larger ones); a long ingest into one open database piles them up until
-# kuzu crashes (a segfault after about 45,000 records of the throughput benchmark's feed).
-# Closing the database returns all of it, so the store checkpoints by itself (auto-checkpoint
-# off) and reopens the database after this many checkpoints.
+# checkpoint, more for larger ones); a database that runs out fails every write ("No more
+# frame groups can be added to the allocator") and then segfaults. Closing the database returns
+# all of it, so the store checkpoints by itself (auto-checkpoint off) and reopens the database
+# after this many checkpoints. (Not the cause of the crash at about 47,000 records of the
+# throughput benchmark's feed: that one happens with this in place, see README Performance.)
 REOPEN_AFTER_CHECKPOINTS = 16
 # Prepared statements kept (the queries are constants: a few dozen texts).
 MAX_PREPARED_STATEMENTS = 256
@@ -511,7 +512,7 @@ class KuzuStore(GraphStore):
     name = "kuzu"
 
     def __init__(
-        self, path: Path, buffer_pool_mb: int = 512, max_db_size_mb: int | None = None
+        self, path: Path, buffer_pool_mb: int = 2048, max_db_size_mb: int | None = None
     ) -> None:
         self._dir = Path(path)
         self._buffer_pool = buffer_pool_mb * 1024 * 1024
