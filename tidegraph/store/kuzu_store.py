@@ -114,8 +114,9 @@ CHECKPOINT_THRESHOLD_BYTES = 4 * 1024 * 1024
 # checkpoint, more for larger ones); a database that runs out fails every write ("No more
 # frame groups can be added to the allocator") and then segfaults. Closing the database returns
 # all of it, so the store checkpoints by itself (auto-checkpoint off) and reopens the database
-# after this many checkpoints. (Not the cause of the crash at about 47,000 records of the
-# throughput benchmark's feed: that one happens with this in place, see README Performance.)
+# after this many checkpoints. (Not what crashed the 512 MiB buffer pool at about 47,000
+# records of the throughput benchmark's feed: that is a checkpoint running out of pool, see
+# README Performance; 2 GiB finishes 50,000.)
 REOPEN_AFTER_CHECKPOINTS = 16
 # Prepared statements kept (the queries are constants: a few dozen texts).
 MAX_PREPARED_STATEMENTS = 256
