@@ -529,15 +529,14 @@ class KuzuStore(GraphStore):
 
     # ------------------------------------------------------------------ plumbing
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` in a worker thread, one call at a time; then checkpoint if it is due."""
+        """Run ``fn`` in a worker thread, one call at a time."""
         async with self._lock:
             with _count_errors():
-                return await asyncio.to_thread(self._then_checkpoint, fn, *args)
+                return await asyncio.to_thread(fn, *args)
 
     def _then_checkpoint(self, fn: Callable[..., T], *args: Any) -> T:
         result = fn(*args)
-        if self._conn is not None:
-            self._checkpoint_if_due()
+        self._checkpoint_if_due()
         return result
 
     def _checkpoint_if_due(self) -> None:
@@ -558,8 +557,9 @@ class KuzuStore(GraphStore):
                 self._connection()
 
     async def _write_call(self, operation: str, rows: int, fn: Callable[..., T], *args: Any) -> T:
+        """A write: ``fn``, then a checkpoint if the WAL has grown past the threshold."""
         with observe_write(operation, rows):
-            return await self._call(fn, *args)
+            return await self._call(self._then_checkpoint, fn, *args)
 
     def _connection(self) -> kuzu.Connection:
         if self._conn is None:
