@@ -265,12 +265,37 @@ async def run_record(
             handler.stage, event.message.topic, event.message.partition, event.message.offset,
         )  # fmt: skip
         return
-    outputs = await handler.handle(consumed(event))
+    outputs = await handled(
+        handler, consumed(event), handler.runtime.settings.record_timeout_seconds
+    )
     deliveries = [(emit, await sender.send(emit)) for emit in outputs]
     for emit, delivery in deliveries:
         await delivery
         sender.delivered(emit)
     await stream.ack(event)
+
+
+async def handled(handler: StageHandler, record: Consumed, budget: float) -> list[Emit]:
+    """The handler's outputs for one record, within its time budget. Handlers turn record
+    failures into dead letters themselves; whatever still escapes them (a bug), or a record
+    that takes longer than ``budget`` seconds, becomes a dead letter here too: a record never
+    stops the worker or holds its group for longer than the budget."""
+    limit = asyncio.timeout(budget)
+    try:
+        async with limit:
+            return await handler.handle(record)
+    except Exception as exc:
+        if limit.expired():
+            error = TimeoutError(
+                f"stage {handler.stage} took longer than {budget:g} s on this record "
+                "(TIDEGRAPH_RECORD_TIMEOUT_SECONDS)"
+            )
+            return [handler.crashed(record, error, reason="timeout")]
+        log.exception(
+            "stage=%s failed on %s:%d:%d outside its error handling (a bug)",
+            handler.stage, record.topic, record.partition, record.offset,
+        )  # fmt: skip
+        return [handler.crashed(record, exc, reason="internal_error")]
 
 
 def consumed(event: faust.EventT) -> Consumed:

@@ -15,6 +15,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from processors.failures import InvalidEpisode
 from processors.models import utc
 from processors.pipeline import parse_episode
 from tidegraph.connections import KafkaConnection
@@ -60,15 +61,15 @@ def describe_line(line: int, raw: bytes) -> Produced:
     """Key (group_id) and episode uuid of a line, as the pipeline will see it."""
     try:
         episode = parse_episode(raw)
-    except ValueError as exc:
+    except InvalidEpisode as exc:
         group = None
         try:
             data = orjson.loads(raw)
             if isinstance(data, dict) and isinstance(data.get("group_id"), str):
-                group = data["group_id"].strip() or None
+                group = data["group_id"] or None  # the key exactly as the group id was sent
         except orjson.JSONDecodeError:
             pass
-        return Produced(line, group, None, problem=str(exc))
+        return Produced(line, group, None, problem=f"{exc.reason}: {exc}")
     return Produced(line, episode.group_id, episode.uuid)
 
 
@@ -212,9 +213,11 @@ async def read_dead_letters(
     *,
     stage: str | None = None,
     since: datetime | None = None,
+    groups: list[str] | None = None,
 ) -> list[StoredLetter]:
-    """Every dead letter (optionally of ``stage``, failed at or after ``since``), oldest
-    first per partition, read up to the topic's end at the time of the call."""
+    """Every dead letter (optionally of ``stage``, failed at or after ``since``, of one of
+    ``groups``), oldest first per partition, read up to the topic's end at the time of the
+    call."""
     topic = TopicNames(settings.topic_prefix).dlq
     consumer = dlq_consumer(settings)
     await consumer.start()
@@ -254,6 +257,7 @@ async def read_dead_letters(
         for s in letters
         if (stage is None or s.letter.stage == stage)
         and (since is None or s.letter.failed_at >= utc(since))
+        and (not groups or s.letter.group_id in groups)
     ]
 
 

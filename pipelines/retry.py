@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from pipelines.errors import Verdict, classify, root_cause
+from processors.failures import Verdict, classify, root_cause
 from tidegraph.metrics import RETRIES, STAGE_EVENTS
 
 log = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ may safely see the same record again (redelivery after a crash, a replay):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,9 +28,9 @@ from pydantic import BaseModel, ValidationError
 
 from pipelines.config import WorkerSettings
 from pipelines.context import RecentEpisodes
-from pipelines.errors import root_cause, validation_reason
 from pipelines.retry import Attempted, RetryPolicy, with_retries
 from processors.extraction import Extraction, Extractor
+from processors.failures import InvalidEpisode, root_cause
 from processors.models import Episode, utcnow
 from processors.pipeline import parse_episode, run_stage
 from processors.resolution import ResolvedEpisode, Resolver, new_entity_uuid
@@ -154,7 +155,7 @@ class StageHandler:
     ) -> Emit:
         stage = stage or self.stage
         if episode is not None:
-            raw = orjson.dumps(episode.model_dump(mode="json"))
+            raw = _episode_bytes(episode, fallback=raw if raw is not None else record.value)
         body, encoding, truncated = original_record(raw)
         letter = DeadLetter(
             stage=stage,
@@ -182,6 +183,21 @@ class StageHandler:
         )  # fmt: skip
         key = encode_key(episode.group_id) if episode else record.key
         return Emit(self.names.dlq, key, encode(letter))
+
+    def crashed(self, record: Consumed, exc: BaseException, *, reason: str) -> Emit:
+        """The dead letter of a record whose handling raised (``internal_error``: a handler
+        broke its contract) or ran out of its time budget (``timeout``): built from the
+        consumed bytes alone, so that it cannot fail the way the handler did."""
+        episode, origin = _episode_in(record.value)
+        return self.dead(
+            record,
+            reason=reason,
+            exc=exc,
+            attempts=1,
+            episode=episode,
+            origin=origin or record.ref,  # a hop record's origin, or this input record
+            raw=record.value,
+        )
 
     def emit(
         self,
@@ -242,8 +258,8 @@ class ExtractionHandler(StageHandler):
             return [self.invalid(record, "oversized", error)]
         try:
             episode = parse_episode(raw)
-        except ValueError as exc:
-            return [self.invalid(record, validation_reason(exc), exc)]
+        except InvalidEpisode as exc:
+            return [self.invalid(record, exc.reason, exc)]
         if record.key != encode_key(episode.group_id):
             error = ValueError(
                 f"record key {record.key!r} is not the episode's group_id "
@@ -256,10 +272,13 @@ class ExtractionHandler(StageHandler):
             # A mapped episode is pure computation: its processed marker is read by
             # resolution's lookup, in the round trip that stage makes anyway. An episode for
             # the LLM is checked first, so that a replay costs no LLM call.
-            mapped = self.extractor.mapped(episode)
+            # Off the event loop: templates over a record of up to a megabyte.
+            mapped = await asyncio.to_thread(self.extractor.mapped, episode)
             if mapped is not None:
                 return await run_stage(self.stage, lambda: _ready(mapped))
-            if await self.store.episode_processed(episode.group_id, episode.uuid):
+            if await self.store.episode_processed(
+                episode.group_id, episode.uuid, episode.content_hash
+            ):
                 return None
             return await run_stage(self.stage, lambda: self.extractor.run(episode))
 
@@ -370,7 +389,9 @@ class WriteHandler(StageHandler):
         check_first = not stamped.mapped and self.writer.llm is not None
 
         async def attempt() -> WriteSummary | None:
-            if check_first and await self.store.episode_processed(episode.group_id, episode.uuid):
+            if check_first and await self.store.episode_processed(
+                episode.group_id, episode.uuid, episode.content_hash
+            ):
                 return None
             # The writer need not read the marker (again): its transaction skips an episode
             # that is already processed (a replay, or a zombie worker's race).
@@ -407,6 +428,43 @@ class WriteHandler(StageHandler):
 
 async def _ready(value: T) -> T:
     return value
+
+
+# Where a hop record (topics.records) holds the episode, by the key of its payload.
+_EPISODE_PATHS = (
+    ("extraction", "episode"),
+    ("resolved", "extraction", "episode"),
+    ("stamped", "episode"),
+)
+
+
+def _episode_in(value: bytes | None) -> tuple[Episode | None, RecordRef | None]:
+    """The episode and origin a consumed record carries (the envelope itself on the input
+    topic, or inside a hop record), so that its dead letter replays; (None, None) when it
+    cannot be read."""
+    try:
+        data = orjson.loads(value or b"")
+        if not isinstance(data, dict):
+            return None, None
+        origin = RecordRef.model_validate(data["origin"]) if "origin" in data else None
+        for path in _EPISODE_PATHS:
+            node: Any = data
+            for key in path:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                return Episode.model_validate(node), origin
+        return parse_episode(value or b""), None
+    except Exception:
+        return None, None
+
+
+def _episode_bytes(episode: Episode, *, fallback: bytes | None) -> bytes | None:
+    """The episode as JSON for a dead letter, or ``fallback`` (the consumed bytes) when it
+    cannot be serialised."""
+    try:
+        return orjson.dumps(episode.model_dump(mode="json"))
+    except Exception:
+        return fallback
 
 
 HANDLERS: tuple[type[StageHandler], ...] = (

@@ -9,15 +9,12 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from processors.failures import NoExtractorError
 from processors.mapping import MappingSet
 from processors.models import EntityDraft, Episode, EpisodeRecord, Extraction, FactDraft, to_label
 from processors.prompts import EXTRACTION_SYSTEM, ExtractionOutput, extraction_user
 
 log = logging.getLogger(__name__)
-
-
-class NoExtractorError(ValueError):
-    """The episode needs an LLM (or a mapping) that is not configured. Not retryable."""
 
 
 class StructuredLLM(Protocol):

@@ -37,13 +37,22 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from processors.models import EntityDraft, Episode, Extraction, FactDraft, to_label
+from processors.failures import BadTime, MappingError, ValueTooLong
+from processors.models import (
+    MAX_NAME_CHARS,
+    EntityDraft,
+    Episode,
+    Extraction,
+    FactDraft,
+    to_label,
+)
 
 _TEMPLATE_FIELD = re.compile(r"\{\{|\}\}|\{([^{}]+)\}")
-
-
-class MappingError(ValueError):
-    """A record matched a rule but cannot be mapped (missing field, bad value)."""
+# Limits of mapped values (longer ones are dead-lettered with reason value_too_long): an
+# entity name and key as EntityDraft's, a summary, and a fact text as the LLM path keeps.
+MAX_KEY_CHARS = 512
+MAX_SUMMARY_CHARS = 4000
+MAX_FACT_CHARS = 2000
 
 
 class EntitySpec(BaseModel):
@@ -143,7 +152,7 @@ def _lookup(record: Any, path: str, default: Any = _MISSING) -> Any:
             value = value[int(part)]
         else:
             if default is _MISSING:
-                raise MappingError(f"field {path!r} is missing")
+                raise MappingError(f"field {path!r} is missing", reason="mapping_missing_field")
             return default
     return value
 
@@ -179,14 +188,13 @@ def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:
         if not name:
             raise MappingError(f"rule {rule.name!r}: entity {alias!r} has an empty name")
         labels = [spec.label] if isinstance(spec.label, str) else list(spec.label or [])
-        entities.append(
-            EntityDraft(
-                name=name,
-                labels=labels,
-                key=render(spec.key, record, allow_empty=False) if spec.key else None,
-                summary=render(spec.summary, record) if spec.summary else "",
-            )
-        )
+        key = render(spec.key, record, allow_empty=False) if spec.key else None
+        summary = render(spec.summary, record) if spec.summary else ""
+        what = f"rule {rule.name!r}: entity {alias!r}"
+        _fits(f"{what} name", name, MAX_NAME_CHARS)
+        _fits(f"{what} key", key, MAX_KEY_CHARS)
+        _fits(f"{what} summary", summary, MAX_SUMMARY_CHARS)
+        entities.append(EntityDraft(name=name, labels=labels, key=key, summary=summary))
     facts = []
     for spec in rule.facts:
         subject = aliases.index(spec.subject)
@@ -197,6 +205,7 @@ def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:
             target = f" {entities[obj].name}" if obj >= 0 else ""
             text = f"{entities[subject].name} {spec.relation}{target}"
             text += " (ended)" if spec.closes else ""
+        _fits(f"rule {rule.name!r}: fact {spec.relation} text", text, MAX_FACT_CHARS)
         facts.append(
             FactDraft(
                 subject=subject,
@@ -212,6 +221,11 @@ def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:
     return Extraction(episode=episode, entities=entities, facts=facts, mapped=True)
 
 
+def _fits(what: str, value: str | None, limit: int) -> None:
+    if value is not None and len(value) > limit:
+        raise ValueTooLong(f"{what} is {len(value)} characters; the limit is {limit}")
+
+
 def _time_field(record: dict[str, Any], path: str | None) -> str | None:
     if path is None:
         return None
@@ -219,5 +233,5 @@ def _time_field(record: dict[str, Any], path: str | None) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str | int | float):
-        raise MappingError(f"time field {path!r} must be a string or a number")
+        raise BadTime(f"time field {path!r} must be a string or a number")
     return str(value)

@@ -6,13 +6,16 @@ transport (in-process or Kafka) and of the store (Neo4j or embedded).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import unicodedata
 import uuid as uuidlib
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 # Namespace of every deterministic uuid tidegraph derives (uuid5). Never change it: the uuids
 # of stored nodes and facts depend on it.
@@ -20,13 +23,41 @@ TIDEGRAPH_NAMESPACE = uuidlib.UUID("6f1d2a4e-3c8b-5e7a-9b1f-0d4c2e8a7b63")
 
 MAX_CONTENT_CHARS = 200_000
 MAX_NAME_CHARS = 512
+MAX_ID_CHARS = 512
+MAX_GROUP_ID_CHARS = 256
+# Objects and arrays nested deeper than this are refused before anything recursive (pydantic,
+# str(), orjson's 254-level encoder) can meet them.
+MAX_JSON_DEPTH = 64
 RELATION_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+# Control characters (C0, DEL, C1): never part of an id or a group id.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def stable_uuid(*parts: str) -> str:
-    """A deterministic uuid from its parts (joined with an unambiguous separator)."""
+    """A deterministic uuid from its parts, joined with the unit separator (\\x1f).
+
+    Unambiguous because only the last part of any call may contain the separator: group ids
+    and episode ids refuse control characters (``Episode``), the other leading parts are
+    constants, uuids and relation names (``RELATION_RE``)."""
     return str(uuidlib.uuid5(TIDEGRAPH_NAMESPACE, "\x1f".join(parts)))
+
+
+def json_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when ``value`` nests dicts/lists more than ``limit`` levels (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def normalize_name(name: str) -> str:
@@ -71,31 +102,86 @@ def iso(dt: datetime | None) -> str | None:
 
 # ----------------------------------------------------------------------------- episodes
 class Episode(BaseModel):
-    """The input envelope (design §4). Kafka key = group_id."""
+    """The input envelope (README "Topics"). Kafka key = group_id.
+
+    ``id`` and ``group_id`` are kept exactly as sent: padding or control characters are
+    refused, never trimmed (trimming would merge tenant "X " into "X"). A numeric
+    ``reference_time`` is epoch seconds. Validation never raises anything but pydantic's
+    ValidationError; custom problems carry their dead-letter reason as the error type."""
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
-    id: str = Field(min_length=1, max_length=512)
-    group_id: str = Field(min_length=1, max_length=256)
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    group_id: str = Field(min_length=1, max_length=MAX_GROUP_ID_CHARS)
     source: Literal["message", "text", "json"]
     name: str = Field("", max_length=MAX_NAME_CHARS)
     source_description: str = Field("", max_length=1024)
     content: str | dict[str, Any]
     reference_time: datetime
 
+    @field_validator("id", "group_id", mode="before")
+    @classmethod
+    def _exact_id(cls, v: Any, info: Any) -> Any:
+        if isinstance(v, str) and (v != v.strip() or _CONTROL.search(v)):
+            reason = "invalid_id" if info.field_name == "id" else "invalid_group_id"
+            raise PydanticCustomError(
+                reason,
+                "{field} {value} has leading/trailing spaces or control characters; it is "
+                "kept exactly as sent, so send it without them",
+                {"field": info.field_name, "value": repr(v[:80])},
+            )
+        return v
+
+    @field_validator("reference_time", mode="before")
+    @classmethod
+    def _epoch_seconds(cls, v: Any) -> Any:
+        if isinstance(v, str) and _NUMBER.match(v.strip()):
+            v = float(v)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            try:
+                return datetime.fromtimestamp(v, UTC)
+            except (OverflowError, OSError, ValueError):
+                raise PydanticCustomError(
+                    "bad_timestamp",
+                    "reference_time {value} is read as seconds since 1970 and is out of range "
+                    "(send ISO 8601 or epoch seconds)",
+                    {"value": v},
+                ) from None
+        return v
+
     @field_validator("reference_time")
     @classmethod
     def _aware_utc(cls, v: datetime) -> datetime:
-        return utc(v)
+        try:
+            return utc(v)
+        except OverflowError:
+            raise PydanticCustomError(
+                "bad_timestamp",
+                "reference_time {value} is out of range once converted to UTC",
+                {"value": v.isoformat()},
+            ) from None
 
-    @field_validator("content")
+    @field_validator("content", mode="before")
     @classmethod
-    def _content_fits(cls, v: str | dict[str, Any], info: Any) -> str | dict[str, Any]:
-        size = len(v) if isinstance(v, str) else len(str(v))
+    def _content_fits(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            if json_too_deep(v):
+                raise PydanticCustomError(
+                    "too_deep", "content nests more than {limit} levels", {"limit": MAX_JSON_DEPTH}
+                )
+            size = len(_canonical_json(v))
+        elif isinstance(v, str):
+            if not v.strip():
+                raise PydanticCustomError("invalid_content", "content is empty")
+            size = len(v)
+        else:
+            return v  # pydantic refuses it with its own type error
         if size > MAX_CONTENT_CHARS:
-            raise ValueError(f"content is {size} characters; the limit is {MAX_CONTENT_CHARS}")
-        if isinstance(v, str) and not v.strip():
-            raise ValueError("content is empty")
+            raise PydanticCustomError(
+                "oversized",
+                "content is {size} characters; the limit is {limit}",
+                {"size": size, "limit": MAX_CONTENT_CHARS},
+            )
         return v
 
     @property
@@ -105,9 +191,30 @@ class Episode(BaseModel):
     def content_text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        import orjson
+        return _canonical_json(self.content)
 
-        return orjson.dumps(self.content, option=orjson.OPT_SORT_KEYS).decode()
+    @property
+    def content_hash(self) -> str:
+        """What identifies the episode's content (everything but its ids): a re-sent episode
+        has the same hash; an id reused for other content has another."""
+        return hashlib.sha256(
+            _canonical_json(
+                {
+                    "source": self.source,
+                    "name": self.name,
+                    "source_description": self.source_description,
+                    "content": self.content,
+                    "reference_time": iso(self.reference_time),
+                }
+            ).encode()
+        ).hexdigest()
+
+
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+def _canonical_json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 # ----------------------------------------------------------------------------- extraction
@@ -220,6 +327,7 @@ class EpisodeRecord(BaseModel):
     valid_at: datetime
     created_at: datetime | None = None
     producer_id: str = ""
+    content_hash: str = ""  # Episode.content_hash; "" on episodes stored before it existed
 
 
 class FactView(BaseModel):

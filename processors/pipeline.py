@@ -16,8 +16,9 @@ import orjson
 from pydantic import ValidationError
 
 from processors.extraction import Extractor, StructuredLLM
+from processors.failures import REASONS, InvalidEpisode, StageError, classify
 from processors.mapping import MappingSet
-from processors.models import Episode, Extraction, FactRecord
+from processors.models import MAX_JSON_DEPTH, Episode, Extraction, FactRecord, json_too_deep
 from processors.resolution import Resolution, Resolver
 from processors.temporal import StampedEpisode, Stamper
 from processors.writer import FactWriter, WriteSummary, prefetched_candidates
@@ -40,15 +41,8 @@ class Failure:
     group_id: str | None = None
     episode_id: str | None = None
     attempts: int = 1
-
-
-class StageError(Exception):
-    """A stage failed on one episode; carries the stage name for the dead letter."""
-
-    def __init__(self, stage: str, cause: BaseException) -> None:
-        super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
-        self.stage = stage
-        self.cause = cause
+    reason: str = "error"  # one of processors.failures.REASONS
+    line: int | None = None  # the line of the input file, when read from one
 
 
 async def run_stage(
@@ -100,10 +94,13 @@ class EpisodePipeline:
         """One episode through every stage; entities are written with the episode, in one
         transaction (process() runs one episode of a group at a time, so no later episode of
         the group needs them earlier)."""
-        extraction = self.extractor.mapped(episode)
+        # Off the event loop: templates over a record of up to a megabyte.
+        extraction = await asyncio.to_thread(self.extractor.mapped, episode)
         lookup: EntityLookup | None = None
         if extraction is None:
-            if await self.store.episode_processed(episode.group_id, episode.uuid):
+            if await self.store.episode_processed(
+                episode.group_id, episode.uuid, episode.content_hash
+            ):
                 return self._skipped(episode)
             extraction = await run_stage("extraction", lambda: self.extractor.run(episode))
         else:
@@ -196,24 +193,83 @@ class IngestReport:
         )
 
 
+# pydantic's error types that name a reason by themselves (Episode's own checks raise their
+# reason as the error type).
+_PYDANTIC_REASONS = {"missing": "missing_field", "extra_forbidden": "unknown_field"}
+_FIELD_REASONS = {
+    "id": "invalid_id",
+    "group_id": "invalid_group_id",
+    "source": "unknown_source",
+    "reference_time": "bad_timestamp",
+    "name": "field_too_long",
+    "source_description": "field_too_long",
+}
+
+
 def parse_episode(raw: bytes | str | dict[str, Any]) -> Episode:
-    """Validate one envelope; raises ValueError with a readable reason."""
+    """Validate one envelope. Raises InvalidEpisode (a ValueError) with a readable message and
+    the dead-letter reason of the first problem found; never anything else."""
     try:
-        data = raw if isinstance(raw, dict) else orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON: {exc}") from exc
+        return _parse_episode(raw)
+    except InvalidEpisode:
+        raise
+    except Exception as exc:  # a check this module did not foresee: still the record's fault
+        raise InvalidEpisode(
+            f"invalid episode: {type(exc).__name__}: {exc}", reason="invalid_episode"
+        ) from exc
+
+
+def _parse_episode(raw: bytes | str | dict[str, Any]) -> Episode:
+    if isinstance(raw, dict):
+        data: Any = raw
+    else:
+        if not raw.strip():
+            raise InvalidEpisode("the record is empty", reason="empty_record")
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            reason = "invalid_json"
+            if "UTF-8" in str(exc):
+                reason = "invalid_utf8"
+            elif "depth limit" in str(exc):
+                reason = "too_deep"
+            raise InvalidEpisode(f"not valid JSON: {exc}", reason=reason) from exc
     if not isinstance(data, dict):
-        raise ValueError("an episode must be a JSON object")
+        raise InvalidEpisode(
+            f"an episode must be a JSON object, not {type(data).__name__}",
+            reason="not_an_object",
+        )
+    if json_too_deep(data, MAX_JSON_DEPTH + 1):
+        raise InvalidEpisode(
+            f"the record nests more than {MAX_JSON_DEPTH} levels", reason="too_deep"
+        )
     try:
         episode = Episode.model_validate(data)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'episode'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or 'episode'}: {e['msg']}" for e in errors
         )
-        raise ValueError(f"invalid episode: {problems}") from exc
+        raise InvalidEpisode(f"invalid episode: {problems}", reason=_reason_of(errors[0])) from exc
     if episode.source == "json" and not isinstance(episode.content, dict):
-        raise ValueError("invalid episode: content: a json episode's content must be an object")
+        raise InvalidEpisode(
+            "invalid episode: content: a json episode's content must be an object",
+            reason="invalid_content",
+        )
     return episode
+
+
+def _reason_of(error: Any) -> str:
+    """The dead-letter reason of one of pydantic's errors about an envelope."""
+    kind = str(error["type"])
+    if kind in REASONS:
+        return kind
+    if kind in _PYDANTIC_REASONS:
+        return _PYDANTIC_REASONS[kind]
+    field = str(error["loc"][0]) if error["loc"] else ""
+    if kind.endswith("_type") and field != "source":
+        return "wrong_type"
+    return _FIELD_REASONS.get(field, "invalid_episode")
 
 
 def read_jsonl(lines: Iterable[bytes | str]) -> tuple[list[Episode], list[Failure]]:
@@ -224,9 +280,18 @@ def read_jsonl(lines: Iterable[bytes | str]) -> tuple[list[Episode], list[Failur
             continue
         try:
             episodes.append(parse_episode(line))
-        except ValueError as exc:
+        except InvalidEpisode as exc:
             text = line.decode(errors="replace") if isinstance(line, bytes) else line
-            failures.append(Failure("validation", "ValueError", f"line {n}: {exc}", text.strip()))
+            failures.append(
+                Failure(
+                    "validation",
+                    type(exc).__name__,
+                    f"line {n}: {exc}",
+                    text.strip(),
+                    reason=exc.reason,
+                    line=n,
+                )
+            )
     return episodes, failures
 
 
@@ -236,9 +301,12 @@ async def ingest(
     *,
     concurrency: int = 8,
     on_done: Callable[[WriteSummary | None], None] | None = None,
+    record_timeout: float = 600.0,
 ) -> IngestReport:
     """Process episodes in order within each group, up to ``concurrency`` groups at once.
-    A failing episode is recorded and its group goes on with the next one."""
+    A failing episode is recorded with its dead-letter reason and its group goes on with the
+    next one; an episode that takes longer than ``record_timeout`` seconds fails as
+    ``timeout``."""
     report = IngestReport()
     started = time.perf_counter()
     by_group: dict[str, list[Episode]] = {}
@@ -249,24 +317,15 @@ async def ingest(
     async def run_group(items: list[Episode]) -> None:
         async with gate:
             for episode in items:
+                budget = asyncio.timeout(record_timeout)
                 try:
-                    summary = await pipeline.process(episode)
+                    async with budget:
+                        summary = await pipeline.process(episode)
                 except Exception as exc:
                     # A stage's error, or one before any stage (the processed-marker read): the
                     # episode fails, its group goes on, the other groups are not cancelled.
-                    stage, cause = (
-                        (exc.stage, exc.cause) if isinstance(exc, StageError) else ("ingest", exc)
-                    )
-                    report.failures.append(
-                        Failure(
-                            stage=stage,
-                            error_class=type(cause).__name__,
-                            message=str(cause),
-                            record=episode.model_dump(mode="json"),
-                            group_id=episode.group_id,
-                            episode_id=episode.id,
-                        )
-                    )
+                    timed_out = record_timeout if budget.expired() else None
+                    report.failures.append(_failure(episode, exc, timed_out))
                     if on_done:
                         on_done(None)
                     continue
@@ -277,3 +336,21 @@ async def ingest(
     await asyncio.gather(*(run_group(items) for items in by_group.values()))
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _failure(episode: Episode, exc: Exception, timed_out: float | None) -> Failure:
+    """The failure of one episode; ``timed_out``: the budget it ran out of, if it did."""
+    stage, cause = (exc.stage, exc.cause) if isinstance(exc, StageError) else ("ingest", exc)
+    if timed_out is not None:
+        reason, message = "timeout", f"took longer than {timed_out:g} s (record timeout)"
+    else:
+        reason, message = classify(cause).reason, str(cause)
+    return Failure(
+        stage=stage,
+        error_class=type(cause).__name__,
+        message=message,
+        record=episode.model_dump(mode="json"),
+        group_id=episode.group_id,
+        episode_id=episode.id,
+        reason=reason,
+    )

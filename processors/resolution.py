@@ -95,13 +95,16 @@ class Resolver:
         relations: list[str] | None = None,
     ) -> EntityLookup:
         """The stored entities the drafts' keys and names match (one store round trip),
-        whether ``episode_uuid`` (when given) is already processed, and with ``relations``
-        the found entities' facts of those relations (see ``GraphStore.lookup_entities``)."""
+        whether ``episode_uuid`` (when given) is already processed (EpisodeConflictError when
+        with other content), and with ``relations`` the found entities' facts of those
+        relations (see ``GraphStore.lookup_entities``)."""
         drafts = extraction.entities
         keys = sorted({d.key for d in drafts if d.key})
         names = sorted({normalize_name(d.name) or d.name for d in drafts})
+        episode = extraction.episode
+        content_hash = episode.content_hash if episode_uuid else None
         return await self.store.lookup_entities(
-            extraction.episode.group_id, keys, names, episode_uuid, relations
+            episode.group_id, keys, names, episode_uuid, relations, content_hash
         )
 
     async def resolve(self, extraction: Extraction, lookup: EntityLookup) -> Resolution:

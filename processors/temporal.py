@@ -7,12 +7,14 @@ stated start is valid from the reference_time.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime
 
 import dateparser
 from pydantic import BaseModel, Field
 
+from processors.failures import BadTime
 from processors.models import Episode, utc
 from processors.resolution import ResolvedEpisode
 
@@ -49,15 +51,42 @@ _OPEN_END = frozenset(
 )  # fmt: skip
 
 
+# The longest time text read: longer text is not a time (and dateparser's cost grows with
+# its input: 187 KB of "since 2024 " took it 46 s).
+MAX_TIME_TEXT = 100
+
+
 def parse_when(text: str | None, reference: datetime) -> datetime | None:
     """Resolve a stated time against ``reference``; None when it cannot be understood."""
+    try:
+        return read_when(text, reference)
+    except BadTime:
+        return None
+
+
+def read_when(text: str | None, reference: datetime) -> datetime | None:
+    """Resolve a stated time against ``reference``: None for no text or a way of saying "no
+    date" ("N/A", "unknown"); raises BadTime for text that is not a time it can read (not a
+    date, over MAX_TIME_TEXT characters, outside years 1-9999)."""
     if text is None:
         return None
     raw = text.strip()
-    if not raw:
+    if not raw or raw.casefold() in _NO_DATE:
         return None
-    if raw.casefold() in _NO_DATE:
-        return None
+    if len(raw) > MAX_TIME_TEXT:
+        raise BadTime(
+            f"{raw[:40]!r}... is {len(raw)} characters; a time has at most {MAX_TIME_TEXT}"
+        )
+    try:
+        parsed = _read(raw, reference)
+    except (OverflowError, OSError, ValueError) as exc:
+        raise BadTime(f"{raw!r} is out of range: {exc}") from exc
+    if parsed is None:
+        raise BadTime(f"{raw!r} is not a time tidegraph can read")
+    return parsed
+
+
+def _read(raw: str, reference: datetime) -> datetime | None:
     if _EPOCH.match(raw):
         return datetime.fromtimestamp(float(raw), UTC)
     if _EPOCH_MS.match(raw):
@@ -110,24 +139,38 @@ class StampedFact(BaseModel):
 
 
 def stamp_interval(
-    valid_text: str | None, invalid_text: str | None, episode: Episode
+    valid_text: str | None, invalid_text: str | None, episode: Episode, *, strict: bool = False
 ) -> tuple[datetime, datetime | None, list[str]]:
-    """(valid_at, invalid_at, notes) for a fact stated in ``episode``."""
+    """(valid_at, invalid_at, notes) for a fact stated in ``episode``. Lenient (LLM output): a
+    time it cannot read is noted and ignored. ``strict`` (a declared mapping, the exact path):
+    such a time raises BadTime, and the record is dead-lettered instead of being stored with
+    the wrong dates."""
     notes: list[str] = []
-    valid_at = parse_when(valid_text, episode.reference_time)
+    valid_at = _when(valid_text, episode, "valid_at", strict)
     if valid_at is None:
-        if valid_text:
-            notes.append(f"valid_at {valid_text!r} not understood; using reference_time")
+        if valid_text and not strict:
+            notes.append(
+                f"valid_at {valid_text[:MAX_TIME_TEXT]!r} not understood; using reference_time"
+            )
         valid_at = episode.reference_time
     if invalid_text and open_end(invalid_text):
         invalid_text = None  # "until now", "to present": still true, not ended now
-    invalid_at = parse_when(invalid_text, episode.reference_time)
-    if invalid_text and invalid_at is None:
-        notes.append(f"invalid_at {invalid_text!r} not understood; ignored")
+    invalid_at = _when(invalid_text, episode, "invalid_at", strict)
+    if invalid_text and invalid_at is None and not strict:
+        notes.append(f"invalid_at {invalid_text[:MAX_TIME_TEXT]!r} not understood; ignored")
     if invalid_at is not None and invalid_at <= valid_at:
         notes.append(f"invalid_at {invalid_text!r} is not after valid_at; ignored")
         invalid_at = None
     return valid_at, invalid_at, notes
+
+
+def _when(text: str | None, episode: Episode, what: str, strict: bool) -> datetime | None:
+    if not strict:
+        return parse_when(text, episode.reference_time)
+    try:
+        return read_when(text, episode.reference_time)
+    except BadTime as exc:
+        raise BadTime(f"{what} {exc}") from exc
 
 
 class StampedEpisode(BaseModel):
@@ -147,7 +190,9 @@ class Stamper:
     stage = "temporal"
 
     async def run(self, resolved: ResolvedEpisode) -> StampedEpisode:
-        return stamp(resolved)
+        # Off the event loop: date phrases go through dateparser (bounded by MAX_TIME_TEXT, but
+        # still milliseconds a phrase), and one record must never hold up every group.
+        return await asyncio.to_thread(stamp, resolved)
 
 
 def stamp(resolved: ResolvedEpisode) -> StampedEpisode:
@@ -156,7 +201,7 @@ def stamp(resolved: ResolvedEpisode) -> StampedEpisode:
     facts: list[StampedFact] = []
     for draft in extraction.facts:
         valid_at, invalid_at, notes = stamp_interval(
-            draft.valid_at, draft.invalid_at, extraction.episode
+            draft.valid_at, draft.invalid_at, extraction.episode, strict=extraction.mapped
         )
         if draft.closes:
             # A closing record's valid_at is the moment the fact ends.

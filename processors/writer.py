@@ -74,7 +74,9 @@ class FactWriter:
         episode = stamped.episode
         group = episode.group_id
         summary = WriteSummary(group_id=group, episode_uuid=episode.uuid, episode_id=episode.id)
-        if not unprocessed and await self.store.episode_processed(group, episode.uuid):
+        if not unprocessed and await self.store.episode_processed(
+            group, episode.uuid, episode.content_hash
+        ):
             summary.skipped = True
             return summary
         facts = stamped.facts
@@ -112,6 +114,7 @@ class FactWriter:
             valid_at=episode.reference_time,
             created_at=now,
             producer_id=episode.id,
+            content_hash=episode.content_hash,
         )
         written = await self.store.write_episode(
             group,

@@ -102,8 +102,16 @@ def ingest(
     ),
     via: str = typer.Option("process", help="process (in this process) or kafka."),
     concurrency: int = typer.Option(8, help="Groups processed at once (in-process)."),
+    failures_file: Path | None = typer.Option(
+        None,
+        "--failures",
+        dir_okay=False,
+        help="Write every failed record to this file, one JSON line each (line, stage, "
+        "reason, group_id, episode_id, error, record).",
+    ),
 ) -> None:
-    """Process a file of episodes, in order per group, into the configured store."""
+    """Process a file of episodes, in order per group, into the configured store. Records
+    that fail are reported with their dead-letter reason and the rest go on."""
     settings = get_settings()
     if via == "kafka":
         from tidegraph.cli_kafka import ingest_via_kafka
@@ -118,14 +126,49 @@ def ingest(
     episodes, failures = read_jsonl(path.read_bytes().splitlines())
     report = asyncio.run(_ingest(episodes, mapping or settings.mappings, settings, concurrency))
     report.failures[:0] = failures
-    for failure in report.failures[:20]:
-        err.print(
-            f"[red]failed[/red] {failure.episode_id or ''} at {failure.stage}: "
-            f"{failure.error_class}: {failure.message}"
-        )
+    _report_failures(report.failures, failures_file)
     console.print(report.line())
     if report.failures:
         raise typer.Exit(1)
+
+
+SHOWN_FAILURES = 20
+
+
+def _report_failures(failures: list, path: Path | None) -> None:  # type: ignore[type-arg]
+    """The first failures on stderr, a count per reason, and every one of them in ``path``."""
+    from collections import Counter
+
+    for failure in failures[:SHOWN_FAILURES]:
+        where = f"line {failure.line}" if failure.line else (failure.episode_id or "")
+        err.print(
+            f"[red]failed[/red] {where} at {failure.stage} ({failure.reason}): "
+            f"{failure.error_class}: {failure.message[:300]}"
+        )
+    if not failures:
+        return
+    counts = Counter(f.reason for f in failures)
+    err.print("failures by reason: " + ", ".join(f"{r}: {n}" for r, n in counts.most_common()))
+    if path is not None:
+        with path.open("wb") as out:
+            for f in failures:
+                row = {
+                    "line": f.line,
+                    "stage": f.stage,
+                    "reason": f.reason,
+                    "group_id": f.group_id,
+                    "episode_id": f.episode_id,
+                    "error_class": f.error_class,
+                    "message": f.message,
+                    "record": f.record,
+                }
+                out.write(orjson.dumps(row) + b"\n")
+        err.print(f"all {len(failures)} failures written to {path}")
+    elif len(failures) > SHOWN_FAILURES:
+        err.print(
+            f"{len(failures) - SHOWN_FAILURES} more failures not shown: "
+            "run again with --failures FILE to get every one"
+        )
 
 
 async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrency: int):  # type: ignore[no-untyped-def]
@@ -143,6 +186,7 @@ async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrenc
                 episodes,
                 concurrency=concurrency,
                 on_done=lambda _: progress.advance(task),
+                record_timeout=settings.record_timeout_seconds,
             )
     finally:
         await runtime.close()

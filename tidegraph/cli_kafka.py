@@ -169,12 +169,17 @@ def _since(value: str | None) -> datetime | None:
 def dlq_list(
     stage: str | None = typer.Option(None, "--stage", help="Only this stage's dead letters."),
     since: str | None = typer.Option(None, "--since", help="Failed at or after (ISO 8601)."),
+    group: list[str] | None = typer.Option(
+        None, "--group", help="Only dead letters of this group id (repeat for several)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="One dead letter per line, as stored."),
 ) -> None:
     """Show the dead letters: when, stage, reason, group, episode, attempts, error."""
     from pipelines.client import read_dead_letters
 
-    letters = asyncio.run(read_dead_letters(get_settings(), stage=stage, since=_since(since)))
+    letters = asyncio.run(
+        read_dead_letters(get_settings(), stage=stage, since=_since(since), groups=group)
+    )
     if as_json:
         for stored in letters:
             row = stored.letter.model_dump(mode="json")

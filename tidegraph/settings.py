@@ -102,6 +102,12 @@ class Settings(BaseSettings):
     )
 
     # --- local services (tidegraph services up) ------------------------------------------
+    record_timeout_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="Longest a stage may work on one record, retries included; then the record "
+        "is dead-lettered with reason 'timeout' (replayable) and its group goes on.",
+    )
     cache_dir: Path = Field(
         Path.home() / ".cache" / "tidegraph",
         description="Where fetched Kafka/Neo4j jars are cached between runs.",

@@ -82,7 +82,7 @@ class DeadLetter(BaseModel):
 
     v: Literal[1] = SCHEMA_VERSION
     stage: str  # validation, extraction, resolution, temporal, invalidation
-    reason: str  # short machine-readable cause (see pipelines.errors)
+    reason: str  # short machine-readable cause: processors.failures.REASONS
     error_class: str
     message: str
     attempts: int

@@ -1061,16 +1061,18 @@ async def test_a_store_error_before_any_stage_fails_only_that_episode(
         def __getattr__(self, name: str) -> Any:
             return getattr(store, name)
 
-        async def episode_processed(self, group: str, uuid: str) -> bool:
+        async def episode_processed(
+            self, group: str, uuid: str, content_hash: str | None = None
+        ) -> bool:
             if uuid == episodes[1].uuid:
                 raise ConnectionError("Neo4j went away")
-            return await store.episode_processed(group, uuid)
+            return await store.episode_processed(group, uuid, content_hash)
 
     pipeline.store = Flaky()  # type: ignore[assignment]
     report = await ingest(pipeline, episodes)
     assert report.episodes == 2
-    assert [(f.stage, f.error_class, f.episode_id) for f in report.failures] == [
-        ("ingest", "ConnectionError", episodes[1].id)
+    assert [(f.stage, f.error_class, f.reason, f.episode_id) for f in report.failures] == [
+        ("ingest", "ConnectionError", "io", episodes[1].id)
     ]
     assert len(await values_at(store, group_id, datetime.now(UTC))) == 2
 

@@ -454,64 +454,6 @@ async def test_llm_429s_and_500s_are_retried_and_a_poison_episode_is_dead_letter
 
 
 # ----------------------------------------------------------------------------- pure parts
-@pytest.mark.parametrize(
-    ("raw", "reason"),
-    [
-        (b'{"id": "a", ', "invalid_json"),
-        (b"[1, 2]", "invalid_episode"),
-        (b'{"id": "a", "group_id": "g", "source": "text", "content": "x"}', "missing_field"),
-        (b'{"id": "a", "group_id": "g", "source": "text", "content": "x", '
-         b'"reference_time": "soonish"}', "bad_timestamp"),
-        (b'{"id": "a", "group_id": "g", "source": "fax", "content": "x", '
-         b'"reference_time": "2025-01-01T00:00:00Z"}', "unknown_source"),
-        (b'{"id": "a", "group_id": "g", "source": "text", "content": "' + b"x" * 200_001
-         + b'", "reference_time": "2025-01-01T00:00:00Z"}', "oversized"),
-        (b'{"id": "a", "group_id": "g", "source": "json", "content": "text", '
-         b'"reference_time": "2025-01-01T00:00:00Z"}', "invalid_content"),
-        (b'{"id": "a", "group_id": "g", "source": "text", "content": "x", "extra": 1, '
-         b'"reference_time": "2025-01-01T00:00:00Z"}', "unknown_field"),
-    ],
-)  # fmt: skip
-def test_validation_reasons(raw: bytes, reason: str) -> None:
-    from pipelines.errors import validation_reason
-    from processors.pipeline import parse_episode
-
-    with pytest.raises(ValueError) as caught:
-        parse_episode(raw)
-    assert validation_reason(caught.value) == reason
-
-
-def test_transient_and_permanent_failures() -> None:
-    from neo4j.exceptions import ServiceUnavailable, TransientError
-
-    from pipelines.errors import classify
-    from processors.extraction import NoExtractorError
-    from processors.mapping import MappingError
-    from processors.pipeline import StageError
-    from tidegraph.llm import LLMError
-
-    def llm(kind: str) -> LLMError:
-        return LLMError("x", stage="extraction", kind=kind, attempts=5)  # type: ignore[arg-type]
-
-    cases = {
-        StageError("extraction", llm("rate_limited")): (True, "llm_rate_limited"),
-        llm("server"): (True, "llm_server"),
-        llm("timeout"): (True, "llm_timeout"),
-        llm("invalid_output"): (False, "llm_invalid_output"),
-        llm("other"): (False, "llm_other"),
-        ServiceUnavailable("down"): (True, "store_unavailable"),
-        TransientError("deadlock"): (True, "store_unavailable"),
-        StageError("extraction", NoExtractorError("no")): (False, "no_extractor"),
-        MappingError("field 'plan' is missing"): (False, "mapping"),
-        ValueError("bad"): (False, "invalid"),
-        TimeoutError(): (True, "io"),
-        KeyError("bug"): (True, "error"),
-    }
-    for exc, expected in cases.items():
-        verdict = classify(exc)
-        assert (verdict.transient, verdict.reason) == expected, exc
-
-
 async def test_lanes_keep_order_per_key_and_run_keys_concurrently() -> None:
     import asyncio
 

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from processors.extraction import Extractor, NoExtractorError
-from processors.mapping import MappingError, MappingSet, render
+from processors.extraction import Extractor
+from processors.failures import MappingError, NoExtractorError, RecordError
+from processors.mapping import MappingSet, render
 from processors.models import Episode
 
 CRM_YAML = """
@@ -150,24 +151,27 @@ def test_text_content_is_never_mapped(mappings: MappingSet) -> None:
 
 
 @pytest.mark.parametrize(
-    ("change", "reason"),
+    ("change", "message", "reason"),
     [
-        (lambda r: r.pop("plan"), "'plan' is missing"),
-        (lambda r: r["account"].pop("name"), "'account.name' is missing"),
-        (lambda r: r.update(plan=None), "'plan' must be a non-null scalar"),
-        (lambda r: r.update(plan={"name": "Pro"}), "'plan' must be a non-null scalar"),
-        (lambda r: r.update(plan="   "), "empty name"),
-        (lambda r: r["account"].update(id=""), "'account.id' is empty"),
-        (lambda r: r.update(changed_at={"at": 1}), "must be a string or a number"),
+        (lambda r: r.pop("plan"), "'plan' is missing", "mapping_missing_field"),
+        (lambda r: r["account"].pop("name"), "'account.name' is missing", "mapping_missing_field"),
+        (lambda r: r.update(plan=None), "'plan' must be a non-null scalar", "mapping_bad_value"),
+        (lambda r: r.update(plan={"n": 1}), "'plan' must be a non-null", "mapping_bad_value"),
+        (lambda r: r.update(plan="   "), "empty name", "mapping_bad_value"),
+        (lambda r: r["account"].update(id=""), "'account.id' is empty", "mapping_bad_value"),
+        (lambda r: r.update(changed_at={"at": 1}), "must be a string or a number", "bad_time"),
+        (lambda r: r.update(plan="P" * 513), "name is 513 characters", "value_too_long"),
+        (lambda r: r["account"].update(id="9" * 600), "key is 612 characters", "value_too_long"),
     ],
-)
-def test_a_record_a_rule_cannot_map_is_a_mapping_error(
-    mappings: MappingSet, change: Any, reason: str
+)  # fmt: skip
+def test_a_record_a_rule_cannot_map_fails_with_its_reason(
+    mappings: MappingSet, change: Any, message: str, reason: str
 ) -> None:
     record = {**PLAN_CHANGED, "account": dict(PLAN_CHANGED["account"])}  # type: ignore[arg-type]
     change(record)
-    with pytest.raises(MappingError, match=reason):
+    with pytest.raises(RecordError, match=message) as caught:
         mappings.extract(episode(record))
+    assert caught.value.reason == reason
 
 
 def test_a_missing_or_null_time_field_falls_back_to_the_reference_time(

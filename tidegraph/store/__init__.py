@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tidegraph.store.base import EpisodeWrite, FactClosure, GraphStore
-from tidegraph.store.cypher import StoreIntegrityError, StoreSchemaError
+from tidegraph.store.cypher import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
 
 if TYPE_CHECKING:
     from tidegraph.settings import Settings
 
 __all__ = [
+    "EpisodeConflictError",
     "EpisodeWrite",
     "FactClosure",
     "GraphStore",

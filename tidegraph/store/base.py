@@ -113,8 +113,12 @@ class GraphStore(abc.ABC):
 
     # ---------------------------------------------------------------- episodes
     @abc.abstractmethod
-    async def episode_processed(self, group_id: str, episode_uuid: str) -> bool:
-        """True once ``write_episode`` committed this episode (the processed marker)."""
+    async def episode_processed(
+        self, group_id: str, episode_uuid: str, content_hash: str | None = None
+    ) -> bool:
+        """True once ``write_episode`` committed this episode (the processed marker). With
+        ``content_hash``, an episode stored with another hash raises EpisodeConflictError
+        (its id was reused for other content)."""
 
     @abc.abstractmethod
     async def recent_episodes(
@@ -161,13 +165,15 @@ class GraphStore(abc.ABC):
         names: list[str],
         episode_uuid: str | None = None,
         relations: list[str] | None = None,
+        content_hash: str | None = None,
     ) -> EntityLookup:
         """``entities_by_keys(keys)`` and ``entities_by_names(names)`` (without name
-        embeddings) and, when ``episode_uuid`` is given, ``episode_processed``; with
+        embeddings) and, when ``episode_uuid`` is given, ``episode_processed`` (with
+        ``content_hash``, as there); with
         ``relations``, the found entities' facts of those relations too (see
         ``EntityLookup``) — in one round trip where the store can (this default makes up to
         four)."""
-        if episode_uuid and await self.episode_processed(group_id, episode_uuid):
+        if episode_uuid and await self.episode_processed(group_id, episode_uuid, content_hash):
             return EntityLookup(processed=True)
         by_key = await self.entities_by_keys(group_id, keys) if keys else []
         by_name = await self.entities_by_names(group_id, names) if names else []
@@ -229,9 +235,9 @@ class GraphStore(abc.ABC):
         as stored), and closures (``invalid_at`` set, ``expired_at`` only while null).
 
         When the episode's marker is already stored in the group, nothing is written and the
-        answer is False (a late or repeated writer of a processed episode must not reopen
-        what later episodes closed); True when written. The marker is checked inside the
-        write's own transaction."""
+        answer is False (a late or repeated writer of a processed episode must not reopen what
+        later episodes closed); EpisodeConflictError when it was stored with another content
+        hash. True when written. The marker is checked inside the write's own transaction."""
 
     @abc.abstractmethod
     async def query_facts(

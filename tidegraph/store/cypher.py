@@ -45,6 +45,22 @@ class StoreIntegrityError(ValueError):
     written (the transaction was rolled back)."""
 
 
+class EpisodeConflictError(StoreIntegrityError):
+    """The episode's uuid is already stored in its group with other content: its producer
+    reused an id for a different record. Nothing was written."""
+
+
+def check_same_episode(uuid: str, stored_hash: str | None, content_hash: str | None) -> None:
+    """Raise EpisodeConflictError when a stored episode's content hash differs from the
+    record's (episodes stored before hashes existed have none and always pass)."""
+    if content_hash and stored_hash and stored_hash != content_hash:
+        raise EpisodeConflictError(
+            f"episode {uuid} was already processed with other content (stored content hash "
+            f"{stored_hash[:12]}, this record's {content_hash[:12]}): a new episode needs a "
+            "new id"
+        )
+
+
 # ----------------------------------------------------------------------------- constants
 # Labels an entity may never get: they would make it look like another kind of node.
 RESERVED_LABELS = frozenset({"Entity", "Episodic", "Community"})
@@ -268,6 +284,7 @@ def episode_row(group_id: str, episode: EpisodeRecord, now: datetime) -> dict[st
         "valid_at": utc(episode.valid_at),
         "created_at": utc(episode.created_at) if episode.created_at else now,
         "producer_id": episode.producer_id,
+        "content_hash": episode.content_hash or None,
     }
 
 
@@ -421,6 +438,7 @@ EPISODE_FIELDS = (
     "valid_at",
     "created_at",
     "producer_id",
+    "content_hash",
 )
 _TIME_FIELDS = frozenset({"valid_at", "invalid_at", "created_at", "expired_at", "end_learned_at"})
 _TIME_LIST_FIELDS = frozenset({"prior_ends", "prior_ends_learned_at"})
@@ -621,9 +639,9 @@ AWAIT_INDEXES = "CALL db.awaitIndexes($timeout)"
 # created the schema, and a hint on a missing index is an error; the planner picks the unique
 # index seek for this shape by itself (checked with EXPLAIN).
 EPISODE_PROCESSED = """
-MATCH (ep:Episodic {uuid: $uuid})
+OPTIONAL MATCH (ep:Episodic {uuid: $uuid})
 WHERE ep.group_id = $group_id
-RETURN count(ep) > 0 AS processed
+RETURN ep IS NOT NULL AS processed, ep.content_hash AS content_hash
 """
 
 RECENT_EPISODES = """
@@ -717,7 +735,7 @@ RESOLUTION_LOOKUP = (
 OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
 USING INDEX ep:Episodic(uuid)
 WHERE ep.group_id = $group_id
-WITH ep IS NOT NULL AS processed
+WITH ep IS NOT NULL AS processed, ep.content_hash AS stored_hash
 OPTIONAL CALL (processed) {
   WITH processed WHERE NOT processed"""
     + _ENTITIES_KEYED
@@ -727,7 +745,7 @@ OPTIONAL CALL (processed) {
     + _ENTITIES_NAMED
     + """  RETURN e, 'name' AS how
 }
-RETURN processed, how,
+RETURN processed, stored_hash, how,
        e {.*, name_embedding: null, """
     + _times_as_micros("e", ("created_at",))
     + """} AS e,
@@ -881,7 +899,7 @@ WHERE r.uuid IN $uuids AND r.group_id = $group_id
 # write names.
 WRITE_STATE = """
 OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
-WITH ep.group_id AS episode_group
+WITH ep.group_id AS episode_group, ep.content_hash AS episode_hash
 CALL () {
   UNWIND $entity_uuids AS uuid
   MATCH (e:Entity {uuid: uuid})
@@ -892,7 +910,7 @@ CALL () {
   MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
   RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
 }
-RETURN episode_group, entities, facts
+RETURN episode_group, episode_hash, entities, facts
 """
 
 # Entities first (mentions and facts point at them), then the Episodic marker, its MENTIONS,
@@ -908,7 +926,8 @@ SET ep.name = $ep.name,
     ep.source_description = $ep.source_description,
     ep.content = $ep.content,
     ep.valid_at = $ep.valid_at,
-    ep.producer_id = $ep.producer_id
+    ep.producer_id = $ep.producer_id,
+    ep.content_hash = $ep.content_hash
 WITH ep
 CALL (ep) {
   UNWIND $mentions AS mention

@@ -76,6 +76,7 @@ from tidegraph.store.cypher import (
     check_embedding,
     check_entity_owners,
     check_episode_write,
+    check_same_episode,
     closure_row,
     community_rows,
     cosine_score,
@@ -132,7 +133,7 @@ def schema(dim: int) -> list[str]:
     return [
         "CREATE NODE TABLE IF NOT EXISTS Episodic(uuid STRING PRIMARY KEY, group_id STRING, "
         "name STRING, source STRING, source_description STRING, content STRING, "
-        "valid_at TIMESTAMP, created_at TIMESTAMP, producer_id STRING)",
+        "valid_at TIMESTAMP, created_at TIMESTAMP, producer_id STRING, content_hash STRING)",
         "CREATE NODE TABLE IF NOT EXISTS Entity(uuid STRING PRIMARY KEY, group_id STRING, "
         "name STRING, name_norm STRING, labels STRING[], summary STRING, key STRING, "
         f"aliases STRING[], name_embedding {vector}, created_at TIMESTAMP)",
@@ -185,7 +186,7 @@ _FACT_COLUMNS = (
 )
 
 EPISODE_PROCESSED = """
-MATCH (ep:Episodic) WHERE ep.uuid = $uuid AND ep.group_id = $group_id RETURN count(ep)
+MATCH (ep:Episodic) WHERE ep.uuid = $uuid AND ep.group_id = $group_id RETURN ep.content_hash
 """
 RECENT_EPISODES = f"""
 MATCH (ep:Episodic) WHERE ep.group_id = $group_id AND ep.valid_at < $before
@@ -193,7 +194,7 @@ RETURN {_EPISODE_COLUMNS}
 ORDER BY ep.valid_at DESC, ep.uuid DESC
 LIMIT $limit
 """
-EPISODE_GROUP = "MATCH (ep:Episodic) WHERE ep.uuid = $uuid RETURN ep.group_id"
+EPISODE_GROUP = "MATCH (ep:Episodic) WHERE ep.uuid = $uuid RETURN ep.group_id, ep.content_hash"
 MERGE_EPISODE = """
 MERGE (ep:Episodic {uuid: $uuid})
 ON CREATE SET ep.group_id = $group_id, ep.created_at = $created_at
@@ -202,7 +203,8 @@ SET ep.name = $name,
     ep.source_description = $source_description,
     ep.content = $content,
     ep.valid_at = $valid_at,
-    ep.producer_id = $producer_id
+    ep.producer_id = $producer_id,
+    ep.content_hash = $content_hash
 """
 # An episode's MENTIONS and new facts are CREATEd one statement per row, by primary key: the
 # episode is new (a processed one is never written again) and so are those facts, and kuzu
@@ -446,6 +448,10 @@ LEGACY_FACT_INDEX = [
     "ALTER TABLE RELATES_TO DROP fact_embedding",
 ]
 
+# Columns added to Episodic since stores were first made (null on older episodes: no hash
+# to compare, see cypher.check_same_episode).
+ADDED_EPISODE_COLUMNS = (("content_hash", "ALTER TABLE Episodic ADD content_hash STRING"),)
+
 # Columns added to RELATES_TO since stores were first made (ALTER is a no-op for new stores,
 # whose CREATE already has them; the new columns start null, which is what they mean).
 ADDED_FACT_COLUMNS = (
@@ -668,10 +674,14 @@ class KuzuStore(GraphStore):
         if legacy:
             for statement in LEGACY_FACT_INDEX:
                 self._rows(statement)
-        columns = {row[1] for row in self._rows("CALL TABLE_INFO('RELATES_TO') RETURN *")}
-        for name, statement in ADDED_FACT_COLUMNS:
-            if name not in columns:
-                self._rows(statement)
+        for table, added in (
+            ("Episodic", ADDED_EPISODE_COLUMNS),
+            ("RELATES_TO", ADDED_FACT_COLUMNS),
+        ):
+            columns = {row[1] for row in self._rows(f"CALL TABLE_INFO('{table}') RETURN *")}
+            for name, statement in added:
+                if name not in columns:
+                    self._rows(statement)
         present = {row[1] for row in self._rows("CALL SHOW_INDEXES() RETURN *")}
         for name, statement in INDEXES:
             if name not in present:
@@ -709,11 +719,16 @@ class KuzuStore(GraphStore):
         self._conn = self._db = None
 
     # ------------------------------------------------------------------ episodes
-    async def episode_processed(self, group_id: str, episode_uuid: str) -> bool:
+    async def episode_processed(
+        self, group_id: str, episode_uuid: str, content_hash: str | None = None
+    ) -> bool:
         rows = await self._call(
             self._rows, EPISODE_PROCESSED, {"group_id": group_id, "uuid": episode_uuid}
         )
-        return rows[0][0] > 0
+        if not rows:
+            return False
+        check_same_episode(episode_uuid, rows[0][0], content_hash)
+        return True
 
     async def recent_episodes(
         self, group_id: str, before: datetime, limit: int
@@ -785,9 +800,10 @@ class KuzuStore(GraphStore):
         names: list[str],
         episode_uuid: str | None = None,
         relations: list[str] | None = None,
+        content_hash: str | None = None,
     ) -> EntityLookup:
         return await self._call(
-            self._lookup_entities, group_id, keys, names, episode_uuid, relations
+            self._lookup_entities, group_id, keys, names, episode_uuid, relations, content_hash
         )
 
     def _lookup_entities(
@@ -797,10 +813,12 @@ class KuzuStore(GraphStore):
         names: list[str],
         episode_uuid: str | None,
         relations: list[str] | None,
+        content_hash: str | None,
     ) -> EntityLookup:
         if episode_uuid:
             marker = self._rows(EPISODE_PROCESSED, {"group_id": group_id, "uuid": episode_uuid})
-            if marker[0][0] > 0:
+            if marker:
+                check_same_episode(episode_uuid, marker[0][0], content_hash)
                 return EntityLookup(processed=True)
 
         def read(kind: str, values: list[str]) -> list[EntityRecord]:
@@ -1021,6 +1039,7 @@ class KuzuStore(GraphStore):
         stored = self._rows(EPISODE_GROUP, {"uuid": write.episode.uuid})
         episode_group = stored[0][0] if stored else None
         if episode_group == group_id:
+            check_same_episode(write.episode.uuid, stored[0][1], write.episode.content_hash)
             return False  # already processed: nothing may change (see GraphStore)
         # Checked before anything is written: the entities go in a transaction of their own,
         # committed first, because inside one transaction kuzu 0.11.3 finds the wrong node by

@@ -43,6 +43,7 @@ from tidegraph.store.cypher import (
     check_embedding,
     check_entity_owners,
     check_episode_write,
+    check_same_episode,
     closure_row,
     community_rows,
     entity_record,
@@ -215,11 +216,16 @@ class Neo4jStore(GraphStore):
         await self._driver.close()
 
     # ------------------------------------------------------------------ episodes
-    async def episode_processed(self, group_id: str, episode_uuid: str) -> bool:
+    async def episode_processed(
+        self, group_id: str, episode_uuid: str, content_hash: str | None = None
+    ) -> bool:
         records = await self._read(
             q.EPISODE_PROCESSED, {"group_id": group_id, "uuid": episode_uuid}
         )
-        return bool(records and records[0]["processed"])
+        if not (records and records[0]["processed"]):
+            return False
+        check_same_episode(episode_uuid, records[0]["content_hash"], content_hash)
+        return True
 
     async def recent_episodes(
         self, group_id: str, before: datetime, limit: int
@@ -257,6 +263,7 @@ class Neo4jStore(GraphStore):
         names: list[str],
         episode_uuid: str | None = None,
         relations: list[str] | None = None,
+        content_hash: str | None = None,
     ) -> EntityLookup:
         params = {
             "group_id": group_id,
@@ -267,6 +274,7 @@ class Neo4jStore(GraphStore):
         }
         records = await self._read(q.RESOLUTION_LOOKUP, params)
         if records and records[0]["processed"]:
+            check_same_episode(str(episode_uuid), records[0]["stored_hash"], content_hash)
             return EntityLookup(processed=True)
         found: dict[str, list[EntityRecord]] = {"key": [], "name": []}
         facts: dict[str, FactRecord] = {}
@@ -480,6 +488,9 @@ class Neo4jStore(GraphStore):
             },
         )
         if state["episode_group"] == group_id:
+            check_same_episode(
+                write.episode.uuid, state["episode_hash"], write.episode.content_hash
+            )
             return False
         owners = {uuid: group for uuid, group in state["entities"]}
         check_entity_owners(group_id, {u: owners[u] for u in upserted if u in owners})
