@@ -592,3 +592,16 @@ def test_a_closing_record_of_another_object_never_bounds_a_value() -> None:
     graph.ingest("joined-globex", [one("bob", "WORKS_AT", "globex", 5)])
     assert graph.value_at("bob", "WORKS_AT", day(20)) == ["globex"]
     assert graph.timeline("bob", "WORKS_AT") == [("acme", day(5)), ("globex", None)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit (processors/invalidation.py): a fact does not keep each statement's "
+    "time, so a late closing record cannot split restatements already merged around it",
+)
+def test_a_late_closing_record_splits_a_merged_many_fact() -> None:
+    graph = Graph()
+    graph.ingest("first", [one("bob", "ADVISES", "acme", 0, "many")])
+    graph.ingest("again", [one("bob", "ADVISES", "acme", 20, "many")])
+    graph.ingest("stopped", [closing("bob", "ADVISES", "acme", 10)])
+    assert graph.timeline("bob", "ADVISES") == [("acme", day(10)), ("acme", None)]
