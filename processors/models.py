@@ -289,6 +289,12 @@ class FactRecord(BaseModel):
     prior_ends: list[datetime] = Field(default_factory=list)
     prior_ends_learned_at: list[datetime] = Field(default_factory=list)
     end_learned_at: datetime | None = None
+    # The same for the start (an earlier restatement, delivered late, moved valid_at
+    # earlier): the earlier valid_at values, oldest first, when each was learned (T'), and
+    # when the current one was learned (None: at created_at).
+    prior_starts: list[datetime] = Field(default_factory=list)
+    prior_starts_learned_at: list[datetime] = Field(default_factory=list)
+    start_learned_at: datetime | None = None
 
     def end_known_at(self, known_at: datetime) -> datetime | None:
         """``invalid_at`` as tidegraph believed it at ``known_at`` (None: no end known yet)."""
@@ -315,6 +321,30 @@ class FactRecord(BaseModel):
         self.invalid_at = at
         if self.expired_at is None:
             self.expired_at = now
+
+    def start_known_at(self, known_at: datetime) -> datetime | None:
+        """``valid_at`` as tidegraph believed it at ``known_at`` (for a fact created by then;
+        None: an open start)."""
+        if self.start_learned_at is None or self.start_learned_at <= known_at:
+            return self.valid_at
+        believed = [
+            start
+            for start, learned in zip(self.prior_starts, self.prior_starts_learned_at, strict=True)
+            if learned <= known_at
+        ]
+        if believed:
+            return believed[-1]
+        return self.prior_starts[0] if self.prior_starts else self.valid_at
+
+    def move_start(self, at: datetime, now: datetime) -> None:
+        """Set ``valid_at`` to ``at`` (earlier) as learned ``now``: the start it replaces is
+        kept in the history when it had been stored before ``now`` (see ``move_end``)."""
+        learned = self.start_learned_at or self.created_at
+        if self.valid_at is not None and learned is not None and learned < now:
+            self.prior_starts = [*self.prior_starts, self.valid_at]
+            self.prior_starts_learned_at = [*self.prior_starts_learned_at, learned]
+            self.start_learned_at = now
+        self.valid_at = at
 
 
 class EpisodeRecord(BaseModel):

@@ -12,8 +12,8 @@ import logging
 from pydantic import BaseModel
 
 from processors.extraction import StructuredLLM
-from processors.invalidation import FactDecision, plan_facts, valid_at_time
-from processors.models import EntityRecord, EpisodeRecord, FactRecord, normalize_name, utcnow
+from processors.invalidation import FactDecision, plan_facts, restatement_of
+from processors.models import EntityRecord, EpisodeRecord, FactRecord, utcnow
 from processors.prompts import FACT_RESOLUTION_SYSTEM, FactResolutionOutput, fact_resolution_user
 from processors.temporal import StampedEpisode, StampedFact
 from tidegraph.embed.base import Embedder
@@ -163,7 +163,7 @@ class FactWriter:
         for i, new in enumerate(facts):
             if new.closes or new.cardinality is not None:
                 continue
-            if any(_restates(f, new) for f in existing):
+            if _restates(existing, new):
                 continue  # the same words between the same entities: a duplicate, no question
             ends = {new.source_uuid, new.target_uuid}
             scored = []
@@ -251,16 +251,11 @@ def prefetched_candidates(
     return [f for f in read if (f.source_uuid, f.name) in wanted]
 
 
-def _restates(stored: FactRecord, new: StampedFact) -> bool:
-    """True when ``new`` repeats ``stored`` word for word while it holds (plan_facts merges
-    such a fact without the LLM's judgement)."""
-    return (
-        stored.source_uuid == new.source_uuid
-        and stored.target_uuid == new.target_uuid
-        and stored.name == new.relation
-        and normalize_name(stored.fact) == normalize_name(new.fact)
-        and valid_at_time(stored, new.valid_at)
-    )
+def _restates(existing: list[FactRecord], new: StampedFact) -> bool:
+    """True when ``new`` repeats a stored fact word for word (``restatement_of``: while it
+    holds, or before it with nothing between): plan_facts merges it without the LLM."""
+    same_pair = [f for f in existing if f.source_uuid == new.source_uuid and f.name == new.relation]
+    return restatement_of(new, same_pair) is not None
 
 
 def _cosine(a: list[float] | None, b: list[float] | None) -> float:

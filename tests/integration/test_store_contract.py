@@ -911,6 +911,57 @@ async def test_a_moved_end_is_answered_as_believed_at_each_time(
     assert await believed(15, 21.5) == plan_b  # the text as last written, the end as then
 
 
+async def test_a_moved_start_is_answered_as_believed_at_each_time(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    """A fact stored from day 20 (learned at day 21), whose start a late restatement moved to
+    day 10 (learned at day 22): "valid at day 15" is answered as it was believed at each
+    time; a closure and a full-state upsert that carries no start history keep it."""
+    group = new_group()
+    a, b = entity(group, "A"), entity(group, "B")
+    await store.upsert_entities(group, [a, b])
+    f = fact(group, a, b, "ADVISES", "A advises B", valid_at=day(20), created_at=day(21))
+
+    async def write(**change: Any) -> FactRecord:
+        ep = episode(group, f"m-{uuidlib.uuid4().hex[:6]}", day(1))
+        await store.write_episode(group, EpisodeWrite(episode=ep, **change))
+        return {x.uuid: x for x in await store.facts_touching(group, [a.uuid])}[f.uuid]
+
+    async def believed(valid: int, known: float) -> list[str]:
+        views = await store.query_facts(group, valid_at=day(valid), known_at=day(known))
+        return [v.fact for v in views]
+
+    async def starts(known: float) -> list[str | None]:
+        views = await store.query_facts(group, known_at=day(known), include_invalid=True)
+        return [v.valid_at for v in views]
+
+    assert (await write(facts=[f])).prior_starts == []
+    moved = f.model_copy(update={"fact": "A has advised B since day 10"})
+    moved.move_start(day(10), day(22))
+    stored = await write(facts=[moved])
+    assert (stored.valid_at, stored.fact, stored.created_at) == (day(10), moved.fact, day(21))
+    assert (stored.prior_starts, stored.prior_starts_learned_at) == ([day(20)], [day(21)])
+    assert stored.start_learned_at == day(22)
+
+    text = [moved.fact]
+    assert [await believed(15, k) for k in (20, 21, 21.5, 22, 30)] == [[], [], [], text, text]
+    assert [await believed(25, k) for k in (21, 22)] == [text, text]
+    assert [await starts(k) for k in (20, 21, 22)] == [[], [iso(day(20))], [iso(day(10))]]
+
+    stored = await write(closures=[FactClosure(f.uuid, invalid_at=day(30), expired_at=day(31))])
+    assert (stored.invalid_at, stored.prior_starts, stored.start_learned_at) == (
+        day(30),
+        [day(20)],
+        day(22),
+    )
+    plain = moved.model_copy(
+        update={"prior_starts": [], "prior_starts_learned_at": [], "start_learned_at": None}
+    )
+    stored = await write(facts=[plain])
+    assert (stored.prior_starts, stored.prior_starts_learned_at) == ([day(20)], [day(21)])
+    assert await believed(15, 21.5) == [] and await believed(15, 22) == text
+
+
 async def test_expired_at_is_set_only_once(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:
@@ -1362,10 +1413,10 @@ async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path:
         assert {f.uuid: f.fact_embedding for f in touching} == {"f1": vec(1), "f2": None}
         columns = await store._call(store._rows, "CALL TABLE_INFO('RELATES_TO') RETURN *")
         assert "fact_embedding" not in {row[1] for row in columns}
-        # the end-history columns were added (known-at questions read them)
-        assert {"prior_ends", "prior_ends_learned_at", "end_learned_at"} <= {
-            row[1] for row in columns
-        }
+        # the end- and start-history columns were added (known-at questions read them)
+        history = {"prior_ends", "prior_ends_learned_at", "end_learned_at"}
+        history |= {"prior_starts", "prior_starts_learned_at", "start_learned_at"}
+        assert history <= {row[1] for row in columns}
         # episodes gained their content hash column; the old one has none and always passes
         assert await store.episode_processed("old", "e1", "any-hash")
         views = await store.query_facts("old", valid_at=day(1000), known_at=day(1000))

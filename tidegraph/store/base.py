@@ -23,7 +23,8 @@ from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView
 class FactClosure:
     """Close a stored fact: set ``invalid_at`` (event time) and, once, ``expired_at``; when
     the end moved, also its history (``FactRecord.prior_ends``: the full lists, so that
-    writing a closure twice is harmless)."""
+    writing a closure twice is harmless). The start and its history stay as stored: a fact
+    whose start moves is written in full (``EpisodeWrite.facts``)."""
 
     uuid: str
     invalid_at: datetime

@@ -254,6 +254,9 @@ def fact_row(group_id: str, fact: FactRecord, dim: int, now: datetime) -> dict[s
         "expired_at": _opt_utc(fact.expired_at),
         "cardinality": fact.cardinality,
         **end_history_row(fact.prior_ends, fact.prior_ends_learned_at, fact.end_learned_at),
+        **_history_row(
+            "start", fact.prior_starts, fact.prior_starts_learned_at, fact.start_learned_at
+        ),
     }
 
 
@@ -264,12 +267,20 @@ def end_history_row(
 ) -> dict[str, Any]:
     """A fact's end history as parameters: None where there is none, which the writes read
     as "leave what is stored" (a history only grows)."""
-    if len(prior_ends) != len(prior_ends_learned_at):
-        raise ValueError("prior_ends and prior_ends_learned_at differ in length")
+    return _history_row("end", prior_ends, prior_ends_learned_at, end_learned_at)
+
+
+def _history_row(
+    kind: str, prior: Sequence[datetime], learned: Sequence[datetime], current: datetime | None
+) -> dict[str, Any]:
+    """``prior_{kind}s``, ``prior_{kind}s_learned_at`` and ``{kind}_learned_at`` (``kind``:
+    start or end) as parameters, None where there is none."""
+    if len(prior) != len(learned):
+        raise ValueError(f"prior_{kind}s and prior_{kind}s_learned_at differ in length")
     return {
-        "prior_ends": [utc(t) for t in prior_ends] or None,
-        "prior_ends_learned_at": [utc(t) for t in prior_ends_learned_at] or None,
-        "end_learned_at": _opt_utc(end_learned_at),
+        f"prior_{kind}s": [utc(t) for t in prior] or None,
+        f"prior_{kind}s_learned_at": [utc(t) for t in learned] or None,
+        f"{kind}_learned_at": _opt_utc(current),
     }
 
 
@@ -427,6 +438,9 @@ FACT_FIELDS = (
     "prior_ends",
     "prior_ends_learned_at",
     "end_learned_at",
+    "prior_starts",
+    "prior_starts_learned_at",
+    "start_learned_at",
 )
 EPISODE_FIELDS = (
     "uuid",
@@ -440,8 +454,12 @@ EPISODE_FIELDS = (
     "producer_id",
     "content_hash",
 )
-_TIME_FIELDS = frozenset({"valid_at", "invalid_at", "created_at", "expired_at", "end_learned_at"})
-_TIME_LIST_FIELDS = frozenset({"prior_ends", "prior_ends_learned_at"})
+_TIME_FIELDS = frozenset(
+    {"valid_at", "invalid_at", "created_at", "expired_at", "end_learned_at", "start_learned_at"}
+)
+_TIME_LIST_FIELDS = frozenset(
+    {"prior_ends", "prior_ends_learned_at", "prior_starts", "prior_starts_learned_at"}
+)
 
 
 def _clean(props: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
@@ -534,13 +552,15 @@ class AsOf:
         return (end, fact.expired_at) if end is not None else (None, None)
 
     def believed(self, fact: FactRecord) -> bool:
-        """The exact as-of test (``as_of_match`` lets through a superset when an end moved)."""
+        """The exact as-of test (``as_of_match`` lets through a superset when an end or a
+        start moved)."""
         if fact.created_at is None or fact.created_at > self.known_at:
             return False
         if self.include_invalid:
             return True
         end = fact.end_known_at(self.known_at)
-        started = fact.valid_at is None or fact.valid_at <= self.valid_at
+        start = fact.start_known_at(self.known_at)
+        started = start is None or start <= self.valid_at
         return started and (end is None or self.valid_at < end)
 
 
@@ -548,7 +568,8 @@ def fact_view(
     fact: FactRecord, subject: str, obj: str, producers: dict[str, str], asof: AsOf
 ) -> FactView:
     """A fact as believed at ``asof.known_at``: an end the store had not learned by then is
-    shown as unknown. Episodes are producer ids (the episode uuid when none is stored)."""
+    shown as unknown, a start that moved since as it was then. Episodes are producer ids
+    (the episode uuid when none is stored)."""
     invalid_at, expired_at = asof.known_end(fact)
     return FactView(
         uuid=fact.uuid,
@@ -556,7 +577,7 @@ def fact_view(
         relation=fact.name,
         object=obj,
         fact=fact.fact,
-        valid_at=iso(fact.valid_at),
+        valid_at=iso(fact.start_known_at(asof.known_at)),
         invalid_at=iso(invalid_at),
         created_at=iso(fact.created_at),
         expired_at=iso(expired_at),
@@ -829,6 +850,9 @@ SET r.name = row.name,
     r.prior_ends = coalesce(row.prior_ends, r.prior_ends),
     r.prior_ends_learned_at = coalesce(row.prior_ends_learned_at, r.prior_ends_learned_at),
     r.end_learned_at = coalesce(row.end_learned_at, r.end_learned_at),
+    r.prior_starts = coalesce(row.prior_starts, r.prior_starts),
+    r.prior_starts_learned_at = coalesce(row.prior_starts_learned_at, r.prior_starts_learned_at),
+    r.start_learned_at = coalesce(row.start_learned_at, r.start_learned_at),
     r.expired_at = coalesce(r.expired_at, row.expired_at)
 """
 
@@ -987,8 +1011,10 @@ def as_of_match(asof: AsOf, anchor: str | None = None, hints: AnchorHints | None
     its expired_at is known by then. It is valid at $valid_at when valid_at <= t < invalid_at
     (a null valid_at is an open start, a null invalid_at an open end). When the end moved
     after $known_at (``end_learned_at``), the end believed then is one of ``prior_ends``:
-    such a fact is let through here and ``AsOf.believed`` decides it; with $known_at = now
-    (the graph questions of communities) this match is exact."""
+    such a fact is let through here and ``AsOf.believed`` decides it. A start only ever moves
+    earlier (``prior_starts``), so the current valid_at lets through every fact whose start
+    believed then fits, and ``AsOf.believed`` decides those too. With $known_at = now (the
+    graph questions of communities) this match is exact."""
     where = ["r.group_id = $group_id", "r.created_at <= $known_at"]
     after_match = after_where = ""
     if anchor == "s":

@@ -143,7 +143,9 @@ def schema(dim: int) -> list[str]:
         "group_id STRING, name STRING, fact STRING, "
         "episodes STRING[], valid_at TIMESTAMP, invalid_at TIMESTAMP, created_at TIMESTAMP, "
         "expired_at TIMESTAMP, cardinality STRING, prior_ends TIMESTAMP[], "
-        "prior_ends_learned_at TIMESTAMP[], end_learned_at TIMESTAMP)",
+        "prior_ends_learned_at TIMESTAMP[], end_learned_at TIMESTAMP, "
+        "prior_starts TIMESTAMP[], prior_starts_learned_at TIMESTAMP[], "
+        "start_learned_at TIMESTAMP)",
         "CREATE NODE TABLE IF NOT EXISTS FactIndex(uuid STRING PRIMARY KEY, group_id STRING, "
         f"source_uuid STRING, target_uuid STRING, embedding {vector})",
         "CREATE NODE TABLE IF NOT EXISTS EntityLookupKey(id STRING PRIMARY KEY, "
@@ -336,9 +338,13 @@ CREATE (s)-[:RELATES_TO {uuid: $uuid, group_id: $group_id, name: $name, fact: $f
                          cardinality: CAST($cardinality AS STRING),
                          prior_ends: CAST($prior_ends AS TIMESTAMP[]),
                          prior_ends_learned_at: CAST($prior_ends_learned_at AS TIMESTAMP[]),
-                         end_learned_at: CAST($end_learned_at AS TIMESTAMP)}]->(t)
+                         end_learned_at: CAST($end_learned_at AS TIMESTAMP),
+                         prior_starts: CAST($prior_starts AS TIMESTAMP[]),
+                         prior_starts_learned_at: CAST($prior_starts_learned_at AS TIMESTAMP[]),
+                         start_learned_at: CAST($start_learned_at AS TIMESTAMP)}]->(t)
 """
-# A stored fact takes the given state, except created_at and a set expired_at.
+# A stored fact takes the given state, except created_at, a set expired_at and a stored
+# history the row does not carry.
 UPDATE_FACT = """
 MATCH (s:Entity {uuid: $source_uuid})-[r:RELATES_TO]->(t:Entity {uuid: $target_uuid})
 WHERE r.uuid = $uuid
@@ -353,6 +359,11 @@ SET r.name = $name,
         CAST($prior_ends_learned_at AS TIMESTAMP[]), r.prior_ends_learned_at
     ),
     r.end_learned_at = coalesce(CAST($end_learned_at AS TIMESTAMP), r.end_learned_at),
+    r.prior_starts = coalesce(CAST($prior_starts AS TIMESTAMP[]), r.prior_starts),
+    r.prior_starts_learned_at = coalesce(
+        CAST($prior_starts_learned_at AS TIMESTAMP[]), r.prior_starts_learned_at
+    ),
+    r.start_learned_at = coalesce(CAST($start_learned_at AS TIMESTAMP), r.start_learned_at),
     r.expired_at = coalesce(r.expired_at, CAST($expired_at AS TIMESTAMP))
 """
 CLOSE_FACT = """
@@ -458,6 +469,9 @@ ADDED_FACT_COLUMNS = (
     ("prior_ends", "ALTER TABLE RELATES_TO ADD prior_ends TIMESTAMP[]"),
     ("prior_ends_learned_at", "ALTER TABLE RELATES_TO ADD prior_ends_learned_at TIMESTAMP[]"),
     ("end_learned_at", "ALTER TABLE RELATES_TO ADD end_learned_at TIMESTAMP"),
+    ("prior_starts", "ALTER TABLE RELATES_TO ADD prior_starts TIMESTAMP[]"),
+    ("prior_starts_learned_at", "ALTER TABLE RELATES_TO ADD prior_starts_learned_at TIMESTAMP[]"),
+    ("start_learned_at", "ALTER TABLE RELATES_TO ADD start_learned_at TIMESTAMP"),
 )
 
 # Community has a fulltext index on name: created one statement per row (see the module
