@@ -86,7 +86,8 @@ class Verdict:
 # what to do. README "Retries and dead letters" shows this table.
 REASONS: dict[str, str] = {
     # -- the input record (stage validation)
-    "empty_record": "the record has no value (an empty line or a tombstone)",
+    "empty_record": "the record has no value (an empty Kafka value or a tombstone; `produce` "
+    "and `ingest` skip blank lines)",
     "oversized": "the record is over TIDEGRAPH_MAX_RECORD_BYTES, or its content over "
     "200,000 characters",
     "invalid_utf8": "the record is not UTF-8 text",

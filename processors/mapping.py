@@ -48,6 +48,9 @@ from processors.models import (
 )
 
 _TEMPLATE_FIELD = re.compile(r"\{\{|\}\}|\{([^{}]+)\}")
+# The numbers a time field may hold: what processors/temporal.py reads as epoch seconds
+# (_EPOCH) or milliseconds (_EPOCH_MS).
+_EPOCH_NUMBER = re.compile(r"^(\d{9,11}(\.\d+)?|\d{12,14})$")
 # Limits of mapped values (longer ones are dead-lettered with reason value_too_long): an
 # entity name and key as EntityDraft's, a summary, and a fact text as the LLM path keeps.
 MAX_KEY_CHARS = 512
@@ -232,6 +235,16 @@ def _time_field(record: dict[str, Any], path: str | None) -> str | None:
     value = _lookup(record, path, None)
     if value is None:
         return None
-    if not isinstance(value, str | int | float):
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise BadTime(f"time field {path!r} must be a string or a number")
-    return str(value)
+    if isinstance(value, str):
+        return value
+    # A number is a Unix time, never a phrase: read as text, 12.5 would be 5 December and
+    # 3.14 31 January 03:14 (processors/temporal.py reads epoch seconds and milliseconds).
+    text = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    if not _EPOCH_NUMBER.match(text):
+        raise BadTime(
+            f"time field {path!r} is the number {value!r}: a numeric time is epoch seconds "
+            "(9 to 11 digits) or milliseconds (12 to 14 digits)"
+        )
+    return text

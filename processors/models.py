@@ -14,7 +14,14 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 # Namespace of every deterministic uuid tidegraph derives (uuid5). Never change it: the uuids
@@ -163,8 +170,17 @@ class Episode(BaseModel):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _content_fits(cls, v: Any) -> Any:
+    def _content_fits(cls, v: Any, info: ValidationInfo) -> Any:
+        # A json episode's content is an object whatever else it is (a list is not "the
+        # wrong type" of a json episode's content but no json episode at all); an empty
+        # object is empty content, like "" (README "Retries and dead letters").
+        if info.data.get("source") == "json" and not isinstance(v, dict):
+            raise PydanticCustomError(
+                "invalid_content", "a json episode's content must be an object"
+            )
         if isinstance(v, dict):
+            if not v:
+                raise PydanticCustomError("invalid_content", "content is empty")
             if json_too_deep(v):
                 raise PydanticCustomError(
                     "too_deep", "content nests more than {limit} levels", {"limit": MAX_JSON_DEPTH}
@@ -252,6 +268,20 @@ class Extraction(BaseModel):
     facts: list[FactDraft] = Field(default_factory=list)
     mapped: bool = False  # produced by a declared mapping (no LLM)
     llm_calls: int = 0
+
+    @model_validator(mode="after")
+    def _facts_name_its_entities(self) -> Extraction:
+        # Checked here so that a hop record breaking it is unreadable (bad_hop_record) rather
+        # than an IndexError in a later stage.
+        count = len(self.entities)
+        for fact in self.facts:
+            lowest = -1 if fact.closes else 0
+            if not (0 <= fact.subject < count and lowest <= fact.object < count):
+                raise ValueError(
+                    f"fact {fact.relation} names entities {fact.subject} and {fact.object}; "
+                    f"the extraction has {count}"
+                )
+        return self
 
 
 # ----------------------------------------------------------------------------- graph records

@@ -98,8 +98,11 @@ class EpisodePipeline:
         extraction = await asyncio.to_thread(self.extractor.mapped, episode)
         lookup: EntityLookup | None = None
         if extraction is None:
-            if await self.store.episode_processed(
-                episode.group_id, episode.uuid, episode.content_hash
+            if await ahead_of(
+                "extraction",
+                lambda: self.store.episode_processed(
+                    episode.group_id, episode.uuid, episode.content_hash
+                ),
             ):
                 return self._skipped(episode)
             extraction = await run_stage("extraction", lambda: self.extractor.run(episode))
@@ -108,8 +111,11 @@ class EpisodePipeline:
             # new ones can merge with or close are read with the resolution lookup, in one
             # round trip.
             relations = sorted({f.relation for f in extraction.facts})
-            lookup = await self.resolver.lookup(
-                extraction, episode_uuid=episode.uuid, relations=relations
+            lookup = await ahead_of(
+                "resolution",
+                lambda: self.resolver.lookup(
+                    extraction, episode_uuid=episode.uuid, relations=relations
+                ),
             )
             if lookup.processed:
                 return self._skipped(episode)
@@ -144,6 +150,17 @@ class EpisodePipeline:
 
 async def _ready(value: T) -> T:
     return value
+
+
+async def ahead_of(stage: str, call: Callable[[], Awaitable[T]]) -> T:
+    """A read made for ``stage`` before it runs (the processed marker, resolution's lookup):
+    its failure is the stage's (an id reused for other content fails at resolution), as in
+    the worker, whose stage handlers make the same reads (pipelines/stages.py)."""
+    try:
+        return await call()
+    except Exception as exc:
+        STAGE_EVENTS.labels(stage, "error").inc()
+        raise StageError(stage, exc) from exc
 
 
 def _prefetched(
@@ -229,7 +246,10 @@ def _parse_episode(raw: bytes | str | dict[str, Any]) -> Episode:
             data = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             reason = "invalid_json"
-            if "UTF-8" in str(exc):
+            # orjson says "str is not valid UTF-8" for bytes that are not UTF-8; a leading
+            # byte order mark ("UTF-8 byte order mark (BOM) is not supported") is UTF-8 text
+            # that is not JSON (RFC 8259 §8.1).
+            if "not valid UTF-8" in str(exc):
                 reason = "invalid_utf8"
             elif "depth limit" in str(exc):
                 reason = "too_deep"
@@ -251,11 +271,6 @@ def _parse_episode(raw: bytes | str | dict[str, Any]) -> Episode:
             f"{'.'.join(str(p) for p in e['loc']) or 'episode'}: {e['msg']}" for e in errors
         )
         raise InvalidEpisode(f"invalid episode: {problems}", reason=_reason_of(errors[0])) from exc
-    if episode.source == "json" and not isinstance(episode.content, dict):
-        raise InvalidEpisode(
-            "invalid episode: content: a json episode's content must be an object",
-            reason="invalid_content",
-        )
     return episode
 
 

@@ -17,6 +17,7 @@ import orjson
 from pydantic import BaseModel, Field
 
 from processors.extraction import Extraction
+from processors.models import MAX_JSON_DEPTH, json_too_deep
 from processors.resolution import ResolvedEpisode
 from processors.temporal import StampedEpisode
 
@@ -107,15 +108,22 @@ class DeadLetter(BaseModel):
 
 def original_record(raw: bytes | None) -> tuple[Any, Literal["json", "text", "base64"], bool]:
     """(record, encoding, truncated) of raw input bytes for a dead letter: parsed JSON when it
-    parses, else the text, else base64; cut to MAX_DEAD_RECORD_BYTES."""
+    parses and nests no deeper than an envelope may, else the text, else base64; cut to
+    MAX_DEAD_RECORD_BYTES."""
     if raw is None:
         return None, "text", False
     truncated = len(raw) > MAX_DEAD_RECORD_BYTES
     if not truncated:
         try:
-            return orjson.loads(raw), "json", False
+            parsed = orjson.loads(raw)
         except orjson.JSONDecodeError:
             pass
+        else:
+            # JSON nested some hundred levels parses but cannot be encoded again (pydantic's
+            # and orjson's serialisers stop at about 255): the dead letter of such a record
+            # (too_deep) failed to encode and stopped the worker. It is kept as its text.
+            if not json_too_deep(parsed, MAX_JSON_DEPTH + 1):
+                return parsed, "json", False
     cut = raw[:MAX_DEAD_RECORD_BYTES]
     try:
         return cut.decode(), "text", truncated

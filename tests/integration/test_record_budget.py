@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 import threading
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,15 +16,6 @@ from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 pytestmark = pytest.mark.integration
 
 USES = re.compile(r"^(?P<subject>.+?) uses (?P<object>.+?)\.?$")
-
-
-@pytest.fixture
-async def topology(
-    kafka_bootstrap: str, neo4j_uri: str, neo4j_driver: Any, topic_prefix: str, tmp_path: Path
-) -> Any:
-    topo = Topology(kafka_bootstrap, neo4j_uri, topic_prefix, tmp_path)
-    yield topo
-    await topo.close(neo4j_driver)
 
 
 async def test_a_record_over_its_time_budget_is_dead_lettered_and_others_go_on(

@@ -12,7 +12,6 @@ import re
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -56,15 +55,6 @@ async def reference(neo4j_uri: str, tmp_path_factory: pytest.TempPathFactory) ->
         for i in range(GROUPS):
             await runtime.store.delete_group(group(run, i))
         await runtime.close()
-
-
-@pytest.fixture
-async def topology(
-    kafka_bootstrap: str, neo4j_uri: str, neo4j_driver: Any, topic_prefix: str, tmp_path: Path
-) -> Any:
-    topo = Topology(kafka_bootstrap, neo4j_uri, topic_prefix, tmp_path)
-    yield topo
-    await topo.close(neo4j_driver)
 
 
 def covering_run(run: str, partitions: int = PARTITIONS) -> str:

@@ -1,0 +1,1 @@
+"""Test corpora: inputs that the end-to-end tests send through the worker and ``ingest``."""
