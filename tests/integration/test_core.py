@@ -1072,7 +1072,7 @@ async def test_a_store_error_before_any_stage_fails_only_that_episode(
     report = await ingest(pipeline, episodes)
     assert report.episodes == 2
     assert [(f.stage, f.error_class, f.reason, f.episode_id) for f in report.failures] == [
-        ("ingest", "ConnectionError", "io", episodes[1].id)
+        ("extraction", "ConnectionError", "io", episodes[1].id)
     ]
     assert len(await values_at(store, group_id, datetime.now(UTC))) == 2
 
