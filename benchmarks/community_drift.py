@@ -41,7 +41,7 @@ from processors.communities import (
     plan_refresh,
     to_networkx,
 )
-from tidegraph.store.base import CommunityRecord, WeightedEdge
+from tidegraph.records.graph import CommunityRecord, WeightedEdge
 
 DATA = Path("/work/shared/data/yago11k/yago11k_facts.tsv")
 RESULTS = Path(__file__).parent / "results" / "community_drift.json"

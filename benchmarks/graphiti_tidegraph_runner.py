@@ -23,10 +23,10 @@ from typing import Any
 
 import orjson
 
-from processors.models import Episode
 from processors.pipeline import EpisodePipeline, ingest
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
+from tidegraph.records.episode import Episode
 from tidegraph.store.neo4j_store import Neo4jStore
 
 

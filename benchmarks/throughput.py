@@ -47,7 +47,9 @@ from typing import Any
 import orjson
 
 from benchmarks.kafka_throughput import KafkaPath, peak_rss_mb, run_kafka_path
-from processors.models import Episode, Extraction, normalize_name, stable_uuid
+from tidegraph.records.episode import Episode
+from tidegraph.records.ids import normalize_name, stable_uuid
+from tidegraph.records.stages import Extraction
 from tidegraph.testing.crm_feed import CRM_MAPPING, CrmFeed, check_graph, crm_mappings, generate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,8 +100,8 @@ def run_in_process(job: InProcessJob) -> dict[str, Any]:
 
 
 async def _in_process(job: InProcessJob) -> dict[str, Any]:
+    from pipelines.runtime import open_runtime
     from processors.pipeline import ingest
-    from tidegraph.runtime import open_runtime
     from tidegraph.settings import Settings
 
     feed = job.feed.build(job.prefix)

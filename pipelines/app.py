@@ -25,12 +25,12 @@ import faust
 from pipelines.commits import guard_commits
 from pipelines.community_agent import install_community_agent
 from pipelines.config import WorkerSettings
+from pipelines.health import HealthState
 from pipelines.lanes import KeyedLanes
+from pipelines.runtime import Runtime
 from pipelines.stages import HANDLERS, Consumed, Emit, ExtractionHandler, StageHandler
 from tidegraph.connections import KafkaConnection
-from tidegraph.health import HealthState
 from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
-from tidegraph.runtime import Runtime
 from tidegraph.settings import Settings
 from topics.names import TopicNames
 

@@ -15,10 +15,10 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from processors.failures import InvalidEpisode
-from processors.models import utc
-from processors.pipeline import parse_episode
 from tidegraph.connections import KafkaConnection
+from tidegraph.records.episode import parse_episode
+from tidegraph.records.errors import InvalidEpisode
+from tidegraph.records.times import utc
 from tidegraph.settings import Settings
 from tidegraph.store import open_store
 from topics.admin import ensure_topics, partitions_of

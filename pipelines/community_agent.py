@@ -33,11 +33,11 @@ import faust
 
 from pipelines.config import WorkerSettings
 from pipelines.retry import with_retries
+from pipelines.runtime import Runtime
 from pipelines.stages import Consumed, Emit, StageHandler
 from processors.community_service import CommunityService
 from processors.pipeline import run_stage
 from tidegraph.metrics import ASSIGNED_PARTITIONS, COMMUNITY_ASSIGNMENTS
-from tidegraph.runtime import Runtime
 from topics.names import TopicNames
 from topics.records import NewEntityRecord
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from datetime import datetime
 
-from processors.models import Episode, EpisodeRecord, utc
+from tidegraph.records.episode import Episode
+from tidegraph.records.graph import EpisodeRecord
+from tidegraph.records.times import utc
 from tidegraph.store.base import GraphStore
 
 

@@ -29,16 +29,19 @@ from pydantic import BaseModel, ValidationError
 from pipelines.config import WorkerSettings
 from pipelines.context import RecentEpisodes
 from pipelines.retry import Attempted, RetryPolicy, with_retries
+from pipelines.runtime import Runtime
 from processors.extraction import Extraction, Extractor
-from processors.failures import InvalidEpisode, root_cause
-from processors.models import Episode, utcnow
-from processors.pipeline import parse_episode, run_stage
-from processors.resolution import ResolvedEpisode, Resolver, new_entity_uuid
-from processors.temporal import StampedEpisode, Stamper
-from processors.writer import FactWriter, WriteSummary
+from processors.failures import root_cause
+from processors.pipeline import run_stage
+from processors.resolution import Resolver, new_entity_uuid
+from processors.temporal import Stamper
+from processors.writer import FactWriter
 from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, STAGE_EVENTS
-from tidegraph.runtime import Runtime
-from tidegraph.store.base import EntityLookup
+from tidegraph.records.episode import Episode, parse_episode
+from tidegraph.records.errors import InvalidEpisode
+from tidegraph.records.graph import EntityLookup
+from tidegraph.records.stages import ResolvedEpisode, StampedEpisode, WriteSummary
+from tidegraph.records.times import utcnow
 from topics.names import TopicNames
 from topics.records import (
     MAX_RECORD_VALUE_BYTES,

@@ -5,7 +5,7 @@ another partition count, a broken mapping file) fails here, before Faust starts.
 (one store connection, one embedder, one LLM client = one global LLM rate limiter) is opened
 once on the event loop the Faust worker then runs on, and closed after the app has stopped.
 Several workers (one machine or many) with the same consumer group share the partitions.
-The HTTP port serves ``/metrics``, ``/healthz`` and ``/readyz`` (``tidegraph.health``).
+The HTTP port serves ``/metrics``, ``/healthz`` and ``/readyz`` (``pipelines.health``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from neo4j.exceptions import DriverError, Neo4jError
 
 from pipelines.app import create_app
 from pipelines.config import WorkerSettings
+from pipelines.health import HealthState, health_routes
 from pipelines.observability import ObservabilityServer, Response
+from pipelines.runtime import open_runtime
 from tidegraph.connections import ConnectionSettingsError, KafkaConnection, neo4j_driver_options
-from tidegraph.health import HealthState, health_routes
-from tidegraph.runtime import open_runtime
 from tidegraph.settings import Settings
 from tidegraph.store import StoreSchemaError
 from topics.admin import TopicSetupError, ensure_topics

@@ -27,8 +27,8 @@ from sklearn.metrics import (
     normalized_mutual_info_score,
 )
 
-from processors.models import stable_uuid
-from tidegraph.store.base import CommunityRecord, WeightedEdge
+from tidegraph.records.graph import CommunityRecord, WeightedEdge
+from tidegraph.records.ids import stable_uuid
 
 Partition = Mapping[str, str]
 MIN_COMMUNITY_SIZE = 2

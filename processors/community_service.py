@@ -35,7 +35,6 @@ from processors.communities import (
     plan_refresh,
     summary_prompt,
 )
-from processors.models import utcnow
 from tidegraph.embed.base import Embedder
 from tidegraph.llm.client import LLMClient
 from tidegraph.metrics import (
@@ -47,7 +46,9 @@ from tidegraph.metrics import (
     COMMUNITY_REFRESHES,
     COMMUNITY_SUMMARIES,
 )
-from tidegraph.store.base import CommunityRecord, GraphStore
+from tidegraph.records.graph import CommunityRecord
+from tidegraph.records.times import utcnow
+from tidegraph.store.base import GraphStore
 
 LLM_STAGE = "communities"
 

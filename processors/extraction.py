@@ -9,10 +9,13 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from processors.failures import NoExtractorError
 from processors.mapping import MappingSet
-from processors.models import EntityDraft, Episode, EpisodeRecord, Extraction, FactDraft, to_label
 from processors.prompts import EXTRACTION_SYSTEM, ExtractionOutput, extraction_user
+from tidegraph.records.episode import Episode
+from tidegraph.records.errors import NoExtractorError
+from tidegraph.records.graph import EpisodeRecord
+from tidegraph.records.ids import to_label
+from tidegraph.records.stages import EntityDraft, Extraction, FactDraft
 
 log = logging.getLogger(__name__)
 

@@ -22,49 +22,8 @@ from neo4j.exceptions import DriverError, IncompleteCommit, Neo4jError
 from pydantic import ValidationError
 
 from tidegraph.llm import LLMError
+from tidegraph.records.errors import RecordError
 from tidegraph.store import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
-
-
-class RecordError(ValueError):
-    """A record that cannot be processed as it is (retrying will not help). ``reason`` is
-    the dead-letter reason, one of :data:`REASONS`."""
-
-    reason: str = "invalid_value"
-
-    def __init__(self, message: str, *, reason: str | None = None) -> None:
-        super().__init__(message)
-        if reason is not None:
-            self.reason = reason
-
-
-class InvalidEpisode(RecordError):
-    """The input record is not a valid episode envelope (stage ``validation``)."""
-
-    reason = "invalid_episode"
-
-
-class NoExtractorError(RecordError):
-    """The episode needs an LLM (or a mapping) that is not configured."""
-
-    reason = "no_extractor"
-
-
-class MappingError(RecordError):
-    """A record matched a mapping rule but cannot be mapped (missing field, bad value)."""
-
-    reason = "mapping_bad_value"
-
-
-class BadTime(RecordError):
-    """A time a mapping declared cannot be read (not a date, too long, out of range)."""
-
-    reason = "bad_time"
-
-
-class ValueTooLong(RecordError):
-    """A name, key, summary or fact text over its limit."""
-
-    reason = "value_too_long"
 
 
 class StageError(Exception):

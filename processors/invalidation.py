@@ -36,9 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from processors.models import FactRecord, normalize_name, stable_uuid
-from processors.temporal import StampedFact
-from tidegraph.store.base import FactClosure
+from tidegraph.records.graph import FactClosure, FactRecord
+from tidegraph.records.ids import normalize_name, stable_uuid
+from tidegraph.records.stages import StampedFact
 
 
 @dataclass(frozen=True)

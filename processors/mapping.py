@@ -37,15 +37,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from processors.failures import BadTime, MappingError, ValueTooLong
-from processors.models import (
-    MAX_NAME_CHARS,
-    EntityDraft,
-    Episode,
-    Extraction,
-    FactDraft,
-    to_label,
-)
+from tidegraph.records.episode import MAX_NAME_CHARS, Episode
+from tidegraph.records.errors import BadTime, MappingError, ValueTooLong
+from tidegraph.records.ids import to_label
+from tidegraph.records.stages import EntityDraft, Extraction, FactDraft
 
 _TEMPLATE_FIELD = re.compile(r"\{\{|\}\}|\{([^{}]+)\}")
 # The numbers a time field may hold: what processors/temporal.py reads as epoch seconds

@@ -12,20 +12,20 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import orjson
-from pydantic import ValidationError
-
 from processors.extraction import Extractor, StructuredLLM
-from processors.failures import REASONS, InvalidEpisode, StageError, classify
+from processors.failures import StageError, classify
 from processors.mapping import MappingSet
-from processors.models import MAX_JSON_DEPTH, Episode, Extraction, FactRecord, json_too_deep
 from processors.resolution import Resolution, Resolver
-from processors.temporal import StampedEpisode, Stamper
-from processors.writer import FactWriter, WriteSummary, prefetched_candidates
+from processors.temporal import Stamper
+from processors.writer import FactWriter, prefetched_candidates
 from tidegraph.embed.base import Embedder
 from tidegraph.embed.cache import CachingEmbedder
 from tidegraph.metrics import IN_FLIGHT, STAGE_EVENTS, STAGE_LATENCY
-from tidegraph.store.base import EntityLookup, GraphStore
+from tidegraph.records.episode import Episode, parse_episode
+from tidegraph.records.errors import InvalidEpisode
+from tidegraph.records.graph import EntityLookup, FactRecord
+from tidegraph.records.stages import Extraction, StampedEpisode, WriteSummary
+from tidegraph.store.base import GraphStore
 
 T = TypeVar("T")
 
@@ -208,83 +208,6 @@ class IngestReport:
             f"({self.facts_born_closed} born closed), {self.llm_calls} LLM calls, "
             f"{len(self.failures)} failed, {self.seconds:.1f}s"
         )
-
-
-# pydantic's error types that name a reason by themselves (Episode's own checks raise their
-# reason as the error type).
-_PYDANTIC_REASONS = {"missing": "missing_field", "extra_forbidden": "unknown_field"}
-_FIELD_REASONS = {
-    "id": "invalid_id",
-    "group_id": "invalid_group_id",
-    "source": "unknown_source",
-    "reference_time": "bad_timestamp",
-    "name": "field_too_long",
-    "source_description": "field_too_long",
-}
-
-
-def parse_episode(raw: bytes | str | dict[str, Any]) -> Episode:
-    """Validate one envelope. Raises InvalidEpisode (a ValueError) with a readable message and
-    the dead-letter reason of the first problem found; never anything else."""
-    try:
-        return _parse_episode(raw)
-    except InvalidEpisode:
-        raise
-    except Exception as exc:  # a check this module did not foresee: still the record's fault
-        raise InvalidEpisode(
-            f"invalid episode: {type(exc).__name__}: {exc}", reason="invalid_episode"
-        ) from exc
-
-
-def _parse_episode(raw: bytes | str | dict[str, Any]) -> Episode:
-    if isinstance(raw, dict):
-        data: Any = raw
-    else:
-        if not raw.strip():
-            raise InvalidEpisode("the record is empty", reason="empty_record")
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            reason = "invalid_json"
-            # orjson says "str is not valid UTF-8" for bytes that are not UTF-8; a leading
-            # byte order mark ("UTF-8 byte order mark (BOM) is not supported") is UTF-8 text
-            # that is not JSON (RFC 8259 §8.1).
-            if "not valid UTF-8" in str(exc):
-                reason = "invalid_utf8"
-            elif "depth limit" in str(exc):
-                reason = "too_deep"
-            raise InvalidEpisode(f"not valid JSON: {exc}", reason=reason) from exc
-    if not isinstance(data, dict):
-        raise InvalidEpisode(
-            f"an episode must be a JSON object, not {type(data).__name__}",
-            reason="not_an_object",
-        )
-    if json_too_deep(data, MAX_JSON_DEPTH + 1):
-        raise InvalidEpisode(
-            f"the record nests more than {MAX_JSON_DEPTH} levels", reason="too_deep"
-        )
-    try:
-        episode = Episode.model_validate(data)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False)
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'episode'}: {e['msg']}" for e in errors
-        )
-        raise InvalidEpisode(f"invalid episode: {problems}", reason=_reason_of(errors[0])) from exc
-    return episode
-
-
-def _reason_of(error: Any) -> str:
-    """The dead-letter reason of one of pydantic's errors about an envelope."""
-    kind = str(error["type"])
-    if kind in REASONS:
-        return kind
-    if kind in _PYDANTIC_REASONS:
-        return _PYDANTIC_REASONS[kind]
-    field = str(error["loc"][0]) if error["loc"] else ""
-    if kind.endswith("_type") and field != "source":
-        return "wrong_type"
-    return _FIELD_REASONS.get(field, "invalid_episode")
 
 
 def read_jsonl(lines: Iterable[bytes | str]) -> tuple[list[Episode], list[Failure]]:

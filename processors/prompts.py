@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from processors.models import EntityRecord, Episode, EpisodeRecord, FactRecord, iso
+from tidegraph.records.episode import Episode
+from tidegraph.records.graph import EntityRecord, EpisodeRecord, FactRecord
+from tidegraph.records.times import iso
 
 
 # ----------------------------------------------------------------------------- extraction

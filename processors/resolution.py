@@ -12,10 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel
-
 from processors.extraction import StructuredLLM
-from processors.models import EntityRecord, Extraction, normalize_name, stable_uuid, utcnow
 from processors.prompts import (
     ENTITY_RESOLUTION_SYSTEM,
     EntityResolutionOutput,
@@ -23,18 +20,15 @@ from processors.prompts import (
 )
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import ENTITIES_RESOLVED
-from tidegraph.store.base import EntityLookup, GraphStore
+from tidegraph.records.graph import EntityLookup, EntityRecord
+from tidegraph.records.ids import normalize_name, stable_uuid
+from tidegraph.records.stages import Extraction, ResolvedEpisode
+from tidegraph.records.times import utcnow
+from tidegraph.store.base import GraphStore
 
 log = logging.getLogger(__name__)
 
 CANDIDATES_PER_ENTITY = 5
-
-
-class ResolvedEpisode(BaseModel):
-    extraction: Extraction
-    entity_uuids: list[str]  # one per extraction.entities index
-    llm_calls: int = 0
-    entities_new: int = 0  # entities this episode created
 
 
 def new_entity_uuid(group_id: str, name: str, key: str | None) -> str:

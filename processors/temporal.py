@@ -12,11 +12,11 @@ import re
 from datetime import UTC, datetime
 
 import dateparser
-from pydantic import BaseModel, Field
 
-from processors.failures import BadTime
-from processors.models import Episode, utc
-from processors.resolution import ResolvedEpisode
+from tidegraph.records.episode import Episode
+from tidegraph.records.errors import BadTime
+from tidegraph.records.stages import ResolvedEpisode, StampedEpisode, StampedFact
+from tidegraph.records.times import utc
 
 _PREFIX = re.compile(
     r"^\s*(since|from|as of|starting|started|starting on|beginning|effective|until|till|to|"
@@ -124,20 +124,6 @@ def open_end(text: str) -> bool:
     return _PREFIX.sub("", text.strip()).strip().casefold() in _OPEN_END
 
 
-class StampedFact(BaseModel):
-    """A resolved fact with its interval on T, ready for invalidation and writing."""
-
-    source_uuid: str
-    target_uuid: str | None  # None only for a closing fact without an object
-    relation: str
-    fact: str
-    valid_at: datetime
-    invalid_at: datetime | None = None
-    cardinality: str | None = None
-    closes: bool = False
-    notes: list[str] = Field(default_factory=list)  # e.g. an unparseable date that was ignored
-
-
 def stamp_interval(
     valid_text: str | None, invalid_text: str | None, episode: Episode, *, strict: bool = False
 ) -> tuple[datetime, datetime | None, list[str]]:
@@ -171,17 +157,6 @@ def _when(text: str | None, episode: Episode, what: str, strict: bool) -> dateti
         return read_when(text, episode.reference_time)
     except BadTime as exc:
         raise BadTime(f"{what} {exc}") from exc
-
-
-class StampedEpisode(BaseModel):
-    """The temporal stage's output: what the writer needs for one episode."""
-
-    episode: Episode
-    mentions: list[str]  # entity uuids, episode order, unique
-    facts: list[StampedFact]
-    llm_calls: int = 0
-    mapped: bool = False
-    entities_new: int = 0
 
 
 class Stamper:

@@ -9,34 +9,19 @@ from __future__ import annotations
 
 import logging
 
-from pydantic import BaseModel
-
 from processors.extraction import StructuredLLM
 from processors.invalidation import FactDecision, plan_facts, restatement_of
-from processors.models import EntityRecord, EpisodeRecord, FactRecord, utcnow
 from processors.prompts import FACT_RESOLUTION_SYSTEM, FactResolutionOutput, fact_resolution_user
-from processors.temporal import StampedEpisode, StampedFact
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import FACTS_INVALIDATED
-from tidegraph.store.base import EpisodeWrite, GraphStore
+from tidegraph.records.graph import EntityRecord, EpisodeRecord, EpisodeWrite, FactRecord
+from tidegraph.records.stages import StampedEpisode, StampedFact, WriteSummary
+from tidegraph.records.times import utcnow
+from tidegraph.store.base import GraphStore
 
 log = logging.getLogger(__name__)
 
 MAX_CANDIDATES_PER_FACT = 12
-
-
-class WriteSummary(BaseModel):
-    group_id: str
-    episode_uuid: str
-    episode_id: str
-    skipped: bool = False  # already processed (a redelivery or replay)
-    facts_new: int = 0
-    facts_merged: int = 0
-    facts_closed: int = 0
-    facts_born_closed: int = 0
-    entities: int = 0  # entities the episode mentions
-    entities_new: int = 0  # of which it created
-    llm_calls: int = 0
 
 
 class FactWriter:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tidegraph.local_services import LocalServices, ServiceError, probe_kafka_sync, probe_neo4j
+from tidegraph.app.local_services import LocalServices, ServiceError, probe_kafka_sync, probe_neo4j
 from tidegraph.settings import Settings
 
 KEEP = os.environ.get("TIDEGRAPH_KEEP_SERVICES") == "1"

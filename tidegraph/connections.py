@@ -16,15 +16,14 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from tidegraph.settings import KafkaSaslMechanism, KafkaSecurityProtocol
 
 if TYPE_CHECKING:
     from faust.types.auth import CredentialsT
 
     from tidegraph.settings import Settings
-
-KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-KafkaSaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
 class ConnectionSettingsError(ValueError):

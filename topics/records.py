@@ -17,9 +17,8 @@ import orjson
 from pydantic import BaseModel, Field
 
 from processors.extraction import Extraction
-from processors.models import MAX_JSON_DEPTH, json_too_deep
-from processors.resolution import ResolvedEpisode
-from processors.temporal import StampedEpisode
+from tidegraph.records.episode import MAX_JSON_DEPTH, json_too_deep
+from tidegraph.records.stages import ResolvedEpisode, StampedEpisode
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -23,8 +23,13 @@ from typing import Any, Literal
 import orjson
 
 from processors.mapping import MAX_FACT_CHARS, MAX_KEY_CHARS, MAX_SUMMARY_CHARS
-from processors.models import MAX_CONTENT_CHARS, MAX_GROUP_ID_CHARS, MAX_ID_CHARS, MAX_NAME_CHARS
 from processors.temporal import MAX_TIME_TEXT
+from tidegraph.records.episode import (
+    MAX_CONTENT_CHARS,
+    MAX_GROUP_ID_CHARS,
+    MAX_ID_CHARS,
+    MAX_NAME_CHARS,
+)
 from tidegraph.testing.crm_feed import contact_record, plan_record, ticket_record
 
 # The Kafka key `tidegraph produce` gives a line: its group_id, when it has a string one.

@@ -21,13 +21,12 @@ from pydantic import ValidationError
 
 from pipelines.client import Produced, ProduceReport, describe_line, producer_for
 from processors.extraction import Extractor
-from processors.failures import InvalidEpisode, RecordError
-from processors.models import Episode
-from processors.pipeline import parse_episode
 from processors.temporal import stamp_interval
 from tests.corpus.bad_records import GROUP_KEY, BadCase, Corpus, bad_corpus
 from tests.integration.topology_harness import REPO, TIDEGRAPH, Topology, eventually
 from tidegraph.connections import KafkaConnection
+from tidegraph.records.episode import Episode, parse_episode
+from tidegraph.records.errors import InvalidEpisode, RecordError
 from tidegraph.settings import Settings
 from tidegraph.store import open_store
 from tidegraph.testing.crm_feed import CRM_MAPPING, crm_feed, crm_mappings, group_name

@@ -16,9 +16,10 @@ from neo4j import AsyncGraphDatabase
 
 from processors.communities import groups, label_propagation
 from processors.community_service import CommunityService
-from processors.models import EntityRecord, EpisodeRecord, FactRecord, stable_uuid
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm.client import LLMClient
+from tidegraph.records.graph import EntityRecord, EpisodeRecord, FactRecord
+from tidegraph.records.ids import stable_uuid
 from tidegraph.store import EpisodeWrite, FactClosure, GraphStore
 from tidegraph.store.kuzu_store import KuzuStore
 from tidegraph.store.neo4j_store import Neo4jStore

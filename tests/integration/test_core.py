@@ -33,10 +33,11 @@ import pytest
 import yaml
 
 from processors.mapping import MappingSet
-from processors.models import Episode, normalize_name, to_relation_name
 from processors.pipeline import EpisodePipeline, IngestReport, ingest
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
+from tidegraph.records.episode import Episode
+from tidegraph.records.ids import normalize_name, to_relation_name
 from tidegraph.store.neo4j_store import Neo4jStore
 from tidegraph.testing import crm_feed as crm
 from tidegraph.testing.fake_llm import TIMEOUT_STATUS, FakeRequest, ScriptedLLMServer
@@ -1168,7 +1169,7 @@ async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
 # ============================================================================= the CLI
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tidegraph.cli", *args],
+        [sys.executable, "-m", "tidegraph.app.cli", *args],
         env=env,
         capture_output=True,
         text=True,

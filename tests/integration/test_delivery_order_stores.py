@@ -23,9 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.models import Episode, FactView, iso
 from processors.pipeline import EpisodePipeline
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.records.episode import Episode
+from tidegraph.records.graph import FactView
+from tidegraph.records.times import iso
 from tidegraph.store.base import GraphStore
 from tidegraph.store.kuzu_store import KuzuStore
 from tidegraph.store.neo4j_store import Neo4jStore

@@ -22,8 +22,8 @@ import orjson
 import pytest
 
 from processors.mapping import MappingSet
-from processors.pipeline import parse_episode
-from tidegraph import demo
+from tidegraph.app import demo
+from tidegraph.records.episode import parse_episode
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 TIDEGRAPH = Path(sys.executable).parent / "tidegraph"

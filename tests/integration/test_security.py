@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.integration.topology_harness import Topology
-from tidegraph.local_services import LOCAL_SASL_PASSWORD, LOCAL_SASL_USERNAME, LocalServices
+from tidegraph.app.local_services import LOCAL_SASL_PASSWORD, LOCAL_SASL_USERNAME, LocalServices
 from tidegraph.settings import Settings
 from tidegraph.testing.crm_feed import crm_feed
 

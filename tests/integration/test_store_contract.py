@@ -16,15 +16,17 @@ from typing import Any
 import pytest
 from neo4j import AsyncGraphDatabase
 
-from processors.models import (
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import (
+    CommunityRecord,
     EntityRecord,
     EpisodeRecord,
     FactRecord,
     FactView,
-    iso,
-    normalize_name,
-    stable_uuid,
+    WeightedEdge,
 )
+from tidegraph.records.ids import normalize_name, stable_uuid
+from tidegraph.records.times import iso
 from tidegraph.settings import Settings
 from tidegraph.store import (
     EpisodeConflictError,
@@ -35,11 +37,9 @@ from tidegraph.store import (
     StoreSchemaError,
     open_store,
 )
-from tidegraph.store.base import CommunityRecord, WeightedEdge
 from tidegraph.store.cypher import (
     NEO4J_ANCHOR_HINTS,
     SEARCH_STOP_WORDS,
-    AsOf,
     as_of_params,
     entity_graph_cypher,
     query_facts_cypher,

@@ -18,11 +18,11 @@ import orjson
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from processors.models import MAX_CONTENT_CHARS, Episode
+from pipelines.runtime import open_runtime
 from processors.pipeline import ingest
 from tests.integration.graph_compare import comparable, creation_order_problems, exact
 from tests.integration.topology_harness import PARTITIONS, Topology, Worker, eventually
-from tidegraph.runtime import open_runtime
+from tidegraph.records.episode import MAX_CONTENT_CHARS, Episode
 from tidegraph.settings import Settings
 from tidegraph.testing.crm_feed import CRM_MAPPING, crm_feed
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 import orjson
 
-from benchmarks.kafka_throughput import free_port, metric_value, scrape
 from pipelines.client import (
     ProduceReport,
     StalledError,
@@ -32,6 +31,7 @@ from tidegraph.settings import Settings
 from tidegraph.store import open_store
 from tidegraph.store.base import GraphStore
 from tidegraph.testing.crm_feed import CRM_MAPPING
+from tidegraph.testing.metrics import free_port, metric_value, scrape
 from tidegraph.testing.processes import terminate_with_parent
 from topics.admin import delete_topics
 from topics.names import TopicNames

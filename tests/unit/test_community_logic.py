@@ -26,7 +26,7 @@ from processors.communities import (
     to_networkx,
 )
 from tidegraph.llm.client import strict_json_schema
-from tidegraph.store.base import CommunityRecord, WeightedEdge
+from tidegraph.records.graph import CommunityRecord, WeightedEdge
 
 
 def edges_of(pairs: list[tuple[str, str]], weight: int = 1) -> list[WeightedEdge]:

@@ -22,10 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processors.invalidation import plan_facts
-from processors.models import FactRecord
-from processors.temporal import StampedFact
 from processors.writer import candidate_reads
-from tidegraph.store.cypher import AsOf
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import FactRecord
+from tidegraph.records.stages import StampedFact
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 NOW0 = datetime(2030, 1, 1, tzinfo=UTC)  # ingestion time: later than every event time

@@ -14,21 +14,19 @@ import orjson
 import pytest
 from neo4j.exceptions import IncompleteCommit, ServiceUnavailable, TransientError
 
-from processors.failures import (
-    REASONS,
+from processors.failures import REASONS, StageError, classify
+from processors.pipeline import read_jsonl
+from processors.temporal import MAX_TIME_TEXT, Stamper, parse_when, stamp_interval
+from tidegraph.llm import LLMError
+from tidegraph.records.episode import CUSTOM_REASONS, Episode, parse_episode
+from tidegraph.records.errors import (
     BadTime,
     InvalidEpisode,
     MappingError,
     NoExtractorError,
-    StageError,
     ValueTooLong,
-    classify,
 )
-from processors.models import EntityDraft, Episode, Extraction, FactDraft
-from processors.pipeline import parse_episode, read_jsonl
-from processors.resolution import ResolvedEpisode
-from processors.temporal import MAX_TIME_TEXT, Stamper, parse_when, stamp_interval
-from tidegraph.llm import LLMError
+from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, ResolvedEpisode
 from tidegraph.store import EpisodeConflictError, StoreIntegrityError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -213,11 +211,12 @@ def test_every_reason_a_failure_can_carry_is_documented_in_the_readme() -> None:
 
 
 def test_record_errors_carry_documented_reasons() -> None:
-    import processors.failures as failures
+    assert CUSTOM_REASONS <= set(REASONS)
+    import tidegraph.records.errors as errors
 
-    for name in dir(failures):
-        value = getattr(failures, name)
-        if isinstance(value, type) and issubclass(value, failures.RecordError):
+    for name in dir(errors):
+        value = getattr(errors, name)
+        if isinstance(value, type) and issubclass(value, errors.RecordError):
             assert value.reason in REASONS, name
 
 

@@ -37,7 +37,7 @@ def test_unreachable_service_fails_and_names_it(
 
 
 def test_kafka_cluster_ids_never_start_with_a_dash() -> None:
-    from tidegraph.local_services import _kafka_cluster_id
+    from tidegraph.app.local_services import _kafka_cluster_id
 
     ids = [_kafka_cluster_id() for _ in range(5000)]  # ~1 in 64 would start with '-'
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)

@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
+from pipelines.health import HealthState, health_routes, start_http_server
 from tidegraph import metrics
-from tidegraph.health import HealthState, health_routes, start_http_server
 
 
 class FakeClock:

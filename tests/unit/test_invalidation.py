@@ -13,8 +13,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from processors.invalidation import FactDecision, FactPlan, plan_facts, valid_at_time
-from processors.models import FactRecord
-from processors.temporal import StampedFact
+from tidegraph.records.asof import end_known_at, start_known_at
+from tidegraph.records.graph import FactRecord
+from tidegraph.records.stages import StampedFact
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 NOW0 = datetime(2030, 1, 1, tzinfo=UTC)  # ingestion time: later than every event time
@@ -96,8 +97,8 @@ class Graph:
             and f.name == relation
             and f.created_at is not None
             and f.created_at <= k
-            and ((start := f.start_known_at(k)) is None or start <= t)
-            and ((end := f.end_known_at(k)) is None or t < end)
+            and ((start := start_known_at(f, k)) is None or start <= t)
+            and ((end := end_known_at(f, k)) is None or t < end)
         )
 
     def value_at(self, subject: str, relation: str, t: datetime) -> list[str]:
@@ -205,7 +206,7 @@ def test_a_moved_end_keeps_what_was_believed_before() -> None:
 
     assert [belief(15, k) for k in (0, 1, 2)] == [["basic"], ["basic"], ["pro"]]
     assert [belief(25, k) for k in (0, 1, 2)] == [["basic"], ["enterprise"], ["enterprise"]]
-    assert [basic.end_known_at(NOW0 + timedelta(seconds=k)) for k in (0, 1, 2)] == [
+    assert [end_known_at(basic, NOW0 + timedelta(seconds=k)) for k in (0, 1, 2)] == [
         None,
         day(20),
         day(10),
@@ -220,7 +221,7 @@ def test_an_end_moved_twice_keeps_both_earlier_ends() -> None:
     graph.ingest("e1", [one("acct", "HAS_PLAN", "team", 10)])
     basic = next(f for f in graph.facts.values() if f.target_uuid == "basic")
     assert (basic.prior_ends, basic.invalid_at) == ([day(30), day(20)], day(10))
-    ends = [basic.end_known_at(NOW0 + timedelta(seconds=k)) for k in range(4)]
+    ends = [end_known_at(basic, NOW0 + timedelta(seconds=k)) for k in range(4)]
     assert ends == [None, day(30), day(20), day(10)]
 
 
@@ -543,7 +544,7 @@ def test_a_late_restatement_moves_the_start_and_keeps_what_was_believed_before()
 
     assert [belief(3, k) for k in (0, 1)] == [[], ["acme"]]
     assert [belief(6, k) for k in (0, 1)] == [["acme"], ["acme"]]
-    starts = [fact.start_known_at(NOW0 + timedelta(seconds=k)) for k in (-1, 0, 1, 2)]
+    starts = [start_known_at(fact, NOW0 + timedelta(seconds=k)) for k in (-1, 0, 1, 2)]
     assert starts == [day(5), day(5), day(1), day(1)]
 
 
@@ -553,7 +554,7 @@ def test_a_start_moved_twice_keeps_both_earlier_starts() -> None:
         graph.ingest(episode, [for_account("ticket", "acme", at)])
     (fact,) = graph.facts.values()
     assert (fact.prior_starts, fact.valid_at) == ([day(9), day(5)], day(1))
-    starts = [fact.start_known_at(NOW0 + timedelta(seconds=k)) for k in range(3)]
+    starts = [start_known_at(fact, NOW0 + timedelta(seconds=k)) for k in range(3)]
     assert starts == [day(9), day(5), day(1)]
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from processors.extraction import Extractor
-from processors.failures import MappingError, NoExtractorError, RecordError
 from processors.mapping import MappingSet, render
-from processors.models import Episode
+from tidegraph.records.episode import Episode
+from tidegraph.records.errors import MappingError, NoExtractorError, RecordError
 
 CRM_YAML = """
 mappings:

@@ -23,8 +23,8 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
+from pipelines.health import HealthState, start_http_server
 from tidegraph import metrics
-from tidegraph.health import HealthState, start_http_server
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "grafana"

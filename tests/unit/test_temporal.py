@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from processors.models import EntityDraft, Episode, Extraction, FactDraft
-from processors.resolution import ResolvedEpisode
 from processors.temporal import open_end, parse_when, stamp, stamp_interval
+from tidegraph.records.episode import Episode
+from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, ResolvedEpisode
 
 REF = datetime(2024, 5, 10, 12, 0, tzinfo=UTC)
 

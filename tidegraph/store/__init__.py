@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tidegraph.store.base import EpisodeWrite, FactClosure, GraphStore
+from tidegraph.records.graph import EpisodeWrite, FactClosure
+from tidegraph.store.base import GraphStore
 from tidegraph.store.cypher import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
 
 if TYPE_CHECKING:

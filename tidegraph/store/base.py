@@ -13,88 +13,18 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
 from datetime import datetime
 
-from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView
-
-
-@dataclass(frozen=True)
-class FactClosure:
-    """Close a stored fact: set ``invalid_at`` (event time) and, once, ``expired_at``; when
-    the end moved, also its history (``FactRecord.prior_ends``: the full lists, so that
-    writing a closure twice is harmless). The start and its history stay as stored: a fact
-    whose start moves is written in full (``EpisodeWrite.facts``)."""
-
-    uuid: str
-    invalid_at: datetime
-    expired_at: datetime
-    prior_ends: tuple[datetime, ...] = ()
-    prior_ends_learned_at: tuple[datetime, ...] = ()
-    end_learned_at: datetime | None = None
-
-    @classmethod
-    def of(cls, fact: FactRecord) -> FactClosure:
-        """The closure that brings a stored fact to ``fact``'s end (which must be set)."""
-        if fact.invalid_at is None or fact.expired_at is None:
-            raise ValueError(f"fact {fact.uuid} has no end to write")
-        return cls(
-            fact.uuid,
-            fact.invalid_at,
-            fact.expired_at,
-            tuple(fact.prior_ends),
-            tuple(fact.prior_ends_learned_at),
-            fact.end_learned_at,
-        )
-
-
-@dataclass
-class EpisodeWrite:
-    """Everything one episode changes, written in one transaction."""
-
-    episode: EpisodeRecord
-    mentions: list[str] = field(default_factory=list)  # entity uuids the episode mentions
-    facts: list[FactRecord] = field(default_factory=list)  # upserted by uuid (full state)
-    closures: list[FactClosure] = field(default_factory=list)
-    # Entity upserts (as ``upsert_entities``) written first, in the same transaction.
-    entities: list[EntityRecord] = field(default_factory=list)
-
-
-@dataclass
-class EntityLookup:
-    """What resolution reads for one episode, in one round trip (``lookup_entities``).
-
-    Records carry neither ``name_embedding`` nor ``community_uuid`` (resolution uses
-    neither), facts no ``fact_embedding``."""
-
-    processed: bool = False  # the episode asked about is already processed (nothing else read)
-    by_key: list[EntityRecord] = field(default_factory=list)
-    by_name: list[EntityRecord] = field(default_factory=list)
-    # When relations were given: the stored facts whose source is an entity found above and
-    # whose relation is one of them (ordered like facts_touching).
-    facts: list[FactRecord] | None = None
-
-
-@dataclass
-class CommunityRecord:
-    """A stored community: ``members`` are entity uuids (an entity is in at most one).
-
-    ``name_embedding`` is written when given; ``communities()`` does not read it back."""
-
-    uuid: str
-    name: str
-    summary: str
-    members: list[str] = field(default_factory=list)
-    name_embedding: list[float] | None = None
-
-
-@dataclass(frozen=True)
-class WeightedEdge:
-    """Two entities and the number of currently valid facts between them (either way)."""
-
-    source: str
-    target: str
-    weight: int
+from tidegraph.records.graph import (
+    CommunityRecord,
+    EntityLookup,
+    EntityRecord,
+    EpisodeRecord,
+    EpisodeWrite,
+    FactRecord,
+    FactView,
+    WeightedEdge,
+)
 
 
 class GraphStore(abc.ABC):

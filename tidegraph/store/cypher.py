@@ -21,18 +21,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from processors.models import (
-    LABEL_RE,
+from tidegraph.metrics import STORE_BATCH_SIZE, STORE_WRITE_LATENCY
+from tidegraph.records.asof import AsOf, start_known_at
+from tidegraph.records.graph import (
     EntityRecord,
     EpisodeRecord,
+    EpisodeWrite,
+    FactClosure,
     FactRecord,
     FactView,
-    iso,
-    normalize_name,
-    utc,
 )
-from tidegraph.metrics import STORE_BATCH_SIZE, STORE_WRITE_LATENCY
-from tidegraph.store.base import EpisodeWrite, FactClosure
+from tidegraph.records.ids import LABEL_RE, normalize_name
+from tidegraph.records.times import iso, utc
 
 
 # ----------------------------------------------------------------------------- errors
@@ -518,52 +518,6 @@ def _time_key(value: datetime | None) -> tuple[int, datetime]:
     return (0, datetime.min.replace(tzinfo=UTC)) if value is None else (1, value)
 
 
-# ----------------------------------------------------------------------------- as-of
-@dataclass(frozen=True)
-class AsOf:
-    """A resolved ``query_facts`` question (design §3)."""
-
-    valid_at: datetime
-    known_at: datetime
-    include_invalid: bool
-    entity_uuid: str | None
-
-    @classmethod
-    def resolve(
-        cls,
-        valid_at: datetime | None,
-        known_at: datetime | None,
-        include_invalid: bool,
-        entity_uuid: str | None,
-    ) -> AsOf:
-        now = now_utc()
-        return cls(
-            valid_at=utc(valid_at) if valid_at else now,
-            known_at=utc(known_at) if known_at else now,
-            include_invalid=include_invalid,
-            entity_uuid=entity_uuid,
-        )
-
-    def known_end(self, fact: FactRecord) -> tuple[datetime | None, datetime | None]:
-        """(invalid_at, expired_at) as believed at ``known_at``: both unknown (None) until
-        ``expired_at <= known_at``; then the end believed at that time (an end that moved
-        later, when a late fact tightened it, is answered as it was then)."""
-        end = fact.end_known_at(self.known_at)
-        return (end, fact.expired_at) if end is not None else (None, None)
-
-    def believed(self, fact: FactRecord) -> bool:
-        """The exact as-of test (``as_of_match`` lets through a superset when an end or a
-        start moved)."""
-        if fact.created_at is None or fact.created_at > self.known_at:
-            return False
-        if self.include_invalid:
-            return True
-        end = fact.end_known_at(self.known_at)
-        start = fact.start_known_at(self.known_at)
-        started = start is None or start <= self.valid_at
-        return started and (end is None or self.valid_at < end)
-
-
 def fact_view(
     fact: FactRecord, subject: str, obj: str, producers: dict[str, str], asof: AsOf
 ) -> FactView:
@@ -577,7 +531,7 @@ def fact_view(
         relation=fact.name,
         object=obj,
         fact=fact.fact,
-        valid_at=iso(fact.start_known_at(asof.known_at)),
+        valid_at=iso(start_known_at(fact, asof.known_at)),
         invalid_at=iso(invalid_at),
         created_at=iso(fact.created_at),
         expired_at=iso(expired_at),

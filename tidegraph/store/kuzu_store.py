@@ -45,28 +45,26 @@ from typing import Any, TypeVar
 
 import kuzu
 
-from processors.models import (
-    EntityRecord,
-    EpisodeRecord,
-    FactRecord,
-    FactView,
-    normalize_name,
-    utc,
-)
 from tidegraph.metrics import STORE_ERRORS, STORE_MAINTENANCE_LATENCY
-from tidegraph.store import cypher as q
-from tidegraph.store.base import (
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import (
     CommunityRecord,
     EntityLookup,
+    EntityRecord,
+    EpisodeRecord,
     EpisodeWrite,
-    GraphStore,
+    FactRecord,
+    FactView,
     WeightedEdge,
 )
+from tidegraph.records.ids import normalize_name
+from tidegraph.records.times import utc
+from tidegraph.store import cypher as q
+from tidegraph.store.base import GraphStore
 from tidegraph.store.cypher import (
     ENTITY_FIELDS,
     EPISODE_FIELDS,
     FACT_FIELDS,
-    AsOf,
     EntityState,
     StoredFact,
     StoreSchemaError,

@@ -21,21 +21,25 @@ from neo4j import (
 )
 from neo4j.exceptions import ClientError, ServiceUnavailable, SessionExpired, TransientError
 
-from processors.models import EntityRecord, EpisodeRecord, FactRecord, FactView, utc
 from tidegraph.connections import neo4j_driver_options
 from tidegraph.metrics import STORE_BATCH_SIZE, STORE_ERRORS
-from tidegraph.settings import Settings
-from tidegraph.store import cypher as q
-from tidegraph.store.base import (
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import (
     CommunityRecord,
     EntityLookup,
+    EntityRecord,
+    EpisodeRecord,
     EpisodeWrite,
-    GraphStore,
+    FactRecord,
+    FactView,
     WeightedEdge,
 )
+from tidegraph.records.times import utc
+from tidegraph.settings import Settings
+from tidegraph.store import cypher as q
+from tidegraph.store.base import GraphStore
 from tidegraph.store.batching import GroupCommit
 from tidegraph.store.cypher import (
-    AsOf,
     StoredFact,
     StoreSchemaError,
     as_of_params,

@@ -23,7 +23,8 @@ from typing import Any
 import yaml
 
 from processors.mapping import MappingSet
-from processors.models import Episode, iso
+from tidegraph.records.episode import Episode
+from tidegraph.records.times import iso
 from tidegraph.store.base import GraphStore
 
 # The company_note rule stays last: tests cut the mapping text at it.

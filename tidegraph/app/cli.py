@@ -41,7 +41,7 @@ def services_up(
     neo4j: bool = typer.Option(True, help="Start Neo4j."),
 ) -> None:
     """Fetch (once) and start Kafka and Neo4j on loopback; a no-op for what already runs."""
-    from tidegraph.local_services import LocalServices, ServiceError
+    from tidegraph.app.local_services import LocalServices, ServiceError
 
     _setup_logging()
     names = tuple(n for n, on in (("kafka", kafka), ("neo4j", neo4j)) if on)
@@ -59,7 +59,7 @@ def services_up(
 @services_app.command("down")
 def services_down() -> None:
     """Stop the Kafka and Neo4j processes that `services up` started (by pid file)."""
-    from tidegraph.local_services import LocalServices
+    from tidegraph.app.local_services import LocalServices
 
     stopped = LocalServices(get_settings()).down()
     console.print(f"stopped: {', '.join(stopped) if stopped else 'nothing (none running)'}")
@@ -68,7 +68,7 @@ def services_down() -> None:
 @services_app.command("status")
 def services_status() -> None:
     """Show whether the local services run and answer their probes."""
-    from tidegraph.local_services import LocalServices
+    from tidegraph.app.local_services import LocalServices
 
     _print_status(LocalServices(get_settings()))
 
@@ -88,7 +88,7 @@ def demo(
     ),
 ) -> None:
     """Run the main job on the embedded default (no Kafka, no Neo4j, no API key)."""
-    from tidegraph.demo import run_demo
+    from tidegraph.app.demo import run_demo
 
     asyncio.run(run_demo(data_dir=data_dir, console=console))
 
@@ -114,7 +114,7 @@ def ingest(
     that fail are reported with their dead-letter reason and the rest go on."""
     settings = get_settings()
     if via == "kafka":
-        from tidegraph.cli_kafka import ingest_via_kafka
+        from tidegraph.app.cli_kafka import ingest_via_kafka
 
         ingest_via_kafka(path, settings)
         return
@@ -174,8 +174,8 @@ def _report_failures(failures: list, path: Path | None) -> None:  # type: ignore
 async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrency: int):  # type: ignore[no-untyped-def]
     from rich.progress import Progress
 
+    from pipelines.runtime import open_runtime
     from processors.pipeline import ingest as run_ingest
-    from tidegraph.runtime import open_runtime
 
     runtime = await open_runtime(settings, mapping_path=mapping)
     try:
@@ -270,12 +270,12 @@ async def _list_entities(group: str):  # type: ignore[no-untyped-def]
         await store.close()
 
 
-from tidegraph.cli_communities import communities_app  # noqa: E402
+from tidegraph.app.cli_communities import communities_app  # noqa: E402
 
 app.add_typer(communities_app, name="communities")
 
 # Kafka commands (worker, produce, dlq) live in their own module.
-from tidegraph import cli_kafka as _cli_kafka  # noqa: E402,F401  (registers commands on `app`)
+from tidegraph.app import cli_kafka as _cli_kafka  # noqa: E402,F401  (registers commands on `app`)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -6,7 +6,7 @@ Kafka, no Neo4j, no API key, no network. Support-ticket messages need an LLM: wi
 are skipped with a line saying how to enable them; with one they are extracted live. Every
 answer printed afterwards is read back from the graph.
 
-``python -m tidegraph.demo scale N`` writes a larger copy of the sample feed (N records) to
+``python -m tidegraph.app.demo scale N`` writes a larger copy of the sample feed (N records) to
 stdout, for measuring the ingest speed (see docs/demo.md).
 """
 
@@ -25,10 +25,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from processors.models import EntityRecord, Episode, FactView
+from pipelines.runtime import Runtime, open_runtime
 from processors.pipeline import Failure, IngestReport, ingest, read_jsonl
 from tidegraph.embed import MiniLMEmbedder
-from tidegraph.runtime import Runtime, open_runtime
+from tidegraph.records.episode import Episode
+from tidegraph.records.graph import EntityRecord, FactView
 from tidegraph.settings import Settings
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -437,7 +438,7 @@ def _renamed(episode: dict[str, Any], copy: int) -> dict[str, Any]:
 
 def _main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "scale" or not argv[1].isdigit():
-        sys.stderr.write("usage: python -m tidegraph.demo scale RECORDS > feed.jsonl\n")
+        sys.stderr.write("usage: python -m tidegraph.app.demo scale RECORDS > feed.jsonl\n")
         return 2
     for episode in scaled_feed(int(argv[1])):
         sys.stdout.write(orjson.dumps(episode).decode() + "\n")

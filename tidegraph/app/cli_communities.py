@@ -6,7 +6,7 @@
 With ``--json`` one object per line: ``{"uuid", "name", "summary", "members": [names],
 "size"}``, largest community first.
 
-Registered by ``tidegraph.cli`` as ``app.add_typer(communities_app, name="communities")``.
+Registered by ``tidegraph.app.cli`` as ``app.add_typer(communities_app, name="communities")``.
 """
 
 from __future__ import annotations

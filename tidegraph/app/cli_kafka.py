@@ -1,7 +1,7 @@
 """Kafka commands of the ``tidegraph`` CLI: worker, produce, dlq list/replay, ingest --via kafka.
 
-Registration: ``tidegraph/cli.py`` imports this module at its bottom, after ``app`` exists;
-importing it registers the commands on that ``app`` (module-level ``from tidegraph.cli import
+Registration: ``tidegraph/app/cli.py`` imports this module at its bottom, after ``app`` exists;
+importing it registers the commands on that ``app`` (module-level ``from tidegraph.app.cli import
 app``, which also works when this module is imported first). Heavy imports (Faust, aiokafka,
 the pipelines) happen inside the commands.
 """
@@ -20,7 +20,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tidegraph.cli import _when, app, console, err
+from tidegraph.app.cli import _when, app, console, err
 from tidegraph.settings import Settings, get_settings
 
 if TYPE_CHECKING:

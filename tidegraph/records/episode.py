@@ -1,0 +1,260 @@
+"""The input envelope (README "Topics") and its validation: ``parse_episode`` turns raw bytes
+into an ``Episode`` or raises ``InvalidEpisode`` with the dead-letter reason of the first
+problem found."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from tidegraph.records.errors import InvalidEpisode
+from tidegraph.records.ids import _CONTROL, stable_uuid
+from tidegraph.records.times import iso, utc
+
+MAX_CONTENT_CHARS = 200_000
+
+
+MAX_NAME_CHARS = 512
+
+
+MAX_ID_CHARS = 512
+
+
+MAX_GROUP_ID_CHARS = 256
+
+
+# Objects and arrays nested deeper than this are refused before anything recursive (pydantic,
+# str(), orjson's 254-level encoder) can meet them.
+MAX_JSON_DEPTH = 64
+
+
+def json_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when ``value`` nests dicts/lists more than ``limit`` levels (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+# ----------------------------------------------------------------------------- episodes
+class Episode(BaseModel):
+    """The input envelope (README "Topics"). Kafka key = group_id.
+
+    ``id`` and ``group_id`` are kept exactly as sent: padding or control characters are
+    refused, never trimmed (trimming would merge tenant "X " into "X"). A numeric
+    ``reference_time`` is epoch seconds. Validation never raises anything but pydantic's
+    ValidationError; custom problems carry their dead-letter reason as the error type."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    group_id: str = Field(min_length=1, max_length=MAX_GROUP_ID_CHARS)
+    source: Literal["message", "text", "json"]
+    name: str = Field("", max_length=MAX_NAME_CHARS)
+    source_description: str = Field("", max_length=1024)
+    content: str | dict[str, Any]
+    reference_time: datetime
+
+    @field_validator("id", "group_id", mode="before")
+    @classmethod
+    def _exact_id(cls, v: Any, info: Any) -> Any:
+        if isinstance(v, str) and (v != v.strip() or _CONTROL.search(v)):
+            reason = "invalid_id" if info.field_name == "id" else "invalid_group_id"
+            raise PydanticCustomError(
+                reason,
+                "{field} {value} has leading/trailing spaces or control characters; it is "
+                "kept exactly as sent, so send it without them",
+                {"field": info.field_name, "value": repr(v[:80])},
+            )
+        return v
+
+    @field_validator("reference_time", mode="before")
+    @classmethod
+    def _epoch_seconds(cls, v: Any) -> Any:
+        if isinstance(v, str) and _NUMBER.match(v.strip()):
+            v = float(v)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            try:
+                return datetime.fromtimestamp(v, UTC)
+            except (OverflowError, OSError, ValueError):
+                raise PydanticCustomError(
+                    "bad_timestamp",
+                    "reference_time {value} is read as seconds since 1970 and is out of range "
+                    "(send ISO 8601 or epoch seconds)",
+                    {"value": v},
+                ) from None
+        return v
+
+    @field_validator("reference_time")
+    @classmethod
+    def _aware_utc(cls, v: datetime) -> datetime:
+        try:
+            return utc(v)
+        except OverflowError:
+            raise PydanticCustomError(
+                "bad_timestamp",
+                "reference_time {value} is out of range once converted to UTC",
+                {"value": v.isoformat()},
+            ) from None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_fits(cls, v: Any, info: ValidationInfo) -> Any:
+        # A json episode's content is an object whatever else it is (a list is not "the
+        # wrong type" of a json episode's content but no json episode at all); an empty
+        # object is empty content, like "" (README "Retries and dead letters").
+        if info.data.get("source") == "json" and not isinstance(v, dict):
+            raise PydanticCustomError(
+                "invalid_content", "a json episode's content must be an object"
+            )
+        if isinstance(v, dict):
+            if not v:
+                raise PydanticCustomError("invalid_content", "content is empty")
+            if json_too_deep(v):
+                raise PydanticCustomError(
+                    "too_deep", "content nests more than {limit} levels", {"limit": MAX_JSON_DEPTH}
+                )
+            size = len(_canonical_json(v))
+        elif isinstance(v, str):
+            if not v.strip():
+                raise PydanticCustomError("invalid_content", "content is empty")
+            size = len(v)
+        else:
+            return v  # pydantic refuses it with its own type error
+        if size > MAX_CONTENT_CHARS:
+            raise PydanticCustomError(
+                "oversized",
+                "content is {size} characters; the limit is {limit}",
+                {"size": size, "limit": MAX_CONTENT_CHARS},
+            )
+        return v
+
+    @property
+    def uuid(self) -> str:
+        return stable_uuid("episode", self.group_id, self.id)
+
+    def content_text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return _canonical_json(self.content)
+
+    @property
+    def content_hash(self) -> str:
+        """What identifies the episode's content (everything but its ids): a re-sent episode
+        has the same hash; an id reused for other content has another."""
+        return hashlib.sha256(
+            _canonical_json(
+                {
+                    "source": self.source,
+                    "name": self.name,
+                    "source_description": self.source_description,
+                    "content": self.content,
+                    "reference_time": iso(self.reference_time),
+                }
+            ).encode()
+        ).hexdigest()
+
+
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+def _canonical_json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+# pydantic's error types that name a reason by themselves (Episode's own checks raise their
+# reason as the error type).
+_PYDANTIC_REASONS = {"missing": "missing_field", "extra_forbidden": "unknown_field"}
+# The error types Episode's own checks raise: each is its dead-letter reason.
+CUSTOM_REASONS = frozenset(
+    {"invalid_id", "invalid_group_id", "bad_timestamp", "too_deep", "oversized", "invalid_content"}
+)
+
+
+_FIELD_REASONS = {
+    "id": "invalid_id",
+    "group_id": "invalid_group_id",
+    "source": "unknown_source",
+    "reference_time": "bad_timestamp",
+    "name": "field_too_long",
+    "source_description": "field_too_long",
+}
+
+
+def parse_episode(raw: bytes | str | dict[str, Any]) -> Episode:
+    """Validate one envelope. Raises InvalidEpisode (a ValueError) with a readable message and
+    the dead-letter reason of the first problem found; never anything else."""
+    try:
+        return _parse_episode(raw)
+    except InvalidEpisode:
+        raise
+    except Exception as exc:  # a check this module did not foresee: still the record's fault
+        raise InvalidEpisode(
+            f"invalid episode: {type(exc).__name__}: {exc}", reason="invalid_episode"
+        ) from exc
+
+
+def _parse_episode(raw: bytes | str | dict[str, Any]) -> Episode:
+    if isinstance(raw, dict):
+        data: Any = raw
+    else:
+        if not raw.strip():
+            raise InvalidEpisode("the record is empty", reason="empty_record")
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            reason = "invalid_json"
+            # orjson says "str is not valid UTF-8" for bytes that are not UTF-8; a leading
+            # byte order mark ("UTF-8 byte order mark (BOM) is not supported") is UTF-8 text
+            # that is not JSON (RFC 8259 §8.1).
+            if "not valid UTF-8" in str(exc):
+                reason = "invalid_utf8"
+            elif "depth limit" in str(exc):
+                reason = "too_deep"
+            raise InvalidEpisode(f"not valid JSON: {exc}", reason=reason) from exc
+    if not isinstance(data, dict):
+        raise InvalidEpisode(
+            f"an episode must be a JSON object, not {type(data).__name__}",
+            reason="not_an_object",
+        )
+    if json_too_deep(data, MAX_JSON_DEPTH + 1):
+        raise InvalidEpisode(
+            f"the record nests more than {MAX_JSON_DEPTH} levels", reason="too_deep"
+        )
+    try:
+        episode = Episode.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'episode'}: {e['msg']}" for e in errors
+        )
+        raise InvalidEpisode(f"invalid episode: {problems}", reason=_reason_of(errors[0])) from exc
+    return episode
+
+
+def _reason_of(error: Any) -> str:
+    """The dead-letter reason of one of pydantic's errors about an envelope."""
+    kind = str(error["type"])
+    if kind in CUSTOM_REASONS:
+        return kind
+    if kind in _PYDANTIC_REASONS:
+        return _PYDANTIC_REASONS[kind]
+    field = str(error["loc"][0]) if error["loc"] else ""
+    if kind.endswith("_type") and field != "source":
+        return "wrong_type"
+    return _FIELD_REASONS.get(field, "invalid_episode")

@@ -1,0 +1,182 @@
+"""The graph's records as the store reads and writes them (README "Architecture": data
+model), and what one episode changes in one transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+# ----------------------------------------------------------------------------- graph records
+class EntityRecord(BaseModel):
+    uuid: str
+    group_id: str
+    name: str
+    labels: list[str] = Field(default_factory=list)
+    summary: str = ""
+    key: str | None = None
+    aliases: list[str] = Field(default_factory=list)  # normalised names that resolved here
+    name_embedding: list[float] | None = None
+    created_at: datetime | None = None
+    community_uuid: str | None = None
+
+
+class FactRecord(BaseModel):
+    uuid: str
+    group_id: str
+    source_uuid: str
+    target_uuid: str
+    name: str  # relation type, UPPER_SNAKE_CASE
+    fact: str
+    fact_embedding: list[float] | None = None
+    episodes: list[str] = Field(default_factory=list)  # episode uuids
+    valid_at: datetime | None = None
+    invalid_at: datetime | None = None
+    created_at: datetime | None = None
+    expired_at: datetime | None = None
+    cardinality: Literal["one", "many"] | None = None
+    # What was believed before the end moved (a late fact tightened an already-closed
+    # interval): the earlier invalid_at values, oldest first, and when tidegraph learned each
+    # (T'); end_learned_at is when it learned the current invalid_at (None: at expired_at).
+    # Empty and None while the end has never moved, which is nearly always.
+    prior_ends: list[datetime] = Field(default_factory=list)
+    prior_ends_learned_at: list[datetime] = Field(default_factory=list)
+    end_learned_at: datetime | None = None
+    # The same for the start (an earlier restatement, delivered late, moved valid_at
+    # earlier): the earlier valid_at values, oldest first, when each was learned (T'), and
+    # when the current one was learned (None: at created_at).
+    prior_starts: list[datetime] = Field(default_factory=list)
+    prior_starts_learned_at: list[datetime] = Field(default_factory=list)
+    start_learned_at: datetime | None = None
+
+    def move_end(self, at: datetime, now: datetime) -> None:
+        """Set ``invalid_at`` to ``at`` as learned ``now``: the first end sets ``expired_at``
+        (once); moving an end already stored keeps the one it replaces in the history, so
+        that questions about an earlier belief (known-at) still see it."""
+        learned = self.end_learned_at or self.expired_at
+        if self.invalid_at is not None and learned is not None and learned < now:
+            self.prior_ends = [*self.prior_ends, self.invalid_at]
+            self.prior_ends_learned_at = [*self.prior_ends_learned_at, learned]
+            self.end_learned_at = now
+        self.invalid_at = at
+        if self.expired_at is None:
+            self.expired_at = now
+
+    def move_start(self, at: datetime, now: datetime) -> None:
+        """Set ``valid_at`` to ``at`` (earlier) as learned ``now``: the start it replaces is
+        kept in the history when it had been stored before ``now`` (see ``move_end``)."""
+        learned = self.start_learned_at or self.created_at
+        if self.valid_at is not None and learned is not None and learned < now:
+            self.prior_starts = [*self.prior_starts, self.valid_at]
+            self.prior_starts_learned_at = [*self.prior_starts_learned_at, learned]
+            self.start_learned_at = now
+        self.valid_at = at
+
+
+class EpisodeRecord(BaseModel):
+    uuid: str
+    group_id: str
+    name: str
+    source: str
+    source_description: str
+    content: str
+    valid_at: datetime
+    created_at: datetime | None = None
+    producer_id: str = ""
+    content_hash: str = ""  # Episode.content_hash; "" on episodes stored before it existed
+
+
+class FactView(BaseModel):
+    """A fact as the query commands print it (`tidegraph facts --json`)."""
+
+    uuid: str
+    subject: str
+    relation: str
+    object: str
+    fact: str
+    valid_at: str | None
+    invalid_at: str | None
+    created_at: str | None
+    expired_at: str | None
+    episodes: list[str]  # producer ids of the episodes
+
+
+@dataclass(frozen=True)
+class FactClosure:
+    """Close a stored fact: set ``invalid_at`` (event time) and, once, ``expired_at``; when
+    the end moved, also its history (``FactRecord.prior_ends``: the full lists, so that
+    writing a closure twice is harmless). The start and its history stay as stored: a fact
+    whose start moves is written in full (``EpisodeWrite.facts``)."""
+
+    uuid: str
+    invalid_at: datetime
+    expired_at: datetime
+    prior_ends: tuple[datetime, ...] = ()
+    prior_ends_learned_at: tuple[datetime, ...] = ()
+    end_learned_at: datetime | None = None
+
+    @classmethod
+    def of(cls, fact: FactRecord) -> FactClosure:
+        """The closure that brings a stored fact to ``fact``'s end (which must be set)."""
+        if fact.invalid_at is None or fact.expired_at is None:
+            raise ValueError(f"fact {fact.uuid} has no end to write")
+        return cls(
+            fact.uuid,
+            fact.invalid_at,
+            fact.expired_at,
+            tuple(fact.prior_ends),
+            tuple(fact.prior_ends_learned_at),
+            fact.end_learned_at,
+        )
+
+
+@dataclass
+class EpisodeWrite:
+    """Everything one episode changes, written in one transaction."""
+
+    episode: EpisodeRecord
+    mentions: list[str] = field(default_factory=list)  # entity uuids the episode mentions
+    facts: list[FactRecord] = field(default_factory=list)  # upserted by uuid (full state)
+    closures: list[FactClosure] = field(default_factory=list)
+    # Entity upserts (as ``upsert_entities``) written first, in the same transaction.
+    entities: list[EntityRecord] = field(default_factory=list)
+
+
+@dataclass
+class EntityLookup:
+    """What resolution reads for one episode, in one round trip (``lookup_entities``).
+
+    Records carry neither ``name_embedding`` nor ``community_uuid`` (resolution uses
+    neither), facts no ``fact_embedding``."""
+
+    processed: bool = False  # the episode asked about is already processed (nothing else read)
+    by_key: list[EntityRecord] = field(default_factory=list)
+    by_name: list[EntityRecord] = field(default_factory=list)
+    # When relations were given: the stored facts whose source is an entity found above and
+    # whose relation is one of them (ordered like facts_touching).
+    facts: list[FactRecord] | None = None
+
+
+@dataclass
+class CommunityRecord:
+    """A stored community: ``members`` are entity uuids (an entity is in at most one).
+
+    ``name_embedding`` is written when given; ``communities()`` does not read it back."""
+
+    uuid: str
+    name: str
+    summary: str
+    members: list[str] = field(default_factory=list)
+    name_embedding: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class WeightedEdge:
+    """Two entities and the number of currently valid facts between them (either way)."""
+
+    source: str
+    target: str
+    weight: int

@@ -1,0 +1,56 @@
+"""Identity: deterministic uuids and the normal forms names, relation types and labels are
+compared and stored in."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+import uuid as uuidlib
+
+# Namespace of every deterministic uuid tidegraph derives (uuid5). Never change it: the uuids
+# of stored nodes and facts depend on it.
+TIDEGRAPH_NAMESPACE = uuidlib.UUID("6f1d2a4e-3c8b-5e7a-9b1f-0d4c2e8a7b63")
+
+
+RELATION_RE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+
+
+LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+
+# Control characters (C0, DEL, C1): never part of an id or a group id.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def stable_uuid(*parts: str) -> str:
+    """A deterministic uuid from its parts, joined with the unit separator (\\x1f).
+
+    Unambiguous because only the last part of any call may contain the separator: group ids
+    and episode ids refuse control characters (``Episode``), the other leading parts are
+    constants, uuids and relation names (``RELATION_RE``)."""
+    return str(uuidlib.uuid5(TIDEGRAPH_NAMESPACE, "\x1f".join(parts)))
+
+
+def normalize_name(name: str) -> str:
+    """The form names are compared in: NFKC, casefolded, punctuation dropped, spaces folded."""
+    text = unicodedata.normalize("NFKC", name).casefold()
+    text = re.sub(r"[^\w\s]", " ", text)
+    return " ".join(text.split())
+
+
+def to_relation_name(raw: str) -> str:
+    """UPPER_SNAKE_CASE relation type from any text; never empty, always RELATION_RE-valid."""
+    text = unicodedata.normalize("NFKD", raw).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").upper()
+    if not text or not text[0].isalpha():
+        text = "REL_" + text if text else "RELATES_TO"
+    return text[:64]
+
+
+def to_label(raw: str) -> str | None:
+    """A safe node label (letters, digits, underscore; starts with a letter) or None."""
+    text = re.sub(r"[^A-Za-z0-9_]+", "", raw.strip().replace(" ", "_"))
+    if not text or not text[0].isalpha():
+        return None
+    text = text[:64]
+    return text if LABEL_RE.match(text) else None

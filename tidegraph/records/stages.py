@@ -1,0 +1,109 @@
+"""The records that flow between the stages (``topics.chain``): an episode's extraction, its
+resolution, its stamped facts, and what its write changed."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from tidegraph.records.episode import MAX_NAME_CHARS, Episode
+from tidegraph.records.ids import to_relation_name
+
+
+# ----------------------------------------------------------------------------- extraction
+class EntityDraft(BaseModel):
+    """An entity as extraction saw it, before resolution."""
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    labels: list[str] = Field(default_factory=list)  # type labels, already to_label()-safe
+    summary: str = ""
+    key: str | None = None  # stable external id (e.g. a CRM id) from a mapping
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class FactDraft(BaseModel):
+    """A fact as extraction saw it. subject/object index into Extraction.entities."""
+
+    subject: int
+    object: int  # -1: no object (only for closing facts: close whatever the subject has)
+    relation: str  # UPPER_SNAKE_CASE (to_relation_name)
+    fact: str
+    valid_at: str | None = None  # as stated: ISO date/time or a phrase ("since last March")
+    invalid_at: str | None = None
+    cardinality: Literal["one", "many"] | None = None  # one: a new object closes the previous
+    closes: bool = False  # a record that only ends the fact (no new fact stored)
+
+    @field_validator("relation")
+    @classmethod
+    def _relation_name(cls, v: str) -> str:
+        return to_relation_name(v)
+
+
+class Extraction(BaseModel):
+    episode: Episode
+    entities: list[EntityDraft] = Field(default_factory=list)
+    facts: list[FactDraft] = Field(default_factory=list)
+    mapped: bool = False  # produced by a declared mapping (no LLM)
+    llm_calls: int = 0
+
+    @model_validator(mode="after")
+    def _facts_name_its_entities(self) -> Extraction:
+        # Checked here so that a hop record breaking it is unreadable (bad_hop_record) rather
+        # than an IndexError in a later stage.
+        count = len(self.entities)
+        for fact in self.facts:
+            lowest = -1 if fact.closes else 0
+            if not (0 <= fact.subject < count and lowest <= fact.object < count):
+                raise ValueError(
+                    f"fact {fact.relation} names entities {fact.subject} and {fact.object}; "
+                    f"the extraction has {count}"
+                )
+        return self
+
+
+class ResolvedEpisode(BaseModel):
+    extraction: Extraction
+    entity_uuids: list[str]  # one per extraction.entities index
+    llm_calls: int = 0
+    entities_new: int = 0  # entities this episode created
+
+
+class StampedFact(BaseModel):
+    """A resolved fact with its interval on T, ready for invalidation and writing."""
+
+    source_uuid: str
+    target_uuid: str | None  # None only for a closing fact without an object
+    relation: str
+    fact: str
+    valid_at: datetime
+    invalid_at: datetime | None = None
+    cardinality: str | None = None
+    closes: bool = False
+    notes: list[str] = Field(default_factory=list)  # e.g. an unparseable date that was ignored
+
+
+class StampedEpisode(BaseModel):
+    """The temporal stage's output: what the writer needs for one episode."""
+
+    episode: Episode
+    mentions: list[str]  # entity uuids, episode order, unique
+    facts: list[StampedFact]
+    llm_calls: int = 0
+    mapped: bool = False
+    entities_new: int = 0
+
+
+class WriteSummary(BaseModel):
+    group_id: str
+    episode_uuid: str
+    episode_id: str
+    skipped: bool = False  # already processed (a redelivery or replay)
+    facts_new: int = 0
+    facts_merged: int = 0
+    facts_closed: int = 0
+    facts_born_closed: int = 0
+    entities: int = 0  # entities the episode mentions
+    entities_new: int = 0  # of which it created
+    llm_calls: int = 0
