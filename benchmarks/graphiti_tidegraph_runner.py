@@ -5,7 +5,7 @@
 SPEC is the one benchmarks/graphiti_compare.py writes for both sides (``neo4j_uri``,
 ``base_url``, ``model``, ``embedding_dim``, ``groups``: group_id -> episode envelopes in
 order; optionally ``profile``). The episodes go through the in-process pipeline
-(``processors.pipeline.ingest``: extraction -> resolution -> temporal -> invalidation + write,
+(``pipelines.inprocess.ingest``: extraction -> resolution -> temporal -> invalidation + write,
 each group in order, every group at once) into the Neo4j store, with the hashing embedder and
 the real ``openai`` client (``LLMClient``) against the fake server. The client has no response
 cache and a rate limit far above what the fake server can answer, so every LLM request goes
@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from processors.pipeline import EpisodePipeline, ingest
+from pipelines.inprocess import InProcessChain, ingest
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
 from tidegraph.records.episode import Episode
@@ -61,7 +61,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     try:
         await store.setup(int(spec["embedding_dim"]))
-        pipeline = EpisodePipeline(
+        pipeline = InProcessChain(
             store=store,
             embedder=HashingEmbedder(dim=int(spec["embedding_dim"])),
             llm=llm,

@@ -12,7 +12,7 @@ the records delivered late). Paths (``--paths``, comma-separated, in this order)
               with batched ``UNWIND ... MERGE`` straight through the neo4j driver (batches of
               ``--raw-batch``, one throwaway group, parameters only; embeddings computed
               outside the timing): rows/s and events/s, the limit the others are compared to;
-``embedded``  in-process (``processors.pipeline.ingest``, ``--concurrency`` groups at once)
+``embedded``  in-process (``pipelines.inprocess.ingest``, ``--concurrency`` groups at once)
               into the embedded kuzu store;
 ``neo4j``     the same into Neo4j;
 ``kafka-1w``  Kafka -> Faust workers -> Neo4j with one ``tidegraph worker`` process, then
@@ -100,8 +100,8 @@ def run_in_process(job: InProcessJob) -> dict[str, Any]:
 
 
 async def _in_process(job: InProcessJob) -> dict[str, Any]:
+    from pipelines.inprocess import ingest
     from pipelines.runtime import open_runtime
-    from processors.pipeline import ingest
     from tidegraph.settings import Settings
 
     feed = job.feed.build(job.prefix)
@@ -116,7 +116,7 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
         try:
             profiler = _start_profiler(job.profile)
             started = time.perf_counter()
-            report = await ingest(runtime.pipeline, episodes, concurrency=job.concurrency)
+            report = await ingest(runtime.chain(), episodes, concurrency=job.concurrency)
             seconds = time.perf_counter() - started
             _stop_profiler(profiler, job.profile)
             checked = await check_graph(runtime.store, feed)

@@ -25,13 +25,14 @@ import faust
 from pipelines.commits import guard_commits
 from pipelines.community_agent import install_community_agent
 from pipelines.config import WorkerSettings
+from pipelines.handlers import Consumed, Emit, HopHandler, RecordHandler
 from pipelines.health import HealthState
 from pipelines.lanes import KeyedLanes
 from pipelines.runtime import Runtime
-from pipelines.stages import HANDLERS, Consumed, Emit, ExtractionHandler, StageHandler
 from tidegraph.connections import KafkaConnection
 from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
 from tidegraph.settings import Settings
+from topics.chain import CHAIN, build_steps, hops
 from topics.names import TopicNames
 
 log = logging.getLogger(__name__)
@@ -135,20 +136,24 @@ def create_app(
         for name in names.all()
     }
     sender = Sender(topic_objects, names)
-    handlers = [cls(runtime, names, worker) for cls in HANDLERS]
+    # One agent per hop of the chain (topics.chain), its steps built once for this process.
+    steps = dict(zip((stage.name for stage in CHAIN), build_steps(runtime.components), strict=True))
+    budget = settings.record_timeout_seconds
     lanes: list[KeyedLanes] = []
-    for handler in handlers:
-        source = topic_objects[names.input_of(handler.stage)]
+    consumed: list[str] = []
+    for hop in hops(CHAIN):
+        handler = HopHandler(
+            hop, [steps[stage.name] for stage in hop.stages], names, worker, budget
+        )
+        consumed.append(names.named(hop.consumes))
         agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)
-        app.agent(source, name=f"tidegraph.{handler.stage}")(agent)
+        app.agent(topic_objects[consumed[-1]], name=f"tidegraph.{hop.name}")(agent)
     if worker.communities_enabled:  # entities.new -> communities (pipelines/community_agent)
         install_community_agent(
             app, runtime, names, worker, source=topic_objects[names.entities_new],
             run_agent=partial(stage_agent, sender=sender, worker=worker, registry=lanes,
                               generation=lambda: app.consumer_generation_id),
         )  # fmt: skip
-    consumed = [names.input_of(h.stage) for h in handlers]
-    extraction = next(h for h in handlers if isinstance(h, ExtractionHandler))
 
     async def quiesce() -> None:
         # Faust has waited for the records it tracks; also finish every job admitted to a
@@ -161,7 +166,7 @@ def create_app(
         await quiesce()
         for topic in consumed:
             ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(0)
-        extraction.context.forget_all()
+        runtime.components.context.forget_all()
 
     @app.on_partitions_assigned.connect
     async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
@@ -219,7 +224,7 @@ class Sender:
 
 
 def stage_agent(
-    handler: StageHandler,
+    handler: RecordHandler,
     sender: Sender,
     worker: WorkerSettings,
     registry: list[KeyedLanes],
@@ -250,7 +255,7 @@ def stage_agent(
 
 
 async def run_record(
-    handler: StageHandler,
+    handler: RecordHandler,
     sender: Sender,
     stream: faust.StreamT,
     event: faust.EventT,
@@ -265,9 +270,7 @@ async def run_record(
             handler.stage, event.message.topic, event.message.partition, event.message.offset,
         )  # fmt: skip
         return
-    outputs = await handled(
-        handler, consumed(event), handler.runtime.settings.record_timeout_seconds
-    )
+    outputs = await handled(handler, consumed(event), handler.deadline)
     deliveries = [(emit, await sender.send(emit)) for emit in outputs]
     for emit, delivery in deliveries:
         await delivery
@@ -275,7 +278,7 @@ async def run_record(
     await stream.ack(event)
 
 
-async def handled(handler: StageHandler, record: Consumed, budget: float) -> list[Emit]:
+async def handled(handler: RecordHandler, record: Consumed, budget: float) -> list[Emit]:
     """The handler's outputs for one record, within its time budget. Handlers turn record
     failures into dead letters themselves; whatever still escapes them (a bug), or a record
     that takes longer than ``budget`` seconds, becomes a dead letter here too: a record never

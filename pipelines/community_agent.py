@@ -1,5 +1,5 @@
-"""The community processor in the worker (design §6): an agent on ``{prefix}.entities.new``
-and a refresh timer, both over one ``CommunityService``.
+"""The community processor in the worker (README "Communities"): an agent on
+``{prefix}.entities.new`` and a refresh timer, both over one ``CommunityService``.
 
 - The agent reads ``NewEntityRecord``s exactly as the stage agents read their inputs
   (``pipelines.app.stage_agent``: micro-batches, one lane per group so each group's records
@@ -31,12 +31,12 @@ from typing import Any
 
 import faust
 
+from pipelines.chain import timed
 from pipelines.config import WorkerSettings
+from pipelines.handlers import Consumed, Emit, RecordHandler
 from pipelines.retry import with_retries
 from pipelines.runtime import Runtime
-from pipelines.stages import Consumed, Emit, StageHandler
 from processors.community_service import CommunityService
-from processors.pipeline import run_stage
 from tidegraph.metrics import ASSIGNED_PARTITIONS, COMMUNITY_ASSIGNMENTS
 from topics.names import TopicNames
 from topics.records import NewEntityRecord
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 STAGE = "communities"
 
 
-class CommunityHandler(StageHandler):
+class CommunityHandler(RecordHandler):
     """entities.new -> community membership (no records out, except dead letters)."""
 
     stage = STAGE
@@ -59,7 +59,7 @@ class CommunityHandler(StageHandler):
         service: CommunityService,
         on_group: Callable[[str, int], None],
     ) -> None:
-        super().__init__(runtime, names, worker)
+        super().__init__(names, worker, runtime.settings.record_timeout_seconds)
         self.service = service
         self.on_group = on_group
 
@@ -71,7 +71,7 @@ class CommunityHandler(StageHandler):
         self.on_group(group, record.partition)
         outcome = await with_retries(
             self.stage,
-            lambda: run_stage(self.stage, lambda: self.service.assign(group, entity)),
+            lambda: timed(self.stage, lambda: self.service.assign(group, entity)),
             self.policy,
             what=f"group={group} entity={entity}",
         )
@@ -193,7 +193,7 @@ def install_community_agent(
     worker: WorkerSettings,
     *,
     source: faust.TopicT,
-    run_agent: Callable[[StageHandler], Callable[[faust.StreamT], Any]],
+    run_agent: Callable[[RecordHandler], Callable[[faust.StreamT], Any]],
 ) -> RefreshScheduler:
     """Add the assignment agent on ``source`` (the entities.new topic) and the refresh timer
     to ``app``. ``run_agent`` turns a handler into the stage agent function (the same loop

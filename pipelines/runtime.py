@@ -1,7 +1,8 @@
-"""Builds the configured components (store, embedder, LLM, mappings, pipeline) once.
+"""Opens the configured components (store, embedder, LLM, mappings) once per process.
 
 The CLI, the demo and the Faust worker all start from here, so one process has exactly one
-store connection, one embedder and one LLM client (hence one global rate limiter).
+store connection, one embedder and one LLM client (hence one global rate limiter); the steps
+of either way of running the chain are built from ``Runtime.components``.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.inprocess import InProcessChain
 from processors.mapping import MappingSet
-from processors.pipeline import EpisodePipeline
+from processors.steps import Components
 from tidegraph.embed import make_embedder
 from tidegraph.embed.base import Embedder
 from tidegraph.llm import LLMClient
@@ -25,7 +27,13 @@ class Runtime:
     embedder: Embedder
     llm: LLMClient | None
     mappings: MappingSet | None
-    pipeline: EpisodePipeline
+    components: Components
+
+    def chain(self) -> InProcessChain:
+        """The chain in this process, over these components."""
+        return InProcessChain.from_components(
+            self.components, record_timeout=self.settings.record_timeout_seconds
+        )
 
     async def close(self) -> None:
         if self.llm is not None:
@@ -50,11 +58,11 @@ async def open_runtime(
     if llm is None and use_llm:
         llm = LLMClient.from_settings(settings)
     mappings = MappingSet.load(mapping_path) if mapping_path else None
-    pipeline = EpisodePipeline(
+    components = Components.of(
         store=store,
         embedder=embedder,
         llm=llm,
         mappings=mappings,
         context_episodes=settings.context_episodes,
     )
-    return Runtime(settings, store, embedder, llm, mappings, pipeline)
+    return Runtime(settings, store, embedder, llm, mappings, components)

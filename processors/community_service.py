@@ -1,4 +1,5 @@
-"""Community maintenance over a ``GraphStore`` (design §6), used by the CLI and the worker.
+"""Community maintenance over a ``GraphStore`` (README "Communities"), used by the CLI and
+the worker.
 
     service = CommunityService(store, llm, embedder)
     await service.assign(group_id, entity_uuid)     # each new entity (new-entities topic)

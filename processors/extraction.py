@@ -1,37 +1,32 @@
 """Extraction stage: an episode -> entities and facts (with dates as stated).
 
-JSON records that a declared mapping matches skip the LLM entirely. Everything else takes one
-structured LLM call, with the group's previous episodes as context.
+JSON records that a declared mapping matches skip the LLM entirely and touch no store: their
+processed marker is read with resolution's lookup, in the round trip that stage makes anyway.
+Everything else takes one structured LLM call, with the group's previous episodes as context,
+after a check that the episode is not processed yet (so that a replay costs no LLM call).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Protocol
 
+from processors.context import RecentEpisodes
 from processors.mapping import MappingSet
-from processors.prompts import EXTRACTION_SYSTEM, ExtractionOutput, extraction_user
+from processors.prompts import EXTRACTION_SYSTEM, ExtractionOutput, StructuredLLM, extraction_user
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import NoExtractorError
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.ids import to_label
-from tidegraph.records.stages import EntityDraft, Extraction, FactDraft
+from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, Processed
+from tidegraph.store.base import GraphStore
 
 log = logging.getLogger(__name__)
 
 
-class StructuredLLM(Protocol):
-    async def structured(self, *, stage: str, system: str, user: str, schema: type): ...
-
-
-class ContextSource(Protocol):
-    async def recent_episodes(
-        self, group_id: str, before: object, limit: int
-    ) -> list[EpisodeRecord]: ...
-
-
-class Extractor:
-    """``run(episode) -> Extraction``."""
+class ExtractionStep:
+    """``run(episode) -> Extraction``, or ``Processed`` for an episode already processed (only
+    asked before an LLM call)."""
 
     stage = "extraction"
 
@@ -40,29 +35,37 @@ class Extractor:
         *,
         mappings: MappingSet | None,
         llm: StructuredLLM | None,
-        context: ContextSource | None = None,
+        store: GraphStore | None = None,
+        context: RecentEpisodes | None = None,
         context_episodes: int = 4,
     ) -> None:
+        """``store``: where the processed marker of an episode for the LLM is read (None:
+        not read). ``context``: the recent episodes given to the LLM (None: none)."""
         self.mappings = mappings
         self.llm = llm
+        self.store = store
         self.context = context
         self.context_episodes = context_episodes
 
-    def mapped(self, episode: Episode) -> Extraction | None:
-        """The extraction a declared mapping gives (no I/O, no LLM); None when no mapping
-        applies or the record cannot be mapped (``run`` then says why)."""
+    async def run(self, episode: Episode) -> Extraction | Processed:
+        extraction = await self._mapped(episode)
+        if extraction is None:
+            extraction = await self._extracted(episode)
+        if extraction is None:
+            return Processed(episode=episode)
+        if self.context is not None:
+            self.context.remember(episode)
+        return extraction
+
+    async def _mapped(self, episode: Episode) -> Extraction | None:
+        """The extraction a declared mapping gives; None when no rule matches. A rule that
+        matches but cannot map the record raises (RecordError with its reason)."""
         if episode.source != "json" or self.mappings is None:
             return None
-        try:
-            return self.mappings.extract(episode)
-        except ValueError:
-            return None
+        # Off the event loop: templates over a record of up to a megabyte.
+        return await asyncio.to_thread(self.mappings.extract, episode)
 
-    async def run(self, episode: Episode) -> Extraction:
-        if episode.source == "json" and self.mappings is not None:
-            mapped = self.mappings.extract(episode)
-            if mapped is not None:
-                return mapped
+    async def _extracted(self, episode: Episode) -> Extraction | None:
         if self.llm is None:
             what = (
                 "no declared mapping matches this json record"
@@ -73,6 +76,10 @@ class Extractor:
                 f"{what} and no LLM is configured: set TIDEGRAPH_LLM_BASE_URL (and "
                 f"TIDEGRAPH_LLM_API_KEY, TIDEGRAPH_LLM_MODEL) or add a mapping rule"
             )
+        if self.store is not None and await self.store.episode_processed(
+            episode.group_id, episode.uuid, episode.content_hash
+        ):
+            return None
         context: list[EpisodeRecord] = []
         if self.context is not None and self.context_episodes > 0:
             context = await self.context.recent_episodes(

@@ -1,289 +1,242 @@
-"""Fact dedupe and contradiction on the two timelines (design §3). Pure logic, no I/O.
+"""Invalidation stage: fact dedupe and contradiction on the two timelines, then one idempotent
+write transaction (README "Two timelines").
 
-Given the facts an episode states (already stamped on T) and the stored facts that share an
-endpoint with them, decide per new fact, in episode order:
-
-- **closing record** (``closes``): every fact of subject+relation(+object) valid at t is
-  closed at t, and the end is stored as a fact valid from t to t (valid at no time), so that a
-  fact started before t and delivered after the closing record is born closed at t;
-- **duplicate**: a stored fact the LLM named as duplicate gains the episode; nothing else
-  changes. Without a judgement, a restatement (same endpoints and relation; for a fact
-  without cardinality also the same normalised text) merges into the stored fact that is
-  valid at the new fact's valid_at, or into one that starts later when nothing separates the
-  two (no closing record of that subject, relation and object in between, no stated end of
-  the new fact before it): its start then moves to the new one and it takes the earlier
-  statement's text, exactly what event order would have given. For cardinality ``one`` only
-  the same start counts: a value restated later starts a fact of its own (the earlier one
-  ends there), so a late change between the two splits correctly. Known limit: a closing
-  record of a ``many`` (or cardinality-free) fact that arrives after restatements on both
-  sides of it were merged closes the merged fact at its time; the later restatements are
-  not split off again (a fact does not keep each statement's time);
-- **contradiction**: candidates are only facts sharing an endpoint and a compatible relation
-  (cardinality ``one``: same subject and relation; LLM facts: what the LLM named among facts
-  sharing an endpoint). A candidate that started at or before the new fact and is still
-  valid then is closed at new.valid_at; one that starts later bounds the new fact, which is
-  then stored already closed (a late arrival). A closing record's end bounds the facts of its
-  own object (of every object when it names none), whatever their cardinality;
-- ``expired_at`` (T') is set once: when a fact is first closed, or at creation for a fact
-  born closed. ``invalid_at`` may only move earlier (a late fact tightens an interval); when
-  it moves, the end it replaces is kept with the time it was learned (``prior_ends``), so
-  that "as known at k" still answers with what was believed at k. ``valid_at`` may only move
-  earlier (a late restatement) and is kept the same way (``prior_starts``).
+It runs right after resolution and temporal stamping, in the same ordered hop (``topics.chain``):
+the stored facts it compares with include every earlier episode of the group. The candidates
+of a mapped episode were read with resolution's lookup (``PendingWrite.known_facts``); those
+of an LLM-judged one are read here, with their embeddings. The transaction writes the entity
+upserts resolution left (``PendingWrite.entities``), the facts, the closures, the mentions and
+the Episodic node, the processed marker, and skips an episode processed meanwhile (a stale
+worker that lost its partition). The rules themselves are pure: ``processors.timeline``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime
+import logging
 
-from tidegraph.records.graph import FactClosure, FactRecord
-from tidegraph.records.ids import normalize_name, stable_uuid
-from tidegraph.records.stages import StampedFact
+from processors.prompts import (
+    FACT_RESOLUTION_SYSTEM,
+    FactResolutionOutput,
+    StructuredLLM,
+    fact_resolution_user,
+)
+from processors.timeline import FactDecision, plan_facts, restatement_of
+from tidegraph.embed.base import Embedder
+from tidegraph.metrics import FACTS_INVALIDATED
+from tidegraph.records.graph import EntityRecord, EpisodeRecord, EpisodeWrite, FactRecord
+from tidegraph.records.stages import StampedEpisode, StampedFact, WriteSummary
+from tidegraph.records.times import utcnow
+from tidegraph.store.base import GraphStore
 
+log = logging.getLogger(__name__)
 
-@dataclass(frozen=True)
-class FactDecision:
-    """The LLM's judgement of one new (cardinality-free) fact, as stored uuids."""
-
-    duplicate_of: str | None = None
-    contradicts: tuple[str, ...] = ()
-
-
-@dataclass
-class FactPlan:
-    # Upserts by uuid (full state): new facts, and stored ones that gained an episode.
-    facts: dict[str, FactRecord] = field(default_factory=dict)
-    # Stored facts that only need their end set (no full rewrite of the record).
-    closures: dict[str, FactClosure] = field(default_factory=dict)
-    new: int = 0
-    merged: int = 0
-    closed: int = 0
-    born_closed: int = 0
+MAX_CANDIDATES_PER_FACT = 12
 
 
-def fact_uuid(group_id: str, episode_uuid: str, fact: StampedFact) -> str:
-    return stable_uuid(
-        "fact", group_id, episode_uuid, fact.source_uuid, fact.relation, fact.target_uuid or ""
-    )
+class InvalidationStep:
+    """``run(stamped) -> WriteSummary`` (``skipped`` when the write found the episode already
+    processed)."""
 
+    stage = "invalidation"
 
-def valid_at_time(fact: FactRecord, t: datetime) -> bool:
-    start_ok = fact.valid_at is None or fact.valid_at <= t
-    return start_ok and (fact.invalid_at is None or t < fact.invalid_at)
+    def __init__(self, *, store: GraphStore, embedder: Embedder, llm: StructuredLLM | None) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.llm = llm
 
-
-def plan_facts(
-    *,
-    group_id: str,
-    episode_uuid: str,
-    stamped: list[StampedFact],
-    existing: list[FactRecord],
-    now: datetime,
-    embeddings: dict[int, list[float]] | None = None,
-    decisions: dict[int, FactDecision] | None = None,
-) -> FactPlan:
-    """Decide every new fact of one episode against the stored facts (see module doc)."""
-    # Copies (the caller's records stay as they were); only the episode lists are mutated,
-    # so the embeddings are shared rather than deep-copied.
-    state = {f.uuid: f.model_copy(update={"episodes": list(f.episodes)}) for f in existing}
-    stored = set(state)
-    plan = FactPlan()
-    touched: set[str] = set()
-    embeddings = embeddings or {}
-    decisions = decisions or {}
-
-    def close(target: FactRecord, at: datetime, *, counted: bool = True) -> None:
-        if target.invalid_at is not None and target.invalid_at <= at:
-            return
-        target.move_end(at, now)
-        plan.closed += counted
-        if target.uuid in stored:
-            plan.closures[target.uuid] = FactClosure.of(target)
-
-    for i, new in enumerate(stamped):
-        t = new.valid_at
-        same_pair = [
-            f for f in state.values() if f.source_uuid == new.source_uuid and f.name == new.relation
-        ]
-        if new.closes:
-            for f in same_pair:
-                if (new.target_uuid is None or f.target_uuid == new.target_uuid) and valid_at_time(
-                    f, t
-                ):
-                    close(f, t)
-            # The end itself is kept, as a fact valid from t to t (never valid at any time):
-            # a fact of this subject and relation that arrives later but started before t is
-            # then bounded by it (born closed at t) instead of staying open for good.
-            target = new.target_uuid or new.source_uuid
-            marker = next((f for f in same_pair if _is_end(f, target, t)), None)
-            if marker is None:
-                marker = FactRecord(
-                    uuid=fact_uuid(group_id, episode_uuid, new),
-                    group_id=group_id,
-                    source_uuid=new.source_uuid,
-                    target_uuid=target,
-                    name=new.relation,
-                    fact=new.fact,
-                    episodes=[episode_uuid],
-                    valid_at=t,
-                    invalid_at=t,
-                    created_at=now,
-                    expired_at=now,
-                    cardinality=new.cardinality,  # type: ignore[arg-type]
-                )
-                state[marker.uuid] = marker
-                touched.add(marker.uuid)
-            elif episode_uuid not in marker.episodes:
-                marker.episodes.append(episode_uuid)
-                touched.add(marker.uuid)
-            continue
-
-        decision = decisions.get(i, FactDecision())
-        judged = _judged_duplicate(new, decision, state)
-        restated = None if judged is not None else restatement_of(new, same_pair)
-        if restated is not None and _takes_earlier_start(restated, new, embeddings.get(i), now):
-            touched.add(restated.uuid)
-        duplicate = judged or restated
-        if duplicate is not None:
-            if episode_uuid not in duplicate.episodes:
-                duplicate.episodes.append(episode_uuid)
-                touched.add(duplicate.uuid)
-                plan.merged += 1
-            continue
-
-        uuid = fact_uuid(group_id, episode_uuid, new)
-        if uuid in state:
-            # The episode states the same subject-relation-object twice (other time or text).
-            uuid = stable_uuid(uuid, str(i))
-        record = FactRecord(
-            uuid=uuid,
-            group_id=group_id,
-            source_uuid=new.source_uuid,
-            target_uuid=new.target_uuid or new.source_uuid,
-            name=new.relation,
-            fact=new.fact,
-            fact_embedding=embeddings.get(i),
-            episodes=[episode_uuid],
-            valid_at=t,
-            invalid_at=new.invalid_at,
-            created_at=now,
-            expired_at=now if new.invalid_at is not None else None,
-            cardinality=new.cardinality,  # type: ignore[arg-type]
+    async def run(self, stamped: StampedEpisode) -> WriteSummary:
+        episode = stamped.episode
+        group = episode.group_id
+        pending = stamped.pending
+        summary = WriteSummary(
+            group_id=group,
+            episode_uuid=episode.uuid,
+            episode_id=episode.id,
+            created_entities=pending.created,
         )
-        # The recorded ends (closing records) of this very fact bound it whatever its
-        # cardinality; those of another object never do.
-        rivals = [f for f in same_pair if _ends(f, record)]
-        if new.cardinality == "one":
-            rivals += [f for f in same_pair if not _is_marker(f)]
-        elif new.cardinality is None:
-            endpoints = {new.source_uuid, new.target_uuid}
-            rivals += [
-                state[u]
-                for u in decision.contradicts
-                if u in state and {state[u].source_uuid, state[u].target_uuid} & endpoints
-            ]
-        for rival in rivals:
-            if rival.valid_at is not None and rival.valid_at > t:
-                # A stored fact starts later: this one arrived late and is born closed.
-                if record.invalid_at is None or rival.valid_at < record.invalid_at:
-                    record.invalid_at = rival.valid_at
-                    record.expired_at = now
-            elif rival.target_uuid != record.target_uuid or new.cardinality != "one":
-                close(rival, t)
-            elif rival.invalid_at is None or rival.invalid_at > t:
-                # The same value, restated later (see _find_duplicate): the new fact takes over
-                # (not counted as an invalidation: the value did not change).
-                close(rival, t, counted=False)
-        if record.invalid_at is not None:
-            plan.born_closed += 1
-        plan.new += 1
-        state[record.uuid] = record
-        touched.add(record.uuid)
+        facts = stamped.facts
+        judged = self.llm is not None and not stamped.mapped
+        candidates = None
+        if pending.known_facts is not None and not judged:
+            candidates = prefetched_candidates(
+                facts, pending.known_facts, set(pending.known_sources)
+            )
+        if candidates is None:
+            candidates = await self._candidates(group, facts, judged=judged)
+        embeddings: dict[int, list[float]] = {}
+        to_embed = [i for i, f in enumerate(facts) if not f.closes]
+        if to_embed:
+            vectors = await self.embedder.embed([facts[i].fact for i in to_embed])
+            embeddings = dict(zip(to_embed, vectors, strict=True))
+        decisions: dict[int, FactDecision] = {}
+        llm_calls = 0
+        if judged:
+            decisions, llm_calls = await self._judge(group, facts, candidates, embeddings)
+        now = utcnow()
+        plan = plan_facts(
+            group_id=group,
+            episode_uuid=episode.uuid,
+            stamped=facts,
+            existing=candidates,
+            now=now,
+            embeddings=embeddings,
+            decisions=decisions,
+        )
+        record = EpisodeRecord(
+            uuid=episode.uuid,
+            group_id=group,
+            name=episode.name or episode.id,
+            source=episode.source,
+            source_description=episode.source_description,
+            content=episode.content_text(),
+            valid_at=episode.reference_time,
+            created_at=now,
+            producer_id=episode.id,
+            content_hash=episode.content_hash,
+        )
+        written = await self.store.write_episode(
+            group,
+            EpisodeWrite(
+                episode=record,
+                mentions=stamped.mentions,
+                facts=list(plan.facts.values()),
+                closures=list(plan.closures.values()),
+                entities=pending.entities,
+            ),
+        )
+        summary.llm_calls = stamped.llm_calls + llm_calls
+        if not written:  # processed meanwhile (e.g. by the worker that now owns the group)
+            summary.skipped = True
+            return summary
+        FACTS_INVALIDATED.labels("closed").inc(plan.closed)
+        FACTS_INVALIDATED.labels("born_closed").inc(plan.born_closed)
+        summary.facts_new = plan.new
+        summary.facts_merged = plan.merged
+        summary.facts_closed = plan.closed
+        summary.facts_born_closed = plan.born_closed
+        summary.entities = len(stamped.mentions)
+        summary.entities_new = stamped.entities_new
+        return summary
 
-    for uuid in sorted(touched):
-        plan.facts[uuid] = state[uuid]
-    return plan
+    async def _candidates(
+        self, group: str, facts: list[StampedFact], *, judged: bool
+    ) -> list[FactRecord]:
+        """The stored facts the new ones can merge with or close (see ``candidate_reads``)."""
+        pairs, ends = candidate_reads(facts, judged=judged)
+        if not pairs and not ends:
+            return []
+        return await self.store.fact_candidates(group, pairs, ends, embeddings=judged)
+
+    async def _judge(
+        self,
+        group: str,
+        facts: list[StampedFact],
+        existing: list[FactRecord],
+        embeddings: dict[int, list[float]],
+    ) -> tuple[dict[int, FactDecision], int]:
+        """One LLM call judging every new fact against its candidates (shared endpoint and
+        same relation or similar text); no call when no fact has a candidate."""
+        threshold = self.embedder.thresholds.fact_candidate
+        per_fact: dict[int, list[FactRecord]] = {}
+        for i, new in enumerate(facts):
+            if new.closes or new.cardinality is not None:
+                continue
+            if _restates(existing, new):
+                continue  # the same words between the same entities: a duplicate, no question
+            ends = {new.source_uuid, new.target_uuid}
+            scored = []
+            for f in existing:
+                if not ({f.source_uuid, f.target_uuid} & ends):
+                    continue
+                if f.valid_at is not None and f.invalid_at == f.valid_at:
+                    continue  # a recorded end (valid at no time): nothing to judge
+                similarity = _cosine(embeddings.get(i), f.fact_embedding)
+                if f.name == new.relation or similarity >= threshold:
+                    scored.append((f.name != new.relation, -similarity, f.uuid, f))
+            scored.sort(key=lambda s: s[:3])
+            if scored:
+                per_fact[i] = [s[3] for s in scored[:MAX_CANDIDATES_PER_FACT]]
+        if not per_fact:
+            return {}, 0
+        listed: dict[str, FactRecord] = {}
+        for candidates in per_fact.values():
+            for f in candidates:
+                listed.setdefault(f.uuid, f)
+        ordered = sorted(listed.values(), key=lambda f: f.uuid)
+        names = await self._entity_names(group, ordered)
+        output: FactResolutionOutput = await self.llm.structured(  # type: ignore[union-attr]
+            stage=self.stage,
+            system=FACT_RESOLUTION_SYSTEM,
+            user=fact_resolution_user(
+                [(i, facts[i].fact) for i in sorted(per_fact)], ordered, names
+            ),
+            schema=FactResolutionOutput,
+        )
+        decisions: dict[int, FactDecision] = {}
+        for j in output.judgements:
+            if j.new_fact not in per_fact:
+                continue
+            allowed = {f.uuid for f in per_fact[j.new_fact]}
+
+            def pick(k: int | None, allowed: set[str] = allowed) -> str | None:
+                if k is None or not 0 <= k < len(ordered):
+                    return None
+                return ordered[k].uuid if ordered[k].uuid in allowed else None
+
+            contradicts = tuple(u for u in (pick(k) for k in j.contradicts) if u)
+            decisions[j.new_fact] = FactDecision(pick(j.duplicate_of), contradicts)
+        return decisions, 1
+
+    async def _entity_names(self, group: str, facts: list[FactRecord]) -> dict[str, str]:
+        uuids = sorted({u for f in facts for u in (f.source_uuid, f.target_uuid)})
+        records: list[EntityRecord] = await self.store.entities_by_uuids(group, uuids)
+        return {r.uuid: r.name for r in records}
 
 
-def _is_end(fact: FactRecord, target: str, at: datetime | None) -> bool:
-    """A recorded end (a closing record's fact, valid from ``at`` to ``at``) of ``target``."""
-    return fact.target_uuid == target and fact.valid_at == at == fact.invalid_at
+def candidate_reads(
+    facts: list[StampedFact], *, judged: bool
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """What to read for ``plan_facts``: (subject, relation) pairs and entities whose every fact
+    is read. For a relation with a cardinality (or a closing record), the facts of the same
+    subject and relation; for a fact the LLM judges, every fact sharing an endpoint (its
+    candidates). Unjudged facts without a cardinality (mapped) only merge with facts of the
+    same subject and relation, so no more is read for them: reading a shared object's facts
+    (an account, a plan, a ticket status) would read, and copy, every fact pointing at it,
+    ever more with each episode of the group. Only judged facts need the stored embeddings
+    (a fact written back without one keeps its stored embedding)."""
+    pairs = {(f.source_uuid, f.relation) for f in facts if f.closes or f.cardinality or not judged}
+    ends = {
+        u
+        for f in facts
+        if judged and not (f.closes or f.cardinality)
+        for u in (f.source_uuid, f.target_uuid)
+        if u
+    }
+    return sorted(pairs), sorted(ends)
 
 
-def _is_marker(fact: FactRecord) -> bool:
-    """A recorded end of any object (valid at no time)."""
-    return fact.valid_at is not None and fact.valid_at == fact.invalid_at
+def prefetched_candidates(
+    facts: list[StampedFact], read: list[FactRecord], sources: set[str]
+) -> list[FactRecord] | None:
+    """The unjudged candidates of ``facts`` (``candidate_reads(judged=False)``) out of
+    ``read``: the stored facts of relations among the facts' whose source is in ``sources``
+    (e.g. read with the resolution lookup). None when some fact's subject is not in
+    ``sources``: then ``read`` may miss candidates and they must be read."""
+    pairs, ends = candidate_reads(facts, judged=False)
+    if ends or any(source not in sources for source, _ in pairs):
+        return None
+    wanted = set(pairs)
+    return [f for f in read if (f.source_uuid, f.name) in wanted]
 
 
-def _ends(marker: FactRecord, fact: FactRecord) -> bool:
-    """``marker`` is a recorded end of ``fact``'s subject, relation and object (a closing
-    record without object is stored with the subject as its object: it ends every object).
-    Both are of the same subject and relation."""
-    return _is_marker(marker) and marker.target_uuid in (fact.target_uuid, fact.source_uuid)
+def _restates(existing: list[FactRecord], new: StampedFact) -> bool:
+    """True when ``new`` repeats a stored fact word for word (``restatement_of``: while it
+    holds, or before it with nothing between): plan_facts merges it without the LLM."""
+    same_pair = [f for f in existing if f.source_uuid == new.source_uuid and f.name == new.relation]
+    return restatement_of(new, same_pair) is not None
 
 
-def _judged_duplicate(
-    new: StampedFact, decision: FactDecision, state: dict[str, FactRecord]
-) -> FactRecord | None:
-    """The stored fact the LLM named as duplicate, when it shares an endpoint."""
-    if decision.duplicate_of and decision.duplicate_of in state:
-        candidate = state[decision.duplicate_of]
-        if {candidate.source_uuid, candidate.target_uuid} & {new.source_uuid, new.target_uuid}:
-            return candidate
-    return None
-
-
-def restatement_of(new: StampedFact, same_pair: list[FactRecord]) -> FactRecord | None:
-    """The fact of ``same_pair`` (same subject and relation) that ``new`` restates, by rule
-    (no LLM): same object and, for a fact without cardinality, the same normalised text.
-
-    For cardinality ``one`` only the same start counts: a value restated later starts a
-    fact of its own (the earlier one ends there). Were it merged into the earlier one, a late
-    change arriving between the two would close the value for good (a ticket reopened, then
-    its closing delivered late, would stay closed).
-
-    Otherwise a fact valid at the new start, or one that starts later with nothing between
-    the two (``_continued_by``): in event order the later statement would have found the
-    earlier one valid and merged into it, so the delivery order does not matter."""
-    target = new.target_uuid or new.source_uuid
-    same = [f for f in same_pair if f.target_uuid == target and not _is_marker(f)]
-    for f in sorted(same, key=lambda f: (f.valid_at is None, f.valid_at, f.uuid)):
-        if new.cardinality == "one":
-            if f.valid_at == new.valid_at and valid_at_time(f, new.valid_at):
-                return f
-            continue
-        if new.cardinality is None and normalize_name(f.fact) != normalize_name(new.fact):
-            continue
-        if valid_at_time(f, new.valid_at) or _continued_by(new, f, same_pair):
-            return f
-    return None
-
-
-def _continued_by(new: StampedFact, fact: FactRecord, same_pair: list[FactRecord]) -> bool:
-    """``fact`` starts after ``new`` and nothing separates them: no recorded end of the fact
-    (a closing record) in [new.valid_at, fact.valid_at), and no stated end of ``new`` at or
-    before fact.valid_at."""
-    start = fact.valid_at
-    if start is None or start <= new.valid_at:
-        return False
-    if new.invalid_at is not None and new.invalid_at <= start:
-        return False
-    return not any(
-        _ends(m, fact) and new.valid_at <= m.valid_at < start  # type: ignore[operator]
-        for m in same_pair
-    )
-
-
-def _takes_earlier_start(
-    fact: FactRecord, new: StampedFact, embedding: list[float] | None, now: datetime
-) -> bool:
-    """A restatement that starts earlier (delivered late) moves ``fact``'s start there (kept
-    in its start history) and gives it the earliest statement's text, as in event order.
-    True when ``fact`` changed."""
-    if fact.valid_at is None or new.valid_at >= fact.valid_at:
-        return False
-    fact.move_start(new.valid_at, now)
-    fact.fact = new.fact
-    if embedding is not None:
-        fact.fact_embedding = embedding
-    return True
+def _cosine(a: list[float] | None, b: list[float] | None) -> float:
+    if not a or not b or len(a) != len(b):
+        return 0.0
+    return sum(x * y for x, y in zip(a, b, strict=True))  # both are L2-normalised

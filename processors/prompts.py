@@ -8,11 +8,20 @@ every index and name it returns and treat names and relation types as data.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from pydantic import BaseModel
 
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EntityRecord, EpisodeRecord, FactRecord
 from tidegraph.records.times import iso
+
+
+class StructuredLLM(Protocol):
+    """What the steps need of an LLM client (``tidegraph.llm.LLMClient``): one structured call
+    whose answer fits ``schema``."""
+
+    async def structured(self, *, stage: str, system: str, user: str, schema: type): ...
 
 
 # ----------------------------------------------------------------------------- extraction

@@ -2,27 +2,32 @@
 
 Order of evidence: stable key, then exact normalised name or alias, then (for LLM-extracted
 episodes only) fulltext + vector candidates judged by ONE batched LLM call for all the
-episode's undecided entities. Resolved entities are written here, so the next episode of the
-group sees them even while this one is still in flight (design §5).
+episode's undecided entities. The upserts are not written here: they travel with the episode
+to its write (``PendingWrite``), one transaction with everything else the episode changes.
+Resolution runs in the same ordered hop as that write (``topics.chain``), so the next episode
+of the group is resolved only once this one is committed and sees its entities.
+
+The lookup is one store round trip: the episode's processed marker, the stored entities the
+drafts' keys and names match, and for a mapped episode the facts its relations can merge with
+or close (read here so that the write need not read them again).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from processors.extraction import StructuredLLM
 from processors.prompts import (
     ENTITY_RESOLUTION_SYSTEM,
     EntityResolutionOutput,
+    StructuredLLM,
     entity_resolution_user,
 )
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import ENTITIES_RESOLVED
 from tidegraph.records.graph import EntityLookup, EntityRecord
 from tidegraph.records.ids import normalize_name, stable_uuid
-from tidegraph.records.stages import Extraction, ResolvedEpisode
+from tidegraph.records.stages import Extraction, PendingWrite, Processed, ResolvedEpisode
 from tidegraph.records.times import utcnow
 from tidegraph.store.base import GraphStore
 
@@ -45,12 +50,9 @@ class Resolution:
     writes: list[EntityRecord] = field(default_factory=list)
 
 
-class Resolver:
-    """``run(extraction) -> ResolvedEpisode``; writes the resolved entities.
-
-    ``lookup`` + ``resolve`` are the same in two steps, for a caller that writes the entities
-    itself (in the episode's own transaction) and reads the processed marker with the lookup.
-    """
+class ResolutionStep:
+    """``run(extraction) -> ResolvedEpisode``, or ``Processed`` for an episode already
+    processed (nothing resolved, nothing written)."""
 
     stage = "resolution"
 
@@ -59,46 +61,34 @@ class Resolver:
         self.embedder = embedder
         self.llm = llm
 
-    async def run(
-        self,
-        extraction: Extraction,
-        *,
-        on_lookup: Callable[[EntityLookup], None] | None = None,
-        skip_processed: bool = False,
-    ) -> ResolvedEpisode | None:
-        """``on_lookup`` sees what the store held before this run wrote anything. With
-        ``skip_processed`` the lookup also reads the episode's processed marker (in the same
-        round trip), and a processed episode is left alone: None, nothing written."""
-        episode_uuid = extraction.episode.uuid if skip_processed else None
-        lookup = await self.lookup(extraction, episode_uuid=episode_uuid)
+    async def run(self, extraction: Extraction) -> ResolvedEpisode | Processed:
+        lookup = await self.lookup(extraction)
         if lookup.processed:
-            return None
-        if on_lookup is not None:
-            on_lookup(lookup)
+            return Processed(episode=extraction.episode)
         resolution = await self.resolve(extraction, lookup)
-        if resolution.writes:
-            group = extraction.episode.group_id
-            await self.store.upsert_entities(group, resolution.writes)
-        return resolution.resolved
+        resolved, writes = resolution.resolved, resolution.writes
+        found = {e.uuid for e in [*lookup.by_key, *lookup.by_name]}
+        written = {e.uuid for e in writes}
+        resolved.pending = PendingWrite(
+            entities=writes,
+            created=[u for u in dict.fromkeys(resolved.entity_uuids) if u in written - found],
+            known_facts=lookup.facts,
+            known_sources=sorted(found | written),
+        )
+        return resolved
 
-    async def lookup(
-        self,
-        extraction: Extraction,
-        *,
-        episode_uuid: str | None = None,
-        relations: list[str] | None = None,
-    ) -> EntityLookup:
-        """The stored entities the drafts' keys and names match (one store round trip),
-        whether ``episode_uuid`` (when given) is already processed (EpisodeConflictError when
-        with other content), and with ``relations`` the found entities' facts of those
-        relations (see ``GraphStore.lookup_entities``)."""
+    async def lookup(self, extraction: Extraction) -> EntityLookup:
+        """One round trip (``GraphStore.lookup_entities``): the processed marker
+        (EpisodeConflictError when stored with other content), the stored entities the
+        drafts' keys and names match, and for a mapped episode the found entities' facts of
+        its relations."""
         drafts = extraction.entities
         keys = sorted({d.key for d in drafts if d.key})
         names = sorted({normalize_name(d.name) or d.name for d in drafts})
         episode = extraction.episode
-        content_hash = episode.content_hash if episode_uuid else None
+        relations = sorted({f.relation for f in extraction.facts}) if extraction.mapped else None
         return await self.store.lookup_entities(
-            episode.group_id, keys, names, episode_uuid, relations, content_hash
+            episode.group_id, keys, names, episode.uuid, relations, episode.content_hash
         )
 
     async def resolve(self, extraction: Extraction, lookup: EntityLookup) -> Resolution:

@@ -1,4 +1,4 @@
-"""Temporal stamping: validity intervals on the event timeline T (design §3).
+"""Temporal stamping: validity intervals on the event timeline T (README "Two timelines").
 
 Dates come as stated (ISO from a mapping field or the LLM, epoch seconds, or a phrase such as
 "since last March") and are resolved against the episode's reference_time. A fact with no
@@ -159,7 +159,7 @@ def _when(text: str | None, episode: Episode, what: str, strict: bool) -> dateti
         raise BadTime(f"{what} {exc}") from exc
 
 
-class Stamper:
+class TemporalStep:
     """``run(resolved) -> StampedEpisode``: pure, no I/O."""
 
     stage = "temporal"
@@ -201,4 +201,5 @@ def stamp(resolved: ResolvedEpisode) -> StampedEpisode:
         llm_calls=resolved.llm_calls,
         mapped=extraction.mapped,
         entities_new=resolved.entities_new,
+        pending=resolved.pending,
     )

@@ -1,32 +1,4 @@
-"""Topic names, record schemas (orjson on the wire) and topic creation.
-
-See ``docs/topology.md`` for the table of topics (key, value schema, producer, consumer).
+"""Topics: their names (``names``), the records on them and their orjson serde (``records``),
+their creation with checks (``admin``), and the wiring table of the stage chain (``chain``):
+which stage reads and writes which topic. README "Streaming topology" has the table of topics.
 """
-
-from topics.admin import TopicSetupError, ensure_topics
-from topics.names import STAGES, TopicNames
-from topics.records import (
-    DeadLetter,
-    ExtractedRecord,
-    NewEntityRecord,
-    RecordRef,
-    ResolvedRecord,
-    StampedRecord,
-    decode,
-    encode,
-)
-
-__all__ = [
-    "STAGES",
-    "DeadLetter",
-    "ExtractedRecord",
-    "NewEntityRecord",
-    "RecordRef",
-    "ResolvedRecord",
-    "StampedRecord",
-    "TopicNames",
-    "TopicSetupError",
-    "decode",
-    "encode",
-    "ensure_topics",
-]

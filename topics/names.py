@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The stages in chain order; each consumes the topic named after the previous hop.
-STAGES = ("extraction", "resolution", "temporal", "invalidation")
-
 
 @dataclass(frozen=True)
 class TopicNames:
@@ -24,18 +21,8 @@ class TopicNames:
 
     @property
     def extracted(self) -> str:
-        """extraction -> resolution."""
+        """The extraction hop -> the write hop (resolution, temporal, invalidation)."""
         return f"{self.prefix}.extracted"
-
-    @property
-    def resolved(self) -> str:
-        """resolution -> temporal."""
-        return f"{self.prefix}.resolved"
-
-    @property
-    def stamped(self) -> str:
-        """temporal -> invalidation + write."""
-        return f"{self.prefix}.stamped"
 
     @property
     def entities_new(self) -> str:
@@ -48,20 +35,9 @@ class TopicNames:
         return f"{self.prefix}.dlq"
 
     def all(self) -> list[str]:
-        return [
-            self.episodes,
-            self.extracted,
-            self.resolved,
-            self.stamped,
-            self.entities_new,
-            self.dlq,
-        ]
+        return [self.episodes, self.extracted, self.entities_new, self.dlq]
 
-    def input_of(self, stage: str) -> str:
-        """The topic a stage consumes."""
-        return {
-            "extraction": self.episodes,
-            "resolution": self.extracted,
-            "temporal": self.resolved,
-            "invalidation": self.stamped,
-        }[stage]
+    def named(self, topic: str) -> str:
+        """A topic's full name from its short one (``extracted``: ``<prefix>.extracted``)."""
+        return {"episodes": self.episodes, "extracted": self.extracted,
+                "entities.new": self.entities_new, "dlq": self.dlq}[topic]  # fmt: skip

@@ -1,10 +1,10 @@
 """Record schemas of every tidegraph topic, and their orjson serde.
 
 Every record is keyed by ``group_id`` (UTF-8 bytes). Values are JSON (orjson), one pydantic
-model per topic. The input topic carries the episode envelope exactly as produced (design §4);
-each hop record carries the stage's pydantic output from ``processors`` plus ``origin``, the
-position and Kafka timestamp of the episode's record on the input topic (used for the
-produce->written latency and to match dead letters to what was produced).
+model per topic. The input topic carries the episode envelope exactly as produced (README
+"Topics"); the hop record between the two hops (``topics.chain``) carries extraction's output
+plus ``origin``, the position and Kafka timestamp of the episode's record on the input topic
+(used for the produce->written latency and to match dead letters to what was produced).
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from processors.extraction import Extraction
 from tidegraph.records.episode import MAX_JSON_DEPTH, json_too_deep
-from tidegraph.records.stages import ResolvedEpisode, StampedEpisode
+from tidegraph.records.stages import Extraction
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -42,29 +41,11 @@ class RecordRef(BaseModel):
 
 
 class ExtractedRecord(BaseModel):
-    """``{prefix}.extracted``: extraction -> resolution."""
+    """``{prefix}.extracted``: the extraction hop -> the write hop."""
 
     v: Literal[1] = SCHEMA_VERSION
     origin: RecordRef
     extraction: Extraction
-
-
-class ResolvedRecord(BaseModel):
-    """``{prefix}.resolved``: resolution -> temporal."""
-
-    v: Literal[1] = SCHEMA_VERSION
-    origin: RecordRef
-    resolved: ResolvedEpisode
-    created_entities: list[str] = Field(default_factory=list)  # uuids resolution created
-
-
-class StampedRecord(BaseModel):
-    """``{prefix}.stamped``: temporal -> invalidation + write."""
-
-    v: Literal[1] = SCHEMA_VERSION
-    origin: RecordRef
-    stamped: StampedEpisode
-    created_entities: list[str] = Field(default_factory=list)
 
 
 class NewEntityRecord(BaseModel):

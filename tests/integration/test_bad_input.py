@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
 
 from pipelines.client import Produced, ProduceReport, describe_line, producer_for
-from processors.extraction import Extractor
+from processors.extraction import ExtractionStep
 from processors.temporal import stamp_interval
 from tests.corpus.bad_records import GROUP_KEY, BadCase, Corpus, bad_corpus
 from tests.integration.topology_harness import REPO, TIDEGRAPH, Topology, eventually
@@ -74,7 +74,7 @@ async def outcome_without_store(case: BadCase) -> tuple[str, str] | None:
 
 async def extracted_and_stamped(episode: Episode) -> tuple[str, str] | None:
     try:
-        extraction = await Extractor(mappings=crm_mappings(), llm=None).run(episode)
+        extraction = await ExtractionStep(mappings=crm_mappings(), llm=None).run(episode)
     except RecordError as exc:
         return "extraction", exc.reason
     try:

@@ -1,6 +1,6 @@
 """The temporal graph core against the real Neo4j server and the scripted LLM (issue 3).
 
-Episodes run through ``EpisodePipeline``/``ingest`` (and, for a few cases, the real CLI as a
+Episodes run through ``InProcessChain``/``ingest`` (and, for a few cases, the real CLI as a
 subprocess). The LLM is ``ScriptedLLMServer`` driven through the real ``openai`` client by
 ``LLMClient``; what it answers comes from a :class:`Script` written in each test, in a tiny
 fixture language: an episode's content maps to the facts it states, one per line::
@@ -32,8 +32,9 @@ import orjson
 import pytest
 import yaml
 
+from pipelines.inprocess import IngestReport, InProcessChain, ingest
+from pipelines.retry import RetryPolicy
 from processors.mapping import MappingSet
-from processors.pipeline import EpisodePipeline, IngestReport, ingest
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
 from tidegraph.records.episode import Episode
@@ -274,8 +275,8 @@ async def llm(server: ScriptedLLMServer) -> AsyncIterator[LLMClient]:
 
 
 @pytest.fixture
-def pipeline(store: Neo4jStore, embedder: HashingEmbedder, llm: LLMClient) -> EpisodePipeline:
-    return EpisodePipeline(store=store, embedder=embedder, llm=llm, mappings=None)
+def pipeline(store: Neo4jStore, embedder: HashingEmbedder, llm: LLMClient) -> InProcessChain:
+    return InProcessChain(store=store, embedder=embedder, llm=llm, mappings=None)
 
 
 @pytest.fixture
@@ -314,7 +315,7 @@ class Feed:
         )
 
 
-async def run(pipeline: EpisodePipeline, episodes: list[Episode]) -> IngestReport:
+async def run(pipeline: InProcessChain, episodes: list[Episode]) -> IngestReport:
     report = await ingest(pipeline, episodes)
     assert not report.failures, report.failures
     return report
@@ -362,7 +363,7 @@ def parse_iso(text: str | None) -> datetime | None:
 # ============================================================================= contradiction
 async def test_a_later_contradicting_fact_closes_the_earlier_one_and_a_late_one_is_born_closed(
     store: Neo4jStore,
-    pipeline: EpisodePipeline,
+    pipeline: InProcessChain,
     server: ScriptedLLMServer,
     script: Script,
     group_id: str,
@@ -427,7 +428,7 @@ async def test_a_later_contradicting_fact_closes_the_earlier_one_and_a_late_one_
 
 async def test_unrelated_facts_never_close_each_other_even_when_the_llm_says_so(
     store: Neo4jStore,
-    pipeline: EpisodePipeline,
+    pipeline: InProcessChain,
     server: ScriptedLLMServer,
     script: Script,
     group_id: str,
@@ -612,7 +613,7 @@ async def test_mapped_cardinality_one_after_out_of_order_delivery(
 ) -> None:
     mapping_file = tmp_path / "crm.yaml"
     mapping_file.write_text(CRM_MAPPING)
-    pipeline = EpisodePipeline(
+    pipeline = InProcessChain(
         store=store, embedder=embedder, llm=llm, mappings=MappingSet.load(mapping_file)
     )
     events = crm_events()
@@ -641,7 +642,7 @@ async def test_the_same_episode_twice_changes_nothing_and_a_whole_feed_twice_nei
     neo4j_driver: Any,
     group_id: str,
 ) -> None:
-    pipeline = EpisodePipeline(
+    pipeline = InProcessChain(
         store=store,
         embedder=embedder,
         llm=llm,
@@ -688,9 +689,10 @@ async def test_a_replay_after_a_crash_mid_episode_gives_the_same_graph(
     group_id: str,
     other_group: str,
 ) -> None:
-    """Resolution writes entities before the episode's transaction: a crash in between and a
-    redelivery must end exactly like an uninterrupted run (compared by names: uuids and
-    ingestion times differ between the two groups)."""
+    """An episode whose entities are stored but whose write never happened (a worker of an
+    earlier version that wrote entities at resolution, killed before the write) ends, once
+    redelivered, exactly like an uninterrupted run (compared by names: uuids and ingestion
+    times differ between the two groups)."""
     lines = [
         (
             "Alice from Acme Corp: we use the LaserJet.",
@@ -715,13 +717,15 @@ async def test_a_replay_after_a_crash_mid_episode_gives_the_same_graph(
         feed = Feed(group, start=at(2024, 5, 1))
         return [feed.text(content) for content, _ in lines]
 
-    clean = EpisodePipeline(store=store, embedder=embedder, llm=llm, mappings=None)
+    clean = InProcessChain(store=store, embedder=embedder, llm=llm, mappings=None)
     await run(clean, episodes(other_group))
 
     crashed = episodes(group_id)
     await run(clean, crashed[:1])
-    extraction = await clean.extractor.run(crashed[1])
-    await clean.resolver.run(extraction)  # entities written, then the worker dies
+    extraction, resolution = clean.steps[0], clean.steps[1]
+    resolved = await resolution.run(await extraction.run(crashed[1]))
+    assert resolved.pending.created  # resolution leaves its upserts to the episode's write
+    await store.upsert_entities(group_id, resolved.pending.entities)  # then the worker dies
     assert not await store.episode_processed(group_id, crashed[1].uuid)
     await run(clean, crashed)
 
@@ -752,7 +756,7 @@ async def test_a_replay_after_a_crash_mid_episode_gives_the_same_graph(
 # ============================================================================= resolution
 async def test_acme_corp_and_acme_corporation_resolve_to_one_entity_when_the_llm_says_so(
     store: Neo4jStore,
-    pipeline: EpisodePipeline,
+    pipeline: InProcessChain,
     server: ScriptedLLMServer,
     script: Script,
     group_id: str,
@@ -801,7 +805,7 @@ async def test_records_with_the_same_crm_key_resolve_without_any_llm_call(
     server: ScriptedLLMServer,
     group_id: str,
 ) -> None:
-    pipeline = EpisodePipeline(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
+    pipeline = InProcessChain(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
     feed = Feed(group_id)
     records = [
         {
@@ -865,7 +869,7 @@ async def test_a_text_mention_joins_the_one_crm_entity_of_its_name_without_an_ll
     """A ticket that says "Acme Corp" is about the CRM account named Acme Corp: with one keyed
     entity of that name, no resolution call; with two (two accounts share the name), the
     LLM decides, as it does for any undecided mention."""
-    pipeline = EpisodePipeline(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
+    pipeline = InProcessChain(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
 
     def account(feed: Feed, ident: int, at_day: int) -> Episode:
         record = {"type": "account.plan", "account": {"id": ident, "name": "Acme Corp"},
@@ -896,7 +900,7 @@ async def test_a_text_mention_joins_the_one_crm_entity_of_its_name_without_an_ll
 # ============================================================================= hostile text
 async def test_hostile_names_and_relation_types_are_stored_verbatim_and_harm_nothing(
     store: Neo4jStore,
-    pipeline: EpisodePipeline,
+    pipeline: InProcessChain,
     embedder: HashingEmbedder,
     llm: LLMClient,
     script: Script,
@@ -917,7 +921,7 @@ async def test_hostile_names_and_relation_types_are_stored_verbatim_and_harm_not
             f"Bob `the` builder",
         )
     )
-    mapped = EpisodePipeline(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
+    mapped = InProcessChain(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
     record = feed.record(
         {
             "type": "account.plan",
@@ -960,7 +964,7 @@ async def test_llm_rate_limits_server_errors_and_timeouts_are_retried(
     group_id: str,
 ) -> None:
     client = make_llm(server, timeout=0.5, max_attempts=6)
-    pipeline = EpisodePipeline(store=store, embedder=embedder, llm=client, mappings=None)
+    pipeline = InProcessChain(store=store, embedder=embedder, llm=client, mappings=None)
     feed = Feed(group_id)
     first = feed.text(script.says("Alice joined Acme.", "Alice[Person] -WORKS_AT-> Acme[Org]"))
     second = feed.text(script.says("Alice moved to Globex.", "Alice -WORKS_AT-> Globex[Org]"))
@@ -1001,7 +1005,7 @@ async def test_malformed_answers_are_retried_then_reported_per_episode(
     fault: str,
 ) -> None:
     client = make_llm(server, max_attempts=3)
-    pipeline = EpisodePipeline(store=store, embedder=embedder, llm=client, mappings=None)
+    pipeline = InProcessChain(store=store, embedder=embedder, llm=client, mappings=None)
     feed = Feed(group_id)
     episodes = [
         feed.text(script.says("Alice joined Acme.", "Alice[Person] -WORKS_AT-> Acme[Org]")),
@@ -1037,7 +1041,7 @@ async def test_malformed_answers_are_retried_then_reported_per_episode(
     retry_client = make_llm(server)
     try:
         again = await ingest(
-            EpisodePipeline(store=store, embedder=embedder, llm=retry_client, mappings=None),
+            InProcessChain(store=store, embedder=embedder, llm=retry_client, mappings=None),
             episodes,
         )
     finally:
@@ -1047,7 +1051,7 @@ async def test_malformed_answers_are_retried_then_reported_per_episode(
 
 
 async def test_a_store_error_before_any_stage_fails_only_that_episode(
-    store: Neo4jStore, pipeline: EpisodePipeline, script: Script, group_id: str
+    store: Neo4jStore, embedder: HashingEmbedder, llm: LLMClient, script: Script, group_id: str
 ) -> None:
     feed = Feed(group_id)
     episodes = [
@@ -1069,8 +1073,14 @@ async def test_a_store_error_before_any_stage_fails_only_that_episode(
                 raise ConnectionError("Neo4j went away")
             return await store.episode_processed(group, uuid, content_hash)
 
-    pipeline.store = Flaky()  # type: ignore[assignment]
-    report = await ingest(pipeline, episodes)
+    chain = InProcessChain(
+        store=Flaky(),  # type: ignore[arg-type]
+        embedder=embedder,
+        llm=llm,
+        mappings=None,
+        policy=RetryPolicy(max_attempts=2, backoff=0.01),
+    )
+    report = await ingest(chain, episodes)
     assert report.episodes == 2
     assert [(f.stage, f.error_class, f.reason, f.episode_id) for f in report.failures] == [
         ("extraction", "ConnectionError", "io", episodes[1].id)
@@ -1121,7 +1131,7 @@ def support_feed(feed: Feed, script: Script, people: tuple[str, str], company: s
 
 async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
     store: Neo4jStore,
-    pipeline: EpisodePipeline,
+    pipeline: InProcessChain,
     server: ScriptedLLMServer,
     script: Script,
     group_id: str,

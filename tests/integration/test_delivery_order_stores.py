@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.pipeline import EpisodePipeline
+from pipelines.inprocess import InProcessChain
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import FactView
@@ -150,7 +150,7 @@ async def graph_of(store: GraphStore, records: list[Record]) -> dict[str, list[R
     """The facts of ``records`` delivered in this order into a group of their own (deleted
     afterwards): all of them, and those valid at each event time, as known now."""
     group = f"order-{uuidlib.uuid4().hex[:12]}"
-    pipeline = EpisodePipeline(
+    pipeline = InProcessChain(
         store=store, embedder=HashingEmbedder(dim=DIM), llm=None, mappings=crm.crm_mappings()
     )
     try:

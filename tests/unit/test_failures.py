@@ -14,9 +14,9 @@ import orjson
 import pytest
 from neo4j.exceptions import IncompleteCommit, ServiceUnavailable, TransientError
 
+from pipelines.inprocess import read_jsonl
 from processors.failures import REASONS, StageError, classify
-from processors.pipeline import read_jsonl
-from processors.temporal import MAX_TIME_TEXT, Stamper, parse_when, stamp_interval
+from processors.temporal import MAX_TIME_TEXT, TemporalStep, parse_when, stamp_interval
 from tidegraph.llm import LLMError
 from tidegraph.records.episode import CUSTOM_REASONS, Episode, parse_episode
 from tidegraph.records.errors import (
@@ -276,7 +276,9 @@ async def test_temporal_stamping_runs_off_the_event_loop(monkeypatch: pytest.Mon
         facts=[FactDraft(subject=0, object=1, relation="R", fact="A R B", valid_at="2024")],
         mapped=True,
     )
-    stamped = await Stamper().run(ResolvedEpisode(extraction=extraction, entity_uuids=["a", "b"]))
+    stamped = await TemporalStep().run(
+        ResolvedEpisode(extraction=extraction, entity_uuids=["a", "b"])
+    )
     assert stamped.facts[0].valid_at.year == 2024
     assert threads and threads[0] is not threading.main_thread()
     assert asyncio.get_running_loop() is not None

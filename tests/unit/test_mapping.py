@@ -1,4 +1,5 @@
-"""Declared mappings: JSON records -> entities and facts with no LLM (design §4)."""
+"""Declared mappings: JSON records -> entities and facts with no LLM (README "Declared
+mappings")."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from processors.extraction import Extractor
+from processors.extraction import ExtractionStep
 from processors.mapping import MappingSet, render
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import MappingError, NoExtractorError, RecordError
@@ -235,10 +236,10 @@ async def test_mapped_records_skip_the_llm(mappings: MappingSet) -> None:
         async def structured(self, **kwargs: Any) -> Any:
             raise AssertionError("a mapped record reached the LLM")
 
-    extractor = Extractor(mappings=mappings, llm=NoLLM())
+    extractor = ExtractionStep(mappings=mappings, llm=NoLLM())
     extraction = await extractor.run(episode(PLAN_CHANGED))
     assert extraction.mapped and extraction.llm_calls == 0
     with pytest.raises(NoExtractorError, match="no declared mapping matches"):
-        await Extractor(mappings=mappings, llm=None).run(episode({"type": "other"}))
+        await ExtractionStep(mappings=mappings, llm=None).run(episode({"type": "other"}))
     with pytest.raises(NoExtractorError, match="text episodes need an LLM"):
-        await Extractor(mappings=mappings, llm=None).run(episode("hello", source="text"))
+        await ExtractionStep(mappings=mappings, llm=None).run(episode("hello", source="text"))

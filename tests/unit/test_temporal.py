@@ -1,4 +1,5 @@
-"""Temporal stamping: stated times resolved against the episode's reference time (design §3)."""
+"""Temporal stamping: stated times resolved against the episode's reference time (README "Two
+timelines")."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def ingest(
     if via != "process":
         raise typer.BadParameter("--via must be 'process' or 'kafka'")
     _setup_logging()
-    from processors.pipeline import read_jsonl
+    from pipelines.inprocess import read_jsonl
 
     episodes, failures = read_jsonl(path.read_bytes().splitlines())
     report = asyncio.run(_ingest(episodes, mapping or settings.mappings, settings, concurrency))
@@ -174,19 +174,18 @@ def _report_failures(failures: list, path: Path | None) -> None:  # type: ignore
 async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrency: int):  # type: ignore[no-untyped-def]
     from rich.progress import Progress
 
+    from pipelines.inprocess import ingest as run_ingest
     from pipelines.runtime import open_runtime
-    from processors.pipeline import ingest as run_ingest
 
     runtime = await open_runtime(settings, mapping_path=mapping)
     try:
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task("ingesting", total=len(episodes))
             report = await run_ingest(
-                runtime.pipeline,
+                runtime.chain(),
                 episodes,
                 concurrency=concurrency,
                 on_done=lambda _: progress.advance(task),
-                record_timeout=settings.record_timeout_seconds,
             )
     finally:
         await runtime.close()
@@ -213,7 +212,7 @@ def facts(
     history: bool = typer.Option(False, "--history", help="Every fact, valid or not."),
     as_json: bool = typer.Option(False, "--json", help="JSON lines."),
 ) -> None:
-    """Facts valid at T as believed at K (design §3)."""
+    """Facts valid at T as believed at K (README "Two timelines")."""
     views = asyncio.run(
         _query_facts(group, _when(valid_at, "--valid-at"), _when(known_at, "--known-at"), history)
     )

@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from pipelines.inprocess import Failure, IngestReport, ingest, read_jsonl
 from pipelines.runtime import Runtime, open_runtime
-from processors.pipeline import Failure, IngestReport, ingest, read_jsonl
 from tidegraph.embed import MiniLMEmbedder
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EntityRecord, FactView
@@ -149,7 +149,7 @@ async def _ingest_feed(runtime: Runtime, console: Console) -> None:
         f"  {len(episodes)} JSON records from {len(groups)} tenants ({', '.join(groups)}), "
         f"mapped by {MAPPING_FILE.name} (no LLM)",
     )
-    report = await ingest(runtime.pipeline, episodes)
+    report = await ingest(runtime.chain(), episodes)
     _say(console, f"  {report.line()}, {_rate(report)}")
     _print_failures(console, report.failures)
 
@@ -176,7 +176,7 @@ async def _ingest_messages(runtime: Runtime, console: Console) -> None:
         f"  Extracting {len(episodes)} ticket messages live with {settings.llm_model} at "
         f"{settings.llm_base_url}",
     )
-    report = await ingest(runtime.pipeline, episodes)
+    report = await ingest(runtime.chain(), episodes)
     _say(console, f"  {report.line()}, {_rate(report)}")
     _print_failures(console, report.failures)
     await _show_extracted(runtime, console, episodes)

@@ -1,4 +1,5 @@
-"""The one LLM client of tidegraph: structured outputs from pydantic schemas (design §7).
+"""The one LLM client of tidegraph: structured outputs from pydantic schemas (README
+"Configuration": the LLM settings).
 
 ``LLMClient.structured`` sends one chat completion with ``response_format`` of type
 ``json_schema`` (strict) built from a pydantic model, parses the answer with orjson and

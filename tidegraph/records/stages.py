@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tidegraph.records.episode import MAX_NAME_CHARS, Episode
+from tidegraph.records.graph import EntityRecord, FactRecord
 from tidegraph.records.ids import to_relation_name
 
 
@@ -63,11 +64,34 @@ class Extraction(BaseModel):
         return self
 
 
+class PendingWrite(BaseModel):
+    """What resolution leaves to the episode's write, one transaction later in the same
+    ordered hop (``topics.chain``): the entity upserts, which of them are new, and the stored
+    facts its lookup already read (so that the write need not read them again)."""
+
+    entities: list[EntityRecord] = Field(default_factory=list)
+    created: list[str] = Field(default_factory=list)  # uuids of entities this episode creates
+    # The stored facts of the found entities for the episode's relations, read with the
+    # lookup (mapped episodes); None: the write reads its candidates itself.
+    known_facts: list[FactRecord] | None = None
+    known_sources: list[str] = Field(default_factory=list)  # entities known_facts covers
+
+
 class ResolvedEpisode(BaseModel):
     extraction: Extraction
     entity_uuids: list[str]  # one per extraction.entities index
     llm_calls: int = 0
     entities_new: int = 0  # entities this episode created
+    pending: PendingWrite = Field(default_factory=PendingWrite)
+
+
+class Processed(BaseModel):
+    """A step's answer for an episode that is already processed (a redelivery or a replay):
+    the chain stops here. ``created_entities``: the entities its write created, when known,
+    so that their new-entity events can be sent again (consumers treat them idempotently)."""
+
+    episode: Episode
+    created_entities: list[str] = Field(default_factory=list)
 
 
 class StampedFact(BaseModel):
@@ -93,6 +117,7 @@ class StampedEpisode(BaseModel):
     llm_calls: int = 0
     mapped: bool = False
     entities_new: int = 0
+    pending: PendingWrite = Field(default_factory=PendingWrite)
 
 
 class WriteSummary(BaseModel):
@@ -106,4 +131,5 @@ class WriteSummary(BaseModel):
     facts_born_closed: int = 0
     entities: int = 0  # entities the episode mentions
     entities_new: int = 0  # of which it created
+    created_entities: list[str] = Field(default_factory=list)  # their uuids (entities.new)
     llm_calls: int = 0

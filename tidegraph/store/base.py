@@ -180,7 +180,7 @@ class GraphStore(abc.ABC):
         include_invalid: bool = False,
         entity_uuid: str | None = None,
     ) -> list[FactView]:
-        """Facts as design §3 defines them:
+        """Facts as README "Two timelines" defines them (the rules: ``tidegraph.records.asof``):
         - believed at ``known_at`` (None = now): only facts with ``created_at <= known_at``,
           and ``invalid_at`` counts only when ``expired_at <= known_at``;
         - valid at ``valid_at`` (None = now): ``valid_at <= t < invalid_at`` (open end when

@@ -1,4 +1,4 @@
-"""plan_facts: dedupe and contradiction on both timelines, as pure logic (design §3).
+"""plan_facts: dedupe and contradiction on both timelines, as pure logic (README "Two timelines").
 
 Each scenario keeps a small in-memory "store" (uuid -> FactRecord) and applies every plan to
 it the way the graph store does (upsert full state; closures set invalid_at, expired_at only
@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from processors.invalidation import FactDecision, FactPlan, plan_facts, valid_at_time
+from processors.timeline import FactDecision, FactPlan, plan_facts, valid_at_time
 from tidegraph.records.asof import end_known_at, start_known_at
 from tidegraph.records.graph import FactRecord
 from tidegraph.records.stages import StampedFact
@@ -597,7 +597,7 @@ def test_a_closing_record_of_another_object_never_bounds_a_value() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known limit (processors/invalidation.py): a fact does not keep each statement's "
+    reason="known limit (processors/timeline.py): a fact does not keep each statement's "
     "time, so a late closing record cannot split restatements already merged around it",
 )
 def test_a_late_closing_record_splits_a_merged_many_fact() -> None:

@@ -19,7 +19,7 @@ from tidegraph.store.base import GraphStore
 
 
 class RecentEpisodes:
-    """A ``processors.extraction.ContextSource``: stored episodes + recently extracted ones."""
+    """Stored episodes + recently extracted ones, for extraction's prompt."""
 
     def __init__(self, store: GraphStore, *, per_group: int = 16, max_groups: int = 10_000):
         self.store = store

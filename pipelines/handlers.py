@@ -1,0 +1,369 @@
+"""Handlers: a consumed record in, the records to produce out (no Faust here).
+
+``HopHandler`` runs the stages of one hop of the chain (``topics.chain``) on a consumed
+record: it reads the hop's input (the episode envelope, or the extraction hop's record), runs
+the hop's steps through ``pipelines.chain.run_steps`` (the same runner as in-process), and
+turns the result into the hop's output (the extraction record, or the new-entity events after
+the write) or into a dead letter. Handlers never raise for a bad or failing record. Every
+effect is idempotent, so a handler may safely see the same record again (a redelivery after
+a crash, a replay): each step skips an already processed episode where it costs least (README
+"At-least-once with idempotent effects").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from pipelines.chain import ChainResult, run_steps
+from pipelines.config import WorkerSettings
+from pipelines.retry import RetryPolicy
+from processors.steps import Step
+from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, STAGE_EVENTS
+from tidegraph.records.episode import Episode, parse_episode
+from tidegraph.records.errors import InvalidEpisode
+from tidegraph.records.stages import Extraction, WriteSummary
+from tidegraph.records.times import utcnow
+from topics.chain import Hop
+from topics.names import TopicNames
+from topics.records import (
+    MAX_RECORD_VALUE_BYTES,
+    DeadLetter,
+    ExtractedRecord,
+    NewEntityRecord,
+    RecordRef,
+    decode,
+    encode,
+    encode_key,
+    original_record,
+    short_message,
+)
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """A record as a stage consumed it."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
+
+    @property
+    def ref(self) -> RecordRef:
+        return RecordRef(
+            topic=self.topic,
+            partition=self.partition,
+            offset=self.offset,
+            timestamp_ms=self.timestamp_ms,
+        )
+
+
+@dataclass(frozen=True)
+class Emit:
+    """A record to produce."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+
+
+class RecordHandler:
+    """What every handler shares: its retry policy and time budget, and dead letters."""
+
+    stage: str = "stage"
+
+    def __init__(self, names: TopicNames, worker: WorkerSettings, record_timeout: float) -> None:
+        self.names = names
+        self.worker = worker
+        self.record_timeout = record_timeout
+        self.steps: list[Step[Any, Any]] = []  # the chain's steps this handler runs, if any
+        self.policy = RetryPolicy(
+            max_attempts=worker.stage_max_attempts,
+            backoff=worker.retry_backoff_seconds,
+            backoff_max=worker.retry_backoff_max_seconds,
+        )
+
+    @property
+    def deadline(self) -> float:
+        """The longest a record may take in this handler, all its steps included: a backstop
+        behind the steps' own budgets (``pipelines.chain.run_step``)."""
+        return self.record_timeout * (len(self.steps) + 1)
+
+    async def handle(self, record: Consumed) -> list[Emit]:
+        raise NotImplementedError
+
+    def decode_hop(self, model: type[M], record: Consumed) -> M | Emit:
+        """The hop record, or a dead letter when it cannot be read (a producer bug)."""
+        try:
+            return decode(model, record.value or b"")
+        except (ValueError, ValidationError) as exc:
+            return self.dead(
+                record,
+                reason="bad_hop_record",
+                exc=exc,
+                attempts=1,
+                raw=record.value,
+            )
+
+    def dead(
+        self,
+        record: Consumed,
+        *,
+        reason: str,
+        exc: BaseException,
+        attempts: int,
+        stage: str | None = None,
+        episode: Episode | None = None,
+        origin: RecordRef | None = None,
+        raw: bytes | None = None,
+    ) -> Emit:
+        stage = stage or self.stage
+        if episode is not None:
+            raw = _episode_bytes(episode, fallback=raw if raw is not None else record.value)
+        body, encoding, truncated = original_record(raw)
+        letter = DeadLetter(
+            stage=stage,
+            reason=reason,
+            error_class=type(exc).__name__,
+            message=short_message(str(exc)),
+            attempts=attempts,
+            failed_at=utcnow(),
+            group_id=episode.group_id if episode else None,
+            episode_id=episode.id if episode else None,
+            episode_uuid=episode.uuid if episode else None,
+            origin=origin,
+            consumed=record.ref,
+            record=body,
+            record_encoding=encoding,  # type: ignore[arg-type]
+            truncated=truncated,
+        )
+        DEAD_LETTERS.labels(stage, reason).inc()
+        STAGE_EVENTS.labels(stage, "dead_lettered").inc()
+        log.warning(
+            "dead_letter stage=%s reason=%s group=%s episode=%s attempts=%d at=%s:%d:%d "
+            "error=%s: %s",
+            stage, reason, letter.group_id, letter.episode_id, attempts, record.topic,
+            record.partition, record.offset, letter.error_class, letter.message[:300],
+        )  # fmt: skip
+        key = encode_key(episode.group_id) if episode else record.key
+        return Emit(self.names.dlq, key, encode(letter))
+
+    def crashed(self, record: Consumed, exc: BaseException, *, reason: str) -> Emit:
+        """The dead letter of a record whose handling raised (``internal_error``: a handler
+        broke its contract) or ran out of its time budget (``timeout``): built from the
+        consumed bytes alone, so that it cannot fail the way the handler did."""
+        episode, origin = _episode_in(record.value)
+        return self.dead(
+            record,
+            reason=reason,
+            exc=exc,
+            attempts=1,
+            episode=episode,
+            origin=origin or record.ref,  # a hop record's origin, or this input record
+            raw=record.value,
+        )
+
+    def emit(
+        self,
+        topic: str,
+        value: BaseModel,
+        record: Consumed,
+        episode: Episode,
+        origin: RecordRef,
+    ) -> Emit:
+        """The hop record to produce, or a dead letter when it is too large for Kafka."""
+        data = encode(value)
+        if len(data) > MAX_RECORD_VALUE_BYTES:
+            error = ValueError(
+                f"the {topic} record of this episode would be {len(data)} bytes; Kafka takes "
+                f"at most {MAX_RECORD_VALUE_BYTES}"
+            )
+            return self.dead(
+                record, reason="too_large", exc=error, attempts=1, episode=episode, origin=origin
+            )
+        return Emit(topic, encode_key(episode.group_id), data)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A hop's input as read from a consumed record."""
+
+    item: Any  # what the hop's first step takes
+    episode: Episode
+    origin: RecordRef  # the episode's record on the input topic
+
+
+class HopHandler(RecordHandler):
+    """The stages of one hop on one consumed record."""
+
+    def __init__(
+        self,
+        hop: Hop,
+        steps: Sequence[Step[Any, Any]],
+        names: TopicNames,
+        worker: WorkerSettings,
+        record_timeout: float,
+    ) -> None:
+        super().__init__(names, worker, record_timeout)
+        self.hop = hop
+        self.stage = hop.name
+        self.steps = list(steps)
+        self._read: Callable[[Consumed], Taken | Emit] = getattr(self, READERS[hop.consumes])
+        self._write: Callable[[Consumed, Taken, ChainResult], list[Emit]] = getattr(
+            self, WRITERS[hop.produces]
+        )
+
+    async def handle(self, record: Consumed) -> list[Emit]:
+        taken = self._read(record)
+        if isinstance(taken, Emit):
+            return [taken]
+        episode = taken.episode
+        result = await run_steps(
+            self.steps,
+            taken.item,
+            policy=self.policy,
+            budget=self.record_timeout,
+            what=f"group={episode.group_id} episode={episode.id}",
+        )
+        if result.failure is not None:
+            failure = result.failure
+            return [
+                self.dead(
+                    record,
+                    stage=failure.stage,
+                    reason=failure.reason,
+                    exc=failure.error,
+                    attempts=failure.attempts,
+                    episode=episode,
+                    origin=taken.origin,
+                )
+            ]
+        return self._write(record, taken, result)
+
+    # ---- inputs
+    def _read_episode(self, record: Consumed) -> Taken | Emit:
+        """The input topic: an envelope as produced, checked (size, validity, key)."""
+        raw = record.value or b""
+        if len(raw) > self.worker.max_record_bytes:
+            error = ValueError(
+                f"record is {len(raw)} bytes; the limit is {self.worker.max_record_bytes} "
+                "(TIDEGRAPH_MAX_RECORD_BYTES)"
+            )
+            return self._invalid(record, "oversized", error)
+        try:
+            episode = parse_episode(raw)
+        except InvalidEpisode as exc:
+            return self._invalid(record, exc.reason, exc)
+        if record.key != encode_key(episode.group_id):
+            error = ValueError(
+                f"record key {record.key!r} is not the episode's group_id "
+                f"{episode.group_id!r}: per-group order needs key = group_id "
+                "(`tidegraph dlq replay` re-sends it with the right key)"
+            )
+            return self._invalid(record, "key_mismatch", error)
+        return Taken(episode, episode, record.ref)
+
+    def _read_extracted(self, record: Consumed) -> Taken | Emit:
+        hop = self.decode_hop(ExtractedRecord, record)
+        if isinstance(hop, Emit):
+            return hop
+        return Taken(hop.extraction, hop.extraction.episode, hop.origin)
+
+    def _invalid(self, record: Consumed, reason: str, exc: Exception) -> Emit:
+        return self.dead(
+            record,
+            stage="validation",
+            reason=reason,
+            exc=exc,
+            attempts=1,
+            origin=record.ref,
+            raw=record.value,
+        )
+
+    # ---- outputs
+    def _write_extracted(self, record: Consumed, taken: Taken, result: ChainResult) -> list[Emit]:
+        if result.processed is not None:
+            return []  # already in the graph: nothing to hand on
+        extraction: Extraction = result.value
+        out = ExtractedRecord(origin=taken.origin, extraction=extraction)
+        return [self.emit(self.names.extracted, out, record, taken.episode, taken.origin)]
+
+    def _write_new_entities(
+        self, record: Consumed, taken: Taken, result: ChainResult
+    ) -> list[Emit]:
+        """The episode's new-entity events, after its write committed. Also sent again for
+        an episode found already written (a worker that died between the write and the send
+        loses none); consumers treat them idempotently."""
+        if result.processed is not None:
+            created = result.processed.created_entities
+        else:
+            summary: WriteSummary = result.value
+            created = summary.created_entities
+            if not summary.skipped and taken.origin.timestamp_ms is not None:
+                END_TO_END_LATENCY.observe(max(0.0, time.time() - taken.origin.timestamp_ms / 1000))
+        episode = taken.episode
+        key = encode_key(episode.group_id)
+        return [
+            Emit(
+                self.names.entities_new,
+                key,
+                encode(
+                    NewEntityRecord(
+                        group_id=episode.group_id, entity_uuid=uuid, episode_uuid=episode.uuid
+                    )
+                ),
+            )
+            for uuid in created
+        ]
+
+
+# How a hop reads the topic it consumes and what it writes to the topic it produces (the
+# short names of topics.chain); tests check that every hop of the chain has both.
+READERS = {"episodes": "_read_episode", "extracted": "_read_extracted"}
+WRITERS = {"extracted": "_write_extracted", "entities.new": "_write_new_entities"}
+
+
+# Where a hop record (topics.records) holds the episode, by the key of its payload.
+_EPISODE_PATHS = (("extraction", "episode"),)
+
+
+def _episode_in(value: bytes | None) -> tuple[Episode | None, RecordRef | None]:
+    """The episode and origin a consumed record carries (the envelope itself on the input
+    topic, or inside a hop record), so that its dead letter replays; (None, None) when it
+    cannot be read."""
+    try:
+        data = orjson.loads(value or b"")
+        if not isinstance(data, dict):
+            return None, None
+        origin = RecordRef.model_validate(data["origin"]) if "origin" in data else None
+        for path in _EPISODE_PATHS:
+            node: Any = data
+            for key in path:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                return Episode.model_validate(node), origin
+        return parse_episode(value or b""), None
+    except Exception:
+        return None, None
+
+
+def _episode_bytes(episode: Episode, *, fallback: bytes | None) -> bytes | None:
+    """The episode as JSON for a dead letter, or ``fallback`` (the consumed bytes) when it
+    cannot be serialised."""
+    try:
+        return orjson.dumps(episode.model_dump(mode="json"))
+    except Exception:
+        return fallback

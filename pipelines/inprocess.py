@@ -1,0 +1,243 @@
+"""The chain in one process (``tidegraph ingest``, ``tidegraph demo``, benchmarks): every stage
+of ``topics.chain.CHAIN`` in order on each episode, per-group order kept, groups in parallel.
+
+The steps are the ones the Faust agents run, built from the same table and run through the
+same ``pipelines.chain.run_steps`` (retries, metrics, time budget); only the topics are left
+out. A failing episode is recorded with its dead-letter reason and its group goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.chain import ChainResult, run_steps
+from pipelines.retry import RetryPolicy
+from processors.mapping import MappingSet
+from processors.prompts import StructuredLLM
+from processors.steps import Components
+from tidegraph.embed.base import Embedder
+from tidegraph.records.episode import Episode, parse_episode
+from tidegraph.records.errors import InvalidEpisode
+from tidegraph.records.stages import WriteSummary
+from tidegraph.store.base import GraphStore
+from topics.chain import CHAIN, build_steps
+
+DEFAULT_RECORD_TIMEOUT = 600.0
+
+
+@dataclass
+class Failure:
+    """A record the chain could not process, with why (what its dead letter would say)."""
+
+    stage: str
+    error_class: str
+    message: str
+    record: Any  # the original record (raw line or episode JSON)
+    group_id: str | None = None
+    episode_id: str | None = None
+    attempts: int = 1
+    reason: str = "error"  # one of processors.failures.REASONS
+    line: int | None = None  # the line of the input file, when read from one
+
+
+class EpisodeFailed(Exception):
+    """An episode the chain gave up on (``failure`` says where and why)."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(f"{failure.stage}: {failure.reason}: {failure.message}")
+        self.failure = failure
+
+
+class InProcessChain:
+    """Every stage of the chain, in order, on one episode at a time per group."""
+
+    def __init__(
+        self,
+        *,
+        store: GraphStore,
+        embedder: Embedder,
+        llm: StructuredLLM | None,
+        mappings: MappingSet | None,
+        context_episodes: int = 4,
+        policy: RetryPolicy | None = None,
+        record_timeout: float = DEFAULT_RECORD_TIMEOUT,
+    ) -> None:
+        components = Components.of(
+            store=store,
+            embedder=embedder,
+            llm=llm,
+            mappings=mappings,
+            context_episodes=context_episodes,
+        )
+        self._setup(components, policy, record_timeout)
+
+    @classmethod
+    def from_components(
+        cls,
+        components: Components,
+        *,
+        policy: RetryPolicy | None = None,
+        record_timeout: float = DEFAULT_RECORD_TIMEOUT,
+    ) -> InProcessChain:
+        """The chain over components opened elsewhere (``pipelines.runtime``)."""
+        chain = cls.__new__(cls)
+        chain._setup(components, policy, record_timeout)
+        return chain
+
+    def _setup(
+        self, components: Components, policy: RetryPolicy | None, record_timeout: float
+    ) -> None:
+        self.components = components
+        self.steps = build_steps(components, CHAIN)
+        self.policy = policy or RetryPolicy()
+        self.record_timeout = record_timeout
+
+    async def process(self, episode: Episode) -> WriteSummary:
+        """The episode through every stage: its write summary (``skipped`` when it was already
+        processed). Raises EpisodeFailed when a stage gives up on it."""
+        result: ChainResult = await run_steps(
+            self.steps,
+            episode,
+            policy=self.policy,
+            budget=self.record_timeout,
+            what=f"group={episode.group_id} episode={episode.id}",
+        )
+        if result.failure is not None:
+            failure = result.failure
+            raise EpisodeFailed(
+                Failure(
+                    stage=failure.stage,
+                    error_class=type(failure.error).__name__,
+                    message=str(failure.error),
+                    record=episode.model_dump(mode="json"),
+                    group_id=episode.group_id,
+                    episode_id=episode.id,
+                    attempts=failure.attempts,
+                    reason=failure.reason,
+                )
+            )
+        if result.processed is not None:
+            return WriteSummary(
+                group_id=episode.group_id,
+                episode_uuid=episode.uuid,
+                episode_id=episode.id,
+                skipped=True,
+            )
+        summary: WriteSummary = result.value
+        return summary
+
+
+@dataclass
+class IngestReport:
+    episodes: int = 0
+    skipped: int = 0
+    entities_new: int = 0
+    facts_new: int = 0
+    facts_merged: int = 0
+    facts_closed: int = 0
+    facts_born_closed: int = 0
+    llm_calls: int = 0
+    seconds: float = 0.0
+    failures: list[Failure] = field(default_factory=list)
+
+    def add(self, summary: WriteSummary) -> None:
+        self.episodes += 1
+        if summary.skipped:
+            self.skipped += 1
+            return
+        self.entities_new += summary.entities_new
+        self.facts_new += summary.facts_new
+        self.facts_merged += summary.facts_merged
+        self.facts_closed += summary.facts_closed
+        self.facts_born_closed += summary.facts_born_closed
+        self.llm_calls += summary.llm_calls
+
+    def line(self) -> str:
+        return (
+            f"{self.episodes} episodes ({self.skipped} already processed), "
+            f"{self.entities_new} new entities, "
+            f"{self.facts_new} new facts, {self.facts_merged} merged, "
+            f"{self.facts_closed + self.facts_born_closed} invalidations "
+            f"({self.facts_born_closed} born closed), {self.llm_calls} LLM calls, "
+            f"{len(self.failures)} failed, {self.seconds:.1f}s"
+        )
+
+
+def read_jsonl(lines: Iterable[bytes | str]) -> tuple[list[Episode], list[Failure]]:
+    """The valid episodes of a file's lines, and a failure (with its reason) for each line
+    that is not one; blank lines are skipped."""
+    episodes: list[Episode] = []
+    failures: list[Failure] = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            episodes.append(parse_episode(line))
+        except InvalidEpisode as exc:
+            text = line.decode(errors="replace") if isinstance(line, bytes) else line
+            failures.append(
+                Failure(
+                    "validation",
+                    type(exc).__name__,
+                    f"line {n}: {exc}",
+                    text.strip(),
+                    reason=exc.reason,
+                    line=n,
+                )
+            )
+    return episodes, failures
+
+
+async def ingest(
+    chain: InProcessChain,
+    episodes: list[Episode],
+    *,
+    concurrency: int = 8,
+    on_done: Callable[[WriteSummary | None], None] | None = None,
+) -> IngestReport:
+    """Process episodes in order within each group, up to ``concurrency`` groups at once. A
+    failing episode is recorded with its reason and its group goes on with the next one."""
+    report = IngestReport()
+    started = time.perf_counter()
+    by_group: dict[str, list[Episode]] = {}
+    for episode in episodes:
+        by_group.setdefault(episode.group_id, []).append(episode)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def run_group(items: list[Episode]) -> None:
+        async with gate:
+            for episode in items:
+                try:
+                    summary = await chain.process(episode)
+                except Exception as exc:
+                    # EpisodeFailed, or a bug outside the steps' error handling: the episode
+                    # fails, its group goes on, the other groups are not cancelled.
+                    report.failures.append(_failure_of(episode, exc))
+                    if on_done:
+                        on_done(None)
+                    continue
+                report.add(summary)
+                if on_done:
+                    on_done(summary)
+
+    await asyncio.gather(*(run_group(items) for items in by_group.values()))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _failure_of(episode: Episode, exc: Exception) -> Failure:
+    if isinstance(exc, EpisodeFailed):
+        return exc.failure
+    return Failure(
+        stage="ingest",
+        error_class=type(exc).__name__,
+        message=str(exc),
+        record=episode.model_dump(mode="json"),
+        group_id=episode.group_id,
+        episode_id=episode.id,
+        reason="internal_error",
+    )
