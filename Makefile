@@ -28,6 +28,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 services-up: install
 	$(BIN)/tidegraph services up

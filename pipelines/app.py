@@ -161,14 +161,14 @@ def create_app(
         # on a group once its partition may start elsewhere.
         await asyncio.gather(*(stage.quiesce() for stage in list(lanes)))
 
-    @app.on_partitions_revoked.connect
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # Faust awaits async receivers
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
         await quiesce()
         for topic in consumed:
             ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(0)
         runtime.components.context.forget_all()
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # Faust awaits async receivers
     async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
         for stage_lanes in lanes:
             stage_lanes.reopen()  # records taken before the rebalance are still dropped
@@ -182,7 +182,7 @@ def create_app(
         if health is not None:
             health.kafka_connected = True  # joined the group (possibly with no partitions)
 
-    @app.on_before_shutdown.connect
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]  # Faust awaits async receivers
     async def on_shutdown(sender: Any, **_: Any) -> None:
         await quiesce()  # before the consumer's last commit
 
@@ -237,7 +237,8 @@ def stage_agent(
             per_key=worker.max_in_flight_per_group,
         )
         registry.append(lanes)
-        batches: AsyncIterator[Sequence[faust.EventT]] = stream.noack_take(  # type: ignore[assignment]
+        # noack_take is faust-streaming's, missing from its StreamT stub
+        batches: AsyncIterator[Sequence[faust.EventT]] = stream.noack_take(  # type: ignore[attr-defined]
             worker.batch_size, within=worker.batch_within_seconds
         )
         try:

@@ -220,12 +220,12 @@ def install_community_agent(
         if started:
             log.info("community_refresh_started groups=%s", ",".join(started))
 
-    @app.on_partitions_revoked.connect
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # Faust awaits async receivers
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
         await scheduler.cancel(tp.partition for tp in revoked if tp.topic == topic)
         ASSIGNED_PARTITIONS.labels(metric_topic).set(0)
 
-    @app.on_partitions_assigned.connect
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # Faust awaits async receivers
     async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
         mine = [tp.partition for tp in assigned if tp.topic == topic]
         ASSIGNED_PARTITIONS.labels(metric_topic).set(len(mine))
@@ -233,7 +233,7 @@ def install_community_agent(
         if gone:
             log.info("community groups forgotten (partition moved): %s", ",".join(gone))
 
-    @app.on_before_shutdown.connect
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]  # Faust awaits async receivers
     async def on_shutdown(sender: Any, **_: Any) -> None:
         await scheduler.close()
 

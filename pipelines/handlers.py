@@ -147,7 +147,7 @@ class RecordHandler:
             origin=origin,
             consumed=record.ref,
             record=body,
-            record_encoding=encoding,  # type: ignore[arg-type]
+            record_encoding=encoding,
             truncated=truncated,
         )
         DEAD_LETTERS.labels(stage, reason).inc()
@@ -333,7 +333,10 @@ class HopHandler(RecordHandler):
 # How a hop reads the topic it consumes and what it writes to the topic it produces (the
 # short names of topics.chain); tests check that every hop of the chain has both.
 READERS = {"episodes": "_read_episode", "extracted": "_read_extracted"}
-WRITERS = {"extracted": "_write_extracted", "entities.new": "_write_new_entities"}
+WRITERS: dict[str | None, str] = {
+    "extracted": "_write_extracted",
+    "entities.new": "_write_new_entities",
+}
 
 
 # Where a hop record (topics.records) holds the episode, by the key of its payload.

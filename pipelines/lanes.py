@@ -44,9 +44,10 @@ class KeyedLanes:
     async def submit(self, key: Hashable, job: Job) -> None:
         """Admit ``job`` after the jobs already submitted for ``key``. Dropped (not run)
         while the lanes are closed."""
-        if self._per_key is not None:
+        per_key = self._per_key
+        if per_key is not None:
             async with self._room:
-                await self._room.wait_for(lambda: self._depth[key] < self._per_key)
+                await self._room.wait_for(lambda: self._depth[key] < per_key)
         await self._slots.acquire()
         if self._closed:
             self._slots.release()

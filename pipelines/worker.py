@@ -116,7 +116,7 @@ class QuietWorker(faust.Worker):
         self.spinner = None
 
 
-def _stopper(server: ObservabilityServer, health: HealthState):  # type: ignore[no-untyped-def]
+def _stopper(server: ObservabilityServer, health: HealthState):
     async def stop() -> None:
         health.unwatch_loop()
         health.kafka_connected = False

@@ -167,15 +167,15 @@ def plan_refresh(
             taken.add(uuid)
     plan = RefreshPlan()
     for index, members in enumerate(fresh_groups):
-        uuid = matched.get(index)
-        if uuid is None:
+        kept = matched.get(index)
+        if kept is None:
             plan.created.append(CommunityRecord(community_uuid(group_id, members), "", "", members))
             continue
-        old = by_uuid[uuid]
+        old = by_uuid[kept]
         if sorted(old.members) == members:
             plan.unchanged.append(old)
         else:
-            plan.changed.append(CommunityRecord(uuid, old.name, old.summary, members))
+            plan.changed.append(CommunityRecord(kept, old.name, old.summary, members))
     plan.deleted = sorted(set(by_uuid) - taken)
     return plan
 

@@ -194,26 +194,26 @@ def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:
         _fits(f"{what} summary", summary, MAX_SUMMARY_CHARS)
         entities.append(EntityDraft(name=name, labels=labels, key=key, summary=summary))
     facts = []
-    for spec in rule.facts:
-        subject = aliases.index(spec.subject)
-        obj = aliases.index(spec.object) if spec.object is not None else -1
-        if spec.fact:
-            text = render(spec.fact, record)
+    for fact_spec in rule.facts:
+        subject = aliases.index(fact_spec.subject)
+        obj = aliases.index(fact_spec.object) if fact_spec.object is not None else -1
+        if fact_spec.fact:
+            text = render(fact_spec.fact, record)
         else:
             target = f" {entities[obj].name}" if obj >= 0 else ""
-            text = f"{entities[subject].name} {spec.relation}{target}"
-            text += " (ended)" if spec.closes else ""
-        _fits(f"rule {rule.name!r}: fact {spec.relation} text", text, MAX_FACT_CHARS)
+            text = f"{entities[subject].name} {fact_spec.relation}{target}"
+            text += " (ended)" if fact_spec.closes else ""
+        _fits(f"rule {rule.name!r}: fact {fact_spec.relation} text", text, MAX_FACT_CHARS)
         facts.append(
             FactDraft(
                 subject=subject,
                 object=obj,
-                relation=spec.relation,
+                relation=fact_spec.relation,
                 fact=text,
-                valid_at=_time_field(record, spec.valid_at),
-                invalid_at=_time_field(record, spec.invalid_at),
-                cardinality=spec.cardinality,
-                closes=spec.closes,
+                valid_at=_time_field(record, fact_spec.valid_at),
+                invalid_at=_time_field(record, fact_spec.invalid_at),
+                cardinality=fact_spec.cardinality,
+                closes=fact_spec.closes,
             )
         )
     return Extraction(episode=episode, entities=entities, facts=facts, mapped=True)

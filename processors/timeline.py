@@ -129,7 +129,7 @@ def plan_facts(
                     invalid_at=t,
                     created_at=now,
                     expired_at=now,
-                    cardinality=new.cardinality,  # type: ignore[arg-type]
+                    cardinality=new.cardinality,
                 )
                 state[marker.uuid] = marker
                 touched.add(marker.uuid)
@@ -168,7 +168,7 @@ def plan_facts(
             invalid_at=new.invalid_at,
             created_at=now,
             expired_at=now if new.invalid_at is not None else None,
-            cardinality=new.cardinality,  # type: ignore[arg-type]
+            cardinality=new.cardinality,
         )
         # The recorded ends (closing records) of this very fact bound it whatever its
         # cardinality; those of another object never do.

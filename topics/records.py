@@ -21,7 +21,7 @@ from tidegraph.records.stages import Extraction
 
 M = TypeVar("M", bound=BaseModel)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 # A dead letter keeps at most this much of the original record (Kafka's default maximum
 # message size is ~1 MB); longer records are cut and marked ``truncated``.
 MAX_DEAD_RECORD_BYTES = 512 * 1024

@@ -135,7 +135,7 @@ def ingest(
 SHOWN_FAILURES = 20
 
 
-def _report_failures(failures: list, path: Path | None) -> None:  # type: ignore[type-arg]
+def _report_failures(failures: list, path: Path | None) -> None:
     """The first failures on stderr, a count per reason, and every one of them in ``path``."""
     from collections import Counter
 
@@ -171,7 +171,7 @@ def _report_failures(failures: list, path: Path | None) -> None:  # type: ignore
         )
 
 
-async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrency: int):  # type: ignore[no-untyped-def]
+async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrency: int):
     from rich.progress import Progress
 
     from pipelines.inprocess import ingest as run_ingest
@@ -226,7 +226,7 @@ def facts(
     console.print(table)
 
 
-async def _query_facts(group: str, valid_at, known_at, history: bool):  # type: ignore[no-untyped-def]
+async def _query_facts(group: str, valid_at, known_at, history: bool):
     from tidegraph.store import open_store
 
     store = open_store(get_settings())
@@ -259,7 +259,7 @@ def entities(
     console.print(table)
 
 
-async def _list_entities(group: str):  # type: ignore[no-untyped-def]
+async def _list_entities(group: str):
     from tidegraph.store import open_store
 
     store = open_store(get_settings())

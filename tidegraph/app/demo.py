@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -96,7 +96,7 @@ def _heading(console: Console, text: str) -> None:
     console.print(Text(text, style="bold"))
 
 
-def _table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+def _table(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> Table:
     table = Table(title=title, title_justify="left", title_style="bold")
     for column in columns:
         table.add_column(column)
@@ -362,9 +362,9 @@ async def _show_known_at(
 ) -> None:
     """What the graph believed just before it learned the account's current plan."""
     current = [v for v in history if v.invalid_at is None]
-    if not current or current[-1].created_at is None:
+    latest = current[-1] if current else None
+    if latest is None or latest.created_at is None:
         return
-    latest = current[-1]
     known_at = _parse(latest.created_at) - timedelta(microseconds=1)
     believed = await _plan_at(runtime, account, known_at=known_at)
     _heading(console, "Known-at answer (what tidegraph believed at an earlier moment)")

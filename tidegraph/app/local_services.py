@@ -481,6 +481,7 @@ def probe_neo4j(uri: str, timeout: float = 3.0, auth: tuple[str, str] | None = N
             uri, auth=auth, connection_timeout=timeout, max_transaction_retry_time=0
         ) as driver:
             with driver.session() as session:
-                return session.run("RETURN 1 AS ok").single()["ok"] == 1
+                record = session.run("RETURN 1 AS ok").single()
+                return record is not None and record["ok"] == 1
     except Exception:
         return False

@@ -20,7 +20,7 @@ import hashlib
 import math
 import re
 import unicodedata
-from collections import Counter
+from collections import defaultdict
 from functools import lru_cache
 
 from tidegraph.embed.base import Embedder, EmbeddingThresholds
@@ -74,10 +74,10 @@ def normalise(text: str) -> str:
     return " ".join(_NON_WORD.sub(" ", joined).split())
 
 
-def features(text: str) -> Counter[str]:
+def features(text: str) -> dict[str, float]:
     """Weighted features of a text (see the module docstring)."""
     words = normalise(text).split()
-    found: Counter[str] = Counter()
+    found: defaultdict[str, float] = defaultdict(float)
     for word in words:
         _add_word_features(found, word)
     acronym = _acronym(words)
@@ -89,7 +89,7 @@ def features(text: str) -> Counter[str]:
     return found
 
 
-def _add_word_features(found: Counter[str], word: str) -> None:
+def _add_word_features(found: defaultdict[str, float], word: str) -> None:
     found["w:" + word] += _STOP_WORD_WEIGHT if word in _STOP_WORDS else _WORD_WEIGHT
     if word in _STOP_WORDS:
         return

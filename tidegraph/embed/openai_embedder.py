@@ -154,7 +154,7 @@ class OpenAIEmbedder(Embedder):
         await self._client.close()
 
     async def _embed_batch(self, batch: list[str]) -> list[list[float]]:
-        extra = {"dimensions": self.dim} if self.send_dimensions else {}
+        dimensions = self.dim if self.send_dimensions else openai.omit
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_attempts),
             wait=self._wait,
@@ -165,7 +165,10 @@ class OpenAIEmbedder(Embedder):
         async for attempt in retrying:
             with attempt:
                 response = await self._client.embeddings.create(
-                    model=self.model_name, input=batch, encoding_format="float", **extra
+                    model=self.model_name,
+                    input=batch,
+                    encoding_format="float",
+                    dimensions=dimensions,
                 )
         return self._vectors(response, len(batch))
 

@@ -59,6 +59,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import openai
 import orjson
 from aiolimiter import AsyncLimiter
+from openai.types.chat import (
+    ChatCompletionSystemMessageParam,
+    ChatCompletionUserMessageParam,
+)
+from openai.types.shared_params import ResponseFormatJSONSchema
 from pydantic import BaseModel, ValidationError
 from tenacity import (
     AsyncRetrying,
@@ -234,17 +239,17 @@ class _SchemaSpec:
     name: str
     schema: dict[str, Any]
     text: str  # canonical JSON of ``schema`` (sorted keys)
-    response_format: dict[str, Any]
+    response_format: ResponseFormatJSONSchema
 
 
 @functools.cache
 def _spec_for(model: type[BaseModel]) -> _SchemaSpec:
     schema = strict_json_schema(model)
     text = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS).decode()
-    response_format = {
-        "type": "json_schema",
-        "json_schema": {"name": model.__name__, "schema": schema, "strict": True},
-    }
+    response_format = ResponseFormatJSONSchema(
+        type="json_schema",
+        json_schema={"name": model.__name__, "schema": schema, "strict": True},
+    )
     return _SchemaSpec(model.__name__, schema, text, response_format)
 
 
@@ -450,10 +455,10 @@ class LLMClient:
             response = await self._openai.chat.completions.create(
                 model=self.model,
                 messages=[
-                    {"role": "system", "content": call.system},
-                    {"role": "user", "content": call.user},
+                    ChatCompletionSystemMessageParam(role="system", content=call.system),
+                    ChatCompletionUserMessageParam(role="user", content=call.user),
                 ],
-                response_format=call.spec.response_format,  # type: ignore[arg-type]
+                response_format=call.spec.response_format,
                 timeout=self.timeout,
             )
         except openai.APIStatusError as exc:

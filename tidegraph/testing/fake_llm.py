@@ -205,8 +205,8 @@ class ScriptedLLMServer:
         self._stopping = threading.Event()
         self._ids = itertools.count(1)
         self._httpd = _HTTPServer(self)
-        host, port = self._httpd.server_address[:2]
-        self.base_url = f"http://{host}:{port}/v1"
+        port = self._httpd.server_address[1]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
