@@ -584,7 +584,9 @@ class KuzuStore(GraphStore):
             if self._closed:
                 raise RuntimeError("the kuzu store is closed")
             self._dir.mkdir(parents=True, exist_ok=True)
-            limits = {} if self._max_db_size is None else {"max_db_size": self._max_db_size}
+            limits: dict[str, Any] = (
+                {} if self._max_db_size is None else {"max_db_size": self._max_db_size}
+            )
             self._db = kuzu.Database(
                 str(self._dir / DB_FILE),
                 buffer_pool_size=self._buffer_pool,
@@ -604,7 +606,7 @@ class KuzuStore(GraphStore):
         if not isinstance(result, kuzu.QueryResult):  # several statements: never sent
             raise TypeError("one statement per query")
         try:
-            return result.get_all()
+            return [list(row) for row in result.get_all()]
         finally:
             result.close()
 
