@@ -87,6 +87,7 @@ class EpisodeRecord(BaseModel):
     created_at: datetime | None = None
     producer_id: str = ""
     content_hash: str = ""  # Episode.content_hash; "" on episodes stored before it existed
+    content_embedding: list[float] | None = None  # for episode search (README "Memory retrieval")
 
 
 class FactView(BaseModel):

@@ -1,0 +1,115 @@
+"""What memory retrieval reads and answers (README "Memory retrieval"): the question
+(``SearchScope``), one scored candidate (``Hit``) and the JSON line a result prints as.
+
+Search methods (the stores) return hits; rerankers reorder them; the context builder turns
+them into text. A hit keeps the record it was found as, so every result traces back to the
+episodes (their producer ids) it came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
+
+Kind = Literal["fact", "entity", "episode", "community"]
+KINDS: tuple[Kind, ...] = ("fact", "entity", "episode", "community")
+
+Record = FactRecord | EntityRecord | EpisodeRecord | CommunityRecord
+
+
+@dataclass(frozen=True)
+class SearchScope:
+    """Whose memory and which moment: every read is limited to ``group_ids`` (the caller's
+    tenants); facts are those of ``asof`` (valid at T, believed at K, exactly as ``facts``);
+    entities, episodes and communities those stored by ``asof.known_at``, episodes also those
+    that happened by ``asof.valid_at``."""
+
+    group_ids: tuple[str, ...]
+    asof: AsOf
+
+    def __post_init__(self) -> None:
+        if not self.group_ids:
+            raise ValueError("a search needs at least one group id")
+
+
+@dataclass
+class Hit:
+    """One candidate: its kind, uuid, score (higher is better; each method's own scale
+    until a reranker replaces it) and the record it was found as.
+
+    ``episodes`` are the producer ids of the source episodes (a fact's or an entity's; an
+    episode's own is ``record.producer_id``); ``mentions`` how many episodes mention it (the
+    mentions reranker); ``distance`` hops from a centre entity (the distance reranker)."""
+
+    kind: Kind
+    uuid: str
+    score: float
+    record: Record
+    group_id: str
+    episodes: list[str] = field(default_factory=list)
+    mentions: int = 0
+    distance: int | None = None
+    # Entity names of a fact's ends (subject, object), for the context and the JSON line.
+    subject: str = ""
+    object: str = ""
+
+    @property
+    def text(self) -> str:
+        """The text a person reads for this hit (and a cross-encoder scores)."""
+        record = self.record
+        if isinstance(record, FactRecord):
+            return record.fact
+        if isinstance(record, EntityRecord):
+            return f"{record.name}: {record.summary}" if record.summary else record.name
+        if isinstance(record, EpisodeRecord):
+            return record.content
+        return f"{record.name}: {record.summary}" if record.summary else record.name
+
+    @property
+    def embedding(self) -> list[float] | None:
+        record = self.record
+        if isinstance(record, FactRecord):
+            return record.fact_embedding
+        if isinstance(record, EpisodeRecord):
+            return record.content_embedding
+        return record.name_embedding
+
+    def as_json(self, rank: int, query_id: str | None = None) -> dict[str, Any]:
+        """The JSON line of ``tidegraph search --json`` (README "Memory retrieval")."""
+        line: dict[str, Any] = {}
+        if query_id is not None:
+            line["query_id"] = query_id
+        line.update(
+            rank=rank, kind=self.kind, uuid=self.uuid, score=round(self.score, 6), text=self.text
+        )
+        line["group_id"] = self.group_id
+        record = self.record
+        if isinstance(record, FactRecord):
+            line.update(
+                subject=self.subject,
+                relation=record.name,
+                object=self.object,
+                valid_at=_iso(record.valid_at),
+                invalid_at=_iso(record.invalid_at),
+                created_at=_iso(record.created_at),
+                expired_at=_iso(record.expired_at),
+                episodes=self.episodes,
+            )
+        elif isinstance(record, EntityRecord):
+            line.update(name=record.name, labels=record.labels, episodes=self.episodes)
+        elif isinstance(record, EpisodeRecord):
+            line.update(
+                episode_id=record.producer_id,
+                name=record.name,
+                valid_at=_iso(record.valid_at),
+            )
+        else:
+            line.update(name=record.name)
+        return line
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
