@@ -98,6 +98,15 @@ class Settings(BaseSettings):
     mappings: Path | None = Field(
         None, description="Declared-mapping file (YAML) for JSON records; unset = none."
     )
+    rerank_base_url: str | None = Field(
+        None,
+        description="Base URL of a cross-encoder /rerank endpoint (Cohere, Jina, vLLM, TEI); "
+        "unset = no cross-encoder (the cross_encoder search recipes need one).",
+    )
+    rerank_model: str | None = Field(None, description="Reranker model at that endpoint.")
+    rerank_api_key: SecretStr | None = Field(
+        None, description="API key of the rerank endpoint (sent as a Bearer token)."
+    )
     context_episodes: int = Field(
         4, ge=0, description="Previous episodes of the group given to extraction as context."
     )
