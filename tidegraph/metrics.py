@@ -132,6 +132,19 @@ COMMUNITY_SUMMARIES = Counter(
     ["source"],
 )
 
+# ---- memory retrieval --------------------------------------------------------------------
+SEARCHES = Counter(
+    "tidegraph_searches_total",
+    "Memory searches (tidegraph.recall.Searcher), by recipe and outcome (ok, error).",
+    ["recipe", "outcome"],
+)
+SEARCH_LATENCY = Histogram(
+    "tidegraph_search_latency_seconds",
+    "Time one memory search takes (every method, the reranking), by recipe.",
+    ["recipe"],
+    buckets=LATENCY_BUCKETS,
+)
+
 # ---- streaming topology (Kafka workers) ----------------------------------------------------
 BATCH_SIZE = Histogram(
     "tidegraph_batch_records",

@@ -17,6 +17,7 @@ from typing import Any
 
 from tidegraph.embed.base import cosine
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.recall.rerank import CrossEncoder
 from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, Record, SearchScope
 
@@ -95,6 +96,7 @@ class RecallGraph:
     communities: dict[str, tuple[str, CommunityRecord]] = field(default_factory=dict)
     mentions: list[tuple[str, str]] = field(default_factory=list)
     calls: list[tuple[str, Kind | None]] = field(default_factory=list)
+    seeds: list[list[str]] = field(default_factory=list)  # of each expand_facts call
 
     def add(self, *records: Record, group: str = G) -> RecallGraph:
         for r in records:
@@ -198,6 +200,7 @@ class RecallGraph:
         self, scope: SearchScope, seeds: list[str], hops: int, limit: int
     ) -> list[Hit]:
         self.calls.append(("bfs", "fact"))
+        self.seeds.append(list(seeds))
         facts = self._facts(scope)
         reached = set(seeds)
         frontier = set(seeds)
@@ -254,3 +257,64 @@ def _document(record: Record) -> str:
     if isinstance(record, EpisodeRecord):
         return record.content
     return f"{record.name} {record.summary}"
+
+
+def people_graph() -> RecallGraph:
+    """Alice worked at Acme (days 0-100), then at Globex; Bob is her friend and likes tea;
+    Acme is in Paris. Three episodes, one community, and one fact of another group that no
+    search of group ``g`` may ever see."""
+    graph = RecallGraph()
+    graph.add(
+        entity("alice", "Alice Smith", "software engineer"),
+        entity("acme", "Acme Corp", "a software company"),
+        entity("globex", "Globex", "a logistics company"),
+        entity("bob", "Bob Jones", "Alice's friend"),
+        entity("paris", "Paris", "capital of France"),
+        entity("tea", "green tea"),
+        entity("initech", "Initech", group="other"),
+        fact(
+            "f_acme",
+            "alice",
+            "acme",
+            "Alice Smith works at Acme Corp as an engineer",
+            name="WORKS_AT",
+            valid_at=day(0),
+            invalid_at=day(100),
+            expired_at=K0,
+            episodes=["e1"],
+        ),  # fmt: skip
+        fact(
+            "f_globex",
+            "alice",
+            "globex",
+            "Alice Smith works at Globex",
+            name="WORKS_AT",
+            valid_at=day(100),
+            episodes=["e2"],
+        ),  # fmt: skip
+        fact("f_paris", "acme", "paris", "Acme Corp is headquartered in Paris", episodes=["e1"]),
+        fact("f_friend", "bob", "alice", "Bob Jones is a friend of Alice Smith", episodes=["e3"]),
+        fact("f_tea", "bob", "tea", "Bob Jones likes green tea", episodes=["e3"]),
+        fact("f_other", "initech", "initech", "Alice Smith works at Initech", group="other"),
+        episode("e1", "Alice started at Acme Corp today, as an engineer in Paris.", day(0)),
+        episode("e2", "Alice told us she moved to Globex.", day(100)),
+        episode("e3", "Bob had green tea with Alice and talked about her new job.", day(120)),
+    )
+    graph.add(community("c_acme", "Acme people", "Alice Smith and Acme Corp, in Paris",
+                        ["alice", "acme", "paris"]))  # fmt: skip
+    graph.mention("e1", "alice", "acme", "paris")
+    graph.mention("e2", "alice", "globex")
+    graph.mention("e3", "bob", "alice", "tea")
+    return graph
+
+
+class LengthEncoder(CrossEncoder):
+    """Scores a text by its length (a stand-in for a model)."""
+
+    def __init__(self, answer: list[float] | None = None) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+        self.answer = answer
+
+    async def scores(self, query: str, texts: list[str]) -> list[float]:
+        self.calls.append((query, texts))
+        return self.answer if self.answer is not None else [float(len(t)) for t in texts]

@@ -6,9 +6,8 @@ import math
 
 import pytest
 
-from tests.unit.recall_fixtures import community, day, embed, entity, episode, fact
+from tests.unit.recall_fixtures import LengthEncoder, community, day, embed, entity, episode, fact
 from tidegraph.recall.rerank import (
-    CrossEncoder,
     by_cross_encoder,
     by_distance,
     by_mentions,
@@ -131,18 +130,6 @@ def test_distance_ranks_nearest_first_facts_by_their_nearer_end():
 
 
 # ---- cross-encoder ---------------------------------------------------------------------------
-class LengthEncoder(CrossEncoder):
-    """Scores a text by its length (a stand-in for a model)."""
-
-    def __init__(self, answer: list[float] | None = None) -> None:
-        self.calls: list[tuple[str, list[str]]] = []
-        self.answer = answer
-
-    async def scores(self, query: str, texts: list[str]) -> list[float]:
-        self.calls.append((query, texts))
-        return self.answer if self.answer is not None else [float(len(t)) for t in texts]
-
-
 async def test_cross_encoder_orders_by_the_encoder_scores():
     encoder = LengthEncoder()
     hits = [fh("s", text="short"), fh("l", text="a much longer fact"), fh("m", text="medium!")]

@@ -1,0 +1,241 @@
+"""``Searcher`` (tidegraph/recall/search.py) over the exact in-memory source of
+tests/unit/recall_fixtures.py, and the recipes (tidegraph/recall/recipes.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.unit.recall_fixtures import EMBEDDER, LengthEncoder, RecallGraph, day, people_graph
+from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.recall.recipes import RECIPES, KindSearch, Recipe, recipe_named
+from tidegraph.recall.search import Searcher, SearchResults
+from tidegraph.records.search import Hit
+
+NOW = datetime(2024, 6, 1, tzinfo=UTC)  # day 152: Alice at Globex since day 100
+
+
+class CountingEmbedder(HashingEmbedder):
+    def __init__(self) -> None:
+        super().__init__(dim=EMBEDDER.dim)
+        self.texts: list[str] = []
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        self.texts += texts
+        return await super().embed(texts)
+
+
+def searcher(graph: RecallGraph | None = None, **kw) -> Searcher:
+    return Searcher(graph or people_graph(), CountingEmbedder(), **kw)
+
+
+def uuids(hits: list[Hit]) -> list[str]:
+    return [h.uuid for h in hits]
+
+
+# ---- recipes ---------------------------------------------------------------------------------
+def test_the_recipes_the_brief_names_exist_and_unknown_ones_are_listed():
+    for name in ("facts_rrf", "facts_mmr", "facts_distance", "entities_rrf", "episodes_rrf",
+                 "communities_rrf", "combined", "facts_bm25", "facts_vector", "episodes_bm25",
+                 "episodes_vector"):  # fmt: skip
+        assert recipe_named(name) is RECIPES[name]
+    assert RECIPES["combined"].kinds == ("fact", "entity", "episode", "community")
+    assert RECIPES["facts_distance"].needs_centre
+    with pytest.raises(ValueError, match="unknown search recipe 'nope'; choose one of: combined"):
+        recipe_named("nope")
+
+
+def test_recipes_refuse_what_cannot_run():
+    with pytest.raises(ValueError, match="finds facts only"):
+        KindSearch("entity", ("bm25", "bfs"), "rrf", limit=5)
+    with pytest.raises(ValueError, match="one method's order"):
+        KindSearch("fact", ("bm25", "vector"), "none", limit=5)
+    with pytest.raises(ValueError, match="at least 1"):
+        KindSearch("fact", ("bm25",), "none", limit=0)
+    one = KindSearch("fact", ("bm25",), "none", limit=5)
+    with pytest.raises(ValueError, match="each kind once"):
+        Recipe("twice", "", (one, one))
+
+
+# ---- the combined search ---------------------------------------------------------------------
+async def test_combined_finds_every_kind_valid_now_and_only_in_the_group():
+    found = await searcher().search("Where does Alice Smith work?", ["g"], known_at=NOW)
+    assert found.recipe == "combined" and found.time_words is None
+    assert uuids(found.facts)[0] == "f_globex"  # found by BM25, vector and the walk
+    assert "f_acme" not in uuids(found.facts)  # ended on day 100
+    assert uuids(found.entities)[0] == "alice"
+    assert set(uuids(found.episodes)) == {"e1", "e2", "e3"}
+    assert uuids(found.communities) == ["c_acme"]
+    everything = {h.uuid for h in found.all()}
+    assert not everything & {"f_other", "initech"}  # the other group's memory
+    assert len(found) == len(found.all()) <= 10 + 5 + 3 + 2
+
+
+async def test_valid_at_and_include_invalid_choose_the_facts():
+    s = searcher()
+    then = await s.search("Alice Smith works at", ["g"], valid_at=day(50), known_at=NOW)
+    assert "f_acme" in uuids(then.facts) and "f_globex" not in uuids(then.facts)
+    assert [h.uuid for h in then.episodes] == ["e1"]  # e2, e3 happened later
+    ever = await s.search("Alice Smith works at", ["g"], include_invalid=True, known_at=NOW)
+    assert {"f_acme", "f_globex"} <= set(uuids(ever.facts))
+
+
+async def test_a_time_phrase_sets_valid_at_unless_one_is_given():
+    s = searcher()
+    found = await s.search("Where did Alice Smith work in February 2024?", ["g"], known_at=NOW)
+    assert found.time_words is not None and found.time_words.phrase == "in February 2024"
+    assert found.scope.asof.valid_at == datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC)
+    assert "f_acme" in uuids(found.facts) and "f_globex" not in uuids(found.facts)
+    assert found.query == "Where did Alice Smith work in February 2024?"  # the words are kept
+    given = await s.search("Alice Smith in February 2024", ["g"], valid_at=NOW, known_at=NOW)
+    assert given.time_words is None and given.scope.asof.valid_at == NOW
+    off = searcher(time_words=False)
+    plain = await off.search("Alice Smith in February 2024", ["g"], known_at=NOW)
+    assert plain.time_words is None and "f_globex" in uuids(plain.facts)
+
+
+async def test_the_query_is_embedded_once_and_the_searches_run_together():
+    graph = people_graph()
+    running, most = 0, 0
+
+    def slow(method):
+        async def call(*args):
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            await asyncio.sleep(0.02)
+            running -= 1
+            return await method(*args)
+
+        return call
+
+    graph.fulltext_search = slow(graph.fulltext_search)  # type: ignore[method-assign]
+    graph.vector_search = slow(graph.vector_search)  # type: ignore[method-assign]
+    s = searcher(graph)
+    await s.search("Alice Smith", ["g"], known_at=NOW)
+    assert s.embedder.texts == ["Alice Smith"]  # type: ignore[attr-defined]
+    assert most == 8  # BM25 and vector of four kinds at once
+
+
+async def test_the_walk_starts_at_the_query_entities_recent_ones_and_the_centre():
+    graph = people_graph()
+    found = await searcher(graph).search(
+        "Globex", ["g"], recipe="facts_rrf", known_at=NOW, centre="paris"
+    )
+    seeds = graph.seeds[0]
+    assert seeds[:2] == ["paris", "globex"]  # the centre, then the best entity found
+    assert {"bob", "alice", "tea"} <= set(seeds)  # e3, the latest episode, mentions them
+    bfs = [c for c in graph.calls if c[0] == "bfs"]
+    assert bfs == [("bfs", "fact")]
+    assert {"f_globex", "f_friend", "f_tea", "f_paris"} <= set(uuids(found.facts))
+    assert "f_other" not in uuids(found.facts)
+
+
+async def test_a_walk_without_anything_to_start_from_is_skipped():
+    graph = RecallGraph()
+    found = await searcher(graph).search("anything", ["g"], recipe="facts_rrf", known_at=NOW)
+    assert found.facts == [] and graph.seeds == []
+
+
+# ---- other recipes ---------------------------------------------------------------------------
+async def test_facts_distance_ranks_by_hops_from_the_centre():
+    s = searcher()
+    with pytest.raises(ValueError, match="give centre=<entity uuid>"):
+        await s.search("Bob Jones", ["g"], recipe="facts_distance")
+    found = await s.search("Bob Jones", ["g"], recipe="facts_distance", centre="tea", known_at=NOW)
+    # tea -bob- alice -globex; Acme is only reached through the ended f_acme: unreached
+    assert [(h.uuid, h.distance) for h in found.facts] == [
+        ("f_tea", 0),
+        ("f_friend", 1),
+        ("f_globex", 2),
+        ("f_paris", None),
+    ]
+
+
+async def test_single_method_recipes_keep_their_method_order_and_limit_cuts():
+    s = searcher()
+    bm25 = await s.search("green tea", ["g"], recipe="facts_bm25", known_at=NOW)
+    assert uuids(bm25.facts) == ["f_tea"]  # BM25 finds only the words
+    vector = await s.search("green tea", ["g"], recipe="facts_vector", known_at=NOW, limit=2)
+    assert len(vector.facts) == 2 and vector.facts[0].uuid == "f_tea"
+    assert vector.facts[0].score >= vector.facts[1].score
+    episodes = await s.search("green tea", ["g"], recipe="episodes_bm25", known_at=NOW)
+    assert uuids(episodes.episodes) == ["e3"] and episodes.facts == []
+
+
+async def test_mmr_and_mentions_recipes():
+    s = searcher()
+    # The closest facts to the query (hashing cosines): f_friend 0.60, f_globex 0.55,
+    # f_paris 0.21. f_globex says much what f_friend says ("Alice Smith"), so MMR puts the
+    # different f_paris before it.
+    diverse = await s.search("Alice Smith works", ["g"], recipe="facts_mmr", known_at=NOW)
+    assert uuids(diverse.facts)[:3] == ["f_friend", "f_paris", "f_globex"]
+    mentioned = await s.search("Alice Bob", ["g"], recipe="entities_mentions", known_at=NOW)
+    assert uuids(mentioned.entities)[:2] == ["alice", "bob"]  # 3 episodes, then 1
+    assert mentioned.entities[0].score == 3.0
+
+
+async def test_the_cross_encoder_recipe_needs_an_encoder():
+    with pytest.raises(ValueError, match="TIDEGRAPH_RERANK_BASE_URL"):
+        await searcher().search("tea", ["g"], recipe="facts_cross_encoder")
+    s = searcher(cross_encoder=LengthEncoder())
+    found = await s.search("Alice", ["g"], recipe="facts_cross_encoder", known_at=NOW)
+    texts = [h.text for h in found.facts]
+    assert texts == sorted(texts, key=len, reverse=True)
+
+
+async def test_bad_questions_are_explained():
+    s = searcher()
+    with pytest.raises(ValueError, match="the query is empty"):
+        await s.search("  ", ["g"])
+    with pytest.raises(ValueError, match="at least one group"):
+        await s.search("tea", [])
+    with pytest.raises(ValueError, match="limit must be at least 1"):
+        await s.search("tea", ["g"], limit=0)
+    with pytest.raises(ValueError, match="unknown search recipe"):
+        await s.search("tea", ["g"], recipe="best")
+
+
+async def test_a_failing_store_is_counted_and_raised():
+    graph = people_graph()
+
+    async def broken(*args):
+        raise ConnectionError("store down")
+
+    graph.vector_search = broken  # type: ignore[method-assign]
+    labels = {"recipe": "episodes_rrf", "outcome": "error"}
+    before = REGISTRY.get_sample_value("tidegraph_searches_total", labels) or 0.0
+    with pytest.raises(ConnectionError):
+        await searcher(graph).search("tea", ["g"], recipe="episodes_rrf")
+    assert REGISTRY.get_sample_value("tidegraph_searches_total", labels) == before + 1
+
+
+async def test_searches_are_timed_per_recipe():
+    labels = {"recipe": "communities_rrf"}
+    before = REGISTRY.get_sample_value("tidegraph_search_latency_seconds_count", labels) or 0.0
+    found = await searcher().search("Acme people", ["g"], recipe="communities_rrf")
+    assert uuids(found.communities) == ["c_acme"]
+    after = REGISTRY.get_sample_value("tidegraph_search_latency_seconds_count", labels)
+    assert after == before + 1
+
+
+def test_all_interleaves_the_kinds_by_rank():
+    from tidegraph.records.asof import AsOf
+    from tidegraph.records.search import SearchScope
+
+    graph = people_graph()
+    scope = SearchScope(("g",), AsOf.resolve(None, None, False, None))
+
+    def hit(kind, uuid):
+        record = {"fact": graph.facts, "entity": graph.entities, "episode": graph.episodes}
+        return Hit(kind, uuid, 0.0, record[kind][uuid], "g")
+
+    results = SearchResults("q", "combined", scope)
+    results.facts = [hit("fact", "f_tea"), hit("fact", "f_friend"), hit("fact", "f_paris")]
+    results.entities = [hit("entity", "bob")]
+    results.episodes = [hit("episode", "e3"), hit("episode", "e1")]
+    assert uuids(results.all()) == ["f_tea", "bob", "e3", "f_friend", "e1", "f_paris"]
+    assert len(SearchResults("q", "combined", scope).all()) == 0

@@ -1,0 +1,265 @@
+"""``Searcher``: one memory search, ``rerank(search(query))`` (README "Memory retrieval").
+
+A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a graph store):
+
+1. the scope: the caller's groups, valid at ``valid_at`` as believed at ``known_at``; with no
+   ``valid_at``, a time phrase in the query ("in March 2023", see timewords.py) gives it;
+2. every BM25 and vector search of the recipe at once (``asyncio.gather``), the query
+   embedded once, plus, when the recipe walks the graph, the seed entities: those BM25 and
+   vector search find for the query, and those the most recent episodes mention;
+3. breadth-first search over valid facts from the seeds (and the ends of the best facts
+   found, and the centre entity);
+4. each kind reranked as the recipe says and cut to its limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from tidegraph.embed.base import Embedder
+from tidegraph.metrics import SEARCH_LATENCY, SEARCHES
+from tidegraph.recall.recipes import DEFAULT_RECIPE, KindSearch, Recipe, recipe_named
+from tidegraph.recall.rerank import (
+    CrossEncoder,
+    by_cross_encoder,
+    by_distance,
+    by_mentions,
+    mmr,
+    rrf,
+)
+from tidegraph.recall.source import SearchSource
+from tidegraph.recall.timewords import TimeWords, find_time
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import CommunityRecord, FactRecord
+from tidegraph.records.search import KINDS, Hit, Kind, SearchScope
+from tidegraph.records.times import utc, utcnow
+
+SEED_ENTITIES = 5  # best entities of the query that seed the walk
+SEED_FACTS = 3  # best facts of the query whose ends seed the walk
+RECENT_EPISODES = 3  # most recent episodes whose entities seed the walk
+DISTANCE_HOPS = 3  # beyond this a hit counts as unreached by the distance reranker
+
+
+@dataclass
+class SearchResults:
+    """What one search found, each kind best first."""
+
+    query: str
+    recipe: str
+    scope: SearchScope
+    facts: list[Hit] = field(default_factory=list)
+    entities: list[Hit] = field(default_factory=list)
+    episodes: list[Hit] = field(default_factory=list)
+    communities: list[Hit] = field(default_factory=list)
+    time_words: TimeWords | None = None  # the time phrase that set valid_at, if one did
+
+    def of(self, kind: Kind) -> list[Hit]:
+        return {
+            "fact": self.facts,
+            "entity": self.entities,
+            "episode": self.episodes,
+            "community": self.communities,
+        }[kind]
+
+    def all(self) -> list[Hit]:
+        """Every hit, interleaved by rank: the best of each kind (fact, entity, episode,
+        community), then the second of each, and so on."""
+        lists = [self.of(kind) for kind in KINDS]
+        depth = max((len(hits) for hits in lists), default=0)
+        return [hits[i] for i in range(depth) for hits in lists if i < len(hits)]
+
+    def __len__(self) -> int:
+        return sum(len(self.of(kind)) for kind in KINDS)
+
+
+class Searcher:
+    """Runs search recipes over a store (see the module docstring)."""
+
+    def __init__(
+        self,
+        source: SearchSource,
+        embedder: Embedder,
+        cross_encoder: CrossEncoder | None = None,
+        *,
+        time_words: bool = True,
+    ) -> None:
+        self.source = source
+        self.embedder = embedder
+        self.cross_encoder = cross_encoder
+        self.time_words = time_words
+
+    async def search(
+        self,
+        query: str,
+        group_ids: Sequence[str],
+        *,
+        valid_at: datetime | None = None,
+        known_at: datetime | None = None,
+        include_invalid: bool = False,
+        recipe: str = DEFAULT_RECIPE,
+        limit: int | None = None,
+        centre: str | None = None,
+    ) -> SearchResults:
+        """Search the memory of ``group_ids`` for ``query``: valid at ``valid_at`` (default:
+        from a time phrase in the query, else now) as believed at ``known_at`` (default now).
+        ``limit`` replaces every kind's limit of the recipe; ``centre`` (an entity uuid)
+        seeds the walk, and the distance recipes rank by hops from it."""
+        chosen = recipe_named(recipe)
+        text = query.strip()
+        if not text:
+            raise ValueError("the query is empty: ask a question or name what to recall")
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        if chosen.needs_centre and not centre:
+            raise ValueError(
+                f"recipe {recipe!r} ranks by distance from an entity: give centre=<entity uuid>"
+            )
+        if chosen.needs_cross_encoder and self.cross_encoder is None:
+            raise ValueError(
+                f"recipe {recipe!r} needs a cross-encoder: set TIDEGRAPH_RERANK_BASE_URL and "
+                "TIDEGRAPH_RERANK_MODEL, or choose another recipe"
+            )
+        groups = (group_ids,) if isinstance(group_ids, str) else tuple(dict.fromkeys(group_ids))
+        found_time = None
+        if valid_at is None and self.time_words:
+            # Off the event loop: a written date goes through dateparser (a few words only).
+            reference = utc(known_at) if known_at else utcnow()
+            found_time = await asyncio.to_thread(find_time, text, reference)
+            valid_at = found_time.valid_at if found_time else None
+        scope = SearchScope(groups, AsOf.resolve(valid_at, known_at, include_invalid, None))
+        started = time.perf_counter()
+        try:
+            results = await self._run(chosen, text, scope, limit, centre)
+        except BaseException:
+            SEARCHES.labels(chosen.name, "error").inc()
+            raise
+        SEARCH_LATENCY.labels(chosen.name).observe(time.perf_counter() - started)
+        SEARCHES.labels(chosen.name, "ok").inc()
+        results.time_words = found_time
+        return results
+
+    async def _run(
+        self, recipe: Recipe, text: str, scope: SearchScope, limit: int | None, centre: str | None
+    ) -> SearchResults:
+        needs_embedding = recipe.uses("vector") or any(s.reranker == "mmr" for s in recipe.searches)
+        embedding = (
+            asyncio.ensure_future(self.embedder.embed_one(text)) if needs_embedding else None
+        )
+        walk = recipe.uses("bfs")
+
+        async def vector(kind: Kind, count: int) -> list[Hit]:
+            if embedding is None:  # seeds of a walk in a recipe without vector search
+                return []
+            return await self.source.vector_search(scope, kind, await embedding, count)
+
+        # Every first-round search at once, by (kind, method).
+        jobs: dict[tuple[str, str], Awaitable[Any]] = {}
+        for search in recipe.searches:
+            for method in search.methods:
+                if method == "bm25":
+                    jobs[search.kind, method] = self.source.fulltext_search(
+                        scope, search.kind, text, search.candidates
+                    )
+                elif method == "vector":
+                    jobs[search.kind, method] = vector(search.kind, search.candidates)
+        if walk:
+            for method in ("bm25", "vector"):
+                if ("entity", method) not in jobs:
+                    jobs["entity", method] = (
+                        self.source.fulltext_search(scope, "entity", text, SEED_ENTITIES)
+                        if method == "bm25"
+                        else vector("entity", SEED_ENTITIES)
+                    )
+            jobs["seed", "recent"] = self.source.recent_episode_entities(scope, RECENT_EPISODES)
+        if embedding is not None:
+            jobs["query", "embedding"] = embedding
+        found = dict(zip(jobs, await _all(list(jobs.values())), strict=True))
+        query_embedding: list[float] | None = found.get(("query", "embedding"))
+
+        fact_search = recipe.search_for("fact")
+        if fact_search is not None and "bfs" in fact_search.methods:
+            seeds = _seeds(found, centre)
+            found["fact", "bfs"] = (
+                await self.source.expand_facts(
+                    scope, seeds, fact_search.hops, fact_search.candidates
+                )
+                if seeds
+                else []
+            )
+
+        results = SearchResults(text, recipe.name, scope)
+        ranked = await _all(
+            [
+                self._rerank(search, found, text, scope, query_embedding, centre)
+                for search in recipe.searches
+            ]
+        )
+        for search, hits in zip(recipe.searches, ranked, strict=True):
+            results.of(search.kind).extend(hits[: limit or search.limit])
+        return results
+
+    async def _rerank(
+        self,
+        search: KindSearch,
+        found: dict[tuple[str, str], Any],
+        text: str,
+        scope: SearchScope,
+        query_embedding: list[float] | None,
+        centre: str | None,
+    ) -> list[Hit]:
+        lists: list[list[Hit]] = [found[search.kind, m] for m in search.methods]
+        if search.reranker == "none":
+            return list(lists[0])
+        fused = rrf(lists)
+        if search.reranker == "mmr":
+            assert query_embedding is not None  # embedded for every recipe that uses MMR
+            return mmr(fused, query_embedding, search.mmr_lambda)
+        if search.reranker == "mentions":
+            return by_mentions(fused)
+        if search.reranker == "distance":
+            assert centre is not None  # checked by search()
+            ends = list(dict.fromkeys(u for hit in fused for u in _entities_of(hit)))
+            distances = await self.source.entity_distances(scope, centre, ends, DISTANCE_HOPS)
+            return by_distance(fused, distances, centre)
+        if search.reranker == "cross_encoder":
+            assert self.cross_encoder is not None  # checked by search()
+            return await by_cross_encoder(fused, text, self.cross_encoder)
+        return fused
+
+
+def _seeds(found: dict[tuple[str, str], Any], centre: str | None) -> list[str]:
+    """Where the walk starts: the centre, the query's best entities, the ends of its best
+    facts and the entities of the most recent episodes, each once."""
+    entities = rrf([found["entity", "bm25"], found["entity", "vector"]])[:SEED_ENTITIES]
+    fact_lists = [found[k] for k in (("fact", "bm25"), ("fact", "vector")) if k in found]
+    facts = rrf(fact_lists)[:SEED_FACTS]
+    seeds = [centre] if centre else []
+    seeds += [hit.uuid for hit in entities]
+    seeds += [u for hit in facts for u in _entities_of(hit)]
+    seeds += found["seed", "recent"]
+    return list(dict.fromkeys(seeds))
+
+
+def _entities_of(hit: Hit) -> tuple[str, ...]:
+    record = hit.record
+    if isinstance(record, FactRecord):
+        return (record.source_uuid, record.target_uuid)
+    if isinstance(record, CommunityRecord):
+        return tuple(record.members)
+    return (hit.uuid,) if hit.kind == "entity" else ()
+
+
+async def _all(jobs: list[Awaitable[Any]]) -> list[Any]:
+    """``asyncio.gather`` that cancels the jobs still running when one fails."""
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
