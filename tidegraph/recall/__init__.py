@@ -12,3 +12,29 @@ the Zep paper.
 
 Pure logic over the store interface: no store, server or CLI is imported here.
 """
+
+from tidegraph.recall.context import build_context
+from tidegraph.recall.crossencoder import HttpCrossEncoder, RerankError, cross_encoder_from_settings
+from tidegraph.recall.recipes import DEFAULT_RECIPE, RECIPES, KindSearch, Recipe, recipe_named
+from tidegraph.recall.rerank import CrossEncoder
+from tidegraph.recall.search import Searcher, SearchResults
+from tidegraph.recall.source import SearchSource
+from tidegraph.recall.timewords import TimeWords, find_time
+
+__all__ = [
+    "DEFAULT_RECIPE",
+    "RECIPES",
+    "CrossEncoder",
+    "HttpCrossEncoder",
+    "KindSearch",
+    "Recipe",
+    "RerankError",
+    "SearchResults",
+    "SearchSource",
+    "Searcher",
+    "TimeWords",
+    "build_context",
+    "cross_encoder_from_settings",
+    "find_time",
+    "recipe_named",
+]
