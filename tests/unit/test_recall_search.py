@@ -155,6 +155,22 @@ async def test_facts_distance_ranks_by_hops_from_the_centre():
     ]
 
 
+async def test_entities_distance_ranks_entities_by_hops_from_the_centre():
+    found = await searcher().search(
+        "Alice Smith Bob Jones Globex", ["g"], recipe="entities_distance", centre="bob",
+        known_at=NOW,
+    )  # fmt: skip
+    # Acme and Paris are reached only through the ended f_acme: unreached, last
+    assert [(h.uuid, h.distance) for h in found.entities] == [
+        ("bob", 0),
+        ("alice", 1),
+        ("tea", 1),  # the same distance: the fused order (alice matched the query better)
+        ("globex", 2),
+        ("acme", None),
+        ("paris", None),
+    ]
+
+
 async def test_single_method_recipes_keep_their_method_order_and_limit_cuts():
     s = searcher()
     bm25 = await s.search("green tea", ["g"], recipe="facts_bm25", known_at=NOW)

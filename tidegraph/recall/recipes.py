@@ -134,6 +134,11 @@ _ALL = (
         "facts by BM25, vector and BFS, ordered by the cross-encoder (needs one configured)",
         KindSearch("fact", FACT_HYBRID, "cross_encoder", limit=10),
     ),
+    _one(
+        "entities_distance",
+        "entities by BM25 and vector, nearest to the centre entity first (needs a centre)",
+        KindSearch("entity", HYBRID, "distance", limit=10),
+    ),
     _one("facts_bm25", "facts by BM25 only", KindSearch("fact", ("bm25",), "none", limit=10)),
     _one("facts_vector", "facts by vector only", KindSearch("fact", ("vector",), "none", limit=10)),
     _one(

@@ -106,7 +106,8 @@ class Searcher:
         centre: str | None = None,
     ) -> SearchResults:
         """Search the memory of ``group_ids`` for ``query``: valid at ``valid_at`` (default:
-        from a time phrase in the query, else now) as believed at ``known_at`` (default now).
+        the moment a time phrase in the query names, relative to ``known_at``, else now) as
+        believed at ``known_at`` (default now).
         ``limit`` replaces every kind's limit of the recipe; ``centre`` (an entity uuid)
         seeds the walk, and the distance recipes rank by hops from it."""
         chosen = recipe_named(recipe)
