@@ -28,6 +28,7 @@ from pipelines.config import WorkerSettings
 from pipelines.handlers import Consumed, Emit, HopHandler, RecordHandler
 from pipelines.health import HealthState
 from pipelines.lanes import KeyedLanes
+from pipelines.pending import pending_envelopes
 from pipelines.runtime import Runtime
 from tidegraph.connections import KafkaConnection
 from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
@@ -168,8 +169,14 @@ def create_app(
             ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(0)
         runtime.components.context.forget_all()
 
+    owned_episode_partitions: set[int] = set()  # the pending sweep's groups (below)
+
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # Faust awaits async receivers
     async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
+        owned_episode_partitions.clear()
+        owned_episode_partitions.update(
+            tp.partition for tp in assigned if tp.topic == names.episodes
+        )
         for stage_lanes in lanes:
             stage_lanes.reopen()  # records taken before the rebalance are still dropped
         for topic in consumed:
@@ -198,6 +205,27 @@ def create_app(
                 health.neo4j_reachable = False
             else:
                 health.neo4j_reachable = True
+
+    if runtime.llm is not None:
+
+        @app.timer(interval=worker.pending_sweep_seconds, name="tidegraph.pending_sweep")
+        async def sweep_pending() -> None:
+            # Episodes stored without extraction go through the chain again, on their group's
+            # partition so the group's order holds (README "Episodes without an LLM").
+            try:
+                envelopes = await pending_envelopes(
+                    runtime.store,
+                    set(owned_episode_partitions),
+                    partitions,
+                    worker.pending_sweep_limit,
+                )
+                for key, value in envelopes:
+                    await topic_objects[names.episodes].send(key=key.encode(), value=value)
+            except Exception:
+                log.exception("pending sweep failed; the next one tries again")
+                return
+            if envelopes:
+                log.info("pending_sweep resent=%d", len(envelopes))
 
     app.add_closer(runtime.close)
     return app

@@ -4,8 +4,9 @@ chain (``pipelines.inprocess``) share, so that both count, retry and give up ali
 Each step runs with its metrics (``timed``), its transient failures retried with backoff
 (``pipelines.retry``), and a time budget for all its attempts
 (``TIDEGRAPH_RECORD_TIMEOUT_SECONDS``): a step that runs out of it fails as ``timeout``. The
-first failure stops the record; a step that answers ``Processed`` (already processed) ends
-it too.
+first failure stops the record, unless the step has a ``fallback`` for it (extraction: an
+episode the LLM failed on is stored unextracted, README "Episodes without an LLM"); a step
+that answers ``Processed`` (already processed) ends it too.
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ async def run_steps(
         outcome = await run_step(step, item, policy=policy, budget=budget, what=what)
         if not outcome.ok:
             assert outcome.error is not None and outcome.verdict is not None
+            fallback = getattr(step, "fallback", None)
+            value = fallback(item, outcome.verdict.reason) if fallback is not None else None
+            if value is not None:
+                STAGE_EVENTS.labels(step.stage, "fallback").inc()
+                item = value
+                continue
             failure = StepFailure(
                 step.stage, root_cause(outcome.error), outcome.verdict.reason, outcome.attempts
             )

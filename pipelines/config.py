@@ -74,6 +74,15 @@ class WorkerSettings(BaseSettings):
     community_max_concurrent_refreshes: int = Field(
         2, ge=1, description="Most group refreshes a worker runs at once."
     )
+    pending_sweep_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="With an LLM configured: how often the worker sends the episodes stored "
+        "without extraction (of the groups whose partitions it owns) through the chain again.",
+    )
+    pending_sweep_limit: int = Field(
+        500, ge=1, description="Most not-yet-extracted episodes one sweep sends again."
+    )
 
     def group_id(self, prefix: str) -> str:
         return self.consumer_group or f"{prefix}.pipeline"

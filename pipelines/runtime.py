@@ -16,6 +16,7 @@ from processors.steps import Components
 from tidegraph.embed import make_embedder
 from tidegraph.embed.base import Embedder
 from tidegraph.llm import LLMClient
+from tidegraph.recall.crossencoder import CrossEncoder, cross_encoder_from_settings
 from tidegraph.settings import Settings
 from tidegraph.store import GraphStore, open_store
 
@@ -28,6 +29,7 @@ class Runtime:
     llm: LLMClient | None
     mappings: MappingSet | None
     components: Components
+    cross_encoder: CrossEncoder | None = None  # the optional reranker (TIDEGRAPH_RERANK_*)
 
     def chain(self) -> InProcessChain:
         """The chain in this process, over these components."""
@@ -38,6 +40,8 @@ class Runtime:
     async def close(self) -> None:
         if self.llm is not None:
             await self.llm.close()
+        if self.cross_encoder is not None:
+            await self.cross_encoder.close()
         await self.embedder.close()
         await self.store.close()
 
@@ -65,4 +69,6 @@ async def open_runtime(
         mappings=mappings,
         context_episodes=settings.context_episodes,
     )
-    return Runtime(settings, store, embedder, llm, mappings, components)
+    return Runtime(
+        settings, store, embedder, llm, mappings, components, cross_encoder_from_settings(settings)
+    )

@@ -4,6 +4,11 @@ JSON records that a declared mapping matches skip the LLM entirely and touch no 
 processed marker is read with resolution's lookup, in the round trip that stage makes anyway.
 Everything else takes one structured LLM call, with the group's previous episodes as context,
 after a check that the episode is not processed yet (so that a replay costs no LLM call).
+
+An episode nothing can extract now (no LLM configured and no mapping rule for it, or the LLM
+failed on it after every retry) is not lost: the step answers an empty extraction marked
+``not_extracted`` with why, so the episode is stored with its content, searchable at once,
+and ``tidegraph extract --pending`` extracts it later (README "Episodes without an LLM").
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ import logging
 from processors.context import RecentEpisodes
 from processors.mapping import MappingSet
 from processors.prompts import EXTRACTION_SYSTEM, ExtractionOutput, StructuredLLM, extraction_user
+from tidegraph.metrics import EPISODES_NOT_EXTRACTED
 from tidegraph.records.episode import Episode
-from tidegraph.records.errors import NoExtractorError
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.ids import to_label
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, Processed
@@ -65,17 +70,18 @@ class ExtractionStep:
         # Off the event loop: templates over a record of up to a megabyte.
         return await asyncio.to_thread(self.mappings.extract, episode)
 
+    def fallback(self, episode: Episode, reason: str) -> Extraction | None:
+        """What the chain goes on with when this step gives up on ``episode`` for ``reason``
+        (``pipelines.chain.run_steps``, after every retry): an LLM failure leaves the episode
+        stored but not extracted, never lost; every other failure is the record's own."""
+        if not (reason.startswith("llm_") or (reason == "timeout" and episode.source != "json")):
+            return None
+        return not_extracted(episode, reason)
+
     async def _extracted(self, episode: Episode) -> Extraction | None:
         if self.llm is None:
-            what = (
-                "no declared mapping matches this json record"
-                if episode.source == "json"
-                else (f"{episode.source} episodes need an LLM")
-            )
-            raise NoExtractorError(
-                f"{what} and no LLM is configured: set TIDEGRAPH_LLM_BASE_URL (and "
-                f"TIDEGRAPH_LLM_API_KEY, TIDEGRAPH_LLM_MODEL) or add a mapping rule"
-            )
+            reason = "no_extractor" if episode.source == "json" else "no_llm"
+            return not_extracted(episode, reason)
         if self.store is not None and await self.store.episode_processed(
             episode.group_id, episode.uuid, episode.content_hash
         ):
@@ -92,6 +98,16 @@ class ExtractionStep:
             schema=ExtractionOutput,
         )
         return from_llm_output(episode, output)
+
+
+def not_extracted(episode: Episode, reason: str) -> Extraction:
+    """The episode stored with its content and nothing extracted, because of ``reason``."""
+    EPISODES_NOT_EXTRACTED.labels(reason).inc()
+    log.warning(
+        "episode stored without extraction",
+        extra={"group_id": episode.group_id, "episode_id": episode.id, "reason": reason},
+    )
+    return Extraction(episode=episode, not_extracted=reason)
 
 
 def from_llm_output(episode: Episode, output: ExtractionOutput) -> Extraction:

@@ -93,6 +93,7 @@ class InvalidationStep:
             created_at=now,
             producer_id=episode.id,
             content_hash=episode.content_hash,
+            not_extracted=stamped.not_extracted,
         )
         written = await self.store.write_episode(
             group,
@@ -105,6 +106,7 @@ class InvalidationStep:
             ),
         )
         summary.llm_calls = stamped.llm_calls + llm_calls
+        summary.not_extracted = stamped.not_extracted
         if not written:  # processed meanwhile (e.g. by the worker that now owns the group)
             summary.skipped = True
             return summary

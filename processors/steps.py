@@ -28,6 +28,9 @@ Out = TypeVar("Out", covariant=True)
 
 
 class Step(Protocol[In, Out]):
+    """One stage. A step may also define ``fallback(item, reason) -> Out | None``: what the
+    chain goes on with when the step gives up on ``item`` (``pipelines.chain.run_steps``)."""
+
     stage: str  # the stage's name: metric label, dead-letter stage
 
     async def run(self, item: In) -> Out | Processed:

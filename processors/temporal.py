@@ -202,4 +202,5 @@ def stamp(resolved: ResolvedEpisode) -> StampedEpisode:
         mapped=extraction.mapped,
         entities_new=resolved.entities_new,
         pending=resolved.pending,
+        not_extracted=extraction.not_extracted,
     )

@@ -86,6 +86,12 @@ FACTS_INVALIDATED = Counter(
     "Facts closed by a contradicting fact, or stored born-closed (late).",
     ["kind"],
 )
+EPISODES_NOT_EXTRACTED = Counter(
+    "tidegraph_episodes_not_extracted_total",
+    "Episodes stored without extraction (searchable; `tidegraph extract --pending` extracts "
+    "them later), by reason: no_llm, no_extractor, or the LLM failure that stopped extraction.",
+    ["reason"],
+)
 ENTITIES_RESOLVED = Counter(
     "tidegraph_entities_resolved_total",
     "Extracted entities by how they were resolved (key, exact, llm, new).",

@@ -88,6 +88,8 @@ class EpisodeRecord(BaseModel):
     producer_id: str = ""
     content_hash: str = ""  # Episode.content_hash; "" on episodes stored before it existed
     content_embedding: list[float] | None = None  # for episode search (README "Memory retrieval")
+    # Why the episode is stored without extraction (Extraction.not_extracted); None: extracted.
+    not_extracted: str | None = None
 
 
 class FactView(BaseModel):

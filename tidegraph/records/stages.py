@@ -48,6 +48,10 @@ class Extraction(BaseModel):
     facts: list[FactDraft] = Field(default_factory=list)
     mapped: bool = False  # produced by a declared mapping (no LLM)
     llm_calls: int = 0
+    # Why nothing was extracted yet (README "Episodes without an LLM"): the episode is stored
+    # with its content, searchable, and `tidegraph extract --pending` extracts it later.
+    # None: extracted (possibly into nothing).
+    not_extracted: str | None = None
 
     @model_validator(mode="after")
     def _facts_name_its_entities(self) -> Extraction:
@@ -118,6 +122,7 @@ class StampedEpisode(BaseModel):
     mapped: bool = False
     entities_new: int = 0
     pending: PendingWrite = Field(default_factory=PendingWrite)
+    not_extracted: str | None = None  # Extraction.not_extracted
 
 
 class WriteSummary(BaseModel):
@@ -133,3 +138,4 @@ class WriteSummary(BaseModel):
     entities_new: int = 0  # of which it created
     created_entities: list[str] = Field(default_factory=list)  # their uuids (entities.new)
     llm_calls: int = 0
+    not_extracted: str | None = None  # stored without extraction, and why (Extraction)
