@@ -5,10 +5,12 @@ processed marker is read with resolution's lookup, in the round trip that stage 
 Everything else takes one structured LLM call, with the group's previous episodes as context,
 after a check that the episode is not processed yet (so that a replay costs no LLM call).
 
-An episode nothing can extract now (no LLM configured and no mapping rule for it, or the LLM
-failed on it after every retry) is not lost: the step answers an empty extraction marked
+A text or message episode the LLM cannot extract now (no LLM configured, or the LLM failed on
+it after every retry) is not lost: the step answers an empty extraction marked
 ``not_extracted`` with why, so the episode is stored with its content, searchable at once,
-and ``tidegraph extract --pending`` extracts it later (README "Episodes without an LLM").
+and ``tidegraph extract --pending`` extracts it later (README "Episodes without an LLM"). A
+json record is business data: one that no mapping rule matches, without an LLM, is
+dead-lettered (``no_extractor``) to be replayed once a rule covers it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from processors.mapping import MappingSet
 from processors.prompts import EXTRACTION_SYSTEM, ExtractionOutput, StructuredLLM, extraction_user
 from tidegraph.metrics import EPISODES_NOT_EXTRACTED
 from tidegraph.records.episode import Episode
+from tidegraph.records.errors import NoExtractorError
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.ids import to_label
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, Processed
@@ -74,14 +77,19 @@ class ExtractionStep:
         """What the chain goes on with when this step gives up on ``episode`` for ``reason``
         (``pipelines.chain.run_steps``, after every retry): an LLM failure leaves the episode
         stored but not extracted, never lost; every other failure is the record's own."""
-        if not (reason.startswith("llm_") or (reason == "timeout" and episode.source != "json")):
+        if episode.source == "json" or not (reason.startswith("llm_") or reason == "timeout"):
             return None
         return not_extracted(episode, reason)
 
     async def _extracted(self, episode: Episode) -> Extraction | None:
         if self.llm is None:
-            reason = "no_extractor" if episode.source == "json" else "no_llm"
-            return not_extracted(episode, reason)
+            if episode.source != "json":
+                return not_extracted(episode, "no_llm")
+            raise NoExtractorError(
+                "no declared mapping matches this json record and no LLM is configured: add "
+                "a mapping rule (then replay it from the dead-letter topic) or set "
+                "TIDEGRAPH_LLM_BASE_URL (and TIDEGRAPH_LLM_API_KEY, TIDEGRAPH_LLM_MODEL)"
+            )
         if self.store is not None and await self.store.episode_processed(
             episode.group_id, episode.uuid, episode.content_hash
         ):

@@ -70,8 +70,9 @@ REASONS: dict[str, str] = {
     "key_mismatch": "the Kafka key is not the episode's group_id (dlq replay re-sends it "
     "with the right key)",
     # -- extraction
-    "no_extractor": "no mapping rule matches the json record and no LLM is configured, or a "
-    "text episode arrived without an LLM",
+    "no_extractor": "no mapping rule matches the json record and no LLM is configured (a "
+    "text or message episode without an LLM is stored unextracted instead: README "
+    "\"Episodes without an LLM\")",
     "mapping_missing_field": "the record matched a mapping rule but lacks a field the rule needs",
     "mapping_bad_value": "a field the rule needs is null, empty, or not a scalar",
     "value_too_long": "a mapped entity name or key (512), summary (4,000) or fact text "

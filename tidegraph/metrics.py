@@ -89,7 +89,7 @@ FACTS_INVALIDATED = Counter(
 EPISODES_NOT_EXTRACTED = Counter(
     "tidegraph_episodes_not_extracted_total",
     "Episodes stored without extraction (searchable; `tidegraph extract --pending` extracts "
-    "them later), by reason: no_llm, no_extractor, or the LLM failure that stopped extraction.",
+    "them later), by reason: no_llm, or the LLM failure that stopped extraction.",
     ["reason"],
 )
 ENTITIES_RESOLVED = Counter(

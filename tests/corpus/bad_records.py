@@ -412,15 +412,8 @@ def _kafka_keys(b: _Builder) -> None:
 
 # ----------------------------------------------------------------------------- extraction
 def _extraction(b: _Builder) -> None:
-    b.add(
-        "text episode without an LLM", b.envelope("text without LLM"), "extraction", "no_extractor"
-    )
-    b.add(
-        "message episode without an LLM",
-        b.envelope("message without LLM", source="message", content="Ana: hi Bob"),
-        "extraction",
-        "no_extractor",
-    )
+    # A text or message episode without an LLM is no bad record: it is stored unextracted
+    # (README "Episodes without an LLM"; tests/integration/test_pending.py).
     b.add(
         "json record of an unmapped type",
         b.mapped("unmapped type", {"type": "invoice.paid", "amount": 10}),

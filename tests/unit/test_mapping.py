@@ -13,6 +13,7 @@ from processors.extraction import ExtractionStep
 from processors.mapping import MappingSet, render
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import MappingError, NoExtractorError, RecordError
+from tidegraph.records.stages import Extraction
 
 CRM_YAML = """
 mappings:
@@ -241,5 +242,7 @@ async def test_mapped_records_skip_the_llm(mappings: MappingSet) -> None:
     assert extraction.mapped and extraction.llm_calls == 0
     with pytest.raises(NoExtractorError, match="no declared mapping matches"):
         await ExtractionStep(mappings=mappings, llm=None).run(episode({"type": "other"}))
-    with pytest.raises(NoExtractorError, match="text episodes need an LLM"):
-        await ExtractionStep(mappings=mappings, llm=None).run(episode("hello", source="text"))
+    unextracted = await ExtractionStep(mappings=mappings, llm=None).run(
+        episode("hello", source="text")
+    )
+    assert isinstance(unextracted, Extraction) and unextracted.not_extracted == "no_llm"

@@ -434,15 +434,44 @@ async def test_a_mapped_record_needs_no_store_and_no_llm(store: MemoryStore) -> 
     assert counted.calls == [] and llm.calls == []
 
 
-async def test_without_an_llm_text_and_unmapped_json_have_no_extractor(store: MemoryStore) -> None:
+async def test_without_an_llm_unmapped_json_has_no_extractor(store: MemoryStore) -> None:
     step = ExtractionStep(mappings=MAPPINGS, llm=None, store=store)
-    for episode in (
-        text_episode("e1", "Alice works at Acme"),
-        json_episode("e2", {"type": "invoice.paid", "amount": 3}, day(1)),
-    ):
-        with pytest.raises(NoExtractorError) as failed:
-            await step.run(episode)
-        assert failed.value.reason == "no_extractor"
+    with pytest.raises(NoExtractorError) as failed:
+        await step.run(json_episode("e2", {"type": "invoice.paid", "amount": 3}, day(1)))
+    assert failed.value.reason == "no_extractor"
+
+
+async def test_without_an_llm_a_text_episode_goes_on_unextracted(store: MemoryStore) -> None:
+    step = ExtractionStep(mappings=MAPPINGS, llm=None, store=store)
+    result = await step.run(text_episode("e1", "Alice works at Acme"))
+    assert isinstance(result, Extraction)
+    assert result.not_extracted == "no_llm" and result.entities == [] and result.facts == []
+
+
+@pytest.mark.parametrize(
+    ("source", "reason", "stored"),
+    [
+        ("text", "llm_server", True),
+        ("text", "llm_invalid_output", True),
+        ("text", "timeout", True),
+        ("text", "invalid_value", False),  # the record's own fault: dead-lettered
+        ("json", "llm_server", False),  # business data: dead-lettered, replayed later
+    ],
+)
+async def test_extraction_falls_back_to_unextracted_only_for_llm_failures_of_text(
+    store: MemoryStore, source: str, reason: str, stored: bool
+) -> None:
+    step = ExtractionStep(mappings=MAPPINGS, llm=ScriptedLLM(), store=store)
+    episode = (
+        text_episode("e1", "Alice works at Acme")
+        if source == "text"
+        else json_episode("e2", {"type": "invoice.paid"}, day(1))
+    )
+    result = step.fallback(episode, reason)
+    if stored:
+        assert result is not None and result.not_extracted == reason
+    else:
+        assert result is None
 
 
 async def test_an_episode_for_the_llm_already_processed_costs_no_call(store: MemoryStore) -> None:
