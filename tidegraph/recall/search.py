@@ -164,10 +164,10 @@ class Searcher:
             for method in search.methods:
                 if method == "bm25":
                     jobs[search.kind, method] = self.source.fulltext_search(
-                        scope, search.kind, text, search.candidates
+                        scope, search.kind, text, _candidates(search, limit)
                     )
                 elif method == "vector":
-                    jobs[search.kind, method] = vector(search.kind, search.candidates)
+                    jobs[search.kind, method] = vector(search.kind, _candidates(search, limit))
         if walk:
             for method in ("bm25", "vector"):
                 if ("entity", method) not in jobs:
@@ -187,7 +187,7 @@ class Searcher:
             seeds = _seeds(found, centre)
             found["fact", "bfs"] = (
                 await self.source.expand_facts(
-                    scope, seeds, fact_search.hops, fact_search.candidates
+                    scope, seeds, fact_search.hops, _candidates(fact_search, limit)
                 )
                 if seeds
                 else []
@@ -264,3 +264,9 @@ async def _all(jobs: list[Awaitable[Any]]) -> list[Any]:
         for task in tasks:
             task.cancel()
         raise
+
+
+def _candidates(search: KindSearch, limit: int | None) -> int:
+    """Hits each method finds: the recipe's candidates, or more when the caller asks for
+    more results than that."""
+    return max(search.candidates, limit or search.limit)
