@@ -182,11 +182,17 @@ def test_demo_prints_the_graph_and_as_of_answers_matching_the_feed(tmp_path: Pat
     assert "0 failed" in out and "events/s" in out
     assert re.search(r"all-MiniLM-L6-v2-int8 \(bundled, offline\), loaded in \d+\.\d\d s", out)
     messages = len(demo.MESSAGES_FILE.read_bytes().splitlines())
-    assert f"Skipped {messages} ticket messages" in out
+    assert f"Stored {messages} ticket messages (ticket_messages.jsonl) without extraction" in out
     assert "TIDEGRAPH_LLM_BASE_URL" in out and "TIDEGRAPH_LLM_API_KEY" in out
     assert "Extracting" not in out and "Facts extracted live" not in out
     for title in ("Entities of northwind", "Facts of northwind valid now", "History of Acme"):
         assert title in out
+    # The recall ends the demo: the unextracted ticket message about the SSO lock-out is
+    # found by its words, and the plan fact from the CRM feed by the graph.
+    recall = out.split("Recall: what an agent answering the ticket puts in its prompt")[1]
+    assert "FACTS (when each was true):" in recall and "EPISODES:" in recall
+    assert "sign in with SSO" in recall
+    assert re.search(r"Acme Corp .*Enterprise", recall), recall
     assert "crm:account:nw-a-001" in out  # keys are printed as data, never as emoji codes
 
 

@@ -2,9 +2,11 @@
 
 A CRM feed (JSON records, three tenants, one year) goes through the declared mapping in
 ``samples/crm_mapping.yaml`` into the embedded kuzu store with the bundled MiniLM embedder: no
-Kafka, no Neo4j, no API key, no network. Support-ticket messages need an LLM: without one they
-are skipped with a line saying how to enable them; with one they are extracted live. Every
-answer printed afterwards is read back from the graph.
+Kafka, no Neo4j, no API key, no network. Support-ticket messages need an LLM to be extracted:
+without one they are stored unextracted (searchable, extracted later by ``tidegraph extract
+--pending``) with a line saying how to enable the LLM; with one they are extracted live. Every
+answer printed afterwards is read back from the graph, and the demo ends with an agent's
+recall: a search and the context string it would put in its prompt.
 
 ``python -m tidegraph.app.demo scale N`` writes a larger copy of the sample feed (N records) to
 stdout, for measuring the ingest speed (see docs/demo.md).
@@ -80,6 +82,7 @@ async def _run(data_dir: Path, console: Console, *, temporary: bool) -> None:
         await _ingest_feed(runtime, console)
         await _ingest_messages(runtime, console)
         await _show_graph(runtime, console)
+        await _show_recall(runtime, console)
     finally:
         await runtime.close()
     _print_outro(console, data_dir, temporary)
@@ -158,10 +161,12 @@ async def _ingest_messages(runtime: Runtime, console: Console) -> None:
     episodes = _read_episodes(MESSAGES_FILE)
     _heading(console, "Support-ticket messages")
     if runtime.llm is None:
+        report = await ingest(runtime.chain(), episodes)
         _say(
             console,
-            f"  Skipped {len(episodes)} ticket messages ({MESSAGES_FILE.name}): text episodes "
-            "need an LLM, and none is configured.",
+            f"  Stored {report.episodes - report.skipped} ticket messages ({MESSAGES_FILE.name}) "
+            "without extraction: no LLM is configured. They are searchable now; "
+            "`tidegraph extract --pending` extracts them once an LLM is.",
         )
         _say(
             console,
@@ -169,6 +174,7 @@ async def _ingest_messages(runtime: Runtime, console: Console) -> None:
             "e.g. https://api.openai.com/v1), TIDEGRAPH_LLM_API_KEY and TIDEGRAPH_LLM_MODEL, then "
             "run the demo again.",
         )
+        _print_failures(console, report.failures)
         return
     settings = runtime.settings
     _say(
@@ -202,6 +208,24 @@ async def _show_extracted(runtime: Runtime, console: Console, episodes: list[Epi
     columns = ("tenant", "subject", "relation", "object", "valid from", "fact")
     console.print()
     console.print(_table("Facts extracted live from the ticket messages", columns, rows))
+
+
+# ----------------------------------------------------------------------------- recall
+RECALL_GROUP = "northwind"
+RECALL_QUERY = "Why can Acme Corp not sign in, and which plan are they on?"
+
+
+async def _show_recall(runtime: Runtime, console: Console) -> None:
+    """What an agent answering Acme Corp's ticket would recall (README "Memory retrieval")."""
+    from tidegraph.recall.context import build_context
+    from tidegraph.recall.search import Searcher
+
+    searcher = Searcher(runtime.store, runtime.embedder, runtime.cross_encoder)
+    results = await searcher.search(RECALL_QUERY, [RECALL_GROUP])
+    _heading(console, "Recall: what an agent answering the ticket puts in its prompt")
+    _say(console, f"  tidegraph search --group {RECALL_GROUP} --context {RECALL_QUERY!r}")
+    for line in build_context(results, max_chars=1400, episode_chars=160).splitlines():
+        _say(console, f"  {line}")
 
 
 # ----------------------------------------------------------------------------- read back
