@@ -11,13 +11,14 @@ from typing import Any
 from pipelines.inprocess import InProcessChain, ingest
 from pipelines.pending import extract_pending
 from pipelines.retry import RetryPolicy
+from tests.integration.conftest import STORE_DIM
+from tests.integration.topology_harness import Topology, eventually
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode
 from tidegraph.store.base import GraphStore
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
-from tests.integration.conftest import STORE_DIM
 
 T0 = datetime(2025, 2, 3, 9, 0, tzinfo=UTC)
 MESSAGES = [
@@ -151,3 +152,39 @@ def _failing_second(answer: Any) -> Any:
 
 class _Refused(Exception):
     pass
+
+
+async def test_a_worker_with_an_llm_extracts_the_pending_episodes_of_its_partitions(
+    topology: Topology,
+) -> None:
+    """Episodes a worker stored without an LLM go through the chain again once a worker
+    with an LLM runs: its sweep resends them on their group's partition."""
+    group = f"{topology.run}-chat"
+    no_llm = topology.start_worker()
+    report = await topology.produce([e.model_dump(mode="json") for e in episodes(group)])
+    await topology.wait_reflected(report)  # stored (unextracted) counts as reflected
+    assert no_llm.stop() == 0
+    store = topology.store()
+    try:
+        assert len(await store.pending_episodes(group, 10)) == 3
+        with ScriptedLLMServer() as server:
+            server.on("ExtractionOutput", extract)
+            server.on("EntityResolutionOutput", lambda _: {"matches": []})
+            server.on("FactResolutionOutput", lambda _: {"judgements": []})
+            topology.start_worker(
+                TIDEGRAPH_LLM_BASE_URL=server.base_url,
+                TIDEGRAPH_LLM_API_KEY="test",
+                TIDEGRAPH_LLM_MODEL="fake",
+                TIDEGRAPH_PENDING_SWEEP_SECONDS="1",
+                NO_PROXY="127.0.0.1",
+            )
+            await eventually(
+                lambda: store.pending_episodes(group, 10),
+                lambda left: left == [],
+                timeout=120,
+                what="the worker to extract the pending episodes",
+            )
+        facts = await store.query_facts(group, include_invalid=True)
+        assert sorted(v.episodes[0] for v in facts) == ["chat-0", "chat-1", "chat-2"]
+    finally:
+        await store.close()
