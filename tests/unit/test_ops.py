@@ -75,11 +75,17 @@ def readme_settings() -> set[str]:
 
 
 def real_settings() -> set[str]:
-    """The environment variables tidegraph reads: Settings and WorkerSettings fields."""
+    """The environment variables tidegraph reads: Settings, WorkerSettings and ServeSettings
+    fields."""
     from pipelines.config import WorkerSettings
+    from tidegraph.app.serve_settings import ServeSettings
     from tidegraph.settings import Settings
 
-    fields = set(Settings.model_fields) | set(WorkerSettings.model_fields)
+    fields = (
+        set(Settings.model_fields)
+        | set(WorkerSettings.model_fields)
+        | set(ServeSettings.model_fields)
+    )
     return {f"TIDEGRAPH_{name.upper()}" for name in fields}
 
 
