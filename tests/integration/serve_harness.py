@@ -159,6 +159,9 @@ class ProcessServer:
     log: Path
     args: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
+    command: str = "serve"
+    ready_path: str = "/readyz"  # up once this answers ready_status
+    ready_status: int = 200
 
     @property
     def url(self) -> str:
@@ -167,7 +170,7 @@ class ProcessServer:
     def start(self) -> ProcessServer:
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(
-                [TIDEGRAPH, "serve", "--port", str(self.port), *self.args],
+                [TIDEGRAPH, self.command, "--port", str(self.port), *self.args],
                 cwd=REPO,
                 env=self.env,
                 stdout=out,
@@ -178,14 +181,15 @@ class ProcessServer:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if self.process.poll() is not None:
-                raise AssertionError(f"tidegraph serve exited:\n{self.log_tail()}")
+                raise AssertionError(f"tidegraph {self.command} exited:\n{self.log_tail()}")
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                answer = httpx.get(f"{self.url}{self.ready_path}", timeout=2)
+                if answer.status_code == self.ready_status:
                     return self
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise AssertionError(f"tidegraph serve not ready:\n{self.log_tail()}")
+                raise AssertionError(f"tidegraph {self.command} not ready:\n{self.log_tail()}")
             time.sleep(0.1)  # polling a condition with a deadline
 
     def log_tail(self, lines: int = 60) -> str:

@@ -104,3 +104,57 @@ def serve(
         access_log=False,  # the server logs each request itself (route, status, key id)
         server_header=False,
     )
+
+
+@app.command()
+def mcp(
+    group: list[str] = typer.Option(
+        [],
+        "--group",
+        help="Group id the tools may use (repeat). Required over stdio; over HTTP with API "
+        "keys it narrows each key's groups.",
+    ),
+    transport: str = typer.Option("stdio", help="stdio or http (streamable HTTP at /mcp)."),
+    host: str | None = typer.Option(None, help="HTTP: address to bind (as `serve`)."),
+    port: int = typer.Option(8765, help="HTTP: port."),
+    via: str | None = typer.Option(None, help="process or kafka (as `serve`)."),
+    mapping: Path | None = typer.Option(
+        None, "--mapping", exists=True, dir_okay=False, help="Declared-mapping file (YAML)."
+    ),
+) -> None:
+    """Serve the memory as MCP tools (add_memory, search_facts, search_entities,
+    search_episodes, get_context, facts_as_of, episode_status) over stdio or HTTP."""
+    import logging as _logging
+    import sys
+
+    from tidegraph.app.mcp_server import Holder, Scoping, build_mcp, http_app
+
+    # stdout carries the protocol over stdio: every log goes to stderr
+    _logging.basicConfig(
+        level=get_settings().log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    serve_settings = ServeSettings()
+    keys = _keys(serve_settings)
+    chosen_via = via or serve_settings.serve_via
+    mapping = mapping or get_settings().mappings
+    if transport not in ("stdio", "http"):
+        raise typer.BadParameter("--transport must be 'stdio' or 'http'")
+    if (transport == "stdio" or not keys.enabled) and not group:
+        raise typer.BadParameter("name the groups the tools may use: --group ID (repeat)")
+
+    async def opened() -> Any:
+        return await open_service(chosen_via, mapping, serve_settings.serve_wait_seconds)
+
+    holder = Holder(opened)
+    scoping = Scoping(keys if transport == "http" else KeyRing({}), group or None)
+    if transport == "stdio":
+        build_mcp(holder, scoping).run("stdio")
+        return
+    import uvicorn
+
+    bind = _bind_host(host, keys, "tidegraph mcp")
+    _announce(keys, bind, port, "tidegraph mcp (streamable HTTP at /mcp)")
+    server = build_mcp(holder, scoping, stdio=False, host=bind, port=port)
+    uvicorn.run(http_app(server, keys, holder), host=bind, port=port, log_level="warning")
