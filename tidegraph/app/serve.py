@@ -105,12 +105,6 @@ def create_app(
         }
         return ORJSONResponse(body, status_code=422)
 
-    @app.exception_handler(Exception)
-    async def internal(request: Request, exc: Exception) -> Response:
-        request.scope["tidegraph.error"] = "internal"  # uvicorn logs the traceback
-        body = {"error": "internal", "message": f"the server failed: {type(exc).__name__}"}
-        return ORJSONResponse(body, status_code=500)
-
     def service(request: Request) -> MemoryService:
         return request.app.state.service
 
@@ -333,7 +327,7 @@ class Measured:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
+        status = 0
 
         async def sending(message: Message) -> None:
             nonlocal status
@@ -343,7 +337,19 @@ class Measured:
 
         try:
             await self.app(scope, receive, sending)
+        except Exception as exc:  # a failure no handler answered: a 500 that keeps the connection
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            scope["tidegraph.error"] = "internal"
+            if not status:
+                status = 500
+                body = orjson.dumps(
+                    {"error": "internal", "message": f"the server failed: {type(exc).__name__}"}
+                )
+                headers = [(b"content-type", b"application/json")]
+                await send({"type": "http.response.start", "status": 500, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
         finally:
+            status = status or 500
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = scope.get("method", "")
             HTTP_REQUESTS.labels(route, method, str(status)).inc()
