@@ -151,6 +151,30 @@ SEARCH_LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 
+# ---- serving memory (tidegraph serve, tidegraph mcp) -------------------------------------
+HTTP_REQUESTS = Counter(
+    "tidegraph_http_requests_total",
+    "HTTP requests `tidegraph serve` answered, by route template, method and status code.",
+    ["route", "method", "status"],
+)
+HTTP_LATENCY = Histogram(
+    "tidegraph_http_request_seconds",
+    "Time `tidegraph serve` took to answer a request (read-your-writes waits included).",
+    ["route", "method"],
+    buckets=(0.001, 0.0025, *LATENCY_BUCKETS),
+)
+HTTP_ERRORS = Counter(
+    "tidegraph_http_errors_total",
+    "HTTP requests answered with an error, by route and error code (unauthorized, forbidden, "
+    "invalid, bad_request, too_large, episode_pending, episode_dead_lettered, internal, ...).",
+    ["route", "error"],
+)
+MCP_TOOL_CALLS = Counter(
+    "tidegraph_mcp_tool_calls_total",
+    "MCP tool calls by tool and outcome (ok, error).",
+    ["tool", "outcome"],
+)
+
 # ---- streaming topology (Kafka workers) ----------------------------------------------------
 BATCH_SIZE = Histogram(
     "tidegraph_batch_records",

@@ -75,11 +75,17 @@ def readme_settings() -> set[str]:
 
 
 def real_settings() -> set[str]:
-    """The environment variables tidegraph reads: Settings and WorkerSettings fields."""
+    """The environment variables tidegraph reads: Settings, WorkerSettings and ServeSettings
+    fields."""
     from pipelines.config import WorkerSettings
+    from tidegraph.app.serve_settings import ServeSettings
     from tidegraph.settings import Settings
 
-    fields = set(Settings.model_fields) | set(WorkerSettings.model_fields)
+    fields = (
+        set(Settings.model_fields)
+        | set(WorkerSettings.model_fields)
+        | set(ServeSettings.model_fields)
+    )
     return {f"TIDEGRAPH_{name.upper()}" for name in fields}
 
 
@@ -477,8 +483,14 @@ def k8s_resources() -> list[dict]:
     return docs
 
 
-def by_kind(kind: str) -> dict:
-    (doc,) = [d for d in k8s_resources() if d["kind"] == kind]
+def by_kind(kind: str, component: str = "worker") -> dict:
+    """The one manifest of ``kind`` for the workers (or ``component="serve"``)."""
+    (doc,) = [
+        d
+        for d in k8s_resources()
+        if d["kind"] == kind
+        and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+    ]
     return doc
 
 
@@ -546,3 +558,55 @@ def test_k8s_settings_are_documented():
     }
     assert {"TIDEGRAPH_KAFKA_SECURITY_PROTOCOL", "TIDEGRAPH_KAFKA_SSL_CAFILE"} <= config
     assert by_kind("ConfigMap")["data"]["TIDEGRAPH_NEO4J_URI"].startswith("neo4j+s://")
+
+
+def test_k8s_serve_deployment():
+    config = by_kind("ConfigMap")["data"]
+    deployment = by_kind("Deployment", "serve")
+    pod = deployment["spec"]["template"]
+    port = int(config["TIDEGRAPH_SERVE_PORT"])
+    assert config["TIDEGRAPH_SERVE_VIA"] == "kafka"  # any replica answers read-your-writes
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    (container,) = pod["spec"]["containers"]
+    assert container["args"] == ["serve"]
+    (http,) = container["ports"]
+    assert http["containerPort"] == port and http["name"] == "http"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    refs = {next(iter(r.values()))["name"] for r in container["envFrom"]}
+    keys = by_kind("Secret", "serve")
+    assert refs == {"tidegraph-config", "tidegraph-secrets", keys["metadata"]["name"]}
+    assert set(keys["stringData"]) == {"TIDEGRAPH_API_KEYS"} <= readme_settings()
+    # the workers never see the API keys
+    (worker,) = by_kind("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert keys["metadata"]["name"] not in {
+        next(iter(r.values()))["name"] for r in worker["envFrom"]
+    }
+    service = by_kind("Service", "serve")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_compose_serves_the_memory_with_keys_and_is_scraped():
+    doc = yaml.safe_load(interpolate(COMPOSE.read_text()))
+    serve = doc["services"]["serve"]
+    env = serve["environment"]
+    assert serve["command"] == ["serve"] and env["TIDEGRAPH_SERVE_VIA"] == "kafka"
+    assert set(env) <= readme_settings()
+    (mount,) = serve["volumes"]
+    source, target, _ = mount.split(":")
+    assert target == env["TIDEGRAPH_API_KEYS_FILE"]
+    keys = yaml.safe_load((COMPOSE_DIR / source).read_text())
+    assert all(isinstance(g, list) and g for g in keys.values())
+    port = env["TIDEGRAPH_SERVE_PORT"]
+    assert f"{port}:{port}" in serve["ports"]
+    prom = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    assert jobs["tidegraph-serve"]["static_configs"][0]["targets"] == [f"serve:{port}"]
+    dashboard = json.loads((GRAFANA / "dashboards" / "tidegraph-serve.json").read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["job"]["current"]["value"] == "tidegraph-serve"
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    for metric in ("tidegraph_http_requests_total", "tidegraph_http_request_seconds_bucket",
+                   "tidegraph_http_errors_total", "tidegraph_mcp_tool_calls_total"):  # fmt: skip
+        assert metric in exprs, metric

@@ -276,6 +276,7 @@ app.add_typer(communities_app, name="communities")
 # Kafka commands (worker, produce, dlq) live in their own module.
 from tidegraph.app import cli_kafka as _cli_kafka  # noqa: E402,F401  (registers commands on `app`)
 from tidegraph.app import cli_memory as _cli_memory  # noqa: E402,F401  (search, extract)
+from tidegraph.app import cli_serve as _cli_serve  # noqa: E402,F401  (serve, mcp)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -1,0 +1,243 @@
+"""``tidegraph mcp`` through the official MCP SDK's own clients: stdio (the SDK spawns the
+command) and streamable HTTP (a real uvicorn server on loopback, with API keys).
+
+Tests marked ``needs_store_search`` call the search tools on a real store (they need the
+stores' search methods, tidegraph/recall/source.py); the search tools are also tested now over
+the in-memory store with exact search methods.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.integration.serve_harness import (
+    TIDEGRAPH,
+    ProcessServer,
+    ThreadServer,
+    in_memory_service,
+    memory_settings,
+    serve_env,
+)
+from tidegraph.app.mcp_server import Holder, Scoping, build_mcp, http_app
+from tidegraph.app.serve_settings import KeyRing
+from tidegraph.testing.crm_feed import plan_record
+
+TOOLS = {"add_memory", "search_facts", "search_entities", "search_episodes", "get_context",
+         "facts_as_of", "episode_status"}  # fmt: skip
+KEY_A = "mcp-a-" + uuid.uuid4().hex
+KEY_B = "mcp-b-" + uuid.uuid4().hex
+
+
+def payload(result: Any) -> Any:
+    """A tool's answer: its structured content (lists come wrapped as {"result": ...})."""
+    assert not result.isError, result.content[0].text
+    data = result.structuredContent
+    if data is None:
+        return json.loads(result.content[0].text)
+    return data["result"] if set(data) == {"result"} else data
+
+
+def error_text(result: Any) -> str:
+    assert result.isError, result
+    return str(result.content[0].text)
+
+
+def plan_args(plan: str, at: str, **extra: Any) -> dict[str, Any]:
+    record = plan_record((1, "Acme Corp"), plan, datetime.fromisoformat(at).replace(tzinfo=UTC))
+    return {"content": orjson.dumps(record).decode(), "source": "json", "reference_time": at,
+            **extra}  # fmt: skip
+
+
+@asynccontextmanager
+async def stdio_session(tmp: Path, *groups: str) -> AsyncIterator[ClientSession]:
+    args = ["mcp", *[a for g in groups for a in ("--group", g)]]
+    params = StdioServerParameters(command=TIDEGRAPH, args=args, env=serve_env(tmp))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+@asynccontextmanager
+async def http_session(url: str, key: str) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {key}"}
+    async with (
+        httpx.AsyncClient(headers=headers, timeout=60) as http,
+        streamable_http_client(f"{url}/mcp", http_client=http) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+# ----------------------------------------------------------------------------- stdio
+async def test_stdio_tools_on_the_embedded_default_are_scoped_to_the_groups(tmp_path: Path):
+    mine, other = f"mcp-{uuid.uuid4().hex[:8]}", f"mcp-other-{uuid.uuid4().hex[:8]}"
+    async with stdio_session(tmp_path, mine) as session:
+        listed = {tool.name for tool in (await session.list_tools()).tools}
+        assert listed == TOOLS
+
+        added = payload(
+            await session.call_tool("add_memory", plan_args("Pro", "2025-01-10T00:00:00+00:00",
+                                                            episode_id="m1"))
+        )  # fmt: skip
+        assert added["status"] == "written" and added["group_id"] == mine
+        assert added["token"].startswith("rw1.")
+
+        facts = payload(await session.call_tool("facts_as_of", {}))
+        assert [f["fact"] for f in facts if f["relation"] == "HAS_PLAN"] == [
+            "Acme Corp is on the Pro plan"
+        ]
+        status = payload(await session.call_tool("episode_status", {"episode_id": "m1"}))
+        assert status["status"] == "written"
+
+        missing_time = await session.call_tool("add_memory", {"content": "Dana called"})
+        assert "reference_time" in error_text(missing_time)
+        bad_time = await session.call_tool(
+            "add_memory", {"content": "Dana called", "reference_time": "the other day-ish"}
+        )
+        assert "reference_time" in error_text(bad_time)
+
+        for tool, args in (
+            ("facts_as_of", {"group_id": other}),
+            ("add_memory", {"content": "x", "reference_time": "2025-01-01", "group_id": other}),
+            ("episode_status", {"episode_id": "m1", "group_id": other}),
+            ("get_context", {"query": "Acme", "group_ids": [other]}),
+            ("search_facts", {"query": "Acme", "group_ids": [mine, other]}),
+            ("search_episodes", {"query": "Acme", "group_ids": [other]}),
+        ):
+            text = error_text(await session.call_tool(tool, args))
+            assert "forbidden" in text and other in text, (tool, text)
+
+
+async def test_stdio_needs_groups(tmp_path: Path):
+    params = StdioServerParameters(command=TIDEGRAPH, args=["mcp"], env=serve_env(tmp_path))
+    with pytest.raises(Exception):  # noqa: B017  (the process exits before the handshake)
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+
+
+@pytest.mark.needs_store_search
+async def test_stdio_search_tools_on_the_embedded_default(tmp_path: Path):
+    group = f"mcp-{uuid.uuid4().hex[:8]}"
+    async with stdio_session(tmp_path, group) as session:
+        added = payload(
+            await session.call_tool("add_memory", plan_args("Pro", "2025-01-10T00:00:00+00:00"))
+        )
+        found = payload(
+            await session.call_tool(
+                "search_facts", {"query": "Acme Corp plan", "wait_for": [added["token"]]}
+            )
+        )
+        assert found[0]["text"] == "Acme Corp is on the Pro plan"
+        context = payload(await session.call_tool("get_context", {"query": "Acme plan"}))
+        assert "Acme Corp is on the Pro plan" in context
+
+
+# ----------------------------------------------------------------------------- HTTP
+@pytest.fixture
+def groups() -> tuple[str, str]:
+    run = uuid.uuid4().hex[:8]
+    return f"mcp-a-{run}", f"mcp-b-{run}"
+
+
+@pytest.fixture
+def mcp_http(tmp_path: Path, groups: tuple[str, str]) -> Iterator[ThreadServer]:
+    """``tidegraph mcp --transport http`` in a thread over the in-memory store with search."""
+    a, b = groups
+    keys = KeyRing({KEY_A: [a], KEY_B: [b]})
+    holder = Holder(in_memory_service(memory_settings(tmp_path)))
+    server = build_mcp(holder, Scoping(keys, None), stdio=False)
+    srv = ThreadServer(http_app(server, keys, holder)).start()
+    yield srv
+    srv.stop()
+
+
+async def test_http_tools_answer_each_key_from_its_own_groups(mcp_http: ThreadServer, groups):
+    a, b = groups
+    async with http_session(mcp_http.url, KEY_A) as session:
+        assert {t.name for t in (await session.list_tools()).tools} == TOOLS
+        first = payload(await session.call_tool("add_memory", plan_args("Pro", "2025-01-10")))
+        assert first["group_id"] == a
+        added = payload(
+            await session.call_tool(
+                "add_memory",
+                {"content": "Dana says Acme Corp wants SSO before renewal",
+                 "reference_time": "2025-02-01T09:00:00Z", "episode_id": "chat-9"},
+            )
+        )  # fmt: skip
+        facts = payload(
+            await session.call_tool(
+                "search_facts", {"query": "Acme Corp plan", "wait_for": [first["token"]]}
+            )
+        )
+        assert facts[0]["text"] == "Acme Corp is on the Pro plan" and facts[0]["kind"] == "fact"
+        entities = payload(await session.call_tool("search_entities", {"query": "Acme Corp"}))
+        assert "Acme Corp" in [e["name"] for e in entities]
+        episodes = payload(
+            await session.call_tool(
+                "search_episodes", {"query": "SSO renewal", "wait_for": [added["token"]]}
+            )
+        )
+        assert episodes[0]["episode_id"] == "chat-9"
+        context = payload(await session.call_tool("get_context", {"query": "Acme Corp plan"}))
+        assert "Acme Corp is on the Pro plan" in context
+        as_of = payload(await session.call_tool("facts_as_of", {"valid_at": "2025-01-01"}))
+        assert [f for f in as_of if f["relation"] == "HAS_PLAN"] == []  # not yet then
+    async with http_session(mcp_http.url, KEY_B) as session:
+        for tool, args in (
+            ("facts_as_of", {"group_id": a}),
+            ("search_facts", {"query": "Acme", "group_ids": [a]}),
+            ("search_facts", {"query": "Acme", "wait_for": [first["token"]]}),
+            ("episode_status", {"episode_id": "chat-9", "group_id": a}),
+            ("add_memory", {"content": "x", "reference_time": "2025-01-01", "group_id": a}),
+        ):
+            text = error_text(await session.call_tool(tool, args))
+            assert "forbidden" in text and a in text and KEY_A not in text, (tool, text)
+        assert payload(await session.call_tool("search_facts", {"query": "Acme Corp"})) == []
+        assert payload(await session.call_tool("facts_as_of", {})) == []
+    async with httpx.AsyncClient(base_url=mcp_http.url) as http:
+        for headers in ({}, {"Authorization": "Bearer nope-nope-nope"}):
+            refused = await http.post("/mcp", headers=headers, json={})
+            assert refused.status_code == 401
+
+
+async def test_http_command_with_api_keys(tmp_path: Path, groups):
+    """The real ``tidegraph mcp --transport http`` process on the embedded default."""
+    a, b = groups
+    env = serve_env(tmp_path, TIDEGRAPH_API_KEYS=orjson.dumps({KEY_A: [a], KEY_B: [b]}).decode())
+    server = ProcessServer(
+        env,
+        tmp_path / "mcp.log",
+        ("--transport", "http", "--host", "127.0.0.1"),
+        command="mcp",
+        ready_path="/mcp",
+        ready_status=401,  # up, and refusing a request without a key
+    )
+    try:
+        server.start()
+        async with http_session(server.url, KEY_A) as session:
+            added = payload(await session.call_tool("add_memory", plan_args("Pro", "2025-01-10")))
+            assert added["status"] == "written" and added["group_id"] == a
+            facts = payload(await session.call_tool("facts_as_of", {}))
+            assert [f["fact"] for f in facts if f["relation"] == "HAS_PLAN"] == [
+                "Acme Corp is on the Pro plan"
+            ]
+        async with http_session(server.url, KEY_B) as session:
+            text = error_text(await session.call_tool("facts_as_of", {"group_id": a}))
+            assert "forbidden" in text and a in text
+        assert KEY_A not in server.log.read_text()
+    finally:
+        server.stop()
