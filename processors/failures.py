@@ -72,7 +72,7 @@ REASONS: dict[str, str] = {
     # -- extraction
     "no_extractor": "no mapping rule matches the json record and no LLM is configured (a "
     "text or message episode without an LLM is stored unextracted instead: README "
-    "\"Episodes without an LLM\")",
+    '"Episodes without an LLM")',
     "mapping_missing_field": "the record matched a mapping rule but lacks a field the rule needs",
     "mapping_bad_value": "a field the rule needs is null, empty, or not a scalar",
     "value_too_long": "a mapped entity name or key (512), summary (4,000) or fact text "
