@@ -465,11 +465,11 @@ def graphiti_schema(ctx: RunContext) -> Iterator[list[str]]:
 
 
 def tidegraph_index_names() -> set[str]:
-    from tidegraph.store import cypher
+    from tidegraph.store import neo4j_queries
 
     return {
         m.group(1)
-        for statement in cypher.SCHEMA
+        for statement in neo4j_queries.SCHEMA
         if (m := re.search(r"(?:INDEX|CONSTRAINT)\s+(\w+)\s+IF NOT EXISTS", statement))
     }
 

@@ -103,6 +103,7 @@ class InvalidationStep:
                 facts=list(plan.facts.values()),
                 closures=list(plan.closures.values()),
                 entities=pending.entities,
+                created=pending.created,
             ),
         )
         summary.llm_calls = stamped.llm_calls + llm_calls

@@ -64,7 +64,9 @@ class ResolutionStep:
     async def run(self, extraction: Extraction) -> ResolvedEpisode | Processed:
         lookup = await self.lookup(extraction)
         if lookup.processed:
-            return Processed(episode=extraction.episode)
+            # Its new-entity events go out again (a crash may have come between the write and
+            # the send; README "At-least-once with idempotent effects").
+            return Processed(episode=extraction.episode, created_entities=lookup.created_entities)
         resolution = await self.resolve(extraction, lookup)
         resolved, writes = resolution.resolved, resolution.writes
         found = {e.uuid for e in [*lookup.by_key, *lookup.by_name]}

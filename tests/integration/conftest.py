@@ -9,6 +9,13 @@ from typing import Any
 import pytest
 
 from tests.integration.topology_harness import Topology
+from tidegraph.store.base import GraphStore
+from tidegraph.store.kuzu_store import KuzuStore
+from tidegraph.store.neo4j_store import Neo4jStore
+
+# The dimension every tidegraph embedder uses by default; the Neo4j test server is shared by
+# the whole suite, whose vector indexes must all agree on it.
+STORE_DIM = 384
 
 
 @pytest.fixture
@@ -20,3 +27,30 @@ async def topology(
     topo = Topology(kafka_bootstrap, neo4j_uri, topic_prefix, tmp_path)
     yield topo
     await topo.close(neo4j_driver)
+
+
+@pytest.fixture
+def _neo4j_uri_if_needed(request: pytest.FixtureRequest) -> str | None:
+    """Resolves (and if need be starts) Neo4j only for the neo4j runs, outside the loop."""
+    if request.node.callspec.params.get("store") == "neo4j":
+        return str(request.getfixturevalue("neo4j_uri"))
+    return None
+
+
+@pytest.fixture(params=["neo4j", "kuzu"])
+async def store(
+    request: pytest.FixtureRequest, _neo4j_uri_if_needed: str | None, tmp_path: Path
+) -> AsyncIterator[GraphStore]:
+    """Each real store in turn, set up for ``STORE_DIM``: the shared Neo4j server, or a new
+    embedded kuzu store in the test's folder (no server)."""
+    opened: GraphStore
+    if request.param == "neo4j":
+        assert _neo4j_uri_if_needed is not None
+        opened = Neo4jStore(_neo4j_uri_if_needed)
+    else:
+        opened = KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
+    await opened.setup(STORE_DIM)
+    try:
+        yield opened
+    finally:
+        await opened.close()

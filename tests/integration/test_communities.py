@@ -8,7 +8,6 @@ import asyncio
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -21,8 +20,6 @@ from tidegraph.llm.client import LLMClient
 from tidegraph.records.graph import EntityRecord, EpisodeRecord, FactRecord
 from tidegraph.records.ids import stable_uuid
 from tidegraph.store import EpisodeWrite, FactClosure, GraphStore
-from tidegraph.store.kuzu_store import KuzuStore
-from tidegraph.store.neo4j_store import Neo4jStore
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 pytestmark = pytest.mark.integration
@@ -119,30 +116,6 @@ def clique(names: list[str]) -> list[tuple[str, str]]:
 
 
 # ----------------------------------------------------------------------------- fixtures
-@pytest.fixture
-def _neo4j_uri_if_needed(request: pytest.FixtureRequest) -> str | None:
-    if request.node.callspec.params.get("store") == "neo4j":
-        return str(request.getfixturevalue("neo4j_uri"))
-    return None
-
-
-@pytest.fixture(params=["neo4j", "kuzu"])
-async def store(
-    request: pytest.FixtureRequest, _neo4j_uri_if_needed: str | None, tmp_path: Path
-) -> AsyncIterator[GraphStore]:
-    opened: GraphStore
-    if request.param == "neo4j":
-        assert _neo4j_uri_if_needed is not None
-        opened = Neo4jStore(_neo4j_uri_if_needed)
-    else:
-        opened = KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
-    await opened.setup(DIM)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
 @pytest.fixture
 async def graph(store: GraphStore, _neo4j_uri_if_needed: str | None) -> AsyncIterator[Graph]:
     group = f"comm-{uuidlib.uuid4().hex[:12]}"

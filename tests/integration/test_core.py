@@ -39,6 +39,7 @@ from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
 from tidegraph.records.episode import Episode
 from tidegraph.records.ids import normalize_name, to_relation_name
+from tidegraph.store.base import GraphStore
 from tidegraph.store.neo4j_store import Neo4jStore
 from tidegraph.testing import crm_feed as crm
 from tidegraph.testing.fake_llm import TIMEOUT_STATUS, FakeRequest, ScriptedLLMServer
@@ -231,12 +232,30 @@ def counts_by_schema(server: ScriptedLLMServer) -> dict[str, int]:
 
 
 # ============================================================================= fixtures
-@pytest.fixture(scope="module")
-async def store(neo4j_uri: str) -> AsyncIterator[Neo4jStore]:
+# ``store``: each real store in turn (tests/integration/conftest.py).
+@pytest.fixture
+async def neo4j_store(neo4j_uri: str) -> AsyncIterator[Neo4jStore]:
+    """The Neo4j store alone: for the CLI tests, whose subprocesses use the same server."""
     graph = Neo4jStore(neo4j_uri)
     await graph.setup(DIM)
     yield graph
     await graph.close()
+
+
+@pytest.fixture
+async def group_id(store: GraphStore) -> AsyncIterator[str]:
+    """A group id of this test's own; every node of it is deleted afterwards."""
+    gid = f"test-{os.urandom(6).hex()}"
+    yield gid
+    await store.delete_group(gid)
+
+
+@pytest.fixture
+async def cli_group(neo4j_driver: Any) -> AsyncIterator[str]:
+    """A group id of a CLI test's own, deleted from the Neo4j server afterwards."""
+    gid = f"test-{os.urandom(6).hex()}"
+    yield gid
+    await neo4j_driver.execute_query("MATCH (n {group_id: $g}) DETACH DELETE n", g=gid)
 
 
 @pytest.fixture(scope="module")
@@ -275,12 +294,12 @@ async def llm(server: ScriptedLLMServer) -> AsyncIterator[LLMClient]:
 
 
 @pytest.fixture
-def pipeline(store: Neo4jStore, embedder: HashingEmbedder, llm: LLMClient) -> InProcessChain:
+def pipeline(store: GraphStore, embedder: HashingEmbedder, llm: LLMClient) -> InProcessChain:
     return InProcessChain(store=store, embedder=embedder, llm=llm, mappings=None)
 
 
 @pytest.fixture
-async def other_group(store: Neo4jStore) -> AsyncIterator[str]:
+async def other_group(store: GraphStore) -> AsyncIterator[str]:
     gid = f"test-other-{os.urandom(6).hex()}"
     yield gid
     await store.delete_group(gid)
@@ -321,26 +340,43 @@ async def run(pipeline: InProcessChain, episodes: list[Episode]) -> IngestReport
     return report
 
 
-async def snapshot(driver: Any, group: str) -> dict[str, Any]:
-    """Every node and relationship of the group with all its properties."""
-    nodes = await driver.execute_query(
+# Every node and relationship of a group with all its properties, asked of each engine in its
+# own words (kuzu: one label per node, internal ids left out).
+_SNAPSHOT = {
+    "neo4j": (
         "MATCH (n:Entity|Episodic|Community) WHERE n.group_id = $g "
         "RETURN labels(n) AS labels, properties(n) AS props ORDER BY n.uuid",
-        g=group,
-    )
-    rels = await driver.execute_query(
         "MATCH (a:Entity|Episodic|Community)-[r]->(b) WHERE a.group_id = $g "
-        "RETURN type(r) AS type, properties(r) AS props, a.uuid AS a, b.uuid AS b "
-        "ORDER BY type, a, b, r.uuid",
-        g=group,
-    )
+        "RETURN type(r) AS type, properties(r) AS props, a.uuid AS source, b.uuid AS target "
+        "ORDER BY type, source, target, r.uuid",
+    ),
+    "kuzu": (
+        "MATCH (n:Entity:Episodic:Community) WHERE n.group_id = $g "
+        "RETURN [label(n)] AS labels, n AS props ORDER BY n.uuid",
+        "MATCH (a:Entity:Episodic:Community)-[r]->(b) WHERE a.group_id = $g "
+        "RETURN label(r) AS type, r AS props, a.uuid AS source, b.uuid AS target "
+        "ORDER BY type, source, target, r.uuid",
+    ),
+}
+
+
+async def snapshot(store: GraphStore, group: str) -> dict[str, Any]:
+    """Every node and relationship of the group with all its properties."""
+    nodes_query, rels_query = _SNAPSHOT[store.name]
+    ex = store.ex  # type: ignore[attr-defined]
+
+    def props(value: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in value.items() if not k.startswith("_")}
+
+    nodes = await ex.rows(nodes_query, {"g": group})
+    rels = await ex.rows(rels_query, {"g": group})
     return {
-        "nodes": [(sorted(r["labels"]), r["props"]) for r in nodes.records],
-        "rels": [(r["type"], r["props"], r["a"], r["b"]) for r in rels.records],
+        "nodes": [(sorted(r["labels"]), props(r["props"])) for r in nodes],
+        "rels": [(r["type"], props(r["props"]), r["source"], r["target"]) for r in rels],
     }
 
 
-async def facts_of(store: Neo4jStore, group: str) -> dict[tuple[str, str, str], Any]:
+async def facts_of(store: GraphStore, group: str) -> dict[tuple[str, str, str], Any]:
     """Every stored fact (whole history) by (subject, relation, object)."""
     views = await store.query_facts(group, include_invalid=True)
     out: dict[tuple[str, str, str], Any] = {}
@@ -351,7 +387,7 @@ async def facts_of(store: Neo4jStore, group: str) -> dict[tuple[str, str, str], 
     return out
 
 
-async def values_at(store: Neo4jStore, group: str, t: datetime, **kw: Any) -> set[tuple]:
+async def values_at(store: GraphStore, group: str, t: datetime, **kw: Any) -> set[tuple]:
     views = await store.query_facts(group, valid_at=t, **kw)
     return {(v.subject, v.relation, v.object) for v in views}
 
@@ -362,7 +398,7 @@ def parse_iso(text: str | None) -> datetime | None:
 
 # ============================================================================= contradiction
 async def test_a_later_contradicting_fact_closes_the_earlier_one_and_a_late_one_is_born_closed(
-    store: Neo4jStore,
+    store: GraphStore,
     pipeline: InProcessChain,
     server: ScriptedLLMServer,
     script: Script,
@@ -427,7 +463,7 @@ async def test_a_later_contradicting_fact_closes_the_earlier_one_and_a_late_one_
 
 
 async def test_unrelated_facts_never_close_each_other_even_when_the_llm_says_so(
-    store: Neo4jStore,
+    store: GraphStore,
     pipeline: InProcessChain,
     server: ScriptedLLMServer,
     script: Script,
@@ -604,7 +640,7 @@ CHECK_TIMES = sorted(
 
 
 async def test_mapped_cardinality_one_after_out_of_order_delivery(
-    store: Neo4jStore,
+    store: GraphStore,
     embedder: HashingEmbedder,
     llm: LLMClient,
     server: ScriptedLLMServer,
@@ -634,12 +670,11 @@ async def test_mapped_cardinality_one_after_out_of_order_delivery(
 
 
 async def test_the_same_episode_twice_changes_nothing_and_a_whole_feed_twice_neither(
-    store: Neo4jStore,
+    store: GraphStore,
     embedder: HashingEmbedder,
     llm: LLMClient,
     server: ScriptedLLMServer,
     script: Script,
-    neo4j_driver: Any,
     group_id: str,
 ) -> None:
     pipeline = InProcessChain(
@@ -668,21 +703,21 @@ async def test_the_same_episode_twice_changes_nothing_and_a_whole_feed_twice_nei
     ]
     await run(pipeline, episodes)
     calls = len(server.requests)
-    first = await snapshot(neo4j_driver, group_id)
+    first = await snapshot(store, group_id)
     assert first["nodes"] and first["rels"]
 
     summary = await pipeline.process(episodes[0])
     assert summary.skipped
-    assert await snapshot(neo4j_driver, group_id) == first  # same counts AND properties
+    assert await snapshot(store, group_id) == first  # same counts AND properties
 
     report = await ingest(pipeline, episodes)
     assert (report.episodes, report.skipped, report.failures) == (len(episodes), len(episodes), [])
-    assert await snapshot(neo4j_driver, group_id) == first
+    assert await snapshot(store, group_id) == first
     assert len(server.requests) == calls  # a replay costs no LLM call
 
 
 async def test_a_replay_after_a_crash_mid_episode_gives_the_same_graph(
-    store: Neo4jStore,
+    store: GraphStore,
     embedder: HashingEmbedder,
     llm: LLMClient,
     script: Script,
@@ -755,7 +790,7 @@ async def test_a_replay_after_a_crash_mid_episode_gives_the_same_graph(
 
 # ============================================================================= resolution
 async def test_acme_corp_and_acme_corporation_resolve_to_one_entity_when_the_llm_says_so(
-    store: Neo4jStore,
+    store: GraphStore,
     pipeline: InProcessChain,
     server: ScriptedLLMServer,
     script: Script,
@@ -799,7 +834,7 @@ async def test_acme_corp_and_acme_corporation_resolve_to_one_entity_when_the_llm
 
 
 async def test_records_with_the_same_crm_key_resolve_without_any_llm_call(
-    store: Neo4jStore,
+    store: GraphStore,
     embedder: HashingEmbedder,
     llm: LLMClient,
     server: ScriptedLLMServer,
@@ -858,7 +893,7 @@ async def test_records_with_the_same_crm_key_resolve_without_any_llm_call(
 
 
 async def test_a_text_mention_joins_the_one_crm_entity_of_its_name_without_an_llm_call(
-    store: Neo4jStore,
+    store: GraphStore,
     embedder: HashingEmbedder,
     llm: LLMClient,
     server: ScriptedLLMServer,
@@ -899,19 +934,18 @@ async def test_a_text_mention_joins_the_one_crm_entity_of_its_name_without_an_ll
 
 # ============================================================================= hostile text
 async def test_hostile_names_and_relation_types_are_stored_verbatim_and_harm_nothing(
-    store: Neo4jStore,
+    store: GraphStore,
     pipeline: InProcessChain,
     embedder: HashingEmbedder,
     llm: LLMClient,
     script: Script,
-    neo4j_driver: Any,
     group_id: str,
     other_group: str,
 ) -> None:
     canary = Feed(other_group)
     canary_says = script.says("Canary: Alice works at Acme.", "Alice[Person] -WORKS_AT-> Acme[Org]")
     await run(pipeline, [canary.text(canary_says)])
-    canary_before = await snapshot(neo4j_driver, other_group)
+    canary_before = await snapshot(store, other_group)
 
     feed = Feed(group_id)
     text = feed.text(
@@ -952,12 +986,12 @@ async def test_hostile_names_and_relation_types_are_stored_verbatim_and_harm_not
     plan_fact = next(v for v in facts if v.relation == "HAS_PLAN")
     assert plan_fact.episodes == ["crm:`hostile`'"]
     assert await store.counts(group_id) == {"episodes": 2, "entities": 3, "facts": 2, "mentions": 4}
-    assert await snapshot(neo4j_driver, other_group) == canary_before
+    assert await snapshot(store, other_group) == canary_before
 
 
 # ============================================================================= LLM faults
 async def test_llm_rate_limits_server_errors_and_timeouts_are_retried(
-    store: Neo4jStore,
+    store: GraphStore,
     embedder: HashingEmbedder,
     server: ScriptedLLMServer,
     script: Script,
@@ -997,7 +1031,7 @@ async def test_llm_rate_limits_server_errors_and_timeouts_are_retried(
 
 @pytest.mark.parametrize("fault", ["malformed", "invalid_schema"])
 async def test_malformed_answers_are_retried_then_reported_per_episode(
-    store: Neo4jStore,
+    store: GraphStore,
     embedder: HashingEmbedder,
     server: ScriptedLLMServer,
     script: Script,
@@ -1051,7 +1085,7 @@ async def test_malformed_answers_are_retried_then_reported_per_episode(
 
 
 async def test_a_store_error_before_any_stage_fails_only_that_episode(
-    store: Neo4jStore, embedder: HashingEmbedder, llm: LLMClient, script: Script, group_id: str
+    store: GraphStore, embedder: HashingEmbedder, llm: LLMClient, script: Script, group_id: str
 ) -> None:
     feed = Feed(group_id)
     episodes = [
@@ -1130,7 +1164,7 @@ def support_feed(feed: Feed, script: Script, people: tuple[str, str], company: s
 
 
 async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
-    store: Neo4jStore,
+    store: GraphStore,
     pipeline: InProcessChain,
     server: ScriptedLLMServer,
     script: Script,
@@ -1214,11 +1248,12 @@ def write_jsonl(path: Path, episodes: list[Episode]) -> Path:
 
 
 async def test_cli_mapped_feed_answers_valid_at_and_known_at(
-    cli_env: dict[str, str], store: Neo4jStore, group_id: str, tmp_path: Path
+    cli_env: dict[str, str], neo4j_store: Neo4jStore, cli_group: str, tmp_path: Path
 ) -> None:
     """`tidegraph ingest --mapping` twice (the second part out of order and with late
     arrivals), then `tidegraph facts --valid-at/--known-at` as subprocesses; the many other
     instants are asked in-process through the same store call the command makes."""
+    group_id = cli_group
     mapping = tmp_path / "crm.yaml"
     mapping.write_text(CRM_MAPPING)
     events = crm_events()
@@ -1251,7 +1286,7 @@ async def test_cli_mapped_feed_answers_valid_at_and_known_at(
     assert f"{len(first_half)} episodes" in done.stdout and "0 LLM calls" in done.stdout
     known = datetime.now(UTC)
     times = CHECK_TIMES[::2]  # every instant is asked in the in-process test above
-    belief = {t: await store.query_facts(group_id, valid_at=t) for t in times}
+    belief = {t: await neo4j_store.query_facts(group_id, valid_at=t) for t in times}
     done = cli(cli_env, "ingest", str(two), "--mapping", str(mapping))
     assert done.returncode == 0, done.stderr
     assert "born closed" in done.stdout
@@ -1268,7 +1303,7 @@ async def test_cli_mapped_feed_answers_valid_at_and_known_at(
         == {("Initech", "HAS_PLAN", "Trial")}
     )
     for t in [at(2023, 11, 1), at(2023, 12, 20), *times]:
-        views = await store.query_facts(group_id, valid_at=t)
+        views = await neo4j_store.query_facts(group_id, valid_at=t)
         assert triples([v.model_dump() for v in views]) == expected_at(all_events, t), t
 
     # --known-at: the belief right after part one, although part two changed the past.
@@ -1286,7 +1321,7 @@ async def test_cli_mapped_feed_answers_valid_at_and_known_at(
     assert triples(rows) == expected_at(first_half, t)
     assert triples(rows) != expected_at(all_events, t)  # the belief did change since
     for t, before in belief.items():
-        views = await store.query_facts(group_id, valid_at=t, known_at=known)
+        views = await neo4j_store.query_facts(group_id, valid_at=t, known_at=known)
         assert strip([v.model_dump() for v in views]) == strip([v.model_dump() for v in before])
         assert triples([v.model_dump() for v in views]) == expected_at(first_half, t), t
     # The moved end, asked directly: on 20 January Acme Corp was on Basic as known after part
@@ -1327,9 +1362,10 @@ def test_cli_text_feed_through_the_scripted_llm(
     cli_env: dict[str, str],
     server: ScriptedLLMServer,
     script: Script,
-    group_id: str,
+    cli_group: str,
     tmp_path: Path,
 ) -> None:
+    group_id = cli_group
     script.one_valued.add(to_relation_name(HOSTILE_RELATION))
     feed = Feed(group_id)
     episodes = [

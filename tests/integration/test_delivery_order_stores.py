@@ -13,10 +13,8 @@ event time as known now. uuids and created_at / expired_at depend on arrival: no
 from __future__ import annotations
 
 import uuid as uuidlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,8 +27,6 @@ from tidegraph.records.episode import Episode
 from tidegraph.records.graph import FactView
 from tidegraph.records.times import iso
 from tidegraph.store.base import GraphStore
-from tidegraph.store.kuzu_store import KuzuStore
-from tidegraph.store.neo4j_store import Neo4jStore
 from tidegraph.testing import crm_feed as crm
 
 pytestmark = pytest.mark.integration
@@ -99,32 +95,6 @@ def deliveries(draw: st.DrawFn) -> list[Record]:
         for r in draw(st.lists(st.sampled_from(feed), max_size=2, unique_by=lambda r: r.id))
     ]
     return draw(st.permutations([*feed, *again, *resent]))
-
-
-# ----------------------------------------------------------------------------- fixtures
-@pytest.fixture
-def _neo4j_uri_if_needed(request: pytest.FixtureRequest) -> str | None:
-    """Resolves (and if need be starts) Neo4j only for the neo4j runs, outside the loop."""
-    if request.node.callspec.params.get("store") == "neo4j":
-        return str(request.getfixturevalue("neo4j_uri"))
-    return None
-
-
-@pytest.fixture(params=["neo4j", "kuzu"])
-async def store(
-    request: pytest.FixtureRequest, _neo4j_uri_if_needed: str | None, tmp_path: Path
-) -> AsyncIterator[GraphStore]:
-    opened: GraphStore
-    if request.param == "neo4j":
-        assert _neo4j_uri_if_needed is not None
-        opened = Neo4jStore(_neo4j_uri_if_needed)
-    else:
-        opened = KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
-    await opened.setup(DIM)
-    try:
-        yield opened
-    finally:
-        await opened.close()
 
 
 # ----------------------------------------------------------------------------- the property

@@ -35,17 +35,13 @@ from tidegraph.store import (
     GraphStore,
     StoreIntegrityError,
     StoreSchemaError,
+    neo4j_queries,
     open_store,
 )
-from tidegraph.store.cypher import (
-    NEO4J_ANCHOR_HINTS,
-    SEARCH_STOP_WORDS,
-    as_of_params,
-    entity_graph_cypher,
-    query_facts_cypher,
-)
+from tidegraph.store.asof_cypher import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
 from tidegraph.store.kuzu_store import KuzuStore
 from tidegraph.store.neo4j_store import Neo4jStore
+from tidegraph.store.search_text import SEARCH_STOP_WORDS
 
 pytestmark = pytest.mark.integration
 
@@ -163,31 +159,6 @@ def uuids(hits: list[tuple[Any, float]]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- fixtures
-@pytest.fixture
-def _neo4j_uri_if_needed(request: pytest.FixtureRequest) -> str | None:
-    """Resolves (and if need be starts) Neo4j only for the neo4j runs, outside the loop."""
-    if request.node.callspec.params.get("store") == "neo4j":
-        return str(request.getfixturevalue("neo4j_uri"))
-    return None
-
-
-@pytest.fixture(params=["neo4j", "kuzu"])
-async def store(
-    request: pytest.FixtureRequest, _neo4j_uri_if_needed: str | None, tmp_path: Path
-) -> AsyncIterator[GraphStore]:
-    opened: GraphStore
-    if request.param == "neo4j":
-        assert _neo4j_uri_if_needed is not None
-        opened = Neo4jStore(_neo4j_uri_if_needed)
-    else:
-        opened = KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
-    await opened.setup(DIM)
-    try:
-        yield opened
-    finally:
-        await opened.close()
-
-
 async def _drop_neo4j_groups(uri: str, groups: list[str]) -> None:
     driver = AsyncGraphDatabase.driver(uri, auth=None)
     try:
@@ -311,6 +282,33 @@ async def test_an_episode_id_reused_for_other_content_is_refused(
     legacy = episode(group, "ticket-0", day(0))
     await store.write_episode(group, EpisodeWrite(episode=legacy))
     assert await store.episode_processed(group, legacy.uuid, "whatever")
+
+
+async def test_a_processed_episode_answers_with_the_entities_it_created(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    """The marker keeps the uuids of the entities the episode created, so a redelivery found
+    processed at the lookup can send their new-entity events again (README "At-least-once
+    with idempotent effects")."""
+    group, other = new_group(), new_group()
+    acme, globex = entity(group, "Acme Corp"), entity(group, "Globex")
+    first = episode(group, "ticket-1", day(1))
+    written = EpisodeWrite(
+        episode=first, mentions=[acme.uuid, globex.uuid], entities=[acme, globex]
+    )
+    written.created = [globex.uuid, acme.uuid]
+    assert await store.write_episode(group, written)
+    assert await store.episode_marker(group, first.uuid) == [globex.uuid, acme.uuid]
+    lookup = await store.lookup_entities(group, ["k"], ["acme corp"], first.uuid, ["X"])
+    assert (lookup.processed, lookup.created_entities) == (True, [globex.uuid, acme.uuid])
+    assert (lookup.by_key, lookup.by_name, lookup.facts) == ([], [], None)
+    # a later episode that created nothing, and other groups, answer with none
+    second = episode(group, "ticket-2", day(2))
+    await store.write_episode(group, EpisodeWrite(episode=second, mentions=[acme.uuid]))
+    assert await store.episode_marker(group, second.uuid) == []
+    assert (await store.lookup_entities(group, [], [], second.uuid)).created_entities == []
+    assert await store.episode_marker(other, first.uuid) is None
+    assert not (await store.lookup_entities(other, [], [], first.uuid)).processed
 
 
 async def test_recent_episodes_order_limit_and_before(
@@ -561,7 +559,7 @@ async def _add_community(
     for member in members:
         params = {"uuid": community, "gid": group, "name": name, "member": member}
         if isinstance(store, KuzuStore):
-            await store._call(store._rows, query, params)
+            await store.kuzu.rows(query, params)
         else:
             assert uri is not None
             driver = AsyncGraphDatabase.driver(uri, auth=None)
@@ -1315,15 +1313,15 @@ async def test_search_stop_words_are_the_ones_kuzu_drops(tmp_path: Path) -> None
             "w", [EntityRecord(uuid=w, group_id="w", name=w) for w in words]
         )
 
-        def found(word: str) -> list[list[Any]]:
-            return store._rows(  # asking kuzu directly, without the filter
-                "CALL QUERY_FTS_INDEX('Entity', 'entity_name_summary', $q) RETURN node.uuid",
+        async def found(word: str) -> list[dict[str, Any]]:
+            return await store.kuzu.rows(  # asking kuzu directly, without the filter
+                "CALL QUERY_FTS_INDEX('Entity', 'entity_name_summary', $q) RETURN node.uuid AS u",
                 {"q": word},
             )
 
-        answers = {w: await store._call(found, w) for w in words}
+        answers = {w: await found(w) for w in words}
         assert [w for w in SEARCH_STOP_WORDS if answers[w]] == []
-        assert {w: answers[w] for w in ordinary} == {w: [[w]] for w in ordinary}
+        assert {w: answers[w] for w in ordinary} == {w: [{"u": w}] for w in ordinary}
     finally:
         await store.close()
 
@@ -1335,10 +1333,10 @@ async def test_kuzu_store_outlives_kuzus_per_checkpoint_leak(
     fails every later write ("No more frame groups") and then segfaults: the store reopens
     the database every few checkpoints, so a long ingest never runs out. Here a checkpoint
     after every write and an address space that holds fewer than 10 checkpoints."""
-    from tidegraph.store import kuzu_store
+    from tidegraph.store import kuzu_executor
 
-    monkeypatch.setattr(kuzu_store, "CHECKPOINT_THRESHOLD_BYTES", 1)
-    monkeypatch.setattr(kuzu_store, "REOPEN_AFTER_CHECKPOINTS", 4)
+    monkeypatch.setattr(kuzu_executor, "CHECKPOINT_THRESHOLD_BYTES", 1)
+    monkeypatch.setattr(kuzu_executor, "REOPEN_AFTER_CHECKPOINTS", 4)
     store = KuzuStore(tmp_path / "graph", buffer_pool_mb=64, max_db_size_mb=128)
     names = [f"acme {i}" for i in range(30)]
     try:
@@ -1388,7 +1386,7 @@ async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path:
     FactIndex table: search finds them, nothing else changes, the column is gone."""
     import kuzu
 
-    from tidegraph.store.kuzu_store import DB_FILE
+    from tidegraph.store.kuzu_executor import DB_FILE
 
     folder = tmp_path / "graph"
     folder.mkdir()
@@ -1411,12 +1409,12 @@ async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path:
         )
         touching = await store.facts_touching("old", ["a"])
         assert {f.uuid: f.fact_embedding for f in touching} == {"f1": vec(1), "f2": None}
-        columns = await store._call(store._rows, "CALL TABLE_INFO('RELATES_TO') RETURN *")
-        assert "fact_embedding" not in {row[1] for row in columns}
+        columns = await store.kuzu.rows("CALL TABLE_INFO('RELATES_TO') RETURN name")
+        assert "fact_embedding" not in {row["name"] for row in columns}
         # the end- and start-history columns were added (known-at questions read them)
         history = {"prior_ends", "prior_ends_learned_at", "end_learned_at"}
         history |= {"prior_starts", "prior_starts_learned_at", "start_learned_at"}
-        assert history <= {row[1] for row in columns}
+        assert history <= {row["name"] for row in columns}
         # episodes gained their content hash column; the old one has none and always passes
         assert await store.episode_processed("old", "e1", "any-hash")
         views = await store.query_facts("old", valid_at=day(1000), known_at=day(1000))
@@ -1432,15 +1430,15 @@ async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path:
 
         # older stores kept a fulltext index of episode contents that nothing reads and
         # every episode write maintained: setup drops it
-        def index_names() -> set[str]:
-            return {row[1] for row in store._rows("CALL SHOW_INDEXES() RETURN *")}
+        async def index_names() -> set[str]:
+            return {
+                r["i"] for r in await store.kuzu.rows("CALL SHOW_INDEXES() RETURN index_name AS i")
+            }
 
-        await store._call(
-            store._rows, "CALL CREATE_FTS_INDEX('Episodic', 'episodic_content', ['content'])"
-        )
-        assert "episodic_content" in await store._call(index_names)
+        await store.kuzu.rows("CALL CREATE_FTS_INDEX('Episodic', 'episodic_content', ['content'])")
+        assert "episodic_content" in await index_names()
         await store.setup(DIM)
-        assert await store._call(index_names) == {"entity_name_embedding", "entity_name_summary"}
+        assert await index_names() == {"entity_name_embedding", "entity_name_summary"}
     finally:
         await store.close()
 
@@ -1451,8 +1449,10 @@ async def test_questions_about_one_entity_start_from_its_node(neo4j_driver: Any)
     node, never as a scan of the group's facts (which grows with the group)."""
     asof = AsOf.resolve(None, None, False, "some-entity")
     questions = {
-        "query_facts": query_facts_cypher(asof),
-        "neighbour_weights": entity_graph_cypher(asof, NEO4J_ANCHOR_HINTS),
+        "query_facts": as_of_query(
+            asof, neo4j_queries.FACT_VIEW_RETURN, neo4j_queries.ANCHOR_HINTS
+        ),
+        "neighbour_weights": as_of_query(asof, ENTITY_GRAPH_RETURN, neo4j_queries.ANCHOR_HINTS),
     }
     for name, text in questions.items():
         async with neo4j_driver.session() as session:

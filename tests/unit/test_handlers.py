@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import pytest
 
 from pipelines.config import WorkerSettings
 from pipelines.handlers import Consumed, Emit, HopHandler
@@ -138,15 +137,6 @@ async def test_a_redelivered_record_writes_nothing_again() -> None:
     assert await w.store.counts(GROUP) == counts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="README 'At-least-once with idempotent effects': new-entity events are 'sent again "
-    "for an episode the write hop finds already written, so a crash between the write and the "
-    "send loses none'. But ResolutionStep stops a processed episode at its lookup with "
-    "Processed(created_entities=[]), so HopHandler._write_new_entities re-sends nothing for a "
-    "redelivered extracted record: a worker killed after the write committed and before the "
-    "events were produced loses them (only InvalidationStep's skipped write re-sends them).",
-)
 async def test_a_redelivered_record_sends_its_new_entity_events_again() -> None:
     w = await worker()
     record = await extracted(w, FEED[0])

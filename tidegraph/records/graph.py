@@ -146,6 +146,9 @@ class EpisodeWrite:
     closures: list[FactClosure] = field(default_factory=list)
     # Entity upserts (as ``upsert_entities``) written first, in the same transaction.
     entities: list[EntityRecord] = field(default_factory=list)
+    # The uuids of the entities this episode creates (``PendingWrite.created``), kept on its
+    # marker so that a redelivery of the processed episode can send their events again.
+    created: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -156,6 +159,7 @@ class EntityLookup:
     neither), facts no ``fact_embedding``."""
 
     processed: bool = False  # the episode asked about is already processed (nothing else read)
+    created_entities: list[str] = field(default_factory=list)  # when processed: what it created
     by_key: list[EntityRecord] = field(default_factory=list)
     by_name: list[EntityRecord] = field(default_factory=list)
     # When relations were given: the stored facts whose source is an entity found above and

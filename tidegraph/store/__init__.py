@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from tidegraph.records.graph import EpisodeWrite, FactClosure
 from tidegraph.store.base import GraphStore
-from tidegraph.store.cypher import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
+from tidegraph.store.errors import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
 
 if TYPE_CHECKING:
     from tidegraph.settings import Settings

@@ -13,8 +13,10 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from datetime import datetime
 
+from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import (
     CommunityRecord,
     EntityLookup,
@@ -25,6 +27,18 @@ from tidegraph.records.graph import (
     FactView,
     WeightedEdge,
 )
+from tidegraph.store.rows import unique
+
+
+@dataclass(frozen=True)
+class LookupRequest:
+    """What ``lookup_entities`` asks, its lists without duplicates (see there)."""
+
+    keys: list[str]
+    names: list[str]
+    episode_uuid: str | None
+    content_hash: str | None
+    relations: list[str] | None
 
 
 class GraphStore(abc.ABC):
@@ -43,13 +57,21 @@ class GraphStore(abc.ABC):
     async def close(self) -> None: ...
 
     # ---------------------------------------------------------------- episodes
-    @abc.abstractmethod
     async def episode_processed(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> bool:
         """True once ``write_episode`` committed this episode (the processed marker). With
         ``content_hash``, an episode stored with another hash raises EpisodeConflictError
         (its id was reused for other content)."""
+        return await self.episode_marker(group_id, episode_uuid, content_hash) is not None
+
+    @abc.abstractmethod
+    async def episode_marker(
+        self, group_id: str, episode_uuid: str, content_hash: str | None = None
+    ) -> list[str] | None:
+        """The uuids of the entities the processed episode created (``EpisodeWrite.created``,
+        stored on its marker; empty for episodes stored before they were), or None when the
+        episode is not processed. EpisodeConflictError as ``episode_processed``."""
 
     @abc.abstractmethod
     async def recent_episodes(
@@ -99,21 +121,33 @@ class GraphStore(abc.ABC):
         content_hash: str | None = None,
     ) -> EntityLookup:
         """``entities_by_keys(keys)`` and ``entities_by_names(names)`` (without name
-        embeddings) and, when ``episode_uuid`` is given, ``episode_processed`` (with
-        ``content_hash``, as there); with
-        ``relations``, the found entities' facts of those relations too (see
-        ``EntityLookup``) — in one round trip where the store can (this default makes up to
-        four)."""
-        if episode_uuid and await self.episode_processed(group_id, episode_uuid, content_hash):
-            return EntityLookup(processed=True)
-        by_key = await self.entities_by_keys(group_id, keys) if keys else []
-        by_name = await self.entities_by_names(group_id, names) if names else []
+        embeddings) and, when ``episode_uuid`` is given, ``episode_marker`` (with
+        ``content_hash``, as there: a processed episode answers with its created entities and
+        nothing else); with ``relations``, the found entities' facts of those relations too
+        (see ``EntityLookup``) — in one round trip where the store can."""
+        ask = LookupRequest(
+            keys=unique(keys),
+            names=unique(names),
+            episode_uuid=episode_uuid,
+            content_hash=content_hash,
+            relations=None if relations is None else unique(relations),
+        )
+        return await self._lookup(group_id, ask)
+
+    async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
+        """``lookup_entities`` from the other methods (up to four calls)."""
+        if ask.episode_uuid:
+            created = await self.episode_marker(group_id, ask.episode_uuid, ask.content_hash)
+            if created is not None:
+                return EntityLookup(processed=True, created_entities=created)
+        by_key = await self.entities_by_keys(group_id, ask.keys) if ask.keys else []
+        by_name = await self.entities_by_names(group_id, ask.names) if ask.names else []
         lookup = EntityLookup(
             by_key=_without_embeddings(by_key), by_name=_without_embeddings(by_name)
         )
-        if relations is not None:
+        if ask.relations is not None:
             sources = sorted({e.uuid for e in [*by_key, *by_name]})
-            pairs = [(source, relation) for source in sources for relation in relations]
+            pairs = [(source, relation) for source in sources for relation in ask.relations]
             lookup.facts = (
                 await self.fact_candidates(group_id, pairs, [], embeddings=False) if pairs else []
             )
@@ -139,12 +173,20 @@ class GraphStore(abc.ABC):
         """The facts (open or closed) whose (source uuid, relation name) is in ``pairs``, and
         those with their source or target in ``ends``; ordered like ``facts_touching``.
         ``embeddings=False``: without ``fact_embedding`` (cheaper where it is not compared)."""
+        if not pairs and not ends:
+            return []
+        return await self._fact_candidates(group_id, sorted(set(pairs)), unique(ends), embeddings)
+
+    async def _fact_candidates(
+        self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
+    ) -> list[FactRecord]:
+        """``fact_candidates`` from ``facts_touching``."""
         wanted = set(pairs)
         touched = set(ends)
         read = sorted(touched | {source for source, _ in wanted})
         found = [
             f
-            for f in (await self.facts_touching(group_id, read) if read else [])
+            for f in await self.facts_touching(group_id, read)
             if (f.source_uuid, f.name) in wanted or {f.source_uuid, f.target_uuid} & touched
         ]
         if embeddings:
@@ -170,7 +212,6 @@ class GraphStore(abc.ABC):
         later episodes closed); EpisodeConflictError when it was stored with another content
         hash. True when written. The marker is checked inside the write's own transaction."""
 
-    @abc.abstractmethod
     async def query_facts(
         self,
         group_id: str,
@@ -187,6 +228,12 @@ class GraphStore(abc.ABC):
           null); ``include_invalid`` skips this filter (a fact's whole history);
         - ``entity_uuid`` keeps facts with that entity as source or target.
         Ordered by subject, relation, valid_at, uuid. ``episodes`` holds producer ids."""
+        asof = AsOf.resolve(valid_at, known_at, include_invalid, entity_uuid)
+        return await self.facts_as_of(group_id, asof)
+
+    @abc.abstractmethod
+    async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
+        """``query_facts`` of a resolved question."""
 
     # ---------------------------------------------------------------- maintenance
     @abc.abstractmethod

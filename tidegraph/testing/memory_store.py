@@ -2,12 +2,13 @@
 faithful to its docstrings, with no server.
 
 It is a test double, but a real store: it keeps the rules the steps rely on, with the helpers
-the Neo4j and kuzu stores use themselves (``tidegraph/store/cypher.py``):
+the Neo4j and kuzu stores use themselves (``tidegraph/store/rows.py``, ``errors.py``,
+``search_text.py``):
 
 - every call is scoped by ``group_id``; uuids are unique across groups (the stores' uniqueness
   constraints), so a write naming another group's entity, fact or community is refused with
-  ``StoreIntegrityError`` (``check_episode_write``, ``check_entity_owners``,
-  ``check_community_owners``);
+  ``StoreIntegrityError`` (``errors.check_write``, ``errors.check_entity_owners``,
+  ``errors.check_community_owners``);
 - writes are MERGEs by uuid: ``created_at`` only on create, ``expired_at`` only while null, a
   fact row without an embedding or an end/start history keeps the stored one, and entity
   upserts are folded by ``fold_entity_rows`` (labels and aliases set union, summary replaced
@@ -50,16 +51,12 @@ from tidegraph.records.graph import (
 )
 from tidegraph.records.ids import normalize_name
 from tidegraph.records.times import utc
+from tidegraph.store import errors
 from tidegraph.store.base import GraphStore
-from tidegraph.store.cypher import (
+from tidegraph.store.rows import (
+    HISTORY_FIELDS,
     EntityState,
-    StoredFact,
-    StoreSchemaError,
-    check_community_owners,
     check_embedding,
-    check_entity_owners,
-    check_episode_write,
-    check_same_episode,
     closure_row,
     community_rows,
     cosine_score,
@@ -75,23 +72,15 @@ from tidegraph.store.cypher import (
     neighbour_weights_of,
     now_utc,
     rank,
-    search_terms,
     sort_entities,
     sort_facts,
     sort_views,
     unique,
 )
+from tidegraph.store.search_text import search_terms, text_words
 
 # What a fact row leaves as stored when it does not carry it (the stores' coalesce).
-_KEPT_WHEN_UNSET = (
-    "fact_embedding",
-    "prior_ends",
-    "prior_ends_learned_at",
-    "end_learned_at",
-    "prior_starts",
-    "prior_starts_learned_at",
-    "start_learned_at",
-)
+_KEPT_WHEN_UNSET = ("fact_embedding", *HISTORY_FIELDS)
 _END_HISTORY = ("prior_ends", "prior_ends_learned_at", "end_learned_at")
 
 
@@ -111,6 +100,7 @@ class MemoryStore(GraphStore):
     def __init__(self) -> None:
         self._dim: int | None = None
         self._episodes: dict[str, EpisodeRecord] = {}
+        self._created: dict[str, list[str]] = {}  # episode uuid -> the entities it created
         self._entities: dict[str, EntityRecord] = {}
         self._facts: dict[str, FactRecord] = {}
         self._mentions: set[tuple[str, str]] = set()  # (episode uuid, entity uuid)
@@ -122,7 +112,7 @@ class MemoryStore(GraphStore):
         if embedding_dim < 1:
             raise ValueError("embedding_dim must be positive")
         if self._dim is not None and self._dim != embedding_dim:
-            raise StoreSchemaError(
+            raise errors.StoreSchemaError(
                 f"the memory store holds {self._dim}-dimensional embeddings but the embedder "
                 f"produces {embedding_dim}"
             )
@@ -133,18 +123,18 @@ class MemoryStore(GraphStore):
 
     def _dimension(self) -> int:
         if self._dim is None:
-            raise StoreSchemaError("the memory store has no schema: run setup() first")
+            raise errors.StoreSchemaError("the memory store has no schema: run setup() first")
         return self._dim
 
     # ------------------------------------------------------------------ episodes
-    async def episode_processed(
+    async def episode_marker(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
-    ) -> bool:
+    ) -> list[str] | None:
         stored = self._episodes.get(episode_uuid)
         if stored is None or stored.group_id != group_id:
-            return False
-        check_same_episode(episode_uuid, stored.content_hash, content_hash)
-        return True
+            return None
+        errors.check_same_episode(episode_uuid, stored.content_hash, content_hash)
+        return list(self._created.get(episode_uuid, []))
 
     async def recent_episodes(
         self, group_id: str, before: datetime, limit: int
@@ -204,7 +194,7 @@ class MemoryStore(GraphStore):
             return []
         hits = []
         for entity in self._group_entities(group_id):
-            found = len(set(terms) & _words(f"{entity.name} {entity.summary}"))
+            found = len(set(terms) & text_words(f"{entity.name} {entity.summary}"))
             if found:
                 hits.append((entity, float(found)))
         return rank(hits, limit)
@@ -227,7 +217,7 @@ class MemoryStore(GraphStore):
             return
         now = now_utc()
         rows = [entity_row(group_id, e, self._dimension(), now) for e in entities]
-        check_entity_owners(group_id, self._owners(unique(r["uuid"] for r in rows)))
+        errors.check_entity_owners(group_id, self._owners(unique(r["uuid"] for r in rows)))
         self._upsert_rows(group_id, rows)
 
     def _owners(self, uuids: Iterable[str]) -> dict[str, str]:
@@ -288,17 +278,18 @@ class MemoryStore(GraphStore):
         dim = self._dimension()
         now = now_utc()
         entities = [entity_row(group_id, e, dim, now) for e in write.entities]
-        episode = episode_row(group_id, write.episode, now)
+        episode = episode_row(group_id, write.episode, now, write.created)
         facts = [fact_row(group_id, f, dim, now) for f in write.facts]
         closures = [closure_row(c) for c in write.closures]
         stored = self._episodes.get(write.episode.uuid)
         if stored is not None and stored.group_id == group_id:
-            check_same_episode(stored.uuid, stored.content_hash, write.episode.content_hash)
+            errors.check_same_episode(stored.uuid, stored.content_hash, write.episode.content_hash)
             return False  # already processed: nothing may change (GraphStore.write_episode)
         self._check_write(group_id, write, None if stored is None else stored.group_id)
         # Checked: nothing below can fail, so the write is all or nothing (one transaction).
         self._upsert_rows(group_id, entities)
         self._episodes[episode["uuid"]] = episode_record({**episode, "group_id": group_id})
+        self._created[episode["uuid"]] = episode["created_entities"]
         self._mentions.update((episode["uuid"], u) for u in unique(write.mentions))
         for row in facts:
             self._merge_fact(group_id, row)
@@ -307,20 +298,14 @@ class MemoryStore(GraphStore):
         return True
 
     def _check_write(self, group_id: str, write: EpisodeWrite, episode_group: str | None) -> None:
-        """Refuse a write that would cross groups or dangle (its upserts count as the
-        group's entities), exactly as both stores check it."""
-        upserted = unique(e.uuid for e in write.entities)
-        ends = (u for f in write.facts for u in (f.source_uuid, f.target_uuid))
-        owners = self._owners(unique([*upserted, *write.mentions, *ends]))
-        check_entity_owners(group_id, {u: owners[u] for u in upserted if u in owners})
-        fact_uuids = unique([*(f.uuid for f in write.facts), *(c.uuid for c in write.closures)])
+        """Refuse a write that would cross groups or dangle, exactly as both stores check it."""
+        owners = self._owners(errors.written_entity_uuids(write)[1])
         facts = {
-            uuid: StoredFact(f.group_id, f.source_uuid, f.target_uuid)
-            for uuid in fact_uuids
+            uuid: errors.StoredFact(f.group_id, f.source_uuid, f.target_uuid)
+            for uuid in errors.written_fact_uuids(write)
             if (f := self._facts.get(uuid)) is not None
         }
-        entity_groups = {**owners, **dict.fromkeys(upserted, group_id)}
-        check_episode_write(group_id, write, episode_group, entity_groups, facts)
+        errors.check_write(group_id, write, episode_group, owners, facts)
 
     def _merge_fact(self, group_id: str, row: dict[str, Any]) -> None:
         """MERGE by uuid, then the given state, except what the stores keep (created_at, a set
@@ -344,16 +329,7 @@ class MemoryStore(GraphStore):
                 setattr(fact, name, row[name])
         fact.expired_at = fact.expired_at or row["expired_at"]
 
-    async def query_facts(
-        self,
-        group_id: str,
-        *,
-        valid_at: datetime | None = None,
-        known_at: datetime | None = None,
-        include_invalid: bool = False,
-        entity_uuid: str | None = None,
-    ) -> list[FactView]:
-        asof = AsOf.resolve(valid_at, known_at, include_invalid, entity_uuid)
+    async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
         producers = {u: e.producer_id for u, e in self._episodes.items() if e.group_id == group_id}
         views = []
         for fact in self._believed(group_id, asof):
@@ -399,6 +375,7 @@ class MemoryStore(GraphStore):
         }
         for uuid in episodes:
             del self._episodes[uuid]
+            self._created.pop(uuid, None)
         for uuid in entities:
             del self._entities[uuid]
         for uuid in communities:
@@ -436,7 +413,7 @@ class MemoryStore(GraphStore):
         rows, memberships, members = community_rows(upserts, self._dimension())
         uuids = [r["uuid"] for r in rows]
         named = unique([*uuids, *deletes])
-        check_community_owners(
+        errors.check_community_owners(
             group_id, {u: self._communities[u].group_id for u in named if u in self._communities}
         )
         gone = set(deletes)
@@ -473,8 +450,3 @@ class MemoryStore(GraphStore):
             if e != entity_uuid or self._communities[c].group_id != group_id
         }
         self._members.add((community_uuid, entity_uuid))
-
-
-def _words(text: str) -> set[str]:
-    """The words of a name or summary, split like a search (``search_terms``) but uncapped."""
-    return {word for part in text.split() for word in search_terms(part)}

@@ -1,0 +1,52 @@
+"""The Cypher Neo4j and kuzu both speak, word for word: the group's entity uuids and the
+community queries (the as-of filter is ``tidegraph.store.asof_cypher``). Fully parameterised;
+answers with the column names ``tidegraph.store.core`` reads."""
+
+from __future__ import annotations
+
+GROUP_ENTITY_UUIDS = "MATCH (e:Entity) WHERE e.group_id = $group_id RETURN e.uuid AS uuid"
+
+GROUP_COMMUNITIES = """
+MATCH (c:Community) WHERE c.group_id = $group_id
+RETURN c.uuid AS uuid, c.name AS name, c.summary AS summary
+"""
+GROUP_COMMUNITY_MEMBERS = """
+MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
+WHERE c.group_id = $group_id AND e.group_id = $group_id
+RETURN c.uuid AS community, e.uuid AS entity
+"""
+COMMUNITY_GROUPS = """
+MATCH (c:Community) WHERE c.uuid IN $uuids RETURN c.uuid AS uuid, c.group_id AS group_id
+"""
+DELETE_COMMUNITIES = """
+MATCH (c:Community) WHERE c.uuid IN $uuids AND c.group_id = $group_id DETACH DELETE c
+"""
+DROP_MEMBERSHIPS = """
+MATCH (c:Community)-[m:HAS_MEMBER]->(e:Entity)
+WHERE c.group_id = $group_id AND (c.uuid IN $uuids OR e.uuid IN $members)
+DELETE m
+"""
+ADD_MEMBERSHIPS = """
+UNWIND $rows AS row
+MATCH (c:Community {uuid: row.community}), (e:Entity {uuid: row.entity})
+WHERE c.group_id = $group_id AND e.group_id = $group_id
+CREATE (c)-[:HAS_MEMBER {group_id: $group_id}]->(e)
+"""
+MEMBER_TARGETS = """
+MATCH (c:Community), (e:Entity)
+WHERE c.uuid = $community_uuid AND c.group_id = $group_id
+  AND e.uuid = $entity_uuid AND e.group_id = $group_id
+RETURN count(*) AS found
+"""
+DROP_OTHER_MEMBERSHIPS = """
+MATCH (c:Community)-[m:HAS_MEMBER]->(e:Entity)
+WHERE c.group_id = $group_id AND e.uuid = $entity_uuid AND c.uuid <> $community_uuid
+DELETE m
+"""
+MERGE_MEMBERSHIP = """
+MATCH (c:Community), (e:Entity)
+WHERE c.uuid = $community_uuid AND c.group_id = $group_id
+  AND e.uuid = $entity_uuid AND e.group_id = $group_id
+MERGE (c)-[m:HAS_MEMBER]->(e)
+ON CREATE SET m.group_id = $group_id
+"""

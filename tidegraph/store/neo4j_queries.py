@@ -1,0 +1,468 @@
+"""The Neo4j dialect: every query text the Neo4j store sends that kuzu does not share
+(those both engines speak are in ``tidegraph.store.common_queries``; the as-of filter in
+``tidegraph.store.asof_cypher``).
+
+Every query is fully parameterised: user and LLM text (names, summaries, facts, relation
+types, group ids, search text) only ever travels as a parameter. What is formatted into the
+text is our own constants (index names, field lists).
+
+Reads answer with the column names ``tidegraph.store.core`` reads, the same as kuzu's:
+an entity is ``e`` (a property map) with ``community_uuid``; a fact ``r`` with
+``source_uuid`` and ``target_uuid``; an episode ``ep``.
+"""
+
+from __future__ import annotations
+
+from tidegraph.store.search_text import lucene_query
+
+ENTITY_VECTOR_INDEX = "entity_name_embedding"
+FACT_VECTOR_INDEX = "relates_to_fact_embedding"
+ENTITY_FULLTEXT_INDEX = "entity_name_summary"
+VECTOR_INDEXES = (ENTITY_VECTOR_INDEX, FACT_VECTOR_INDEX)
+FULLTEXT_ANALYZER = "english"  # Porter stemming + English stop words, like kuzu's FTS default
+
+_FULLTEXT_OPTIONS = "OPTIONS {indexConfig: {`fulltext.analyzer`: $analyzer}}"
+_VECTOR_OPTIONS = (
+    "OPTIONS {indexConfig: {`vector.dimensions`: $dim, `vector.similarity_function`: 'cosine'}}"
+)
+
+# Each statement runs alone (schema changes cannot share a transaction with anything else).
+SCHEMA = (
+    # uniqueness (IS KEY is Enterprise-only); relationship uniqueness works in Community 5.26
+    "CREATE CONSTRAINT episodic_uuid IF NOT EXISTS FOR (n:Episodic) REQUIRE n.uuid IS UNIQUE",
+    "CREATE CONSTRAINT entity_uuid IF NOT EXISTS FOR (n:Entity) REQUIRE n.uuid IS UNIQUE",
+    "CREATE CONSTRAINT community_uuid IF NOT EXISTS FOR (n:Community) REQUIRE n.uuid IS UNIQUE",
+    "CREATE CONSTRAINT relates_to_uuid IF NOT EXISTS "
+    "FOR ()-[r:RELATES_TO]-() REQUIRE r.uuid IS UNIQUE",
+    # range
+    "CREATE INDEX episodic_group_id IF NOT EXISTS FOR (n:Episodic) ON (n.group_id)",
+    "CREATE INDEX episodic_valid_at IF NOT EXISTS FOR (n:Episodic) ON (n.valid_at)",
+    "CREATE INDEX entity_group_id IF NOT EXISTS FOR (n:Entity) ON (n.group_id)",
+    "CREATE INDEX entity_name_norm IF NOT EXISTS FOR (n:Entity) ON (n.name_norm)",
+    "CREATE INDEX entity_key IF NOT EXISTS FOR (n:Entity) ON (n.key)",
+    # a stable key is looked up within its group (the same CRM ids recur in every tenant)
+    "CREATE INDEX entity_group_key IF NOT EXISTS FOR (n:Entity) ON (n.group_id, n.key)",
+    "CREATE INDEX community_group_id IF NOT EXISTS FOR (n:Community) ON (n.group_id)",
+    "CREATE INDEX mentions_group_id IF NOT EXISTS FOR ()-[r:MENTIONS]-() ON (r.group_id)",
+    "CREATE INDEX has_member_group_id IF NOT EXISTS FOR ()-[r:HAS_MEMBER]-() ON (r.group_id)",
+    "CREATE INDEX relates_to_group_id IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.group_id)",
+    "CREATE INDEX relates_to_valid_at IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.valid_at)",
+    "CREATE INDEX relates_to_invalid_at IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.invalid_at)",
+    "CREATE INDEX relates_to_created_at IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.created_at)",
+    "CREATE INDEX relates_to_expired_at IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.expired_at)",
+    # fulltext
+    "CREATE FULLTEXT INDEX entity_name_summary IF NOT EXISTS "
+    "FOR (n:Entity) ON EACH [n.name, n.summary] " + _FULLTEXT_OPTIONS,
+    "CREATE FULLTEXT INDEX relates_to_fact IF NOT EXISTS "
+    "FOR ()-[r:RELATES_TO]-() ON EACH [r.fact] " + _FULLTEXT_OPTIONS,
+    "CREATE FULLTEXT INDEX episodic_content IF NOT EXISTS "
+    "FOR (n:Episodic) ON EACH [n.content] " + _FULLTEXT_OPTIONS,
+    "CREATE FULLTEXT INDEX community_name IF NOT EXISTS "
+    "FOR (n:Community) ON EACH [n.name] " + _FULLTEXT_OPTIONS,
+    # vector (HNSW)
+    "CREATE VECTOR INDEX entity_name_embedding IF NOT EXISTS "
+    "FOR (n:Entity) ON n.name_embedding " + _VECTOR_OPTIONS,
+    "CREATE VECTOR INDEX relates_to_fact_embedding IF NOT EXISTS "
+    "FOR ()-[r:RELATES_TO]-() ON r.fact_embedding " + _VECTOR_OPTIONS,
+)
+
+SHOW_VECTOR_INDEXES = """
+SHOW VECTOR INDEXES YIELD name, options
+WHERE name IN $names
+RETURN name, options.indexConfig.`vector.dimensions` AS dim
+"""
+
+AWAIT_INDEXES = "CALL db.awaitIndexes($timeout)"
+
+# ---- episodes
+# Lookups by uuid name the uniqueness constraint's index: without the hint the planner may
+# pick the group_id index and filter every episode (entity, fact) of the group instead.
+# No hint here: clients (`ingest --via kafka`, `dlq replay`) ask before any worker may have
+# created the schema, and a hint on a missing index is an error; the planner picks the unique
+# index seek for this shape by itself (checked with EXPLAIN).
+EPISODE_PROCESSED = """
+MATCH (ep:Episodic {uuid: $uuid})
+WHERE ep.group_id = $group_id
+RETURN ep.content_hash AS content_hash, ep.created_entities AS created_entities
+"""
+
+RECENT_EPISODES = """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.valid_at < $before
+RETURN ep {.*} AS ep
+ORDER BY ep.valid_at DESC, ep.uuid DESC
+LIMIT $limit
+"""
+
+PRODUCER_IDS = """
+MATCH (ep:Episodic)
+WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
+RETURN ep.uuid AS uuid, ep.producer_id AS producer_id
+"""
+
+# ---- entities
+_COMMUNITY_OF_E = """COLLECT {
+  MATCH (c:Community)-[:HAS_MEMBER]->(e) WHERE c.group_id = $group_id
+  RETURN c.uuid ORDER BY c.uuid LIMIT 1
+}[0]"""
+
+# The entity projection every entity read ends with.
+_ENTITY_RETURN = f"""
+RETURN e {{.*}} AS e,
+       {_COMMUNITY_OF_E} AS community_uuid
+"""
+
+ENTITY_GROUPS = """
+MATCH (e:Entity)
+WHERE e.uuid IN $uuids
+RETURN e.uuid AS uuid, e.group_id AS group_id
+"""
+
+# One MERGE per row of ``$rows_param``; on match, labels and aliases are added (set union),
+# the summary replaced when the row has one and the key set while null.
+_UPSERT_ENTITY_ROWS = """
+UNWIND {rows} AS row
+MERGE (e:Entity {{uuid: row.uuid}})
+ON CREATE SET e.group_id = $group_id,
+              e.name = row.name,
+              e.name_norm = row.name_norm,
+              e.summary = '',
+              e.name_embedding = row.name_embedding,
+              e.created_at = row.created_at
+SET e.labels = coalesce(e.labels, [])
+               + [label IN row.labels WHERE NOT label IN coalesce(e.labels, [])],
+    e.aliases = coalesce(e.aliases, [])
+                + [alias IN row.aliases WHERE NOT alias IN coalesce(e.aliases, [])],
+    e.summary = coalesce(row.summary, e.summary),
+    e.key = coalesce(e.key, row.key)
+SET e:$(row.labels)
+"""
+UPSERT_ENTITIES = _UPSERT_ENTITY_ROWS.format(rows="$rows")
+
+_ENTITIES_NAMED = """
+MATCH (e:Entity)
+WHERE e.group_id = $group_id
+  AND (e.name_norm IN $names OR any(alias IN e.aliases WHERE alias IN $names))
+"""
+_ENTITIES_KEYED = """
+MATCH (e:Entity)
+USING INDEX e:Entity(group_id, key)
+WHERE e.group_id = $group_id AND e.key IN $keys
+"""
+
+ENTITIES_BY_NAMES = _ENTITIES_NAMED + _ENTITY_RETURN
+
+ENTITIES_BY_KEYS = _ENTITIES_KEYED + _ENTITY_RETURN
+
+
+def epoch_micros(expression: str) -> str:
+    """Cypher for a datetime as microseconds since the epoch (null stays null): the driver
+    turns an int into Python far faster than a DateTime, and ``rows.to_utc`` reads it back."""
+    return f"{expression}.epochSeconds * 1000000 + {expression}.microsecond"
+
+
+def _times_as_micros(variable: str, fields: tuple[str, ...]) -> str:
+    return ", ".join(f"{name}: {epoch_micros(f'{variable}.{name}')}" for name in fields)
+
+
+_FACT_TIMES = _times_as_micros("r", ("valid_at", "invalid_at", "created_at", "expired_at"))
+
+# Everything resolution needs in one round trip: whether the episode is already processed
+# (then nothing else is read), the entities matching the drafts' keys or names (without their
+# name embeddings and communities, which resolution does not use) and, of each, the stored facts
+# it is the source of with a relation in $relations (without their embeddings). One row per
+# entity found (``how``: key or name), or a single row with a null entity.
+RESOLUTION_LOOKUP = (
+    """
+OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
+USING INDEX ep:Episodic(uuid)
+WHERE ep.group_id = $group_id
+WITH ep IS NOT NULL AS processed, ep.content_hash AS stored_hash,
+     ep.created_entities AS created_entities
+OPTIONAL CALL (processed) {
+  WITH processed WHERE NOT processed"""
+    + _ENTITIES_KEYED
+    + """  RETURN e, 'key' AS how
+  UNION ALL
+  WITH processed WHERE NOT processed"""
+    + _ENTITIES_NAMED
+    + """  RETURN e, 'name' AS how
+}
+RETURN processed, stored_hash, created_entities, how,
+       e {.*, name_embedding: null, """
+    + _times_as_micros("e", ("created_at",))
+    + """} AS e,
+       COLLECT {
+         MATCH (e)-[r:RELATES_TO]->(t:Entity)
+         WHERE r.group_id = $group_id AND r.name IN $relations
+         RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
+    + _FACT_TIMES
+    + """}
+       } AS facts
+"""
+)
+
+ENTITIES_BY_UUIDS = (
+    """
+MATCH (e:Entity)
+WHERE e.uuid IN $uuids AND e.group_id = $group_id
+"""
+    + _ENTITY_RETURN
+)
+
+LIST_ENTITIES = (
+    """
+MATCH (e:Entity)
+WHERE e.group_id = $group_id
+"""
+    + _ENTITY_RETURN
+)
+
+
+def fulltext_query(text: str) -> str | None:
+    """Search text as the fulltext indexes take it (None: nothing searchable)."""
+    return lucene_query(text)
+
+
+FULLTEXT_ENTITIES = (
+    f"""
+CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT_INDEX}', $query) YIELD node, score
+WITH node AS e, score
+WHERE e.group_id = $group_id
+ORDER BY score DESC, e.uuid
+LIMIT $limit
+WITH e, score
+"""
+    + _ENTITY_RETURN
+    + ", score"
+)
+
+
+# Ask the global index for $k neighbours; those of the groups asked about are rescored exactly
+# on the stored vectors (the index's own scores are approximate: its vectors are quantized).
+def _vector_candidates(call: str, index: str, variable: str, prop: str) -> str:
+    return f"""
+CALL {call}('{index}', $k, $embedding) YIELD {variable}
+RETURN {variable}.uuid AS uuid, {variable}.group_id AS group_id,
+       CASE WHEN {variable}.group_id IN $group_ids
+       THEN vector.similarity.cosine({variable}.{prop}, $embedding) END AS score
+"""
+
+
+# Exact cosine over the groups (when they are a small part of the index).
+def _vector_scan(match: str, variable: str, prop: str) -> str:
+    return f"""
+MATCH {match}
+WHERE {variable}.group_id IN $group_ids AND {variable}.{prop} IS NOT NULL
+WITH {variable}, vector.similarity.cosine({variable}.{prop}, $embedding) AS score
+ORDER BY score DESC, {variable}.uuid
+LIMIT $limit
+RETURN {variable}.uuid AS uuid, score
+"""
+
+
+VECTOR_ENTITY_CANDIDATES = _vector_candidates(
+    "db.index.vector.queryNodes", ENTITY_VECTOR_INDEX, "node", "name_embedding"
+)
+VECTOR_ENTITY_SCAN = _vector_scan("(e:Entity)", "e", "name_embedding")
+
+# ---- facts
+_FACT_RETURN = """
+RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
+"""
+_MERGE_FACT_ROWS = """
+UNWIND {rows} AS row
+MATCH (s:Entity {{uuid: row.source_uuid}}), (t:Entity {{uuid: row.target_uuid}})
+MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
+ON CREATE SET r.group_id = $group_id, r.created_at = row.created_at
+SET r.name = row.name,
+    r.fact = row.fact,
+    r.fact_embedding = coalesce(row.fact_embedding, r.fact_embedding),
+    r.episodes = row.episodes,
+    r.valid_at = row.valid_at,
+    r.invalid_at = row.invalid_at,
+    r.cardinality = row.cardinality,
+    r.prior_ends = coalesce(row.prior_ends, r.prior_ends),
+    r.prior_ends_learned_at = coalesce(row.prior_ends_learned_at, r.prior_ends_learned_at),
+    r.end_learned_at = coalesce(row.end_learned_at, r.end_learned_at),
+    r.prior_starts = coalesce(row.prior_starts, r.prior_starts),
+    r.prior_starts_learned_at = coalesce(row.prior_starts_learned_at, r.prior_starts_learned_at),
+    r.start_learned_at = coalesce(row.start_learned_at, r.start_learned_at),
+    r.expired_at = coalesce(r.expired_at, row.expired_at)
+"""
+
+_CLOSE_FACT_ROWS = """
+UNWIND {rows} AS row
+MATCH ()-[r:RELATES_TO {{uuid: row.uuid}}]->()
+USING INDEX r:RELATES_TO(uuid)
+WHERE r.group_id = $group_id
+SET r.invalid_at = row.invalid_at,
+    r.prior_ends = coalesce(row.prior_ends, r.prior_ends),
+    r.prior_ends_learned_at = coalesce(row.prior_ends_learned_at, r.prior_ends_learned_at),
+    r.end_learned_at = coalesce(row.end_learned_at, r.end_learned_at),
+    r.expired_at = coalesce(r.expired_at, row.expired_at)
+"""
+
+FACTS_TOUCHING = (
+    """
+UNWIND $uuids AS uuid
+MATCH (e:Entity {uuid: uuid})-[r:RELATES_TO]-()
+USING INDEX e:Entity(uuid)
+WHERE e.group_id = $group_id AND r.group_id = $group_id
+WITH DISTINCT r
+MATCH (s:Entity)-[r]->(t:Entity)
+"""
+    + _FACT_RETURN
+)
+
+# The stored facts a new episode's facts can merge with or close: those of each
+# (subject, relation) in $pairs, and every fact touching an entity of $ends.
+_FACT_CANDIDATES = """
+CALL () {
+  UNWIND $pairs AS pair
+  MATCH (s:Entity {uuid: pair.source})-[r:RELATES_TO]->(:Entity)
+  USING INDEX s:Entity(uuid)
+  WHERE s.group_id = $group_id AND r.group_id = $group_id AND r.name = pair.relation
+  RETURN r
+  UNION
+  UNWIND $ends AS uuid
+  MATCH (e:Entity {uuid: uuid})-[r:RELATES_TO]-(:Entity)
+  USING INDEX e:Entity(uuid)
+  WHERE e.group_id = $group_id AND r.group_id = $group_id
+  RETURN r
+}
+MATCH (s:Entity)-[r]->(t:Entity)
+"""
+# (times as epoch microseconds: see epoch_micros)
+FACT_CANDIDATES = (
+    _FACT_CANDIDATES
+    + f"RETURN r {{.*, {_FACT_TIMES}}} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid\n"
+)
+FACT_CANDIDATES_PLAIN = (
+    _FACT_CANDIDATES
+    + f"RETURN r {{.*, fact_embedding: null, {_FACT_TIMES}}} AS r, "
+    + "s.uuid AS source_uuid, t.uuid AS target_uuid\n"
+)
+
+FACTS_BY_UUIDS = (
+    """
+MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
+WHERE r.uuid IN $uuids AND r.group_id = $group_id
+"""
+    + _FACT_RETURN
+)
+
+# ---- one episode's write: one read of what it touches, then one write
+# What the checks of an episode write need (see ``errors.check_write``): the group of a stored
+# Episodic with this uuid (the processed marker), and of the stored entities and facts the
+# write names.
+WRITE_STATE = """
+OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
+WITH ep.group_id AS episode_group, ep.content_hash AS episode_hash
+CALL () {
+  UNWIND $entity_uuids AS uuid
+  MATCH (e:Entity {uuid: uuid})
+  RETURN collect([e.uuid, e.group_id]) AS entities
+}
+CALL () {
+  UNWIND $fact_uuids AS uuid
+  MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
+  RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
+}
+RETURN episode_group, episode_hash, entities, facts
+"""
+
+# Entities first (mentions and facts point at them), then the Episodic marker, its MENTIONS,
+# the facts (full state) and the closures, in one statement.
+WRITE_EPISODE = (
+    "CALL () {"
+    + _UPSERT_ENTITY_ROWS.format(rows="$entities")
+    + """}
+MERGE (ep:Episodic {uuid: $ep.uuid})
+ON CREATE SET ep.group_id = $group_id, ep.created_at = $ep.created_at
+SET ep.name = $ep.name,
+    ep.source = $ep.source,
+    ep.source_description = $ep.source_description,
+    ep.content = $ep.content,
+    ep.valid_at = $ep.valid_at,
+    ep.producer_id = $ep.producer_id,
+    ep.content_hash = $ep.content_hash,
+    ep.created_entities = $ep.created_entities
+WITH ep
+CALL (ep) {
+  UNWIND $mentions AS mention
+  MATCH (e:Entity {uuid: mention})
+  MERGE (ep)-[m:MENTIONS]->(e)
+  ON CREATE SET m.group_id = $group_id
+}
+CALL () {"""
+    + _MERGE_FACT_ROWS.format(rows="$facts")
+    + "}\nCALL () {"
+    + _CLOSE_FACT_ROWS.format(rows="$closures")
+    + "}\n"
+)
+
+VECTOR_FACT_CANDIDATES = _vector_candidates(
+    "db.index.vector.queryRelationships", FACT_VECTOR_INDEX, "relationship", "fact_embedding"
+)
+VECTOR_FACT_SCAN = _vector_scan("()-[r:RELATES_TO]->()", "r", "fact_embedding")
+
+# ---- as-of questions (tidegraph.store.asof_cypher)
+# The walk from the anchor node of a question about one entity.
+ANCHOR_HINTS = {
+    "s": ("USING INDEX s:Entity(uuid)", ""),
+    "t": ("USING INDEX t:Entity(uuid)", ""),
+}
+# What ``query_facts`` returns of each fact the as-of filter lets through.
+FACT_VIEW_RETURN = (
+    "RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid, "
+    "s.name AS subject, t.name AS object"
+)
+
+# ---- maintenance
+COUNTS = (
+    """
+CALL () { MATCH (ep:Episodic) WHERE ep.group_id = $group_id RETURN count(ep) AS episodes }
+CALL () { MATCH (e:Entity) WHERE e.group_id = $group_id RETURN count(e) AS entities }
+CALL () {
+  MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id RETURN count(r) AS facts
+}
+CALL () {
+  MATCH (ep:Episodic)-[m:MENTIONS]->() WHERE ep.group_id = $group_id RETURN count(m) AS mentions
+}
+RETURN episodes, entities, facts, mentions
+""",
+)
+
+# One batch per call, per label (the group_id index is per label); repeated until 0.
+DELETE_GROUP = (
+    # Facts first, in batches of their own: deleting a well-connected entity would otherwise
+    # delete all its facts (with their embeddings) in one transaction.
+    """
+MATCH (s:Entity)-[r:RELATES_TO]->()
+WHERE s.group_id = $group_id
+WITH r LIMIT $batch
+DELETE r
+RETURN count(*) AS deleted
+""",
+    *(
+        f"""
+MATCH (n:{label})
+WHERE n.group_id = $group_id
+WITH n LIMIT $batch
+DETACH DELETE n
+RETURN count(*) AS deleted
+"""
+        for label in ("Episodic", "Community", "Entity")
+    ),
+)
+
+# ---- communities (the rest: tidegraph.store.common_queries)
+UPSERT_COMMUNITIES = """
+UNWIND $rows AS row
+MERGE (c:Community {uuid: row.uuid})
+ON CREATE SET c.group_id = $group_id
+SET c.name = row.name,
+    c.summary = row.summary,
+    c.name_embedding = coalesce(row.name_embedding, c.name_embedding)
+"""

@@ -1,0 +1,430 @@
+"""Records to query parameters and back, the same for every store: the parameters of a write
+(checked: its group, labels, embeddings), how repeated upserts fold, the records built from a
+query's rows, their order, and the folds of the community graph.
+
+Every datetime goes in and comes out aware UTC (``to_utc`` reads what either engine returns).
+Scores of vector searches are ``(1 + cos) / 2`` in [0, 1], the measure Neo4j's cosine vector
+index reports: 1.0 the same direction, 0.5 orthogonal, 0.0 opposite.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tidegraph.records.asof import AsOf, start_known_at
+from tidegraph.records.graph import (
+    EntityRecord,
+    EpisodeRecord,
+    FactClosure,
+    FactRecord,
+    FactView,
+)
+from tidegraph.records.ids import LABEL_RE, normalize_name
+from tidegraph.records.times import iso, utc
+
+# Labels an entity may never get: they would make it look like another kind of node.
+RESERVED_LABELS = frozenset({"Entity", "Episodic", "Community"})
+
+
+def vector_candidates(limit: int) -> int:
+    """How many neighbours to ask a global vector index for before filtering by group."""
+    return max(limit * 10, 100)
+
+
+# ----------------------------------------------------------------------------- small helpers
+def unique(items: Iterable[str]) -> list[str]:
+    """Items in first-seen order without duplicates."""
+    return list(dict.fromkeys(items))
+
+
+def clean_labels(labels: Iterable[str]) -> list[str]:
+    """Labels that may become real node labels: ``LABEL_RE``-valid and not reserved.
+    Anything else is dropped (never escaped into query text)."""
+    return unique(
+        label
+        for label in labels
+        if isinstance(label, str) and LABEL_RE.match(label) and label not in RESERVED_LABELS
+    )
+
+
+def check_embedding(embedding: Sequence[float] | None, dim: int, what: str) -> list[float] | None:
+    """The embedding as a list of floats, after checking its size and that it has a
+    direction (cosine is undefined for the zero vector). None stays None."""
+    if embedding is None:
+        return None
+    values = [float(v) for v in embedding]
+    if len(values) != dim:
+        raise ValueError(f"{what} has {len(values)} dimensions; the store was set up with {dim}")
+    if not all(math.isfinite(v) for v in values) or not any(values):
+        raise ValueError(f"{what} must be finite and non-zero")
+    return values
+
+
+def cosine_score(cos: float) -> float:
+    """``(1 + cos) / 2`` clamped to [0, 1]."""
+    return min(1.0, max(0.0, (1.0 + cos) / 2.0))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_utc(value: Any) -> datetime | None:
+    """A datetime from either store as an aware UTC datetime (kuzu returns naive UTC,
+    the Neo4j driver its own DateTime; an int is microseconds since the epoch, as
+    ``epoch_micros`` projects it)."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return _EPOCH + timedelta(microseconds=value)
+    if hasattr(value, "to_native"):
+        value = value.to_native()
+    if not isinstance(value, datetime):
+        raise TypeError(f"expected a datetime, got {type(value).__name__}")
+    return utc(value)
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+# ----------------------------------------------------------------------------- rows out
+def same_group(group_id: str, record_group: str, what: str) -> None:
+    """A record handed to a write of ``group_id`` must say it belongs there."""
+    if record_group != group_id:
+        raise ValueError(f"{what} belongs to group {record_group!r}, not {group_id!r}")
+
+
+def entity_row(group_id: str, entity: EntityRecord, dim: int, now: datetime) -> dict[str, Any]:
+    """The parameters of one entity upsert (aware UTC datetimes)."""
+    same_group(group_id, entity.group_id, f"entity {entity.uuid}")
+    summary = entity.summary if entity.summary.strip() else None
+    return {
+        "uuid": entity.uuid,
+        "name": entity.name,
+        "name_norm": normalize_name(entity.name),
+        "labels": clean_labels(entity.labels),
+        "summary": summary,
+        "key": entity.key,
+        "aliases": unique(entity.aliases),
+        "name_embedding": check_embedding(
+            entity.name_embedding, dim, f"name_embedding of entity {entity.uuid}"
+        ),
+        "created_at": utc(entity.created_at) if entity.created_at else now,
+    }
+
+
+def fact_row(group_id: str, fact: FactRecord, dim: int, now: datetime) -> dict[str, Any]:
+    same_group(group_id, fact.group_id, f"fact {fact.uuid}")
+    return {
+        "uuid": fact.uuid,
+        "source_uuid": fact.source_uuid,
+        "target_uuid": fact.target_uuid,
+        "name": fact.name,
+        "fact": fact.fact,
+        "fact_embedding": check_embedding(
+            fact.fact_embedding, dim, f"fact_embedding of fact {fact.uuid}"
+        ),
+        "episodes": list(fact.episodes),
+        "valid_at": _opt_utc(fact.valid_at),
+        "invalid_at": _opt_utc(fact.invalid_at),
+        "created_at": utc(fact.created_at) if fact.created_at else now,
+        "expired_at": _opt_utc(fact.expired_at),
+        "cardinality": fact.cardinality,
+        **end_history_row(fact.prior_ends, fact.prior_ends_learned_at, fact.end_learned_at),
+        **_history_row(
+            "start", fact.prior_starts, fact.prior_starts_learned_at, fact.start_learned_at
+        ),
+    }
+
+
+def end_history_row(
+    prior_ends: Sequence[datetime],
+    prior_ends_learned_at: Sequence[datetime],
+    end_learned_at: datetime | None,
+) -> dict[str, Any]:
+    """A fact's end history as parameters: None where there is none, which the writes read
+    as "leave what is stored" (a history only grows)."""
+    return _history_row("end", prior_ends, prior_ends_learned_at, end_learned_at)
+
+
+def _history_row(
+    kind: str, prior: Sequence[datetime], learned: Sequence[datetime], current: datetime | None
+) -> dict[str, Any]:
+    """``prior_{kind}s``, ``prior_{kind}s_learned_at`` and ``{kind}_learned_at`` (``kind``:
+    start or end) as parameters, None where there is none."""
+    if len(prior) != len(learned):
+        raise ValueError(f"prior_{kind}s and prior_{kind}s_learned_at differ in length")
+    return {
+        f"prior_{kind}s": [utc(t) for t in prior] or None,
+        f"prior_{kind}s_learned_at": [utc(t) for t in learned] or None,
+        f"{kind}_learned_at": _opt_utc(current),
+    }
+
+
+def episode_row(
+    group_id: str, episode: EpisodeRecord, now: datetime, created: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The parameters of an episode's marker; ``created``: the entities it creates."""
+    same_group(group_id, episode.group_id, f"episode {episode.uuid}")
+    return {
+        "uuid": episode.uuid,
+        "name": episode.name,
+        "source": episode.source,
+        "source_description": episode.source_description,
+        "content": episode.content,
+        "valid_at": utc(episode.valid_at),
+        "created_at": utc(episode.created_at) if episode.created_at else now,
+        "producer_id": episode.producer_id,
+        "content_hash": episode.content_hash or None,
+        "created_entities": unique(created),
+    }
+
+
+def closure_row(closure: FactClosure) -> dict[str, Any]:
+    return {
+        "uuid": closure.uuid,
+        "invalid_at": utc(closure.invalid_at),
+        "expired_at": utc(closure.expired_at),
+        **end_history_row(
+            closure.prior_ends, closure.prior_ends_learned_at, closure.end_learned_at
+        ),
+    }
+
+
+def _opt_utc(value: datetime | None) -> datetime | None:
+    return None if value is None else utc(value)
+
+
+@dataclass
+class EntityState:
+    """What an upsert may change on a stored entity."""
+
+    labels: list[str]
+    aliases: list[str]
+    summary: str
+    key: str | None
+
+    def merged(self, row: dict[str, Any]) -> EntityState:
+        """The state after applying one more upsert row (the MATCH branch of the upsert)."""
+        return EntityState(
+            labels=unique([*self.labels, *row["labels"]]),
+            aliases=unique([*self.aliases, *row["aliases"]]),
+            summary=row["summary"] if row["summary"] is not None else self.summary,
+            key=self.key if self.key is not None else row["key"],
+        )
+
+
+def fold_entity_rows(
+    rows: list[dict[str, Any]], stored: dict[str, EntityState]
+) -> tuple[list[dict[str, Any]], dict[str, EntityState]]:
+    """Split upsert rows into (rows to create, final state of stored entities to update),
+    applying repeated uuids in order exactly as a sequence of MERGEs would."""
+    created: dict[str, dict[str, Any]] = {}
+    states: dict[str, EntityState] = {}
+    for row in rows:
+        uuid = row["uuid"]
+        if uuid in states:
+            states[uuid] = states[uuid].merged(row)
+        elif uuid in stored:
+            states[uuid] = stored[uuid].merged(row)
+        else:
+            created[uuid] = row
+            states[uuid] = EntityState([], [], "", None).merged(row)
+    creates = [{**row, **vars(states[uuid])} for uuid, row in created.items()]
+    updates = {uuid: state for uuid, state in states.items() if uuid not in created}
+    return creates, updates
+
+
+def community_rows(
+    upserts: Sequence[Any], dim: int
+) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[str]]:
+    """(community rows, membership rows, member uuids) for ``write_communities``; a member
+    listed by two upserts stays with the last one."""
+    owner: dict[str, str] = {}
+    rows = []
+    for c in upserts:
+        embedding = check_embedding(c.name_embedding, dim, "community name embedding")
+        rows.append(
+            {"uuid": c.uuid, "name": c.name, "summary": c.summary, "name_embedding": embedding}
+        )
+        for member in c.members:
+            owner[member] = c.uuid
+    members = sorted(owner)
+    return rows, [{"community": owner[m], "entity": m} for m in members], members
+
+
+# ----------------------------------------------------------------------------- rows back
+# A fact's end and start history (``FactRecord.prior_ends`` ...): a write without it keeps
+# what is stored.
+HISTORY_FIELDS = (
+    "prior_ends",
+    "prior_ends_learned_at",
+    "end_learned_at",
+    "prior_starts",
+    "prior_starts_learned_at",
+    "start_learned_at",
+)
+ENTITY_FIELDS = (
+    "uuid",
+    "group_id",
+    "name",
+    "labels",
+    "summary",
+    "key",
+    "aliases",
+    "name_embedding",
+    "created_at",
+)
+FACT_FIELDS = (
+    "uuid",
+    "group_id",
+    "name",
+    "fact",
+    "fact_embedding",
+    "episodes",
+    "valid_at",
+    "invalid_at",
+    "created_at",
+    "expired_at",
+    "cardinality",
+    *HISTORY_FIELDS,
+)
+EPISODE_FIELDS = (
+    "uuid",
+    "group_id",
+    "name",
+    "source",
+    "source_description",
+    "content",
+    "valid_at",
+    "created_at",
+    "producer_id",
+    "content_hash",
+)
+_TIME_FIELDS = frozenset(
+    {"valid_at", "invalid_at", "created_at", "expired_at", "end_learned_at", "start_learned_at"}
+)
+_TIME_LIST_FIELDS = frozenset(
+    {"prior_ends", "prior_ends_learned_at", "prior_starts", "prior_starts_learned_at"}
+)
+
+
+def _clean(props: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in fields:
+        value = props.get(name)
+        if name in _TIME_FIELDS:
+            value = to_utc(value)
+        elif name in _TIME_LIST_FIELDS:
+            value = None if value is None else [to_utc(v) for v in value]
+        elif isinstance(value, tuple):
+            value = list(value)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def entity_record(props: dict[str, Any], community_uuid: str | None = None) -> EntityRecord:
+    data = _clean(props, ENTITY_FIELDS)
+    data.setdefault("summary", "")
+    return EntityRecord(**data, community_uuid=community_uuid)
+
+
+def fact_record(props: dict[str, Any], source_uuid: str, target_uuid: str) -> FactRecord:
+    return FactRecord(
+        **_clean(props, FACT_FIELDS), source_uuid=source_uuid, target_uuid=target_uuid
+    )
+
+
+def episode_record(props: dict[str, Any]) -> EpisodeRecord:
+    data = _clean(props, EPISODE_FIELDS)
+    data.setdefault("producer_id", "")
+    return EpisodeRecord(**data)
+
+
+def sort_entities(entities: Iterable[EntityRecord]) -> list[EntityRecord]:
+    return sorted(entities, key=lambda e: (e.name, e.uuid))
+
+
+def sort_facts(facts: Iterable[FactRecord]) -> list[FactRecord]:
+    return sorted(facts, key=lambda f: (_time_key(f.valid_at), f.uuid))
+
+
+def rank(hits: Iterable[tuple[Any, float]], limit: int) -> list[tuple[Any, float]]:
+    """Records with scores: best first, ties by uuid, at most ``limit``."""
+    return sorted(hits, key=lambda h: (-h[1], h[0].uuid))[: max(limit, 0)]
+
+
+def top(hits: Iterable[tuple[str, float]], limit: int) -> list[tuple[str, float]]:
+    """(uuid, score) pairs: best first, ties by uuid, at most ``limit``."""
+    return sorted(hits, key=lambda h: (-h[1], h[0]))[: max(limit, 0)]
+
+
+def _time_key(value: datetime | None) -> tuple[int, datetime]:
+    # None (an open start) sorts first.
+    return (0, datetime.min.replace(tzinfo=UTC)) if value is None else (1, value)
+
+
+def fact_view(
+    fact: FactRecord, subject: str, obj: str, producers: dict[str, str], asof: AsOf
+) -> FactView:
+    """A fact as believed at ``asof.known_at``: an end the store had not learned by then is
+    shown as unknown, a start that moved since as it was then. Episodes are producer ids
+    (the episode uuid when none is stored)."""
+    invalid_at, expired_at = asof.known_end(fact)
+    return FactView(
+        uuid=fact.uuid,
+        subject=subject,
+        relation=fact.name,
+        object=obj,
+        fact=fact.fact,
+        valid_at=iso(start_known_at(fact, asof.known_at)),
+        invalid_at=iso(invalid_at),
+        created_at=iso(fact.created_at),
+        expired_at=iso(expired_at),
+        episodes=[producers.get(u) or u for u in fact.episodes],
+    )
+
+
+def sort_views(views: Iterable[tuple[FactView, FactRecord]]) -> list[FactView]:
+    """Ordered by subject, relation, valid_at (open start first), uuid."""
+    ordered = sorted(
+        views, key=lambda v: (v[0].subject, v[0].relation, _time_key(v[1].valid_at), v[0].uuid)
+    )
+    return [view for view, _ in ordered]
+
+
+def fold_edges(rows: Iterable[Sequence[Any]]) -> list[tuple[str, str, int]]:
+    """(source, target, count) rows → undirected (a < b) weighted pairs, sorted."""
+    weights: dict[tuple[str, str], int] = {}
+    for source, target, count in rows:
+        if source == target:
+            continue
+        pair = (source, target) if source < target else (target, source)
+        weights[pair] = weights.get(pair, 0) + int(count)
+    return [(a, b, w) for (a, b), w in sorted(weights.items())]
+
+
+def neighbour_weights_of(entity_uuid: str, rows: Iterable[Sequence[Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for a, b, w in fold_edges(rows):
+        other = b if a == entity_uuid else a if b == entity_uuid else None
+        if other is not None:
+            out[other] = out.get(other, 0) + w
+    return dict(sorted(out.items()))
+
+
+def fold_communities(
+    heads: Iterable[Sequence[Any]], memberships: Iterable[Sequence[Any]]
+) -> list[tuple[str, str, str, list[str]]]:
+    members: dict[str, list[str]] = {}
+    for community, entity in memberships:
+        members.setdefault(community, []).append(entity)
+    return sorted(
+        (uuid, name or "", summary or "", sorted(set(members.get(uuid, []))))
+        for uuid, name, summary in heads
+    )
