@@ -422,7 +422,8 @@ async def wait_until_reflected(
 async def _newly_processed(
     store: object, items: list[Produced], window: int = 8
 ) -> list[tuple[int, int]]:
-    """Positions of ``items`` whose processed marker exists. A group's episodes are written
+    """Positions of ``items`` stored in the graph (processed, or stored without extraction:
+    searchable either way, README "Episodes without an LLM"). A group's episodes are written
     in order, so each group is checked from its oldest pending episode on, ``window`` at a
     time, until one is not written yet (bounded work per poll on big files)."""
     by_group: dict[str | None, list[Produced]] = {}
@@ -433,9 +434,10 @@ async def _newly_processed(
         done: list[tuple[int, int]] = []
         for start in range(0, len(group_items), window):
             chunk = group_items[start : start + window]
-            flags = await asyncio.gather(
-                *(store.episode_processed(p.group_id, p.episode_uuid) for p in chunk)  # type: ignore[attr-defined]
+            statuses = await asyncio.gather(
+                *(store.episode_status(p.group_id, p.episode_uuid) for p in chunk)  # type: ignore[attr-defined]
             )
+            flags = [status != "missing" for status in statuses]
             done += [(p.partition, p.offset) for p, flag in zip(chunk, flags, strict=True) if flag]
             if not all(flags):
                 break

@@ -78,13 +78,15 @@ UNSCOPED = {
     "LOOKUP_BY_UUID",
     "LOOKUP_KEY",
     "ALL_ENTITY_NAMES",
+    "PENDING_GROUPS",  # group ids only, for the operator (extract --pending, the sweep)
     "FACT_INDEX_ROW",
     "WRITE_STATE",
     "VECTOR_ENTITY_CANDIDATES",
     "VECTOR_FACT_CANDIDATES",
 }
-# Reads of the whole store, once: building kuzu's lookup table for a store made before it.
-WHOLE_STORE = {"ALL_ENTITY_NAMES"}
+# Reads of the whole store: building kuzu's lookup table for a store made before it (once),
+# and the operator's list of groups with episodes waiting for extraction (extract --pending).
+WHOLE_STORE = {"ALL_ENTITY_NAMES", "PENDING_GROUPS"}
 WRITES = re.compile(r"\b(CREATE|MERGE|SET|DELETE)\b")
 LEFT_TO_FORMAT = re.compile(r"\{\{|\}\}|\{[a-z_]+\}")  # "{rows}", a doubled brace
 

@@ -310,13 +310,13 @@ class MemoryService:
         )
 
     async def _not_extracted(self, group_id: str, episode_uuid: str) -> str | None:
-        pending = getattr(self.store, "pending_episodes", None)  # stores that list them
-        if pending is None:
+        """Why the episode waits for extraction, or None when it is processed."""
+        if await self.store.episode_status(group_id, episode_uuid) != "not_extracted":
             return None
-        for record in await pending(group_id, PENDING_SCAN):
+        for record in await self.store.pending_episodes(group_id, PENDING_SCAN):
             if record.uuid == episode_uuid:
-                return str(record.not_extracted or "not extracted")
-        return None
+                return str(record.not_extracted)
+        return "not extracted"
 
     async def dead_letter_counts(
         self, principal: Principal, group_ids: list[str] | None

@@ -163,11 +163,12 @@ class Tracker:
         return found
 
     async def written(self, tokens: list[Token]) -> list[bool]:
-        return list(
-            await asyncio.gather(
-                *(self.store.episode_processed(t.group_id, t.episode_uuid) for t in tokens)
-            )
+        """Whether each episode is in the store: processed, or stored without extraction
+        (searchable either way, README "Episodes without an LLM")."""
+        statuses = await asyncio.gather(
+            *(self.store.episode_status(t.group_id, t.episode_uuid) for t in tokens)
         )
+        return [status != "missing" for status in statuses]
 
     async def wait(self, tokens: list[Token], timeout: float) -> list[EpisodeState]:
         """Wait until each token's episode is written, failed or dead-lettered, at most

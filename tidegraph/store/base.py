@@ -60,7 +60,8 @@ class GraphStore(abc.ABC):
     async def episode_processed(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> bool:
-        """True once ``write_episode`` committed this episode (the processed marker). With
+        """True once ``write_episode`` committed this episode extracted (the processed
+        marker; an episode stored without extraction is not processed yet). With
         ``content_hash``, an episode stored with another hash raises EpisodeConflictError
         (its id was reused for other content)."""
         return await self.episode_marker(group_id, episode_uuid, content_hash) is not None
@@ -72,6 +73,21 @@ class GraphStore(abc.ABC):
         """The uuids of the entities the processed episode created (``EpisodeWrite.created``,
         stored on its marker; empty for episodes stored before they were), or None when the
         episode is not processed. EpisodeConflictError as ``episode_processed``."""
+
+    @abc.abstractmethod
+    async def episode_status(self, group_id: str, episode_uuid: str) -> str:
+        """``missing`` (not stored in the group), ``not_extracted`` (stored, searchable, not
+        extracted yet: README "Episodes without an LLM") or ``processed``."""
+
+    @abc.abstractmethod
+    async def pending_episodes(self, group_id: str, limit: int) -> list[EpisodeRecord]:
+        """Up to ``limit`` of the group's episodes stored without extraction, in event order
+        (``valid_at``, then producer id)."""
+
+    @abc.abstractmethod
+    async def pending_groups(self) -> list[str]:
+        """The groups with episodes stored without extraction (an operator's view: every
+        tenant; `tidegraph extract --pending` and the worker's sweep)."""
 
     @abc.abstractmethod
     async def recent_episodes(

@@ -4,6 +4,17 @@ answers with the column names ``tidegraph.store.core`` reads."""
 
 from __future__ import annotations
 
+# ---- episodes stored without extraction (README "Episodes without an LLM")
+EPISODE_STATUS = """
+MATCH (ep:Episodic) WHERE ep.uuid = $uuid AND ep.group_id = $group_id
+RETURN ep.not_extracted AS not_extracted
+"""
+PENDING_GROUPS = """
+MATCH (ep:Episodic) WHERE ep.not_extracted IS NOT NULL
+RETURN DISTINCT ep.group_id AS group_id
+ORDER BY group_id
+"""
+
 GROUP_ENTITY_UUIDS = "MATCH (e:Entity) WHERE e.group_id = $group_id RETURN e.uuid AS uuid"
 
 GROUP_COMMUNITIES = """

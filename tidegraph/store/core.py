@@ -118,6 +118,22 @@ class StoreCore(GraphStore):
         check_same_episode(episode_uuid, rows[0]["content_hash"], content_hash)
         return list(rows[0]["created_entities"] or [])
 
+    async def episode_status(self, group_id: str, episode_uuid: str) -> str:
+        rows = await self.ex.rows(cq.EPISODE_STATUS, {"group_id": group_id, "uuid": episode_uuid})
+        if not rows:
+            return "missing"
+        return "processed" if rows[0]["not_extracted"] is None else "not_extracted"
+
+    async def pending_episodes(self, group_id: str, limit: int) -> list[EpisodeRecord]:
+        if limit <= 0:
+            return []
+        params = {"group_id": group_id, "limit": limit}
+        rows = await self.ex.rows(self.q.PENDING_EPISODES, params)
+        return [episode_record(r["ep"]) for r in rows]
+
+    async def pending_groups(self) -> list[str]:
+        return [r["group_id"] for r in await self.ex.rows(cq.PENDING_GROUPS, {})]
+
     async def recent_episodes(
         self, group_id: str, before: datetime, limit: int
     ) -> list[EpisodeRecord]:

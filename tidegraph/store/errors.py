@@ -93,6 +93,23 @@ def written_fact_uuids(write: EpisodeWrite) -> list[str]:
     return unique([*(f.uuid for f in write.facts), *(c.uuid for c in write.closures)])
 
 
+def skips_write(
+    group_id: str,
+    write: EpisodeWrite,
+    stored_group: str | None,
+    stored_hash: str | None,
+    stored_not_extracted: str | None,
+) -> bool:
+    """Whether an episode write changes nothing because the episode is stored already: a
+    processed episode is never written again (EpisodeConflictError when its id comes back
+    with other content); one stored without extraction (``not_extracted``) is written again
+    only by its extraction (README "Episodes without an LLM")."""
+    if stored_group != group_id:
+        return False
+    check_same_episode(write.episode.uuid, stored_hash, write.episode.content_hash)
+    return stored_not_extracted is None or write.episode.not_extracted is not None
+
+
 def check_write(
     group_id: str,
     write: EpisodeWrite,

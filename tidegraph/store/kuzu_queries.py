@@ -31,7 +31,7 @@ def schema(dim: int) -> list[str]:
         "CREATE NODE TABLE IF NOT EXISTS Episodic(uuid STRING PRIMARY KEY, group_id STRING, "
         "name STRING, source STRING, source_description STRING, content STRING, "
         "valid_at TIMESTAMP, created_at TIMESTAMP, producer_id STRING, content_hash STRING, "
-        "created_entities STRING[])",
+        "created_entities STRING[], not_extracted STRING)",
         "CREATE NODE TABLE IF NOT EXISTS Entity(uuid STRING PRIMARY KEY, group_id STRING, "
         "name STRING, name_norm STRING, labels STRING[], summary STRING, key STRING, "
         f"aliases STRING[], name_embedding {vector}, created_at TIMESTAMP)",
@@ -105,6 +105,7 @@ ADDED_COLUMNS = {
     "Episodic": (
         ("content_hash", "ALTER TABLE Episodic ADD content_hash STRING"),
         ("created_entities", "ALTER TABLE Episodic ADD created_entities STRING[]"),
+        ("not_extracted", "ALTER TABLE Episodic ADD not_extracted STRING"),
     ),
     "RELATES_TO": (
         ("prior_ends", "ALTER TABLE RELATES_TO ADD prior_ends TIMESTAMP[]"),
@@ -121,8 +122,15 @@ ADDED_COLUMNS = {
 
 # ----------------------------------------------------------------------------- episodes
 EPISODE_PROCESSED = """
-MATCH (ep:Episodic) WHERE ep.uuid = $uuid AND ep.group_id = $group_id
+MATCH (ep:Episodic)
+WHERE ep.uuid = $uuid AND ep.group_id = $group_id AND ep.not_extracted IS NULL
 RETURN ep.content_hash AS content_hash, ep.created_entities AS created_entities
+"""
+PENDING_EPISODES = f"""
+MATCH (ep:Episodic) WHERE ep.group_id = $group_id AND ep.not_extracted IS NOT NULL
+RETURN {_props("ep", EPISODE_FIELDS)} AS ep
+ORDER BY ep.valid_at, ep.producer_id
+LIMIT $limit
 """
 RECENT_EPISODES = f"""
 MATCH (ep:Episodic) WHERE ep.group_id = $group_id AND ep.valid_at < $before
@@ -132,7 +140,8 @@ LIMIT $limit
 """
 EPISODE_GROUP = """
 MATCH (ep:Episodic) WHERE ep.uuid = $uuid
-RETURN ep.group_id AS group_id, ep.content_hash AS content_hash
+RETURN ep.group_id AS group_id, ep.content_hash AS content_hash,
+       ep.not_extracted AS not_extracted
 """
 MERGE_EPISODE = """
 MERGE (ep:Episodic {uuid: $uuid})
@@ -144,7 +153,8 @@ SET ep.name = $name,
     ep.valid_at = $valid_at,
     ep.producer_id = $producer_id,
     ep.content_hash = $content_hash,
-    ep.created_entities = CAST($created_entities AS STRING[])
+    ep.created_entities = CAST($created_entities AS STRING[]),
+    ep.not_extracted = CAST($not_extracted AS STRING)
 """
 # An episode's MENTIONS and new facts are CREATEd one statement per row, by primary key: the
 # episode is new (a processed one is never written again) and so are those facts, and kuzu

@@ -408,10 +408,13 @@ class KuzuStore(StoreCore):
     ) -> bool:
         stored = db.rows(q.EPISODE_GROUP, {"uuid": write.episode.uuid})
         episode_group = stored[0]["group_id"] if stored else None
-        if episode_group == group_id:
-            errors.check_same_episode(
-                write.episode.uuid, stored[0]["content_hash"], write.episode.content_hash
-            )
+        if stored and errors.skips_write(
+            group_id,
+            write,
+            episode_group,
+            stored[0]["content_hash"],
+            stored[0]["not_extracted"],
+        ):
             return False  # already processed: nothing may change (see GraphStore)
         # Checked before anything is written: the entities go in a transaction of their own,
         # committed first, because inside one transaction kuzu 0.11.3 finds the wrong node by

@@ -37,6 +37,8 @@ SCHEMA = (
     # range
     "CREATE INDEX episodic_group_id IF NOT EXISTS FOR (n:Episodic) ON (n.group_id)",
     "CREATE INDEX episodic_valid_at IF NOT EXISTS FOR (n:Episodic) ON (n.valid_at)",
+    # the few episodes stored without extraction (README "Episodes without an LLM")
+    "CREATE INDEX episodic_not_extracted IF NOT EXISTS FOR (n:Episodic) ON (n.not_extracted)",
     "CREATE INDEX entity_group_id IF NOT EXISTS FOR (n:Entity) ON (n.group_id)",
     "CREATE INDEX entity_name_norm IF NOT EXISTS FOR (n:Entity) ON (n.name_norm)",
     "CREATE INDEX entity_key IF NOT EXISTS FOR (n:Entity) ON (n.key)",
@@ -82,8 +84,16 @@ AWAIT_INDEXES = "CALL db.awaitIndexes($timeout)"
 # index seek for this shape by itself (checked with EXPLAIN).
 EPISODE_PROCESSED = """
 MATCH (ep:Episodic {uuid: $uuid})
-WHERE ep.group_id = $group_id
+WHERE ep.group_id = $group_id AND ep.not_extracted IS NULL
 RETURN ep.content_hash AS content_hash, ep.created_entities AS created_entities
+"""
+
+PENDING_EPISODES = """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.not_extracted IS NOT NULL
+RETURN ep {.*} AS ep
+ORDER BY ep.valid_at, ep.producer_id
+LIMIT $limit
 """
 
 RECENT_EPISODES = """
@@ -177,7 +187,7 @@ RESOLUTION_LOOKUP = (
 OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
 USING INDEX ep:Episodic(uuid)
 WHERE ep.group_id = $group_id
-WITH ep IS NOT NULL AS processed, ep.content_hash AS stored_hash,
+WITH ep IS NOT NULL AND ep.not_extracted IS NULL AS processed, ep.content_hash AS stored_hash,
      ep.created_entities AS created_entities
 OPTIONAL CALL (processed) {
   WITH processed WHERE NOT processed"""
@@ -358,7 +368,8 @@ WHERE r.uuid IN $uuids AND r.group_id = $group_id
 # write names.
 WRITE_STATE = """
 OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
-WITH ep.group_id AS episode_group, ep.content_hash AS episode_hash
+WITH ep.group_id AS episode_group, ep.content_hash AS episode_hash,
+     ep.not_extracted AS episode_not_extracted
 CALL () {
   UNWIND $entity_uuids AS uuid
   MATCH (e:Entity {uuid: uuid})
@@ -369,7 +380,7 @@ CALL () {
   MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
   RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
 }
-RETURN episode_group, episode_hash, entities, facts
+RETURN episode_group, episode_hash, episode_not_extracted, entities, facts
 """
 
 # Entities first (mentions and facts point at them), then the Episodic marker, its MENTIONS,
@@ -387,7 +398,8 @@ SET ep.name = $ep.name,
     ep.valid_at = $ep.valid_at,
     ep.producer_id = $ep.producer_id,
     ep.content_hash = $ep.content_hash,
-    ep.created_entities = $ep.created_entities
+    ep.created_entities = $ep.created_entities,
+    ep.not_extracted = $ep.not_extracted
 WITH ep
 CALL (ep) {
   UNWIND $mentions AS mention

@@ -220,10 +220,13 @@ class Neo4jStore(StoreCore):
                 "fact_uuids": errors.written_fact_uuids(write),
             },
         )
-        if state["episode_group"] == group_id:
-            errors.check_same_episode(
-                write.episode.uuid, state["episode_hash"], write.episode.content_hash
-            )
+        if errors.skips_write(
+            group_id,
+            write,
+            state["episode_group"],
+            state["episode_hash"],
+            state["episode_not_extracted"],
+        ):
             return False
         owners = {uuid: group for uuid, group in state["entities"]}
         facts = {u: errors.StoredFact(g, source, target) for u, g, source, target in state["facts"]}

@@ -181,6 +181,7 @@ def episode_row(
         "producer_id": episode.producer_id,
         "content_hash": episode.content_hash or None,
         "created_entities": unique(created),
+        "not_extracted": episode.not_extracted,
     }
 
 
@@ -304,6 +305,7 @@ EPISODE_FIELDS = (
     "created_at",
     "producer_id",
     "content_hash",
+    "not_extracted",
 )
 _TIME_FIELDS = frozenset(
     {"valid_at", "invalid_at", "created_at", "expired_at", "end_learned_at", "start_learned_at"}

@@ -131,10 +131,24 @@ class MemoryStore(GraphStore):
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> list[str] | None:
         stored = self._episodes.get(episode_uuid)
-        if stored is None or stored.group_id != group_id:
+        if stored is None or stored.group_id != group_id or stored.not_extracted is not None:
             return None
         errors.check_same_episode(episode_uuid, stored.content_hash, content_hash)
         return list(self._created.get(episode_uuid, []))
+
+    async def episode_status(self, group_id: str, episode_uuid: str) -> str:
+        stored = self._episodes.get(episode_uuid)
+        if stored is None or stored.group_id != group_id:
+            return "missing"
+        return "processed" if stored.not_extracted is None else "not_extracted"
+
+    async def pending_episodes(self, group_id: str, limit: int) -> list[EpisodeRecord]:
+        pending = [e for e in self._episodes.values() if e.group_id == group_id and e.not_extracted]
+        pending.sort(key=lambda e: (utc(e.valid_at), e.producer_id))
+        return [e.model_copy(deep=True) for e in pending[: max(limit, 0)]]
+
+    async def pending_groups(self) -> list[str]:
+        return sorted({e.group_id for e in self._episodes.values() if e.not_extracted})
 
     async def recent_episodes(
         self, group_id: str, before: datetime, limit: int
@@ -282,8 +296,9 @@ class MemoryStore(GraphStore):
         facts = [fact_row(group_id, f, dim, now) for f in write.facts]
         closures = [closure_row(c) for c in write.closures]
         stored = self._episodes.get(write.episode.uuid)
-        if stored is not None and stored.group_id == group_id:
-            errors.check_same_episode(stored.uuid, stored.content_hash, write.episode.content_hash)
+        if stored is not None and errors.skips_write(
+            group_id, write, stored.group_id, stored.content_hash, stored.not_extracted
+        ):
             return False  # already processed: nothing may change (GraphStore.write_episode)
         self._check_write(group_id, write, None if stored is None else stored.group_id)
         # Checked: nothing below can fail, so the write is all or nothing (one transaction).
