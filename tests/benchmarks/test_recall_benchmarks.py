@@ -112,8 +112,9 @@ def test_locomo_loader_reads_sessions_turns_and_evidence(tmp_path: Path) -> None
 
 def test_locomo_recall_on_the_embedded_store(tmp_path: Path) -> None:
     out = tmp_path / "locomo.json.out"
+    recipes = "episodes_bm25,episodes_vector,episodes_rrf"
     argv = ["locomo", str(locomo_fixture(tmp_path / "locomo.json")), "--embedder", "minilm",
-            "--recipes", "episodes_bm25,episodes_vector,episodes_rrf", "--json", str(out)]  # fmt: skip
+            "--recipes", recipes, "--json", str(out)]  # fmt: skip
     result = recall_quality.main(argv)
     assert orjson.loads(out.read_bytes())["scores"] == result["scores"]
     scores = result["scores"]
