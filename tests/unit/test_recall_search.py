@@ -97,6 +97,17 @@ async def test_a_time_phrase_sets_valid_at_unless_one_is_given():
     assert plain.time_words is None and "f_globex" in uuids(plain.facts)
 
 
+async def test_a_time_phrase_limits_facts_but_not_the_episodes_said_later_about_it():
+    # "in February 2024" is when Alice's job held; e3 (day 120, June) talks about her job and
+    # was said after February: it is still found. A valid-at the caller gives limits both.
+    s = searcher()
+    found = await s.search("Alice's new job in February 2024", ["g"], known_at=NOW)
+    assert found.time_words is not None
+    assert "e3" in uuids(found.episodes)
+    given = await s.search("Alice's new job", ["g"], valid_at=day(50), known_at=NOW)
+    assert "e3" not in uuids(given.episodes) and "e2" not in uuids(given.episodes)
+
+
 async def test_the_query_is_embedded_once_and_the_searches_run_together():
     graph = people_graph()
     running, most = 0, 0

@@ -133,9 +133,15 @@ class Searcher:
             found_time = await asyncio.to_thread(find_time, text, reference)
             valid_at = found_time.valid_at if found_time else None
         scope = SearchScope(groups, AsOf.resolve(valid_at, known_at, include_invalid, None))
+        # A time the query names is when its facts held, not when it was said: episodes
+        # talking about March 2023 may have been said later. Only a valid-at the caller gives
+        # limits the episodes (to those that happened by then).
+        said = scope
+        if found_time is not None:
+            said = SearchScope(groups, AsOf.resolve(None, known_at, include_invalid, None))
         started = time.perf_counter()
         try:
-            results = await self._run(chosen, text, scope, limit, centre)
+            results = await self._run(chosen, text, scope, limit, centre, said)
         except BaseException:
             SEARCHES.labels(chosen.name, "error").inc()
             raise
@@ -145,18 +151,28 @@ class Searcher:
         return results
 
     async def _run(
-        self, recipe: Recipe, text: str, scope: SearchScope, limit: int | None, centre: str | None
+        self,
+        recipe: Recipe,
+        text: str,
+        scope: SearchScope,
+        limit: int | None,
+        centre: str | None,
+        said: SearchScope,
     ) -> SearchResults:
+        """``said``: the scope of the episodes (``search`` says why it may differ)."""
         needs_embedding = recipe.uses("vector") or any(s.reranker == "mmr" for s in recipe.searches)
         embedding = (
             asyncio.ensure_future(self.embedder.embed_one(text)) if needs_embedding else None
         )
         walk = recipe.uses("bfs")
 
+        def scope_of(kind: Kind) -> SearchScope:
+            return said if kind == "episode" else scope
+
         async def vector(kind: Kind, count: int) -> list[Hit]:
             if embedding is None:  # seeds of a walk in a recipe without vector search
                 return []
-            return await self.source.vector_search(scope, kind, await embedding, count)
+            return await self.source.vector_search(scope_of(kind), kind, await embedding, count)
 
         # Every first-round search at once, by (kind, method).
         jobs: dict[tuple[str, str], Awaitable[Any]] = {}
@@ -164,7 +180,7 @@ class Searcher:
             for method in search.methods:
                 if method == "bm25":
                     jobs[search.kind, method] = self.source.fulltext_search(
-                        scope, search.kind, text, _candidates(search, limit)
+                        scope_of(search.kind), search.kind, text, _candidates(search, limit)
                     )
                 elif method == "vector":
                     jobs[search.kind, method] = vector(search.kind, _candidates(search, limit))
