@@ -84,6 +84,8 @@ REASONS: dict[str, str] = {
     "llm_timeout": "the LLM kept timing out after every retry",
     "llm_invalid_output": "the LLM's answer did not fit the schema after every retry",
     "llm_other": "the LLM refused the request (4xx other than 429: key, model, prompt)",
+    # (The llm_* reasons dead-letter json records only: a text or message episode is stored
+    # unextracted instead, README "Episodes without an LLM".)
     # -- the graph store (resolution, invalidation)
     "conflicting_duplicate": "the episode's id was already processed in its group with "
     "other content (a new episode needs a new id)",

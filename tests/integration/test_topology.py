@@ -389,7 +389,7 @@ def extraction_answer(request: FakeRequest) -> dict[str, Any]:
     }  # fmt: skip
 
 
-async def test_llm_429s_and_500s_are_retried_and_a_poison_episode_is_dead_lettered(
+async def test_llm_429s_and_500s_are_retried_and_a_poison_episode_is_stored_unextracted(
     topology: Topology,
 ) -> None:
     gid = f"{topology.run}-llm"
@@ -421,24 +421,25 @@ async def test_llm_429s_and_500s_are_retried_and_a_poison_episode_is_dead_letter
         )
         report = await topology.produce(feed)
         result = await topology.wait_reflected(report, timeout=180)
-        assert result.processed == len(episodes)
-        assert [(d.episode_id, d.stage, d.reason) for d in result.dead] == [
-            ("poison", "extraction", "llm_invalid_output")
-        ]
+        # The poison is no dead letter: a text episode the LLM cannot extract is stored
+        # unextracted, searchable, with why (README "Episodes without an LLM").
+        assert result.processed == len(feed) and result.dead == []
         assert server.count("ExtractionOutput", status=429) == 4
         assert server.count("ExtractionOutput", status=500) == 4
     assert worker.value("tidegraph_llm_errors_total", stage="extraction", kind="rate_limited") == 4
     assert worker.value("tidegraph_llm_errors_total", stage="extraction", kind="server") == 4
     assert worker.value("tidegraph_stage_events_total", stage="extraction", outcome="retried") >= 2
     assert worker.value("tidegraph_retries_total", stage="extraction") >= 6
-    assert worker.value("tidegraph_dead_letters_total", stage="extraction",
+    assert worker.value("tidegraph_episodes_not_extracted_total",
                         reason="llm_invalid_output") == 1  # fmt: skip
     store = topology.store()
     try:
         facts = await store.query_facts(gid)
+        [pending] = await store.pending_episodes(gid, 10)
     finally:
         await store.close()
     assert sorted(f.object for f in facts) == sorted(products)
+    assert (pending.producer_id, pending.not_extracted) == ("poison", "llm_invalid_output")
 
 
 # ----------------------------------------------------------------------------- pure parts
