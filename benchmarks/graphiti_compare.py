@@ -32,6 +32,9 @@ no-ops), and the indexes it added are dropped again after each Graphiti run, so 
 runs never pay for Graphiti's extra index maintenance and other users of the server keep
 tidegraph's schema only. ``--repeat N`` runs every configuration N times, alternating which
 system goes first, and reports the median (the machine is shared: its load changes).
+
+Size: about 770 lines, one script on purpose: both systems' runs, the repeat/alternate
+logic and the report must stay in step, and each part is only used here.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ Every path runs the same feed under its own group ids, is checked against the fe
 and deleted afterwards. The in-process paths each run in a fresh child process, so that their
 peak RSS is their own; the workers' peak RSS is their ``VmHWM``. Prints a table and writes
 JSON to ``benchmarks/results/throughput-<UTC timestamp>.json`` (or ``--out``).
+
+Size: about 600 lines, one script on purpose: the five paths share the feed, the graph
+check and the report, and reading them side by side is the point of the comparison.
 """
 
 from __future__ import annotations

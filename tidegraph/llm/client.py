@@ -41,6 +41,10 @@ the first call with that schema):
   email, hostname, ipv4, ipv6 and uuid, and any other keyword OpenAI does not document;
 * the root must be a model (an object) and the class name must match ``[A-Za-z0-9_-]{1,64}``
   (it is the ``json_schema`` name servers and the fake server key on; no generic models).
+
+Size: about 650 lines because the client's retry, error classification and rate limiting
+are one policy read together (every attempt passes all three); the cache lives in
+``tidegraph/llm/cache.py``.
 """
 
 from __future__ import annotations
