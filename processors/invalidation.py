@@ -27,6 +27,7 @@ from tidegraph.records.graph import EntityRecord, EpisodeRecord, EpisodeWrite, F
 from tidegraph.records.stages import StampedEpisode, StampedFact, WriteSummary
 from tidegraph.records.times import utcnow
 from tidegraph.store.base import GraphStore
+from tidegraph.store.hits import EPISODE_EMBED_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,14 @@ class InvalidationStep:
             )
         if candidates is None:
             candidates = await self._candidates(group, facts, judged=judged)
-        embeddings: dict[int, list[float]] = {}
+        # One embedding call: the facts' texts, and the episode's content (episode search).
+        content = episode.content_text()
         to_embed = [i for i, f in enumerate(facts) if not f.closes]
-        if to_embed:
-            vectors = await self.embedder.embed([facts[i].fact for i in to_embed])
-            embeddings = dict(zip(to_embed, vectors, strict=True))
+        texts = [facts[i].fact for i in to_embed]
+        *vectors, content_embedding = await self.embedder.embed(
+            [*texts, content[:EPISODE_EMBED_CHARS]]
+        )
+        embeddings = dict(zip(to_embed, vectors, strict=True))
         decisions: dict[int, FactDecision] = {}
         llm_calls = 0
         if judged:
@@ -88,7 +92,8 @@ class InvalidationStep:
             name=episode.name or episode.id,
             source=episode.source,
             source_description=episode.source_description,
-            content=episode.content_text(),
+            content=content,
+            content_embedding=content_embedding,
             valid_at=episode.reference_time,
             created_at=now,
             producer_id=episode.id,

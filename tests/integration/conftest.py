@@ -12,6 +12,7 @@ from tests.integration.topology_harness import Topology
 from tidegraph.store.base import GraphStore
 from tidegraph.store.kuzu_store import KuzuStore
 from tidegraph.store.neo4j_store import Neo4jStore
+from tidegraph.testing.memory_store import MemoryStore
 
 # The dimension every tidegraph embedder uses by default; the Neo4j test server is shared by
 # the whole suite, whose vector indexes must all agree on it.
@@ -32,9 +33,26 @@ async def topology(
 @pytest.fixture
 def _neo4j_uri_if_needed(request: pytest.FixtureRequest) -> str | None:
     """Resolves (and if need be starts) Neo4j only for the neo4j runs, outside the loop."""
-    if request.node.callspec.params.get("store") == "neo4j":
+    if "neo4j" in request.node.callspec.params.values():
         return str(request.getfixturevalue("neo4j_uri"))
     return None
+
+
+async def _opened(kind: str, neo4j_uri: str | None, folder: Path) -> AsyncIterator[GraphStore]:
+    """A store of ``kind`` set up for ``STORE_DIM``, closed afterwards."""
+    opened: GraphStore
+    if kind == "neo4j":
+        assert neo4j_uri is not None
+        opened = Neo4jStore(neo4j_uri)
+    elif kind == "kuzu":
+        opened = KuzuStore(folder / "graph", buffer_pool_mb=64)
+    else:
+        opened = MemoryStore()
+    await opened.setup(STORE_DIM)
+    try:
+        yield opened
+    finally:
+        await opened.close()
 
 
 @pytest.fixture(params=["neo4j", "kuzu"])
@@ -43,14 +61,14 @@ async def store(
 ) -> AsyncIterator[GraphStore]:
     """Each real store in turn, set up for ``STORE_DIM``: the shared Neo4j server, or a new
     embedded kuzu store in the test's folder (no server)."""
-    opened: GraphStore
-    if request.param == "neo4j":
-        assert _neo4j_uri_if_needed is not None
-        opened = Neo4jStore(_neo4j_uri_if_needed)
-    else:
-        opened = KuzuStore(tmp_path / "graph", buffer_pool_mb=64)
-    await opened.setup(STORE_DIM)
-    try:
+    async for opened in _opened(request.param, _neo4j_uri_if_needed, tmp_path):
         yield opened
-    finally:
-        await opened.close()
+
+
+@pytest.fixture(params=["neo4j", "kuzu", "memory"])
+async def any_store(
+    request: pytest.FixtureRequest, _neo4j_uri_if_needed: str | None, tmp_path: Path
+) -> AsyncIterator[GraphStore]:
+    """The real stores and the in-memory one of the unit tests (which must answer alike)."""
+    async for opened in _opened(request.param, _neo4j_uri_if_needed, tmp_path):
+        yield opened

@@ -26,6 +26,7 @@ from tidegraph.records.graph import (
     WeightedEdge,
 )
 from tidegraph.records.ids import normalize_name, stable_uuid
+from tidegraph.records.search import SearchScope
 from tidegraph.records.times import iso
 from tidegraph.settings import Settings
 from tidegraph.store import (
@@ -35,6 +36,7 @@ from tidegraph.store import (
     GraphStore,
     StoreIntegrityError,
     StoreSchemaError,
+    kuzu_queries,
     neo4j_queries,
     open_store,
 )
@@ -1332,12 +1334,13 @@ async def test_kuzu_store_outlives_kuzus_per_checkpoint_leak(
     """kuzu 0.11.3 leaks address space at every checkpoint, and a database that runs out
     fails every later write ("No more frame groups") and then segfaults: the store reopens
     the database every few checkpoints, so a long ingest never runs out. Here a checkpoint
-    after every write and an address space that holds fewer than 10 checkpoints."""
+    after every write and an address space that holds only a few checkpoints beside the
+    schema and its indexes (without the reopening this test crashes the process)."""
     from tidegraph.store import kuzu_executor
 
     monkeypatch.setattr(kuzu_executor, "CHECKPOINT_THRESHOLD_BYTES", 1)
-    monkeypatch.setattr(kuzu_executor, "REOPEN_AFTER_CHECKPOINTS", 4)
-    store = KuzuStore(tmp_path / "graph", buffer_pool_mb=64, max_db_size_mb=128)
+    monkeypatch.setattr(kuzu_executor, "REOPEN_AFTER_CHECKPOINTS", 2)
+    store = KuzuStore(tmp_path / "graph", buffer_pool_mb=64, max_db_size_mb=256)
     names = [f"acme {i}" for i in range(30)]
     try:
         await store.setup(DIM)
@@ -1368,15 +1371,15 @@ LEGACY_KUZU_SCHEMA = [
     "source STRING, source_description STRING, content STRING, valid_at TIMESTAMP, "
     "created_at TIMESTAMP, producer_id STRING)",
     "CREATE (:Episodic {uuid: 'e1', group_id: 'old', name: 'e1', source: 'text', "
-    "content: 'a knows b', valid_at: timestamp('2024-01-01'), producer_id: 'p1'})",
+    "content: 'a trusts b', valid_at: timestamp('2024-01-01'), producer_id: 'p1'})",
     "CREATE (:Entity {uuid: 'a', group_id: 'old', name: 'a', name_norm: 'a'})",
     "CREATE (:Entity {uuid: 'b', group_id: 'old', name: 'b', name_norm: 'b'})",
     "MATCH (a:Entity {uuid: 'a'}), (b:Entity {uuid: 'b'}) "
-    "CREATE (a)-[:RELATES_TO {uuid: 'f1', group_id: 'old', name: 'KNOWS', fact: 'a knows b', "
+    "CREATE (a)-[:RELATES_TO {uuid: 'f1', group_id: 'old', name: 'KNOWS', fact: 'a trusts b', "
     f"fact_embedding: [1.0{', 0.0' * (DIM - 1)}], episodes: ['e1'], "
     "created_at: timestamp('2024-01-01')}]->(b)",
     "MATCH (a:Entity {uuid: 'a'}), (b:Entity {uuid: 'b'}) "
-    "CREATE (b)-[:RELATES_TO {uuid: 'f2', group_id: 'old', name: 'KNOWS', fact: 'b knows a', "
+    "CREATE (b)-[:RELATES_TO {uuid: 'f2', group_id: 'old', name: 'KNOWS', fact: 'b trusts a', "
     "episodes: ['e1'], created_at: timestamp('2024-01-01')}]->(a)",
 ]
 
@@ -1403,7 +1406,7 @@ async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path:
         [(hit, score)] = await store.vector_facts("old", vec(1), 5)
         assert (hit.uuid, hit.fact, hit.fact_embedding, round(score, 6)) == (
             "f1",
-            "a knows b",
+            "a trusts b",
             vec(1),
             1.0,
         )
@@ -1418,7 +1421,7 @@ async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path:
         # episodes gained their content hash column; the old one has none and always passes
         assert await store.episode_processed("old", "e1", "any-hash")
         views = await store.query_facts("old", valid_at=day(1000), known_at=day(1000))
-        assert sorted(v.fact for v in views) == ["a knows b", "b knows a"]
+        assert sorted(v.fact for v in views) == ["a trusts b", "b trusts a"]
         # names are found through the lookup table, built from the stored entities
         assert [e.uuid for e in await store.entities_by_names("old", ["b", "a", "c"])] == [
             "a",
@@ -1428,17 +1431,25 @@ async def test_kuzu_store_made_before_fact_embedding_table_is_migrated(tmp_path:
         await store.setup(DIM)  # opening it again changes nothing
         assert len(await store.facts_touching("old", ["a"])) == 2
 
-        # older stores kept a fulltext index of episode contents that nothing reads and
-        # every episode write maintained: setup drops it
+        # search finds the old facts: their text and embeddings were copied where they are
+        # indexed
+        scope = SearchScope(("old",), AsOf.resolve(day(1000), None, True, None))
+        found = await store.fulltext_search(scope, "fact", "trusts", 5)
+        assert sorted(h.uuid for h in found) == ["f1", "f2"]
+        [hit] = await store.vector_search(scope, "fact", vec(1), 5)
+        assert (hit.uuid, hit.subject, hit.object, hit.episodes) == ("f1", "a", "b", ["p1"])
+
+        # older stores kept a fulltext index of community names alone that nothing reads and
+        # every community write maintained: setup drops it
         async def index_names() -> set[str]:
             return {
                 r["i"] for r in await store.kuzu.rows("CALL SHOW_INDEXES() RETURN index_name AS i")
             }
 
-        await store.kuzu.rows("CALL CREATE_FTS_INDEX('Episodic', 'episodic_content', ['content'])")
-        assert "episodic_content" in await index_names()
+        await store.kuzu.rows("CALL CREATE_FTS_INDEX('Community', 'community_name', ['name'])")
+        assert "community_name" in await index_names()
         await store.setup(DIM)
-        assert await index_names() == {"entity_name_embedding", "entity_name_summary"}
+        assert await index_names() == {name for name, _ in kuzu_queries.INDEXES}
     finally:
         await store.close()
 

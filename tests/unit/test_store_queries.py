@@ -11,16 +11,30 @@ from types import ModuleType
 import pytest
 
 from tidegraph.records.asof import AsOf
-from tidegraph.store import common_queries, kuzu_queries, neo4j_queries
+from tidegraph.records.search import KINDS
+from tidegraph.store import (
+    common_queries,
+    kuzu_queries,
+    kuzu_search_queries,
+    neo4j_queries,
+    neo4j_search_queries,
+)
 from tidegraph.store.asof_cypher import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
 
 DIALECTS = {"neo4j": neo4j_queries, "kuzu": kuzu_queries}
-MODULES = {**DIALECTS, "common": common_queries}
+SEARCH = {"neo4j": neo4j_search_queries, "kuzu": kuzu_search_queries}
+MODULES = {
+    **DIALECTS,
+    "common": common_queries,
+    "neo4j_search": neo4j_search_queries,
+    "kuzu_search": kuzu_search_queries,
+}
 # What a dialect module holds besides operation queries: schema and index statements, index
 # names, helper functions and the like.
 NOT_OPERATIONS = re.compile(
     r"^(SCHEMA|SHOW_.*|AWAIT_INDEXES|.*_INDEX(ES)?|FULLTEXT_ANALYZER|LEGACY_.*|ADDED_COLUMNS|"
-    r"DROPPED_INDEXES|INDEXES|FROM_SOURCE|FROM_TARGET|ANCHOR_HINTS|FACT_VIEW_RETURN|.*_FIELDS)$"
+    r"DROPPED_INDEXES|INDEXES|FROM_SOURCE|FROM_TARGET|ANCHOR_HINTS|FACT_VIEW_RETURN|.*_FIELDS|"
+    r"DROPPED|VECTOR_TABLES)$"
 )
 # Operations only one engine has (its quirks; see the stores' docstrings).
 ONLY_NEO4J = {
@@ -38,7 +52,8 @@ ONLY_NEO4J = {
 }
 ONLY_KUZU = {
     "EPISODE_GROUP",
-    "MERGE_EPISODE",
+    "CREATE_EPISODE",
+    "CREATE_EPISODE_EMBEDDED",
     "CREATE_MENTION",
     "ENTITY_STATE",
     "ENTITY_GROUP",
@@ -56,6 +71,12 @@ ONLY_KUZU = {
     "CREATE_FACT_INDEX_ROW",
     "CREATE_FACT_INDEX_ROW_EMBEDDED",
     "SET_FACT_EMBEDDING",
+    "SET_FACT_TEXT",
+    "CREATE_VECTOR",
+    "DELETE_VECTOR",
+    "COMMUNITY_VECTOR_ID",
+    "DROP_COMMUNITY_VECTORS",
+    "BACKFILL",
     "CREATE_FACT",
     "UPDATE_FACT",
     "CLOSE_FACT",
@@ -81,12 +102,12 @@ UNSCOPED = {
     "PENDING_GROUPS",  # group ids only, for the operator (extract --pending, the sweep)
     "FACT_INDEX_ROW",
     "WRITE_STATE",
-    "VECTOR_ENTITY_CANDIDATES",
-    "VECTOR_FACT_CANDIDATES",
+    "COMMUNITY_VECTOR_ID",
 }
-# Reads of the whole store: building kuzu's lookup table for a store made before it (once),
-# and the operator's list of groups with episodes waiting for extraction (extract --pending).
-WHOLE_STORE = {"ALL_ENTITY_NAMES", "PENDING_GROUPS"}
+# Reads of the whole store: building kuzu's lookup table or search copies for a store made
+# before them (once), and the operator's list of groups with episodes waiting for extraction
+# (extract --pending, the worker's sweep).
+WHOLE_STORE = {"ALL_ENTITY_NAMES", "BACKFILL", "PENDING_GROUPS"}
 WRITES = re.compile(r"\b(CREATE|MERGE|SET|DELETE)\b")
 LEFT_TO_FORMAT = re.compile(r"\{\{|\}\}|\{[a-z_]+\}")  # "{rows}", a doubled brace
 
@@ -131,7 +152,7 @@ def test_every_query_is_parameterised_text(where: str, name: str, text: str) -> 
 
 @pytest.mark.parametrize(("where", "name", "text"), ALL, ids=[w for w, _, _ in ALL])
 def test_reads_are_scoped_by_group(where: str, name: str, text: str) -> None:
-    if name in UNSCOPED or (WRITES.search(text) and "$group_id" not in text):
+    if name in UNSCOPED | WHOLE_STORE or (WRITES.search(text) and "$group_id" not in text):
         # by primary key, or a write of rows whose group the caller checked
         return
     assert re.search(r"\$group_ids?\b", text), f"{where} reads without a group: {text}"
@@ -144,8 +165,12 @@ def test_both_dialects_answer_the_shared_operations() -> None:
     assert ONLY_NEO4J <= set(operations(neo4j_queries))
     assert ONLY_KUZU <= set(operations(kuzu_queries))
     for module in DIALECTS.values():
-        assert callable(module.fulltext_query)
         assert set(module.ANCHOR_HINTS) == {"s", "t"}
+    assert set(operations(neo4j_search_queries)) == set(operations(kuzu_search_queries))
+    for module in SEARCH.values():
+        assert callable(module.fulltext_query)
+        assert set(module.FULLTEXT) == set(module.VECTOR) == set(KINDS)
+        assert all(len(pair) == 2 for pair in module.VECTOR.values())
 
 
 @pytest.mark.parametrize("dialect", sorted(DIALECTS))
@@ -166,8 +191,8 @@ def test_as_of_questions_take_exactly_their_parameters(
 
 def test_search_text_never_reaches_the_query_unescaped() -> None:
     hostile = 'acme") DETACH DELETE n // OR x:y'
-    lucene = neo4j_queries.fulltext_query(hostile)
+    lucene = neo4j_search_queries.fulltext_query(hostile)
     assert lucene is not None and '"' not in lucene.replace('\\"', "")
     assert ":" not in lucene.replace("\\:", "")
-    assert kuzu_queries.fulltext_query(hostile) == "acme detach delete"
-    assert neo4j_queries.fulltext_query("the and of") is None
+    assert kuzu_search_queries.fulltext_query(hostile) == "acme detach delete"
+    assert neo4j_search_queries.fulltext_query("the and of") is None

@@ -171,13 +171,15 @@ class EntityLookup:
 class CommunityRecord:
     """A stored community: ``members`` are entity uuids (an entity is in at most one).
 
-    ``name_embedding`` is written when given; ``communities()`` does not read it back."""
+    ``name_embedding`` is written when given; ``communities()`` does not read it back, the
+    search methods do."""
 
     uuid: str
     name: str
     summary: str
     members: list[str] = field(default_factory=list)
     name_embedding: list[float] | None = None
+    created_at: datetime | None = None  # set when first written; None on older stores
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from tidegraph.records.graph import (
     FactView,
     WeightedEdge,
 )
+from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.store.rows import unique
 
 
@@ -250,6 +251,46 @@ class GraphStore(abc.ABC):
     @abc.abstractmethod
     async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
         """``query_facts`` of a resolved question."""
+
+    # ---------------------------------------------------------------- search
+    # README "Memory retrieval". Every search reads only ``scope.group_ids`` (each hit is of
+    # one of them, and so is everything it carries); facts are those ``query_facts`` answers
+    # for ``scope.asof``, each as believed then; entities and communities those created by
+    # its known-at time, episodes also happened by its valid-at time (``store.hits``).
+    @abc.abstractmethod
+    async def fulltext_search(
+        self, scope: SearchScope, kind: Kind, text: str, limit: int
+    ) -> list[Hit]:
+        """The ``kind`` records matching ``text`` (plain user text): facts on their sentence,
+        entities and communities on name and summary, episodes on content. Best first, scored
+        by the engine (BM25-like)."""
+
+    @abc.abstractmethod
+    async def vector_search(
+        self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
+    ) -> list[Hit]:
+        """The nearest ``kind`` records (fact, entity name, episode content, community name
+        embeddings), scored ``(1 + cos) / 2``, best first."""
+
+    @abc.abstractmethod
+    async def expand_facts(
+        self, scope: SearchScope, seeds: list[str], hops: int, limit: int
+    ) -> list[Hit]:
+        """The facts within ``hops`` of the ``seeds`` entities, breadth first over the
+        scope's facts: ``distance`` the hop each was reached at (1: touches a seed), score
+        ``1 / distance``; nearest first, at most ``limit``."""
+
+    @abc.abstractmethod
+    async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
+        """The entities mentioned by each group's ``episodes`` latest episodes (by valid_at),
+        most recent episode first, each uuid once."""
+
+    @abc.abstractmethod
+    async def entity_distances(
+        self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
+    ) -> dict[str, int]:
+        """Hops from ``centre`` to each of ``uuids`` over the scope's facts (0 for the centre
+        itself); a uuid farther than ``max_hops`` or unreachable is left out."""
 
     # ---------------------------------------------------------------- maintenance
     @abc.abstractmethod

@@ -61,3 +61,35 @@ WHERE c.uuid = $community_uuid AND c.group_id = $group_id
 MERGE (c)-[m:HAS_MEMBER]->(e)
 ON CREATE SET m.group_id = $group_id
 """
+
+# ---- search (tidegraph.store.search_core)
+# The producers of the episodes known by $known_at that mention each entity.
+ENTITY_MENTIONS = """
+MATCH (ep:Episodic)-[:MENTIONS]->(e:Entity)
+WHERE e.uuid IN $uuids AND e.group_id = $group_id AND ep.group_id = $group_id
+  AND ep.created_at <= $known_at
+RETURN e.uuid AS uuid, ep.producer_id AS producer_id
+"""
+COMMUNITIES_BY_UUIDS = """
+MATCH (c:Community) WHERE c.uuid IN $uuids AND c.group_id = $group_id
+RETURN c.uuid AS uuid, c.name AS name, c.summary AS summary,
+       c.name_embedding AS name_embedding, c.created_at AS created_at
+"""
+COMMUNITY_MEMBERS_OF = """
+MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
+WHERE c.uuid IN $uuids AND c.group_id = $group_id AND e.group_id = $group_id
+RETURN c.uuid AS community, e.uuid AS entity
+"""
+# The group's latest episodes as of a scope (happened by $valid_at, stored by $known_at).
+RECENT_EPISODE_UUIDS = """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.valid_at <= $valid_at AND ep.created_at <= $known_at
+RETURN ep.uuid AS uuid
+ORDER BY ep.valid_at DESC, ep.uuid DESC
+LIMIT $limit
+"""
+EPISODE_MENTIONS = """
+MATCH (ep:Episodic)-[:MENTIONS]->(e:Entity)
+WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
+RETURN ep.uuid AS episode, e.uuid AS entity
+"""

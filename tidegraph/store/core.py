@@ -29,11 +29,9 @@ from tidegraph.records.graph import (
 from tidegraph.records.times import utc
 from tidegraph.store import common_queries as cq
 from tidegraph.store.asof_cypher import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
-from tidegraph.store.base import GraphStore
 from tidegraph.store.errors import StoreSchemaError, check_community_owners, check_same_episode
 from tidegraph.store.executor import Executor, Row, Tx
 from tidegraph.store.rows import (
-    check_embedding,
     community_rows,
     entity_record,
     episode_record,
@@ -42,14 +40,14 @@ from tidegraph.store.rows import (
     fold_communities,
     fold_edges,
     neighbour_weights_of,
+    now_utc,
     rank,
     sort_entities,
     sort_facts,
     sort_views,
-    top,
     unique,
-    vector_candidates,
 )
+from tidegraph.store.search_core import SearchCore
 
 # Rows deleted per transaction by ``delete_group``.
 DELETE_BATCH = 2000
@@ -60,12 +58,14 @@ def fact_of(row: Row) -> FactRecord:
     return fact_record(row["r"], row["source_uuid"], row["target_uuid"])
 
 
-class StoreCore(GraphStore):
-    """``GraphStore`` over an executor and a dialect module (see the module docstring)."""
+class StoreCore(SearchCore):
+    """``GraphStore`` over an executor and a dialect's query modules (see the module
+    docstring; the search methods: ``search_core.SearchCore``)."""
 
-    def __init__(self, executor: Executor, queries: ModuleType) -> None:
+    def __init__(self, executor: Executor, queries: ModuleType, search: ModuleType) -> None:
         self.ex = executor
         self.q = queries
+        self.sq = search
         self._dim: int | None = None
 
     # ------------------------------------------------------------------ engine hooks
@@ -94,6 +94,9 @@ class StoreCore(GraphStore):
     ) -> None:
         """MERGE the community rows (``rows.community_rows``); ``stored``: the uuids among
         them that exist in the group."""
+
+    async def _communities_deleted(self, tx: Tx, group_id: str, uuids: list[str]) -> None:
+        """After a community write deleted these communities (and upserted the others)."""
 
     # ------------------------------------------------------------------ plumbing
     async def _embedding_dim(self) -> int:
@@ -177,7 +180,7 @@ class StoreCore(GraphStore):
     async def fulltext_entities(
         self, group_id: str, text: str, limit: int
     ) -> list[tuple[EntityRecord, float]]:
-        query = self.q.fulltext_query(text)
+        query = self.sq.fulltext_query(text)
         if query is None or limit <= 0:
             return []
         params = {"group_id": group_id, "query": query, "limit": limit}
@@ -186,38 +189,11 @@ class StoreCore(GraphStore):
         scores = {r["e"]["uuid"]: float(r["score"]) for r in rows}
         return rank(((e, scores[e.uuid]) for e in entities), limit)
 
-    async def _nearest(
-        self,
-        candidates: str | None,
-        scan: str,
-        group_ids: list[str],
-        embedding: list[float] | None,
-        limit: int,
-    ) -> list[tuple[str, float]]:
-        """(uuid, score) of the groups' nearest neighbours, best first: from the engine's
-        global vector index (``candidates``: its top neighbours, rescored exactly on the stored
-        vectors), or by an exact ``scan`` of the groups when the index's top candidates hold
-        too few of them (or the engine indexes none)."""
-        vector = check_embedding(embedding, await self._embedding_dim(), "query embedding")
-        if limit <= 0 or vector is None:
-            return []
-        k = vector_candidates(limit)
-        params = {"group_ids": group_ids, "embedding": vector}
-        found = await self.ex.rows(candidates, {**params, "k": k}) if candidates else []
-        wanted = set(group_ids)
-        hits = [(r["uuid"], float(r["score"])) for r in found if r["group_id"] in wanted]
-        if candidates is None or (len(hits) < limit and len(found) >= k):
-            scanned = await self.ex.rows(scan, {**params, "limit": limit})
-            hits = [(r["uuid"], float(r["score"])) for r in scanned]
-        return top(((u, min(1.0, max(0.0, s))) for u, s in hits), limit)
-
     async def vector_entities(
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[EntityRecord, float]]:
-        q = self.q
-        hits = await self._nearest(
-            q.VECTOR_ENTITY_CANDIDATES, q.VECTOR_ENTITY_SCAN, [group_id], embedding, limit
-        )
+        candidates, scan = self.sq.VECTOR["entity"]
+        hits = await self._nearest(candidates, scan, [group_id], embedding, limit)
         found = {e.uuid: e for e in await self.entities_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 
@@ -232,10 +208,8 @@ class StoreCore(GraphStore):
     async def vector_facts(
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[FactRecord, float]]:
-        q = self.q
-        hits = await self._nearest(
-            q.VECTOR_FACT_CANDIDATES, q.VECTOR_FACT_SCAN, [group_id], embedding, limit
-        )
+        candidates, scan = self.sq.VECTOR["fact"]
+        hits = await self._nearest(candidates, scan, [group_id], embedding, limit)
         found = {f.uuid: f for f in await self._facts_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 
@@ -294,7 +268,8 @@ class StoreCore(GraphStore):
     ) -> None:
         if not upserts and not deletes:
             return
-        rows, memberships, members = community_rows(upserts, await self._embedding_dim())
+        dim = await self._embedding_dim()
+        rows, memberships, members = community_rows(upserts, dim, now_utc())
         uuids = [r["uuid"] for r in rows]
         params = {"group_id": group_id}
 
@@ -309,6 +284,8 @@ class StoreCore(GraphStore):
                 await tx.rows(cq.DROP_MEMBERSHIPS, {**params, "uuids": uuids, "members": members})
             if memberships:
                 await tx.rows(cq.ADD_MEMBERSHIPS, {**params, "rows": memberships})
+            if deletes:
+                await self._communities_deleted(tx, group_id, unique(deletes))
 
         await self.ex.write("write_communities", len(rows) + len(memberships), work)
 

@@ -10,13 +10,18 @@ with the column names ``tidegraph.store.core`` reads, the same as Neo4j's.
 from __future__ import annotations
 
 from tidegraph.store.rows import ENTITY_FIELDS, EPISODE_FIELDS
-from tidegraph.store.search_text import search_text
 
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
 ENTITY_FULLTEXT_INDEX = "entity_name_summary"
+EPISODE_VECTOR_INDEX = "episodic_content_embedding"
+FACT_VECTOR_INDEX = "fact_vector_embedding"
+COMMUNITY_VECTOR_INDEX = "community_vector_embedding"
+EPISODE_FULLTEXT_INDEX = "episodic_content"
+FACT_FULLTEXT_INDEX = "fact_text"
+COMMUNITY_FULLTEXT_INDEX = "community_name_summary"
 
 
-def _props(variable: str, fields: tuple[str, ...], nulls: tuple[str, ...] = ()) -> str:
+def props_of(variable: str, fields: tuple[str, ...], nulls: tuple[str, ...] = ()) -> str:
     """A struct of the variable's properties (those in ``nulls`` as NULL): kuzu's
     ``e {.*}``."""
     values = (f"{name}: {'NULL' if name in nulls else f'{variable}.{name}'}" for name in fields)
@@ -24,6 +29,13 @@ def _props(variable: str, fields: tuple[str, ...], nulls: tuple[str, ...] = ()) 
 
 
 # ----------------------------------------------------------------------------- schema
+# Embeddings that change (a fact's, a community's) are searched in tables of their own, one
+# row per embedding: kuzu cannot SET a vector-indexed property, and an HNSW index that was
+# once emptied finds nothing again, so a new embedding is a new row (created before the old
+# one is deleted). By table: the column naming what the embedding is of.
+VECTOR_TABLES = {"FactVector": "fact_uuid", "CommunityVector": "community_uuid"}
+
+
 def schema(dim: int) -> list[str]:
     """The DDL (DDL takes no parameters: ``dim`` is a checked int, nothing else varies)."""
     vector = f"DOUBLE[{int(dim)}]"
@@ -31,12 +43,13 @@ def schema(dim: int) -> list[str]:
         "CREATE NODE TABLE IF NOT EXISTS Episodic(uuid STRING PRIMARY KEY, group_id STRING, "
         "name STRING, source STRING, source_description STRING, content STRING, "
         "valid_at TIMESTAMP, created_at TIMESTAMP, producer_id STRING, content_hash STRING, "
-        "created_entities STRING[], not_extracted STRING)",
+        f"created_entities STRING[], not_extracted STRING, content_embedding {vector})",
         "CREATE NODE TABLE IF NOT EXISTS Entity(uuid STRING PRIMARY KEY, group_id STRING, "
         "name STRING, name_norm STRING, labels STRING[], summary STRING, key STRING, "
         f"aliases STRING[], name_embedding {vector}, created_at TIMESTAMP)",
         "CREATE NODE TABLE IF NOT EXISTS Community(uuid STRING PRIMARY KEY, group_id STRING, "
-        f"name STRING, summary STRING, name_embedding {vector})",
+        f"name STRING, summary STRING, name_embedding {vector}, created_at TIMESTAMP, "
+        "vector_id STRING)",
         "CREATE REL TABLE IF NOT EXISTS RELATES_TO(FROM Entity TO Entity, uuid STRING, "
         "group_id STRING, name STRING, fact STRING, "
         "episodes STRING[], valid_at TIMESTAMP, invalid_at TIMESTAMP, created_at TIMESTAMP, "
@@ -45,7 +58,13 @@ def schema(dim: int) -> list[str]:
         "prior_starts TIMESTAMP[], prior_starts_learned_at TIMESTAMP[], "
         "start_learned_at TIMESTAMP)",
         "CREATE NODE TABLE IF NOT EXISTS FactIndex(uuid STRING PRIMARY KEY, group_id STRING, "
-        f"source_uuid STRING, target_uuid STRING, embedding {vector})",
+        f"source_uuid STRING, target_uuid STRING, embedding {vector}, fact STRING, "
+        "vector_id STRING)",
+        *(
+            f"CREATE NODE TABLE IF NOT EXISTS {table}(id STRING PRIMARY KEY, group_id STRING, "
+            f"{owner} STRING, embedding {vector})"
+            for table, owner in VECTOR_TABLES.items()
+        ),
         "CREATE NODE TABLE IF NOT EXISTS EntityLookupKey(id STRING PRIMARY KEY, "
         "group_id STRING, uuids STRING[])",
         "CREATE REL TABLE IF NOT EXISTS MENTIONS(FROM Episodic TO Entity, group_id STRING)",
@@ -66,14 +85,31 @@ INDEXES = (
         ENTITY_FULLTEXT_INDEX,
         f"CALL CREATE_FTS_INDEX('Entity', '{ENTITY_FULLTEXT_INDEX}', ['name', 'summary'])",
     ),
+    *(
+        (
+            index,
+            f"CALL CREATE_VECTOR_INDEX('{table}', '{index}', '{prop}', "
+            "metric := 'cosine', mu := 16, ml := 32, efc := 100)",
+        )
+        for table, index, prop in (
+            ("Episodic", EPISODE_VECTOR_INDEX, "content_embedding"),
+            ("FactVector", FACT_VECTOR_INDEX, "embedding"),
+            ("CommunityVector", COMMUNITY_VECTOR_INDEX, "embedding"),
+        )
+    ),
+    *(
+        (index, f"CALL CREATE_FTS_INDEX('{table}', '{index}', [{columns}])")
+        for table, index, columns in (
+            ("Episodic", EPISODE_FULLTEXT_INDEX, "'content'"),
+            ("FactIndex", FACT_FULLTEXT_INDEX, "'fact'"),
+            ("Community", COMMUNITY_FULLTEXT_INDEX, "'name', 'summary'"),
+        )
+    ),
 )
 
-# Fulltext indexes older stores made and nothing reads: kuzu maintains an FTS index on every
-# insert, and the episode one grew with each episode's content. Dropped on setup.
-DROPPED_INDEXES = (
-    ("episodic_content", "CALL DROP_FTS_INDEX('Episodic', 'episodic_content')"),
-    ("community_name", "CALL DROP_FTS_INDEX('Community', 'community_name')"),
-)
+# Fulltext indexes older stores made and nothing reads (search reads community_name_summary).
+# Dropped on setup.
+DROPPED_INDEXES = (("community_name", "CALL DROP_FTS_INDEX('Community', 'community_name')"),)
 
 SHOW_TABLES = "CALL SHOW_TABLES() RETURN name"
 SHOW_INDEXES = "CALL SHOW_INDEXES() RETURN index_name"
@@ -81,7 +117,7 @@ SHOW_INDEXES = "CALL SHOW_INDEXES() RETURN index_name"
 
 def table_info(table: str) -> str:
     """The columns of one of our tables (a constant name: TABLE_INFO takes no parameter)."""
-    if table not in {"Episodic", "Entity", "Community", "RELATES_TO", "FactIndex"}:
+    if table not in {"Episodic", "Entity", "Community", "RELATES_TO", "FactIndex", *VECTOR_TABLES}:
         raise ValueError(f"not a table of the store: {table!r}")
     return f"CALL TABLE_INFO('{table}') RETURN name, type"
 
@@ -98,14 +134,61 @@ LEGACY_FACT_INDEX = (
     "ALTER TABLE RELATES_TO DROP fact_embedding",
 )
 
+
 # Columns added since stores were first made, by table (ALTER is skipped for new stores, whose
 # CREATE already has them; the new columns start null, which is what they mean: no hash to
 # compare, see errors.check_same_episode; no end or start history).
+def added_columns(dim: int) -> dict[str, tuple[tuple[str, str], ...]]:
+    """The columns added since stores were first made, by table: (name, ALTER statement)."""
+    return {
+        **ADDED_COLUMNS,
+        "Episodic": (
+            *ADDED_COLUMNS["Episodic"],
+            (
+                "content_embedding",
+                f"ALTER TABLE Episodic ADD content_embedding DOUBLE[{int(dim)}]",
+            ),
+        ),
+    }
+
+
+# Search arrived: the text of every fact and the embeddings of facts and communities are
+# copied where they are indexed (run once, when the columns and tables are new).
+BACKFILL = {
+    "FactIndex.fact": """
+    MATCH (s:Entity)-[r:RELATES_TO]->(:Entity)
+    MATCH (x:FactIndex {uuid: r.uuid})
+    SET x.fact = r.fact
+    """,
+    "FactVector": """
+    MATCH (x:FactIndex) WHERE x.embedding IS NOT NULL
+    SET x.vector_id = x.uuid
+    WITH x
+    CREATE (:FactVector {id: x.uuid, group_id: x.group_id, fact_uuid: x.uuid,
+                         embedding: x.embedding})
+    """,
+    "CommunityVector": """
+    MATCH (c:Community) WHERE c.name_embedding IS NOT NULL
+    SET c.vector_id = c.uuid
+    WITH c
+    CREATE (:CommunityVector {id: c.uuid, group_id: c.group_id, community_uuid: c.uuid,
+                              embedding: c.name_embedding})
+    """,
+}
+
 ADDED_COLUMNS = {
     "Episodic": (
         ("content_hash", "ALTER TABLE Episodic ADD content_hash STRING"),
         ("created_entities", "ALTER TABLE Episodic ADD created_entities STRING[]"),
         ("not_extracted", "ALTER TABLE Episodic ADD not_extracted STRING"),
+    ),
+    "FactIndex": (
+        ("fact", "ALTER TABLE FactIndex ADD fact STRING"),
+        ("vector_id", "ALTER TABLE FactIndex ADD vector_id STRING"),
+    ),
+    "Community": (
+        ("created_at", "ALTER TABLE Community ADD created_at TIMESTAMP"),
+        ("vector_id", "ALTER TABLE Community ADD vector_id STRING"),
     ),
     "RELATES_TO": (
         ("prior_ends", "ALTER TABLE RELATES_TO ADD prior_ends TIMESTAMP[]"),
@@ -128,13 +211,13 @@ RETURN ep.content_hash AS content_hash, ep.created_entities AS created_entities
 """
 PENDING_EPISODES = f"""
 MATCH (ep:Episodic) WHERE ep.group_id = $group_id AND ep.not_extracted IS NOT NULL
-RETURN {_props("ep", EPISODE_FIELDS)} AS ep
+RETURN {props_of("ep", EPISODE_FIELDS)} AS ep
 ORDER BY ep.valid_at, ep.producer_id
 LIMIT $limit
 """
 RECENT_EPISODES = f"""
 MATCH (ep:Episodic) WHERE ep.group_id = $group_id AND ep.valid_at < $before
-RETURN {_props("ep", EPISODE_FIELDS)} AS ep
+RETURN {props_of("ep", EPISODE_FIELDS)} AS ep
 ORDER BY ep.valid_at DESC, ep.uuid DESC
 LIMIT $limit
 """
@@ -143,19 +226,26 @@ MATCH (ep:Episodic) WHERE ep.uuid = $uuid
 RETURN ep.group_id AS group_id, ep.content_hash AS content_hash,
        ep.not_extracted AS not_extracted
 """
-MERGE_EPISODE = """
-MERGE (ep:Episodic {uuid: $uuid})
-ON CREATE SET ep.group_id = $group_id, ep.created_at = $created_at
-SET ep.name = $name,
-    ep.source = $source,
-    ep.source_description = $source_description,
-    ep.content = $content,
-    ep.valid_at = $valid_at,
-    ep.producer_id = $producer_id,
-    ep.content_hash = $content_hash,
-    ep.created_entities = CAST($created_entities AS STRING[]),
-    ep.not_extracted = CAST($not_extracted AS STRING)
+# Created once (a processed episode is never written again), one statement per row (the
+# fulltext index), with its content embedding inline (vector-indexed: never SET).
+_CREATE_EPISODE = """
+CREATE (ep:Episodic {{uuid: $uuid, group_id: $group_id, created_at: $created_at, name: $name,
+                     source: $source, source_description: $source_description,
+                     content: $content, valid_at: $valid_at, producer_id: $producer_id,
+                     content_hash: CAST($content_hash AS STRING),
+                     created_entities: CAST($created_entities AS STRING[]),
+                     not_extracted: CAST($not_extracted AS STRING){embedding}}})
 """
+# The one change to a stored episode: the extraction of one stored without it (README
+# "Episodes without an LLM"); its content and embedding are the same (same content hash).
+MARK_EXTRACTED = """
+MATCH (ep:Episodic {uuid: $uuid})
+SET ep.not_extracted = NULL, ep.created_entities = CAST($created_entities AS STRING[])
+"""
+CREATE_EPISODE = _CREATE_EPISODE.format(embedding="")
+CREATE_EPISODE_EMBEDDED = _CREATE_EPISODE.format(
+    embedding=", content_embedding: $content_embedding"
+)
 # An episode's MENTIONS and new facts are CREATEd one statement per row, by primary key: the
 # episode is new (a processed one is never written again) and so are those facts, and kuzu
 # plans a MERGE of a relationship, or any UNWIND-driven match, as a scan of the whole table.
@@ -195,13 +285,13 @@ SET e.labels = CAST(r.labels AS STRING[]),
     e.summary = r.summary,
     e.key = CAST(r.key AS STRING)
 """
-_ENTITY = _props("e", ENTITY_FIELDS)
+_ENTITY = props_of("e", ENTITY_FIELDS)
 # One statement per uuid (a primary-key lookup): kuzu plans `uuid IN [...]` as a scan.
 ENTITY_BY_UUID = f"MATCH (e:Entity {{uuid: $uuid}}) RETURN {_ENTITY} AS e"
 # Resolution's lookups (EntityLookup): the same without the name embedding.
 LOOKUP_BY_UUID = (
     "MATCH (e:Entity {uuid: $uuid}) "
-    f"RETURN {_props('e', ENTITY_FIELDS, ('name_embedding',))} AS e"
+    f"RETURN {props_of('e', ENTITY_FIELDS, ('name_embedding',))} AS e"
 )
 LIST_ENTITIES = f"MATCH (e:Entity) WHERE e.group_id = $group_id RETURN {_ENTITY} AS e"
 # Entities by key and by name go through EntityLookupKey, kuzu having no secondary index: one
@@ -234,11 +324,6 @@ RETURN e.uuid AS uuid, min(c.uuid) AS community_uuid
 """
 
 
-def fulltext_query(text: str) -> str | None:
-    """Search text as QUERY_FTS_INDEX takes it (None: nothing searchable)."""
-    return search_text(text)
-
-
 FULLTEXT_ENTITIES = f"""
 CALL QUERY_FTS_INDEX('Entity', '{ENTITY_FULLTEXT_INDEX}', $query)
 WITH node AS e, score
@@ -247,22 +332,6 @@ RETURN {_ENTITY} AS e, score
 ORDER BY score DESC, e.uuid
 LIMIT $limit
 """
-# Scores as (1 + cos) / 2, like Neo4j's: see tidegraph.store.rows.
-VECTOR_ENTITY_CANDIDATES = f"""
-CALL QUERY_VECTOR_INDEX('Entity', '{ENTITY_VECTOR_INDEX}', $embedding, $k)
-RETURN node.uuid AS uuid, node.group_id AS group_id,
-       CASE WHEN node.group_id IN $group_ids
-       THEN (1.0 + array_cosine_similarity(node.name_embedding, $embedding)) / 2.0 END AS score
-"""
-VECTOR_ENTITY_SCAN = """
-MATCH (e:Entity)
-WHERE e.group_id IN $group_ids AND e.name_embedding IS NOT NULL
-WITH e, (1.0 + array_cosine_similarity(e.name_embedding, $embedding)) / 2.0 AS score
-RETURN e.uuid AS uuid, score
-ORDER BY score DESC, uuid
-LIMIT $limit
-"""
-
 # ----------------------------------------------------------------------------- facts
 # A fact's embedding is not on the relationship (see kuzu_store's docstring): read from its
 # FactIndex row where it is wanted.
@@ -271,16 +340,30 @@ _FACT_RETURN = "RETURN r, s.uuid AS source_uuid, t.uuid AS target_uuid"
 FACT_INDEX_ROW = """
 MATCH (x:FactIndex {uuid: $uuid})
 RETURN x.group_id AS group_id, x.source_uuid AS source_uuid, x.target_uuid AS target_uuid,
-       x.embedding AS embedding
+       x.embedding AS embedding, x.vector_id AS vector_id
 """
+# A fact's row: its ends, its text (fulltext-indexed) and its embedding, whose searchable copy
+# is the FactVector row ``vector_id`` (see VECTOR_TABLES).
 _CREATE_FACT_INDEX_ROW = """
 CREATE (:FactIndex {{uuid: $uuid, group_id: $group_id, source_uuid: $source_uuid,
-                    target_uuid: $target_uuid{embedding}}})
+                    target_uuid: $target_uuid, fact: $fact{embedding}}})
 """
 CREATE_FACT_INDEX_ROW = _CREATE_FACT_INDEX_ROW.format(embedding="")
-CREATE_FACT_INDEX_ROW_EMBEDDED = _CREATE_FACT_INDEX_ROW.format(embedding=", embedding: $embedding")
-# A row without an embedding leaves the stored one (an embedding never changes).
-SET_FACT_EMBEDDING = "MATCH (x:FactIndex {uuid: $uuid}) SET x.embedding = $embedding"
+CREATE_FACT_INDEX_ROW_EMBEDDED = _CREATE_FACT_INDEX_ROW.format(
+    embedding=", embedding: $embedding, vector_id: $vector_id"
+)
+SET_FACT_TEXT = "MATCH (x:FactIndex {uuid: $uuid}) SET x.fact = $fact"
+# A row without an embedding leaves the stored one.
+SET_FACT_EMBEDDING = """
+MATCH (x:FactIndex {uuid: $uuid}) SET x.embedding = $embedding, x.vector_id = $vector_id
+"""
+CREATE_VECTOR = {
+    table: f"""
+CREATE (:{table} {{id: $id, group_id: $group_id, {owner}: $owner, embedding: $embedding}})
+"""
+    for table, owner in VECTOR_TABLES.items()
+}
+DELETE_VECTOR = {table: f"MATCH (v:{table} {{id: $id}}) DELETE v" for table in VECTOR_TABLES}
 CREATE_FACT = """
 MATCH (s:Entity {uuid: $source_uuid}), (t:Entity {uuid: $target_uuid})
 CREATE (s)-[:RELATES_TO {uuid: $uuid, group_id: $group_id, name: $name, fact: $fact,
@@ -382,17 +465,6 @@ WHERE r.uuid = $uuid AND r.group_id = $group_id
 {FROM_SOURCE}
 {_FACT_RETURN}
 """
-# kuzu indexes no fact embedding (FactIndex has none yet): an exact scan of the groups' rows.
-VECTOR_FACT_CANDIDATES = None
-VECTOR_FACT_SCAN = """
-MATCH (x:FactIndex)
-WHERE x.group_id IN $group_ids AND x.embedding IS NOT NULL
-WITH x, (1.0 + array_cosine_similarity(x.embedding, $embedding)) / 2.0 AS score
-RETURN x.uuid AS uuid, score
-ORDER BY score DESC, uuid
-LIMIT $limit
-"""
-
 # ----------------------------------------------------------------------------- maintenance
 COUNTS = (
     "MATCH (ep:Episodic) WHERE ep.group_id = $group_id RETURN count(ep) AS episodes",
@@ -410,21 +482,31 @@ WITH n LIMIT $batch
 DETACH DELETE n
 RETURN count(*) AS deleted
 """
-    for table in ("Episodic", "Community", "Entity", "FactIndex", "EntityLookupKey")
+    for table in ("Episodic", "Community", "Entity", "FactIndex", "EntityLookupKey", *VECTOR_TABLES)
 )
 
 # ----------------------------------------------------------------------------- communities
-# Community rows are created one statement per row (see kuzu_store's docstring).
+# Community rows are created one statement per row (see kuzu_store's docstring); the
+# searchable copy of the name embedding is the CommunityVector row ``vector_id``.
 _CREATE_COMMUNITY = """
-CREATE (c:Community {{uuid: $uuid, group_id: $group_id, name: $name, summary: $summary{embedding}}})
+CREATE (c:Community {{uuid: $uuid, group_id: $group_id, name: $name, summary: $summary,
+                      created_at: $created_at{embedding}}})
 """
 CREATE_COMMUNITY = _CREATE_COMMUNITY.format(embedding="")
-CREATE_COMMUNITY_EMBEDDED = _CREATE_COMMUNITY.format(embedding=", name_embedding: $name_embedding")
+CREATE_COMMUNITY_EMBEDDED = _CREATE_COMMUNITY.format(
+    embedding=", name_embedding: $name_embedding, vector_id: $vector_id"
+)
 _UPDATE_COMMUNITY = """
 MATCH (c:Community) WHERE c.uuid = $uuid
 SET c.name = $name, c.summary = $summary{embedding}
 """
 UPDATE_COMMUNITY = _UPDATE_COMMUNITY.format(embedding="")
 UPDATE_COMMUNITY_EMBEDDED = _UPDATE_COMMUNITY.format(
-    embedding=", c.name_embedding = $name_embedding"
+    embedding=", c.name_embedding = $name_embedding, c.vector_id = $vector_id"
 )
+COMMUNITY_VECTOR_ID = "MATCH (c:Community {uuid: $uuid}) RETURN c.vector_id AS vector_id"
+# The searchable embeddings of communities a write deleted.
+DROP_COMMUNITY_VECTORS = """
+MATCH (v:CommunityVector) WHERE v.group_id = $group_id AND v.community_uuid IN $uuids
+DELETE v
+"""

@@ -21,7 +21,12 @@ fts extensions are linked in: nothing is downloaded, and both indexes work with 
   12,000). So each fact has a row in the node table ``FactIndex``, keyed by the fact's uuid:
   its group, its two ends and its embedding (checkpoint 0.5 s at 12,000). A fact is found by
   uuid through it (a primary-key lookup, then the source's adjacency), never by scanning
-  RELATES_TO; fact vector search is an exact cosine scan of the group's rows;
+  RELATES_TO; its text is there too, for fulltext search;
+- a vector-indexed property cannot be SET, and an HNSW index that once became empty finds
+  nothing again: the embeddings that change (a fact's, a community's) are searched in tables
+  of their own (FactVector, CommunityVector), a new row per embedding, created before the
+  replaced one is deleted (``kuzu_writes.new_vector``); episodes are created once, with
+  their content embedding;
 - no secondary indexes: entities are found by key and by name through the ``EntityLookupKey``
   table (``kuzu_queries.LOOKUP_KEY``), and by uuid one primary-key lookup each (kuzu plans
   ``uuid IN [...]`` as a scan);
@@ -33,8 +38,8 @@ fts extensions are linked in: nothing is downloaded, and both indexes work with 
   inside ``any(...)`` or list lambdas crash 0.11.3, so those are avoided.
 
 The operations made of many small statements (a primary-key lookup per uuid, an episode's
-write) run as one function on the executor's thread (``KuzuExecutor.run``), the others as
-the shared core's queries. One process at a time may open the folder (kuzu locks it).
+write: ``kuzu_writes``) run as one function on the executor's thread (``KuzuExecutor.run``),
+the others as the shared core's queries. One process at a time may open the folder (kuzu locks it).
 """
 
 from __future__ import annotations
@@ -45,20 +50,26 @@ from typing import Any
 
 from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
 from tidegraph.records.ids import normalize_name
-from tidegraph.store import errors
+from tidegraph.store import errors, kuzu_search_queries
 from tidegraph.store import kuzu_queries as q
 from tidegraph.store.base import LookupRequest
 from tidegraph.store.core import StoreCore, fact_of
 from tidegraph.store.executor import Row, Tx
 from tidegraph.store.kuzu_executor import KuzuDatabase, KuzuExecutor
+from tidegraph.store.kuzu_writes import (
+    fact_index,
+    lookup_key_id,
+    lookup_key_ids,
+    new_vector_id,
+    write_entities,
+)
+from tidegraph.store.kuzu_writes import write_episode as write_episode_on_thread
 from tidegraph.store.rows import (
-    EntityState,
     closure_row,
     entity_record,
     entity_row,
     episode_row,
     fact_row,
-    fold_entity_rows,
     now_utc,
     sort_entities,
     sort_facts,
@@ -71,19 +82,10 @@ _EMBEDDINGS = (
     ("Entity", "name_embedding"),
     ("Community", "name_embedding"),
     ("FactIndex", "embedding"),
+    ("Episodic", "content_embedding"),
+    *((table, "embedding") for table in q.VECTOR_TABLES),
     ("RELATES_TO", "fact_embedding"),
 )
-
-
-def lookup_key_id(group_id: str, kind: str, value: str) -> str:
-    """The EntityLookupKey id of a key (``kind`` "key") or a normalised name ("name")."""
-    return "\x1f".join((group_id, kind, value))
-
-
-def lookup_key_ids(group_id: str, key: str | None, names: list[str]) -> list[str]:
-    """The id of every lookup row an entity with this key and these names belongs to."""
-    ids = [lookup_key_id(group_id, "name", n) for n in unique(n for n in names if n)]
-    return ([lookup_key_id(group_id, "key", key)] if key else []) + ids
 
 
 def _tables(db: KuzuDatabase) -> set[str]:
@@ -118,7 +120,7 @@ class KuzuStore(StoreCore):
     ) -> None:
         # max_db_size_mb: kuzu's own default (8 TiB of address space) unless given
         self.kuzu = KuzuExecutor(Path(path), buffer_pool_mb, max_db_size_mb)
-        super().__init__(self.kuzu, q)
+        super().__init__(self.kuzu, q, kuzu_search_queries)
 
     # ------------------------------------------------------------------ schema
     async def _declared_dim(self) -> int | None:
@@ -147,11 +149,21 @@ class KuzuStore(StoreCore):
         if "RELATES_TO.fact_embedding" in declared:
             for statement in q.LEGACY_FACT_INDEX:
                 db.rows(statement)
-        for table, added in q.ADDED_COLUMNS.items():
-            columns = _columns(db, table)
-            for name, statement in added:
-                if name not in columns:
+        added = set()
+        for table, columns in q.added_columns(dim).items():
+            existing = _columns(db, table)
+            for name, statement in columns:
+                if name not in existing:
                     db.rows(statement)
+                    added.add(f"{table}.{name}")
+        new = {table for table in ("FactIndex", *q.VECTOR_TABLES) if table not in tables}
+        backfills = {
+            "FactIndex.fact": "FactIndex.fact" in added or "FactIndex" in new,
+            **{table: table in new for table in q.VECTOR_TABLES},
+        }
+        for name, due in backfills.items():
+            if due and "Entity" in tables:  # a store made before search
+                db.rows(q.BACKFILL[name])
         present = {row["index_name"] for row in db.rows(q.SHOW_INDEXES)}
         for name, statement in q.INDEXES:
             if name not in present:
@@ -258,14 +270,8 @@ class KuzuStore(StoreCore):
         return lookup
 
     # ------------------------------------------------------------------ facts
-    @staticmethod
-    def _fact_index(db: KuzuDatabase, uuids: list[str]) -> dict[str, Row]:
-        """The FactIndex rows of these facts (one primary-key lookup each: kuzu plans
-        ``uuid IN [...]`` as a scan of the whole table)."""
-        return {uuid: row for uuid in uuids for row in db.rows(q.FACT_INDEX_ROW, {"uuid": uuid})}
-
     def _embedded(self, db: KuzuDatabase, group_id: str, facts: list[FactRecord]) -> list[Any]:
-        index = self._fact_index(db, [f.uuid for f in facts])
+        index = fact_index(db, [f.uuid for f in facts])
         found = []
         for fact in facts:
             row = index.get(fact.uuid)
@@ -285,7 +291,7 @@ class KuzuStore(StoreCore):
     def _facts_on_thread(self, db: KuzuDatabase, group_id: str, uuids: list[str]) -> list[Any]:
         """The group's facts of these uuids, each from its FactIndex row's source."""
         found = []
-        for uuid, index in self._fact_index(db, uuids).items():
+        for uuid, index in fact_index(db, uuids).items():
             if index["group_id"] != group_id:
                 continue
             params = {"group_id": group_id, "uuid": uuid, "source_uuid": index["source_uuid"]}
@@ -327,50 +333,7 @@ class KuzuStore(StoreCore):
 
     def _upsert(self, db: KuzuDatabase, group_id: str, rows: list[dict[str, Any]]) -> None:
         with db.transaction():
-            self._write_entities(db, group_id, rows)
-
-    @staticmethod
-    def _write_entities(db: KuzuDatabase, group_id: str, rows: list[dict[str, Any]]) -> None:
-        """The upsert's statements (``entity_row`` rows), inside the caller's transaction."""
-        stored = {
-            uuid: found
-            for uuid in unique(r["uuid"] for r in rows)
-            for found in db.rows(q.ENTITY_STATE, {"uuid": uuid})
-        }
-        errors.check_entity_owners(group_id, {u: row["group_id"] for u, row in stored.items()})
-        states = {
-            uuid: EntityState(
-                list(r["labels"] or []), list(r["aliases"] or []), r["summary"] or "", r["key"]
-            )
-            for uuid, r in stored.items()
-        }
-        creates, updates = fold_entity_rows(rows, states)
-        for row in creates:
-            fields = ("uuid", "name", "name_norm", "labels", "summary", "key", "aliases")
-            params = {"group_id": group_id, "created_at": row["created_at"]}
-            params.update({name: row[name] for name in fields})
-            if row["name_embedding"] is None:
-                db.rows(q.CREATE_ENTITY, params)
-            else:
-                db.rows(
-                    q.CREATE_ENTITY_EMBEDDED, {**params, "name_embedding": row["name_embedding"]}
-                )
-        if updates:
-            db.rows(
-                q.UPDATE_ENTITIES, {"rows": [{"uuid": u, **vars(s)} for u, s in updates.items()]}
-            )
-        # The lookup rows of every key, name and alias the write added.
-        added: list[tuple[str, str]] = []
-        for row in creates:
-            names = [row["name_norm"], *row["aliases"]]
-            added += [(row["uuid"], i) for i in lookup_key_ids(group_id, row["key"], names)]
-        for uuid, state in updates.items():
-            before = states[uuid]
-            key = state.key if state.key != before.key else None
-            new_aliases = [a for a in state.aliases if a not in before.aliases]
-            added += [(uuid, i) for i in lookup_key_ids(group_id, key, new_aliases)]
-        for uuid, row_id in added:
-            db.rows(q.ADD_LOOKUP_KEY, {"id": row_id, "group_id": group_id, "uuid": uuid})
+            write_entities(db, group_id, rows)
 
     async def _upsert_communities(
         self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]
@@ -378,100 +341,40 @@ class KuzuStore(StoreCore):
         for row in rows:
             params = {"uuid": row["uuid"], "name": row["name"], "summary": row["summary"]}
             embedding = row["name_embedding"]
-            if row["uuid"] in stored:
-                query = q.UPDATE_COMMUNITY if embedding is None else q.UPDATE_COMMUNITY_EMBEDDED
-            else:
-                params["group_id"] = group_id
-                query = q.CREATE_COMMUNITY if embedding is None else q.CREATE_COMMUNITY_EMBEDDED
             if embedding is not None:
-                params["name_embedding"] = embedding
-            await tx.rows(query, params)
+                vector_id = new_vector_id(row["uuid"])
+                vector = {"id": vector_id, "group_id": group_id, "owner": row["uuid"]}
+                await tx.rows(
+                    q.CREATE_VECTOR["CommunityVector"], {**vector, "embedding": embedding}
+                )
+                params.update(name_embedding=embedding, vector_id=vector_id)
+            if row["uuid"] in stored:
+                old = await tx.rows(q.COMMUNITY_VECTOR_ID, {"uuid": row["uuid"]})
+                query = q.UPDATE_COMMUNITY if embedding is None else q.UPDATE_COMMUNITY_EMBEDDED
+                await tx.rows(query, params)
+                if embedding is not None and old and old[0]["vector_id"] is not None:
+                    delete = q.DELETE_VECTOR["CommunityVector"]
+                    await tx.rows(delete, {"id": old[0]["vector_id"]})
+            else:
+                params.update(group_id=group_id, created_at=row["created_at"])
+                query = q.CREATE_COMMUNITY if embedding is None else q.CREATE_COMMUNITY_EMBEDDED
+                await tx.rows(query, params)
             stored.add(row["uuid"])
+
+    async def _communities_deleted(self, tx: Tx, group_id: str, uuids: list[str]) -> None:
+        await tx.rows(q.DROP_COMMUNITY_VECTORS, {"group_id": group_id, "uuids": uuids})
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         dim = await self._embedding_dim()
         now = now_utc()
         params = {
             "entities": [entity_row(group_id, e, dim, now) for e in write.entities],
-            "episode": episode_row(group_id, write.episode, now, write.created),
+            "episode": episode_row(group_id, write.episode, dim, now, write.created),
             "facts": [fact_row(group_id, f, dim, now) for f in write.facts],
             "closures": [closure_row(c) for c in write.closures],
         }
         size = 1 + len(write.entities) + len(write.mentions) + len(write.facts)
         size += len(write.closures)
         return await self.kuzu.run_write(
-            "write_episode", size, self._write_episode, group_id, write, params
+            "write_episode", size, write_episode_on_thread, group_id, write, params
         )
-
-    def _write_episode(
-        self, db: KuzuDatabase, group_id: str, write: EpisodeWrite, params: dict[str, Any]
-    ) -> bool:
-        stored = db.rows(q.EPISODE_GROUP, {"uuid": write.episode.uuid})
-        episode_group = stored[0]["group_id"] if stored else None
-        if stored and errors.skips_write(
-            group_id,
-            write,
-            episode_group,
-            stored[0]["content_hash"],
-            stored[0]["not_extracted"],
-        ):
-            return False  # already processed: nothing may change (see GraphStore)
-        # Checked before anything is written: the entities go in a transaction of their own,
-        # committed first, because inside one transaction kuzu 0.11.3 finds the wrong node by
-        # primary key (`uuid IN [...]`) once nodes were created in it, and may crash. Nothing
-        # else runs in between (one call at a time).
-        _, entity_uuids = errors.written_entity_uuids(write)
-        owners = {
-            uuid: row["group_id"]
-            for uuid in entity_uuids
-            for row in db.rows(q.ENTITY_GROUP, {"uuid": uuid})
-        }
-        facts = {
-            uuid: errors.StoredFact(row["group_id"], row["source_uuid"], row["target_uuid"])
-            for uuid, row in self._fact_index(db, errors.written_fact_uuids(write)).items()
-        }
-        errors.check_write(group_id, write, episode_group, owners, facts)
-        if params["entities"]:
-            with db.transaction():
-                self._write_entities(db, group_id, params["entities"])
-        episode = params["episode"]
-        with db.transaction():
-            db.rows(q.MERGE_EPISODE, {"group_id": group_id, **episode})
-            for entity_uuid in unique(write.mentions):
-                mention = {"episode_uuid": episode["uuid"], "entity_uuid": entity_uuid}
-                db.rows(q.CREATE_MENTION, {"group_id": group_id, **mention})
-            for row in params["facts"]:
-                self._write_fact(db, group_id, row, row["uuid"] in facts)
-                facts[row["uuid"]] = errors.StoredFact(
-                    group_id, row["source_uuid"], row["target_uuid"]
-                )
-            for row in params["closures"]:
-                ends = facts[row["uuid"]]  # checked: written or stored in the group
-                db.rows(
-                    q.CLOSE_FACT,
-                    {
-                        **row,
-                        "group_id": group_id,
-                        "source_uuid": ends.source_uuid,
-                        "target_uuid": ends.target_uuid,
-                    },
-                )
-        return True
-
-    @staticmethod
-    def _write_fact(db: KuzuDatabase, group_id: str, row: dict[str, Any], stored: bool) -> None:
-        params = {"group_id": group_id, **row}
-        embedding = params.pop("fact_embedding")
-        if stored:
-            del params["group_id"], params["created_at"]
-            db.rows(q.UPDATE_FACT, params)
-            if embedding is not None:
-                db.rows(q.SET_FACT_EMBEDDING, {"uuid": row["uuid"], "embedding": embedding})
-            return
-        db.rows(q.CREATE_FACT, params)
-        index = {name: row[name] for name in ("uuid", "source_uuid", "target_uuid")}
-        index["group_id"] = group_id
-        if embedding is None:
-            db.rows(q.CREATE_FACT_INDEX_ROW, index)
-        else:
-            db.rows(q.CREATE_FACT_INDEX_ROW_EMBEDDED, {**index, "embedding": embedding})

@@ -13,12 +13,20 @@ an entity is ``e`` (a property map) with ``community_uuid``; a fact ``r`` with
 
 from __future__ import annotations
 
-from tidegraph.store.search_text import lucene_query
-
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
 FACT_VECTOR_INDEX = "relates_to_fact_embedding"
+EPISODE_VECTOR_INDEX = "episodic_content_embedding"
+COMMUNITY_VECTOR_INDEX = "community_name_embedding"
 ENTITY_FULLTEXT_INDEX = "entity_name_summary"
-VECTOR_INDEXES = (ENTITY_VECTOR_INDEX, FACT_VECTOR_INDEX)
+FACT_FULLTEXT_INDEX = "relates_to_fact"
+EPISODE_FULLTEXT_INDEX = "episodic_content"
+COMMUNITY_FULLTEXT_INDEX = "community_name_summary"
+VECTOR_INDEXES = (
+    ENTITY_VECTOR_INDEX,
+    FACT_VECTOR_INDEX,
+    EPISODE_VECTOR_INDEX,
+    COMMUNITY_VECTOR_INDEX,
+)
 FULLTEXT_ANALYZER = "english"  # Porter stemming + English stop words, like kuzu's FTS default
 
 _FULLTEXT_OPTIONS = "OPTIONS {indexConfig: {`fulltext.analyzer`: $analyzer}}"
@@ -59,14 +67,21 @@ SCHEMA = (
     "FOR ()-[r:RELATES_TO]-() ON EACH [r.fact] " + _FULLTEXT_OPTIONS,
     "CREATE FULLTEXT INDEX episodic_content IF NOT EXISTS "
     "FOR (n:Episodic) ON EACH [n.content] " + _FULLTEXT_OPTIONS,
-    "CREATE FULLTEXT INDEX community_name IF NOT EXISTS "
-    "FOR (n:Community) ON EACH [n.name] " + _FULLTEXT_OPTIONS,
+    "CREATE FULLTEXT INDEX community_name_summary IF NOT EXISTS "
+    "FOR (n:Community) ON EACH [n.name, n.summary] " + _FULLTEXT_OPTIONS,
     # vector (HNSW)
     "CREATE VECTOR INDEX entity_name_embedding IF NOT EXISTS "
     "FOR (n:Entity) ON n.name_embedding " + _VECTOR_OPTIONS,
     "CREATE VECTOR INDEX relates_to_fact_embedding IF NOT EXISTS "
     "FOR ()-[r:RELATES_TO]-() ON r.fact_embedding " + _VECTOR_OPTIONS,
+    "CREATE VECTOR INDEX episodic_content_embedding IF NOT EXISTS "
+    "FOR (n:Episodic) ON n.content_embedding " + _VECTOR_OPTIONS,
+    "CREATE VECTOR INDEX community_name_embedding IF NOT EXISTS "
+    "FOR (n:Community) ON n.name_embedding " + _VECTOR_OPTIONS,
 )
+# Indexes older stores made that nothing reads any more (community_name: name only; search
+# reads community_name_summary). Dropped by setup.
+DROPPED = ("DROP INDEX community_name IF EXISTS",)
 
 SHOW_VECTOR_INDEXES = """
 SHOW VECTOR INDEXES YIELD name, options
@@ -229,11 +244,6 @@ WHERE e.group_id = $group_id
 )
 
 
-def fulltext_query(text: str) -> str | None:
-    """Search text as the fulltext indexes take it (None: nothing searchable)."""
-    return lucene_query(text)
-
-
 FULLTEXT_ENTITIES = (
     f"""
 CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT_INDEX}', $query) YIELD node, score
@@ -247,34 +257,6 @@ WITH e, score
     + ", score"
 )
 
-
-# Ask the global index for $k neighbours; those of the groups asked about are rescored exactly
-# on the stored vectors (the index's own scores are approximate: its vectors are quantized).
-def _vector_candidates(call: str, index: str, variable: str, prop: str) -> str:
-    return f"""
-CALL {call}('{index}', $k, $embedding) YIELD {variable}
-RETURN {variable}.uuid AS uuid, {variable}.group_id AS group_id,
-       CASE WHEN {variable}.group_id IN $group_ids
-       THEN vector.similarity.cosine({variable}.{prop}, $embedding) END AS score
-"""
-
-
-# Exact cosine over the groups (when they are a small part of the index).
-def _vector_scan(match: str, variable: str, prop: str) -> str:
-    return f"""
-MATCH {match}
-WHERE {variable}.group_id IN $group_ids AND {variable}.{prop} IS NOT NULL
-WITH {variable}, vector.similarity.cosine({variable}.{prop}, $embedding) AS score
-ORDER BY score DESC, {variable}.uuid
-LIMIT $limit
-RETURN {variable}.uuid AS uuid, score
-"""
-
-
-VECTOR_ENTITY_CANDIDATES = _vector_candidates(
-    "db.index.vector.queryNodes", ENTITY_VECTOR_INDEX, "node", "name_embedding"
-)
-VECTOR_ENTITY_SCAN = _vector_scan("(e:Entity)", "e", "name_embedding")
 
 # ---- facts
 _FACT_RETURN = """
@@ -399,7 +381,8 @@ SET ep.name = $ep.name,
     ep.producer_id = $ep.producer_id,
     ep.content_hash = $ep.content_hash,
     ep.created_entities = $ep.created_entities,
-    ep.not_extracted = $ep.not_extracted
+    ep.not_extracted = $ep.not_extracted,
+    ep.content_embedding = $ep.content_embedding
 WITH ep
 CALL (ep) {
   UNWIND $mentions AS mention
@@ -413,11 +396,6 @@ CALL () {"""
     + _CLOSE_FACT_ROWS.format(rows="$closures")
     + "}\n"
 )
-
-VECTOR_FACT_CANDIDATES = _vector_candidates(
-    "db.index.vector.queryRelationships", FACT_VECTOR_INDEX, "relationship", "fact_embedding"
-)
-VECTOR_FACT_SCAN = _vector_scan("()-[r:RELATES_TO]->()", "r", "fact_embedding")
 
 # ---- as-of questions (tidegraph.store.asof_cypher)
 # The walk from the anchor node of a question about one entity.
@@ -473,7 +451,7 @@ RETURN count(*) AS deleted
 UPSERT_COMMUNITIES = """
 UNWIND $rows AS row
 MERGE (c:Community {uuid: row.uuid})
-ON CREATE SET c.group_id = $group_id
+ON CREATE SET c.group_id = $group_id, c.created_at = row.created_at
 SET c.name = row.name,
     c.summary = row.summary,
     c.name_embedding = coalesce(row.name_embedding, c.name_embedding)

@@ -15,7 +15,7 @@ from tidegraph.connections import neo4j_driver_options
 from tidegraph.metrics import STORE_BATCH_SIZE
 from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
 from tidegraph.settings import Settings
-from tidegraph.store import errors
+from tidegraph.store import errors, neo4j_search_queries
 from tidegraph.store import neo4j_queries as q
 from tidegraph.store.base import LookupRequest
 from tidegraph.store.batching import GroupCommit
@@ -65,7 +65,7 @@ class Neo4jStore(StoreCore):
         auth = None if user is None else basic_auth(user, password or "")
         driver = AsyncGraphDatabase.driver(uri, auth=auth, **(driver_options or {}))
         self.neo4j = Neo4jExecutor(driver, database)
-        super().__init__(self.neo4j, q)
+        super().__init__(self.neo4j, q, neo4j_search_queries)
         self._episodes: GroupCommit[_EpisodeJob, bool] = GroupCommit(
             self._commit_episodes, MAX_EPISODES_PER_TRANSACTION
         )
@@ -95,6 +95,8 @@ class Neo4jStore(StoreCore):
         params = {"dim": embedding_dim, "analyzer": q.FULLTEXT_ANALYZER}
         for statement in q.SCHEMA:
             await self.neo4j.execute(statement, params, schema=True)
+        for statement in q.DROPPED:
+            await self.neo4j.execute(statement, {}, schema=True)
         # A concurrent setup with another dimension may have won the race.
         self._check_dims(await self._vector_dims(), embedding_dim)
         await self.neo4j.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
@@ -183,7 +185,7 @@ class Neo4jStore(StoreCore):
         params = {
             "group_id": group_id,
             "entities": [entity_row(group_id, e, dim, now) for e in write.entities],
-            "ep": episode_row(group_id, write.episode, now, write.created),
+            "ep": episode_row(group_id, write.episode, dim, now, write.created),
             "mentions": unique(write.mentions),
             "facts": [fact_row(group_id, f, dim, now) for f in write.facts],
             "closures": [closure_row(c) for c in write.closures],

@@ -166,7 +166,7 @@ def _history_row(
 
 
 def episode_row(
-    group_id: str, episode: EpisodeRecord, now: datetime, created: Sequence[str] = ()
+    group_id: str, episode: EpisodeRecord, dim: int, now: datetime, created: Sequence[str] = ()
 ) -> dict[str, Any]:
     """The parameters of an episode's marker; ``created``: the entities it creates."""
     same_group(group_id, episode.group_id, f"episode {episode.uuid}")
@@ -182,6 +182,9 @@ def episode_row(
         "content_hash": episode.content_hash or None,
         "created_entities": unique(created),
         "not_extracted": episode.not_extracted,
+        "content_embedding": check_embedding(
+            episode.content_embedding, dim, f"content_embedding of episode {episode.uuid}"
+        ),
     }
 
 
@@ -241,7 +244,7 @@ def fold_entity_rows(
 
 
 def community_rows(
-    upserts: Sequence[Any], dim: int
+    upserts: Sequence[Any], dim: int, now: datetime
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[str]]:
     """(community rows, membership rows, member uuids) for ``write_communities``; a member
     listed by two upserts stays with the last one."""
@@ -250,7 +253,13 @@ def community_rows(
     for c in upserts:
         embedding = check_embedding(c.name_embedding, dim, "community name embedding")
         rows.append(
-            {"uuid": c.uuid, "name": c.name, "summary": c.summary, "name_embedding": embedding}
+            {
+                "uuid": c.uuid,
+                "name": c.name,
+                "summary": c.summary,
+                "name_embedding": embedding,
+                "created_at": utc(c.created_at) if c.created_at else now,  # on create only
+            }
         )
         for member in c.members:
             owner[member] = c.uuid
@@ -306,6 +315,7 @@ EPISODE_FIELDS = (
     "producer_id",
     "content_hash",
     "not_extracted",
+    "content_embedding",
 )
 _TIME_FIELDS = frozenset(
     {"valid_at", "invalid_at", "created_at", "expired_at", "end_learned_at", "start_learned_at"}

@@ -22,7 +22,8 @@ the Neo4j and kuzu stores use themselves (``tidegraph/store/rows.py``, ``errors.
   both stores do after their Cypher filter (``as_of_match``);
 - vector searches are exact cosine, scored ``(1 + cos) / 2`` like both stores.
 
-Writes and vector searches need ``setup(dim)`` first, as in the real stores.
+Writes and vector searches need ``setup(dim)`` first, as in the real stores. The search methods
+(exact, brute force) are in ``memory_search``.
 
 One approximation: ``fulltext_entities`` finds the entities sharing a word with the text (split
 and stop-word filtered by ``search_terms``, as both stores split it) in their name or summary,
@@ -34,7 +35,6 @@ scores and ties may rank differently.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -52,7 +52,6 @@ from tidegraph.records.graph import (
 from tidegraph.records.ids import normalize_name
 from tidegraph.records.times import utc
 from tidegraph.store import errors
-from tidegraph.store.base import GraphStore
 from tidegraph.store.rows import (
     HISTORY_FIELDS,
     EntityState,
@@ -78,21 +77,14 @@ from tidegraph.store.rows import (
     unique,
 )
 from tidegraph.store.search_text import search_terms, text_words
+from tidegraph.testing.memory_search import MemorySearch, StoredCommunity
 
 # What a fact row leaves as stored when it does not carry it (the stores' coalesce).
 _KEPT_WHEN_UNSET = ("fact_embedding", *HISTORY_FIELDS)
 _END_HISTORY = ("prior_ends", "prior_ends_learned_at", "end_learned_at")
 
 
-@dataclass
-class _Community:
-    group_id: str
-    name: str
-    summary: str
-    name_embedding: list[float] | None = None
-
-
-class MemoryStore(GraphStore):
+class MemoryStore(MemorySearch):
     """``GraphStore`` in dictionaries (see the module docstring)."""
 
     name = "memory"
@@ -104,7 +96,7 @@ class MemoryStore(GraphStore):
         self._entities: dict[str, EntityRecord] = {}
         self._facts: dict[str, FactRecord] = {}
         self._mentions: set[tuple[str, str]] = set()  # (episode uuid, entity uuid)
-        self._communities: dict[str, _Community] = {}
+        self._communities: dict[str, StoredCommunity] = {}
         self._members: set[tuple[str, str]] = set()  # HAS_MEMBER: (community uuid, entity uuid)
 
     # ------------------------------------------------------------------ lifecycle
@@ -292,7 +284,7 @@ class MemoryStore(GraphStore):
         dim = self._dimension()
         now = now_utc()
         entities = [entity_row(group_id, e, dim, now) for e in write.entities]
-        episode = episode_row(group_id, write.episode, now, write.created)
+        episode = episode_row(group_id, write.episode, dim, now, write.created)
         facts = [fact_row(group_id, f, dim, now) for f in write.facts]
         closures = [closure_row(c) for c in write.closures]
         stored = self._episodes.get(write.episode.uuid)
@@ -425,7 +417,7 @@ class MemoryStore(GraphStore):
     ) -> None:
         if not upserts and not deletes:
             return
-        rows, memberships, members = community_rows(upserts, self._dimension())
+        rows, memberships, members = community_rows(upserts, self._dimension(), now_utc())
         uuids = [r["uuid"] for r in rows]
         named = unique([*uuids, *deletes])
         errors.check_community_owners(
@@ -438,8 +430,9 @@ class MemoryStore(GraphStore):
             stored = self._communities.get(row["uuid"])
             kept = stored.name_embedding if stored is not None else None
             embedding = row["name_embedding"] or kept
-            self._communities[row["uuid"]] = _Community(
-                group_id, row["name"], row["summary"], embedding
+            created = stored.created_at if stored is not None else row["created_at"]
+            self._communities[row["uuid"]] = StoredCommunity(
+                group_id, row["name"], row["summary"], embedding, created
             )
         if rows:  # the upserted communities' members are replaced, and leave other ones
             moved, replaced = set(members), set(uuids)

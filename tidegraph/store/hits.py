@@ -1,0 +1,161 @@
+"""Search answers, the same for every store (``GraphStore.fulltext_search`` and the others;
+the records: ``tidegraph.records.search``): which records a scope sees, the ``Hit`` each one
+becomes, the order of hits, and the breadth-first walk over facts.
+
+A fact hit carries the fact as believed at the scope's known-at time, exactly as
+``query_facts`` shows it (``fact_view``): an end learned later is unknown, a moved end or
+start is the one believed then. Entities and communities are seen once created by then;
+episodes once created by then and happened by the scope's valid-at time."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
+
+from tidegraph.records.asof import AsOf, start_known_at
+from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
+from tidegraph.records.search import KINDS, Hit, Kind
+
+# Longest episode text embedded for episode search (characters; the embedders cut by tokens).
+EPISODE_EMBED_CHARS = 2000
+
+
+def check_kind(kind: str) -> Kind:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    return kind
+
+
+def known_by(created_at: datetime | None, asof: AsOf) -> bool:
+    """Stored by the scope's known-at time (a record without a creation time always is)."""
+    return created_at is None or created_at <= asof.known_at
+
+
+def episode_seen(episode: EpisodeRecord, asof: AsOf) -> bool:
+    return known_by(episode.created_at, asof) and episode.valid_at <= asof.valid_at
+
+
+def believed_fact(fact: FactRecord, asof: AsOf) -> FactRecord:
+    """The fact as believed at ``asof.known_at`` (what ``rows.fact_view`` shows)."""
+    invalid_at, expired_at = asof.known_end(fact)
+    start = start_known_at(fact, asof.known_at)
+    return fact.model_copy(
+        update={"valid_at": start, "invalid_at": invalid_at, "expired_at": expired_at}
+    )
+
+
+def fact_hit(
+    fact: FactRecord,
+    score: float,
+    asof: AsOf,
+    names: dict[str, str],
+    producers: dict[str, str],
+    distance: int | None = None,
+) -> Hit:
+    """``names``: entity names by uuid; ``producers``: producer ids by episode uuid."""
+    return Hit(
+        kind="fact",
+        uuid=fact.uuid,
+        score=score,
+        record=believed_fact(fact, asof),
+        group_id=fact.group_id,
+        episodes=[producers.get(u) or u for u in fact.episodes],
+        mentions=len(fact.episodes),
+        distance=distance,
+        subject=names.get(fact.source_uuid, ""),
+        object=names.get(fact.target_uuid, ""),
+    )
+
+
+def entity_hit(entity: EntityRecord, score: float, producers: list[str]) -> Hit:
+    """``producers``: the producer ids of the episodes that mention it."""
+    return Hit(
+        kind="entity",
+        uuid=entity.uuid,
+        score=score,
+        record=entity,
+        group_id=entity.group_id,
+        episodes=sorted(producers),
+        mentions=len(producers),
+    )
+
+
+def episode_hit(episode: EpisodeRecord, score: float) -> Hit:
+    return Hit(
+        kind="episode",
+        uuid=episode.uuid,
+        score=score,
+        record=episode,
+        group_id=episode.group_id,
+        episodes=[episode.producer_id or episode.uuid],
+    )
+
+
+def community_hit(community: CommunityRecord, group_id: str, score: float) -> Hit:
+    return Hit(
+        kind="community",
+        uuid=community.uuid,
+        score=score,
+        record=community,
+        group_id=group_id,
+        mentions=len(community.members),
+    )
+
+
+def best(hits: Iterable[Hit], limit: int) -> list[Hit]:
+    """Best first (ties: nearer, then group and uuid), at most ``limit``."""
+    ordered = sorted(hits, key=lambda h: (-h.score, h.distance or 0, h.group_id, h.uuid))
+    return ordered[: max(limit, 0)]
+
+
+FactsOf = Callable[[list[str]], Awaitable[list[FactRecord]]]
+
+
+async def walk(
+    facts_of: FactsOf,
+    seeds: list[str],
+    hops: int,
+) -> tuple[dict[str, tuple[FactRecord, int]], dict[str, int]]:
+    """Breadth first from ``seeds`` over the facts ``facts_of(entity uuids)`` gives (those
+    touching them, already filtered by the caller's scope): every fact reached within
+    ``hops`` with the hop it was reached at (1: it touches a seed), and every entity reached
+    with its distance (seeds: 0)."""
+    distances = dict.fromkeys(seeds, 0)
+    reached: dict[str, tuple[FactRecord, int]] = {}
+    frontier = sorted(set(seeds))
+    for hop in range(1, hops + 1):
+        if not frontier:
+            break
+        found: set[str] = set()
+        for fact in await facts_of(frontier):
+            reached.setdefault(fact.uuid, (fact, hop))
+            for end in (fact.source_uuid, fact.target_uuid):
+                if end not in distances:
+                    distances[end] = hop
+                    found.add(end)
+        frontier = sorted(found)
+    return reached, distances
+
+
+async def expanded(
+    facts_of: FactsOf, seeds: list[str], hops: int, limit: int
+) -> list[tuple[FactRecord, int]]:
+    """``expand_facts`` of one group: the facts reached within ``hops`` of the seeds with the
+    hop each was reached at, nearest first (then by uuid), at most ``limit``."""
+    reached, _ = await walk(facts_of, seeds, hops)
+    return sorted(reached.values(), key=lambda fd: (fd[1], fd[0].uuid))[: max(limit, 0)]
+
+
+async def distances(
+    walks: Iterable[FactsOf], centre: str, uuids: list[str], max_hops: int
+) -> dict[str, int]:
+    """``entity_distances`` over the groups' facts (``walks``: one ``facts_of`` a group): the
+    fewest hops from ``centre`` to each of ``uuids`` within ``max_hops``."""
+    wanted = set(uuids)
+    nearest: dict[str, int] = {}
+    for facts_of in walks:
+        _, reached = await walk(facts_of, [centre], max(max_hops, 0))
+        for uuid, hops in reached.items():
+            if uuid in wanted and hops < nearest.get(uuid, max_hops + 1):
+                nearest[uuid] = hops
+    return dict(sorted(nearest.items()))

@@ -1,0 +1,89 @@
+"""The Neo4j dialect of search (``tidegraph.store.search_core``): fulltext and vector
+candidates of each kind, and the reads that turn them into hits. Parameterised like
+``neo4j_queries``; index names are our constants.
+
+Fulltext: Lucene indexes with the English analyzer, queried with ``search_text.lucene_query``.
+Vector: HNSW indexes (cosine); the index's top candidates are rescored exactly on the stored
+vectors, scored ``(1 + cos) / 2``, with an exact scan of the groups when the candidates hold
+too few of them (``StoreCore._nearest``).
+"""
+
+from __future__ import annotations
+
+from tidegraph.store import neo4j_queries as q
+from tidegraph.store.search_text import lucene_query
+
+# (procedure, index, embedding property) of each kind's vector index.
+_VECTOR = {
+    "entity": ("queryNodes", q.ENTITY_VECTOR_INDEX, "name_embedding"),
+    "fact": ("queryRelationships", q.FACT_VECTOR_INDEX, "fact_embedding"),
+    "episode": ("queryNodes", q.EPISODE_VECTOR_INDEX, "content_embedding"),
+    "community": ("queryNodes", q.COMMUNITY_VECTOR_INDEX, "name_embedding"),
+}
+_MATCH = {
+    "entity": "(x:Entity)",
+    "fact": "()-[x:RELATES_TO]->()",
+    "episode": "(x:Episodic)",
+    "community": "(x:Community)",
+}
+_FULLTEXT = {
+    "entity": ("queryNodes", q.ENTITY_FULLTEXT_INDEX),
+    "fact": ("queryRelationships", q.FACT_FULLTEXT_INDEX),
+    "episode": ("queryNodes", q.EPISODE_FULLTEXT_INDEX),
+    "community": ("queryNodes", q.COMMUNITY_FULLTEXT_INDEX),
+}
+
+
+def fulltext_query(text: str) -> str | None:
+    """Search text as the fulltext indexes take it (None: nothing searchable)."""
+    return lucene_query(text)
+
+
+def _yielded(call: str) -> str:
+    """What a ``queryNodes`` / ``queryRelationships`` procedure yields."""
+    return "relationship" if call == "queryRelationships" else "node"
+
+
+def _fulltext(call: str, index: str) -> str:
+    return f"""
+CALL db.index.fulltext.{call}('{index}', $query) YIELD {_yielded(call)} AS x, score
+WITH x, score WHERE x.group_id = $group_id
+RETURN x.uuid AS uuid, score
+ORDER BY score DESC, uuid
+LIMIT $limit
+"""
+
+
+def _candidates(call: str, index: str, prop: str) -> str:
+    return f"""
+CALL db.index.vector.{call}('{index}', $k, $embedding) YIELD {_yielded(call)} AS x
+RETURN x.uuid AS uuid, x.group_id AS group_id,
+       CASE WHEN x.group_id IN $group_ids
+       THEN vector.similarity.cosine(x.{prop}, $embedding) END AS score
+"""
+
+
+def _scan(match: str, prop: str) -> str:
+    return f"""
+MATCH {match}
+WHERE x.group_id IN $group_ids AND x.{prop} IS NOT NULL
+WITH x, vector.similarity.cosine(x.{prop}, $embedding) AS score
+ORDER BY score DESC, x.uuid
+LIMIT $limit
+RETURN x.uuid AS uuid, score
+"""
+
+
+# The best $limit of the group's matches: (uuid, score).
+FULLTEXT = {kind: _fulltext(*how) for kind, how in _FULLTEXT.items()}
+# (candidates of the global index: uuid, group_id, score or null; exact scan: uuid, score)
+VECTOR = {
+    kind: (_candidates(call, index, prop), _scan(_MATCH[kind], prop))
+    for kind, (call, index, prop) in _VECTOR.items()
+}
+
+EPISODES_BY_UUIDS = """
+MATCH (ep:Episodic)
+WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
+RETURN ep {.*} AS ep
+"""
