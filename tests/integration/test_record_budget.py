@@ -1,5 +1,7 @@
-"""A record that takes too long is dead-lettered (reason ``timeout``) and holds up neither its
-worker nor the other groups (README "Retries and dead letters")."""
+"""A record that takes too long holds up neither its worker nor the other groups (README
+"Retries and dead letters"): a text episode whose extraction runs over the budget is stored
+unextracted with reason ``timeout`` (README "Episodes without an LLM"); other records over it
+are dead-lettered with that reason (tests/integration/test_bad_input.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.integration
 USES = re.compile(r"^(?P<subject>.+?) uses (?P<object>.+?)\.?$")
 
 
-async def test_a_record_over_its_time_budget_is_dead_lettered_and_others_go_on(
+async def test_a_text_record_over_its_time_budget_is_stored_unextracted_and_others_go_on(
     topology: Topology,
 ) -> None:
     released = threading.Event()
@@ -78,14 +80,61 @@ async def test_a_record_over_its_time_budget_is_dead_lettered_and_others_go_on(
             result = await topology.wait_reflected(report, timeout=120)
         finally:
             released.set()
-    assert result.processed == 5
+    assert result.processed == 6 and result.dead == []
+    assert await topology.dead_letters() == []
+    assert worker.alive()
+    assert worker.value("tidegraph_episodes_not_extracted_total", reason="timeout") == 1
+    store = topology.store()
+    try:
+        [stuck] = await store.pending_episodes(stuck_group, 10)
+        after = await store.query_facts(stuck_group)
+    finally:
+        await store.close()
+    assert (stuck.producer_id, stuck.not_extracted) == ("stuck", "timeout")
+    # The stuck record's own group went on after it, in order.
+    assert [(f.subject, f.object) for f in after] == [("Acme", "Slack")]
+
+
+async def test_a_json_record_over_its_time_budget_is_dead_lettered_and_others_go_on(
+    topology: Topology,
+) -> None:
+    """Business data is no prose: a json record the LLM holds past the budget is
+    dead-lettered (``timeout``, replayable) and its group goes on."""
+    released = threading.Event()
+
+    def extraction(request: FakeRequest) -> dict[str, Any]:
+        if "STUCK" in request.user.rsplit("):\n", 1)[1]:
+            released.wait(120)  # answers only once the test is over
+        return {"entities": [], "facts": []}
+
+    group = f"{topology.run}-json"
+    start = datetime(2025, 4, 1, tzinfo=UTC)
+    feed = [
+        {"id": f"rec-{n}", "group_id": group, "source": "json",
+         "content": {"type": "note.added", "text": text},
+         "reference_time": (start + timedelta(hours=n)).isoformat()}
+        for n, text in enumerate(["STUCK", "fine"])
+    ]  # fmt: skip
+    with ScriptedLLMServer() as server:
+        server.on("ExtractionOutput", extraction)
+        try:
+            worker = topology.start_worker(
+                TIDEGRAPH_LLM_BASE_URL=server.base_url,
+                TIDEGRAPH_LLM_API_KEY="test",
+                TIDEGRAPH_LLM_MODEL="fake-model",
+                TIDEGRAPH_LLM_TIMEOUT_SECONDS="300",
+                TIDEGRAPH_RECORD_TIMEOUT_SECONDS="4",
+                TIDEGRAPH_COMMUNITIES_ENABLED="false",
+            )
+            result = await topology.wait_reflected(await topology.produce(feed), timeout=120)
+        finally:
+            released.set()
+    assert result.processed == 1
     assert [(d.episode_id, d.stage, d.reason) for d in result.dead] == [
-        ("stuck", "extraction", "timeout")
+        ("rec-0", "extraction", "timeout")
     ]
     [letter] = await topology.dead_letters()
     assert "TIDEGRAPH_RECORD_TIMEOUT_SECONDS" in letter.message
-    assert letter.record["id"] == "stuck"  # the envelope itself: `dlq replay` can re-send it
+    assert letter.record["id"] == "rec-0"  # the envelope itself: `dlq replay` can re-send it
     assert worker.alive()
     assert worker.value("tidegraph_dead_letters_total", stage="extraction", reason="timeout") == 1
-    # The stuck record's own group went on after it, in order.
-    assert await topology.episodes_written([stuck_group]) == 1
