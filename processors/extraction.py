@@ -111,7 +111,7 @@ class ExtractionStep:
 def not_extracted(episode: Episode, reason: str) -> Extraction:
     """The episode stored with its content and nothing extracted, because of ``reason``."""
     EPISODES_NOT_EXTRACTED.labels(reason).inc()
-    log.warning(
+    log.info(  # one per episode: counted by the metric, not worth a warning each
         "episode stored without extraction",
         extra={"group_id": episode.group_id, "episode_id": episode.id, "reason": reason},
     )
