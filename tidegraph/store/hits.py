@@ -115,11 +115,14 @@ async def walk(
     facts_of: FactsOf,
     seeds: list[str],
     hops: int,
+    done: Callable[[dict[str, tuple[FactRecord, int]], dict[str, int]], bool] | None = None,
 ) -> tuple[dict[str, tuple[FactRecord, int]], dict[str, int]]:
     """Breadth first from ``seeds`` over the facts ``facts_of(entity uuids)`` gives (those
     touching them, already filtered by the caller's scope): every fact reached within
     ``hops`` with the hop it was reached at (1: it touches a seed), and every entity reached
-    with its distance (seeds: 0)."""
+    with its distance (seeds: 0). ``done(reached, distances)``, asked after each hop, stops
+    the walk early once nothing further can change the caller's answer (a two-hop walk from
+    a few dozen seeds can otherwise read a whole group)."""
     distances = dict.fromkeys(seeds, 0)
     reached: dict[str, tuple[FactRecord, int]] = {}
     frontier = sorted(set(seeds))
@@ -134,6 +137,8 @@ async def walk(
                     distances[end] = hop
                     found.add(end)
         frontier = sorted(found)
+        if done is not None and done(reached, distances):
+            break
     return reached, distances
 
 
@@ -142,7 +147,8 @@ async def expanded(
 ) -> list[tuple[FactRecord, int]]:
     """``expand_facts`` of one group: the facts reached within ``hops`` of the seeds with the
     hop each was reached at, nearest first (then by uuid), at most ``limit``."""
-    reached, _ = await walk(facts_of, seeds, hops)
+    # Nearest first: once a hop has reached ``limit`` facts, no later hop's fact is kept.
+    reached, _ = await walk(facts_of, seeds, hops, lambda found, _: len(found) >= limit)
     return sorted(reached.values(), key=lambda fd: (fd[1], fd[0].uuid))[: max(limit, 0)]
 
 
@@ -154,7 +160,9 @@ async def distances(
     wanted = set(uuids)
     nearest: dict[str, int] = {}
     for facts_of in walks:
-        _, reached = await walk(facts_of, [centre], max(max_hops, 0))
+        _, reached = await walk(
+            facts_of, [centre], max(max_hops, 0), lambda _, found: wanted <= found.keys()
+        )
         for uuid, hops in reached.items():
             if uuid in wanted and hops < nearest.get(uuid, max_hops + 1):
                 nearest[uuid] = hops
