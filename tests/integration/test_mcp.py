@@ -1,9 +1,6 @@
 """``tidegraph mcp`` through the official MCP SDK's own clients: stdio (the SDK spawns the
 command) and streamable HTTP (a real uvicorn server on loopback, with API keys).
-
-Tests marked ``needs_store_search`` call the search tools on a real store (they need the
-stores' search methods, tidegraph/recall/source.py); the search tools are also tested now over
-the in-memory store with exact search methods.
+The search tools run on the embedded store and on the in-memory store with exact search.
 """
 
 from __future__ import annotations
@@ -129,7 +126,6 @@ async def test_stdio_needs_groups(tmp_path: Path):
             await s.initialize()
 
 
-@pytest.mark.needs_store_search
 async def test_stdio_search_tools_on_the_embedded_default(tmp_path: Path):
     group = f"mcp-{uuid.uuid4().hex[:8]}"
     async with stdio_session(tmp_path, group) as session:

@@ -3,8 +3,6 @@
 Most tests run the server in a thread over an in-memory store with exact search methods
 (``SearchableMemoryStore``); the last ones run the ``tidegraph serve`` command over the real
 stores: the embedded default, and Neo4j with Kafka workers (via=kafka read-your-writes).
-Tests marked ``needs_store_search`` call ``/v1/search`` or ``/v1/context`` on a real store and
-need the stores' search methods (tidegraph/recall/source.py).
 """
 
 from __future__ import annotations

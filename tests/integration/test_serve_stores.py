@@ -1,9 +1,5 @@
 """``tidegraph serve`` as a subprocess over the real stores: the embedded default (in-process
 writes) and Neo4j with Kafka workers (``--via kafka``: read-your-writes through the token).
-
-Tests marked ``needs_store_search`` call /v1/search or /v1/context, which need the stores'
-search methods (tidegraph/recall/source.py: fulltext_search, vector_search, expand_facts,
-recent_episode_entities, entity_distances).
 """
 
 from __future__ import annotations
@@ -75,7 +71,6 @@ def test_embedded_default_serves_what_it_writes(embedded: ProcessServer):
     assert "NO API KEYS configured" in log and "loopback only" in log
 
 
-@pytest.mark.needs_store_search
 def test_embedded_search_and_context_read_your_writes(embedded: ProcessServer):
     group = f"emb-{uuid.uuid4().hex[:8]}"
     with httpx.Client(base_url=embedded.url, timeout=60) as http:
@@ -174,7 +169,6 @@ async def test_via_kafka_a_read_waits_for_its_write(
         assert (await http.get("/v1/dlq")).json()["total"] == 0
 
 
-@pytest.mark.needs_store_search
 async def test_via_kafka_search_waits_for_its_write(
     topology: Topology, kafka_server: tuple[ProcessServer, str]
 ):
