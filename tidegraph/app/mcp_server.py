@@ -21,7 +21,7 @@ from mcp.server.fastmcp.exceptions import ToolError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidegraph.app.memory_service import MemoryService, ServiceError
-from tidegraph.app.serve_models import AddEpisodeIn, ContextIn, SearchIn
+from tidegraph.app.serve_models import AddEpisodeIn, ContextIn, SearchIn, send_error
 from tidegraph.app.serve_settings import KeyRing, Principal, bearer_or_header
 from tidegraph.metrics import MCP_TOOL_CALLS
 
@@ -269,18 +269,10 @@ class RequireKey:
             headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
             key = bearer_or_header(headers.get("authorization"), headers.get("x-api-key"))
             if self.keys.principal(key) is None:
-                body = b'{"error":"unauthorized","message":"missing or unknown API key"}'
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b"Bearer"),
-                        ],
-                    }
+                message = "missing or unknown API key"
+                await send_error(
+                    send, 401, "unauthorized", message, [(b"www-authenticate", b"Bearer")]
                 )
-                await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
 

@@ -30,6 +30,7 @@ from tidegraph.app.serve_models import (
     ErrorOut,
     SearchIn,
     SearchOut,
+    send_error,
 )
 from tidegraph.app.serve_settings import KeyRing, Principal, bearer_or_header
 from tidegraph.metrics import HTTP_ERRORS, HTTP_LATENCY, HTTP_REQUESTS
@@ -304,16 +305,11 @@ class BodyLimit:
 
     async def _refuse(self, scope: Scope, send: Send) -> None:
         scope["tidegraph.error"] = "too_large"
-        body = orjson.dumps(
-            {
-                "error": "too_large",
-                "message": f"the request body is over {self.max_bytes} bytes "
-                "(TIDEGRAPH_SERVE_MAX_BODY_BYTES): send less content per episode",
-            }
+        message = (
+            f"the request body is over {self.max_bytes} bytes "
+            "(TIDEGRAPH_SERVE_MAX_BODY_BYTES): send less content per episode"
         )
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, "too_large", message, [(b"connection", b"close")])
 
 
 class Measured:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tidegraph.app.serve_settings import MAX_WAIT_SECONDS
@@ -133,3 +134,14 @@ class ErrorOut(BaseModel):
     field: str | None = None
     group_id: str | None = None
     episodes: list[dict[str, Any]] | None = None
+
+
+async def send_error(
+    send: Any, status: int, error: str, message: str, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """A JSON error answered straight from ASGI middleware (before any route runs): the same
+    ``{"error", "message"}`` body the routes answer with."""
+    body = orjson.dumps({"error": error, "message": message})
+    start = [(b"content-type", b"application/json"), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": body})
