@@ -226,7 +226,7 @@ async def test_hits_carry_their_sources(
     [acme] = await any_store.vector_search(now, "entity", vec(1), 1)
     assert (acme.record.name, acme.episodes, acme.mentions) == (
         "Acme Corp",
-        ["msg-hired", "msg-order"],
+        ["msg-order", "msg-hired"],  # what was said of it most recently first
         2,
     )
     [episode] = await any_store.fulltext_search(now, "episode", "joined", 5)

@@ -52,6 +52,19 @@ def test_rrf_breaks_ties_by_uuid_and_honours_k():
         rrf([[fh("a")]], k=0)
 
 
+def test_rrf_weighs_each_list():
+    direct = [fh("match"), fh("other")]
+    walk = [fh("near"), fh("match")]
+    # equal weights: near (1/61) beats other (1/62); the walk at half weight: near 0.5/61
+    assert uuids(rrf([direct, walk])) == ["match", "near", "other"]
+    fused = rrf([direct, walk], weights=[1.0, 0.5])
+    assert uuids(fused) == ["match", "other", "near"]
+    assert fused[0].score == pytest.approx(1 / 61 + 0.5 / 62)
+    for bad in ([1.0], [1.0, 0.0]):
+        with pytest.raises(ValueError, match="one positive weight per ranked list"):
+            rrf([direct, walk], weights=bad)
+
+
 def test_rrf_keeps_the_best_record_and_what_each_method_knew():
     from_bm25 = fh("x", no_embedding=True, episodes=["p1"])  # fulltext: no embedding read
     from_bfs = fh("x", distance=2)

@@ -13,7 +13,7 @@ most ``candidates`` hits:
 then ``reranker`` orders them and the best ``limit`` are kept:
 
 - ``none``: the single method's own order;
-- ``rrf``: reciprocal rank fusion of the methods' lists;
+- ``rrf``: reciprocal rank fusion of the methods' lists, the walk's weighted ``walk_weight``;
 - ``mmr``: the fused candidates by maximal marginal relevance (``mmr_lambda``);
 - ``mentions``: the fused candidates, more mentioned first (entities);
 - ``distance``: the fused candidates, nearest to the centre entity first (needs ``centre``);
@@ -34,6 +34,9 @@ RERANKERS: tuple[Reranker, ...] = get_args(Reranker)
 
 DEFAULT_CANDIDATES = 20
 DEFAULT_HOPS = 2
+# The weight of the walk's list when fused with RRF (BM25 and vector weigh 1): its facts are
+# near what the query names, not matches of the query, so they rank below direct matches.
+DEFAULT_WALK_WEIGHT = 0.5
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,11 @@ class KindSearch:
     candidates: int = DEFAULT_CANDIDATES
     hops: int = DEFAULT_HOPS
     mmr_lambda: float = 0.5
+    walk_weight: float = DEFAULT_WALK_WEIGHT
+
+    def weight(self, method: Method) -> float:
+        """The weight of ``method``'s list in the fusion."""
+        return self.walk_weight if method == "bfs" else 1.0
 
     def __post_init__(self) -> None:
         if not self.methods or len(set(self.methods)) != len(self.methods):
@@ -59,6 +67,8 @@ class KindSearch:
             raise ValueError(f"{self.kind}: limit, candidates and hops must be at least 1")
         if not 0.0 <= self.mmr_lambda <= 1.0:
             raise ValueError(f"{self.kind}: mmr_lambda must be in [0, 1]")
+        if self.walk_weight <= 0:
+            raise ValueError(f"{self.kind}: walk_weight must be positive")
 
 
 @dataclass(frozen=True)

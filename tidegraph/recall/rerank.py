@@ -32,30 +32,35 @@ def _order(hit: Hit) -> tuple[float, str, str]:
     return (-hit.score, hit.kind, hit.uuid)
 
 
-def rrf(ranked: Sequence[Sequence[Hit]], k: int = RRF_K) -> list[Hit]:
-    """Fuse ranked lists (each best first): a hit scores ``sum 1 / (k + rank)`` over the lists
-    it is in. A hit found by several methods is kept as found at its best rank (the earlier
+def rrf(
+    ranked: Sequence[Sequence[Hit]], k: int = RRF_K, weights: Sequence[float] | None = None
+) -> list[Hit]:
+    """Fuse ranked lists (each best first): a hit scores ``sum w / (k + rank)`` over the lists
+    it is in, ``w`` the list's weight (``weights``, default 1 each). A hit found by several methods is kept as found at its best rank (the earlier
     list on a tie), with a record that has an embedding when any occurrence has one (MMR needs
     it), the smallest distance, the most mentions and the first non-empty episodes and names."""
     if k < 1:
         raise ValueError(f"the RRF constant k must be at least 1, got {k}")
-    found: dict[tuple[str, str], list[tuple[int, Hit]]] = {}
-    for hits in ranked:
+    weights = [1.0] * len(ranked) if weights is None else list(weights)
+    if len(weights) != len(ranked) or any(w <= 0 for w in weights):
+        raise ValueError("give RRF one positive weight per ranked list")
+    found: dict[tuple[str, str], list[tuple[int, float, Hit]]] = {}
+    for hits, weight in zip(ranked, weights, strict=True):
         for rank, hit in enumerate(hits, start=1):
-            found.setdefault((hit.kind, hit.uuid), []).append((rank, hit))
+            found.setdefault((hit.kind, hit.uuid), []).append((rank, weight, hit))
     fused = [_fuse(occurrences, k) for occurrences in found.values()]
     return sorted(fused, key=_order)
 
 
-def _fuse(occurrences: list[tuple[int, Hit]], k: int) -> Hit:
+def _fuse(occurrences: list[tuple[int, float, Hit]], k: int) -> Hit:
     """One hit from its occurrences in the fused lists (see ``rrf``)."""
-    hits = [hit for _, hit in sorted(occurrences, key=lambda o: o[0])]  # stable: list order
+    hits = [hit for _, _, hit in sorted(occurrences, key=lambda o: o[0])]  # stable: list order
     best = hits[0]
     with_embedding = [h for h in hits if h.embedding is not None]
     distances = [h.distance for h in hits if h.distance is not None]
     return dataclasses.replace(
         best,
-        score=sum(1.0 / (k + rank) for rank, _ in occurrences),
+        score=sum(weight / (k + rank) for rank, weight, _ in occurrences),
         record=(with_embedding[0] if with_embedding else best).record,
         distance=min(distances) if distances else None,
         mentions=max(h.mentions for h in hits),

@@ -232,7 +232,7 @@ class Searcher:
         lists: list[list[Hit]] = [found[search.kind, m] for m in search.methods]
         if search.reranker == "none":
             return list(lists[0])
-        fused = rrf(lists)
+        fused = rrf(lists, weights=[search.weight(m) for m in search.methods])
         if search.reranker == "mmr":
             assert query_embedding is not None  # embedded for every recipe that uses MMR
             return mmr(fused, query_embedding, search.mmr_lambda)

@@ -68,7 +68,7 @@ ENTITY_MENTIONS = """
 MATCH (ep:Episodic)-[:MENTIONS]->(e:Entity)
 WHERE e.uuid IN $uuids AND e.group_id = $group_id AND ep.group_id = $group_id
   AND ep.created_at <= $known_at
-RETURN e.uuid AS uuid, ep.producer_id AS producer_id
+RETURN e.uuid AS uuid, ep.producer_id AS producer_id, ep.valid_at AS valid_at
 """
 COMMUNITIES_BY_UUIDS = """
 MATCH (c:Community) WHERE c.uuid IN $uuids AND c.group_id = $group_id
@@ -92,4 +92,16 @@ EPISODE_MENTIONS = """
 MATCH (ep:Episodic)-[:MENTIONS]->(e:Entity)
 WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
 RETURN ep.uuid AS episode, e.uuid AS entity
+"""
+
+# What fact hits show beside the facts (``SearchCore._fact_hits``): the names of their ends
+# and the producer ids of their episodes, as (kind, uuid, text) rows.
+FACT_CONTEXT = """
+MATCH (e:Entity)
+WHERE e.uuid IN $entities AND e.group_id = $group_id
+RETURN 'entity' AS kind, e.uuid AS uuid, e.name AS text
+UNION ALL
+MATCH (ep:Episodic)
+WHERE ep.uuid IN $episodes AND ep.group_id = $group_id
+RETURN 'episode' AS kind, ep.uuid AS uuid, ep.producer_id AS text
 """

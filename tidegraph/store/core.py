@@ -35,7 +35,7 @@ from tidegraph.store.rows import (
     community_rows,
     entity_record,
     episode_record,
-    fact_record,
+    fact_of,
     fact_view,
     fold_communities,
     fold_edges,
@@ -51,11 +51,6 @@ from tidegraph.store.search_core import SearchCore
 
 # Rows deleted per transaction by ``delete_group``.
 DELETE_BATCH = 2000
-
-
-def fact_of(row: Row) -> FactRecord:
-    """The fact of a row with ``r``, ``source_uuid`` and ``target_uuid``."""
-    return fact_record(row["r"], row["source_uuid"], row["target_uuid"])
 
 
 class StoreCore(SearchCore):
@@ -202,7 +197,8 @@ class StoreCore(SearchCore):
         if not entity_uuids:
             return []
         params = {"group_id": group_id, "uuids": unique(entity_uuids)}
-        facts = sort_facts(fact_of(r) for r in await self.ex.rows(self.q.FACTS_TOUCHING, params))
+        rows = [row for query in self.q.FACTS_TOUCHING for row in await self.ex.rows(query, params)]
+        facts = sort_facts({f.uuid: f for f in map(fact_of, rows)}.values())  # each once
         return await self._with_fact_embeddings(group_id, facts)
 
     async def vector_facts(

@@ -18,6 +18,8 @@ from tidegraph.records.search import KINDS, Hit, Kind
 
 # Longest episode text embedded for episode search (characters; the embedders cut by tokens).
 EPISODE_EMBED_CHARS = 2000
+# Frontier entities a walk reads at once at first (``walk``).
+_FIRST_CHUNK = 8
 
 
 def check_kind(kind: str) -> Kind:
@@ -68,16 +70,23 @@ def fact_hit(
 
 
 def entity_hit(entity: EntityRecord, score: float, producers: list[str]) -> Hit:
-    """``producers``: the producer ids of the episodes that mention it."""
+    """``producers``: the producer ids of the episodes that mention it, the latest first
+    (``latest_first``): what was said of it most recently leads."""
     return Hit(
         kind="entity",
         uuid=entity.uuid,
         score=score,
         record=entity,
         group_id=entity.group_id,
-        episodes=sorted(producers),
+        episodes=list(producers),
         mentions=len(producers),
     )
+
+
+def latest_first(mentions: Iterable[tuple[datetime, str]]) -> list[str]:
+    """Producer ids of (episode valid-at, producer id) pairs, the latest episode first (ties:
+    by producer id)."""
+    return [p for _, p in sorted(mentions, key=lambda m: (-m[0].timestamp(), m[1]))]
 
 
 def episode_hit(episode: EpisodeRecord, score: float) -> Hit:
@@ -115,29 +124,48 @@ async def walk(
     facts_of: FactsOf,
     seeds: list[str],
     hops: int,
-    done: Callable[[dict[str, tuple[FactRecord, int]], dict[str, int]], bool] | None = None,
-) -> tuple[dict[str, tuple[FactRecord, int]], dict[str, int]]:
-    """Breadth first from ``seeds`` over the facts ``facts_of(entity uuids)`` gives (those
-    touching them, already filtered by the caller's scope): every fact reached within
-    ``hops`` with the hop it was reached at (1: it touches a seed), and every entity reached
-    with its distance (seeds: 0). ``done(reached, distances)``, asked after each hop, stops
-    the walk early once nothing further can change the caller's answer (a two-hop walk from
-    a few dozen seeds can otherwise read a whole group)."""
+    done: Callable[[dict[str, tuple[FactRecord, int, int]], dict[str, int]], bool] | None = None,
+) -> tuple[dict[str, tuple[FactRecord, int, int]], dict[str, int]]:
+    """Breadth first from ``seeds`` (most relevant first) over the facts ``facts_of(entity
+    uuids)`` gives (those touching them, already filtered by the caller's scope).
+
+    Answers every fact reached within ``hops`` as (fact, hop, origin) and every entity reached
+    with its distance (seeds: 0). A fact's hop is 1 when it touches a seed; its origin is the
+    rank (0 first) of the most relevant seed it was reached from.
+
+    Each hop reads its frontier in origin order, a chunk at a time (the chunks doubling), so
+    a walk from a few dozen seeds reads the best seeds' facts first. ``done(reached,
+    distances)`` is asked after each chunk and stops the walk once nothing further can change
+    the caller's answer: what has been read then is every fact of an earlier hop, or of this
+    hop from a seed of rank up to the chunk's last."""
     distances = dict.fromkeys(seeds, 0)
-    reached: dict[str, tuple[FactRecord, int]] = {}
-    frontier = sorted(set(seeds))
+    origins: dict[str, int] = {}
+    for rank, seed in enumerate(seeds):
+        origins.setdefault(seed, rank)
+    reached: dict[str, tuple[FactRecord, int, int]] = {}
+    frontier = sorted(origins, key=lambda e: origins[e])
     for hop in range(1, hops + 1):
-        if not frontier:
-            break
         found: set[str] = set()
-        for fact in await facts_of(frontier):
-            reached.setdefault(fact.uuid, (fact, hop))
-            for end in (fact.source_uuid, fact.target_uuid):
-                if end not in distances:
-                    distances[end] = hop
-                    found.add(end)
-        frontier = sorted(found)
-        if done is not None and done(reached, distances):
+        size, start = _FIRST_CHUNK, 0
+        while start < len(frontier):
+            part = frontier[start : start + size]
+            start, size = start + size, size * 2
+            ranks = {e: origins[e] for e in part}
+            for fact in await facts_of(part):
+                ends = (fact.source_uuid, fact.target_uuid)
+                origin = min(ranks[e] for e in ends if e in ranks)
+                if fact.uuid not in reached:
+                    reached[fact.uuid] = (fact, hop, origin)
+                for end in ends:
+                    if end not in distances:
+                        distances[end] = hop
+                        found.add(end)
+                    if end in found and origin < origins.get(end, len(seeds)):
+                        origins[end] = origin
+            if done is not None and done(reached, distances):
+                return reached, distances
+        frontier = sorted(found, key=lambda e: (origins[e], e))
+        if not frontier:
             break
     return reached, distances
 
@@ -145,11 +173,13 @@ async def walk(
 async def expanded(
     facts_of: FactsOf, seeds: list[str], hops: int, limit: int
 ) -> list[tuple[FactRecord, int]]:
-    """``expand_facts`` of one group: the facts reached within ``hops`` of the seeds with the
-    hop each was reached at, nearest first (then by uuid), at most ``limit``."""
-    # Nearest first: once a hop has reached ``limit`` facts, no later hop's fact is kept.
+    """``expand_facts`` of one group: the facts reached within ``hops`` of the seeds (most
+    relevant first) with the hop each was reached at: nearest first, then from the more
+    relevant seed, then by uuid; at most ``limit``."""
+    # Once ``limit`` facts are read, no fact read later would rank among them (``walk``).
     reached, _ = await walk(facts_of, seeds, hops, lambda found, _: len(found) >= limit)
-    return sorted(reached.values(), key=lambda fd: (fd[1], fd[0].uuid))[: max(limit, 0)]
+    ordered = sorted(reached.values(), key=lambda f: (f[1], f[2], f[0].uuid))
+    return [(fact, hop) for fact, hop, _ in ordered[: max(limit, 0)]]
 
 
 async def distances(

@@ -414,11 +414,24 @@ SET r.invalid_at = $invalid_at,
     r.end_learned_at = coalesce(CAST($end_learned_at AS TIMESTAMP), r.end_learned_at),
     r.expired_at = coalesce(r.expired_at, $expired_at)
 """
-FACTS_TOUCHING = f"""
+# The facts touching $uuids, in two statements whose rows the reader concatenates: those from
+# them, then those to them (a fact between two of them comes twice; the reader keeps one).
+# Each walks from the looked-up entities (the HINTs below): one match with ``s.uuid IN $uuids
+# OR t.uuid IN $uuids`` scans every fact, and kuzu 0.11.3 crashes on a prepared UNION ALL.
+FACTS_TOUCHING = (
+    f"""
 MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
-WHERE r.group_id = $group_id AND (s.uuid IN $uuids OR t.uuid IN $uuids)
+WHERE s.uuid IN $uuids AND r.group_id = $group_id
+HINT (s JOIN r) JOIN t
 {_FACT_RETURN}
-"""
+""",
+    f"""
+MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
+WHERE t.uuid IN $uuids AND r.group_id = $group_id
+HINT (t JOIN r) JOIN s
+{_FACT_RETURN}
+""",
+)
 # One statement per subject (a primary-key lookup, then its adjacency): kuzu plans an
 # UNWIND-driven match as a scan of every fact. The HINT keeps kuzu walking from the looked-up
 # node: with a filter on the relationship it otherwise joins against a scan of Entity (at
@@ -459,9 +472,10 @@ WHERE r.group_id = $group_id AND r.name IN $relations
 {_FACT_RETURN}
 """
 # A fact by uuid, from its FactIndex row's source.
-FACT_FROM_SOURCE = f"""
-MATCH (s:Entity {{uuid: $source_uuid}})-[r:RELATES_TO]->(t:Entity)
-WHERE r.uuid = $uuid AND r.group_id = $group_id
+# The facts of $uuids, given their subjects ($sources), in one statement walking from them.
+FACTS_FROM_SOURCES = f"""
+MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
+WHERE s.uuid IN $sources AND r.uuid IN $uuids AND r.group_id = $group_id
 {FROM_SOURCE}
 {_FACT_RETURN}
 """

@@ -10,6 +10,7 @@ tables (``kuzu_queries.VECTOR_TABLES``), rescored exactly, ``(1 + cos) / 2``.
 
 from __future__ import annotations
 
+from tidegraph.store import common_queries as cq
 from tidegraph.store import kuzu_queries as q
 from tidegraph.store.rows import EPISODE_FIELDS
 from tidegraph.store.search_text import search_text
@@ -94,3 +95,10 @@ MATCH (ep:Episodic)
 WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
 RETURN {q.props_of("ep", EPISODE_FIELDS)} AS ep
 """
+
+# The walk's read (``SearchCore._believed_touching``): fact rows carry no embedding here.
+FACTS_NEAR = q.FACTS_TOUCHING
+FACT_CONTEXT = cq.FACT_CONTEXT
+# No one-read hit queries: reads are in-process, several cost little (``SearchCore._hits``).
+FACT_HITS: str | None = None
+ENTITY_HITS: str | None = None

@@ -53,7 +53,8 @@ from tidegraph.records.ids import normalize_name
 from tidegraph.store import errors, kuzu_search_queries
 from tidegraph.store import kuzu_queries as q
 from tidegraph.store.base import LookupRequest
-from tidegraph.store.core import StoreCore, fact_of
+from tidegraph.store.core import StoreCore
+from tidegraph.store.rows import fact_of
 from tidegraph.store.executor import Row, Tx
 from tidegraph.store.kuzu_executor import KuzuDatabase, KuzuExecutor
 from tidegraph.store.kuzu_writes import (
@@ -289,15 +290,21 @@ class KuzuStore(StoreCore):
         return await self.kuzu.run(self._facts_on_thread, group_id, uuids)
 
     def _facts_on_thread(self, db: KuzuDatabase, group_id: str, uuids: list[str]) -> list[Any]:
-        """The group's facts of these uuids, each from its FactIndex row's source."""
+        """The group's facts of these uuids, read from their FactIndex rows' sources."""
+        index = {u: r for u, r in fact_index(db, uuids).items() if r["group_id"] == group_id}
+        if not index:
+            return []
+        params = {
+            "group_id": group_id,
+            "uuids": list(index),
+            "sources": unique(r["source_uuid"] for r in index.values()),
+        }
         found = []
-        for uuid, index in fact_index(db, uuids).items():
-            if index["group_id"] != group_id:
-                continue
-            params = {"group_id": group_id, "uuid": uuid, "source_uuid": index["source_uuid"]}
-            for row in db.rows(q.FACT_FROM_SOURCE, params):
-                embedding = None if index["embedding"] is None else list(index["embedding"])
-                found.append(fact_of(row).model_copy(update={"fact_embedding": embedding}))
+        for row in db.rows(q.FACTS_FROM_SOURCES, params):
+            fact = fact_of(row)
+            embedding = index[fact.uuid]["embedding"]
+            embedding = None if embedding is None else list(embedding)
+            found.append(fact.model_copy(update={"fact_embedding": embedding}))
         return found
 
     async def _fact_candidates(

@@ -126,7 +126,7 @@ RETURN ep.uuid AS uuid, ep.producer_id AS producer_id
 """
 
 # ---- entities
-_COMMUNITY_OF_E = """COLLECT {
+COMMUNITY_OF_E = """COLLECT {
   MATCH (c:Community)-[:HAS_MEMBER]->(e) WHERE c.group_id = $group_id
   RETURN c.uuid ORDER BY c.uuid LIMIT 1
 }[0]"""
@@ -134,7 +134,7 @@ _COMMUNITY_OF_E = """COLLECT {
 # The entity projection every entity read ends with.
 _ENTITY_RETURN = f"""
 RETURN e {{.*}} AS e,
-       {_COMMUNITY_OF_E} AS community_uuid
+       {COMMUNITY_OF_E} AS community_uuid
 """
 
 ENTITY_GROUPS = """
@@ -186,11 +186,11 @@ def epoch_micros(expression: str) -> str:
     return f"{expression}.epochSeconds * 1000000 + {expression}.microsecond"
 
 
-def _times_as_micros(variable: str, fields: tuple[str, ...]) -> str:
+def times_as_micros(variable: str, fields: tuple[str, ...]) -> str:
     return ", ".join(f"{name}: {epoch_micros(f'{variable}.{name}')}" for name in fields)
 
 
-_FACT_TIMES = _times_as_micros("r", ("valid_at", "invalid_at", "created_at", "expired_at"))
+FACT_TIMES = times_as_micros("r", ("valid_at", "invalid_at", "created_at", "expired_at"))
 
 # Everything resolution needs in one round trip: whether the episode is already processed
 # (then nothing else is read), the entities matching the drafts' keys or names (without their
@@ -215,13 +215,13 @@ OPTIONAL CALL (processed) {
 }
 RETURN processed, stored_hash, created_entities, how,
        e {.*, name_embedding: null, """
-    + _times_as_micros("e", ("created_at",))
+    + times_as_micros("e", ("created_at",))
     + """} AS e,
        COLLECT {
          MATCH (e)-[r:RELATES_TO]->(t:Entity)
          WHERE r.group_id = $group_id AND r.name IN $relations
          RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
-    + _FACT_TIMES
+    + FACT_TIMES
     + """}
        } AS facts
 """
@@ -295,8 +295,9 @@ SET r.invalid_at = row.invalid_at,
     r.expired_at = coalesce(r.expired_at, row.expired_at)
 """
 
-FACTS_TOUCHING = (
-    """
+FACTS_TOUCHING = (  # one statement (the kuzu dialect needs two)
+    (
+        """
 UNWIND $uuids AS uuid
 MATCH (e:Entity {uuid: uuid})-[r:RELATES_TO]-()
 USING INDEX e:Entity(uuid)
@@ -304,7 +305,8 @@ WHERE e.group_id = $group_id AND r.group_id = $group_id
 WITH DISTINCT r
 MATCH (s:Entity)-[r]->(t:Entity)
 """
-    + _FACT_RETURN
+        + _FACT_RETURN
+    ),
 )
 
 # The stored facts a new episode's facts can merge with or close: those of each
@@ -328,11 +330,11 @@ MATCH (s:Entity)-[r]->(t:Entity)
 # (times as epoch microseconds: see epoch_micros)
 FACT_CANDIDATES = (
     _FACT_CANDIDATES
-    + f"RETURN r {{.*, {_FACT_TIMES}}} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid\n"
+    + f"RETURN r {{.*, {FACT_TIMES}}} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid\n"
 )
 FACT_CANDIDATES_PLAIN = (
     _FACT_CANDIDATES
-    + f"RETURN r {{.*, fact_embedding: null, {_FACT_TIMES}}} AS r, "
+    + f"RETURN r {{.*, fact_embedding: null, {FACT_TIMES}}} AS r, "
     + "s.uuid AS source_uuid, t.uuid AS target_uuid\n"
 )
 

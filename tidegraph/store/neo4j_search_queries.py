@@ -10,6 +10,7 @@ too few of them (``StoreCore._nearest``).
 
 from __future__ import annotations
 
+from tidegraph.store import common_queries as cq
 from tidegraph.store import neo4j_queries as q
 from tidegraph.store.search_text import lucene_query
 
@@ -82,8 +83,64 @@ VECTOR = {
     for kind, (call, index, prop) in _VECTOR.items()
 }
 
-EPISODES_BY_UUIDS = """
-MATCH (ep:Episodic)
-WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
-RETURN ep {.*} AS ep
+# Hits are read in one round trip each (``SearchCore._hits``), times as epoch microseconds
+# (the driver builds its own DateTime objects slowly). Hits carry their embeddings (MMR
+# compares them), except the facts a walk reads: it may read hundreds.
+EPISODES_BY_UUIDS = (
+    """
+UNWIND $uuids AS uuid
+MATCH (ep:Episodic {uuid: uuid})
+WHERE ep.group_id = $group_id
+RETURN ep {.*, """
+    + q.times_as_micros("ep", ("valid_at", "created_at"))
+    + """} AS ep
 """
+)
+
+FACTS_NEAR = (  # statements whose rows are concatenated (here one)
+    """
+UNWIND $uuids AS uuid
+MATCH (e:Entity {uuid: uuid})-[r:RELATES_TO]-()
+USING INDEX e:Entity(uuid)
+WHERE e.group_id = $group_id AND r.group_id = $group_id
+WITH DISTINCT r
+MATCH (s:Entity)-[r]->(t:Entity)
+RETURN r {.*, fact_embedding: null, """
+    + q.FACT_TIMES
+    + """} AS r,
+       s.uuid AS source_uuid, t.uuid AS target_uuid
+""",
+)
+
+FACT_HITS = (
+    """
+UNWIND $uuids AS uuid
+MATCH (s:Entity)-[r:RELATES_TO {uuid: uuid}]->(t:Entity)
+WHERE r.group_id = $group_id
+RETURN r {.*, """
+    + q.FACT_TIMES
+    + """} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid,
+       s.name AS source_name, t.name AS target_name,
+       COLLECT {
+         UNWIND r.episodes AS episode
+         MATCH (ep:Episodic {uuid: episode})
+         WHERE ep.group_id = $group_id
+         RETURN [ep.uuid, ep.producer_id]
+       } AS producers
+"""
+)
+
+ENTITY_HITS = f"""
+UNWIND $uuids AS uuid
+MATCH (e:Entity {{uuid: uuid}})
+WHERE e.group_id = $group_id
+RETURN e {{.*, {q.times_as_micros("e", ("created_at",))}}} AS e,
+       {q.COMMUNITY_OF_E} AS community_uuid,
+       COLLECT {{
+         MATCH (ep:Episodic)-[:MENTIONS]->(e)
+         WHERE ep.group_id = $group_id AND ep.created_at <= $known_at
+         RETURN ep.producer_id ORDER BY ep.valid_at DESC, ep.producer_id
+       }} AS producers
+"""
+
+FACT_CONTEXT = cq.FACT_CONTEXT

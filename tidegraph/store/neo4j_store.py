@@ -19,7 +19,8 @@ from tidegraph.store import errors, neo4j_search_queries
 from tidegraph.store import neo4j_queries as q
 from tidegraph.store.base import LookupRequest
 from tidegraph.store.batching import GroupCommit
-from tidegraph.store.core import StoreCore, fact_of
+from tidegraph.store.core import StoreCore
+from tidegraph.store.rows import fact_of
 from tidegraph.store.executor import Tx, observe_write
 from tidegraph.store.neo4j_executor import Neo4jExecutor
 from tidegraph.store.rows import (

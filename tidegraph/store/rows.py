@@ -31,8 +31,9 @@ RESERVED_LABELS = frozenset({"Entity", "Episodic", "Community"})
 
 
 def vector_candidates(limit: int) -> int:
-    """How many neighbours to ask a global vector index for before filtering by group."""
-    return max(limit * 10, 100)
+    """How many neighbours to ask a global vector index for first, before filtering by group
+    (more are asked for while too few are of the group: ``SearchCore._nearest``)."""
+    return max(limit * 2, 40)
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -350,6 +351,11 @@ def fact_record(props: dict[str, Any], source_uuid: str, target_uuid: str) -> Fa
     return FactRecord(
         **_clean(props, FACT_FIELDS), source_uuid=source_uuid, target_uuid=target_uuid
     )
+
+
+def fact_of(row: dict[str, Any]) -> FactRecord:
+    """The fact of a row with ``r``, ``source_uuid`` and ``target_uuid``."""
+    return fact_record(row["r"], row["source_uuid"], row["target_uuid"])
 
 
 def episode_record(props: dict[str, Any]) -> EpisodeRecord:

@@ -12,7 +12,9 @@ an entity created later) are dropped after the index answered, so more are asked
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime
 from types import ModuleType
 from typing import Any
 
@@ -33,10 +35,13 @@ from tidegraph.store.hits import (
     expanded,
     fact_hit,
     known_by,
+    latest_first,
 )
 from tidegraph.store.rows import (
     check_embedding,
+    entity_record,
     episode_record,
+    fact_of,
     to_utc,
     top,
     unique,
@@ -45,6 +50,8 @@ from tidegraph.store.rows import (
 
 # How many candidates one group is asked for at most (``_seen``).
 MAX_CANDIDATES = 10_000
+# The most neighbours a global vector index is asked for before scanning the groups instead.
+MAX_VECTOR_K = 4096
 Found = Callable[[int], Awaitable[list[tuple[str, float]]]]
 
 
@@ -145,29 +152,40 @@ class SearchCore(GraphStore):
         limit: int,
     ) -> list[tuple[str, float]]:
         """(uuid, score) of the groups' nearest neighbours, best first: from the engine's
-        global vector index (``candidates``: its top neighbours, rescored exactly on the stored
-        vectors), or by an exact ``scan`` of the groups when the index's top candidates hold
-        too few of them (or the engine indexes none)."""
+        global vector index (``candidates``: its top k neighbours, rescored exactly on the
+        stored vectors; k grows while too few are of the groups), or by an exact ``scan`` of
+        the groups when even ``MAX_VECTOR_K`` neighbours hold too few of them (a small group
+        among many) or the engine indexes none."""
         vector = check_embedding(embedding, await self._embedding_dim(), "query embedding")
         if limit <= 0 or vector is None:
             return []
-        k = vector_candidates(limit)
         params = {"group_ids": group_ids, "embedding": vector}
-        found = await self.ex.rows(candidates, {**params, "k": k}) if candidates else []
         wanted = set(group_ids)
-        hits = [(r["uuid"], float(r["score"])) for r in found if r["group_id"] in wanted]
-        if candidates is None or (len(hits) < limit and len(found) >= k):
-            scanned = await self.ex.rows(scan, {**params, "limit": limit})
-            hits = [(r["uuid"], float(r["score"])) for r in scanned]
-        return top(((u, min(1.0, max(0.0, s))) for u, s in hits), limit)
+        k = vector_candidates(limit)
+        while candidates is not None:
+            found = await self.ex.rows(candidates, {**params, "k": k})
+            hits = [(r["uuid"], float(r["score"])) for r in found if r["group_id"] in wanted]
+            if len(hits) >= limit or len(found) < k:
+                return top(((u, min(1.0, max(0.0, s))) for u, s in hits), limit)
+            if k >= MAX_VECTOR_K:
+                break
+            # Enough for ``limit`` at the share of the groups seen so far, with a margin.
+            k = min(MAX_VECTOR_K, max(2 * k, math.ceil(1.5 * k * limit / max(len(hits), 1))))
+        scanned = await self.ex.rows(scan, {**params, "limit": limit})
+        return top(((r["uuid"], min(1.0, max(0.0, float(r["score"])))) for r in scanned), limit)
 
     def _believed_touching(
         self, group_id: str, asof: AsOf
     ) -> Callable[[list[str]], Awaitable[list[FactRecord]]]:
+        """The walk's read: the group's facts touching some entities that the scope sees,
+        without their embeddings (a walk may read hundreds)."""
+
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
-            return [
-                f for f in await self.facts_touching(group_id, entity_uuids) if asof.believed(f)
+            params = {"group_id": group_id, "uuids": unique(entity_uuids)}
+            rows = [
+                row for query in self.sq.FACTS_NEAR for row in await self.ex.rows(query, params)
             ]
+            return [f for f in map(fact_of, rows) if asof.believed(f)]
 
         return facts_of
 
@@ -176,7 +194,7 @@ class SearchCore(GraphStore):
     ) -> list[Hit]:
         """The best ``limit`` hits of the candidates ``found(k)`` gives (the best k of the
         group, best first) that the scope sees: k grows until enough are seen or no more."""
-        k = max(4 * limit, 20)
+        k = max(2 * limit, 10)
         while True:
             scored = await found(k)
             hits = await self._hits(group_id, kind, asof, dict(scored))
@@ -192,8 +210,7 @@ class SearchCore(GraphStore):
         if not uuids:
             return []
         if kind == "fact":
-            facts = [f for f in await self._facts_by_uuids(group_id, uuids) if asof.believed(f)]
-            return await self._fact_hits(group_id, asof, [(f, scores[f.uuid], None) for f in facts])
+            return await self._scored_fact_hits(group_id, asof, scores)
         if kind == "entity":
             return await self._entity_hits(group_id, asof, scores)
         params = {"group_id": group_id, "uuids": uuids}
@@ -207,29 +224,68 @@ class SearchCore(GraphStore):
             if known_by(c.created_at, asof)
         ]
 
+    async def _scored_fact_hits(
+        self, group_id: str, asof: AsOf, scores: dict[str, float]
+    ) -> list[Hit]:
+        """The hits of the scored fact uuids the scope sees, with their embeddings (MMR)."""
+        if self.sq.FACT_HITS is None:
+            facts = [f for f in await self._facts_by_uuids(group_id, list(scores))]
+            return await self._fact_hits(
+                group_id, asof, [(f, scores[f.uuid], None) for f in facts if asof.believed(f)]
+            )
+        # One read: the facts, their ends' names and their episodes' producer ids.
+        params = {"group_id": group_id, "uuids": list(scores)}
+        hits = []
+        for row in await self.ex.rows(self.sq.FACT_HITS, params):
+            fact = fact_of(row)
+            if asof.believed(fact):
+                names = {fact.source_uuid: row["source_name"], fact.target_uuid: row["target_name"]}
+                producers = dict(row["producers"])
+                hits.append(fact_hit(fact, scores[fact.uuid], asof, names, producers))
+        return hits
+
     async def _fact_hits(
         self, group_id: str, asof: AsOf, facts: list[tuple[FactRecord, float, int | None]]
     ) -> list[Hit]:
-        ends = unique(u for f, _, _ in facts for u in (f.source_uuid, f.target_uuid))
-        names = {e.uuid: e.name for e in await self.entities_by_uuids(group_id, ends)}
-        producers = await self._producers(group_id, [u for f, _, _ in facts for u in f.episodes])
+        """Hits of facts already read: with their ends' names and producer ids."""
+        params = {
+            "group_id": group_id,
+            "entities": unique(u for f, _, _ in facts for u in (f.source_uuid, f.target_uuid)),
+            "episodes": unique(u for f, _, _ in facts for u in f.episodes),
+        }
+        if not facts:
+            return []
+        names: dict[str, str] = {}
+        producers: dict[str, str] = {}
+        for row in await self.ex.rows(self.sq.FACT_CONTEXT, params):
+            (names if row["kind"] == "entity" else producers)[row["uuid"]] = row["text"] or ""
         return [fact_hit(f, s, asof, names, producers, d) for f, s, d in facts]
 
     async def _entity_hits(self, group_id: str, asof: AsOf, scores: dict[str, float]) -> list[Hit]:
+        """The hits of the scored entity uuids the scope sees, with the producer ids of the
+        episodes that mention each (one read where the dialect has ``ENTITY_HITS``)."""
+        params = {"group_id": group_id, "uuids": list(scores), "known_at": asof.known_at}
+        if self.sq.ENTITY_HITS is not None:
+            rows = await self.ex.rows(self.sq.ENTITY_HITS, params)
+            found = [(entity_record(r["e"], r["community_uuid"]), r["producers"]) for r in rows]
+            return [
+                entity_hit(e, scores[e.uuid], [p or "" for p in producers])
+                for e, producers in found
+                if known_by(e.created_at, asof)
+            ]
         entities: list[EntityRecord] = [
             e
             for e in await self.entities_by_uuids(group_id, list(scores))
             if known_by(e.created_at, asof)
         ]
-        params = {
-            "group_id": group_id,
-            "uuids": [e.uuid for e in entities],
-            "known_at": asof.known_at,
-        }
-        producers: dict[str, list[str]] = {}
+        params["uuids"] = [e.uuid for e in entities]
+        mentioned: dict[str, list[tuple[datetime, str]]] = {}
         for row in await self.ex.rows(cq.ENTITY_MENTIONS, params) if entities else []:
-            producers.setdefault(row["uuid"], []).append(row["producer_id"] or "")
-        return [entity_hit(e, scores[e.uuid], producers.get(e.uuid, [])) for e in entities]
+            at = to_utc(row["valid_at"])
+            mentioned.setdefault(row["uuid"], []).append((at, row["producer_id"] or ""))
+        return [
+            entity_hit(e, scores[e.uuid], latest_first(mentioned.get(e.uuid, []))) for e in entities
+        ]
 
     async def _communities_by_uuids(self, params: dict[str, Any]) -> list[CommunityRecord]:
         heads = await self.ex.rows(cq.COMMUNITIES_BY_UUIDS, params)

@@ -189,11 +189,11 @@ class MemorySearch(GraphStore):
         if isinstance(record, FactRecord):
             return self._fact_hit(record, score, asof, None)
         if isinstance(record, EntityRecord):
-            producers = [
-                self._episodes[ep].producer_id
+            producers = rules.latest_first(
+                (self._episodes[ep].valid_at, self._episodes[ep].producer_id)
                 for ep, e in self._mentions
                 if e == record.uuid and rules.known_by(self._episodes[ep].created_at, asof)
-            ]
+            )
             return rules.entity_hit(record, score, producers)
         if isinstance(record, EpisodeRecord):
             return rules.episode_hit(record, score)
