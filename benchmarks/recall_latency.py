@@ -142,7 +142,9 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     settings = Settings(store=args.store, data_dir=data_dir, neo4j_uri=args.neo4j_uri)
     store = open_store(settings)
     embedder = HashingEmbedder(dim=DIM)
-    group_id = f"latency-{args.facts}-{args.seed}" if args.keep else f"latency-{uuid.uuid4().hex[:8]}"
+    group_id = (
+        f"latency-{args.facts}-{args.seed}" if args.keep else f"latency-{uuid.uuid4().hex[:8]}"
+    )
     result: dict[str, Any] = {"store": args.store, "facts": args.facts}
     try:
         await store.setup(DIM)

@@ -36,9 +36,10 @@ def rrf(
     ranked: Sequence[Sequence[Hit]], k: int = RRF_K, weights: Sequence[float] | None = None
 ) -> list[Hit]:
     """Fuse ranked lists (each best first): a hit scores ``sum w / (k + rank)`` over the lists
-    it is in, ``w`` the list's weight (``weights``, default 1 each). A hit found by several methods is kept as found at its best rank (the earlier
-    list on a tie), with a record that has an embedding when any occurrence has one (MMR needs
-    it), the smallest distance, the most mentions and the first non-empty episodes and names."""
+    it is in, ``w`` the list's weight (``weights``, default 1 each). A hit found by several
+    methods is kept as found at its best rank (the earlier list on a tie), with a record that
+    has an embedding when any occurrence has one (MMR needs it), the smallest distance, the
+    most mentions and the first non-empty episodes and names."""
     if k < 1:
         raise ValueError(f"the RRF constant k must be at least 1, got {k}")
     weights = [1.0] * len(ranked) if weights is None else list(weights)

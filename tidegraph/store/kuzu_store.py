@@ -54,7 +54,6 @@ from tidegraph.store import errors, kuzu_search_queries
 from tidegraph.store import kuzu_queries as q
 from tidegraph.store.base import LookupRequest
 from tidegraph.store.core import StoreCore
-from tidegraph.store.rows import fact_of
 from tidegraph.store.executor import Row, Tx
 from tidegraph.store.kuzu_executor import KuzuDatabase, KuzuExecutor
 from tidegraph.store.kuzu_writes import (
@@ -70,6 +69,7 @@ from tidegraph.store.rows import (
     entity_record,
     entity_row,
     episode_row,
+    fact_of,
     fact_row,
     now_utc,
     sort_entities,

@@ -20,7 +20,6 @@ from tidegraph.store import neo4j_queries as q
 from tidegraph.store.base import LookupRequest
 from tidegraph.store.batching import GroupCommit
 from tidegraph.store.core import StoreCore
-from tidegraph.store.rows import fact_of
 from tidegraph.store.executor import Tx, observe_write
 from tidegraph.store.neo4j_executor import Neo4jExecutor
 from tidegraph.store.rows import (
@@ -28,6 +27,7 @@ from tidegraph.store.rows import (
     entity_record,
     entity_row,
     episode_row,
+    fact_of,
     fact_record,
     fact_row,
     now_utc,

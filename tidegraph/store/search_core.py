@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
@@ -281,7 +281,7 @@ class SearchCore(GraphStore):
         params["uuids"] = [e.uuid for e in entities]
         mentioned: dict[str, list[tuple[datetime, str]]] = {}
         for row in await self.ex.rows(cq.ENTITY_MENTIONS, params) if entities else []:
-            at = to_utc(row["valid_at"])
+            at = to_utc(row["valid_at"]) or datetime.min.replace(tzinfo=UTC)  # never null
             mentioned.setdefault(row["uuid"], []).append((at, row["producer_id"] or ""))
         return [
             entity_hit(e, scores[e.uuid], latest_first(mentioned.get(e.uuid, []))) for e in entities
