@@ -50,8 +50,9 @@ from tidegraph.store.rows import (
 
 # How many candidates one group is asked for at most (``_seen``).
 MAX_CANDIDATES = 10_000
-# The most neighbours a global vector index is asked for before scanning the groups instead.
-MAX_VECTOR_K = 4096
+# The most neighbours a global vector index is asked for (an HNSW search costs about its k)
+# before scanning the groups instead.
+MAX_VECTOR_K = 1000
 Found = Callable[[int], Awaitable[list[tuple[str, float]]]]
 
 
@@ -154,7 +155,7 @@ class SearchCore(GraphStore):
         """(uuid, score) of the groups' nearest neighbours, best first: from the engine's
         global vector index (``candidates``: its top k neighbours, rescored exactly on the
         stored vectors; k grows while too few are of the groups), or by an exact ``scan`` of
-        the groups when even ``MAX_VECTOR_K`` neighbours hold too few of them (a small group
+        the groups when more than ``MAX_VECTOR_K`` neighbours would be needed (a small group
         among many) or the engine indexes none."""
         vector = check_embedding(embedding, await self._embedding_dim(), "query embedding")
         if limit <= 0 or vector is None:
@@ -167,10 +168,12 @@ class SearchCore(GraphStore):
             hits = [(r["uuid"], float(r["score"])) for r in found if r["group_id"] in wanted]
             if len(hits) >= limit or len(found) < k:
                 return top(((u, min(1.0, max(0.0, s))) for u, s in hits), limit)
-            if k >= MAX_VECTOR_K:
+            # Enough for ``limit`` at the share of the groups seen so far, with a margin; a
+            # group too small a share of the index for that is cheaper to scan.
+            share = len(hits) / len(found)
+            k = max(2 * k, math.ceil(1.5 * limit / share)) if share else MAX_VECTOR_K + 1
+            if k > MAX_VECTOR_K:
                 break
-            # Enough for ``limit`` at the share of the groups seen so far, with a margin.
-            k = min(MAX_VECTOR_K, max(2 * k, math.ceil(1.5 * k * limit / max(len(hits), 1))))
         scanned = await self.ex.rows(scan, {**params, "limit": limit})
         return top(((r["uuid"], min(1.0, max(0.0, float(r["score"])))) for r in scanned), limit)
 
