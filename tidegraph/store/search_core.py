@@ -196,14 +196,20 @@ class SearchCore(GraphStore):
         self, group_id: str, kind: Kind, asof: AsOf, found: Found, limit: int
     ) -> list[Hit]:
         """The best ``limit`` hits of the candidates ``found(k)`` gives (the best k of the
-        group, best first) that the scope sees: k grows until enough are seen or no more."""
+        group, best first) that the scope sees: k grows with the share seen so far until
+        enough are seen or there are no more; each candidate is read once."""
         k = max(2 * limit, 10)
+        hits: list[Hit] = []
+        judged: set[str] = set()
         while True:
             scored = await found(k)
-            hits = await self._hits(group_id, kind, asof, dict(scored))
+            fresh = {uuid: score for uuid, score in scored if uuid not in judged}
+            hits += await self._hits(group_id, kind, asof, fresh)
+            judged.update(fresh)
             if len(hits) >= limit or len(scored) < k or k >= MAX_CANDIDATES:
                 return best(hits, limit)
-            k *= 4
+            # enough for ``limit`` at the share seen so far, with a margin
+            k = min(MAX_CANDIDATES, max(2 * k, math.ceil(1.5 * k * limit / max(len(hits), 1))))
 
     async def _hits(
         self, group_id: str, kind: Kind, asof: AsOf, scores: dict[str, float]
