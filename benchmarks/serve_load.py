@@ -183,6 +183,21 @@ async def run(args: argparse.Namespace) -> None:
         finally:
             process.terminate()
             process.wait(30)
+            if not args.in_memory and os.environ.get("TIDEGRAPH_STORE") == "neo4j":
+                await _delete_seeded_group()
+
+
+async def _delete_seeded_group() -> None:
+    """Leave a shared Neo4j as it was: the seeded episodes would otherwise wait there as
+    pending (unextracted) for any worker with an LLM to sweep."""
+    from tidegraph.settings import Settings
+    from tidegraph.store import open_store
+
+    store = open_store(Settings())
+    try:
+        await store.delete_group(GROUP)
+    finally:
+        await store.close()
 
 
 def serve_in_memory(port: int) -> None:
