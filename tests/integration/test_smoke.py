@@ -62,7 +62,9 @@ async def test_kafka_produce_consume_round_trip(kafka_bootstrap: str, topic_pref
         assert [m.offset for m in mine] == sorted(m.offset for m in mine)
 
 
-async def test_faust_agent_consumes_a_real_topic(kafka_bootstrap: str, topic_prefix: str) -> None:
+async def test_faust_agent_consumes_a_real_topic(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
     await _create_topics(kafka_bootstrap, [f"{topic_prefix}-in", f"{topic_prefix}-seen"])
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
@@ -71,7 +73,12 @@ async def test_faust_agent_consumes_a_real_topic(kafka_bootstrap: str, topic_pre
             await producer.send_and_wait(f"{topic_prefix}-in", f"e{i}".encode(), key=b"acme")
     finally:
         await producer.stop()
-    env = dict(os.environ, SMOKE_PREFIX=topic_prefix, SMOKE_BROKER=kafka_bootstrap)
+    env = dict(
+        os.environ,
+        SMOKE_PREFIX=topic_prefix,
+        SMOKE_BROKER=kafka_bootstrap,
+        SMOKE_DATADIR=str(tmp_path / "faust"),
+    )
     worker = subprocess.Popen(  # noqa: ASYNC220 - a worker process outlives this call
         [sys.executable, "-m", "faust", "-A", "tests.integration.apps.faust_echo", "worker",
          "-l", "warn", "--without-web"],

@@ -1254,6 +1254,51 @@ async def test_concurrent_calls(store: GraphStore, new_group: Callable[..., str]
     assert results == [{"episodes": 5, "entities": 10, "facts": 5, "mentions": 5}] * 4
 
 
+async def test_writes_committed_together_act_as_one_at_a_time(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    """Writes submitted at once share a transaction on Neo4j (group commit); each must still
+    see the ones before it: a fact on an entity the previous write created, a closure of a
+    fact the previous write made, a repeat of an episode already written in the batch. A
+    refused write fails alone."""
+    group, other = new_group(), new_group()
+    ann = entity(group, "Ann", embedding=vec(1))
+    acme = entity(group, "Acme", embedding=vec(0, 1))
+    stranger = entity(other, "Stranger", embedding=vec(0, 0, 1))
+    await store.upsert_entities(other, [stranger])
+    works = fact(group, ann, acme, "WORKS_AT", "Ann works at Acme", valid_at=day(1))
+    first = EpisodeWrite(
+        episode=episode(group, "b-1", day(1)),
+        entities=[ann, acme],
+        mentions=[ann.uuid, acme.uuid],
+        facts=[works],
+    )
+    closing = EpisodeWrite(
+        episode=episode(group, "b-2", day(2)),
+        mentions=[ann.uuid],
+        closures=[FactClosure(uuid=works.uuid, invalid_at=day(2), expired_at=day(3))],
+    )
+    together = await asyncio.gather(
+        store.write_episode(group, first),
+        store.write_episode(group, closing),
+        store.write_episode(group, first),
+    )
+    assert together == [True, True, False]
+    [view] = await store.query_facts(group, include_invalid=True)
+    assert (view.uuid, view.invalid_at) == (works.uuid, iso(day(2)))
+
+    crossing = EpisodeWrite(episode=episode(group, "b-3", day(3)), mentions=[stranger.uuid])
+    fine = EpisodeWrite(episode=episode(group, "b-4", day(4)), mentions=[acme.uuid])
+    outcomes = await asyncio.gather(
+        store.write_episode(group, crossing),
+        store.write_episode(group, fine),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[0], StoreIntegrityError)
+    assert outcomes[1] is True
+    assert await store.counts(group) == {"episodes": 3, "entities": 2, "facts": 1, "mentions": 4}
+
+
 # ----------------------------------------------------------------------------- maintenance
 async def test_delete_group_removes_only_that_group(
     store: GraphStore, new_group: Callable[..., str]

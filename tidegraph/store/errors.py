@@ -164,3 +164,55 @@ def check_episode_write(
     ]
     if unknown:
         raise StoreIntegrityError(f"closures of unknown facts: {', '.join(unknown[:5])}")
+
+
+@dataclass
+class StoredEpisode:
+    """What a write needs to know of a stored Episodic node."""
+
+    group_id: str
+    content_hash: str | None
+    not_extracted: str | None
+
+
+@dataclass
+class WriteChecks:
+    """The checks of several episode writes committed together, in order, from one read of
+    what they all touch: each write is checked against the stored state and the writes
+    before it in the same transaction, exactly as if each were read and written alone."""
+
+    episodes: dict[str, StoredEpisode]
+    owners: dict[str, str]  # entity uuid -> group
+    facts: dict[str, StoredFact]
+
+    def admit(self, group_id: str, write: EpisodeWrite) -> bool:
+        """False when the write is skipped (its episode is processed, maybe by an earlier
+        write of the batch); raises like ``check_write``; True when it is to be written, and
+        then what it writes counts as stored for the writes after it."""
+        stored = self.episodes.get(write.episode.uuid)
+        if stored is not None and skips_write(
+            group_id, write, stored.group_id, stored.content_hash, stored.not_extracted
+        ):
+            return False
+        check_write(
+            group_id, write, None if stored is None else stored.group_id, self.owners, self.facts
+        )
+        episode = write.episode
+        self.episodes[episode.uuid] = StoredEpisode(
+            group_id, episode.content_hash, episode.not_extracted
+        )
+        for entity in write.entities:
+            self.owners.setdefault(entity.uuid, group_id)
+        for fact in write.facts:
+            self.facts.setdefault(
+                fact.uuid, StoredFact(group_id, fact.source_uuid, fact.target_uuid)
+            )
+        return True
+
+
+def touched_by(writes: list[EpisodeWrite]) -> tuple[list[str], list[str], list[str]]:
+    """The episode, entity and fact uuids a store reads before ``WriteChecks`` of ``writes``."""
+    episodes = unique(w.episode.uuid for w in writes)
+    entities = unique(u for w in writes for u in written_entity_uuids(w)[1])
+    facts = unique(u for w in writes for u in written_fact_uuids(w))
+    return episodes, entities, facts

@@ -148,7 +148,7 @@ RETURN e.uuid AS uuid, e.group_id AS group_id
 _UPSERT_ENTITY_ROWS = """
 UNWIND {rows} AS row
 MERGE (e:Entity {{uuid: row.uuid}})
-ON CREATE SET e.group_id = $group_id,
+ON CREATE SET e.group_id = {group},
               e.name = row.name,
               e.name_norm = row.name_norm,
               e.summary = '',
@@ -162,7 +162,7 @@ SET e.labels = coalesce(e.labels, [])
     e.key = coalesce(e.key, row.key)
 SET e:$(row.labels)
 """
-UPSERT_ENTITIES = _UPSERT_ENTITY_ROWS.format(rows="$rows")
+UPSERT_ENTITIES = _UPSERT_ENTITY_ROWS.format(rows="$rows", group="$group_id")
 
 _ENTITIES_NAMED = """
 MATCH (e:Entity)
@@ -266,7 +266,7 @@ _MERGE_FACT_ROWS = """
 UNWIND {rows} AS row
 MATCH (s:Entity {{uuid: row.source_uuid}}), (t:Entity {{uuid: row.target_uuid}})
 MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
-ON CREATE SET r.group_id = $group_id, r.created_at = row.created_at
+ON CREATE SET r.group_id = {group}, r.created_at = row.created_at
 SET r.name = row.name,
     r.fact = row.fact,
     r.fact_embedding = coalesce(row.fact_embedding, r.fact_embedding),
@@ -287,7 +287,7 @@ _CLOSE_FACT_ROWS = """
 UNWIND {rows} AS row
 MATCH ()-[r:RELATES_TO {{uuid: row.uuid}}]->()
 USING INDEX r:RELATES_TO(uuid)
-WHERE r.group_id = $group_id
+WHERE r.group_id = {group}
 SET r.invalid_at = row.invalid_at,
     r.prior_ends = coalesce(row.prior_ends, r.prior_ends),
     r.prior_ends_learned_at = coalesce(row.prior_ends_learned_at, r.prior_ends_learned_at),
@@ -350,10 +350,16 @@ WHERE r.uuid IN $uuids AND r.group_id = $group_id
 # What the checks of an episode write need (see ``errors.check_write``): the group of a stored
 # Episodic with this uuid (the processed marker), and of the stored entities and facts the
 # write names.
-WRITE_STATE = """
-OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
-WITH ep.group_id AS episode_group, ep.content_hash AS episode_hash,
-     ep.not_extracted AS episode_not_extracted
+# What the checks of a transaction's episode writes read, for all of them at once
+# (``errors.check_write`` runs on it in Python, each write seeing the ones before it): the
+# stored Episodic of each episode, the group of each entity named and the group and ends of
+# each fact written or closed.
+WRITE_STATES = """
+CALL () {
+  UNWIND $episode_uuids AS uuid
+  MATCH (ep:Episodic {uuid: uuid})
+  RETURN collect([ep.uuid, ep.group_id, ep.content_hash, ep.not_extracted]) AS episodes
+}
 CALL () {
   UNWIND $entity_uuids AS uuid
   MATCH (e:Entity {uuid: uuid})
@@ -364,39 +370,48 @@ CALL () {
   MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
   RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
 }
-RETURN episode_group, episode_hash, episode_not_extracted, entities, facts
+RETURN episodes, entities, facts
 """
 
-# Entities first (mentions and facts point at them), then the Episodic marker, its MENTIONS,
-# the facts (full state) and the closures, in one statement.
-WRITE_EPISODE = (
-    "CALL () {"
-    + _UPSERT_ENTITY_ROWS.format(rows="$entities")
-    + """}
-MERGE (ep:Episodic {uuid: $ep.uuid})
-ON CREATE SET ep.group_id = $group_id, ep.created_at = $ep.created_at
-SET ep.name = $ep.name,
-    ep.source = $ep.source,
-    ep.source_description = $ep.source_description,
-    ep.content = $ep.content,
-    ep.valid_at = $ep.valid_at,
-    ep.producer_id = $ep.producer_id,
-    ep.content_hash = $ep.content_hash,
-    ep.created_entities = $ep.created_entities,
-    ep.not_extracted = $ep.not_extracted,
-    ep.content_embedding = $ep.content_embedding
-WITH ep
-CALL (ep) {
-  UNWIND $mentions AS mention
-  MATCH (e:Entity {uuid: mention})
-  MERGE (ep)-[m:MENTIONS]->(e)
-  ON CREATE SET m.group_id = $group_id
+# Every episode write of a transaction in one statement, in order: each write is one run of
+# the subquery, and a run sees what the runs before it wrote (Cypher's CALL semantics), so
+# the result is that of one statement per write. Per write: entities first (mentions and
+# facts point at them), then the Episodic marker, its MENTIONS, the facts (full state) and
+# the closures.
+WRITE_EPISODES = (
+    """
+UNWIND $writes AS w
+CALL (w) {
+  CALL (w) {"""
+    + _UPSERT_ENTITY_ROWS.format(rows="w.entities", group="w.group_id")
+    + """  }
+  MERGE (ep:Episodic {uuid: w.ep.uuid})
+  ON CREATE SET ep.group_id = w.group_id, ep.created_at = w.ep.created_at
+  SET ep.name = w.ep.name,
+      ep.source = w.ep.source,
+      ep.source_description = w.ep.source_description,
+      ep.content = w.ep.content,
+      ep.valid_at = w.ep.valid_at,
+      ep.producer_id = w.ep.producer_id,
+      ep.content_hash = w.ep.content_hash,
+      ep.created_entities = w.ep.created_entities,
+      ep.not_extracted = w.ep.not_extracted,
+      ep.content_embedding = w.ep.content_embedding
+  WITH ep
+  CALL (ep, w) {
+    UNWIND w.mentions AS mention
+    MATCH (e:Entity {uuid: mention})
+    MERGE (ep)-[m:MENTIONS]->(e)
+    ON CREATE SET m.group_id = w.group_id
+  }
+  CALL (w) {"""
+    + _MERGE_FACT_ROWS.format(rows="w.facts", group="w.group_id")
+    + """  }
+  CALL (w) {"""
+    + _CLOSE_FACT_ROWS.format(rows="w.closures", group="w.group_id")
+    + """  }
 }
-CALL () {"""
-    + _MERGE_FACT_ROWS.format(rows="$facts")
-    + "}\nCALL () {"
-    + _CLOSE_FACT_ROWS.format(rows="$closures")
-    + "}\n"
+"""
 )
 
 # ---- as-of questions (tidegraph.store.asof_cypher)

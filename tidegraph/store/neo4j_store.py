@@ -196,42 +196,32 @@ class Neo4jStore(StoreCore):
             return await self._episodes.submit(_EpisodeJob(group_id, write, params))
 
     async def _commit_episodes(self, jobs: list[_EpisodeJob]) -> list[bool]:
-        """One transaction for the episode writes of ``jobs``, in order (group commit)."""
+        """One transaction for the episode writes of ``jobs``, in order (group commit): one
+        read of what they touch, the checks in Python (``errors.WriteChecks``), one statement
+        for every write that passes."""
 
         async def work(tx: Tx) -> list[bool]:
-            written = []
-            for job in jobs:
-                fresh = await self._check_episode(tx, job.group_id, job.write)
-                if fresh:
-                    await tx.rows(q.WRITE_EPISODE, job.params)
-                written.append(fresh)
+            episodes, entities, facts = errors.touched_by([job.write for job in jobs])
+            [state] = await tx.rows(
+                q.WRITE_STATES,
+                {"episode_uuids": episodes, "entity_uuids": entities, "fact_uuids": facts},
+            )
+            checks = errors.WriteChecks(
+                episodes={
+                    uuid: errors.StoredEpisode(group, content_hash, not_extracted)
+                    for uuid, group, content_hash, not_extracted in state["episodes"]
+                },
+                owners={uuid: group for uuid, group in state["entities"]},
+                facts={
+                    u: errors.StoredFact(g, source, target)
+                    for u, g, source, target in state["facts"]
+                },
+            )
+            written = [checks.admit(job.group_id, job.write) for job in jobs]
+            rows = [job.params for job, fresh in zip(jobs, written, strict=True) if fresh]
+            if rows:
+                await tx.rows(q.WRITE_EPISODES, {"writes": rows})
             return written
 
         STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(jobs))
         return await self.neo4j.transaction(work)
-
-    @staticmethod
-    async def _check_episode(tx: Tx, group_id: str, write: EpisodeWrite) -> bool:
-        """False when the episode is already processed in the group (nothing to write); raises
-        ``StoreIntegrityError`` for a write that would cross groups or dangle."""
-        _, entity_uuids = errors.written_entity_uuids(write)
-        [state] = await tx.rows(
-            q.WRITE_STATE,
-            {
-                "episode_uuid": write.episode.uuid,
-                "entity_uuids": entity_uuids,
-                "fact_uuids": errors.written_fact_uuids(write),
-            },
-        )
-        if errors.skips_write(
-            group_id,
-            write,
-            state["episode_group"],
-            state["episode_hash"],
-            state["episode_not_extracted"],
-        ):
-            return False
-        owners = {uuid: group for uuid, group in state["entities"]}
-        facts = {u: errors.StoredFact(g, source, target) for u, g, source, target in state["facts"]}
-        errors.check_write(group_id, write, state["episode_group"], owners, facts)
-        return True

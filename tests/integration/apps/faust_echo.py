@@ -7,11 +7,13 @@ import faust
 
 PREFIX = os.environ["SMOKE_PREFIX"]
 BROKER = os.environ["SMOKE_BROKER"]
+DATADIR = os.environ["SMOKE_DATADIR"]
 
 app = faust.App(
     PREFIX,
     broker=f"kafka://{BROKER}",
     store="memory://",
+    datadir=DATADIR,
     web_enabled=False,
     topic_partitions=2,
     consumer_auto_offset_reset="earliest",
