@@ -25,7 +25,7 @@ import faust
 from pipelines.commits import guard_commits
 from pipelines.community_agent import install_community_agent
 from pipelines.config import WorkerSettings
-from pipelines.handlers import Consumed, Emit, HopHandler, RecordHandler
+from pipelines.handlers import Consumed, Emit, HopHandler, RecordHandler, handled
 from pipelines.health import HealthState
 from pipelines.lanes import KeyedLanes
 from pipelines.pending import pending_envelopes
@@ -144,7 +144,12 @@ def create_app(
     consumed: list[str] = []
     for hop in hops(CHAIN):
         handler = HopHandler(
-            hop, [steps[stage.name] for stage in hop.stages], names, worker, budget
+            hop,
+            [steps[stage.name] for stage in hop.stages],
+            names,
+            worker,
+            budget,
+            batch=runtime.components,  # the write hop batches a group's mapped records
         )
         consumed.append(names.named(hop.consumes))
         agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)
@@ -272,6 +277,15 @@ def stage_agent(
         try:
             async for events in batches:
                 BATCH_SIZE.labels(handler.stage).observe(len(events))
+                if isinstance(handler, HopHandler) and handler.batch is not None:
+                    # A group's records of this micro-batch in one job (README "Batch-native
+                    # stages"); its lane keeps the group's jobs in order.
+                    for key, group_events in by_key(events).items():
+                        job = partial(
+                            run_records, handler, sender, stream, group_events, generation
+                        )
+                        await lanes.submit(key, job)
+                    continue
                 for event in events:
                     job = partial(run_record, handler, sender, stream, event, generation)
                     await lanes.submit(event.message.key, job)
@@ -281,6 +295,38 @@ def stage_agent(
 
     agent.__name__ = agent.__qualname__ = f"{handler.stage}_agent"
     return agent
+
+
+def by_key(events: Sequence[faust.EventT]) -> dict[Any, list[faust.EventT]]:
+    """The events of a micro-batch by record key (group), each key's in offset order."""
+    groups: dict[Any, list[faust.EventT]] = {}
+    for event in events:
+        groups.setdefault(event.message.key, []).append(event)
+    return groups
+
+
+async def run_records(
+    handler: HopHandler,
+    sender: Sender,
+    stream: faust.StreamT,
+    events: list[faust.EventT],
+    generation: Callable[[], int],
+) -> None:
+    """One group's records of a micro-batch (``HopHandler.handle_group``): handled, their
+    outputs produced and acknowledged by Kafka, then each record acked, in order."""
+    fresh = [e for e in events if e.message.generation_id == generation()]
+    if len(fresh) < len(events):
+        log.warning(
+            "stage=%s dropped %d records taken before the rebalance",
+            handler.stage, len(events) - len(fresh),
+        )  # fmt: skip
+    outputs = await handler.handle_group([consumed(event) for event in fresh])
+    deliveries = [(emit, await sender.send(emit)) for emits in outputs for emit in emits]
+    for emit, delivery in deliveries:
+        await delivery
+        sender.delivered(emit)
+    for event in fresh:
+        await stream.ack(event)
 
 
 async def run_record(
@@ -305,29 +351,6 @@ async def run_record(
         await delivery
         sender.delivered(emit)
     await stream.ack(event)
-
-
-async def handled(handler: RecordHandler, record: Consumed, budget: float) -> list[Emit]:
-    """The handler's outputs for one record, within its time budget. Handlers turn record
-    failures into dead letters themselves; whatever still escapes them (a bug), or a record
-    that takes longer than ``budget`` seconds, becomes a dead letter here too: a record never
-    stops the worker or holds its group for longer than the budget."""
-    limit = asyncio.timeout(budget)
-    try:
-        async with limit:
-            return await handler.handle(record)
-    except Exception as exc:
-        if limit.expired():
-            error = TimeoutError(
-                f"stage {handler.stage} took longer than {budget:g} s on this record "
-                "(TIDEGRAPH_RECORD_TIMEOUT_SECONDS)"
-            )
-            return [handler.crashed(record, error, reason="timeout")]
-        log.exception(
-            "stage=%s failed on %s:%d:%d outside its error handling (a bug)",
-            handler.stage, record.topic, record.partition, record.offset,
-        )  # fmt: skip
-        return [handler.crashed(record, exc, reason="internal_error")]
 
 
 def consumed(event: faust.EventT) -> Consumed:

@@ -12,6 +12,7 @@ a crash, a replay): each step skips an already processed episode where it costs 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -21,10 +22,11 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from pipelines.batches import process_extractions
 from pipelines.chain import ChainResult, run_steps
 from pipelines.config import WorkerSettings
 from pipelines.retry import RetryPolicy
-from processors.steps import Step
+from processors.steps import Components, Step
 from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, STAGE_EVENTS
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
@@ -216,8 +218,12 @@ class HopHandler(RecordHandler):
         names: TopicNames,
         worker: WorkerSettings,
         record_timeout: float,
+        batch: Components | None = None,
     ) -> None:
+        """``batch``: the components a micro-batch of one group's mapped extractions is
+        processed with as one unit (``handle_group``); None: one record at a time."""
         super().__init__(names, worker, record_timeout)
+        self.batch = batch if hop.consumes == "extracted" else None
         self.hop = hop
         self.stage = hop.name
         self.steps = list(steps)
@@ -252,6 +258,50 @@ class HopHandler(RecordHandler):
                 )
             ]
         return self._write(record, taken, result)
+
+    async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
+        """The outputs of each of ``records`` (one group's, in order): runs of mapped
+        extractions as one unit (``pipelines.batches.process_extractions``), the rest, and
+        the record a batch stops at, one at a time through ``handle``."""
+        outputs: list[list[Emit]] = []
+        reads: dict[int, Taken | Emit] = {}  # each record read once (a dead letter counts)
+
+        def read(n: int) -> Taken | Emit:
+            if n not in reads:
+                reads[n] = self._read(records[n])
+            return reads[n]
+
+        i = 0
+        while i < len(records):
+            run: list[Taken] = []
+            for n in range(i, len(records)) if self.batch is not None else ():
+                taken = read(n)
+                if isinstance(taken, Emit) or not taken.item.mapped:
+                    break
+                run.append(taken)
+            done = await self._batched([t.item for t in run]) if run else []
+            for n, (taken, summary) in enumerate(zip(run, done, strict=False), start=i):
+                outputs.append(self._write(records[n], taken, ChainResult(value=summary)))
+            i += len(done)
+            if done:
+                continue  # the record after them starts the next run
+            unreadable = reads.get(i)
+            if isinstance(unreadable, Emit):
+                outputs.append([unreadable])
+            else:
+                outputs.append(await handled(self, records[i], self.deadline))
+            i += 1
+        return outputs
+
+    async def _batched(self, extractions: list[Extraction]) -> list[WriteSummary]:
+        assert self.batch is not None
+        try:
+            async with asyncio.timeout(self.deadline):
+                return await process_extractions(self.batch, extractions)
+        except TimeoutError:
+            # Whatever it committed is found processed one at a time (idempotent writes).
+            log.warning("a batch of %d records ran out of time; one at a time", len(extractions))
+            return []
 
     # ---- inputs
     def _read_episode(self, record: Consumed) -> Taken | Emit:
@@ -370,3 +420,26 @@ def _episode_bytes(episode: Episode, *, fallback: bytes | None) -> bytes | None:
         return orjson.dumps(episode.model_dump(mode="json"))
     except Exception:
         return fallback
+
+
+async def handled(handler: RecordHandler, record: Consumed, budget: float) -> list[Emit]:
+    """The handler's outputs for one record, within its time budget. Handlers turn record
+    failures into dead letters themselves; whatever still escapes them (a bug), or a record
+    that takes longer than ``budget`` seconds, becomes a dead letter here too: a record never
+    stops the worker or holds its group for longer than the budget."""
+    limit = asyncio.timeout(budget)
+    try:
+        async with limit:
+            return await handler.handle(record)
+    except Exception as exc:
+        if limit.expired():
+            error = TimeoutError(
+                f"stage {handler.stage} took longer than {budget:g} s on this record "
+                "(TIDEGRAPH_RECORD_TIMEOUT_SECONDS)"
+            )
+            return [handler.crashed(record, error, reason="timeout")]
+        log.exception(
+            "stage=%s failed on %s:%d:%d outside its error handling (a bug)",
+            handler.stage, record.topic, record.partition, record.offset,
+        )  # fmt: skip
+        return [handler.crashed(record, exc, reason="internal_error")]

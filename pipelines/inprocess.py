@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipelines.batches import DEFAULT_BATCH_EPISODES, batchable, process_batch
 from pipelines.chain import ChainResult, run_steps
 from pipelines.retry import RetryPolicy
 from processors.mapping import MappingSet
@@ -95,6 +96,43 @@ class InProcessChain:
         self.steps = build_steps(components, CHAIN)
         self.policy = policy or RetryPolicy()
         self.record_timeout = record_timeout
+        self.batch_episodes = DEFAULT_BATCH_EPISODES
+
+    async def process_group(
+        self,
+        episodes: list[Episode],
+        on_result: Callable[[WriteSummary | Failure], None] | None = None,
+    ) -> list[WriteSummary | Failure]:
+        """Episodes of one group, in order: each run of consecutive mapped episodes (up to
+        ``batch_episodes``) as one unit (``pipelines.batches``); the others, and an episode a
+        batch stops at, one at a time. A failure is the episode's own; the others go on.
+        ``on_result`` is called with each result as soon as it is known."""
+        results: _Results = _Results(on_result)
+        i = 0
+        while i < len(episodes):
+            run = []
+            for episode in episodes[i : i + self.batch_episodes]:
+                if not batchable(episode, self.components):
+                    break
+                run.append(episode)
+            if len(run) > 1:
+                done = await process_batch(self.components, run)
+                results.extend(done)
+                i += len(done)
+                if done:
+                    continue
+            # Not batchable, or the episode a batch stopped at: alone.
+            results.append(await self._one(episodes[i]))
+            i += 1
+        return list(results)
+
+    async def _one(self, episode: Episode) -> WriteSummary | Failure:
+        try:
+            return await self.process(episode)
+        except Exception as exc:
+            # EpisodeFailed, or a bug outside the steps' error handling: the episode fails,
+            # its group goes on, the other groups are not cancelled.
+            return _failure_of(episode, exc)
 
     async def process(self, episode: Episode) -> WriteSummary:
         """The episode through every stage: its write summary (``skipped`` when it was already
@@ -126,9 +164,27 @@ class InProcessChain:
                 episode_uuid=episode.uuid,
                 episode_id=episode.id,
                 skipped=True,
+                created_entities=result.processed.created_entities,
             )
         summary: WriteSummary = result.value
         return summary
+
+
+class _Results(list[WriteSummary | Failure]):
+    """A list that tells ``on_result`` of each result added."""
+
+    def __init__(self, on_result: Callable[[WriteSummary | Failure], None] | None) -> None:
+        super().__init__()
+        self._on_result = on_result
+
+    def append(self, result: WriteSummary | Failure) -> None:
+        super().append(result)
+        if self._on_result is not None:
+            self._on_result(result)
+
+    def extend(self, results: Iterable[WriteSummary | Failure]) -> None:
+        for result in results:
+            self.append(result)
 
 
 @dataclass
@@ -208,21 +264,17 @@ async def ingest(
         by_group.setdefault(episode.group_id, []).append(episode)
     gate = asyncio.Semaphore(concurrency)
 
+    def done(result: WriteSummary | Failure) -> None:
+        if isinstance(result, Failure):
+            report.failures.append(result)
+        else:
+            report.add(result)
+        if on_done:
+            on_done(None if isinstance(result, Failure) else result)
+
     async def run_group(items: list[Episode]) -> None:
         async with gate:
-            for episode in items:
-                try:
-                    summary = await chain.process(episode)
-                except Exception as exc:
-                    # EpisodeFailed, or a bug outside the steps' error handling: the episode
-                    # fails, its group goes on, the other groups are not cancelled.
-                    report.failures.append(_failure_of(episode, exc))
-                    if on_done:
-                        on_done(None)
-                    continue
-                report.add(summary)
-                if on_done:
-                    on_done(summary)
+            await chain.process_group(items, done)
 
     await asyncio.gather(*(run_group(items) for items in by_group.values()))
     report.seconds = time.perf_counter() - started

@@ -65,6 +65,14 @@ class ExtractionStep:
             self.context.remember(episode)
         return extraction
 
+    async def map_record(self, episode: Episode) -> Extraction | None:
+        """``run`` for an episode a declared mapping extracts; None for any other (nothing
+        done). For a micro-batch of mapped episodes (``pipelines.batches``)."""
+        extraction = await self._mapped(episode)
+        if extraction is not None and self.context is not None:
+            self.context.remember(episode)
+        return extraction
+
     async def _mapped(self, episode: Episode) -> Extraction | None:
         """The extraction a declared mapping gives; None when no rule matches. A rule that
         matches but cannot map the record raises (RecordError with its reason)."""

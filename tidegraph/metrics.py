@@ -63,6 +63,19 @@ STORE_WRITE_LATENCY = Histogram(
     ["operation"],
     buckets=LATENCY_BUCKETS,
 )
+BATCHES = Counter(
+    "tidegraph_batches_total",
+    "Micro-batches of one group's mapped episodes, by outcome: batched (resolved, stamped, "
+    "invalidated and written as one unit), or fallback (processed one episode at a time: "
+    "the batch's read could not answer a question exactly, or an episode failed).",
+    ["outcome"],
+)
+BATCH_EPISODES = Histogram(
+    "tidegraph_batch_episodes",
+    "Episodes per micro-batch written as one unit.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+
 STORE_BATCH_SIZE = Histogram(
     "tidegraph_store_batch_rows",
     "Rows per graph write transaction, by operation.",

@@ -42,6 +42,16 @@ class LookupRequest:
     relations: list[str] | None
 
 
+class BatchWriteError(Exception):
+    """``write_episodes`` failed at one of its writes: ``written`` holds the results of the
+    writes before it, which are committed (empty where the batch is one transaction), and
+    ``__cause__`` the error."""
+
+    def __init__(self, written: list[bool]) -> None:
+        super().__init__(f"batch write failed after {len(written)} writes")
+        self.written = written
+
+
 class GraphStore(abc.ABC):
     """Async graph store. All methods are group-scoped; see the module docstring."""
 
@@ -74,6 +84,18 @@ class GraphStore(abc.ABC):
         """The uuids of the entities the processed episode created (``EpisodeWrite.created``,
         stored on its marker; empty for episodes stored before they were), or None when the
         episode is not processed. EpisodeConflictError as ``episode_processed``."""
+
+    async def episode_markers(
+        self, group_id: str, episodes: list[tuple[str, str | None]]
+    ) -> dict[str, list[str]]:
+        """``episode_marker`` of each (uuid, content hash): the processed ones only, by uuid.
+        EpisodeConflictError as there."""
+        found: dict[str, list[str]] = {}
+        for uuid, content_hash in episodes:
+            created = await self.episode_marker(group_id, uuid, content_hash)
+            if created is not None:
+                found[uuid] = created
+        return found
 
     @abc.abstractmethod
     async def episode_status(self, group_id: str, episode_uuid: str) -> str:
@@ -228,6 +250,19 @@ class GraphStore(abc.ABC):
         answer is False (a late or repeated writer of a processed episode must not reopen what
         later episodes closed); EpisodeConflictError when it was stored with another content
         hash. True when written. The marker is checked inside the write's own transaction."""
+
+    async def write_episodes(self, group_id: str, writes: list[EpisodeWrite]) -> list[bool]:
+        """``write_episode`` of each write, in order, as if one after the other (a micro-batch
+        of one group: ``pipelines.batches``). On the first failure, BatchWriteError with the
+        results of the writes before it, which stay committed; a store that writes the batch
+        in one transaction commits none of it then."""
+        written: list[bool] = []
+        for write in writes:
+            try:
+                written.append(await self.write_episode(group_id, write))
+            except Exception as exc:
+                raise BatchWriteError(written) from exc
+        return written
 
     async def query_facts(
         self,

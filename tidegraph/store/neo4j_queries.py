@@ -103,6 +103,13 @@ WHERE ep.group_id = $group_id AND ep.not_extracted IS NULL
 RETURN ep.content_hash AS content_hash, ep.created_entities AS created_entities
 """
 
+EPISODES_PROCESSED = """
+UNWIND $uuids AS uuid
+MATCH (ep:Episodic {uuid: uuid})
+WHERE ep.group_id = $group_id AND ep.not_extracted IS NULL
+RETURN ep.uuid AS uuid, ep.content_hash AS content_hash, ep.created_entities AS created_entities
+"""
+
 PENDING_EPISODES = """
 MATCH (ep:Episodic)
 WHERE ep.group_id = $group_id AND ep.not_extracted IS NOT NULL

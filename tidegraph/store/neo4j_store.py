@@ -7,6 +7,7 @@ UNWIND statement, the one-round-trip resolution lookup, and the group commit of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from neo4j import AsyncGraphDatabase, basic_auth
@@ -17,7 +18,7 @@ from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, Fa
 from tidegraph.settings import Settings
 from tidegraph.store import errors, neo4j_search_queries
 from tidegraph.store import neo4j_queries as q
-from tidegraph.store.base import LookupRequest
+from tidegraph.store.base import BatchWriteError, LookupRequest
 from tidegraph.store.batching import GroupCommit
 from tidegraph.store.core import StoreCore
 from tidegraph.store.executor import Tx, observe_write
@@ -36,8 +37,9 @@ from tidegraph.store.rows import (
     unique,
 )
 
-# Episode writes that arrive while a transaction runs share the next one (GroupCommit).
-MAX_EPISODES_PER_TRANSACTION = 32
+# Episode writes that arrive while a transaction runs share the next one (GroupCommit), up
+# to this many calls (an episode or a micro-batch each).
+MAX_WRITES_PER_TRANSACTION = 32
 AWAIT_INDEXES_SECONDS = 300
 
 
@@ -48,6 +50,22 @@ class _EpisodeJob:
     group_id: str
     write: EpisodeWrite
     params: dict[str, Any]
+
+    @property
+    def rows(self) -> int:
+        return 1 + sum(len(self.params[k]) for k in ("entities", "mentions", "facts", "closures"))
+
+
+def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -> dict[str, Any]:
+    """The parameters of one episode write (a row of ``WRITE_EPISODES``)."""
+    return {
+        "group_id": group_id,
+        "entities": [entity_row(group_id, e, dim, now) for e in write.entities],
+        "ep": episode_row(group_id, write.episode, dim, now, write.created),
+        "mentions": unique(write.mentions),
+        "facts": [fact_row(group_id, f, dim, now) for f in write.facts],
+        "closures": [closure_row(c) for c in write.closures],
+    }
 
 
 class Neo4jStore(StoreCore):
@@ -67,8 +85,9 @@ class Neo4jStore(StoreCore):
         driver = AsyncGraphDatabase.driver(uri, auth=auth, **(driver_options or {}))
         self.neo4j = Neo4jExecutor(driver, database)
         super().__init__(self.neo4j, q, neo4j_search_queries)
-        self._episodes: GroupCommit[_EpisodeJob, bool] = GroupCommit(
-            self._commit_episodes, MAX_EPISODES_PER_TRANSACTION
+        # An item is the writes of one call: one episode, or a group's micro-batch.
+        self._episodes: GroupCommit[list[_EpisodeJob], list[bool]] = GroupCommit(
+            self._commit_batches, MAX_WRITES_PER_TRANSACTION
         )
 
     @classmethod
@@ -116,6 +135,19 @@ class Neo4jStore(StoreCore):
         )
 
     # ------------------------------------------------------------------ reads in one trip
+    async def episode_markers(
+        self, group_id: str, episodes: list[tuple[str, str | None]]
+    ) -> dict[str, list[str]]:
+        hashes = dict(episodes)
+        rows = await self.ex.rows(
+            q.EPISODES_PROCESSED, {"group_id": group_id, "uuids": list(hashes)}
+        )
+        found: dict[str, list[str]] = {}
+        for row in rows:
+            errors.check_same_episode(row["uuid"], row["content_hash"], hashes[row["uuid"]])
+            found[row["uuid"]] = list(row["created_entities"] or [])
+        return found
+
     async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
         params = {
             "group_id": group_id,
@@ -181,19 +213,36 @@ class Neo4jStore(StoreCore):
         await tx.rows(q.UPSERT_COMMUNITIES, {"group_id": group_id, "rows": rows})
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
+        [written] = await self.write_episodes(group_id, [write])
+        return written
+
+    async def write_episodes(self, group_id: str, writes: list[EpisodeWrite]) -> list[bool]:
+        """One transaction for all of ``writes`` (shared with concurrent callers'): all are
+        committed or none (BatchWriteError with nothing written)."""
+        if not writes:
+            return []
         dim = await self._embedding_dim()
         now = now_utc()
-        params = {
-            "group_id": group_id,
-            "entities": [entity_row(group_id, e, dim, now) for e in write.entities],
-            "ep": episode_row(group_id, write.episode, dim, now, write.created),
-            "mentions": unique(write.mentions),
-            "facts": [fact_row(group_id, f, dim, now) for f in write.facts],
-            "closures": [closure_row(c) for c in write.closures],
-        }
-        rows = sum(len(params[k]) for k in ("entities", "mentions", "facts", "closures")) + 1
+        jobs = [
+            _EpisodeJob(group_id, write, _write_params(group_id, write, dim, now))
+            for write in writes
+        ]
+        rows = sum(job.rows for job in jobs)
         with observe_write("write_episode", rows):
-            return await self._episodes.submit(_EpisodeJob(group_id, write, params))
+            try:
+                return await self._episodes.submit(jobs)
+            except Exception as exc:
+                if len(writes) == 1:
+                    raise
+                raise BatchWriteError([]) from exc
+
+    async def _commit_batches(self, batches: list[list[_EpisodeJob]]) -> list[list[bool]]:
+        written = await self._commit_episodes([job for jobs in batches for job in jobs])
+        results, start = [], 0
+        for jobs in batches:
+            results.append(written[start : start + len(jobs)])
+            start += len(jobs)
+        return results
 
     async def _commit_episodes(self, jobs: list[_EpisodeJob]) -> list[bool]:
         """One transaction for the episode writes of ``jobs``, in order (group commit): one

@@ -1,0 +1,174 @@
+"""A group's consecutive mapped episodes resolved, stamped, invalidated and written as one
+unit (README "Batch-native stages").
+
+The chain's own steps run on each episode in order, as one at a time, against a
+``processors.batch_view.BatchView`` instead of the store: one read for the whole batch, each
+episode seeing the earlier ones' effects in memory, and one ``write_episodes`` call at the
+end (one transaction on Neo4j). When anything goes wrong (the view cannot answer a question
+exactly, a step fails, the write fails), the batch stops and the caller processes what was
+not committed one episode at a time, with the usual retries and dead letters: a failing
+episode is isolated exactly as without batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+from processors.batch_view import BatchView
+from processors.extraction import ExtractionStep
+from processors.steps import Components
+from tidegraph.metrics import BATCH_EPISODES, BATCHES, STAGE_EVENTS, STAGE_LATENCY
+from tidegraph.records.episode import Episode
+from tidegraph.records.stages import Extraction, Processed, WriteSummary
+from tidegraph.store.base import BatchWriteError, GraphStore
+from topics.chain import CHAIN, build_steps
+
+log = logging.getLogger(__name__)
+
+# Episodes of one group written as one unit, at most.
+DEFAULT_BATCH_EPISODES = 64
+
+
+def batchable(episode: Episode, components: Components) -> bool:
+    """Whether ``episode`` may go into a batch: a JSON record with declared mappings (an
+    LLM-extracted episode is judged against search results the view cannot answer)."""
+    return episode.source == "json" and components.mappings is not None
+
+
+async def process_batch(components: Components, episodes: Sequence[Episode]) -> list[WriteSummary]:
+    """The summaries of ``episodes`` (one group's, in order) processed as one unit: all of
+    them, or a prefix (maybe empty): the ones before an episode its mapping cannot extract,
+    or the ones committed before the batch stopped. The caller processes the next one alone,
+    then batches again."""
+    extraction = cast(ExtractionStep, build_steps(components, CHAIN[:1])[0])
+    started = time.perf_counter()
+    extractions = await _mapped_prefix(extraction, episodes)
+    mapping = (time.perf_counter() - started) / max(1, len(extractions))
+    done = await process_extractions(components, extractions)
+    _count([[(extraction.stage, "ok", mapping)] for _ in done])
+    return done
+
+
+async def process_extractions(
+    components: Components, extractions: Sequence[Extraction]
+) -> list[WriteSummary]:
+    """``process_batch`` from the episodes' mapped extractions (the write hop's records):
+    resolution, temporal stamping, invalidation and the write, as one unit."""
+    if len(extractions) < 2:
+        return []  # nothing to gain: one at a time
+    summaries: list[WriteSummary] = []
+    counted: list[Counted] = []
+    try:
+        view = await BatchView.read(components.store, list(extractions))
+        steps = build_steps(
+            dataclasses.replace(components, store=cast(GraphStore, view)), CHAIN[1:]
+        )
+        for item in extractions:
+            try:
+                summary, steps_counted = await _through(steps, item)
+                summaries.append(summary)
+                counted.append(steps_counted)
+            except Exception as exc:
+                if not summaries:
+                    raise
+                # The episodes before it are exact: written; it goes alone.
+                log.info("batch stops before episode %s: %s", item.episode.id, exc)
+                break
+        written = await view.flush()
+    except BatchWriteError as exc:
+        BATCHES.labels("fallback").inc()
+        log.warning("batch write failed, going on one episode at a time: %s", exc.__cause__)
+        committed = _committed(summaries, len(exc.written))
+        _count(counted[: len(committed)])
+        return _with_written(committed, exc.written)
+    except Exception as exc:  # nothing written: the episodes go one at a time
+        BATCHES.labels("fallback").inc()
+        log.info("batch of %d episodes goes one at a time: %s", len(extractions), exc)
+        return []
+    BATCHES.labels("batched").inc()
+    BATCH_EPISODES.observe(len(summaries))
+    _count(counted)
+    return _with_written(summaries, written)
+
+
+async def _mapped_prefix(
+    extraction: ExtractionStep, episodes: Sequence[Episode]
+) -> list[Extraction]:
+    """The extractions of ``episodes`` up to the first one its mapping does not extract (a
+    record it cannot read goes one at a time, to its dead letter)."""
+    extractions: list[Extraction] = []
+    for episode in episodes:
+        try:
+            mapped = await extraction.map_record(episode)
+        except Exception:
+            break
+        if mapped is None:
+            break
+        extractions.append(mapped)
+    return extractions
+
+
+# What a batch's episode did at each stage: (stage, outcome, seconds), counted once the
+# batch is written (an episode the batch gives back is counted when processed alone).
+Counted = list[tuple[str, str, float]]
+
+
+async def _through(steps: list[Any], item: Any) -> tuple[WriteSummary, Counted]:
+    extraction: Extraction = item
+    counted: Counted = []
+    for step in steps:
+        started = time.perf_counter()
+        item = await step.run(item)
+        elapsed = time.perf_counter() - started
+        if isinstance(item, Processed):
+            counted.append((step.stage, "skipped", elapsed))
+            episode = extraction.episode
+            summary = WriteSummary(
+                group_id=episode.group_id,
+                episode_uuid=episode.uuid,
+                episode_id=episode.id,
+                skipped=True,
+                created_entities=item.created_entities,
+            )
+            return summary, counted
+        counted.append((step.stage, "ok", elapsed))
+    return item, counted
+
+
+def _count(counted: list[Counted]) -> None:
+    for episode in counted:
+        for stage, outcome, seconds in episode:
+            STAGE_EVENTS.labels(stage, outcome).inc()
+            STAGE_LATENCY.labels(stage).observe(seconds)
+
+
+def _with_written(summaries: list[WriteSummary], written: list[bool]) -> list[WriteSummary]:
+    """The summaries, those whose write the store skipped (processed meanwhile) as skipped."""
+    results = iter(written)
+    out = []
+    for summary in summaries:
+        if not summary.skipped and not next(results):
+            summary = WriteSummary(
+                group_id=summary.group_id,
+                episode_uuid=summary.episode_uuid,
+                episode_id=summary.episode_id,
+                skipped=True,
+            )
+        out.append(summary)
+    return out
+
+
+def _committed(summaries: list[WriteSummary], writes: int) -> list[WriteSummary]:
+    """The summaries of the episodes up to the first write that was not committed."""
+    out: list[WriteSummary] = []
+    for summary in summaries:
+        if not summary.skipped:
+            if writes == 0:
+                break
+            writes -= 1
+        out.append(summary)
+    return out

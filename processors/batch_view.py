@@ -1,0 +1,275 @@
+"""The store as the episodes of one group's micro-batch see it, one after the other.
+
+A micro-batch of mapped episodes (``pipelines.batches``) is resolved, stamped and invalidated
+by the same steps as one episode at a time, with ``BatchView`` in place of the store: one
+read for the whole batch (every key, name and relation its episodes look up, their processed
+markers, the stored facts of the entities found), then each episode's lookups are answered
+from that read plus the writes of the batch's earlier episodes, which stay in memory until
+``flush`` writes them all in one call (one transaction on Neo4j). So each episode sees exactly
+what it would have read had every earlier episode been committed alone (README "Batch-native
+stages"); a question the read cannot answer exactly raises ``BatchMiss`` and the batch is
+processed one episode at a time instead.
+
+Applying a write in memory follows the stores' write rules (``GraphStore.write_episode``,
+``upsert_entities``): an entity keeps its name and creation time, gains labels and aliases,
+takes a non-empty summary, keeps a key once set; a fact takes its new state but keeps its
+``created_at``, its first ``expired_at``, and the histories a write leaves empty; a closure
+sets ``invalid_at`` and the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
+from tidegraph.records.ids import normalize_name
+from tidegraph.records.stages import Extraction
+from tidegraph.records.times import utc, utcnow
+from tidegraph.store.base import GraphStore
+from tidegraph.store.errors import check_same_episode
+from tidegraph.store.rows import clean_labels, sort_entities, sort_facts, unique
+
+
+class BatchMiss(Exception):
+    """The batch's read cannot answer this question exactly: process the batch one episode
+    at a time."""
+
+
+def lookup_terms(extraction: Extraction) -> tuple[list[str], list[str], list[str] | None]:
+    """What resolution looks up for ``extraction``: its drafts' keys, their normalised
+    names, and (mapped episodes) its relations."""
+    drafts = extraction.entities
+    keys = sorted({d.key for d in drafts if d.key})
+    names = sorted({normalize_name(d.name) or d.name for d in drafts})
+    relations = sorted({f.relation for f in extraction.facts}) if extraction.mapped else None
+    return keys, names, relations
+
+
+class BatchView:
+    """Answers ``lookup_entities`` and ``fact_candidates`` (unjudged) for the episodes of one
+    group's batch and holds their writes (``write_episode``) until ``flush``."""
+
+    def __init__(self, store: GraphStore, group_id: str) -> None:
+        self.store = store
+        self.group_id = group_id
+        self.keys: set[str] = set()
+        self.names: set[str] = set()
+        self.relations: set[str] = set()
+        self.entities: dict[str, EntityRecord] = {}
+        self.facts: dict[str, FactRecord] = {}
+        # Entities whose every fact of ``relations`` is in ``facts``: the ones the read found,
+        # and the ones the batch creates.
+        self.sources: set[str] = set()
+        self.processed: dict[str, tuple[str | None, list[str]]] = {}  # uuid -> (hash, created)
+        self.writes: list[EpisodeWrite] = []
+
+    @classmethod
+    async def read(cls, store: GraphStore, extractions: list[Extraction]) -> BatchView:
+        """One read for every episode of ``extractions`` (all of one group, all mapped)."""
+        group = extractions[0].episode.group_id
+        view = cls(store, group)
+        for extraction in extractions:
+            if extraction.episode.group_id != group or not extraction.mapped:
+                raise BatchMiss("a batch holds mapped episodes of one group")
+            keys, names, relations = lookup_terms(extraction)
+            view.keys.update(keys)
+            view.names.update(names)
+            view.relations.update(relations or [])
+        lookup = await store.lookup_entities(
+            group, sorted(view.keys), sorted(view.names), None, sorted(view.relations)
+        )
+        for entity in [*lookup.by_key, *lookup.by_name]:
+            view.entities[entity.uuid] = entity
+            view.sources.add(entity.uuid)
+        for fact in lookup.facts or []:
+            view.facts[fact.uuid] = fact
+        episodes: list[tuple[str, str | None]] = [
+            (x.episode.uuid, x.episode.content_hash) for x in extractions
+        ]
+        hashes = dict(episodes)
+        for uuid, created in (await store.episode_markers(group, episodes)).items():
+            view.processed[uuid] = (hashes[uuid], created)
+        return view
+
+    # ------------------------------------------------------------------ what the steps call
+    async def lookup_entities(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        episode_uuid: str | None = None,
+        relations: list[str] | None = None,
+        content_hash: str | None = None,
+    ) -> EntityLookup:
+        self._same_group(group_id)
+        if not (set(keys) <= self.keys and set(names) <= self.names):
+            raise BatchMiss("a key or name outside the batch's read")
+        if relations is not None and not set(relations) <= self.relations:
+            raise BatchMiss("a relation outside the batch's read")
+        if episode_uuid is not None and episode_uuid in self.processed:
+            stored_hash, created = self.processed[episode_uuid]
+            check_same_episode(episode_uuid, stored_hash, content_hash)
+            return EntityLookup(processed=True, created_entities=list(created))
+        wanted_keys, wanted_names = set(keys), set(names)
+        by_key = [e for e in self.entities.values() if e.key is not None and e.key in wanted_keys]
+        by_name = [
+            e
+            for e in self.entities.values()
+            if normalize_name(e.name) in wanted_names or wanted_names.intersection(e.aliases)
+        ]
+        lookup = EntityLookup(by_key=_copies(by_key), by_name=_copies(by_name))
+        if relations is not None:
+            found = {e.uuid for e in [*by_key, *by_name]}
+            wanted = set(relations)
+            lookup.facts = _plain(
+                f for f in self.facts.values() if f.source_uuid in found and f.name in wanted
+            )
+        return lookup
+
+    async def fact_candidates(
+        self,
+        group_id: str,
+        pairs: list[tuple[str, str]],
+        ends: list[str],
+        *,
+        embeddings: bool = True,
+    ) -> list[FactRecord]:
+        self._same_group(group_id)
+        if ends or embeddings:
+            raise BatchMiss("judged candidates are read from the store")
+        if any(s not in self.sources or r not in self.relations for s, r in pairs):
+            raise BatchMiss("a subject or relation outside the batch's read")
+        wanted = set(pairs)
+        return _plain(f for f in self.facts.values() if (f.source_uuid, f.name) in wanted)
+
+    async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
+        """Held for ``flush``; what it writes is applied to the view at once."""
+        self._same_group(group_id)
+        episode = write.episode
+        if episode.uuid in self.processed:
+            return False
+        now = utcnow()
+        for entity in write.entities:
+            self._apply_entity(entity, now)
+        for fact in write.facts:
+            self._apply_fact(fact, now)
+        for closure in write.closures:
+            stored = self.facts.get(closure.uuid)
+            if stored is None:
+                raise BatchMiss("a closure of a fact outside the batch's read")
+            stored.invalid_at = utc(closure.invalid_at)
+            _keep_history(
+                stored,
+                "end",
+                list(closure.prior_ends),
+                list(closure.prior_ends_learned_at),
+                closure.end_learned_at,
+            )
+            if stored.expired_at is None:
+                stored.expired_at = utc(closure.expired_at)
+        self.processed[episode.uuid] = (episode.content_hash or None, list(write.created))
+        self.writes.append(write)
+        return True
+
+    async def flush(self) -> list[bool]:
+        """Every held write, in order, in one ``write_episodes`` call."""
+        if not self.writes:
+            return []
+        return await self.store.write_episodes(self.group_id, self.writes)
+
+    # ------------------------------------------------------------------ the write rules
+    def _apply_entity(self, entity: EntityRecord, now: datetime) -> None:
+        labels = clean_labels(entity.labels)
+        aliases = unique(entity.aliases)
+        summary = entity.summary if entity.summary.strip() else None
+        stored = self.entities.get(entity.uuid)
+        if stored is None:
+            self.entities[entity.uuid] = EntityRecord(
+                uuid=entity.uuid,
+                group_id=self.group_id,
+                name=entity.name,
+                labels=labels,
+                summary=summary or "",
+                key=entity.key,
+                aliases=aliases,
+                created_at=utc(entity.created_at) if entity.created_at else now,
+            )
+            self.sources.add(entity.uuid)
+            return
+        stored.labels = unique([*stored.labels, *labels])
+        stored.aliases = unique([*stored.aliases, *aliases])
+        if summary is not None:
+            stored.summary = summary
+        if stored.key is None:
+            stored.key = entity.key
+
+    def _apply_fact(self, fact: FactRecord, now: datetime) -> None:
+        stored = self.facts.get(fact.uuid)
+        state = FactRecord(
+            uuid=fact.uuid,
+            group_id=self.group_id,
+            source_uuid=fact.source_uuid,
+            target_uuid=fact.target_uuid,
+            name=fact.name,
+            fact=fact.fact,
+            episodes=list(fact.episodes),
+            valid_at=_opt_utc(fact.valid_at),
+            invalid_at=_opt_utc(fact.invalid_at),
+            cardinality=fact.cardinality,
+        )
+        if stored is None:
+            state.created_at = utc(fact.created_at) if fact.created_at else now
+            state.expired_at = _opt_utc(fact.expired_at)
+        else:
+            state.created_at = stored.created_at
+            state.expired_at = stored.expired_at or _opt_utc(fact.expired_at)
+            for kind in ("end", "start"):
+                _copy_history(stored, state, kind)
+        _keep_history(
+            state, "end", fact.prior_ends, fact.prior_ends_learned_at, fact.end_learned_at
+        )
+        _keep_history(
+            state, "start", fact.prior_starts, fact.prior_starts_learned_at, fact.start_learned_at
+        )
+        self.facts[fact.uuid] = state
+
+    def _same_group(self, group_id: str) -> None:
+        if group_id != self.group_id:
+            raise BatchMiss("another group's question")
+
+
+def _copy_history(source: FactRecord, target: FactRecord, kind: str) -> None:
+    for name in (f"prior_{kind}s", f"prior_{kind}s_learned_at", f"{kind}_learned_at"):
+        value = getattr(source, name)
+        setattr(target, name, list(value) if isinstance(value, list) else value)
+
+
+def _keep_history(
+    fact: FactRecord,
+    kind: str,
+    prior: list[datetime],
+    learned: list[datetime],
+    current: datetime | None,
+) -> None:
+    """A written history replaces the stored one; an empty one leaves it (a history only
+    grows: ``rows.end_history_row``)."""
+    if prior:
+        setattr(fact, f"prior_{kind}s", [utc(t) for t in prior])
+    if learned:
+        setattr(fact, f"prior_{kind}s_learned_at", [utc(t) for t in learned])
+    if current is not None:
+        setattr(fact, f"{kind}_learned_at", utc(current))
+
+
+def _opt_utc(value: datetime | None) -> datetime | None:
+    return None if value is None else utc(value)
+
+
+def _copies(entities: Iterable[EntityRecord]) -> list[EntityRecord]:
+    return sort_entities(e.model_copy(deep=True) for e in entities)
+
+
+def _plain(facts: Iterable[FactRecord]) -> list[FactRecord]:
+    """Copies, as the store returns them without embeddings (steps may change what they get)."""
+    return sort_facts(f.model_copy(deep=True, update={"fact_embedding": None}) for f in facts)

@@ -1,0 +1,127 @@
+"""A group's micro-batch processed as one unit gives the graph of one episode at a time, on
+both real stores (property test), and a failing episode inside a batch fails alone.
+
+The feeds are those of ``test_delivery_order_stores`` (random mapped CRM records in any order,
+late ones, the same episode twice, the same record under another id, contradicting plans and
+statuses). One run processes them one at a time (``InProcessChain.process``), the other as
+batches of a random size (``InProcessChain.process_group``); each run writes a group of its
+own. Everything the graph says must agree: every fact with its interval on both timelines'
+shape, the facts valid at each event time, every entity with its labels, summary, key and
+aliases, the counts, and what each episode's write summary reported.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY
+
+from pipelines.inprocess import Failure, InProcessChain
+from tests.integration.graph_compare import comparable
+from tests.integration.test_delivery_order_stores import DIM, Record, deliveries, rows
+from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.records.stages import WriteSummary
+from tidegraph.records.times import iso
+from tidegraph.store.base import GraphStore
+from tidegraph.testing import crm_feed as crm
+
+pytestmark = pytest.mark.integration
+
+
+def chain(store: GraphStore, batch_episodes: int = 64) -> InProcessChain:
+    pipeline = InProcessChain(
+        store=store, embedder=HashingEmbedder(dim=DIM), llm=None, mappings=crm.crm_mappings()
+    )
+    pipeline.batch_episodes = batch_episodes
+    return pipeline
+
+
+def outcome(result: WriteSummary | Failure) -> tuple[Any, ...]:
+    if isinstance(result, Failure):
+        return ("failed", result.episode_id, result.stage, result.reason)
+    return (
+        result.episode_id,
+        result.skipped,
+        result.facts_new,
+        result.facts_merged,
+        result.facts_closed,
+        result.facts_born_closed,
+        result.entities,
+        result.entities_new,
+        len(result.created_entities),
+    )
+
+
+async def graph_and_outcomes(
+    store: GraphStore, records: list[Record], batch: int | None
+) -> dict[str, Any]:
+    """``records`` into a group of their own (deleted afterwards): one at a time when
+    ``batch`` is None, else in batches of up to ``batch`` episodes."""
+    group = f"batch-{uuidlib.uuid4().hex[:12]}"
+    episodes = [r.episode(group) for r in records]
+    try:
+        if batch is None:
+            pipeline = chain(store)
+            results: list[WriteSummary | Failure] = [
+                await pipeline._one(episode) for episode in episodes
+            ]
+        else:
+            results = await chain(store, batch).process_group(episodes)
+        graph: dict[str, Any] = await comparable(store, group)
+        for at in sorted({r.at for r in records}):
+            graph[iso(at) or ""] = rows(await store.query_facts(group, valid_at=at))
+        graph["outcomes"] = [
+            tuple(str(v).replace(group, "<group>") for v in outcome(r)) for r in results
+        ]
+        return graph
+    finally:
+        await store.delete_group(group)
+
+
+def batches_done() -> float:
+    return REGISTRY.get_sample_value("tidegraph_batches_total", {"outcome": "batched"}) or 0.0
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(delivered=deliveries(), batch=st.integers(2, 8))
+async def test_batches_give_the_graph_of_one_episode_at_a_time(
+    store: GraphStore, delivered: list[Record], batch: int
+) -> None:
+    one_by_one = await graph_and_outcomes(store, delivered, None)
+    before = batches_done()
+    batched = await graph_and_outcomes(store, delivered, batch)
+    assert batched == one_by_one
+    if len(delivered) > 1:
+        assert batches_done() > before  # the batch path ran, not only its fallback
+
+
+async def test_a_failing_episode_in_a_batch_fails_alone(store: GraphStore) -> None:
+    """A record its mapping cannot read, in the middle of a batch: it fails with its reason,
+    the batch goes on without it, and the graph is that of one episode at a time."""
+    at = [crm.START + timedelta(days=d) for d in range(6)]
+    contents = [
+        crm.plan_record((1, "Acme Corp"), "Basic", at[0]),
+        crm.plan_record((1, "Acme Corp"), "Pro", at[1]),
+        {"type": "account.plan", "account": {"id": 1}, "at": "not a time"},
+        crm.plan_record((1, "Acme Corp"), "Enterprise", at[3]),
+        crm.contact_record("joined", (7, "Contact 7"), (1, "Acme Corp"), at[4]),
+        crm.plan_record((1, "Acme Corp"), "Basic", at[5]),
+    ]
+    records = [Record(f"rec-{i}", at[i], c) for i, c in enumerate(contents)]
+    one_by_one = await graph_and_outcomes(store, records, None)
+    before = batches_done()
+    batched = await graph_and_outcomes(store, records, 6)
+    assert batched == one_by_one
+    assert batches_done() == before + 2  # the two before it, then the three after it
+    failed = [o for o in batched["outcomes"] if o[0] == "failed"]
+    assert [o[1] for o in failed] == ["rec-2"]
+    assert len(batched["outcomes"]) == 6
