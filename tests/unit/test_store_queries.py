@@ -46,8 +46,9 @@ ONLY_NEO4J = {
     "RESOLUTION_LOOKUP",
     "FACT_CANDIDATES_PLAIN",
     "FACTS_BY_UUIDS",
-    "WRITE_STATE",
-    "WRITE_EPISODE",
+    "WRITE_STATES",
+    "WRITE_EPISODES",
+    "EPISODES_PROCESSED",
     "UPSERT_COMMUNITIES",
 }
 ONLY_KUZU = {
@@ -102,7 +103,7 @@ UNSCOPED = {
     "ALL_ENTITY_NAMES",
     "PENDING_GROUPS",  # group ids only, for the operator (extract --pending, the sweep)
     "FACT_INDEX_ROW",
-    "WRITE_STATE",
+    "WRITE_STATES",
     "COMMUNITY_VECTOR_ID",
 }
 # Reads of the whole store: building kuzu's lookup table or search copies for a store made
