@@ -63,6 +63,10 @@ class BatchView:
         self.sources: set[str] = set()
         self.processed: dict[str, tuple[str | None, list[str]]] = {}  # uuid -> (hash, created)
         self.writes: list[EpisodeWrite] = []
+        # Indexes over ``entities`` and ``facts``, kept as writes are applied.
+        self._by_key: dict[str, set[str]] = {}
+        self._by_name: dict[str, set[str]] = {}  # normalised name or alias -> entity uuids
+        self._by_source: dict[str, set[str]] = {}  # entity uuid -> uuids of its facts
 
     @classmethod
     async def read(cls, store: GraphStore, extractions: list[Extraction]) -> BatchView:
@@ -80,10 +84,10 @@ class BatchView:
             group, sorted(view.keys), sorted(view.names), None, sorted(view.relations)
         )
         for entity in [*lookup.by_key, *lookup.by_name]:
-            view.entities[entity.uuid] = entity
+            view._put_entity(entity)
             view.sources.add(entity.uuid)
         for fact in lookup.facts or []:
-            view.facts[fact.uuid] = fact
+            view._put_fact(fact)
         episodes: list[tuple[str, str | None]] = [
             (x.episode.uuid, x.episode.content_hash) for x in extractions
         ]
@@ -111,20 +115,13 @@ class BatchView:
             stored_hash, created = self.processed[episode_uuid]
             check_same_episode(episode_uuid, stored_hash, content_hash)
             return EntityLookup(processed=True, created_entities=list(created))
-        wanted_keys, wanted_names = set(keys), set(names)
-        by_key = [e for e in self.entities.values() if e.key is not None and e.key in wanted_keys]
-        by_name = [
-            e
-            for e in self.entities.values()
-            if normalize_name(e.name) in wanted_names or wanted_names.intersection(e.aliases)
-        ]
+        by_key = self._entities(self._by_key, keys)
+        by_name = self._entities(self._by_name, names)
         lookup = EntityLookup(by_key=_copies(by_key), by_name=_copies(by_name))
         if relations is not None:
-            found = {e.uuid for e in [*by_key, *by_name]}
             wanted = set(relations)
-            lookup.facts = _plain(
-                f for f in self.facts.values() if f.source_uuid in found and f.name in wanted
-            )
+            found = {e.uuid for e in [*by_key, *by_name]}
+            lookup.facts = _plain(f for f in self._facts_of(found) if f.name in wanted)
         return lookup
 
     async def fact_candidates(
@@ -141,7 +138,8 @@ class BatchView:
         if any(s not in self.sources or r not in self.relations for s, r in pairs):
             raise BatchMiss("a subject or relation outside the batch's read")
         wanted = set(pairs)
-        return _plain(f for f in self.facts.values() if (f.source_uuid, f.name) in wanted)
+        sources = {source for source, _ in pairs}
+        return _plain(f for f in self._facts_of(sources) if (f.source_uuid, f.name) in wanted)
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         """Held for ``flush``; what it writes is applied to the view at once."""
@@ -185,7 +183,7 @@ class BatchView:
         summary = entity.summary if entity.summary.strip() else None
         stored = self.entities.get(entity.uuid)
         if stored is None:
-            self.entities[entity.uuid] = EntityRecord(
+            created = EntityRecord(
                 uuid=entity.uuid,
                 group_id=self.group_id,
                 name=entity.name,
@@ -195,6 +193,7 @@ class BatchView:
                 aliases=aliases,
                 created_at=utc(entity.created_at) if entity.created_at else now,
             )
+            self._put_entity(created)
             self.sources.add(entity.uuid)
             return
         stored.labels = unique([*stored.labels, *labels])
@@ -203,6 +202,7 @@ class BatchView:
             stored.summary = summary
         if stored.key is None:
             stored.key = entity.key
+        self._put_entity(stored)
 
     def _apply_fact(self, fact: FactRecord, now: datetime) -> None:
         stored = self.facts.get(fact.uuid)
@@ -232,7 +232,25 @@ class BatchView:
         _keep_history(
             state, "start", fact.prior_starts, fact.prior_starts_learned_at, fact.start_learned_at
         )
-        self.facts[fact.uuid] = state
+        self._put_fact(state)
+
+    def _put_entity(self, entity: EntityRecord) -> None:
+        self.entities[entity.uuid] = entity
+        if entity.key is not None:
+            self._by_key.setdefault(entity.key, set()).add(entity.uuid)
+        for name in (normalize_name(entity.name), *entity.aliases):
+            self._by_name.setdefault(name, set()).add(entity.uuid)
+
+    def _put_fact(self, fact: FactRecord) -> None:
+        self.facts[fact.uuid] = fact
+        self._by_source.setdefault(fact.source_uuid, set()).add(fact.uuid)
+
+    def _entities(self, index: dict[str, set[str]], terms: list[str]) -> list[EntityRecord]:
+        uuids = {u for term in terms for u in index.get(term, ())}
+        return [self.entities[u] for u in uuids]
+
+    def _facts_of(self, sources: set[str]) -> list[FactRecord]:
+        return [self.facts[u] for s in sources for u in self._by_source.get(s, ())]
 
     def _same_group(self, group_id: str) -> None:
         if group_id != self.group_id:

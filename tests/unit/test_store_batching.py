@@ -44,6 +44,38 @@ async def test_a_failing_item_fails_alone() -> None:
     assert recorder.batches == [["a", "b", "bad", "c"], ["a"], ["b"], ["bad"], ["c"]]
 
 
+async def test_transactions_overlap_across_keys_but_never_within_one() -> None:
+    """Two transactions at once, never two holding items of one key, and each key's items
+    committed in the order they were submitted."""
+    running: list[list[str]] = []
+    overlapped: list[tuple[str, ...]] = []
+    committed: list[str] = []
+    release = asyncio.Event()
+
+    async def commit(items: list[str]) -> list[str]:
+        running.append(items)
+        if len(running) > 1:
+            overlapped.append(tuple(sorted(i for batch in running for i in batch)))
+            release.set()
+        await release.wait()
+        running.remove(items)
+        committed.extend(items)
+        return items
+
+    batcher: GroupCommit[str, str] = GroupCommit(
+        commit, max_items=8, key=lambda item: item[0], max_in_flight=2
+    )
+    first = asyncio.ensure_future(batcher.submit("a1"))
+    await asyncio.sleep(0)  # a1's transaction is running
+    rest = [batcher.submit(x) for x in ["a2", "b1", "a3", "b2"]]
+    results = await asyncio.gather(first, *rest)
+    assert results == ["a1", "a2", "b1", "a3", "b2"]
+    # b's items ran beside a1; a2 and a3 waited for a1, then shared a transaction
+    assert overlapped[0] == ("a1", "b1", "b2")
+    assert [i for i in committed if i[0] == "a"] == ["a1", "a2", "a3"]
+    assert [i for i in committed if i[0] == "b"] == ["b1", "b2"]
+
+
 async def test_caching_embedder_embeds_each_text_once() -> None:
     calls: list[list[str]] = []
     inner = HashingEmbedder(dim=64)

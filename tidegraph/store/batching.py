@@ -2,16 +2,17 @@
 
 Each transaction costs the store a fixed price at commit (the transaction log, the fulltext
 and vector index updates) that dwarfs one small episode's rows. ``GroupCommit`` queues the
-items submitted while a transaction is running and commits them together in the next one, in
-the order they were submitted; a lone writer is committed at once, so nothing waits for a
-timer. When a shared transaction fails, its items are retried one transaction each, so that
-an item's failure is its own and never another's.
+items submitted while transactions are running and commits them together in the next one, in
+the order they were submitted (per key: see ``GroupCommit``); a lone writer is committed at
+once, so nothing waits for a timer. When a shared transaction fails, its items are retried
+one transaction each, so that an item's failure is its own and never another's.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -27,44 +28,97 @@ class _Pending(Generic[Item, Result]):
 
 class GroupCommit(Generic[Item, Result]):
     """``await submit(item)`` -> its result, from ``commit(items)`` (one transaction for all
-    of them, returning one result per item in order)."""
+    of them, returning one result per item in order).
+
+    Up to ``max_in_flight`` transactions run at once (the store's commit work overlaps the
+    next transaction's preparation), but never two holding items of the same ``key``: the
+    items of one key are committed in the order they were submitted, each transaction after
+    the one before it."""
 
     def __init__(
-        self, commit: Callable[[list[Item]], Awaitable[list[Result]]], max_items: int
+        self,
+        commit: Callable[[list[Item]], Awaitable[list[Result]]],
+        max_items: int,
+        *,
+        key: Callable[[Item], Hashable] = lambda item: None,
+        max_in_flight: int = 1,
     ) -> None:
-        if max_items < 1:
-            raise ValueError("max_items must be at least 1")
+        if max_items < 1 or max_in_flight < 1:
+            raise ValueError("max_items and max_in_flight must be at least 1")
         self._commit = commit
         self._max_items = max_items
+        self._key = key
+        self._max_in_flight = max_in_flight
         self._queue: list[_Pending[Item, Result]] = []
-        self._drainer: asyncio.Task[None] | None = None
+        self._busy: Counter[Hashable] = Counter()  # keys with items in a running transaction
+        self._drainers: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def submit(self, item: Item) -> Result:
         loop = asyncio.get_running_loop()
-        if self._drainer is not None and self._drainer.get_loop() is not loop:
+        if self._loop is not loop:
             # A store reused on another event loop: what the old loop queued is gone with it.
-            self._queue, self._drainer = [], None
+            self._queue, self._busy, self._drainers, self._loop = [], Counter(), set(), loop
         pending: _Pending[Item, Result] = _Pending(item, loop.create_future())
         self._queue.append(pending)
-        if self._drainer is None or self._drainer.done():
-            self._drainer = loop.create_task(self._drain())
+        self._start()
         return await pending.done
 
-    async def _drain(self) -> None:
+    def _start(self) -> None:
+        """Start drainers while there is room for a transaction and items wait. A drainer
+        takes its items when it runs, so the items submitted meanwhile share its
+        transaction."""
+        while self._queue and len(self._drainers) < self._max_in_flight:
+            assert self._loop is not None
+            task = self._loop.create_task(self._drain())
+            self._drainers.add(task)
+
+    def _take(self) -> list[_Pending[Item, Result]]:
+        """The next items to commit, in submission order: up to ``max_items`` whose key has
+        nothing in a running transaction nor an earlier item left in the queue."""
         batch: list[_Pending[Item, Result]] = []
+        blocked: set[Hashable] = set()
+        rest: list[_Pending[Item, Result]] = []
+        for pending in self._queue:
+            if pending.done.done():
+                continue  # a cancelled caller: dropped
+            key = self._key(pending.item)
+            if len(batch) >= self._max_items or key in blocked or self._busy[key]:
+                blocked.add(key)
+                rest.append(pending)
+                continue
+            batch.append(pending)
+        self._queue = rest
+        for pending in batch:
+            self._busy[self._key(pending.item)] += 1
+        return batch
+
+    async def _drain(self) -> None:
+        """Transactions of queued items until none can be taken (the rest wait for a key
+        another drainer holds; that drainer takes them when its transaction ends)."""
         try:
-            while self._queue:
-                batch = self._queue[: self._max_items]
-                del self._queue[: self._max_items]
-                live = [p for p in batch if not p.done.done()]  # a cancelled caller: dropped
-                if live:
-                    await self._commit_batch(live)
+            while batch := self._take():
+                await self._commit_one(batch)
+        finally:
+            # At once, not in a done callback: a submit right after must see the room.
+            self._drainers.discard(asyncio.current_task())
+
+    async def _commit_one(self, batch: list[_Pending[Item, Result]]) -> None:
+        """One transaction of ``batch``; its keys are free again afterwards."""
+        try:
+            await self._commit_batch(batch)
         except BaseException:
             # The drainer itself was cancelled (shutdown): no caller may wait forever.
             for pending in [*batch, *self._queue]:
                 pending.done.cancel()
             self._queue = []
             raise
+        finally:
+            for pending in batch:
+                key = self._key(pending.item)
+                self._busy[key] -= 1
+                if self._busy[key] <= 0:
+                    del self._busy[key]
 
     async def _commit_batch(self, batch: list[_Pending[Item, Result]]) -> None:
         try:
