@@ -45,6 +45,7 @@ the others as the shared core's queries. One process at a time may open the fold
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, Fa
 from tidegraph.records.ids import normalize_name
 from tidegraph.store import errors, kuzu_search_queries
 from tidegraph.store import kuzu_queries as q
-from tidegraph.store.base import LookupRequest
+from tidegraph.store.base import BatchWriteError, LookupRequest
 from tidegraph.store.core import StoreCore
 from tidegraph.store.executor import Row, Tx
 from tidegraph.store.kuzu_executor import KuzuDatabase, KuzuExecutor
@@ -372,16 +373,47 @@ class KuzuStore(StoreCore):
         await tx.rows(q.DROP_COMMUNITY_VECTORS, {"group_id": group_id, "uuids": uuids})
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
+        [written] = await self.write_episodes(group_id, [write])
+        return written
+
+    async def write_episodes(self, group_id: str, writes: list[EpisodeWrite]) -> list[bool]:
+        """One call on the store's thread for all of ``writes``, each written (and committed)
+        as ``write_episode`` writes one; a checkpoint, if due, after the last."""
         dim = await self._embedding_dim()
         now = now_utc()
-        params = {
-            "entities": [entity_row(group_id, e, dim, now) for e in write.entities],
-            "episode": episode_row(group_id, write.episode, dim, now, write.created),
-            "facts": [fact_row(group_id, f, dim, now) for f in write.facts],
-            "closures": [closure_row(c) for c in write.closures],
-        }
-        size = 1 + len(write.entities) + len(write.mentions) + len(write.facts)
-        size += len(write.closures)
-        return await self.kuzu.run_write(
-            "write_episode", size, write_episode_on_thread, group_id, write, params
+        batch = [(write, _write_params(group_id, write, dim, now)) for write in writes]
+        size = sum(
+            1 + len(w.entities) + len(w.mentions) + len(w.facts) + len(w.closures) for w in writes
         )
+        return await self.kuzu.run_write(
+            "write_episode", size, _write_in_order, group_id, batch, single=len(writes) == 1
+        )
+
+
+def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -> dict[str, Any]:
+    return {
+        "entities": [entity_row(group_id, e, dim, now) for e in write.entities],
+        "episode": episode_row(group_id, write.episode, dim, now, write.created),
+        "facts": [fact_row(group_id, f, dim, now) for f in write.facts],
+        "closures": [closure_row(c) for c in write.closures],
+    }
+
+
+def _write_in_order(
+    db: KuzuDatabase,
+    group_id: str,
+    batch: list[tuple[EpisodeWrite, dict[str, Any]]],
+    *,
+    single: bool,
+) -> list[bool]:
+    """Each write in turn (``kuzu_writes.write_episode``); the writes before a failing one
+    stay committed (BatchWriteError says how many), as ``GraphStore.write_episodes`` allows."""
+    written: list[bool] = []
+    for write, params in batch:
+        try:
+            written.append(write_episode_on_thread(db, group_id, write, params))
+        except Exception as exc:
+            if single:
+                raise
+            raise BatchWriteError(written) from exc
+    return written
