@@ -277,9 +277,10 @@ def stage_agent(
         try:
             async for events in batches:
                 BATCH_SIZE.labels(handler.stage).observe(len(events))
-                if isinstance(handler, HopHandler) and handler.batch is not None:
-                    # A group's records of this micro-batch in one job (README "Batch-native
-                    # stages"); its lane keeps the group's jobs in order.
+                if isinstance(handler, HopHandler) and handler.groups_records:
+                    # A group's records of this micro-batch in one job, batched or extracted
+                    # ahead (README "Batch-native stages"); its lane keeps the group's jobs in
+                    # order.
                     for key, group_events in by_key(events).items():
                         job = partial(
                             run_records, handler, sender, stream, group_events, generation

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # Episodes of one group written as one unit, at most.
 DEFAULT_BATCH_EPISODES = 64
+# LLM extractions of one group in flight ahead of its ordered stages, at most.
+DEFAULT_EXTRACT_AHEAD = 4
 
 
 def batchable(episode: Episode, components: Components) -> bool:

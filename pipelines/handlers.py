@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from pipelines.batches import process_extractions
+from pipelines.batches import DEFAULT_EXTRACT_AHEAD, process_extractions
 from pipelines.chain import ChainResult, run_steps
 from pipelines.config import WorkerSettings
 from pipelines.retry import RetryPolicy
+from processors.extraction import ExtractionStep, PreparedExtraction
 from processors.steps import Components, Step
 from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, STAGE_EVENTS
 from tidegraph.records.episode import Episode, parse_episode
@@ -227,6 +228,13 @@ class HopHandler(RecordHandler):
         self.hop = hop
         self.stage = hop.name
         self.steps = list(steps)
+        # The extraction hop with an LLM: a group's LLM extractions run ahead of each other.
+        first = self.steps[0] if self.steps else None
+        self.ahead = (
+            first
+            if hop.consumes == "episodes" and isinstance(first, ExtractionStep) and first.llm
+            else None
+        )
         self._read: Callable[[Consumed], Taken | Emit] = getattr(self, READERS[hop.consumes])
         self._write: Callable[[Consumed, Taken, ChainResult], list[Emit]] = getattr(
             self, WRITERS[hop.produces]
@@ -244,6 +252,16 @@ class HopHandler(RecordHandler):
             budget=self.record_timeout,
             what=f"group={episode.group_id} episode={episode.id}",
         )
+        return self._outputs(record, taken, result)
+
+    @property
+    def groups_records(self) -> bool:
+        """Whether the worker hands this hop a group's records of a micro-batch together
+        (``handle_group``): to batch them (write hop) or to extract ahead (extraction hop)."""
+        return self.batch is not None or self.ahead is not None
+
+    def _outputs(self, record: Consumed, taken: Taken, result: ChainResult) -> list[Emit]:
+        episode = taken.episode
         if result.failure is not None:
             failure = result.failure
             return [
@@ -263,6 +281,8 @@ class HopHandler(RecordHandler):
         """The outputs of each of ``records`` (one group's, in order): runs of mapped
         extractions as one unit (``pipelines.batches.process_extractions``), the rest, and
         the record a batch stops at, one at a time through ``handle``."""
+        if self.ahead is not None:
+            return await self._extract_ahead(self.ahead, records)
         outputs: list[list[Emit]] = []
         reads: dict[int, Taken | Emit] = {}  # each record read once (a dead letter counts)
 
@@ -292,6 +312,68 @@ class HopHandler(RecordHandler):
                 outputs.append(await handled(self, records[i], self.deadline))
             i += 1
         return outputs
+
+    async def _extract_ahead(
+        self, step: ExtractionStep, records: Sequence[Consumed]
+    ) -> list[list[Emit]]:
+        """The extraction hop on one group's records: each prepared in order (processed
+        check and context, ``ExtractionStep.prepare``), its LLM call then running beside the
+        next ones' (at most ``DEFAULT_EXTRACT_AHEAD`` at once); records without an LLM call
+        run in their place. Outputs in record order, so the write hop sees the group's
+        order."""
+        slots = asyncio.Semaphore(DEFAULT_EXTRACT_AHEAD)
+        pending: list[asyncio.Task[list[Emit]] | list[Emit]] = []
+        try:
+            for record in records:
+                taken = self._read(record)
+                if isinstance(taken, Emit):
+                    pending.append([taken])
+                    continue
+                prepared = None
+                if step.extracts_by_llm(taken.episode):
+                    try:
+                        prepared = await step.prepare(taken.episode)
+                    except Exception:
+                        prepared = None  # alone, in its place: it fails (or not) as it would
+                if prepared is None:
+                    pending.append(await handled(self, record, self.deadline))
+                    continue
+                await slots.acquire()
+                job = self._extract_prepared(record, taken, PreparedExtraction(step, prepared))
+                task = asyncio.create_task(job)
+                task.add_done_callback(lambda _: slots.release())
+                pending.append(task)
+            return [p if isinstance(p, list) else await p for p in pending]
+        finally:
+            for p in pending:
+                if isinstance(p, asyncio.Task):
+                    p.cancel()
+
+    async def _extract_prepared(
+        self, record: Consumed, taken: Taken, step: PreparedExtraction
+    ) -> list[Emit]:
+        """``handled`` for a prepared extraction."""
+        episode = taken.episode
+        limit = asyncio.timeout(self.deadline)
+        try:
+            async with limit:
+                result = await run_steps(
+                    [step],
+                    taken.item,
+                    policy=self.policy,
+                    budget=self.record_timeout,
+                    what=f"group={episode.group_id} episode={episode.id}",
+                )
+                return self._outputs(record, taken, result)
+        except Exception as exc:
+            if limit.expired():
+                error = TimeoutError(
+                    f"stage {self.stage} took longer than {self.deadline:g} s on this record "
+                    "(TIDEGRAPH_RECORD_TIMEOUT_SECONDS)"
+                )
+                return [self.crashed(record, error, reason="timeout")]
+            log.exception("stage=%s failed outside its error handling (a bug)", self.stage)
+            return [self.crashed(record, exc, reason="internal_error")]
 
     async def _batched(self, extractions: list[Extraction]) -> list[WriteSummary]:
         assert self.batch is not None

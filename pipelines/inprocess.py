@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from pipelines.batches import DEFAULT_BATCH_EPISODES, batchable, process_batch
+from pipelines.batches import (
+    DEFAULT_BATCH_EPISODES,
+    DEFAULT_EXTRACT_AHEAD,
+    batchable,
+    process_batch,
+)
 from pipelines.chain import ChainResult, run_steps
 from pipelines.retry import RetryPolicy
+from processors.extraction import ExtractionStep, PreparedExtraction
 from processors.mapping import MappingSet
 from processors.prompts import StructuredLLM
 from processors.steps import Components
@@ -97,6 +104,8 @@ class InProcessChain:
         self.policy = policy or RetryPolicy()
         self.record_timeout = record_timeout
         self.batch_episodes = DEFAULT_BATCH_EPISODES
+        self.extract_ahead = DEFAULT_EXTRACT_AHEAD
+        self._extraction = cast(ExtractionStep, self.steps[0])
 
     async def process_group(
         self,
@@ -121,10 +130,77 @@ class InProcessChain:
                 i += len(done)
                 if done:
                     continue
+            ahead = []
+            for episode in episodes[i:]:
+                if not self._extraction.extracts_by_llm(episode):
+                    break
+                ahead.append(episode)
+            if len(ahead) > 1:
+                await self._extract_ahead(ahead, results)
+                i += len(ahead)
+                continue
             # Not batchable, or the episode a batch stopped at: alone.
             results.append(await self._one(episodes[i]))
             i += 1
         return list(results)
+
+    async def _extract_ahead(self, episodes: list[Episode], results: _Results) -> None:
+        """LLM episodes of one group, in order, their extraction calls up to
+        ``extract_ahead`` episodes ahead of the ordered stages: each is prepared in order
+        (processed check, context: ``ExtractionStep.prepare``), its LLM call then runs while
+        earlier episodes are resolved and written. Same prompts, same results as one at a
+        time; one conversation is not held to one LLM round trip at a time."""
+        in_flight: deque[tuple[Episode, asyncio.Task[ChainResult] | None]] = deque()
+        try:
+            for episode in episodes:
+                while len(in_flight) >= self.extract_ahead:
+                    results.append(await self._finish(*in_flight.popleft()))
+                in_flight.append((episode, await self._start_extraction(episode)))
+            while in_flight:
+                results.append(await self._finish(*in_flight.popleft()))
+        finally:
+            for _, task in in_flight:
+                if task is not None:
+                    task.cancel()
+
+    async def _start_extraction(self, episode: Episode) -> asyncio.Task[ChainResult] | None:
+        """The episode's extraction, prepared in order and started; None when preparing it
+        failed (then it goes alone, and fails there as it would have)."""
+        try:
+            prepared = await self._extraction.prepare(episode)
+        except Exception:
+            return None
+        step = PreparedExtraction(self._extraction, prepared)
+        return asyncio.create_task(
+            run_steps(
+                [step],
+                episode,
+                policy=self.policy,
+                budget=self.record_timeout,
+                what=f"group={episode.group_id} episode={episode.id}",
+            )
+        )
+
+    async def _finish(
+        self, episode: Episode, extraction: asyncio.Task[ChainResult] | None
+    ) -> WriteSummary | Failure:
+        """The episode's ordered stages after its extraction."""
+        if extraction is None:
+            return await self._one(episode)
+        try:
+            extracted = await extraction
+            if extracted.failure is not None or extracted.processed is not None:
+                return self._summary(episode, extracted)
+            rest = await run_steps(
+                self.steps[1:],
+                extracted.value,
+                policy=self.policy,
+                budget=self.record_timeout,
+                what=f"group={episode.group_id} episode={episode.id}",
+            )
+            return self._summary(episode, rest)
+        except Exception as exc:
+            return _failure_of(episode, exc)
 
     async def _one(self, episode: Episode) -> WriteSummary | Failure:
         try:
@@ -144,19 +220,25 @@ class InProcessChain:
             budget=self.record_timeout,
             what=f"group={episode.group_id} episode={episode.id}",
         )
+        summary = self._summary(episode, result)
+        if isinstance(summary, Failure):
+            raise EpisodeFailed(summary)
+        return summary
+
+    @staticmethod
+    def _summary(episode: Episode, result: ChainResult) -> WriteSummary | Failure:
+        """What running steps on ``episode`` came to."""
         if result.failure is not None:
             failure = result.failure
-            raise EpisodeFailed(
-                Failure(
-                    stage=failure.stage,
-                    error_class=type(failure.error).__name__,
-                    message=str(failure.error),
-                    record=episode.model_dump(mode="json"),
-                    group_id=episode.group_id,
-                    episode_id=episode.id,
-                    attempts=failure.attempts,
-                    reason=failure.reason,
-                )
+            return Failure(
+                stage=failure.stage,
+                error_class=type(failure.error).__name__,
+                message=str(failure.error),
+                record=episode.model_dump(mode="json"),
+                group_id=episode.group_id,
+                episode_id=episode.id,
+                attempts=failure.attempts,
+                reason=failure.reason,
             )
         if result.processed is not None:
             return WriteSummary(

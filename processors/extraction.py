@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 from processors.context import RecentEpisodes
 from processors.mapping import MappingSet
@@ -30,6 +31,16 @@ from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, Process
 from tidegraph.store.base import GraphStore
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An LLM extraction with everything read that must be read in episode order: whether the
+    episode is processed, and its context (``ExtractionStep.prepare``)."""
+
+    episode: Episode
+    processed: bool
+    context: list[EpisodeRecord]
 
 
 class ExtractionStep:
@@ -64,6 +75,35 @@ class ExtractionStep:
         if self.context is not None:
             self.context.remember(episode)
         return extraction
+
+    def extracts_by_llm(self, episode: Episode) -> bool:
+        """Whether ``run`` asks the LLM about ``episode`` (not a JSON record: those are mapped,
+        or dead-lettered without a rule)."""
+        return self.llm is not None and episode.source != "json"
+
+    async def prepare(self, episode: Episode) -> Prepared:
+        """The part of ``run`` for an LLM episode that must happen in the group's order: the
+        processed check and the context read; the episode is then remembered, so that the
+        next episode's context holds it whether or not this one's LLM call has returned. The
+        LLM call itself (``run_prepared``) may then run ahead of the group's ordered stages
+        (README "Batch-native stages"); its prompt is the one ``run`` would have built."""
+        processed = self.store is not None and await self.store.episode_processed(
+            episode.group_id, episode.uuid, episode.content_hash
+        )
+        context: list[EpisodeRecord] = []
+        if not processed and self.context is not None and self.context_episodes > 0:
+            context = await self.context.recent_episodes(
+                episode.group_id, episode.reference_time, self.context_episodes
+            )
+        if self.context is not None:
+            self.context.remember(episode)
+        return Prepared(episode, processed, context)
+
+    async def run_prepared(self, prepared: Prepared) -> Extraction | Processed:
+        """``run`` from ``prepare``'s answer: the LLM call."""
+        if prepared.processed:
+            return Processed(episode=prepared.episode)
+        return await self._ask(prepared.episode, prepared.context)
 
     async def map_record(self, episode: Episode) -> Extraction | None:
         """``run`` for an episode a declared mapping extracts; None for any other (nothing
@@ -107,6 +147,10 @@ class ExtractionStep:
             context = await self.context.recent_episodes(
                 episode.group_id, episode.reference_time, self.context_episodes
             )
+        return await self._ask(episode, context)
+
+    async def _ask(self, episode: Episode, context: list[EpisodeRecord]) -> Extraction:
+        assert self.llm is not None
         output: ExtractionOutput = await self.llm.structured(
             stage=self.stage,
             system=EXTRACTION_SYSTEM,
@@ -114,6 +158,23 @@ class ExtractionStep:
             schema=ExtractionOutput,
         )
         return from_llm_output(episode, output)
+
+
+class PreparedExtraction:
+    """The extraction step on a prepared episode (``ExtractionStep.prepare``): its LLM call,
+    retried and given up on as the step itself is."""
+
+    stage = "extraction"
+
+    def __init__(self, step: ExtractionStep, prepared: Prepared) -> None:
+        self.step = step
+        self.prepared = prepared
+
+    async def run(self, episode: Episode) -> Extraction | Processed:
+        return await self.step.run_prepared(self.prepared)
+
+    def fallback(self, episode: Episode, reason: str) -> Extraction | None:
+        return self.step.fallback(episode, reason)
 
 
 def not_extracted(episode: Episode, reason: str) -> Extraction:

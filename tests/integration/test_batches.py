@@ -25,10 +25,13 @@ from pipelines.inprocess import Failure, InProcessChain
 from tests.integration.graph_compare import comparable
 from tests.integration.test_delivery_order_stores import DIM, Record, deliveries, rows
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.llm import LLMClient
+from tidegraph.records.episode import Episode
 from tidegraph.records.stages import WriteSummary
 from tidegraph.records.times import iso
 from tidegraph.store.base import GraphStore
 from tidegraph.testing import crm_feed as crm
+from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 pytestmark = pytest.mark.integration
 
@@ -125,3 +128,100 @@ async def test_a_failing_episode_in_a_batch_fails_alone(store: GraphStore) -> No
     failed = [o for o in batched["outcomes"] if o[0] == "failed"]
     assert [o[1] for o in failed] == ["rec-2"]
     assert len(batched["outcomes"]) == 6
+
+
+# ----------------------------------------------------------------------------- text: run ahead
+TEXT = [
+    (0, "Ana Lima: Harbor Freight signed up for the Starter plan."),
+    (1, "Ben Okafor: Harbor Freight reports slow invoice exports."),
+    (3, "Ana Lima: Harbor Freight moved to the Business plan."),
+    (2, "Ben Okafor: (late) Harbor Freight asked about SSO before the upgrade."),
+    (4, "Cleo Park: Harbor Freight invoice exports are fixed."),
+    (5, "Ana Lima: Harbor Freight added ten seats."),
+    (6, "Ben Okafor: Harbor Freight wants a quarterly invoice."),
+]
+
+
+def text_episodes(group: str) -> list[Episode]:
+    start = crm.START
+    return [
+        Episode(
+            id=f"chat-{n}",
+            group_id=group,
+            source="message",
+            content=text,
+            reference_time=start + timedelta(hours=hours),
+        )
+        for n, (hours, text) in enumerate(TEXT)
+    ]
+
+
+def answer_extraction(request: FakeRequest) -> dict[str, Any]:
+    """The speaker and what they said about Harbor Freight, from the current message only."""
+    current = request.user.split("Current episode", 1)[1].split("\n", 1)[1]
+    speaker, body = current.split(": ", 1)
+    return {
+        "entities": [
+            {"name": speaker.strip(), "type": "Person", "summary": None},
+            {"name": "Harbor Freight", "type": "Organization", "summary": None},
+        ],
+        "facts": [
+            {
+                "subject": speaker.strip(),
+                "relation": "SAID_ABOUT",
+                "object": "Harbor Freight",
+                "fact": f"{speaker.strip()} said: {body.strip()}",
+                "valid_at": None,
+                "invalid_at": None,
+            }
+        ],
+    }
+
+
+async def text_run(store: GraphStore, server: ScriptedLLMServer, ahead: bool) -> dict[str, Any]:
+    group = f"text-{uuidlib.uuid4().hex[:12]}"
+    llm = LLMClient(
+        base_url=server.base_url, api_key="test", model="fake", cache=None, max_attempts=1
+    )
+    pipeline = InProcessChain(
+        store=store, embedder=HashingEmbedder(dim=DIM), llm=llm, mappings=None
+    )
+    server.reset()
+    try:
+        episodes = text_episodes(group)
+        if ahead:
+            results = await pipeline.process_group(episodes)
+        else:
+            results = [await pipeline._one(episode) for episode in episodes]
+        requests = [(name, request.user) for name, request, _ in server.requests]
+        graph: dict[str, Any] = await comparable(store, group)
+        graph["outcomes"] = [outcome(r) for r in results]
+        graph["extraction_prompts"] = sorted(u for n, u in requests if n == "ExtractionOutput")
+        # extractions the server saw before the first episode's write: 1 one at a time
+        graph["order"] = [n for n, _ in requests]
+        return graph
+    finally:
+        await llm.close()
+        await store.delete_group(group)
+
+
+async def test_llm_extractions_run_ahead_with_the_prompts_and_graph_of_one_at_a_time(
+    store: GraphStore,
+) -> None:
+    """A conversation's extraction calls run ahead of its ordered stages (several in flight at
+    once), with exactly the prompts (context included, a late message too) and the graph of
+    one episode at a time."""
+    with ScriptedLLMServer(latency_seconds=0.05) as server:
+        server.on("ExtractionOutput", answer_extraction)
+        server.on("EntityResolutionOutput", lambda _: {"matches": []})
+        server.on("FactResolutionOutput", lambda _: {"judgements": []})
+        alone = await text_run(store, server, ahead=False)
+        ahead = await text_run(store, server, ahead=True)
+    order_alone, order_ahead = alone.pop("order"), ahead.pop("order")
+    assert ahead == alone
+    assert len(alone["extraction_prompts"]) == len(TEXT)
+    assert "Previous episodes" in alone["extraction_prompts"][-1]
+    # one at a time, an episode's resolution calls come before the next extraction; ahead,
+    # the first four extractions are asked before anything else
+    assert order_ahead[:4] == ["ExtractionOutput"] * 4
+    assert order_alone[:4] != order_ahead[:4]
