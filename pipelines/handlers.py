@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -354,26 +354,18 @@ class HopHandler(RecordHandler):
     ) -> list[Emit]:
         """``handled`` for a prepared extraction."""
         episode = taken.episode
-        limit = asyncio.timeout(self.deadline)
-        try:
-            async with limit:
-                result = await run_steps(
-                    [step],
-                    taken.item,
-                    policy=self.policy,
-                    budget=self.record_timeout,
-                    what=f"group={episode.group_id} episode={episode.id}",
-                )
-                return self._outputs(record, taken, result)
-        except Exception as exc:
-            if limit.expired():
-                error = TimeoutError(
-                    f"stage {self.stage} took longer than {self.deadline:g} s on this record "
-                    "(TIDEGRAPH_RECORD_TIMEOUT_SECONDS)"
-                )
-                return [self.crashed(record, error, reason="timeout")]
-            log.exception("stage=%s failed outside its error handling (a bug)", self.stage)
-            return [self.crashed(record, exc, reason="internal_error")]
+
+        async def extract() -> list[Emit]:
+            result = await run_steps(
+                [step],
+                taken.item,
+                policy=self.policy,
+                budget=self.record_timeout,
+                what=f"group={episode.group_id} episode={episode.id}",
+            )
+            return self._outputs(record, taken, result)
+
+        return await within_budget(self, record, self.deadline, extract)
 
     async def _batched(self, extractions: list[Extraction]) -> list[WriteSummary]:
         assert self.batch is not None
@@ -505,14 +497,24 @@ def _episode_bytes(episode: Episode, *, fallback: bytes | None) -> bytes | None:
 
 
 async def handled(handler: RecordHandler, record: Consumed, budget: float) -> list[Emit]:
-    """The handler's outputs for one record, within its time budget. Handlers turn record
-    failures into dead letters themselves; whatever still escapes them (a bug), or a record
-    that takes longer than ``budget`` seconds, becomes a dead letter here too: a record never
-    stops the worker or holds its group for longer than the budget."""
+    """The handler's outputs for one record, within its time budget (``within_budget``)."""
+    return await within_budget(handler, record, budget, lambda: handler.handle(record))
+
+
+async def within_budget(
+    handler: RecordHandler,
+    record: Consumed,
+    budget: float,
+    work: Callable[[], Awaitable[list[Emit]]],
+) -> list[Emit]:
+    """``work``'s outputs for ``record``. Handlers turn record failures into dead letters
+    themselves; whatever still escapes them (a bug), or a record that takes longer than
+    ``budget`` seconds, becomes a dead letter here too: a record never stops the worker or
+    holds its group for longer than the budget."""
     limit = asyncio.timeout(budget)
     try:
         async with limit:
-            return await handler.handle(record)
+            return await work()
     except Exception as exc:
         if limit.expired():
             error = TimeoutError(

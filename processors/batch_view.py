@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+from processors.resolution import lookup_terms
 from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
 from tidegraph.records.ids import normalize_name
 from tidegraph.records.stages import Extraction
@@ -34,16 +35,6 @@ from tidegraph.store.rows import clean_labels, sort_entities, sort_facts, unique
 class BatchMiss(Exception):
     """The batch's read cannot answer this question exactly: process the batch one episode
     at a time."""
-
-
-def lookup_terms(extraction: Extraction) -> tuple[list[str], list[str], list[str] | None]:
-    """What resolution looks up for ``extraction``: its drafts' keys, their normalised
-    names, and (mapped episodes) its relations."""
-    drafts = extraction.entities
-    keys = sorted({d.key for d in drafts if d.key})
-    names = sorted({normalize_name(d.name) or d.name for d in drafts})
-    relations = sorted({f.relation for f in extraction.facts}) if extraction.mapped else None
-    return keys, names, relations
 
 
 class BatchView:

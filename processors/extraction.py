@@ -138,16 +138,8 @@ class ExtractionStep:
                 "a mapping rule (then replay it from the dead-letter topic) or set "
                 "TIDEGRAPH_LLM_BASE_URL (and TIDEGRAPH_LLM_API_KEY, TIDEGRAPH_LLM_MODEL)"
             )
-        if self.store is not None and await self.store.episode_processed(
-            episode.group_id, episode.uuid, episode.content_hash
-        ):
-            return None
-        context: list[EpisodeRecord] = []
-        if self.context is not None and self.context_episodes > 0:
-            context = await self.context.recent_episodes(
-                episode.group_id, episode.reference_time, self.context_episodes
-            )
-        return await self._ask(episode, context)
+        extraction = await self.run_prepared(await self.prepare(episode))
+        return None if isinstance(extraction, Processed) else extraction
 
     async def _ask(self, episode: Episode, context: list[EpisodeRecord]) -> Extraction:
         assert self.llm is not None

@@ -36,6 +36,16 @@ log = logging.getLogger(__name__)
 CANDIDATES_PER_ENTITY = 5
 
 
+def lookup_terms(extraction: Extraction) -> tuple[list[str], list[str], list[str] | None]:
+    """What resolution looks up for ``extraction``: its drafts' keys, their normalised
+    names, and (mapped episodes) its relations."""
+    drafts = extraction.entities
+    keys = sorted({d.key for d in drafts if d.key})
+    names = sorted({normalize_name(d.name) or d.name for d in drafts})
+    relations = sorted({f.relation for f in extraction.facts}) if extraction.mapped else None
+    return keys, names, relations
+
+
 def new_entity_uuid(group_id: str, name: str, key: str | None) -> str:
     if key:
         return stable_uuid("entity", group_id, "key", key)
@@ -84,11 +94,8 @@ class ResolutionStep:
         (EpisodeConflictError when stored with other content), the stored entities the
         drafts' keys and names match, and for a mapped episode the found entities' facts of
         its relations."""
-        drafts = extraction.entities
-        keys = sorted({d.key for d in drafts if d.key})
-        names = sorted({normalize_name(d.name) or d.name for d in drafts})
+        keys, names, relations = lookup_terms(extraction)
         episode = extraction.episode
-        relations = sorted({f.relation for f in extraction.facts}) if extraction.mapped else None
         return await self.store.lookup_entities(
             episode.group_id, keys, names, episode.uuid, relations, episode.content_hash
         )
