@@ -3,9 +3,10 @@
 Both systems run against one :class:`~tidegraph.testing.fake_llm.ScriptedLLMServer` with a
 fixed latency per request. ``FairAnswers.install`` registers a handler per JSON-schema name:
 
-* **extraction**, tidegraph ``ExtractionOutput`` and Graphiti ``ExtractedEntities`` +
-  ``ExtractedEdges``: the episode is identified by the exact text of the prompt's
-  current-episode section (tidegraph: after ``Current episode (...)``; Graphiti: inside
+* **extraction**, tidegraph ``ExtractionOutput`` (``EpisodesExtractionOutput`` for several
+  episodes of a group in one call: answered episode by episode, the same way) and Graphiti
+  ``ExtractedEntities`` + ``ExtractedEdges``: the episode is identified by the exact text of
+  the prompt's current-episode section (tidegraph: after ``Current episode (...)``; Graphiti: inside
   ``<CURRENT MESSAGE>`` / ``<CURRENT_MESSAGE>``), never by the context episodes, and the
   answer is that message's ground truth: the same entity names in the same order and the same
   facts (subject, relation, object, wording). Dates follow each prompt's contract for the
@@ -37,12 +38,14 @@ from collections import Counter
 from typing import Any
 
 from benchmarks.text_feed import ONE_VALUED, FeedEpisode, FeedIndex, TruthFact
+from tidegraph.testing.extraction_requests import joint_answer
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 SUMMARY_CHARS = 400
 
 TIDEGRAPH_STAGES = {
     "ExtractionOutput": "extraction",
+    "EpisodesExtractionOutput": "extraction",
     "EntityResolutionOutput": "entity_resolution",
     "FactResolutionOutput": "fact_resolution",
 }
@@ -98,6 +101,7 @@ class FairAnswers:
     def install(self, server: ScriptedLLMServer) -> None:
         handlers = {
             "ExtractionOutput": self.tidegraph_extraction,
+            "EpisodesExtractionOutput": joint_answer(self.tidegraph_extraction),
             "EntityResolutionOutput": self.tidegraph_entities,
             "FactResolutionOutput": self.tidegraph_facts,
             "ExtractedEntities": self.graphiti_entities,

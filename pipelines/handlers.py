@@ -26,7 +26,13 @@ from pipelines.batches import DEFAULT_EXTRACT_AHEAD, process_extractions
 from pipelines.chain import ChainResult, run_steps
 from pipelines.config import WorkerSettings
 from pipelines.retry import RetryPolicy
-from processors.extraction import ExtractionStep, PreparedExtraction
+from processors.extraction import (
+    ExtractionStep,
+    JointExtraction,
+    Prepared,
+    PreparedExtraction,
+    prepared_steps,
+)
 from processors.steps import Components, Step
 from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, STAGE_EVENTS
 from tidegraph.records.episode import Episode, parse_episode
@@ -317,12 +323,28 @@ class HopHandler(RecordHandler):
         self, step: ExtractionStep, records: Sequence[Consumed]
     ) -> list[list[Emit]]:
         """The extraction hop on one group's records: each prepared in order (processed
-        check and context, ``ExtractionStep.prepare``), its LLM call then running beside the
-        next ones' (at most ``DEFAULT_EXTRACT_AHEAD`` at once); records without an LLM call
-        run in their place. Outputs in record order, so the write hop sees the group's
-        order."""
-        slots = asyncio.Semaphore(DEFAULT_EXTRACT_AHEAD)
-        pending: list[asyncio.Task[list[Emit]] | list[Emit]] = []
+        check and context, ``ExtractionStep.prepare``), consecutive ones asked in one LLM
+        call (up to ``episodes_per_call``), their calls running beside the next ones' (at
+        most ``DEFAULT_EXTRACT_AHEAD`` calls' worth of records at once); records without an
+        LLM call run in their place. Outputs in record order, so the write hop sees the
+        group's order."""
+        per_call = step.episodes_per_call
+        slots = asyncio.Semaphore(DEFAULT_EXTRACT_AHEAD * per_call)
+        pending: list[asyncio.Task[list[Emit]] | list[Emit] | None] = []
+        chunk: list[tuple[int, Consumed, Taken, Prepared]] = []  # prepared, not started
+        joints: list[JointExtraction] = []
+
+        def start_chunk() -> None:
+            ready = [prepared for *_, prepared in chunk]
+            steps, joint = prepared_steps(step, ready, self.record_timeout)
+            if joint is not None:
+                joints.append(joint)
+            for (at, record, taken, _), prepared_step in zip(chunk, steps, strict=True):
+                task = asyncio.create_task(self._extract_prepared(record, taken, prepared_step))
+                task.add_done_callback(lambda _: slots.release())
+                pending[at] = task
+            chunk.clear()
+
         try:
             for record in records:
                 taken = self._read(record)
@@ -336,18 +358,26 @@ class HopHandler(RecordHandler):
                     except Exception:
                         prepared = None  # alone, in its place: it fails (or not) as it would
                 if prepared is None:
+                    start_chunk()
                     pending.append(await handled(self, record, self.deadline))
                     continue
                 await slots.acquire()
-                job = self._extract_prepared(record, taken, PreparedExtraction(step, prepared))
-                task = asyncio.create_task(job)
-                task.add_done_callback(lambda _: slots.release())
-                pending.append(task)
-            return [p if isinstance(p, list) else await p for p in pending]
+                chunk.append((len(pending), record, taken, prepared))
+                pending.append(None)
+                if len(chunk) == per_call:
+                    start_chunk()
+            start_chunk()
+            outputs = []
+            for p in pending:
+                assert p is not None
+                outputs.append(p if isinstance(p, list) else await p)
+            return outputs
         finally:
             for p in pending:
                 if isinstance(p, asyncio.Task):
                     p.cancel()
+            for joint in joints:
+                joint.cancel()
 
     async def _extract_prepared(
         self, record: Consumed, taken: Taken, step: PreparedExtraction

@@ -23,7 +23,7 @@ from pipelines.batches import (
 )
 from pipelines.chain import ChainResult, run_steps
 from pipelines.retry import RetryPolicy
-from processors.extraction import ExtractionStep, PreparedExtraction
+from processors.extraction import ExtractionStep, JointExtraction, Prepared, prepared_steps
 from processors.mapping import MappingSet
 from processors.prompts import StructuredLLM
 from processors.steps import Components
@@ -71,6 +71,7 @@ class InProcessChain:
         llm: StructuredLLM | None,
         mappings: MappingSet | None,
         context_episodes: int = 4,
+        episodes_per_call: int = 4,
         policy: RetryPolicy | None = None,
         record_timeout: float = DEFAULT_RECORD_TIMEOUT,
     ) -> None:
@@ -80,6 +81,7 @@ class InProcessChain:
             llm=llm,
             mappings=mappings,
             context_episodes=context_episodes,
+            episodes_per_call=episodes_per_call,
         )
         self._setup(components, policy, record_timeout)
 
@@ -146,40 +148,63 @@ class InProcessChain:
 
     async def _extract_ahead(self, episodes: list[Episode], results: _Results) -> None:
         """LLM episodes of one group, in order, their extraction calls up to
-        ``extract_ahead`` episodes ahead of the ordered stages: each is prepared in order
-        (processed check, context: ``ExtractionStep.prepare``), its LLM call then runs while
-        earlier episodes are resolved and written. Same prompts, same results as one at a
-        time; one conversation is not held to one LLM round trip at a time."""
+        ``extract_ahead`` calls ahead of the ordered stages, each call extracting up to
+        ``episodes_per_call`` consecutive episodes: each episode is prepared in order
+        (processed check, context: ``ExtractionStep.prepare``), its call then runs while
+        earlier episodes are resolved and written. One conversation is not held to one LLM
+        round trip at a time, nor to one call per episode."""
+        per_call = self._extraction.episodes_per_call
         in_flight: deque[tuple[Episode, asyncio.Task[ChainResult] | None]] = deque()
+        joints: list[JointExtraction] = []
         try:
-            for episode in episodes:
-                while len(in_flight) >= self.extract_ahead:
+            for start in range(0, len(episodes), per_call):
+                chunk = episodes[start : start + per_call]
+                while in_flight and len(in_flight) + len(chunk) > self.extract_ahead * per_call:
                     results.append(await self._finish(*in_flight.popleft()))
-                in_flight.append((episode, await self._start_extraction(episode)))
+                in_flight.extend(await self._start_extractions(chunk, joints))
             while in_flight:
                 results.append(await self._finish(*in_flight.popleft()))
         finally:
             for _, task in in_flight:
                 if task is not None:
                     task.cancel()
+            for joint in joints:
+                joint.cancel()
 
-    async def _start_extraction(self, episode: Episode) -> asyncio.Task[ChainResult] | None:
-        """The episode's extraction, prepared in order and started; None when preparing it
-        failed (then it goes alone, and fails there as it would have)."""
-        try:
-            prepared = await self._extraction.prepare(episode)
-        except Exception:
-            return None
-        step = PreparedExtraction(self._extraction, prepared)
-        return asyncio.create_task(
-            run_steps(
-                [step],
-                episode,
-                policy=self.policy,
-                budget=self.record_timeout,
-                what=f"group={episode.group_id} episode={episode.id}",
-            )
+    async def _start_extractions(
+        self, episodes: list[Episode], joints: list[JointExtraction]
+    ) -> list[tuple[Episode, asyncio.Task[ChainResult] | None]]:
+        """The episodes' extractions, prepared in order and started, in one LLM call when
+        several ask for one; None for an episode whose preparing failed (it then goes alone,
+        and fails there as it would have)."""
+        prepared: list[Prepared | None] = []
+        for episode in episodes:
+            try:
+                prepared.append(await self._extraction.prepare(episode))
+            except Exception:
+                prepared.append(None)
+        steps, joint = prepared_steps(
+            self._extraction, [p for p in prepared if p is not None], self.record_timeout
         )
+        if joint is not None:
+            joints.append(joint)
+        step_of = iter(steps)
+        started: list[tuple[Episode, asyncio.Task[ChainResult] | None]] = []
+        for episode, ready in zip(episodes, prepared, strict=True):
+            task = None
+            if ready is not None:
+                step = next(step_of)
+                task = asyncio.create_task(
+                    run_steps(
+                        [step],
+                        episode,
+                        policy=self.policy,
+                        budget=self.record_timeout,
+                        what=f"group={episode.group_id} episode={episode.id}",
+                    )
+                )
+            started.append((episode, task))
+        return started
 
     async def _finish(
         self, episode: Episode, extraction: asyncio.Task[ChainResult] | None

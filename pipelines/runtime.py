@@ -68,6 +68,7 @@ async def open_runtime(
         llm=llm,
         mappings=mappings,
         context_episodes=settings.context_episodes,
+        episodes_per_call=settings.llm_episodes_per_call,
     )
     return Runtime(
         settings, store, embedder, llm, mappings, components, cross_encoder_from_settings(settings)

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 
 from processors.context import RecentEpisodes
 from processors.mapping import MappingSet
-from processors.prompts import EXTRACTION_SYSTEM, ExtractionOutput, StructuredLLM, extraction_user
+from processors.prompts import (
+    EPISODES_EXTRACTION_SYSTEM,
+    EXTRACTION_SYSTEM,
+    EpisodesExtractionOutput,
+    ExtractionOutput,
+    StructuredLLM,
+    episodes_extraction_user,
+    extraction_user,
+)
 from tidegraph.metrics import EPISODES_NOT_EXTRACTED
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import NoExtractorError
@@ -57,14 +65,18 @@ class ExtractionStep:
         store: GraphStore | None = None,
         context: RecentEpisodes | None = None,
         context_episodes: int = 4,
+        episodes_per_call: int = 4,
     ) -> None:
         """``store``: where the processed marker of an episode for the LLM is read (None:
-        not read). ``context``: the recent episodes given to the LLM (None: none)."""
+        not read). ``context``: the recent episodes given to the LLM (None: none).
+        ``episodes_per_call``: how many waiting episodes of a group one LLM call may extract
+        (``ask_together``, used by the pipelines' run-ahead)."""
         self.mappings = mappings
         self.llm = llm
         self.store = store
         self.context = context
         self.context_episodes = context_episodes
+        self.episodes_per_call = episodes_per_call
 
     async def run(self, episode: Episode) -> Extraction | Processed:
         extraction = await self._mapped(episode)
@@ -151,22 +163,121 @@ class ExtractionStep:
         )
         return from_llm_output(episode, output)
 
+    async def ask_together(self, prepared: list[Prepared]) -> list[Extraction | None]:
+        """One LLM call extracting several prepared episodes of a group (consecutive, in
+        order, none processed), with the first one's context: each episode's extraction, or
+        None for one the answer leaves out (it is then asked alone). README "Batch-native
+        stages"."""
+        assert self.llm is not None
+        episodes = [p.episode for p in prepared]
+        output: EpisodesExtractionOutput = await self.llm.structured(
+            stage=self.stage,
+            system=EPISODES_EXTRACTION_SYSTEM,
+            user=episodes_extraction_user(episodes, prepared[0].context),
+            schema=EpisodesExtractionOutput,
+        )
+        answers: dict[int, ExtractionOutput] = {}
+        for answer in output.episodes:
+            if 0 <= answer.episode < len(episodes) and answer.episode not in answers:
+                answers[answer.episode] = ExtractionOutput(
+                    entities=answer.entities, facts=answer.facts
+                )
+        results: list[Extraction | None] = []
+        calls = 1  # counted on the first episode the call answered
+        for index, episode in enumerate(episodes):
+            if index not in answers:
+                results.append(None)
+                continue
+            extraction = from_llm_output(episode, answers[index])
+            extraction.llm_calls, calls = calls, 0
+            results.append(extraction)
+        return results
+
+
+class JointExtraction:
+    """Several prepared episodes of a group extracted by one LLM call
+    (``ExtractionStep.ask_together``), started at once; each episode's step
+    (``PreparedExtraction``) takes its part of the answer. An episode the call fails on or
+    leaves out is asked alone, retried and given up on as the step itself is."""
+
+    def __init__(self, step: ExtractionStep, prepared: list[Prepared], wait: float) -> None:
+        """``wait``: how long an episode waits for the call's answer before it asks alone
+        (so that one episode the LLM is stuck on does not use up the others' budget)."""
+        self.wait = wait
+        self._task = asyncio.create_task(step.ask_together(prepared))
+
+    async def extraction(self, index: int, episode: Episode) -> Extraction | None:
+        """The answer for the call's ``index``-th episode (``episode``); None when the call
+        failed, left it out or did not answer within ``wait``."""
+        try:
+            async with asyncio.timeout(self.wait):
+                results = await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            if self._task.cancelled():
+                return None  # the call was cancelled, not this episode's step
+            raise
+        except Exception as exc:  # TimeoutError included
+            log.info(
+                "joint extraction failed; its episode is asked alone",
+                extra={"group_id": episode.group_id, "reason": type(exc).__name__},
+            )
+            return None
+        return results[index]
+
+    def cancel(self) -> None:
+        """Stop the call when no episode of it will take its answer."""
+        self._task.cancel()
+
 
 class PreparedExtraction:
-    """The extraction step on a prepared episode (``ExtractionStep.prepare``): its LLM call,
-    retried and given up on as the step itself is."""
+    """The extraction step on a prepared episode (``ExtractionStep.prepare``): its LLM call
+    (its part of a joint call when it has one), retried and given up on as the step itself
+    is."""
 
     stage = "extraction"
 
-    def __init__(self, step: ExtractionStep, prepared: Prepared) -> None:
+    def __init__(
+        self,
+        step: ExtractionStep,
+        prepared: Prepared,
+        joint: JointExtraction | None = None,
+        index: int = 0,
+    ) -> None:
+        """``joint``: the call this episode is the ``index``-th of (None: its own call)."""
         self.step = step
         self.prepared = prepared
+        self.joint = joint
+        self.index = index
 
     async def run(self, episode: Episode) -> Extraction | Processed:
+        if self.joint is not None:
+            extraction = await self.joint.extraction(self.index, self.prepared.episode)
+            if extraction is not None:
+                return extraction
+            self.joint = None  # asked alone from now on, retries included
         return await self.step.run_prepared(self.prepared)
 
     def fallback(self, episode: Episode, reason: str) -> Extraction | None:
         return self.step.fallback(episode, reason)
+
+
+def prepared_steps(
+    step: ExtractionStep, prepared: list[Prepared], budget: float
+) -> tuple[list[PreparedExtraction], JointExtraction | None]:
+    """The extraction steps of consecutive prepared episodes of a group, in order: the ones
+    not processed yet share one LLM call (``JointExtraction``) when there are several, each
+    waiting for it half its ``budget`` (seconds) at most before it asks alone. The call starts
+    now; cancel it (the second value) when the steps are abandoned."""
+    asked = [p for p in prepared if not p.processed]
+    joint = JointExtraction(step, asked, budget / 2) if len(asked) > 1 else None
+    steps, index = [], 0
+    for p in prepared:
+        if p.processed or joint is None:
+            steps.append(PreparedExtraction(step, p))
+            continue
+        steps.append(PreparedExtraction(step, p, joint, index))
+        index += 1
+    return steps, joint
 
 
 def not_extracted(episode: Episode, reason: str) -> Extraction:

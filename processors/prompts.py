@@ -67,6 +67,51 @@ def extraction_user(episode: Episode, context: list[EpisodeRecord]) -> str:
     return "\n".join(lines)
 
 
+class EpisodeExtraction(BaseModel):
+    episode: int  # index of the current episode in the request
+    entities: list[LLMEntity]
+    facts: list[LLMFact]
+
+
+class EpisodesExtractionOutput(BaseModel):
+    episodes: list[EpisodeExtraction]
+
+
+EPISODES_EXTRACTION_SYSTEM = """You extract a knowledge graph from several consecutive \
+episodes of one conversation or document, each on its own. For EACH current episode, answer \
+its index and every entity (people, organisations, products, plans, places, tickets, \
+concepts) that THAT episode mentions, with a short type (PascalCase, e.g. Person, \
+Organization, Product) and a one-sentence summary of what that episode says about it; and \
+every fact THAT episode states between two of its entities: subject and object are entity \
+names exactly as in that episode's entity list, relation is a short verb phrase in \
+UPPER_SNAKE_CASE (WORKS_AT, HAS_PLAN, REPORTED_ISSUE), fact is one self-contained sentence. \
+valid_at / invalid_at: when the fact became / stopped being true, as an ISO 8601 date resolved \
+against that episode's reference time ("since last March" -> the date), or null when not \
+stated. Use the previous episodes, and the current episodes before an episode, only to \
+resolve references; never give an episode a fact that only another episode states."""
+
+CURRENT_EPISODE = "Current episode [{index}] ({source}, {description}; reference time {time}):"
+"""The heading of each current episode in a request for several (its content follows it)."""
+
+
+def episodes_extraction_user(episodes: list[Episode], context: list[EpisodeRecord]) -> str:
+    """A request to extract ``episodes`` (one group's, in order) in one call; ``context``: the
+    episodes before the first one."""
+    lines = []
+    if context:
+        lines.append("Previous episodes (context only):")
+        lines += [f"- [{iso(c.valid_at)}] {c.content[:1000]}" for c in context]
+    for index, episode in enumerate(episodes):
+        heading = CURRENT_EPISODE.format(
+            index=index,
+            source=episode.source,
+            description=episode.source_description or "n/a",
+            time=iso(episode.reference_time),
+        )
+        lines += [heading, episode.content_text()]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- resolution
 class EntityMatch(BaseModel):
     entity: int  # index of the extracted entity

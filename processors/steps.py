@@ -50,6 +50,7 @@ class Components:
     mappings: MappingSet | None
     context: RecentEpisodes
     context_episodes: int = 4
+    episodes_per_call: int = 4
 
     @classmethod
     def of(
@@ -60,6 +61,7 @@ class Components:
         llm: StructuredLLM | None,
         mappings: MappingSet | None,
         context_episodes: int = 4,
+        episodes_per_call: int = 4,
     ) -> Components:
         """Components around one store, embedder and LLM client: fact texts and names recur
         across a group's episodes, so the steps share one embedding cache; extraction's
@@ -71,4 +73,5 @@ class Components:
             mappings=mappings,
             context=RecentEpisodes(store, per_group=max(16, 4 * context_episodes)),
             context_episodes=context_episodes,
+            episodes_per_call=episodes_per_call,
         )

@@ -110,6 +110,12 @@ class Settings(BaseSettings):
     context_episodes: int = Field(
         4, ge=0, description="Previous episodes of the group given to extraction as context."
     )
+    llm_episodes_per_call: int = Field(
+        4,
+        ge=1,
+        description="Waiting text episodes of one group extracted by one LLM call (1: one "
+        "call per episode).",
+    )
 
     # --- local services (tidegraph services up) ------------------------------------------
     record_timeout_seconds: float = Field(

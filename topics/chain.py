@@ -54,6 +54,7 @@ def _extraction(c: Components) -> ExtractionStep:
         store=c.store,
         context=c.context,
         context_episodes=c.context_episodes,
+        episodes_per_call=c.episodes_per_call,
     )
 
 

@@ -31,6 +31,13 @@ from tidegraph.records.stages import WriteSummary
 from tidegraph.records.times import iso
 from tidegraph.store.base import GraphStore
 from tidegraph.testing import crm_feed as crm
+from tidegraph.testing.extraction_requests import (
+    EXTRACTION,
+    JOINT_EXTRACTION,
+    joint_answer,
+    on_extraction,
+    split_joint_user,
+)
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 pytestmark = pytest.mark.integration
@@ -178,15 +185,29 @@ def answer_extraction(request: FakeRequest) -> dict[str, Any]:
     }
 
 
-async def text_run(store: GraphStore, server: ScriptedLLMServer, ahead: bool) -> dict[str, Any]:
+async def text_run(
+    store: GraphStore,
+    server: ScriptedLLMServer,
+    ahead: bool,
+    episodes_per_call: int = 1,
+    faults: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The conversation ``TEXT`` into a group of its own (deleted afterwards); ``faults``:
+    answers of the first joint extraction requests (e.g. ``"500"``)."""
     group = f"text-{uuidlib.uuid4().hex[:12]}"
     llm = LLMClient(
         base_url=server.base_url, api_key="test", model="fake", cache=None, max_attempts=1
     )
     pipeline = InProcessChain(
-        store=store, embedder=HashingEmbedder(dim=DIM), llm=llm, mappings=None
+        store=store,
+        embedder=HashingEmbedder(dim=DIM),
+        llm=llm,
+        mappings=None,
+        episodes_per_call=episodes_per_call,
     )
     server.reset()
+    for fault in faults:
+        server.inject(fault, times=1, schema_name=JOINT_EXTRACTION)
     try:
         episodes = text_episodes(group)
         if ahead:
@@ -196,7 +217,8 @@ async def text_run(store: GraphStore, server: ScriptedLLMServer, ahead: bool) ->
         requests = [(name, request.user) for name, request, _ in server.requests]
         graph: dict[str, Any] = await comparable(store, group)
         graph["outcomes"] = [outcome(r) for r in results]
-        graph["extraction_prompts"] = sorted(u for n, u in requests if n == "ExtractionOutput")
+        graph["extraction_prompts"] = sorted(u for n, u in requests if n == EXTRACTION)
+        graph["joint_prompts"] = [u for n, u in requests if n == JOINT_EXTRACTION]
         # extractions the server saw before the first episode's write: 1 one at a time
         graph["order"] = [n for n, _ in requests]
         return graph
@@ -212,7 +234,7 @@ async def test_llm_extractions_run_ahead_with_the_prompts_and_graph_of_one_at_a_
     once), with exactly the prompts (context included, a late message too) and the graph of
     one episode at a time."""
     with ScriptedLLMServer(latency_seconds=0.05) as server:
-        server.on("ExtractionOutput", answer_extraction)
+        on_extraction(server, answer_extraction)
         server.on("EntityResolutionOutput", lambda _: {"matches": []})
         server.on("FactResolutionOutput", lambda _: {"judgements": []})
         alone = await text_run(store, server, ahead=False)
@@ -223,5 +245,48 @@ async def test_llm_extractions_run_ahead_with_the_prompts_and_graph_of_one_at_a_
     assert "Previous episodes" in alone["extraction_prompts"][-1]
     # one at a time, an episode's resolution calls come before the next extraction; ahead,
     # the first four extractions are asked before anything else
-    assert order_ahead[:4] == ["ExtractionOutput"] * 4
+    assert order_ahead[:4] == [EXTRACTION] * 4
     assert order_alone[:4] != order_ahead[:4]
+
+
+@pytest.mark.parametrize("fault", [None, "500", "omitted"])
+async def test_a_conversations_waiting_episodes_share_extraction_calls(
+    store: GraphStore, fault: str | None
+) -> None:
+    """A group's waiting text episodes are extracted four to a call, with the graph of one
+    call per episode; an episode the joint call fails on (``500`` after every attempt) or
+    leaves out of its answer is asked alone, and nothing is lost."""
+    with ScriptedLLMServer(latency_seconds=0.05) as server:
+        on_extraction(server, answer_extraction)
+        server.on("EntityResolutionOutput", lambda _: {"matches": []})
+        server.on("FactResolutionOutput", lambda _: {"judgements": []})
+        alone = await text_run(store, server, ahead=False)
+        if fault == "omitted":
+            full = joint_answer(answer_extraction)
+            server.on(JOINT_EXTRACTION, lambda r: {"episodes": full(r)["episodes"][1:]})
+        faults = ("500",) if fault == "500" else ()  # the first call, its only attempt
+        joint = await text_run(store, server, ahead=True, episodes_per_call=4, faults=faults)
+    alone.pop("order"), joint.pop("order")
+    prompts, asked_alone = joint.pop("joint_prompts"), joint.pop("extraction_prompts")
+    alone.pop("joint_prompts"), alone.pop("extraction_prompts")
+    assert joint == alone  # outcomes, facts with both timelines, entities, counts
+    # 7 messages: a call for messages 1-4 (its context: none), one for 5-7 (context: 1-4).
+    assert len(prompts) == 2
+    prompts.sort(key=lambda u: "Previous episodes" in u)
+    first, second = (split_joint_user(u) for u in prompts)
+    assert [len(first), len(second)] == [4, 3]
+    assert "Previous episodes" not in prompts[0] and TEXT[3][1] in prompts[1]
+    current = [content(u) for u in first + second]
+    assert current == [text for _, text in TEXT]
+    again = sorted(content(u) for u in asked_alone)
+    if fault is None:
+        assert again == []
+    elif fault == "500":  # the episodes of the call that failed, each in its own call
+        assert again in (sorted(current[:4]), sorted(current[4:]))
+    else:  # the first episode of each call
+        assert again == sorted([current[0], current[4]])
+
+
+def content(user: str) -> str:
+    """The current episode's content in a one-episode extraction request."""
+    return user.rsplit("):\n", 1)[1]

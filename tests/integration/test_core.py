@@ -18,10 +18,12 @@ one-valued relation (``script.one_valued``) contradicts the old one, nothing els
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -42,6 +44,7 @@ from tidegraph.records.ids import normalize_name, to_relation_name
 from tidegraph.store.base import GraphStore
 from tidegraph.store.neo4j_store import Neo4jStore
 from tidegraph.testing import crm_feed as crm
+from tidegraph.testing.extraction_requests import JOINT_EXTRACTION, on_extraction
 from tidegraph.testing.fake_llm import TIMEOUT_STATUS, FakeRequest, ScriptedLLMServer
 
 pytestmark = pytest.mark.integration
@@ -52,6 +55,7 @@ EXTRACTION, ENTITY_RES, FACT_RES = (
     "EntityResolutionOutput",
     "FactResolutionOutput",
 )
+JOINT = JOINT_EXTRACTION  # several waiting episodes of a group in one extraction call
 HOSTILE_NAME = "x'}) DETACH DELETE n //"
 HOSTILE_RELATION = "works `at`) MATCH (n) DETACH DELETE n //"
 
@@ -105,7 +109,7 @@ class Script:
         self.same[normalize_name(variant)] = normalize_name(canonical)
 
     def install(self, server: ScriptedLLMServer) -> None:
-        server.on(EXTRACTION, self.extract)
+        on_extraction(server, self.extract)
         server.on(ENTITY_RES, self.resolve_entities)
         server.on(FACT_RES, self.resolve_facts)
 
@@ -228,7 +232,7 @@ class Script:
 
 
 def counts_by_schema(server: ScriptedLLMServer) -> dict[str, int]:
-    return {name: server.count(name) for name in (EXTRACTION, ENTITY_RES, FACT_RES)}
+    return {name: server.count(name) for name in (EXTRACTION, JOINT, ENTITY_RES, FACT_RES)}
 
 
 # ============================================================================= fixtures
@@ -459,7 +463,7 @@ async def test_a_later_contradicting_fact_closes_the_earlier_one_and_a_late_one_
         assert await values_at(store, group_id, t) == {("Alice Smith", "WORKS_AT", employer)}
     assert await values_at(store, group_id, at(2019, 1, 1)) == set()
     # One extraction per episode; fact resolution only once there were candidates.
-    assert counts_by_schema(server) == {EXTRACTION: 3, ENTITY_RES: 0, FACT_RES: 2}
+    assert counts_by_schema(server) == {EXTRACTION: 3, JOINT: 0, ENTITY_RES: 0, FACT_RES: 2}
 
 
 async def test_unrelated_facts_never_close_each_other_even_when_the_llm_says_so(
@@ -658,7 +662,7 @@ async def test_mapped_cardinality_one_after_out_of_order_delivery(
     episodes = [crm_episode(group_id, e, n) for n, e in enumerate(delivery)]
     report = await run(pipeline, episodes)
     assert report.facts_born_closed > 0  # late facts really happened
-    assert counts_by_schema(server) == {EXTRACTION: 0, ENTITY_RES: 0, FACT_RES: 0}
+    assert counts_by_schema(server) == {EXTRACTION: 0, JOINT: 0, ENTITY_RES: 0, FACT_RES: 0}
     for t in CHECK_TIMES:
         got = {f for f in await values_at(store, group_id, t) if f[1] != "FOR_ACCOUNT"}
         assert got == expected_at(events, t), t
@@ -998,7 +1002,10 @@ async def test_llm_rate_limits_server_errors_and_timeouts_are_retried(
     group_id: str,
 ) -> None:
     client = make_llm(server, timeout=0.5, max_attempts=6)
-    pipeline = InProcessChain(store=store, embedder=embedder, llm=client, mappings=None)
+    # One call per episode: the faults follow each call (a joint call's faults: test_batches).
+    pipeline = InProcessChain(
+        store=store, embedder=embedder, llm=client, mappings=None, episodes_per_call=1
+    )
     feed = Feed(group_id)
     first = feed.text(script.says("Alice joined Acme.", "Alice[Person] -WORKS_AT-> Acme[Org]"))
     second = feed.text(script.says("Alice moved to Globex.", "Alice -WORKS_AT-> Globex[Org]"))
@@ -1039,7 +1046,9 @@ async def test_malformed_answers_are_retried_then_the_episode_is_stored_unextrac
     fault: str,
 ) -> None:
     client = make_llm(server, max_attempts=3)
-    pipeline = InProcessChain(store=store, embedder=embedder, llm=client, mappings=None)
+    pipeline = InProcessChain(
+        store=store, embedder=embedder, llm=client, mappings=None, episodes_per_call=1
+    )
     pipeline.extract_ahead = 1  # one extraction at a time: the faults follow the group's progress
     feed = Feed(group_id)
     episodes = [
@@ -1203,7 +1212,9 @@ async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
         f"{report.facts_merged} merged, {report.facts_closed} closed)"
     )
     assert n >= 10
-    assert counts[EXTRACTION] == n
+    # A group's waiting episodes are extracted four to a call (README "Batch-native stages").
+    per_group = Counter(e.group_id for e in episodes).values()
+    assert counts[EXTRACTION] + counts[JOINT] == sum(math.ceil(k / 4) for k in per_group)
     assert counts[ENTITY_RES] <= n and counts[FACT_RES] <= n
     assert total <= 3
     assert report.llm_calls == sum(counts.values())
@@ -1389,8 +1400,9 @@ def test_cli_text_feed_through_the_scripted_llm(
     env = {**cli_env, "TIDEGRAPH_LLM_BASE_URL": server.base_url, "TIDEGRAPH_LLM_API_KEY": "t"}
     done = cli(env, "ingest", str(path))
     assert done.returncode == 0, done.stderr
-    assert "2 episodes" in done.stdout and "3 LLM calls" in done.stdout
-    assert counts_by_schema(server) == {EXTRACTION: 2, ENTITY_RES: 0, FACT_RES: 1}
+    # Both episodes are extracted by one call (a group's waiting episodes share one).
+    assert "2 episodes" in done.stdout and "2 LLM calls" in done.stdout
+    assert counts_by_schema(server) == {EXTRACTION: 0, JOINT: 1, ENTITY_RES: 0, FACT_RES: 1}
 
     relation = "WORKS_AT_MATCH_N_DETACH_DELETE_N"
     history = cli_facts(cli_env, group_id, "--history")
@@ -1408,4 +1420,4 @@ def test_cli_text_feed_through_the_scripted_llm(
     # A second run finds every episode processed: no LLM call at all.
     again = cli(env, "ingest", str(path))
     assert again.returncode == 0 and "2 already processed" in again.stdout
-    assert len(server.requests) == 3
+    assert len(server.requests) == 2

@@ -24,6 +24,7 @@ import pytest
 from processors.mapping import MappingSet
 from tidegraph.app import demo
 from tidegraph.records.episode import parse_episode
+from tidegraph.testing.extraction_requests import episodes_asked, on_extraction
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 TIDEGRAPH = Path(sys.executable).parent / "tidegraph"
@@ -277,7 +278,7 @@ def resolve(request: FakeRequest) -> dict[str, Any]:
 
 def test_demo_extracts_ticket_messages_live_when_an_llm_is_configured(tmp_path: Path) -> None:
     with ScriptedLLMServer(model="scripted-model") as server:
-        server.on("ExtractionOutput", extract)
+        on_extraction(server, extract)
         server.on("EntityResolutionOutput", resolve)
         server.on("FactResolutionOutput", lambda _: {"judgements": []})
         env = demo_env(
@@ -288,7 +289,7 @@ def test_demo_extracts_ticket_messages_live_when_an_llm_is_configured(tmp_path: 
             TIDEGRAPH_LLM_MODEL="scripted-model",
         )
         result = run_demo(tmp_path, env)
-        extractions = server.count("ExtractionOutput")
+        extractions = episodes_asked(server)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     messages = len(demo.MESSAGES_FILE.read_bytes().splitlines())

@@ -18,6 +18,7 @@ from tidegraph.llm import LLMClient
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode
 from tidegraph.store.base import GraphStore
+from tidegraph.testing.extraction_requests import on_extraction
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 T0 = datetime(2025, 2, 3, 9, 0, tzinfo=UTC)
@@ -109,7 +110,7 @@ async def test_extract_pending_extracts_in_order_and_loses_nothing_when_cut_off(
 ) -> None:
     await ingest(chain(store, None), episodes(group_id))
     with ScriptedLLMServer() as server:
-        server.on("ExtractionOutput", extract)
+        on_extraction(server, extract)
         server.on("EntityResolutionOutput", lambda _: {"matches": []})
         server.on("FactResolutionOutput", lambda _: {"judgements": []})
         llm = client(server)
@@ -117,14 +118,14 @@ async def test_extract_pending_extracts_in_order_and_loses_nothing_when_cut_off(
             # The second episode's extraction fails (the LLM answers 500 after every retry):
             # the first is extracted, the group stops there, the second and third stay
             # stored and pending.
-            server.on("ExtractionOutput", _failing_second(extract))
+            on_extraction(server, _failing_second(extract))
             first = await extract_pending(chain(store, llm), store, [group_id])
             assert first.extracted == 1 and group_id in first.still_pending
             assert "chat-1" in first.still_pending[group_id]
             left = await store.pending_episodes(group_id, 10)
             assert [r.producer_id for r in left] == ["chat-1", "chat-2"]
 
-            server.on("ExtractionOutput", extract)
+            on_extraction(server, extract)
             second = await extract_pending(chain(store, llm), store, [group_id])
             assert second.extracted == 2 and not second.still_pending and not second.failed
         finally:
@@ -168,7 +169,7 @@ async def test_a_worker_with_an_llm_extracts_the_pending_episodes_of_its_partiti
     try:
         assert len(await store.pending_episodes(group, 10)) == 3
         with ScriptedLLMServer() as server:
-            server.on("ExtractionOutput", extract)
+            on_extraction(server, extract)
             server.on("EntityResolutionOutput", lambda _: {"matches": []})
             server.on("FactResolutionOutput", lambda _: {"judgements": []})
             topology.start_worker(

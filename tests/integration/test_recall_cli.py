@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from tests.integration.test_pending import MESSAGES, episodes, extract
+from tidegraph.testing.extraction_requests import on_extraction
 from tidegraph.testing.fake_llm import ScriptedLLMServer
 
 TIDEGRAPH = Path(sys.executable).parent / "tidegraph"
@@ -88,7 +89,7 @@ def test_search_finds_unextracted_episodes_and_extract_pending_extracts_them(
     assert [r["episode_id"] for r in by_query["q2"] if r["kind"] == "episode"][0] == "chat-2"
 
     with ScriptedLLMServer() as server:
-        server.on("ExtractionOutput", extract)
+        on_extraction(server, extract)
         server.on("EntityResolutionOutput", lambda _: {"matches": []})
         server.on("FactResolutionOutput", lambda _: {"judgements": []})
         llm = {

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.integration.topology_harness import Topology, eventually
+from tidegraph.testing.extraction_requests import on_extraction
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 pytestmark = pytest.mark.integration
@@ -56,7 +57,7 @@ async def test_a_text_record_over_its_time_budget_is_stored_unextracted_and_othe
         for n in range(4)
     ]  # fmt: skip
     with ScriptedLLMServer() as server:
-        server.on("ExtractionOutput", extraction)
+        on_extraction(server, extraction)
         server.on("EntityResolutionOutput", lambda _: {"matches": []})
         server.on("FactResolutionOutput", lambda _: {"judgements": []})
         try:
@@ -116,7 +117,7 @@ async def test_a_json_record_over_its_time_budget_is_dead_lettered_and_others_go
         for n, text in enumerate(["STUCK", "fine"])
     ]  # fmt: skip
     with ScriptedLLMServer() as server:
-        server.on("ExtractionOutput", extraction)
+        on_extraction(server, extraction)
         try:
             worker = topology.start_worker(
                 TIDEGRAPH_LLM_BASE_URL=server.base_url,

@@ -25,6 +25,12 @@ from tests.integration.topology_harness import PARTITIONS, Topology, Worker, eve
 from tidegraph.records.episode import MAX_CONTENT_CHARS, Episode
 from tidegraph.settings import Settings
 from tidegraph.testing.crm_feed import CRM_MAPPING, crm_feed
+from tidegraph.testing.extraction_requests import (
+    EXTRACTION,
+    JOINT_EXTRACTION,
+    on_extraction,
+    split_joint_user,
+)
 from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 pytestmark = pytest.mark.integration
@@ -410,11 +416,12 @@ async def test_llm_429s_and_500s_are_retried_and_a_poison_episode_is_stored_unex
               "reference_time": (start + timedelta(hours=2, minutes=30)).isoformat()}  # fmt: skip
     feed = episodes[:3] + [poison] + episodes[3:]
     with ScriptedLLMServer() as server:
-        server.on("ExtractionOutput", extraction_answer)
+        on_extraction(server, extraction_answer)
         server.on("EntityResolutionOutput", lambda _: {"matches": []})
         server.on("FactResolutionOutput", lambda _: {"judgements": []})
-        # One group: its first extractions (up to 4 run ahead at once) meet the 8 faults;
-        # every failed attempt is retried, by the client or, past its 3 attempts, the stage.
+        # One group: its first one-episode extractions meet the 8 faults (a joint call the
+        # poison's answer spoils is asked again one episode at a time); every failed attempt
+        # is retried, by the client or, past its 3 attempts, the stage.
         server.inject("429", times=4, schema_name="ExtractionOutput")
         server.inject("500", times=4, schema_name="ExtractionOutput")
         worker = topology.start_worker(
@@ -443,6 +450,50 @@ async def test_llm_429s_and_500s_are_retried_and_a_poison_episode_is_stored_unex
         await store.close()
     assert sorted(f.object for f in facts) == sorted(products)
     assert (pending.producer_id, pending.not_extracted) == ("poison", "llm_invalid_output")
+
+
+async def test_a_groups_waiting_text_records_share_extraction_calls_in_the_worker(
+    topology: Topology,
+) -> None:
+    """Text records of one group waiting in the extraction hop's micro-batch are extracted
+    several to an LLM call, each record once, and written in the group's order."""
+    gid = f"{topology.run}-joint"
+    products = ["Zendesk", "Slack", "Jira", "Notion", "Figma", "Linear"]
+    start = datetime(2025, 4, 1, tzinfo=UTC)
+    feed = [
+        {"id": f"msg-{n}", "group_id": gid, "source": "text",
+         "content": f"Company {n % 2} uses {product}.",
+         "reference_time": (start + timedelta(hours=n)).isoformat()}
+        for n, product in enumerate(products)
+    ]  # fmt: skip
+    with ScriptedLLMServer() as server:
+        on_extraction(server, extraction_answer)
+        server.on("EntityResolutionOutput", lambda _: {"matches": []})
+        server.on("FactResolutionOutput", lambda _: {"judgements": []})
+        report = await topology.produce(feed)  # waiting before the worker starts
+        worker = topology.start_worker(
+            TIDEGRAPH_LLM_BASE_URL=server.base_url,
+            TIDEGRAPH_LLM_API_KEY="test",
+            TIDEGRAPH_LLM_MODEL="fake-model",
+        )
+        result = await topology.wait_reflected(report, timeout=180)
+        requests = server.requests
+    assert result.processed == len(feed) and result.dead == []
+    joint = [r.user for name, r, _ in requests if name == JOINT_EXTRACTION]
+    alone = [r.user for name, r, _ in requests if name == EXTRACTION]
+    assert joint and len(joint) + len(alone) < len(feed)
+    asked = [part for user in joint for part in split_joint_user(user)] + alone
+    assert sorted(u.rsplit("):\n", 1)[1] for u in asked) == sorted(e["content"] for e in feed)
+    calls = worker.value("tidegraph_llm_calls_total", stage="extraction", outcome="ok")
+    assert calls == len(joint) + len(alone)
+    store = topology.store()
+    try:
+        facts = await store.query_facts(gid)
+    finally:
+        await store.close()
+    assert sorted((f.subject, f.object) for f in facts) == sorted(
+        (f"Company {n % 2}", product) for n, product in enumerate(products)
+    )
 
 
 # ----------------------------------------------------------------------------- pure parts
