@@ -61,6 +61,7 @@ class KafkaPath:
     rate: float | None  # offered load of the paced phase; None: half the measured maximum
     latency_seconds: float  # length of the paced phase
     work: Path  # worker logs, mapping file, worker data folders
+    communities: bool = True  # the community processor in the workers (as deployed)
 
 
 def worker_env(base: dict[str, str], **overrides: str) -> dict[str, str]:
@@ -165,6 +166,7 @@ class _Run:
             "TIDEGRAPH_DATA_DIR": str(self.data),
             "TIDEGRAPH_BATCH_SIZE": str(path.batch_size),
             "TIDEGRAPH_LOG_LEVEL": "WARNING",
+            "TIDEGRAPH_COMMUNITIES_ENABLED": str(path.communities).lower(),
         }
         self.settings = Settings(
             kafka_bootstrap_servers=path.bootstrap,

@@ -425,6 +425,7 @@ def run_path(name: str, args: argparse.Namespace, spec: FeedSpec, run_id: str) -
         rate=args.rate,
         latency_seconds=args.latency_seconds,
         work=(args.work_dir or REPO / ".tidegraph" / "bench") / run_id,
+        communities=not args.no_communities,
     )
 
     def make(records: int, group_prefix: str) -> CrmFeed:
@@ -564,6 +565,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument(
         "--profile", action="store_true", help="pyinstrument HTML profile of in-process paths"
+    )
+    parser.add_argument(
+        "--no-communities",
+        action="store_true",
+        help="Kafka paths: workers without the community processor (it runs by default)",
     )
     args = parser.parse_args(argv)
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]

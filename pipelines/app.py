@@ -277,7 +277,7 @@ def stage_agent(
         try:
             async for events in batches:
                 BATCH_SIZE.labels(handler.stage).observe(len(events))
-                if isinstance(handler, HopHandler) and handler.groups_records:
+                if handler.groups_records:
                     # A group's records of this micro-batch in one job, batched or extracted
                     # ahead (README "Batch-native stages"); its lane keeps the group's jobs in
                     # order.
@@ -307,13 +307,13 @@ def by_key(events: Sequence[faust.EventT]) -> dict[Any, list[faust.EventT]]:
 
 
 async def run_records(
-    handler: HopHandler,
+    handler: RecordHandler,
     sender: Sender,
     stream: faust.StreamT,
     events: list[faust.EventT],
     generation: Callable[[], int],
 ) -> None:
-    """One group's records of a micro-batch (``HopHandler.handle_group``): handled, their
+    """One group's records of a micro-batch (``RecordHandler.handle_group``): handled, their
     outputs produced and acknowledged by Kafka, then each record acked, in order."""
     fresh = [e for e in events if e.message.generation_id == generation()]
     if len(fresh) < len(events):

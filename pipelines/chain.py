@@ -46,9 +46,10 @@ class ChainResult:
     failure: StepFailure | None = None
 
 
-async def timed(stage: str, call: Callable[[], Awaitable[T]]) -> T:
+async def timed(stage: str, call: Callable[[], Awaitable[T]], events: int = 1) -> T:
     """One attempt of a stage with its metrics; failures wrapped in StageError (the stage
-    names the dead letter). An answer of ``Processed`` counts as skipped, not ok."""
+    names the dead letter). An answer of ``Processed`` counts as skipped, not ok; ``events``:
+    how many records the attempt covers (counted once it succeeds)."""
     started = time.perf_counter()
     IN_FLIGHT.labels(stage).inc()
     try:
@@ -59,7 +60,7 @@ async def timed(stage: str, call: Callable[[], Awaitable[T]]) -> T:
     finally:
         IN_FLIGHT.labels(stage).dec()
         STAGE_LATENCY.labels(stage).observe(time.perf_counter() - started)
-    STAGE_EVENTS.labels(stage, "skipped" if isinstance(result, Processed) else "ok").inc()
+    STAGE_EVENTS.labels(stage, "skipped" if isinstance(result, Processed) else "ok").inc(events)
     return result
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -64,26 +64,58 @@ class CommunityHandler(RecordHandler):
         self.on_group = on_group
 
     async def handle(self, record: Consumed) -> list[Emit]:
-        hop = self.decode_hop(NewEntityRecord, record)
-        if isinstance(hop, Emit):
-            return [hop]
-        group, entity = hop.group_id, hop.entity_uuid
-        self.on_group(group, record.partition)
-        outcome = await with_retries(
-            self.stage,
-            lambda: timed(self.stage, lambda: self.service.assign(group, entity)),
-            self.policy,
-            what=f"group={group} entity={entity}",
-        )
-        if not outcome.ok:
-            COMMUNITY_ASSIGNMENTS.labels("error").inc()
-            log.warning(
-                "community_assignment_failed group=%s entity=%s attempts=%d reason=%s error=%s; "
-                "the group's next refresh places it",
-                group, entity, outcome.attempts, outcome.verdict.reason if outcome.verdict
-                else "?", outcome.error,
-            )  # fmt: skip
-        return []
+        [outputs] = await self.handle_group([record])
+        return outputs
+
+    @property
+    def groups_records(self) -> bool:
+        return True
+
+    async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
+        """A group's new entities of a micro-batch placed as one unit, in order
+        (``CommunityService.assign_many``: one read of their neighbours' communities, one
+        write); a record that cannot be read is dead-lettered alone."""
+        outputs: list[list[Emit]] = []
+        entities: dict[str, list[str]] = {}  # group -> entity uuids, in record order
+        for record in records:
+            hop = self.decode_hop(NewEntityRecord, record)
+            if isinstance(hop, Emit):
+                outputs.append([hop])
+                continue
+            outputs.append([])
+            self.on_group(hop.group_id, record.partition)
+            entities.setdefault(hop.group_id, []).append(hop.entity_uuid)
+        for group, uuids in entities.items():
+            await self._assign(group, uuids)
+        return outputs
+
+    async def _assign(self, group: str, entities: list[str]) -> None:
+        """Place ``entities`` with retries, within the record budget; on failure they are
+        logged and counted, and the group's next refresh places them."""
+
+        def attempt() -> Awaitable[list[str | None]]:
+            return timed(
+                self.stage, lambda: self.service.assign_many(group, entities), len(entities)
+            )
+
+        attempts, reason, error = 0, "timeout", "out of time (TIDEGRAPH_RECORD_TIMEOUT_SECONDS)"
+        try:
+            async with asyncio.timeout(self.deadline):
+                outcome = await with_retries(
+                    self.stage, attempt, self.policy, what=f"group={group} entities={len(entities)}"
+                )
+            if outcome.ok:
+                return
+            attempts, error = outcome.attempts, str(outcome.error)
+            reason = outcome.verdict.reason if outcome.verdict else "?"
+        except TimeoutError:
+            pass
+        COMMUNITY_ASSIGNMENTS.labels("error").inc(len(entities))
+        log.warning(
+            "community_assignment_failed group=%s entities=%s attempts=%d reason=%s error=%s; "
+            "the group's next refresh places them",
+            group, ",".join(entities), attempts, reason, error,
+        )  # fmt: skip
 
 
 class RefreshScheduler:

@@ -114,6 +114,16 @@ class RecordHandler:
     async def handle(self, record: Consumed) -> list[Emit]:
         raise NotImplementedError
 
+    @property
+    def groups_records(self) -> bool:
+        """Whether the worker hands this handler a group's records of a micro-batch together
+        (``handle_group``) rather than one at a time (``handle``)."""
+        return False
+
+    async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
+        """The outputs of each of ``records`` (one group's, in order)."""
+        return [await handled(self, record, self.deadline) for record in records]
+
     def decode_hop(self, model: type[M], record: Consumed) -> M | Emit:
         """The hop record, or a dead letter when it cannot be read (a producer bug)."""
         try:

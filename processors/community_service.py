@@ -90,22 +90,42 @@ class CommunityService:
         """Put a new entity into its neighbours' weighted-majority community (over facts
         valid now); None (and no write) when no neighbour has one. Idempotent: the choice
         does not depend on the entity's own membership, and the write replaces it."""
-        state = self._state[group_id]
-        state.assignments_since_refresh += 1  # also when the write fails: drift is drift
-        self._publish_drift(group_id)
-        if self.is_refreshing(group_id):
-            state.assigned_during_refresh.add(entity_uuid)
-        choice = await self._place(group_id, entity_uuid)
-        COMMUNITY_ASSIGNMENTS.labels("joined" if choice else "none").inc()
+        [choice] = await self.assign_many(group_id, [entity_uuid])
         return choice
 
-    async def _place(self, group_id: str, entity_uuid: str) -> str | None:
-        weights = await self.store.neighbour_weights(group_id, entity_uuid)
-        neighbours = await self.store.entities_by_uuids(group_id, list(weights))
-        choice = assign_by_majority(weights, {e.uuid: e.community_uuid for e in neighbours})
-        if choice is not None:
-            await self.store.assign_member(group_id, choice, entity_uuid)
-        return choice
+    async def assign_many(self, group_id: str, entity_uuids: list[str]) -> list[str | None]:
+        """``assign`` for new entities of a group, in order, as one unit: one read of their
+        neighbours' communities and one write transaction for all the memberships. Each
+        entity sees the memberships the ones before it were given, as one at a time."""
+        state = self._state[group_id]
+        state.assignments_since_refresh += len(entity_uuids)  # also when the write fails
+        self._publish_drift(group_id)
+        if self.is_refreshing(group_id):
+            state.assigned_during_refresh.update(entity_uuids)
+        choices = await self._place(group_id, entity_uuids)
+        for choice in choices:
+            COMMUNITY_ASSIGNMENTS.labels("joined" if choice else "none").inc()
+        return choices
+
+    async def _place(self, group_id: str, entity_uuids: list[str]) -> list[str | None]:
+        weights = await asyncio.gather(
+            *(self.store.neighbour_weights(group_id, uuid) for uuid in entity_uuids)
+        )
+        neighbours = sorted({n for w in weights for n in w})
+        held = {
+            e.uuid: e.community_uuid
+            for e in await self.store.entities_by_uuids(group_id, neighbours)
+        }
+        choices: list[str | None] = []
+        writes: list[tuple[str, str]] = []
+        for entity_uuid, entity_weights in zip(entity_uuids, weights, strict=True):
+            choice = assign_by_majority(entity_weights, held)
+            choices.append(choice)
+            if choice is not None:
+                writes.append((choice, entity_uuid))
+                held[entity_uuid] = choice  # a later entity of the batch sees it
+        await self.store.assign_members(group_id, writes)
+        return choices
 
     # ------------------------------------------------------------------ scheduling
     def drift(self, group_id: str) -> float:
@@ -188,8 +208,8 @@ class CommunityService:
             projected = set(nodes)
             late = sorted(state.assigned_during_refresh - projected)
             state.assigned_during_refresh.clear()
-            for entity_uuid in late:
-                await self._place(group_id, entity_uuid)
+            if late:
+                await self._place(group_id, late)
             seconds = time.perf_counter() - started
 
             state.assignments_since_refresh -= assigned_before

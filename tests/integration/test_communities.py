@@ -186,6 +186,27 @@ async def test_new_entity_joins_its_neighbours_majority(graph: Graph) -> None:
     assert await service.assign(graph.group, graph.uuid("v")) is None
 
 
+async def test_new_entities_placed_together_get_the_places_of_one_at_a_time(
+    graph: Graph,
+) -> None:
+    """A micro-batch's new entities are placed as one unit (one read, one write), each
+    seeing where the ones before it went."""
+    service = CommunityService(graph.store)
+    community_a, community_b = await _two_communities(graph, service)
+    await graph.link([("p", "a2")])
+    await graph.link([("q", "p")], times=2)  # q's heaviest neighbour is p, placed just before
+    await graph.link([("q", "b2")])
+    await graph.link([("r", "s")])  # no neighbour in a community
+    new = [graph.uuid(n) for n in ("p", "q", "r")]
+    assert await service.assign_many(graph.group, new) == [community_a, community_a, None]
+    members = await graph.members()
+    assert members[community_a] == sorted([*A, "p", "q"])
+    assert members[community_b] == B
+    # the same again changes nothing (a redelivered micro-batch)
+    assert await service.assign_many(graph.group, new) == [community_a, community_a, None]
+    assert await graph.members() == members
+
+
 async def test_ties_break_the_same_way_every_run(graph: Graph) -> None:
     service = CommunityService(graph.store)
     community_a, community_b = await _two_communities(graph, service)

@@ -1669,3 +1669,27 @@ async def test_assign_member_moves_and_is_idempotent(
     await store.assign_member(new_group(), one.uuid, u["C"])  # another group: nothing changes
     got = {c.uuid: c.members for c in await store.communities(group)}
     assert got == {one.uuid: [u["E"]], two.uuid: sorted([u["A"], u["B"]])}
+
+
+async def test_assign_members_applies_each_in_order_in_one_call(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    p = await _community_corpus(store, group)
+    u = {n: e.uuid for n, e in p.items()}
+    one = CommunityRecord("c1-" + group, "One", "", [u["A"]])
+    two = CommunityRecord("c2-" + group, "Two", "", [u["B"]])
+    await store.write_communities(group, [one, two], [])
+    await store.assign_members(
+        group,
+        [
+            (one.uuid, u["E"]),
+            (two.uuid, u["E"]),  # the later assignment of an entity wins
+            ("missing", u["C"]),  # no such community: skipped, the others still written
+            (one.uuid, u["B"]),
+        ],
+    )
+    got = {c.uuid: c.members for c in await store.communities(group)}
+    assert got == {one.uuid: sorted([u["A"], u["B"]]), two.uuid: [u["E"]]}
+    await store.assign_members(group, [])  # nothing to do: nothing changes
+    assert {c.uuid: c.members for c in await store.communities(group)} == got

@@ -365,10 +365,15 @@ class GraphStore(abc.ABC):
         its HAS_MEMBER edges by ``members``, removing those members from any other community
         of the group. Communities not named are left alone. Idempotent."""
 
-    @abc.abstractmethod
     async def assign_member(self, group_id: str, community_uuid: str, entity_uuid: str) -> None:
         """Make the entity a member of that (existing) community and of no other. Idempotent;
         a no-op when the community or the entity is not in the group."""
+        await self.assign_members(group_id, [(community_uuid, entity_uuid)])
+
+    @abc.abstractmethod
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
+        """``assign_member`` for each ``(community_uuid, entity_uuid)`` in order, in one
+        transaction."""
 
 
 def _without_embeddings(records: list[EntityRecord]) -> list[EntityRecord]:

@@ -285,21 +285,24 @@ class StoreCore(SearchCore):
 
         await self.ex.write("write_communities", len(rows) + len(memberships), work)
 
-    async def assign_member(self, group_id: str, community_uuid: str, entity_uuid: str) -> None:
-        params = {
-            "group_id": group_id,
-            "community_uuid": community_uuid,
-            "entity_uuid": entity_uuid,
-        }
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
+        if not assignments:
+            return
 
         async def work(tx: Tx) -> None:
-            found = await tx.rows(cq.MEMBER_TARGETS, params)
-            if not found or int(found[0]["found"]) == 0:
-                return
-            await tx.rows(cq.DROP_OTHER_MEMBERSHIPS, params)
-            await tx.rows(cq.MERGE_MEMBERSHIP, params)
+            for community_uuid, entity_uuid in assignments:
+                params = {
+                    "group_id": group_id,
+                    "community_uuid": community_uuid,
+                    "entity_uuid": entity_uuid,
+                }
+                found = await tx.rows(cq.MEMBER_TARGETS, params)
+                if not found or int(found[0]["found"]) == 0:
+                    continue
+                await tx.rows(cq.DROP_OTHER_MEMBERSHIPS, params)
+                await tx.rows(cq.MERGE_MEMBERSHIP, params)
 
-        await self.ex.write("assign_member", 1, work)
+        await self.ex.write("assign_member", len(assignments), work)
 
     # ------------------------------------------------------------------ maintenance
     async def counts(self, group_id: str) -> dict[str, int]:

@@ -446,15 +446,16 @@ class MemoryStore(MemorySearch):
             if self._owners([m["entity"]]).get(m["entity"]) == group_id:
                 self._members.add((m["community"], m["entity"]))
 
-    async def assign_member(self, group_id: str, community_uuid: str, entity_uuid: str) -> None:
-        community = self._communities.get(community_uuid)
-        if community is None or community.group_id != group_id:
-            return
-        if self._owners([entity_uuid]).get(entity_uuid) != group_id:
-            return
-        self._members = {
-            (c, e)
-            for c, e in self._members
-            if e != entity_uuid or self._communities[c].group_id != group_id
-        }
-        self._members.add((community_uuid, entity_uuid))
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
+        for community_uuid, entity_uuid in assignments:
+            community = self._communities.get(community_uuid)
+            if community is None or community.group_id != group_id:
+                continue
+            if self._owners([entity_uuid]).get(entity_uuid) != group_id:
+                continue
+            self._members = {
+                (c, e)
+                for c, e in self._members
+                if e != entity_uuid or self._communities[c].group_id != group_id
+            }
+            self._members.add((community_uuid, entity_uuid))
