@@ -3,7 +3,9 @@
 JSON records that a declared mapping matches skip the LLM entirely and touch no store: their
 processed marker is read with resolution's lookup, in the round trip that stage makes anyway.
 Everything else takes one structured LLM call, with the group's previous episodes as context,
-after a check that the episode is not processed yet (so that a replay costs no LLM call).
+after a check that the episode is not processed yet (so that a replay costs no LLM call);
+several waiting episodes of a group may share one call (``ask_together``, README
+"Batch-native stages").
 
 A text or message episode the LLM cannot extract now (no LLM configured, or the LLM failed on
 it after every retry) is not lost: the step answers an empty extraction marked

@@ -502,6 +502,45 @@ async def test_the_llm_is_given_the_groups_earlier_episodes(store: MemoryStore) 
     assert "In flight" not in llm.calls[0].user.split("Current episode (")[0]
 
 
+async def test_a_joint_extraction_answer_is_taken_episode_by_episode(store: MemoryStore) -> None:
+    """Several episodes in one call: each answer goes to the episode its index names (the
+    first answer for an index counts, indexes outside the request are ignored), an episode
+    the answer leaves out gets None (it is then asked alone), and the call counts once."""
+    episodes = [text_episode(f"e{n}", f"Message {n}", day(n)) for n in range(3)]
+
+    def answer(user: str) -> dict[str, Any]:
+        def named(name: str) -> dict[str, Any]:
+            return {"name": name, "type": "Person", "summary": None}
+
+        return {
+            "episodes": [
+                {"episode": 2, "entities": [named("Carol")], "facts": []},
+                {"episode": 7, "entities": [named("Nobody")], "facts": []},
+                {"episode": 0, "entities": [named("Alice")], "facts": []},
+                {"episode": 2, "entities": [named("Not Carol")], "facts": []},
+            ]
+        }
+
+    llm = ScriptedLLM(EpisodesExtractionOutput=answer)
+    step = ExtractionStep(
+        mappings=MAPPINGS, llm=llm, store=store, context=RecentEpisodes(store), context_episodes=4
+    )
+    prepared = [await step.prepare(e) for e in episodes]
+    results = await step.ask_together(prepared)
+    assert [[x.name for x in r.entities] if r else None for r in results] == [
+        ["Alice"],
+        None,
+        ["Carol"],
+    ]
+    assert [r.episode.id if r else None for r in results] == ["e0", None, "e2"]
+    assert [r.llm_calls if r else None for r in results] == [1, None, 0]
+    [call] = llm.calls
+    assert [call.user.count(f"Message {n}") for n in range(3)] == [1, 1, 1]
+    assert (
+        call.user.index("Message 0") < call.user.index("Message 1") < call.user.index("Message 2")
+    )
+
+
 # ============================================================================= the chain table
 def test_every_stage_takes_what_the_previous_one_gives() -> None:
     assert CHAIN[0].takes is Episode and CHAIN[-1].gives is WriteSummary
