@@ -121,8 +121,9 @@ class RecordHandler:
         return False
 
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
-        """The outputs of each of ``records`` (one group's, in order)."""
-        return [await handled(self, record, self.deadline) for record in records]
+        """The outputs of each of ``records`` (one group's, in order); handlers whose
+        ``groups_records`` is true define it."""
+        raise NotImplementedError
 
     def decode_hop(self, model: type[M], record: Consumed) -> M | Emit:
         """The hop record, or a dead letter when it cannot be read (a producer bug)."""

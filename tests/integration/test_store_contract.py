@@ -1653,15 +1653,23 @@ async def test_write_communities_is_idempotent_and_scoped(
     assert [c.name for c in await store.communities(group)] == ["Two'"]
 
 
-async def test_assign_member_moves_and_is_idempotent(
-    store: GraphStore, new_group: Callable[..., str]
-) -> None:
-    group = new_group()
+async def _two_communities(
+    store: GraphStore, group: str
+) -> tuple[dict[str, str], CommunityRecord, CommunityRecord]:
+    """The community corpus's uuids by name, and two stored communities: A's and B's."""
     p = await _community_corpus(store, group)
     u = {n: e.uuid for n, e in p.items()}
     one = CommunityRecord("c1-" + group, "One", "", [u["A"]])
     two = CommunityRecord("c2-" + group, "Two", "", [u["B"]])
     await store.write_communities(group, [one, two], [])
+    return u, one, two
+
+
+async def test_assign_member_moves_and_is_idempotent(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    group = new_group()
+    u, one, two = await _two_communities(store, group)
     for _ in range(2):
         await store.assign_member(group, one.uuid, u["E"])
     await store.assign_member(group, two.uuid, u["A"])
@@ -1675,11 +1683,7 @@ async def test_assign_members_applies_each_in_order_in_one_call(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:
     group = new_group()
-    p = await _community_corpus(store, group)
-    u = {n: e.uuid for n, e in p.items()}
-    one = CommunityRecord("c1-" + group, "One", "", [u["A"]])
-    two = CommunityRecord("c2-" + group, "Two", "", [u["B"]])
-    await store.write_communities(group, [one, two], [])
+    u, one, two = await _two_communities(store, group)
     await store.assign_members(
         group,
         [

@@ -380,6 +380,19 @@ def record_id(record: Any) -> str:
 USES = re.compile(r"^(?P<subject>.+?) uses (?P<object>.+?)\.?$")
 
 
+def uses_feed(
+    gid: str, products: list[str], *, companies: int, start: datetime
+) -> list[dict[str, Any]]:
+    """Text envelopes "Company k uses P." of one group, an hour apart, for
+    ``extraction_answer``."""
+    return [
+        {"id": f"msg-{n}", "group_id": gid, "source": "text",
+         "content": f"Company {n % companies} uses {product}.",
+         "reference_time": (start + timedelta(hours=n)).isoformat()}
+        for n, product in enumerate(products)
+    ]  # fmt: skip
+
+
 def extraction_answer(request: FakeRequest) -> dict[str, Any]:
     current = request.user.rsplit("):\n", 1)[1].strip()
     if "POISON" in current:
@@ -405,12 +418,7 @@ async def test_llm_429s_and_500s_are_retried_and_a_poison_episode_is_stored_unex
     gid = f"{topology.run}-llm"
     products = ["Zendesk", "Slack", "Jira", "Notion", "Figma", "Linear", "Stripe", "Okta"]
     start = datetime(2025, 4, 1, tzinfo=UTC)
-    episodes = [
-        {"id": f"msg-{n}", "group_id": gid, "source": "text",
-         "content": f"Company {n % 3} uses {product}.",
-         "reference_time": (start + timedelta(hours=n)).isoformat()}
-        for n, product in enumerate(products)
-    ]  # fmt: skip
+    episodes = uses_feed(gid, products, companies=3, start=start)
     poison = {"id": "poison", "group_id": gid, "source": "text",
               "content": "POISON pill that no model can parse.",
               "reference_time": (start + timedelta(hours=2, minutes=30)).isoformat()}  # fmt: skip
@@ -459,13 +467,7 @@ async def test_a_groups_waiting_text_records_share_extraction_calls_in_the_worke
     several to an LLM call, each record once, and written in the group's order."""
     gid = f"{topology.run}-joint"
     products = ["Zendesk", "Slack", "Jira", "Notion", "Figma", "Linear"]
-    start = datetime(2025, 4, 1, tzinfo=UTC)
-    feed = [
-        {"id": f"msg-{n}", "group_id": gid, "source": "text",
-         "content": f"Company {n % 2} uses {product}.",
-         "reference_time": (start + timedelta(hours=n)).isoformat()}
-        for n, product in enumerate(products)
-    ]  # fmt: skip
+    feed = uses_feed(gid, products, companies=2, start=datetime(2025, 4, 1, tzinfo=UTC))
     with ScriptedLLMServer() as server:
         on_extraction(server, extraction_answer)
         server.on("EntityResolutionOutput", lambda _: {"matches": []})
