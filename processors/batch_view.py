@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any, TypeVar
 
 from processors.resolution import lookup_terms
 from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
@@ -30,6 +31,8 @@ from tidegraph.records.times import utc, utcnow
 from tidegraph.store.base import GraphStore
 from tidegraph.store.errors import check_same_episode
 from tidegraph.store.rows import clean_labels, sort_entities, sort_facts, unique
+
+_Record = TypeVar("_Record", EntityRecord, FactRecord)
 
 
 class BatchMiss(Exception):
@@ -275,10 +278,20 @@ def _opt_utc(value: datetime | None) -> datetime | None:
     return None if value is None else utc(value)
 
 
+def _copy(record: _Record, **update: Any) -> _Record:
+    """A copy that shares nothing a step may change: the records' fields are immutable
+    values or lists of them, so fresh lists make it as good as a deep copy (and several times
+    cheaper than one, for a 384-number embedding)."""
+    lists = {
+        k: list(v) for k, v in record.__dict__.items() if isinstance(v, list) and k not in update
+    }
+    return record.model_copy(update=lists | update)
+
+
 def _copies(entities: Iterable[EntityRecord]) -> list[EntityRecord]:
-    return sort_entities(e.model_copy(deep=True) for e in entities)
+    return sort_entities(_copy(e) for e in entities)
 
 
 def _plain(facts: Iterable[FactRecord]) -> list[FactRecord]:
     """Copies, as the store returns them without embeddings (steps may change what they get)."""
-    return sort_facts(f.model_copy(deep=True, update={"fact_embedding": None}) for f in facts)
+    return sort_facts(_copy(f, fact_embedding=None) for f in facts)

@@ -35,6 +35,7 @@ _MONTHS = [
 _YEAR = re.compile(r"^\d{4}$")
 _EPOCH = re.compile(r"^\d{9,11}(\.\d+)?$")
 _EPOCH_MS = re.compile(r"^\d{12,14}$")
+_ISO = re.compile(r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?(Z|[+-]\d{2}:?\d{2})?$")
 # dateparser reads almost anything as a date ("N/A", "x", "1", "on" all become dates), so a
 # phrase is only handed to it when it looks like a date: a year (4+ digits), a d/m/y shape, or
 # a word of three letters or more ("March", "yesterday", "3 days ago", "desde marzo").
@@ -165,9 +166,21 @@ class TemporalStep:
     stage = "temporal"
 
     async def run(self, resolved: ResolvedEpisode) -> StampedEpisode:
+        if all(
+            plain_time(t) for f in resolved.extraction.facts for t in (f.valid_at, f.invalid_at)
+        ):
+            return stamp(resolved)  # microseconds: a thread hop would cost more
         # Off the event loop: date phrases go through dateparser (bounded by MAX_TIME_TEXT, but
         # still milliseconds a phrase), and one record must never hold up every group.
         return await asyncio.to_thread(stamp, resolved)
+
+
+def plain_time(text: str | None) -> bool:
+    """True for no time, or one ``read_when`` reads without dateparser (ISO 8601, epoch)."""
+    return text is None or bool(
+        len(text) <= MAX_TIME_TEXT
+        and (_ISO.match(text) or _EPOCH.match(text) or _EPOCH_MS.match(text))
+    )
 
 
 def stamp(resolved: ResolvedEpisode) -> StampedEpisode:

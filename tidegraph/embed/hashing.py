@@ -137,13 +137,16 @@ class HashingEmbedder(Embedder):
 
     def embed_sync(self, text: str) -> list[float]:
         """The vector of one text, without an event loop (it is cheap: no I/O, no model)."""
-        vector = [0.0] * self.dim
+        sums: dict[int, float] = {}  # only the buckets a feature falls in
         for feature, weight in sorted(features(text).items()):
             index, sign = _bucket(feature, self.dim)
-            vector[index] += sign * weight
-        norm = math.sqrt(math.fsum(x * x for x in vector))
+            sums[index] = sums.get(index, 0.0) + sign * weight
+        vector = [0.0] * self.dim
+        norm = math.sqrt(math.fsum(x * x for x in sums.values()))
         if norm == 0.0:  # every feature cancelled out in its bucket: fall back to the marker
             index, sign = _bucket(_EMPTY_FEATURE, self.dim)
             vector[index] = sign
             return vector
-        return [x / norm for x in vector]
+        for index, value in sums.items():
+            vector[index] = value / norm
+        return vector
