@@ -69,6 +69,7 @@ async def open_runtime(
         mappings=mappings,
         context_episodes=settings.context_episodes,
         episodes_per_call=settings.llm_episodes_per_call,
+        embed_mapped_content=settings.embed_mapped_content,
     )
     return Runtime(
         settings, store, embedder, llm, mappings, components, cross_encoder_from_settings(settings)

@@ -40,10 +40,20 @@ class InvalidationStep:
 
     stage = "invalidation"
 
-    def __init__(self, *, store: GraphStore, embedder: Embedder, llm: StructuredLLM | None) -> None:
+    def __init__(
+        self,
+        *,
+        store: GraphStore,
+        embedder: Embedder,
+        llm: StructuredLLM | None,
+        embed_mapped_content: bool = False,
+    ) -> None:
+        """``embed_mapped_content``: also embed the content of an episode a declared mapping
+        extracted (README "Configuration", ``TIDEGRAPH_EMBED_MAPPED_CONTENT``)."""
         self.store = store
         self.embedder = embedder
         self.llm = llm
+        self.embed_mapped_content = embed_mapped_content
 
     async def run(self, stamped: StampedEpisode) -> WriteSummary:
         episode = stamped.episode
@@ -65,12 +75,16 @@ class InvalidationStep:
         if candidates is None:
             candidates = await self._candidates(group, facts, judged=judged)
         # One embedding call: the facts' texts, and the episode's content (episode search).
+        # A mapped record's content is not embedded unless asked: what it says is in its
+        # facts and entities, which are, and BM25 finds the record itself.
         content = episode.content_text()
         to_embed = [i for i, f in enumerate(facts) if not f.closes]
         texts = [facts[i].fact for i in to_embed]
-        *vectors, content_embedding = await self.embedder.embed(
-            [*texts, content[:EPISODE_EMBED_CHARS]]
-        )
+        embed_content = not stamped.mapped or self.embed_mapped_content
+        if embed_content:
+            texts.append(content[:EPISODE_EMBED_CHARS])
+        vectors = await self.embedder.embed(texts) if texts else []
+        content_embedding = vectors.pop() if embed_content else None
         embeddings = dict(zip(to_embed, vectors, strict=True))
         decisions: dict[int, FactDecision] = {}
         llm_calls = 0

@@ -51,6 +51,7 @@ class Components:
     context: RecentEpisodes
     context_episodes: int = 4
     episodes_per_call: int = 4
+    embed_mapped_content: bool = False
 
     @classmethod
     def of(
@@ -62,6 +63,7 @@ class Components:
         mappings: MappingSet | None,
         context_episodes: int = 4,
         episodes_per_call: int = 4,
+        embed_mapped_content: bool = False,
     ) -> Components:
         """Components around one store, embedder and LLM client: fact texts and names recur
         across a group's episodes, so the steps share one embedding cache; extraction's
@@ -74,4 +76,5 @@ class Components:
             context=RecentEpisodes(store, per_group=max(16, 4 * context_episodes)),
             context_episodes=context_episodes,
             episodes_per_call=episodes_per_call,
+            embed_mapped_content=embed_mapped_content,
         )

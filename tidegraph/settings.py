@@ -116,6 +116,12 @@ class Settings(BaseSettings):
         description="Waiting text episodes of one group extracted by one LLM call (1: one "
         "call per episode).",
     )
+    embed_mapped_content: bool = Field(
+        False,
+        description="Also embed the content of JSON records extracted by a declared mapping, "
+        "for episode vector search (their facts and entities are embedded, and BM25 finds "
+        "the records, either way). Off, a mapped record's write costs Neo4j about half.",
+    )
 
     # --- local services (tidegraph services up) ------------------------------------------
     record_timeout_seconds: float = Field(

@@ -67,7 +67,12 @@ def _temporal(c: Components) -> TemporalStep:
 
 
 def _invalidation(c: Components) -> InvalidationStep:
-    return InvalidationStep(store=c.store, embedder=c.embedder, llm=c.llm)
+    return InvalidationStep(
+        store=c.store,
+        embedder=c.embedder,
+        llm=c.llm,
+        embed_mapped_content=c.embed_mapped_content,
+    )
 
 
 CHAIN: tuple[Stage, ...] = (

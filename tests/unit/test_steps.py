@@ -25,10 +25,12 @@ from processors.resolution import ResolutionStep
 from processors.steps import Components
 from processors.temporal import TemporalStep
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.records.asof import AsOf
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import NoExtractorError
 from tidegraph.records.graph import EntityRecord, EpisodeRecord, EpisodeWrite
 from tidegraph.records.ids import normalize_name, stable_uuid
+from tidegraph.records.search import Kind, SearchScope
 from tidegraph.records.stages import (
     EntityDraft,
     Extraction,
@@ -413,6 +415,33 @@ async def test_a_write_finding_the_episode_processed_is_skipped_and_keeps_its_cr
     assert again.skipped and again.facts_new == 0
     assert again.created_entities == stamped.pending.created != []  # entities.new re-sent
     assert await store.counts(G) == counts
+
+
+@pytest.mark.parametrize("embed_mapped_content", [False, True])
+async def test_a_mapped_records_content_is_embedded_only_when_asked(
+    store: MemoryStore, embed_mapped_content: bool
+) -> None:
+    step = InvalidationStep(
+        store=store, embedder=EMBEDDER, llm=None, embed_mapped_content=embed_mapped_content
+    )
+    record = mapped("e1", plan_record(ACME, "Basic", day(1)), day(1))
+    note = said(text_episode("t1", "Alice joined Acme Corp", day(2)), ("Alice", "WORKS_AT", "Acme"))
+    for extraction in (record, note):
+        await step.run(await stamp(store, extraction))
+    scope = SearchScope((G,), AsOf.resolve(None, None, False, None))
+
+    async def nearest(kind: Kind, text: str) -> set[str]:
+        hits = await store.vector_search(scope, kind, await EMBEDDER.embed_one(text), 10)
+        return {hit.uuid for hit in hits}
+
+    record_uuid, note_uuid = record.episode.uuid, note.episode.uuid
+    by_vector = await nearest("episode", record.episode.content_text())
+    assert (record_uuid in by_vector) is embed_mapped_content
+    assert note_uuid in await nearest("episode", note.episode.content_text())  # text: always
+    # Either way the record's fact is embedded and the record itself found by its words.
+    assert await nearest("fact", record.facts[0].fact)
+    found = await store.fulltext_search(scope, "episode", "Basic", 10)
+    assert record_uuid in {hit.uuid for hit in found}
 
 
 # ============================================================================= extraction
