@@ -27,7 +27,7 @@ from pipelines.community_agent import install_community_agent
 from pipelines.config import WorkerSettings
 from pipelines.handlers import Consumed, Emit, HopHandler, RecordHandler, handled
 from pipelines.health import HealthState
-from pipelines.lanes import KeyedLanes
+from pipelines.lanes import KeyedBacklog, KeyedLanes
 from pipelines.pending import pending_envelopes
 from pipelines.runtime import Runtime
 from tidegraph.connections import KafkaConnection
@@ -270,6 +270,7 @@ def stage_agent(
             per_key=worker.max_in_flight_per_group,
         )
         registry.append(lanes)
+        backlog: KeyedBacklog[faust.EventT] = KeyedBacklog(handler.group_take)
         # noack_take is faust-streaming's, missing from its StreamT stub
         batches: AsyncIterator[Sequence[faust.EventT]] = stream.noack_take(  # type: ignore[attr-defined]
             worker.batch_size, within=worker.batch_within_seconds
@@ -278,14 +279,15 @@ def stage_agent(
             async for events in batches:
                 BATCH_SIZE.labels(handler.stage).observe(len(events))
                 if handler.groups_records:
-                    # A group's records of this micro-batch in one job, batched or extracted
-                    # ahead (README "Batch-native stages"); its lane keeps the group's jobs in
-                    # order.
+                    # A group's waiting records in one job, batched or extracted ahead (README
+                    # "Batch-native stages"); its lane keeps the group's jobs in order.
                     for key, group_events in by_key(events).items():
-                        job = partial(
-                            run_records, handler, sender, stream, group_events, generation
-                        )
-                        await lanes.submit(key, job)
+                        for start in range(0, len(group_events), backlog.most):
+                            backlog.add(key, group_events[start : start + backlog.most])
+                            job = partial(
+                                run_waiting, handler, sender, stream, backlog, key, generation
+                            )
+                            await lanes.submit(key, job)
                     continue
                 for event in events:
                     job = partial(run_record, handler, sender, stream, event, generation)
@@ -304,6 +306,35 @@ def by_key(events: Sequence[faust.EventT]) -> dict[Any, list[faust.EventT]]:
     for event in events:
         groups.setdefault(event.message.key, []).append(event)
     return groups
+
+
+async def run_waiting(
+    handler: RecordHandler,
+    sender: Sender,
+    stream: faust.StreamT,
+    backlog: KeyedBacklog[faust.EventT],
+    key: Any,
+    generation: Callable[[], int],
+) -> None:
+    """The records of group ``key`` waiting when this job starts (``KeyedBacklog``), through
+    ``run_records``. Records taken before a rebalance are left unacked (Kafka hands them
+    out again)."""
+    current = generation()
+    stale: list[faust.EventT] = []
+
+    def fresh(event: faust.EventT) -> bool:
+        if event.message.generation_id == current:
+            return True
+        stale.append(event)
+        return False
+
+    events = backlog.take(key, fresh)
+    if stale:
+        log.warning(
+            "stage=%s dropped %d records taken before the rebalance", handler.stage, len(stale)
+        )
+    if events:
+        await run_records(handler, sender, stream, events, generation)
 
 
 async def run_records(

@@ -20,7 +20,7 @@ from tidegraph.records.episode import parse_episode
 from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.times import utc
 from tidegraph.settings import Settings
-from tidegraph.store import open_store
+from tidegraph.store import GraphStore, open_store
 from topics.admin import ensure_topics, partitions_of
 from topics.names import TopicNames
 from topics.records import DeadLetter, RecordRef, decode
@@ -420,28 +420,24 @@ async def wait_until_reflected(
 
 
 async def _newly_processed(
-    store: object, items: list[Produced], window: int = 8
+    store: GraphStore, items: list[Produced], window: int = 256
 ) -> list[tuple[int, int]]:
     """Positions of ``items`` stored in the graph (processed, or stored without extraction:
     searchable either way, README "Episodes without an LLM"). A group's episodes are written
-    in order, so each group is checked from its oldest pending episode on, ``window`` at a
-    time, until one is not written yet (bounded work per poll on big files)."""
+    in order, so each group's oldest ``window`` pending episodes are asked, in one read per
+    group (bounded work per poll on big files, and little beside the workers' own)."""
     by_group: dict[str | None, list[Produced]] = {}
     for item in sorted(items, key=lambda p: (p.partition, p.offset)):
         by_group.setdefault(item.group_id, []).append(item)
 
     async def front(group_items: list[Produced]) -> list[tuple[int, int]]:
-        done: list[tuple[int, int]] = []
-        for start in range(0, len(group_items), window):
-            chunk = group_items[start : start + window]
-            statuses = await asyncio.gather(
-                *(store.episode_status(p.group_id, p.episode_uuid) for p in chunk)  # type: ignore[attr-defined]
-            )
-            flags = [status != "missing" for status in statuses]
-            done += [(p.partition, p.offset) for p, flag in zip(chunk, flags, strict=True) if flag]
-            if not all(flags):
-                break
-        return done
+        chunk = group_items[:window]
+        group = chunk[0].group_id
+        assert group is not None  # only valid episodes are asked
+        statuses = await store.episode_statuses(group, [str(p.episode_uuid) for p in chunk])
+        return [
+            (p.partition, p.offset) for p in chunk if statuses[str(p.episode_uuid)] != "missing"
+        ]
 
     results = await asyncio.gather(*(front(g) for g in by_group.values()))
     return [pos for group_done in results for pos in group_done]

@@ -125,6 +125,12 @@ class RecordHandler:
         ``groups_records`` is true define it."""
         raise NotImplementedError
 
+    @property
+    def group_take(self) -> int:
+        """The most records of one group ``handle_group`` is given at once: the group's
+        records waiting, up to this (``pipelines.lanes.KeyedBacklog``)."""
+        return self.worker.batch_size
+
     def decode_hop(self, model: type[M], record: Consumed) -> M | Emit:
         """The hop record, or a dead letter when it cannot be read (a producer bug)."""
         try:
@@ -273,9 +279,17 @@ class HopHandler(RecordHandler):
 
     @property
     def groups_records(self) -> bool:
-        """Whether the worker hands this hop a group's records of a micro-batch together
-        (``handle_group``): to batch them (write hop) or to extract ahead (extraction hop)."""
-        return self.batch is not None or self.ahead is not None
+        """The worker hands a hop a group's waiting records together (``handle_group``): the
+        write hop batches them, the extraction hop extracts ahead with an LLM, and every hop
+        produces a job's outputs together (one wait for Kafka's acknowledgements, not one per
+        record)."""
+        return True
+
+    @property
+    def group_take(self) -> int:
+        if self.ahead is not None:  # what it extracts at once: outputs wait for the slowest
+            return DEFAULT_EXTRACT_AHEAD * self.ahead.episodes_per_call
+        return super().group_take
 
     def _outputs(self, record: Consumed, taken: Taken, result: ChainResult) -> list[Emit]:
         episode = taken.episode

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
 
 Job = Callable[[], Awaitable[None]]
+T = TypeVar("T")
 
 
 class KeyedLanes:
@@ -103,3 +105,37 @@ class KeyedLanes:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class KeyedBacklog(Generic[T]):
+    """Items of each key waiting for a job of their key's lane. Each micro-batch adds a key's
+    items and submits one job; the job takes whatever of its key is waiting when it starts (at
+    most ``most``). A stage that keeps up runs each micro-batch's items as they came; one that
+    falls behind runs larger jobs, one store read and one write for many records instead of
+    many small ones, without waiting for anything that has not arrived.
+
+    A job takes at most ``most`` and every micro-batch adds at most ``most`` of a key with one
+    job, so the jobs admitted for a key take everything waiting for it."""
+
+    def __init__(self, most: int) -> None:
+        if most < 1:
+            raise ValueError("most must be at least 1")
+        self.most = most
+        self._waiting: dict[Hashable, list[T]] = {}
+
+    def add(self, key: Hashable, items: list[T]) -> None:
+        if len(items) > self.most:
+            raise ValueError(f"at most {self.most} items of a key at once, not {len(items)}")
+        self._waiting.setdefault(key, []).extend(items)
+
+    def take(self, key: Hashable, keep: Callable[[T], bool] = lambda _: True) -> list[T]:
+        """The first ``most`` items of ``key`` that ``keep`` accepts, in the order they
+        were added; items it refuses before them are dropped."""
+        waiting = [item for item in self._waiting.pop(key, []) if keep(item)]
+        taken, rest = waiting[: self.most], waiting[self.most :]
+        if rest:
+            self._waiting[key] = rest
+        return taken
+
+    def waiting(self, key: Hashable) -> int:
+        return len(self._waiting.get(key, ()))

@@ -1072,6 +1072,15 @@ async def test_malformed_answers_are_retried_then_the_episode_is_stored_unextrac
     assert report.episodes == 3 and report.failures == []
     assert server.count(EXTRACTION, status=200) == 6  # 1, then 3 failed, then 1 failed + 1
     assert await store.episode_status(group_id, episodes[1].uuid) == "not_extracted"
+    asked = [e.uuid for e in episodes] + ["never-sent"]
+    assert await store.episode_statuses(group_id, asked) == {
+        episodes[0].uuid: "processed",
+        episodes[1].uuid: "not_extracted",
+        episodes[2].uuid: "processed",
+        "never-sent": "missing",
+    }
+    elsewhere = await store.episode_statuses(f"{group_id}-other", asked)  # tenants apart
+    assert set(elsewhere.values()) == {"missing"}
     [pending] = await store.pending_episodes(group_id, 10)
     assert (pending.producer_id, pending.not_extracted) == (episodes[1].id, "llm_invalid_output")
     assert pending.content == episodes[1].content

@@ -564,6 +564,33 @@ async def test_lanes_bound_one_groups_backlog_and_drop_work_while_closed() -> No
     assert ran[-1] == 4
 
 
+async def test_a_lagging_groups_job_takes_every_record_waiting_for_it() -> None:
+    import asyncio
+
+    from pipelines.lanes import KeyedBacklog, KeyedLanes
+
+    lanes = KeyedLanes(capacity=8, on_error=lambda exc: pytest.fail(repr(exc)))
+    backlog: KeyedBacklog[int] = KeyedBacklog(most=4)
+    gate = asyncio.Event()
+    jobs: list[list[int]] = []
+
+    async def job(key: str) -> None:
+        await gate.wait()
+        jobs.append(backlog.take(key, keep=lambda n: n >= 0))  # negatives: stale, dropped
+
+    # Four micro-batches arrive while the group's first job waits (a slow write).
+    for batch in ([0, 1], [-1, 2, 3], [4], [5, 6, 7, 8]):
+        backlog.add("g", batch)
+        await lanes.submit("g", lambda: job("g"))
+    gate.set()
+    await lanes.drain()
+    # Jobs take up to four of what waited, in order; later jobs find the rest, then nothing.
+    assert jobs == [[0, 1, 2, 3], [4, 5, 6, 7], [8], []]
+    assert backlog.waiting("g") == 0
+    with pytest.raises(ValueError):
+        backlog.add("g", [1, 2, 3, 4, 5])  # more than one job takes
+
+
 def test_dead_letter_keeps_the_original_record() -> None:
     from topics.records import MAX_DEAD_RECORD_BYTES, DeadLetter, decode, encode, original_record
 

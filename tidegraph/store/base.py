@@ -102,6 +102,10 @@ class GraphStore(abc.ABC):
         """``missing`` (not stored in the group), ``not_extracted`` (stored, searchable, not
         extracted yet: README "Episodes without an LLM") or ``processed``."""
 
+    async def episode_statuses(self, group_id: str, episode_uuids: list[str]) -> dict[str, str]:
+        """``episode_status`` of each uuid, in one read where the store can."""
+        return {uuid: await self.episode_status(group_id, uuid) for uuid in episode_uuids}
+
     @abc.abstractmethod
     async def pending_episodes(self, group_id: str, limit: int) -> list[EpisodeRecord]:
         """Up to ``limit`` of the group's episodes stored without extraction, in event order

@@ -9,6 +9,11 @@ EPISODE_STATUS = """
 MATCH (ep:Episodic) WHERE ep.uuid = $uuid AND ep.group_id = $group_id
 RETURN ep.not_extracted AS not_extracted
 """
+EPISODE_STATUSES = """
+UNWIND $uuids AS uuid
+MATCH (ep:Episodic) WHERE ep.uuid = uuid AND ep.group_id = $group_id
+RETURN ep.uuid AS uuid, ep.not_extracted AS not_extracted
+"""
 PENDING_GROUPS = """
 MATCH (ep:Episodic) WHERE ep.not_extracted IS NOT NULL
 RETURN DISTINCT ep.group_id AS group_id

@@ -122,6 +122,14 @@ class StoreCore(SearchCore):
             return "missing"
         return "processed" if rows[0]["not_extracted"] is None else "not_extracted"
 
+    async def episode_statuses(self, group_id: str, episode_uuids: list[str]) -> dict[str, str]:
+        params = {"group_id": group_id, "uuids": list(episode_uuids)}
+        found = {
+            row["uuid"]: "processed" if row["not_extracted"] is None else "not_extracted"
+            for row in await self.ex.rows(cq.EPISODE_STATUSES, params)
+        }
+        return {uuid: found.get(uuid, "missing") for uuid in episode_uuids}
+
     async def pending_episodes(self, group_id: str, limit: int) -> list[EpisodeRecord]:
         if limit <= 0:
             return []
