@@ -550,7 +550,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--concurrency", type=int, default=16, help="in-process: groups at once")
     parser.add_argument("--raw-batch", type=int, default=1000, help="rows per UNWIND batch")
     parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=64, help="workers' micro-batch size")
+    parser.add_argument("--batch-size", type=int, default=256, help="workers' micro-batch size")
     parser.add_argument(
         "--rate", type=float, default=None, help="paced offered load, episodes/s (default: max/2)"
     )

@@ -18,7 +18,7 @@ class WorkerSettings(BaseSettings):
     consumer_group: str | None = Field(
         None, description="Kafka consumer group of the workers; default '<prefix>.pipeline'."
     )
-    batch_size: int = Field(64, ge=1, description="Most records per micro-batch (stream.take).")
+    batch_size: int = Field(256, ge=1, description="Most records per micro-batch (stream.take).")
     batch_within_seconds: float = Field(
         0.2, gt=0, description="Longest wait to fill a micro-batch before processing it."
     )

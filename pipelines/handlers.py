@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from pipelines.batches import DEFAULT_EXTRACT_AHEAD, process_extractions
+from pipelines.batches import DEFAULT_BATCH_EPISODES, DEFAULT_EXTRACT_AHEAD, process_extractions
 from pipelines.chain import ChainResult, run_steps
 from pipelines.config import WorkerSettings
 from pipelines.retry import RetryPolicy
@@ -289,6 +289,8 @@ class HopHandler(RecordHandler):
     def group_take(self) -> int:
         if self.ahead is not None:  # what it extracts at once: outputs wait for the slowest
             return DEFAULT_EXTRACT_AHEAD * self.ahead.episodes_per_call
+        if self.batch is not None:  # one unit, as in-process
+            return min(super().group_take, DEFAULT_BATCH_EPISODES)
         return super().group_take
 
     def _outputs(self, record: Consumed, taken: Taken, result: ChainResult) -> list[Emit]:
