@@ -7,7 +7,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from processors.temporal import open_end, parse_when, stamp, stamp_interval
+from processors.temporal import (
+    MAX_TIME_TEXT,
+    open_end,
+    parse_when,
+    plain_time,
+    stamp,
+    stamp_interval,
+)
 from tidegraph.records.episode import Episode
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, ResolvedEpisode
 
@@ -187,3 +194,23 @@ def test_stamp_maps_entities_and_keeps_closing_records_open_ended() -> None:
     assert first.valid_at == at(2024, 3, 1) and first.invalid_at is None
     assert closing.closes and closing.target_uuid is None
     assert closing.valid_at == at(2024, 5, 1) and closing.invalid_at is None
+
+
+def test_only_times_the_date_parser_would_read_leave_the_event_loop() -> None:
+    # Read without dateparser: stamped on the event loop.
+    for text in (
+        None,
+        "2024-03-01",
+        "2024-03-01T10:00:00Z",
+        "2024-03-01 10:00+02:00",
+        "1700000000",
+    ):
+        assert plain_time(text), text
+    # A phrase, or an ISO-looking text too long to be a time: in a worker thread.
+    for text in (
+        "since March 2024",
+        "last week",
+        " 2024-03-01",
+        "2024-03-01" + "0" * MAX_TIME_TEXT,
+    ):
+        assert not plain_time(text), text
