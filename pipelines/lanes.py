@@ -130,7 +130,7 @@ class KeyedBacklog(Generic[T]):
 
     def take(self, key: Hashable, keep: Callable[[T], bool] = lambda _: True) -> list[T]:
         """The first ``most`` items of ``key`` that ``keep`` accepts, in the order they
-        were added; items it refuses before them are dropped."""
+        were added; the items it refuses are dropped."""
         waiting = [item for item in self._waiting.pop(key, []) if keep(item)]
         taken, rest = waiting[: self.most], waiting[self.most :]
         if rest:
