@@ -215,6 +215,17 @@ class Neo4jStore(StoreCore):
 
         await self.ex.write("upsert_entities", len(rows), work)
 
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
+        """One statement for all of them (``q.ASSIGN_MEMBERS``), not three per assignment."""
+        if not assignments:
+            return
+        rows = [{"community_uuid": c, "entity_uuid": e} for c, e in assignments]
+
+        async def work(tx: Tx) -> None:
+            await tx.rows(q.ASSIGN_MEMBERS, {"group_id": group_id, "rows": rows})
+
+        await self.ex.write("assign_member", len(assignments), work)
+
     async def _upsert_communities(
         self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]
     ) -> None:
