@@ -50,6 +50,7 @@ ONLY_NEO4J = {
     "WRITE_EPISODES",
     "EPISODES_PROCESSED",
     "UPSERT_COMMUNITIES",
+    "ASSIGN_MEMBERS",  # the embedded store runs the shared statements one by one
 }
 ONLY_KUZU = {
     "EPISODE_GROUP",
