@@ -5,10 +5,6 @@ answers with the column names ``tidegraph.store.core`` reads."""
 from __future__ import annotations
 
 # ---- episodes stored without extraction (README "Episodes without an LLM")
-EPISODE_STATUS = """
-MATCH (ep:Episodic) WHERE ep.uuid = $uuid AND ep.group_id = $group_id
-RETURN ep.not_extracted AS not_extracted
-"""
 EPISODE_STATUSES = """
 UNWIND $uuids AS uuid
 MATCH (ep:Episodic) WHERE ep.uuid = uuid AND ep.group_id = $group_id

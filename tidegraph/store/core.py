@@ -117,10 +117,7 @@ class StoreCore(SearchCore):
         return list(rows[0]["created_entities"] or [])
 
     async def episode_status(self, group_id: str, episode_uuid: str) -> str:
-        rows = await self.ex.rows(cq.EPISODE_STATUS, {"group_id": group_id, "uuid": episode_uuid})
-        if not rows:
-            return "missing"
-        return "processed" if rows[0]["not_extracted"] is None else "not_extracted"
+        return (await self.episode_statuses(group_id, [episode_uuid]))[episode_uuid]
 
     async def episode_statuses(self, group_id: str, episode_uuids: list[str]) -> dict[str, str]:
         params = {"group_id": group_id, "uuids": list(episode_uuids)}
