@@ -548,6 +548,29 @@ async def test_datetimes_are_aware_utc(store: GraphStore, new_group: Callable[..
     assert stored.created_at.hour == 10
 
 
+async def test_times_before_1970_keep_their_microseconds(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    """Every time a write carries comes back to the microsecond, before the epoch too (the
+    Neo4j store sends times as epoch pairs, floored)."""
+    group = new_group()
+    a, b = entity(group, "A"), entity(group, "B")
+    await store.upsert_entities(group, [a, b])
+    starts = datetime(1955, 3, 4, 5, 6, 7, 123456, tzinfo=timezone(timedelta(hours=2)))
+    just_before_epoch = datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    earlier = datetime(1954, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
+    f = fact(group, a, b, "FOUNDED", "A founded B", valid_at=earlier, invalid_at=just_before_epoch)
+    f.prior_starts, f.prior_starts_learned_at, f.start_learned_at = [starts], [day(0)], day(1)
+    ep = episode(group, "old", datetime(1901, 7, 8, 9, 10, 11, 999, tzinfo=UTC))
+    await store.write_episode(group, EpisodeWrite(episode=ep, facts=[f]))
+    [stored] = await store.facts_touching(group, [a.uuid])
+    assert (stored.valid_at, stored.invalid_at) == (earlier, just_before_epoch)
+    assert (stored.prior_starts, stored.prior_starts_learned_at) == ([starts], [day(0)])
+    assert stored.start_learned_at == day(1)
+    [stored_episode] = await store.recent_episodes(group, FAR_FUTURE, 1)
+    assert stored_episode.valid_at == ep.valid_at
+
+
 async def _add_community(
     store: GraphStore, uri: str | None, group: str, name: str, members: list[str]
 ) -> str:

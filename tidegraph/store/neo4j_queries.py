@@ -13,6 +13,21 @@ an entity is ``e`` (a property map) with ``community_uuid``; a fact ``r`` with
 
 from __future__ import annotations
 
+
+def at(expression: str) -> str:
+    """Cypher for a time written as an epoch pair (``rows.with_epoch_times``; null stays
+    null)."""
+    return (
+        f"CASE WHEN {expression} IS NULL THEN null "
+        f"ELSE datetime.fromepoch({expression}[0], {expression}[1]) END"
+    )
+
+
+def ats(expression: str) -> str:
+    """Cypher for a list of times written as epoch pairs (a null list stays null)."""
+    return f"[pair IN {expression} | datetime.fromepoch(pair[0], pair[1])]"
+
+
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
 FACT_VECTOR_INDEX = "relates_to_fact_embedding"
 EPISODE_VECTOR_INDEX = "episodic_content_embedding"
@@ -152,7 +167,8 @@ RETURN e.uuid AS uuid, e.group_id AS group_id
 
 # One MERGE per row of ``$rows_param``; on match, labels and aliases are added (set union),
 # the summary replaced when the row has one and the key set while null.
-_UPSERT_ENTITY_ROWS = """
+_UPSERT_ENTITY_ROWS = (
+    """
 UNWIND {rows} AS row
 MERGE (e:Entity {{uuid: row.uuid}})
 ON CREATE SET e.group_id = {group},
@@ -160,7 +176,9 @@ ON CREATE SET e.group_id = {group},
               e.name_norm = row.name_norm,
               e.summary = '',
               e.name_embedding = row.name_embedding,
-              e.created_at = row.created_at
+              e.created_at = """
+    + at("row.created_at")
+    + """
 SET e.labels = coalesce(e.labels, [])
                + [label IN row.labels WHERE NOT label IN coalesce(e.labels, [])],
     e.aliases = coalesce(e.aliases, [])
@@ -169,6 +187,7 @@ SET e.labels = coalesce(e.labels, [])
     e.key = coalesce(e.key, row.key)
 SET e:$(row.labels)
 """
+)
 UPSERT_ENTITIES = _UPSERT_ENTITY_ROWS.format(rows="$rows", group="$group_id")
 
 _ENTITIES_NAMED = """
@@ -269,38 +288,75 @@ WITH e, score
 _FACT_RETURN = """
 RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
 """
-_MERGE_FACT_ROWS = """
+_MERGE_FACT_ROWS = (
+    """
 UNWIND {rows} AS row
 MATCH (s:Entity {{uuid: row.source_uuid}}), (t:Entity {{uuid: row.target_uuid}})
 MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
-ON CREATE SET r.group_id = {group}, r.created_at = row.created_at
+ON CREATE SET r.group_id = {group}, r.created_at = """
+    + at("row.created_at")
+    + """
 SET r.name = row.name,
     r.fact = row.fact,
     r.fact_embedding = coalesce(row.fact_embedding, r.fact_embedding),
     r.episodes = row.episodes,
-    r.valid_at = row.valid_at,
-    r.invalid_at = row.invalid_at,
+    r.valid_at = """
+    + at("row.valid_at")
+    + """,
+    r.invalid_at = """
+    + at("row.invalid_at")
+    + """,
     r.cardinality = row.cardinality,
-    r.prior_ends = coalesce(row.prior_ends, r.prior_ends),
-    r.prior_ends_learned_at = coalesce(row.prior_ends_learned_at, r.prior_ends_learned_at),
-    r.end_learned_at = coalesce(row.end_learned_at, r.end_learned_at),
-    r.prior_starts = coalesce(row.prior_starts, r.prior_starts),
-    r.prior_starts_learned_at = coalesce(row.prior_starts_learned_at, r.prior_starts_learned_at),
-    r.start_learned_at = coalesce(row.start_learned_at, r.start_learned_at),
-    r.expired_at = coalesce(r.expired_at, row.expired_at)
+    r.prior_ends = coalesce("""
+    + ats("row.prior_ends")
+    + """, r.prior_ends),
+    r.prior_ends_learned_at = coalesce(
+      """
+    + ats("row.prior_ends_learned_at")
+    + """, r.prior_ends_learned_at),
+    r.end_learned_at = coalesce("""
+    + at("row.end_learned_at")
+    + """, r.end_learned_at),
+    r.prior_starts = coalesce("""
+    + ats("row.prior_starts")
+    + """, r.prior_starts),
+    r.prior_starts_learned_at = coalesce(
+      """
+    + ats("row.prior_starts_learned_at")
+    + """, r.prior_starts_learned_at),
+    r.start_learned_at = coalesce("""
+    + at("row.start_learned_at")
+    + """, r.start_learned_at),
+    r.expired_at = coalesce(r.expired_at, """
+    + at("row.expired_at")
+    + """)
 """
+)
 
-_CLOSE_FACT_ROWS = """
+_CLOSE_FACT_ROWS = (
+    """
 UNWIND {rows} AS row
 MATCH ()-[r:RELATES_TO {{uuid: row.uuid}}]->()
 USING INDEX r:RELATES_TO(uuid)
 WHERE r.group_id = {group}
-SET r.invalid_at = row.invalid_at,
-    r.prior_ends = coalesce(row.prior_ends, r.prior_ends),
-    r.prior_ends_learned_at = coalesce(row.prior_ends_learned_at, r.prior_ends_learned_at),
-    r.end_learned_at = coalesce(row.end_learned_at, r.end_learned_at),
-    r.expired_at = coalesce(r.expired_at, row.expired_at)
+SET r.invalid_at = """
+    + at("row.invalid_at")
+    + """,
+    r.prior_ends = coalesce("""
+    + ats("row.prior_ends")
+    + """, r.prior_ends),
+    r.prior_ends_learned_at = coalesce(
+      """
+    + ats("row.prior_ends_learned_at")
+    + """, r.prior_ends_learned_at),
+    r.end_learned_at = coalesce("""
+    + at("row.end_learned_at")
+    + """, r.end_learned_at),
+    r.expired_at = coalesce(r.expired_at, """
+    + at("row.expired_at")
+    + """)
 """
+)
 
 FACTS_TOUCHING = (  # one statement (the kuzu dialect needs two)
     (
@@ -393,12 +449,16 @@ CALL (w) {
     + _UPSERT_ENTITY_ROWS.format(rows="w.entities", group="w.group_id")
     + """  }
   MERGE (ep:Episodic {uuid: w.ep.uuid})
-  ON CREATE SET ep.group_id = w.group_id, ep.created_at = w.ep.created_at
+  ON CREATE SET ep.group_id = w.group_id, ep.created_at = """
+    + at("w.ep.created_at")
+    + """
   SET ep.name = w.ep.name,
       ep.source = w.ep.source,
       ep.source_description = w.ep.source_description,
       ep.content = w.ep.content,
-      ep.valid_at = w.ep.valid_at,
+      ep.valid_at = """
+    + at("w.ep.valid_at")
+    + """,
       ep.producer_id = w.ep.producer_id,
       ep.content_hash = w.ep.content_hash,
       ep.created_entities = w.ep.created_entities,
@@ -492,11 +552,15 @@ RETURN count(*) AS deleted
 )
 
 # ---- communities (the rest: tidegraph.store.common_queries)
-UPSERT_COMMUNITIES = """
+UPSERT_COMMUNITIES = (
+    """
 UNWIND $rows AS row
 MERGE (c:Community {uuid: row.uuid})
-ON CREATE SET c.group_id = $group_id, c.created_at = row.created_at
+ON CREATE SET c.group_id = $group_id, c.created_at = """
+    + at("row.created_at")
+    + """
 SET c.name = row.name,
     c.summary = row.summary,
     c.name_embedding = coalesce(row.name_embedding, c.name_embedding)
 """
+)

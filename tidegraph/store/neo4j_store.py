@@ -35,6 +35,7 @@ from tidegraph.store.rows import (
     sort_entities,
     sort_facts,
     unique,
+    with_epoch_times,
 )
 
 # Episode writes that arrive while a transaction runs share the next one (GroupCommit), up
@@ -65,11 +66,11 @@ def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -
     """The parameters of one episode write (a row of ``WRITE_EPISODES``)."""
     return {
         "group_id": group_id,
-        "entities": [entity_row(group_id, e, dim, now) for e in write.entities],
-        "ep": episode_row(group_id, write.episode, dim, now, write.created),
+        "entities": [with_epoch_times(entity_row(group_id, e, dim, now)) for e in write.entities],
+        "ep": with_epoch_times(episode_row(group_id, write.episode, dim, now, write.created)),
         "mentions": unique(write.mentions),
-        "facts": [fact_row(group_id, f, dim, now) for f in write.facts],
-        "closures": [closure_row(c) for c in write.closures],
+        "facts": [with_epoch_times(fact_row(group_id, f, dim, now)) for f in write.facts],
+        "closures": [with_epoch_times(closure_row(c)) for c in write.closures],
     }
 
 
@@ -205,7 +206,7 @@ class Neo4jStore(StoreCore):
             return
         dim = await self._embedding_dim()
         now = now_utc()
-        rows = [entity_row(group_id, e, dim, now) for e in entities]
+        rows = [with_epoch_times(entity_row(group_id, e, dim, now)) for e in entities]
         uuids = unique(r["uuid"] for r in rows)
 
         async def work(tx: Tx) -> None:
@@ -229,7 +230,8 @@ class Neo4jStore(StoreCore):
     async def _upsert_communities(
         self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]
     ) -> None:
-        await tx.rows(q.UPSERT_COMMUNITIES, {"group_id": group_id, "rows": rows})
+        times = [with_epoch_times(row) for row in rows]
+        await tx.rows(q.UPSERT_COMMUNITIES, {"group_id": group_id, "rows": times})
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         [written] = await self.write_episodes(group_id, [write])

@@ -338,6 +338,29 @@ _TIME_LIST_FIELDS = frozenset(
 )
 
 
+def epoch_pair(value: datetime) -> list[int]:
+    """An aware datetime as [seconds since the epoch, nanoseconds] (floored: the nanoseconds
+    are never negative), as ``datetime.fromepoch`` takes it in Cypher."""
+    since = value - _EPOCH
+    return [since.days * 86400 + since.seconds, since.microseconds * 1000]
+
+
+def with_epoch_times(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its time fields (``_TIME_FIELDS``, ``_TIME_LIST_FIELDS``) as epoch pairs,
+    for the Neo4j statements that read them back with ``datetime.fromepoch``: the neo4j driver
+    packs a Python datetime in pure Python, about 15 µs each, a tenth of the client's CPU on
+    the mapped path; two ints cost it nothing. Other fields are left as they are."""
+    out = dict(row)
+    for name, value in row.items():
+        if value is None:
+            continue
+        if name in _TIME_FIELDS:
+            out[name] = epoch_pair(value)
+        elif name in _TIME_LIST_FIELDS:
+            out[name] = [epoch_pair(v) for v in value]
+    return out
+
+
 def _clean(props: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in fields:
