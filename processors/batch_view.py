@@ -74,19 +74,19 @@ class BatchView:
             view.keys.update(keys)
             view.names.update(names)
             view.relations.update(relations or [])
-        lookup = await store.lookup_entities(
-            group, sorted(view.keys), sorted(view.names), None, sorted(view.relations)
-        )
-        for entity in [*lookup.by_key, *lookup.by_name]:
-            view._put_entity(entity)
-            view.sources.add(entity.uuid)
-        for fact in lookup.facts or []:
-            view._put_fact(fact)
         episodes: list[tuple[str, str | None]] = [
             (x.episode.uuid, x.episode.content_hash) for x in extractions
         ]
+        read = await store.read_batch(
+            group, sorted(view.keys), sorted(view.names), sorted(view.relations), episodes
+        )
+        for entity in [*read.lookup.by_key, *read.lookup.by_name]:
+            view._put_entity(entity)
+            view.sources.add(entity.uuid)
+        for fact in read.lookup.facts or []:
+            view._put_fact(fact)
         hashes = dict(episodes)
-        for uuid, created in (await store.episode_markers(group, episodes)).items():
+        for uuid, created in read.markers.items():
             view.processed[uuid] = (hashes[uuid], created)
         return view
 

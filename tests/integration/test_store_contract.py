@@ -433,6 +433,57 @@ async def test_entity_lookups(store: GraphStore, new_group: Callable[..., str]) 
     assert [e.name for e in await store.list_entities(group)] == ["Acme Corp.", "Globex", "Initech"]
 
 
+async def test_batch_reads_of_several_groups_answer_each_group_alone(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    """``read_batch`` answers as ``lookup_entities`` and ``episode_markers`` do, for each group
+    alone, also when groups' reads share a statement (Neo4j: reads submitted together); a
+    conflicting episode fails its own read only."""
+    groups = [new_group() for _ in range(4)]
+    for n, g in enumerate(groups):
+        a = entity(g, "Acme Corp", key="crm:a", aliases=["acme inc"])
+        b = entity(g, f"Plan {n}")
+        f = fact(g, a, b, "PLAN", f"Acme is on plan {n}", valid_at=day(n))
+        ep = episode(g, "m-1", day(1)).model_copy(update={"content_hash": "hash-1"})
+        await store.write_episode(
+            g, EpisodeWrite(ep, mentions=[a.uuid], facts=[f], entities=[a, b])
+        )
+    asked = [(g, episode(g, "m-1", day(1)).uuid) for g in groups]
+    reads = await asyncio.gather(
+        *(
+            store.read_batch(
+                g,
+                ["crm:a", "crm:z"],
+                ["acme inc", "plan 2"],
+                ["PLAN"],
+                [
+                    (uuid, "hash-1"),
+                    (episode(g, "m-2", day(2)).uuid, None),
+                ],
+            )
+            for g, uuid in asked
+        )
+    )
+    for (g, uuid), read in zip(asked, reads, strict=True):
+        lookup = await store.lookup_entities(
+            g, ["crm:a", "crm:z"], ["acme inc", "plan 2"], None, ["PLAN"]
+        )
+        assert read.lookup == lookup
+        assert {e.group_id for e in [*lookup.by_key, *lookup.by_name]} == {g}
+        assert [f.group_id for f in lookup.facts or []] == [g]
+        assert read.markers == {uuid: []}
+    names = [[e.name for e in read.lookup.by_name] for read in reads]
+    assert names == [["Acme Corp"], ["Acme Corp"], ["Acme Corp", "Plan 2"], ["Acme Corp"]]
+    g0, g1 = groups[:2]
+    conflict, fine = await asyncio.gather(
+        store.read_batch(g0, [], [], [], [(asked[0][1], "hash-other")]),
+        store.read_batch(g1, [], [], [], [(asked[1][1], "hash-1")]),
+        return_exceptions=True,
+    )
+    assert isinstance(conflict, EpisodeConflictError)
+    assert not isinstance(fine, BaseException) and fine.markers == {asked[1][1]: []}
+
+
 async def test_list_entities_orders_by_name_then_uuid(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:

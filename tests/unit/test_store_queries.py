@@ -51,6 +51,7 @@ ONLY_NEO4J = {
     "EPISODES_PROCESSED",
     "UPSERT_COMMUNITIES",
     "ASSIGN_MEMBERS",  # the embedded store runs the shared statements one by one
+    "READ_BATCHES",  # several groups' batch reads in one statement
 }
 ONLY_KUZU = {
     "EPISODE_GROUP",
@@ -111,6 +112,9 @@ UNSCOPED = {
 # before them (once), and the operator's list of groups with episodes waiting for extraction
 # (extract --pending, the worker's sweep).
 WHOLE_STORE = {"ALL_ENTITY_NAMES", "BACKFILL", "PENDING_GROUPS"}
+# Reads of several groups at once, each row of ``$asks`` carrying its own group: every MATCH
+# is scoped by ``ask.group_id``.
+PER_ASK_GROUP = {"READ_BATCHES"}
 WRITES = re.compile(r"\b(CREATE|MERGE|SET|DELETE)\b")
 LEFT_TO_FORMAT = re.compile(r"\{\{|\}\}|\{[a-z_]+\}")  # "{rows}", a doubled brace
 
@@ -157,6 +161,11 @@ def test_every_query_is_parameterised_text(where: str, name: str, text: str) -> 
 def test_reads_are_scoped_by_group(where: str, name: str, text: str) -> None:
     if name in UNSCOPED | WHOLE_STORE or (WRITES.search(text) and "$group_id" not in text):
         # by primary key, or a write of rows whose group the caller checked
+        return
+    if name in PER_ASK_GROUP:
+        matches = len(re.findall(r"\bMATCH\b", text))
+        scoped = len(re.findall(r"\b\w+\.group_id = ask\.group_id\b", text))
+        assert matches and scoped >= matches, f"{where} has a MATCH without its ask's group"
         return
     assert re.search(r"\$group_ids?\b", text), f"{where} reads without a group: {text}"
 

@@ -42,6 +42,16 @@ class LookupRequest:
     relations: list[str] | None
 
 
+@dataclass(frozen=True)
+class BatchRead:
+    """What a batch of one group's mapped episodes reads before it is processed
+    (``read_batch``): the entities of its keys and names with their facts of its relations,
+    and the processed markers of its episodes."""
+
+    lookup: EntityLookup
+    markers: dict[str, list[str]]
+
+
 class BatchWriteError(Exception):
     """``write_episodes`` failed at one of its writes: ``written`` holds the results of the
     writes before it, which are committed (empty where the batch is one transaction), and
@@ -96,6 +106,21 @@ class GraphStore(abc.ABC):
             if created is not None:
                 found[uuid] = created
         return found
+
+    async def read_batch(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        relations: list[str],
+        episodes: list[tuple[str, str | None]],
+    ) -> BatchRead:
+        """``lookup_entities(group_id, keys, names, relations=relations)`` and
+        ``episode_markers(group_id, episodes)``, in one round trip where the store can (on
+        Neo4j one statement, shared with the other groups' batch reads waiting at the same
+        moment). EpisodeConflictError as ``episode_markers``."""
+        lookup = await self.lookup_entities(group_id, keys, names, None, relations)
+        return BatchRead(lookup, await self.episode_markers(group_id, episodes))
 
     @abc.abstractmethod
     async def episode_status(self, group_id: str, episode_uuid: str) -> str:

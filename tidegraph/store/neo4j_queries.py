@@ -253,6 +253,50 @@ RETURN processed, stored_hash, created_entities, how,
 """
 )
 
+# What the batches of several groups read before they are processed, in one round trip
+# (``Neo4jStore.read_batch``): per ask (``ask.i``, its group, keys, names, relations and
+# episodes), the processed markers of its episodes and, as RESOLUTION_LOOKUP reads them, the
+# entities its keys and names find with their facts of its relations.
+READ_BATCHES = (
+    """
+UNWIND $asks AS ask
+CALL (ask) {
+  UNWIND ask.episodes AS uuid
+  MATCH (ep:Episodic {uuid: uuid})
+  USING INDEX ep:Episodic(uuid)
+  WHERE ep.group_id = ask.group_id AND ep.not_extracted IS NULL
+  RETURN collect([ep.uuid, ep.content_hash, ep.created_entities]) AS markers
+}
+CALL (ask) {
+  CALL (ask) {
+    MATCH (e:Entity)
+    USING INDEX e:Entity(group_id, key)
+    WHERE e.group_id = ask.group_id AND e.key IN ask.keys
+    RETURN e, 'key' AS how
+    UNION ALL
+    MATCH (e:Entity)
+    WHERE e.group_id = ask.group_id
+      AND (e.name_norm IN ask.names OR any(alias IN e.aliases WHERE alias IN ask.names))
+    RETURN e, 'name' AS how
+  }
+  RETURN collect({
+    how: how,
+    e: e {.*, name_embedding: null, """
+    + times_as_micros("e", ("created_at",))
+    + """},
+    facts: COLLECT {
+      MATCH (e)-[r:RELATES_TO]->(t:Entity)
+      WHERE r.group_id = ask.group_id AND r.name IN ask.relations
+      RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
+    + FACT_TIMES
+    + """}
+    }
+  }) AS found
+}
+RETURN ask.i AS i, markers, found
+"""
+)
+
 ENTITIES_BY_UUIDS = (
     """
 MATCH (e:Entity)

@@ -18,10 +18,10 @@ from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, Fa
 from tidegraph.settings import Settings
 from tidegraph.store import errors, neo4j_search_queries
 from tidegraph.store import neo4j_queries as q
-from tidegraph.store.base import BatchWriteError, LookupRequest
+from tidegraph.store.base import BatchRead, BatchWriteError, LookupRequest
 from tidegraph.store.batching import GroupCommit
 from tidegraph.store.core import StoreCore
-from tidegraph.store.executor import Tx, observe_write
+from tidegraph.store.executor import Row, Tx, observe_write
 from tidegraph.store.neo4j_executor import Neo4jExecutor
 from tidegraph.store.rows import (
     closure_row,
@@ -46,6 +46,10 @@ MAX_WRITES_PER_TRANSACTION = 32
 # 10,000 records 77.8 against 86.9-93.2) and met deadlocks (NODE_RELATIONSHIP_GROUP_DELETE)
 # that the driver retries after about a second.
 TRANSACTIONS_IN_FLIGHT = 1
+# Batch reads (``read_batch``) that arrive while one runs share the next statement, up to this
+# many groups' batches; two such statements at most run at once (reads take no locks).
+MAX_BATCH_READS_PER_STATEMENT = 16
+BATCH_READS_IN_FLIGHT = 2
 AWAIT_INDEXES_SECONDS = 300
 
 
@@ -74,6 +78,15 @@ def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -
     }
 
 
+@dataclass(eq=False)  # an ask is its own key in the shared reads (no order between them)
+class _BatchAsk:
+    group_id: str
+    keys: list[str]
+    names: list[str]
+    relations: list[str]
+    episodes: list[str]
+
+
 class Neo4jStore(StoreCore):
     """``GraphStore`` on a Neo4j 5.26+ server (Community edition is enough)."""
 
@@ -97,6 +110,12 @@ class Neo4jStore(StoreCore):
             MAX_WRITES_PER_TRANSACTION,
             key=lambda jobs: jobs[0].group_id,
             max_in_flight=TRANSACTIONS_IN_FLIGHT,
+        )
+        self._batch_reads: GroupCommit[_BatchAsk, Row] = GroupCommit(
+            self._read_batches,
+            MAX_BATCH_READS_PER_STATEMENT,
+            key=lambda ask: ask,
+            max_in_flight=BATCH_READS_IN_FLIGHT,
         )
 
     @classmethod
@@ -156,6 +175,43 @@ class Neo4jStore(StoreCore):
             errors.check_same_episode(row["uuid"], row["content_hash"], hashes[row["uuid"]])
             found[row["uuid"]] = list(row["created_entities"] or [])
         return found
+
+    async def read_batch(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        relations: list[str],
+        episodes: list[tuple[str, str | None]],
+    ) -> BatchRead:
+        """One statement (``q.READ_BATCHES``), shared with the batch reads of other groups
+        submitted while one runs (``GroupCommit``: a lone read runs at once)."""
+        hashes = dict(episodes)
+        ask = _BatchAsk(group_id, unique(keys), unique(names), unique(relations), list(hashes))
+        row = await self._batch_reads.submit(ask)
+        markers: dict[str, list[str]] = {}
+        for uuid, content_hash, created in row["markers"]:
+            errors.check_same_episode(uuid, content_hash, hashes[uuid])
+            markers[uuid] = list(created or [])
+        found: dict[str, list[EntityRecord]] = {"key": [], "name": []}
+        facts: dict[str, FactRecord] = {}
+        for item in row["found"]:
+            entity = entity_record(item["e"])
+            found[item["how"]].append(entity)
+            for r in item["facts"]:
+                fact = fact_record(r, entity.uuid, r["target_uuid"])
+                facts[fact.uuid] = fact
+        lookup = EntityLookup(
+            by_key=sort_entities(found["key"]),
+            by_name=sort_entities(found["name"]),
+            facts=sort_facts(facts.values()),
+        )
+        return BatchRead(lookup, markers)
+
+    async def _read_batches(self, asks: list[_BatchAsk]) -> list[Row]:
+        params = [{"i": i, **vars(ask)} for i, ask in enumerate(asks)]
+        rows = await self.ex.rows(q.READ_BATCHES, {"asks": params})
+        return sorted(rows, key=lambda row: int(row["i"]))
 
     async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
         params = {
