@@ -222,7 +222,7 @@ FACT_TIMES = times_as_micros("r", ("valid_at", "invalid_at", "created_at", "expi
 # (then nothing else is read), the entities matching the drafts' keys or names (without their
 # name embeddings and communities, which resolution does not use) and, of each, the stored facts
 # it is the source of with a relation in $relations (without their embeddings). One row per
-# entity found (``how``: key or name), or a single row with a null entity.
+# entity found (``hows``: by key, by name or both), or a single row with a null entity.
 RESOLUTION_LOOKUP = (
     """
 OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
@@ -239,7 +239,8 @@ OPTIONAL CALL (processed) {
     + _ENTITIES_NAMED
     + """  RETURN e, 'name' AS how
 }
-RETURN processed, stored_hash, created_entities, how,
+WITH processed, stored_hash, created_entities, e, collect(how) AS hows
+RETURN processed, stored_hash, created_entities, hows,
        e {.*, name_embedding: null, """
     + times_as_micros("e", ("created_at",))
     + """} AS e,
@@ -255,8 +256,8 @@ RETURN processed, stored_hash, created_entities, how,
 
 # What the batches of several groups read before they are processed, in one round trip
 # (``Neo4jStore.read_batch``): per ask (``ask.i``, its group, keys, names, relations and
-# episodes), the processed markers of its episodes and, as RESOLUTION_LOOKUP reads them, the
-# entities its keys and names find with their facts of its relations.
+# episodes), the processed markers of its episodes and the entities its keys and names find
+# (``hows``: by key, by name or both), each once with its facts of the ask's relations.
 READ_BATCHES = (
     """
 UNWIND $asks AS ask
@@ -279,8 +280,9 @@ CALL (ask) {
       AND (e.name_norm IN ask.names OR any(alias IN e.aliases WHERE alias IN ask.names))
     RETURN e, 'name' AS how
   }
+  WITH e, collect(how) AS hows
   RETURN collect({
-    how: how,
+    hows: hows,
     e: e {.*, name_embedding: null, """
     + times_as_micros("e", ("created_at",))
     + """},

@@ -197,7 +197,8 @@ class Neo4jStore(StoreCore):
         facts: dict[str, FactRecord] = {}
         for item in row["found"]:
             entity = entity_record(item["e"])
-            found[item["how"]].append(entity)
+            for how in item["hows"]:
+                found[how].append(entity)
             for r in item["facts"]:
                 fact = fact_record(r, entity.uuid, r["target_uuid"])
                 facts[fact.uuid] = fact
@@ -235,7 +236,8 @@ class Neo4jStore(StoreCore):
             if record["e"] is None:
                 continue
             entity = entity_record(record["e"])
-            found[record["how"]].append(entity)
+            for how in record["hows"]:
+                found[how].append(entity)
             for r in record["facts"]:
                 fact = fact_record(r, entity.uuid, r["target_uuid"])
                 facts[fact.uuid] = fact
