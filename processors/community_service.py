@@ -108,9 +108,7 @@ class CommunityService:
         return choices
 
     async def _place(self, group_id: str, entity_uuids: list[str]) -> list[str | None]:
-        weights = await asyncio.gather(
-            *(self.store.neighbour_weights(group_id, uuid) for uuid in entity_uuids)
-        )
+        weights = await self.store.neighbour_weights_many(group_id, entity_uuids)
         neighbours = sorted({n for w in weights for n in w})
         held = {
             e.uuid: e.community_uuid

@@ -1689,6 +1689,12 @@ async def test_entity_graph_counts_valid_facts(
         sorted({p["A"].uuid: 2, p["C"].uuid: 1}.items())
     )
     assert await store.neighbour_weights(group, p["E"].uuid, at=day(2)) == {}
+    # several entities in one read: each as asked alone, in order, repeats included
+    asked = [p[n].uuid for n in ("B", "E", "A", "B", "D")] + ["not-an-entity"]
+    for at in (day(2), day(6)):
+        alone = [await store.neighbour_weights(group, uuid, at=at) for uuid in asked]
+        assert await store.neighbour_weights_many(group, asked, at=at) == alone
+    assert await store.neighbour_weights_many(new_group(), asked, at=day(2)) == [{}] * len(asked)
 
 
 async def test_write_communities_is_idempotent_and_scoped(

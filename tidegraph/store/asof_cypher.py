@@ -24,12 +24,17 @@ ENTITY_GRAPH_RETURN = (
 )
 
 
-def as_of_match(asof: AsOf, anchor: str | None = None, hints: AnchorHints | None = None) -> str:
+def as_of_match(
+    asof: AsOf,
+    anchor: str | None = None,
+    hints: AnchorHints | None = None,
+    entity: str = "$entity_uuid",
+) -> str:
     """The MATCH of an as-of question. Binds s, r, t.
 
-    ``anchor`` "s" or "t": only facts whose source (target) is $entity_uuid, found from that
-    node by its uuid (a fact with the entity at both ends is the source's); see
-    ``as_of_query``.
+    ``anchor`` "s" or "t": only facts whose source (target) is ``entity`` (the parameter
+    $entity_uuid, or a variable the caller binds), found from that node by its uuid (a fact
+    with the entity at both ends is the source's); see ``as_of_query``.
 
     A fact is believed at $known_at when created by then; its invalid_at counts only when
     its expired_at is known by then. It is valid at $valid_at when valid_at <= t < invalid_at
@@ -42,9 +47,9 @@ def as_of_match(asof: AsOf, anchor: str | None = None, hints: AnchorHints | None
     where = ["r.group_id = $group_id", "r.created_at <= $known_at"]
     after_match = after_where = ""
     if anchor == "s":
-        where.insert(0, "s.uuid = $entity_uuid")
+        where.insert(0, f"s.uuid = {entity}")
     elif anchor == "t":
-        where.insert(0, "t.uuid = $entity_uuid AND s.uuid <> $entity_uuid")
+        where.insert(0, f"t.uuid = {entity} AND s.uuid <> {entity}")
     elif anchor is not None:
         raise ValueError(f"anchor must be 's' or 't', not {anchor!r}")
     if anchor is not None and hints is not None:
@@ -68,11 +73,19 @@ def as_of_query(asof: AsOf, tail: str, hints: AnchorHints | None = None) -> str:
     by UNION ALL, each walking from the entity's node (found by its uuid, as the engine's
     ``hints`` say) in one direction, instead of one match over every fact of the group
     filtered on either end."""
-    tail = tail.rstrip("\n") + "\n"
     if asof.entity_uuid is None:
-        return as_of_match(asof) + tail
-    from_source = as_of_match(asof, "s", hints) + tail
-    return from_source + "UNION ALL\n" + as_of_match(asof, "t", hints) + tail
+        return as_of_match(asof) + tail.rstrip("\n") + "\n"
+    return anchored_query(asof, tail, hints)
+
+
+def anchored_query(
+    asof: AsOf, tail: str, hints: AnchorHints | None = None, entity: str = "$entity_uuid"
+) -> str:
+    """``as_of_query`` about the entity ``entity`` (the parameter, or a variable the caller
+    binds, e.g. inside ``CALL (entity_uuid) { … }`` for several entities in one statement)."""
+    tail = tail.rstrip("\n") + "\n"
+    from_source = as_of_match(asof, "s", hints, entity) + tail
+    return from_source + "UNION ALL\n" + as_of_match(asof, "t", hints, entity) + tail
 
 
 def as_of_params(group_id: str, asof: AsOf) -> dict[str, Any]:

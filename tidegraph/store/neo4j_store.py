@@ -14,10 +14,12 @@ from neo4j import AsyncGraphDatabase, basic_auth
 
 from tidegraph.connections import neo4j_driver_options
 from tidegraph.metrics import STORE_BATCH_SIZE
+from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
 from tidegraph.settings import Settings
 from tidegraph.store import errors, neo4j_search_queries
 from tidegraph.store import neo4j_queries as q
+from tidegraph.store.asof_cypher import ENTITY_GRAPH_RETURN, anchored_query, as_of_params
 from tidegraph.store.base import BatchRead, BatchWriteError, LookupRequest
 from tidegraph.store.batching import GroupCommit
 from tidegraph.store.core import StoreCore
@@ -31,6 +33,7 @@ from tidegraph.store.rows import (
     fact_of,
     fact_record,
     fact_row,
+    neighbour_weights_of,
     now_utc,
     sort_entities,
     sort_facts,
@@ -213,6 +216,26 @@ class Neo4jStore(StoreCore):
         params = [{"i": i, **vars(ask)} for i, ask in enumerate(asks)]
         rows = await self.ex.rows(q.READ_BATCHES, {"asks": params})
         return sorted(rows, key=lambda row: int(row["i"]))
+
+    async def neighbour_weights_many(
+        self, group_id: str, entity_uuids: list[str], at: datetime | None = None
+    ) -> list[dict[str, int]]:
+        """One statement: ``neighbour_weights``' question for each entity, in a ``CALL``."""
+        if not entity_uuids:
+            return []
+        asof = AsOf.resolve(at, None, False, None)
+        question = anchored_query(asof, ENTITY_GRAPH_RETURN, q.ANCHOR_HINTS, "entity_uuid")
+        query = (
+            "UNWIND $entity_uuids AS entity_uuid\nCALL (entity_uuid) {\n"
+            + question
+            + "}\nRETURN entity_uuid, source, target, weight"
+        )
+        params = {**as_of_params(group_id, asof), "entity_uuids": unique(entity_uuids)}
+        edges: dict[str, list[tuple[str, str, int]]] = {}
+        for row in await self.ex.rows(query, params):
+            edge = (row["source"], row["target"], int(row["weight"]))
+            edges.setdefault(row["entity_uuid"], []).append(edge)
+        return [neighbour_weights_of(uuid, edges.get(uuid, [])) for uuid in entity_uuids]
 
     async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
         params = {
