@@ -43,6 +43,7 @@ from tidegraph.store import (
 from tidegraph.store.asof_cypher import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
 from tidegraph.store.kuzu_store import KuzuStore
 from tidegraph.store.neo4j_store import Neo4jStore
+from tidegraph.store.search_core import SearchCore
 from tidegraph.store.search_text import SEARCH_STOP_WORDS
 
 pytestmark = pytest.mark.integration
@@ -760,6 +761,16 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
     side = entity(small, "Side", embedding=vec(0, 1))
     await store.upsert_entities(small, [far, side])
     assert uuids(await store.vector_entities(small, vec(1, 0), 5)) == [side.uuid, far.uuid]
+    # the same answers from the global index as from the exact scan of a small group
+    assert isinstance(store, SearchCore)
+    nearest = uuids(await store.vector_entities(big, vec(1, 0.05), 5))
+    assert nearest[0] == crowd[50].uuid and set(nearest) == {c.uuid for c in crowd[48:53]}
+    store.scan_below = 1  # every group is "large": the index, then the scan of a small share
+    try:
+        assert uuids(await store.vector_entities(small, vec(1, 0), 5)) == [side.uuid, far.uuid]
+        assert uuids(await store.vector_entities(big, vec(1, 0.05), 5)) == nearest
+    finally:
+        del store.scan_below
 
     hub = entity(big, "Hub")
     await store.upsert_entities(big, [hub])

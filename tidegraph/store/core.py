@@ -193,7 +193,8 @@ class StoreCore(SearchCore):
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[EntityRecord, float]]:
         candidates, scan = self.sq.VECTOR["entity"]
-        hits = await self._nearest(candidates, scan, [group_id], embedding, limit)
+        small = self.sq.SMALL_SCAN["entity"]
+        hits = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
         found = {e.uuid: e for e in await self.entities_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 
@@ -210,7 +211,8 @@ class StoreCore(SearchCore):
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[FactRecord, float]]:
         candidates, scan = self.sq.VECTOR["fact"]
-        hits = await self._nearest(candidates, scan, [group_id], embedding, limit)
+        small = self.sq.SMALL_SCAN["fact"]
+        hits = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
         found = {f.uuid: f for f in await self._facts_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 

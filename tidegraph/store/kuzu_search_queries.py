@@ -90,6 +90,10 @@ RETURN node.uuid AS uuid, node.group_id AS group_id,
     ),
 }
 
+# No scan before the index query here (``SearchCore._nearest``): kuzu 0.11.3 has no
+# ``CALL {}`` subqueries to bound it in one statement.
+SMALL_SCAN: dict[str, str | None] = dict.fromkeys(VECTOR)
+
 EPISODES_BY_UUIDS = f"""
 MATCH (ep:Episodic)
 WHERE ep.uuid IN $uuids AND ep.group_id = $group_id

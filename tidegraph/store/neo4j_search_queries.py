@@ -4,8 +4,8 @@ candidates of each kind, and the reads that turn them into hits. Parameterised l
 
 Fulltext: Lucene indexes with the English analyzer, queried with ``search_text.lucene_query``.
 Vector: HNSW indexes (cosine); the index's top candidates are rescored exactly on the stored
-vectors, scored ``(1 + cos) / 2``, with an exact scan of the groups when the candidates hold
-too few of them (``StoreCore._nearest``).
+vectors, scored ``(1 + cos) / 2``, with an exact scan of the groups when they are small or
+the candidates hold too few of them (``SearchCore._nearest``).
 """
 
 from __future__ import annotations
@@ -75,12 +75,38 @@ RETURN x.uuid AS uuid, score
 """
 
 
+def _small_scan(match: str, prop: str) -> str:
+    """The exact scan when the groups hold fewer than $scan_below embeddings, in one round
+    trip: one row, ``small`` and, when small, ``hits`` ([uuid, score] pairs, best first)."""
+    return f"""
+CALL () {{
+  MATCH {match}
+  WHERE x.group_id IN $group_ids AND x.{prop} IS NOT NULL
+  RETURN x LIMIT $scan_below
+}}
+WITH collect(x) AS xs
+CALL (xs) {{
+  WITH xs WHERE size(xs) < $scan_below
+  UNWIND xs AS x
+  WITH x, vector.similarity.cosine(x.{prop}, $embedding) AS score
+  ORDER BY score DESC, x.uuid
+  LIMIT $limit
+  RETURN collect([x.uuid, score]) AS hits
+}}
+RETURN size(xs) < $scan_below AS small, hits
+"""
+
+
 # The best $limit of the group's matches: (uuid, score).
 FULLTEXT = {kind: _fulltext(*how) for kind, how in _FULLTEXT.items()}
 # (candidates of the global index: uuid, group_id, score or null; exact scan: uuid, score)
 VECTOR = {
     kind: (_candidates(call, index, prop), _scan(_MATCH[kind], prop))
     for kind, (call, index, prop) in _VECTOR.items()
+}
+# A small group is scanned exactly before any index query (``SearchCore._nearest``).
+SMALL_SCAN: dict[str, str | None] = {
+    kind: _small_scan(_MATCH[kind], prop) for kind, (_, _, prop) in _VECTOR.items()
 }
 
 # Hits are read in one round trip each (``SearchCore._hits``), times as epoch microseconds

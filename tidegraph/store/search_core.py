@@ -53,6 +53,11 @@ MAX_CANDIDATES = 10_000
 # The most neighbours a global vector index is asked for (an HNSW search costs about its k)
 # before scanning the groups instead.
 MAX_VECTOR_K = 1000
+# Groups with fewer embeddings of a kind than this are scanned exactly instead of asking the
+# global index: a tenant among many holds a small share of the index, and the index query
+# that finds its top hits returns hundreds of other tenants' (measured on the Graphiti
+# comparison's 16 groups: 22.4 → 32.0 episodes/s, Neo4j's CPU per episode 39 → 25 ms).
+SCAN_BELOW = 1000
 Found = Callable[[int], Awaitable[list[tuple[str, float]]]]
 
 
@@ -61,6 +66,7 @@ class SearchCore(GraphStore):
 
     ex: Executor
     sq: ModuleType  # the dialect's search queries
+    scan_below = SCAN_BELOW  # see SCAN_BELOW (an attribute, so that tests can move it)
 
     @abc.abstractmethod
     async def _embedding_dim(self) -> int: ...
@@ -94,11 +100,12 @@ class SearchCore(GraphStore):
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
     ) -> list[Hit]:
         candidates, scan = self.sq.VECTOR[check_kind(kind)]
+        small = self.sq.SMALL_SCAN[kind]
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
 
             async def found(k: int, group_id: str = group_id) -> list[tuple[str, float]]:
-                return await self._nearest(candidates, scan, [group_id], embedding, k)
+                return await self._nearest(candidates, scan, [group_id], embedding, k, small)
 
             hits += await self._seen(group_id, kind, scope.asof, found, limit)
         return best(hits, limit)
@@ -151,16 +158,23 @@ class SearchCore(GraphStore):
         group_ids: list[str],
         embedding: list[float] | None,
         limit: int,
+        small_scan: str | None = None,
     ) -> list[tuple[str, float]]:
-        """(uuid, score) of the groups' nearest neighbours, best first: from the engine's
-        global vector index (``candidates``: its top k neighbours, rescored exactly on the
-        stored vectors; k grows while too few are of the groups), or by an exact ``scan`` of
-        the groups when more than ``MAX_VECTOR_K`` neighbours would be needed (a small group
-        among many) or the engine indexes none."""
+        """(uuid, score) of the groups' nearest neighbours, best first: by an exact scan when
+        the groups hold fewer than ``scan_below`` embeddings (``small_scan``, where the
+        dialect has one); else from the engine's global vector index (``candidates``: its top
+        k neighbours, rescored exactly on the stored vectors; k grows while too few are of
+        the groups), or by an exact ``scan`` of the groups when more than ``MAX_VECTOR_K``
+        neighbours would be needed (a small group among many) or the engine indexes none."""
         vector = check_embedding(embedding, await self._embedding_dim(), "query embedding")
         if limit <= 0 or vector is None:
             return []
         params = {"group_ids": group_ids, "embedding": vector}
+        if small_scan is not None:
+            bounds = {"limit": limit, "scan_below": self.scan_below}
+            [row] = await self.ex.rows(small_scan, {**params, **bounds})
+            if row["small"]:
+                return top(((u, min(1.0, max(0.0, float(s)))) for u, s in row["hits"]), limit)
         wanted = set(group_ids)
         k = vector_candidates(limit)
         while candidates is not None:
