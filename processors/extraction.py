@@ -101,17 +101,28 @@ class ExtractionStep:
         next episode's context holds it whether or not this one's LLM call has returned. The
         LLM call itself (``run_prepared``) may then run ahead of the group's ordered stages
         (README "Batch-native stages"); its prompt is the one ``run`` would have built."""
-        processed = self.store is not None and await self.store.episode_processed(
-            episode.group_id, episode.uuid, episode.content_hash
-        )
-        context: list[EpisodeRecord] = []
-        if not processed and self.context is not None and self.context_episodes > 0:
-            context = await self.context.recent_episodes(
-                episode.group_id, episode.reference_time, self.context_episodes
-            )
+        # Both reads at once: they are on the group's ordered path, and an episode found
+        # processed (a redelivery, rare) only wastes its context read.
+        processed, context = await asyncio.gather(self._processed(episode), self._context(episode))
+        if processed:
+            context = []
         if self.context is not None:
             self.context.remember(episode)
         return Prepared(episode, processed, context)
+
+    async def _processed(self, episode: Episode) -> bool:
+        if self.store is None:
+            return False
+        return await self.store.episode_processed(
+            episode.group_id, episode.uuid, episode.content_hash
+        )
+
+    async def _context(self, episode: Episode) -> list[EpisodeRecord]:
+        if self.context is None or self.context_episodes <= 0:
+            return []
+        return await self.context.recent_episodes(
+            episode.group_id, episode.reference_time, self.context_episodes
+        )
 
     async def run_prepared(self, prepared: Prepared) -> Extraction | Processed:
         """``run`` from ``prepare``'s answer: the LLM call."""
