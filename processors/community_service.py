@@ -110,10 +110,7 @@ class CommunityService:
     async def _place(self, group_id: str, entity_uuids: list[str]) -> list[str | None]:
         weights = await self.store.neighbour_weights_many(group_id, entity_uuids)
         neighbours = sorted({n for w in weights for n in w})
-        held = {
-            e.uuid: e.community_uuid
-            for e in await self.store.entities_by_uuids(group_id, neighbours)
-        }
+        held = await self.store.communities_of(group_id, neighbours)
         choices: list[str | None] = []
         writes: list[tuple[str, str]] = []
         for entity_uuid, entity_weights in zip(entity_uuids, weights, strict=True):

@@ -663,6 +663,8 @@ async def test_entities_carry_their_community(
         [e for e, _ in await store.vector_entities(group, vec(1), 5)],
     ):
         assert {e.uuid: e.community_uuid for e in records} == expected
+    assert await store.communities_of(group, [b.uuid, a.uuid, a.uuid, "missing"]) == expected
+    assert await store.communities_of(new_group(), [a.uuid, b.uuid]) == {}
     # an upsert leaves the membership alone
     await store.upsert_entities(group, [a.model_copy(update={"summary": "changed"})])
     assert [e.community_uuid for e in await store.entities_by_uuids(group, [a.uuid])] == [community]

@@ -52,6 +52,7 @@ ONLY_NEO4J = {
     "UPSERT_COMMUNITIES",
     "ASSIGN_MEMBERS",  # the embedded store runs the shared statements one by one
     "READ_BATCHES",  # several groups' batch reads in one statement
+    "COMMUNITIES_OF",  # the embedded store reads the entities
 }
 ONLY_KUZU = {
     "EPISODE_GROUP",

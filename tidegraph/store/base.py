@@ -381,6 +381,14 @@ class GraphStore(abc.ABC):
     ) -> dict[str, int]:
         """{neighbour uuid: number of facts valid at ``at`` between it and the entity}."""
 
+    async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
+        """{entity uuid: the uuid of the community it is a member of, or None} for the group's
+        entities among these (a light read: no names, summaries nor embeddings, where the
+        store can)."""
+        return {
+            e.uuid: e.community_uuid for e in await self.entities_by_uuids(group_id, entity_uuids)
+        }
+
     async def neighbour_weights_many(
         self, group_id: str, entity_uuids: list[str], at: datetime | None = None
     ) -> list[dict[str, int]]:

@@ -299,6 +299,14 @@ RETURN ask.i AS i, markers, found
 """
 )
 
+# The community of each of the group's entities among $uuids (``communities_of``).
+COMMUNITIES_OF = f"""
+UNWIND $uuids AS uuid
+MATCH (e:Entity {{uuid: uuid}})
+WHERE e.group_id = $group_id
+RETURN e.uuid AS uuid, {COMMUNITY_OF_E} AS community_uuid
+"""
+
 ENTITIES_BY_UUIDS = (
     """
 MATCH (e:Entity)

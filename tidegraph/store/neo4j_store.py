@@ -217,6 +217,13 @@ class Neo4jStore(StoreCore):
         rows = await self.ex.rows(q.READ_BATCHES, {"asks": params})
         return sorted(rows, key=lambda row: int(row["i"]))
 
+    async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
+        if not entity_uuids:
+            return {}
+        params = {"group_id": group_id, "uuids": unique(entity_uuids)}
+        rows = await self.ex.rows(q.COMMUNITIES_OF, params)
+        return {row["uuid"]: row["community_uuid"] for row in rows}
+
     async def neighbour_weights_many(
         self, group_id: str, entity_uuids: list[str], at: datetime | None = None
     ) -> list[dict[str, int]]:
