@@ -14,7 +14,6 @@ or close (read here so that the write need not read them again).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -198,26 +197,21 @@ class ResolutionStep:
         undecided: list[int],
         embeddings: dict[int, list[float]],
     ) -> tuple[dict[int, EntityRecord], int]:
-        """Candidates from fulltext + vector search (every draft's searches at once: the
-        candidates are listed by uuid, so their order does not matter), then one LLM call for
-        all of them."""
+        """Candidates from fulltext + vector search (every draft's searches at once,
+        ``GraphStore.entity_candidates``: the candidates are listed by uuid, so their order
+        does not matter), then one LLM call for all of them."""
         threshold = self.embedder.thresholds.entity_candidate
-        searches = await asyncio.gather(
-            *(
-                self.store.vector_entities(group, embeddings[i], CANDIDATES_PER_ENTITY)
-                for i in undecided
-            ),
-            *(
-                self.store.fulltext_entities(group, drafts[i].name, CANDIDATES_PER_ENTITY)
-                for i in undecided
-            ),
+        searches = await self.store.entity_candidates(
+            group, [(drafts[i].name, embeddings[i]) for i in undecided], CANDIDATES_PER_ENTITY
         )
         candidates: dict[str, EntityRecord] = {}
-        for record, score in (hit for hits in searches[: len(undecided)] for hit in hits):
-            if 2 * score - 1 >= threshold:  # stores score (1 + cos) / 2
+        for by_vector, _ in searches:
+            for record, score in by_vector:
+                if 2 * score - 1 >= threshold:  # stores score (1 + cos) / 2
+                    candidates.setdefault(record.uuid, record)
+        for _, by_text in searches:
+            for record, _ in by_text:
                 candidates.setdefault(record.uuid, record)
-        for record, _ in (hit for hits in searches[len(undecided) :] for hit in hits):
-            candidates.setdefault(record.uuid, record)
         if not candidates:
             return {}, 0
         listed = sorted(candidates.values(), key=lambda r: r.uuid)

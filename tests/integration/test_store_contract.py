@@ -789,6 +789,43 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
     assert found.uuid == lone.uuid and score == pytest.approx(0.0, abs=0.02)
 
 
+async def test_entity_candidates_are_each_drafts_vector_and_fulltext_hits(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    """``entity_candidates`` answers each search as ``vector_entities`` and
+    ``fulltext_entities`` do, for a group scanned exactly and for one asked through the index
+    (``scan_below`` moved), with the other groups' entities around."""
+    group, other = new_group(), new_group()
+    names = ["Acme Printers", "Acme Toner", "Globex Widgets", "Initech", *HOSTILE]
+    mine = [entity(group, n, embedding=vec(1, i / 10)) for i, n in enumerate(names)]
+    await store.upsert_entities(group, mine)
+    await store.upsert_entities(other, [entity(other, "Acme Printers", embedding=vec(1, 0))])
+    searches = [
+        ("acme", vec(1, 0.05)),
+        ("widgets initech", vec(1, 0.35)),
+        ("!!! ???", vec(0, 1)),  # nothing searchable in the text
+        (HOSTILE[0], vec(-1, 0)),
+    ]
+
+    async def one_by_one() -> list[Any]:
+        return [
+            (await store.vector_entities(group, e, 3), await store.fulltext_entities(group, n, 3))
+            for n, e in searches
+        ]
+
+    assert isinstance(store, SearchCore)
+    for scan_below in (SearchCore.scan_below, 1):
+        store.scan_below = scan_below
+        try:
+            expected = await one_by_one()
+            assert await store.entity_candidates(group, searches, 3) == expected
+        finally:
+            del store.scan_below
+    assert expected[0][1] and expected[2][1] == [] and all(len(v) == 3 for v, _ in expected)
+    assert {e.group_id for v, t in expected for e, _ in [*v, *t]} == {group}
+    assert await store.entity_candidates(group, [], 3) == []
+
+
 async def test_vector_facts_ranking_and_isolation(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:

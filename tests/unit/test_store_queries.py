@@ -53,6 +53,7 @@ ONLY_NEO4J = {
     "ASSIGN_MEMBERS",  # the embedded store runs the shared statements one by one
     "READ_BATCHES",  # several groups' batch reads in one statement
     "COMMUNITIES_OF",  # the embedded store reads the entities
+    "ENTITY_CANDIDATES",  # the embedded store searches draft by draft
 }
 ONLY_KUZU = {
     "EPISODE_GROUP",

@@ -13,6 +13,7 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -172,6 +173,19 @@ class GraphStore(abc.ABC):
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[EntityRecord, float]]:
         """Nearest entities by name embedding (cosine similarity in [0, 1]), best first."""
+
+    async def entity_candidates(
+        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
+        """For each (name, name embedding): ``vector_entities(embedding, limit)`` and
+        ``fulltext_entities(name, limit)``, all at once (on Neo4j in two round trips for a
+        group small enough to be scanned)."""
+        found = await asyncio.gather(
+            *(self.vector_entities(group_id, embedding, limit) for _, embedding in searches),
+            *(self.fulltext_entities(group_id, name, limit) for name, _ in searches),
+        )
+        n = len(searches)
+        return list(zip(found[:n], found[n:], strict=True))
 
     @abc.abstractmethod
     async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:

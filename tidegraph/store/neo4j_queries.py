@@ -337,6 +337,40 @@ WITH e, score
     + ", score"
 )
 
+# Entity resolution's candidate searches for several drafts of one group in one round trip
+# (``Neo4jStore.entity_candidates``): when the group holds fewer than $scan_below name
+# embeddings (``small``), each draft's best $limit by exact cosine over them (the small-group
+# scan of ``SearchCore._nearest``) and, when it has a fulltext query, its best $limit of
+# FULLTEXT_ENTITIES; [uuid, score] pairs, one row per draft (``i``).
+ENTITY_CANDIDATES = f"""
+CALL () {{
+  MATCH (x:Entity)
+  WHERE x.group_id = $group_id AND x.name_embedding IS NOT NULL
+  RETURN x LIMIT $scan_below
+}}
+WITH collect(x) AS xs
+WITH xs, size(xs) < $scan_below AS small
+UNWIND range(0, size($drafts) - 1) AS i
+WITH xs, small, i, $drafts[i] AS draft
+CALL (xs, small, draft) {{
+  WITH xs, draft WHERE small
+  UNWIND xs AS x
+  WITH x, vector.similarity.cosine(x.name_embedding, draft.embedding) AS score
+  ORDER BY score DESC, x.uuid
+  LIMIT $limit
+  RETURN collect([x.uuid, score]) AS vector_hits
+}}
+CALL (draft) {{
+  WITH draft WHERE draft.query IS NOT NULL
+  CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT_INDEX}', draft.query) YIELD node, score
+  WITH node AS e, score
+  WHERE e.group_id = $group_id
+  ORDER BY score DESC, e.uuid
+  LIMIT $limit
+  RETURN collect([e.uuid, score]) AS fulltext_hits
+}}
+RETURN i, small, vector_hits, fulltext_hits
+"""
 
 # ---- facts
 _FACT_RETURN = """

@@ -26,6 +26,7 @@ from tidegraph.store.core import StoreCore
 from tidegraph.store.executor import Row, Tx, observe_write
 from tidegraph.store.neo4j_executor import Neo4jExecutor
 from tidegraph.store.rows import (
+    check_embedding,
     closure_row,
     entity_record,
     entity_row,
@@ -35,8 +36,10 @@ from tidegraph.store.rows import (
     fact_row,
     neighbour_weights_of,
     now_utc,
+    rank,
     sort_entities,
     sort_facts,
+    top,
     unique,
     with_epoch_times,
 )
@@ -216,6 +219,40 @@ class Neo4jStore(StoreCore):
         params = [{"i": i, **vars(ask)} for i, ask in enumerate(asks)]
         rows = await self.ex.rows(q.READ_BATCHES, {"asks": params})
         return sorted(rows, key=lambda row: int(row["i"]))
+
+    async def entity_candidates(
+        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
+        """Two round trips for a small group (``q.ENTITY_CANDIDATES``, then the records of
+        every hit at once); a larger one, or a search without an embedding, as the base."""
+        dim = await self._embedding_dim()
+        vectors = [check_embedding(e, dim, "query embedding") for _, e in searches]
+        if not searches or limit <= 0 or any(v is None for v in vectors):
+            return await super().entity_candidates(group_id, searches, limit)
+        drafts = [
+            {"query": self.sq.fulltext_query(name), "embedding": vector}
+            for (name, _), vector in zip(searches, vectors, strict=True)
+        ]
+        params = {
+            "group_id": group_id,
+            "drafts": drafts,
+            "limit": limit,
+            "scan_below": self.scan_below,
+        }
+        rows = sorted(await self.ex.rows(q.ENTITY_CANDIDATES, params), key=lambda r: r["i"])
+        if not all(row["small"] for row in rows):
+            return await super().entity_candidates(group_id, searches, limit)
+        hit_uuids = [u for row in rows for u, _ in [*row["vector_hits"], *row["fulltext_hits"]]]
+        records = {e.uuid: e for e in await self.entities_by_uuids(group_id, hit_uuids)}
+        answers = []
+        for row in rows:
+            nearest = top(((u, min(1.0, max(0.0, float(s)))) for u, s in row["vector_hits"]), limit)
+            vector = rank(((records[u], s) for u, s in nearest if u in records), limit)
+            text = rank(
+                ((records[u], float(s)) for u, s in row["fulltext_hits"] if u in records), limit
+            )
+            answers.append((vector, text))
+        return answers
 
     async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
         if not entity_uuids:
