@@ -1827,3 +1827,22 @@ async def test_assign_members_applies_each_in_order_in_one_call(
     assert got == {one.uuid: sorted([u["A"], u["B"]]), two.uuid: [u["E"]]}
     await store.assign_members(group, [])  # nothing to do: nothing changes
     assert {c.uuid: c.members for c in await store.communities(group)} == got
+
+
+async def test_assignments_of_several_groups_at_once_stay_in_their_groups(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    """Calls made at once (on Neo4j they share a transaction) give each group what its calls
+    alone give, in the order a group made them; another group's community or entity changes
+    nothing."""
+    first, second = new_group(), new_group()
+    (u1, one1, two1), (u2, one2, two2) = [await _two_communities(store, g) for g in (first, second)]
+    await asyncio.gather(
+        store.assign_members(first, [(one1.uuid, u1["E"]), (two1.uuid, u1["C"])]),
+        store.assign_members(second, [(two2.uuid, u2["E"]), (one1.uuid, u2["C"])]),
+        store.assign_members(first, [(one1.uuid, u1["C"]), (one1.uuid, u2["D"])]),
+        store.assign_members(second, [(one2.uuid, u2["E"])]),
+    )
+    got = {g: {c.uuid: c.members for c in await store.communities(g)} for g in (first, second)}
+    assert got[first] == {one1.uuid: sorted([u1["A"], u1["C"], u1["E"]]), two1.uuid: [u1["B"]]}
+    assert got[second] == {one2.uuid: sorted([u2["A"], u2["E"]]), two2.uuid: [u2["B"]]}

@@ -569,7 +569,8 @@ CALL (w) {
 """
 )
 
-# Community memberships in order, each as ``StoreCore.assign_members`` does it in three
+# Community memberships in order (each row names its group: the assignments of several
+# groups share a transaction), each as ``StoreCore.assign_members`` does it in three
 # statements: an assignment whose community or entity is not in the group changes nothing;
 # otherwise the entity leaves its other communities and joins this one (each run of the
 # subquery sees the runs before it, so a later assignment of an entity wins).
@@ -577,15 +578,15 @@ ASSIGN_MEMBERS = """
 UNWIND $rows AS row
 CALL (row) {
   MATCH (c:Community {uuid: row.community_uuid})
-  WHERE c.group_id = $group_id
+  WHERE c.group_id = row.group_id
   MATCH (e:Entity {uuid: row.entity_uuid})
-  WHERE e.group_id = $group_id
+  WHERE e.group_id = row.group_id
   OPTIONAL MATCH (other:Community)-[old:HAS_MEMBER]->(e)
-  WHERE other.group_id = $group_id AND other.uuid <> c.uuid
+  WHERE other.group_id = row.group_id AND other.uuid <> c.uuid
   DELETE old
   WITH DISTINCT c, e
   MERGE (c)-[m:HAS_MEMBER]->(e)
-  ON CREATE SET m.group_id = $group_id
+  ON CREATE SET m.group_id = row.group_id
 }
 """
 

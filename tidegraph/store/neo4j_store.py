@@ -84,6 +84,14 @@ def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -
     }
 
 
+@dataclass(frozen=True)
+class _Assignments:
+    """One ``assign_members`` call: its rows name its group."""
+
+    group_id: str
+    rows: list[dict[str, str]]
+
+
 @dataclass(eq=False)  # an ask is its own key in the shared reads (no order between them)
 class _BatchAsk:
     group_id: str
@@ -115,6 +123,12 @@ class Neo4jStore(StoreCore):
             self._commit_batches,
             MAX_WRITES_PER_TRANSACTION,
             key=lambda jobs: jobs[0].group_id,
+            max_in_flight=TRANSACTIONS_IN_FLIGHT,
+        )
+        self._assignments: GroupCommit[_Assignments, None] = GroupCommit(
+            self._commit_assignments,
+            MAX_WRITES_PER_TRANSACTION,
+            key=lambda item: item.group_id,
             max_in_flight=TRANSACTIONS_IN_FLIGHT,
         )
         self._batch_reads: GroupCommit[_BatchAsk, Row] = GroupCommit(
@@ -342,15 +356,25 @@ class Neo4jStore(StoreCore):
         await self.ex.write("upsert_entities", len(rows), work)
 
     async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
-        """One statement for all of them (``q.ASSIGN_MEMBERS``), not three per assignment."""
+        """One statement for all of them (``q.ASSIGN_MEMBERS``), not three per assignment,
+        in a transaction shared with the other groups' assignments submitted meanwhile
+        (``GroupCommit``, in submission order per group)."""
         if not assignments:
             return
-        rows = [{"community_uuid": c, "entity_uuid": e} for c, e in assignments]
+        rows = [
+            {"group_id": group_id, "community_uuid": c, "entity_uuid": e} for c, e in assignments
+        ]
+        with observe_write("assign_member", len(assignments)):
+            await self._assignments.submit(_Assignments(group_id, rows))
+
+    async def _commit_assignments(self, items: list[_Assignments]) -> list[None]:
+        rows = [row for item in items for row in item.rows]
 
         async def work(tx: Tx) -> None:
-            await tx.rows(q.ASSIGN_MEMBERS, {"group_id": group_id, "rows": rows})
+            await tx.rows(q.ASSIGN_MEMBERS, {"rows": rows})
 
-        await self.ex.write("assign_member", len(assignments), work)
+        await self.neo4j.transaction(work)
+        return [None] * len(items)
 
     async def _upsert_communities(
         self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]
