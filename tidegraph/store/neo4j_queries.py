@@ -376,6 +376,16 @@ RETURN i, small, vector_hits, fulltext_hits
 _FACT_RETURN = """
 RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
 """
+# A fact's end history from a row (``rows.end_history_row``): a null keeps what is stored.
+_END_HISTORY_SET = (
+    "    r.prior_ends = coalesce("
+    + ats("row.prior_ends")
+    + ", r.prior_ends),\n    r.prior_ends_learned_at = coalesce("
+    + ats("row.prior_ends_learned_at")
+    + ", r.prior_ends_learned_at),\n    r.end_learned_at = coalesce("
+    + at("row.end_learned_at")
+    + ", r.end_learned_at),"
+)
 _MERGE_FACT_ROWS = (
     """
 UNWIND {rows} AS row
@@ -395,16 +405,9 @@ SET r.name = row.name,
     + at("row.invalid_at")
     + """,
     r.cardinality = row.cardinality,
-    r.prior_ends = coalesce("""
-    + ats("row.prior_ends")
-    + """, r.prior_ends),
-    r.prior_ends_learned_at = coalesce(
-      """
-    + ats("row.prior_ends_learned_at")
-    + """, r.prior_ends_learned_at),
-    r.end_learned_at = coalesce("""
-    + at("row.end_learned_at")
-    + """, r.end_learned_at),
+"""
+    + _END_HISTORY_SET
+    + """
     r.prior_starts = coalesce("""
     + ats("row.prior_starts")
     + """, r.prior_starts),
@@ -430,16 +433,9 @@ WHERE r.group_id = {group}
 SET r.invalid_at = """
     + at("row.invalid_at")
     + """,
-    r.prior_ends = coalesce("""
-    + ats("row.prior_ends")
-    + """, r.prior_ends),
-    r.prior_ends_learned_at = coalesce(
-      """
-    + ats("row.prior_ends_learned_at")
-    + """, r.prior_ends_learned_at),
-    r.end_learned_at = coalesce("""
-    + at("row.end_learned_at")
-    + """, r.end_learned_at),
+"""
+    + _END_HISTORY_SET
+    + """
     r.expired_at = coalesce(r.expired_at, """
     + at("row.expired_at")
     + """)

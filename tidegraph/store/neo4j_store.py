@@ -84,6 +84,25 @@ def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -
     }
 
 
+def _lookup_of(found: list[Row], *, with_facts: bool) -> EntityLookup:
+    """An ``EntityLookup`` from rows of an entity found (``e``), how (``hows``: by key, by
+    name or both) and its facts (``facts``), as RESOLUTION_LOOKUP and READ_BATCHES give them."""
+    by: dict[str, list[EntityRecord]] = {"key": [], "name": []}
+    facts: dict[str, FactRecord] = {}
+    for row in found:
+        entity = entity_record(row["e"])
+        for how in row["hows"]:
+            by[how].append(entity)
+        for r in row["facts"]:
+            fact = fact_record(r, entity.uuid, r["target_uuid"])
+            facts[fact.uuid] = fact
+    return EntityLookup(
+        by_key=sort_entities(by["key"]),
+        by_name=sort_entities(by["name"]),
+        facts=sort_facts(facts.values()) if with_facts else None,
+    )
+
+
 @dataclass(frozen=True)
 class _Assignments:
     """One ``assign_members`` call: its rows name its group."""
@@ -213,21 +232,7 @@ class Neo4jStore(StoreCore):
         for uuid, content_hash, created in row["markers"]:
             errors.check_same_episode(uuid, content_hash, hashes[uuid])
             markers[uuid] = list(created or [])
-        found: dict[str, list[EntityRecord]] = {"key": [], "name": []}
-        facts: dict[str, FactRecord] = {}
-        for item in row["found"]:
-            entity = entity_record(item["e"])
-            for how in item["hows"]:
-                found[how].append(entity)
-            for r in item["facts"]:
-                fact = fact_record(r, entity.uuid, r["target_uuid"])
-                facts[fact.uuid] = fact
-        lookup = EntityLookup(
-            by_key=sort_entities(found["key"]),
-            by_name=sort_entities(found["name"]),
-            facts=sort_facts(facts.values()),
-        )
-        return BatchRead(lookup, markers)
+        return BatchRead(_lookup_of(row["found"], with_facts=True), markers)
 
     async def _read_batches(self, asks: list[_BatchAsk]) -> list[Row]:
         params = [{"i": i, **vars(ask)} for i, ask in enumerate(asks)]
@@ -311,22 +316,8 @@ class Neo4jStore(StoreCore):
             return EntityLookup(
                 processed=True, created_entities=list(records[0]["created_entities"] or [])
             )
-        found: dict[str, list[EntityRecord]] = {"key": [], "name": []}
-        facts: dict[str, FactRecord] = {}
-        for record in records:
-            if record["e"] is None:
-                continue
-            entity = entity_record(record["e"])
-            for how in record["hows"]:
-                found[how].append(entity)
-            for r in record["facts"]:
-                fact = fact_record(r, entity.uuid, r["target_uuid"])
-                facts[fact.uuid] = fact
-        return EntityLookup(
-            by_key=sort_entities(found["key"]),
-            by_name=sort_entities(found["name"]),
-            facts=None if ask.relations is None else sort_facts(facts.values()),
-        )
+        found = [record for record in records if record["e"] is not None]
+        return _lookup_of(found, with_facts=ask.relations is not None)
 
     async def _fact_candidates(
         self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
