@@ -460,6 +460,9 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
 
 class _RequestHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: the headers and the body are two writes; with Nagle's algorithm the body
+    # waits for the client's (delayed, up to 40 ms) ACK of the headers, on some answers only.
+    disable_nagle_algorithm = True
     timeout = 120  # idle keep-alive connections; close() ends them earlier
     server: _HTTPServer
 
