@@ -149,7 +149,7 @@ def create_app(
             names,
             worker,
             budget,
-            batch=runtime.components,  # the write hop batches a group's mapped records
+            batch=runtime.components,  # the write hop batches a group's records
         )
         consumed.append(names.named(hop.consumes))
         agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)

@@ -1,5 +1,5 @@
-"""A group's consecutive mapped episodes resolved, stamped, invalidated and written as one
-unit (README "Batch-native stages").
+"""A group's consecutive episodes resolved, stamped, invalidated and written as one unit
+(README "Batch-native stages"): mapped records, or LLM-extracted (text) ones.
 
 The chain's own steps run on each episode in order, as one at a time, against a
 ``processors.batch_view.BatchView`` instead of the store: one read for the whole batch, each
@@ -58,14 +58,18 @@ async def process_batch(components: Components, episodes: Sequence[Episode]) -> 
 async def process_extractions(
     components: Components, extractions: Sequence[Extraction]
 ) -> list[WriteSummary]:
-    """``process_batch`` from the episodes' mapped extractions (the write hop's records):
-    resolution, temporal stamping, invalidation and the write, as one unit."""
+    """``process_batch`` from the episodes' extractions (the write hop's records; all mapped,
+    or all LLM-extracted): resolution, temporal stamping, invalidation and the write, as one
+    unit. An LLM-extracted episode's search (a draft no key or name finds) is asked of the
+    store once the episodes before it are written (``BatchView.entity_candidates``); the
+    writes after it are held again, so the unit goes on."""
     if len(extractions) < 2:
         return []  # nothing to gain: one at a time
     summaries: list[WriteSummary] = []
     counted: list[Counted] = []
     try:
-        view = await BatchView.read(components.store, list(extractions))
+        judged = not extractions[0].mapped
+        view = await BatchView.read(components.store, list(extractions), judged=judged)
         steps = build_steps(
             dataclasses.replace(components, store=cast(GraphStore, view)), CHAIN[1:]
         )
@@ -74,6 +78,8 @@ async def process_extractions(
                 summary, steps_counted = await _through(steps, item)
                 summaries.append(summary)
                 counted.append(steps_counted)
+            except BatchWriteError:
+                raise  # the held writes the view flushed for a search
             except Exception as exc:
                 if not summaries:
                     raise

@@ -244,8 +244,8 @@ class HopHandler(RecordHandler):
         record_timeout: float,
         batch: Components | None = None,
     ) -> None:
-        """``batch``: the components a micro-batch of one group's mapped extractions is
-        processed with as one unit (``handle_group``); None: one record at a time."""
+        """``batch``: the components a micro-batch of one group's extractions is processed
+        with as one unit (``handle_group``); None: one record at a time."""
         super().__init__(names, worker, record_timeout)
         self.batch = batch if hop.consumes == "extracted" else None
         self.hop = hop
@@ -312,8 +312,9 @@ class HopHandler(RecordHandler):
 
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
         """The outputs of each of ``records`` (one group's, in order): runs of mapped
-        extractions as one unit (``pipelines.batches.process_extractions``), the rest, and
-        the record a batch stops at, one at a time through ``handle``."""
+        extractions, and runs of LLM-extracted ones, each as one unit
+        (``pipelines.batches.process_extractions``), the record a batch stops at one at a
+        time through ``handle``."""
         if self.ahead is not None:
             return await self._extract_ahead(self.ahead, records)
         outputs: list[list[Emit]] = []
@@ -329,7 +330,7 @@ class HopHandler(RecordHandler):
             run: list[Taken] = []
             for n in range(i, len(records)) if self.batch is not None else ():
                 taken = read(n)
-                if isinstance(taken, Emit) or not taken.item.mapped:
+                if isinstance(taken, Emit) or (run and taken.item.mapped != run[0].item.mapped):
                     break
                 run.append(taken)
             done = await self._batched([t.item for t in run]) if run else []

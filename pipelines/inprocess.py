@@ -20,6 +20,7 @@ from pipelines.batches import (
     DEFAULT_EXTRACT_AHEAD,
     batchable,
     process_batch,
+    process_extractions,
 )
 from pipelines.chain import ChainResult, run_steps
 from pipelines.retry import RetryPolicy
@@ -30,7 +31,7 @@ from processors.steps import Components
 from tidegraph.embed.base import Embedder
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
-from tidegraph.records.stages import WriteSummary
+from tidegraph.records.stages import Extraction, WriteSummary
 from tidegraph.store.base import GraphStore
 from topics.chain import CHAIN, build_steps
 
@@ -152,19 +153,42 @@ class InProcessChain:
         ``episodes_per_call`` consecutive episodes: each episode is prepared in order
         (processed check, context: ``ExtractionStep.prepare``), its call then runs while
         earlier episodes are resolved and written. One conversation is not held to one LLM
-        round trip at a time, nor to one call per episode."""
+        round trip at a time, nor to one call per episode. Preparing runs beside the ordered
+        stages; the extracted episodes waiting at the head are resolved and written as one
+        unit (``_finish_run``)."""
         per_call = self._extraction.episodes_per_call
+        window = self.extract_ahead * per_call
         in_flight: deque[tuple[Episode, asyncio.Task[ChainResult] | None]] = deque()
         joints: list[JointExtraction] = []
-        try:
-            for start in range(0, len(episodes), per_call):
-                chunk = episodes[start : start + per_call]
-                while in_flight and len(in_flight) + len(chunk) > self.extract_ahead * per_call:
-                    results.append(await self._finish(*in_flight.popleft()))
+        slots = asyncio.Semaphore(window)  # episodes started and not yet finished
+        started = asyncio.Event()
+
+        async def start_all() -> None:
+            for at in range(0, len(episodes), per_call):
+                chunk = episodes[at : at + per_call]
+                for _ in chunk:
+                    await slots.acquire()
                 in_flight.extend(await self._start_extractions(chunk, joints))
-            while in_flight:
-                results.append(await self._finish(*in_flight.popleft()))
+                started.set()
+
+        starter = asyncio.create_task(start_all())
+        try:
+            while in_flight or not starter.done():
+                if not in_flight:
+                    started.clear()
+                    waiter = asyncio.ensure_future(started.wait())
+                    try:
+                        await asyncio.wait([starter, waiter], return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        waiter.cancel()
+                    continue
+                finished = await self._finish_run(in_flight, max(2, per_call))
+                results.extend(finished)
+                for _ in finished:
+                    slots.release()
+            await starter  # its failure (a bug: preparing catches its own) is raised here
         finally:
+            starter.cancel()
             for _, task in in_flight:
                 if task is not None:
                     task.cancel()
@@ -206,19 +230,65 @@ class InProcessChain:
             started.append((episode, task))
         return started
 
-    async def _finish(
-        self, episode: Episode, extraction: asyncio.Task[ChainResult] | None
+    async def _finish_run(
+        self,
+        in_flight: deque[tuple[Episode, asyncio.Task[ChainResult] | None]],
+        most: int,
+    ) -> list[WriteSummary | Failure]:
+        """The ordered stages of the head of ``in_flight`` and of the episodes after it whose
+        extraction is already done (``most`` in all): consecutive extracted ones as one unit
+        (``pipelines.batches.process_extractions``: one read, one write), the others alone.
+        It never waits for an extraction beyond the head's."""
+        run = [in_flight.popleft()]
+        while in_flight and len(run) < most and _extracted(in_flight[0][1]):
+            run.append(in_flight.popleft())
+        results: list[WriteSummary | Failure] = []
+        extracted: list[tuple[Episode, Extraction]] = []
+        for episode, task in run:
+            if task is None:
+                results += await self._ordered(extracted)
+                results.append(await self._one(episode))
+                continue
+            try:
+                done = await task
+            except Exception as exc:
+                results += await self._ordered(extracted)
+                results.append(_failure_of(episode, exc))
+                continue
+            if done.failure is not None or done.processed is not None:
+                results += await self._ordered(extracted)
+                results.append(self._summary(episode, done))
+                continue
+            extracted.append((episode, done.value))
+        results += await self._ordered(extracted)
+        return results
+
+    async def _ordered(
+        self, extracted: list[tuple[Episode, Extraction]]
+    ) -> list[WriteSummary | Failure]:
+        """The ordered stages of consecutive extracted episodes (emptying ``extracted``):
+        as one unit while they can be (``process_extractions``), the episode a unit stops at
+        alone, with the usual retries and dead letters."""
+        waiting = list(extracted)
+        results: list[WriteSummary | Failure] = []
+        extracted.clear()
+        while waiting:
+            done = await process_extractions(self.components, [x for _, x in waiting])
+            results += done
+            del waiting[: len(done)]
+            if waiting:  # the episode the unit stopped at (or a lone one)
+                episode, extraction = waiting.pop(0)
+                results.append(await self._after_extraction(episode, extraction))
+        return results
+
+    async def _after_extraction(
+        self, episode: Episode, extraction: Extraction
     ) -> WriteSummary | Failure:
-        """The episode's ordered stages after its extraction."""
-        if extraction is None:
-            return await self._one(episode)
+        """The episode's ordered stages after its extraction, alone."""
         try:
-            extracted = await extraction
-            if extracted.failure is not None or extracted.processed is not None:
-                return self._summary(episode, extracted)
             rest = await run_steps(
                 self.steps[1:],
-                extracted.value,
+                extraction,
                 policy=self.policy,
                 budget=self.record_timeout,
                 what=f"group={episode.group_id} episode={episode.id}",
@@ -386,6 +456,11 @@ async def ingest(
     await asyncio.gather(*(run_group(items) for items in by_group.values()))
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _extracted(task: asyncio.Task[ChainResult] | None) -> bool:
+    """Whether an in-flight extraction is over (an episode without one goes alone: ready)."""
+    return task is None or task.done()
 
 
 def _failure_of(episode: Episode, exc: Exception) -> Failure:

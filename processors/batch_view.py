@@ -1,14 +1,24 @@
 """The store as the episodes of one group's micro-batch see it, one after the other.
 
-A micro-batch of mapped episodes (``pipelines.batches``) is resolved, stamped and invalidated
-by the same steps as one episode at a time, with ``BatchView`` in place of the store: one
-read for the whole batch (every key, name and relation its episodes look up, their processed
-markers, the stored facts of the entities found), then each episode's lookups are answered
-from that read plus the writes of the batch's earlier episodes, which stay in memory until
-``flush`` writes them all in one call (one transaction on Neo4j). So each episode sees exactly
-what it would have read had every earlier episode been committed alone (README "Batch-native
-stages"); a question the read cannot answer exactly raises ``BatchMiss`` and the batch is
-processed one episode at a time instead.
+A micro-batch of one group's episodes (``pipelines.batches``) is resolved, stamped and
+invalidated by the same steps as one episode at a time, with ``BatchView`` in place of the
+store: one read for the whole batch, then each episode's lookups are answered from that read
+plus the writes of the batch's earlier episodes, which stay in memory until ``flush`` writes
+them all in one call (one transaction on Neo4j). So each episode sees exactly what it would
+have read had every earlier episode been committed alone (README "Batch-native stages"); a
+question the read cannot answer exactly raises ``BatchMiss`` and the batch stops there.
+
+What the read holds depends on the episodes:
+- mapped ones: every key, name and relation they look up, their processed markers, and the
+  found entities' stored facts of those relations;
+- LLM-extracted ones (text, ``judged``): every key and name and the markers. The rest is read
+  when first asked: every stored fact touching an entity the judging needs (with embeddings:
+  the LLM judges new facts against them), the names of those facts' other ends. A fulltext
+  and vector search (a draft no key or name finds) is asked of the store itself, after the
+  held writes are written (``flush``): the store then holds everything before the episode,
+  and the writes after it are held again. A later read from the store is merged under what
+  the view holds (the view's version of a record wins): it answers for the store as the
+  held writes leave it, since nothing else writes the group meanwhile (its order is kept).
 
 Applying a write in memory follows the stores' write rules (``GraphStore.write_episode``,
 ``upsert_entities``): an entity keeps its name and creation time, gains labels and aliases,
@@ -28,7 +38,7 @@ from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, Fa
 from tidegraph.records.ids import normalize_name
 from tidegraph.records.stages import Extraction
 from tidegraph.records.times import utc, utcnow
-from tidegraph.store.base import GraphStore
+from tidegraph.store.base import BatchWriteError, GraphStore
 from tidegraph.store.errors import check_same_episode
 from tidegraph.store.rows import clean_labels, sort_entities, sort_facts, unique
 
@@ -41,12 +51,15 @@ class BatchMiss(Exception):
 
 
 class BatchView:
-    """Answers ``lookup_entities`` and ``fact_candidates`` (unjudged) for the episodes of one
-    group's batch and holds their writes (``write_episode``) until ``flush``."""
+    """Answers ``lookup_entities``, ``fact_candidates`` and ``entities_by_uuids`` for the
+    episodes of one group's batch and holds their writes (``write_episode``) until ``flush``."""
 
-    def __init__(self, store: GraphStore, group_id: str) -> None:
+    def __init__(self, store: GraphStore, group_id: str, *, judged: bool = False) -> None:
         self.store = store
         self.group_id = group_id
+        # LLM-extracted episodes: ``sources`` hold every fact touching them, with embeddings,
+        # read when first asked.
+        self.judged = judged
         self.keys: set[str] = set()
         self.names: set[str] = set()
         self.relations: set[str] = set()
@@ -56,20 +69,27 @@ class BatchView:
         # and the ones the batch creates.
         self.sources: set[str] = set()
         self.processed: dict[str, tuple[str | None, list[str]]] = {}  # uuid -> (hash, created)
-        self.writes: list[EpisodeWrite] = []
+        # Judged: the stored entities at the other end of a read fact, for their names only.
+        self.others: dict[str, EntityRecord] = {}
+        self.writes: list[EpisodeWrite] = []  # held
+        self.written: list[bool] = []  # what the flushed writes gave, in order
         # Indexes over ``entities`` and ``facts``, kept as writes are applied.
         self._by_key: dict[str, set[str]] = {}
         self._by_name: dict[str, set[str]] = {}  # normalised name or alias -> entity uuids
         self._by_source: dict[str, set[str]] = {}  # entity uuid -> uuids of its facts
+        self._by_end: dict[str, set[str]] = {}  # entity uuid -> uuids of facts touching it
 
     @classmethod
-    async def read(cls, store: GraphStore, extractions: list[Extraction]) -> BatchView:
-        """One read for every episode of ``extractions`` (all of one group, all mapped)."""
+    async def read(
+        cls, store: GraphStore, extractions: list[Extraction], *, judged: bool = False
+    ) -> BatchView:
+        """The read for every episode of ``extractions`` (all of one group; all mapped, or
+        with ``judged`` all LLM-extracted), in one round trip."""
         group = extractions[0].episode.group_id
-        view = cls(store, group)
+        view = cls(store, group, judged=judged)
         for extraction in extractions:
-            if extraction.episode.group_id != group or not extraction.mapped:
-                raise BatchMiss("a batch holds mapped episodes of one group")
+            if extraction.episode.group_id != group or extraction.mapped == judged:
+                raise BatchMiss("a batch holds one group's episodes of one kind")
             keys, names, relations = lookup_terms(extraction)
             view.keys.update(keys)
             view.names.update(names)
@@ -82,7 +102,8 @@ class BatchView:
         )
         for entity in [*read.lookup.by_key, *read.lookup.by_name]:
             view._put_entity(entity)
-            view.sources.add(entity.uuid)
+            if not judged:
+                view.sources.add(entity.uuid)
         for fact in read.lookup.facts or []:
             view._put_fact(fact)
         hashes = dict(episodes)
@@ -127,13 +148,50 @@ class BatchView:
         embeddings: bool = True,
     ) -> list[FactRecord]:
         self._same_group(group_id)
-        if ends or embeddings:
-            raise BatchMiss("judged candidates are read from the store")
-        if any(s not in self.sources or r not in self.relations for s, r in pairs):
-            raise BatchMiss("a subject or relation outside the batch's read")
+        if not self.judged:
+            if ends or embeddings:
+                raise BatchMiss("judged candidates are read from the store")
+            if any(s not in self.sources or r not in self.relations for s, r in pairs):
+                raise BatchMiss("a subject or relation outside the batch's read")
+        else:
+            await self._read_facts({s for s, _ in pairs} | set(ends))
         wanted = set(pairs)
         sources = {source for source, _ in pairs}
-        return _plain(f for f in self._facts_of(sources) if (f.source_uuid, f.name) in wanted)
+        found = {f.uuid: f for f in self._facts_of(sources) if (f.source_uuid, f.name) in wanted}
+        found.update((u, self.facts[u]) for end in ends for u in self._by_end.get(end, ()))
+        if embeddings:
+            return sort_facts(_copy(f) for f in found.values())
+        return _plain(found.values())
+
+    async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
+        """Judged: the entities (the ones the view does not hold read from the store; without
+        name embeddings: the judging prompt reads their names)."""
+        self._same_group(group_id)
+        if not self.judged:
+            raise BatchMiss("entities by uuid are read from the store")
+        wanted = unique(uuids)
+        unread = [u for u in wanted if u not in self.entities and u not in self.others]
+        if unread:
+            for entity in await self.store.entities_by_uuids(group_id, unread):
+                self.others[entity.uuid] = _copy(entity, name_embedding=None)
+        found = [self.entities.get(u) or self.others.get(u) for u in wanted]
+        return [_copy(e) for e in found if e is not None]
+
+    async def entity_candidates(
+        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
+        """Judged: the store's answer once the held writes are written (a search the view
+        cannot answer exactly); the entities it finds join the view."""
+        self._same_group(group_id)
+        if not self.judged:
+            raise BatchMiss("entity search is answered by the store")
+        await self.flush()
+        answers = await self.store.entity_candidates(group_id, searches, limit)
+        for by_vector, by_text in answers:
+            for entity, _ in [*by_vector, *by_text]:
+                if entity.uuid not in self.entities:
+                    self._put_entity(_copy(entity, name_embedding=None, community_uuid=None))
+        return answers
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         """Held for ``flush``; what it writes is applied to the view at once."""
@@ -165,10 +223,29 @@ class BatchView:
         return True
 
     async def flush(self) -> list[bool]:
-        """Every held write, in order, in one ``write_episodes`` call."""
-        if not self.writes:
-            return []
-        return await self.store.write_episodes(self.group_id, self.writes)
+        """Every held write, in order, in one ``write_episodes`` call: what every write the
+        view flushed gave, in order. BatchWriteError (with the results of the writes
+        committed, this call's and the earlier ones') when it fails."""
+        if self.writes:
+            held, self.writes = self.writes, []
+            try:
+                self.written += await self.store.write_episodes(self.group_id, held)
+            except BatchWriteError as exc:
+                raise BatchWriteError(self.written + exc.written) from exc.__cause__
+            except Exception as exc:
+                raise BatchWriteError(list(self.written)) from exc
+        return list(self.written)
+
+    async def _read_facts(self, entities: set[str]) -> None:
+        """Judged: every stored fact touching ``entities`` (with embeddings), for the ones
+        whose facts the view does not hold yet; the view's own versions win."""
+        unread = sorted(entities - self.sources)
+        if not unread:
+            return
+        for fact in await self.store.fact_candidates(self.group_id, [], unread):
+            if fact.uuid not in self.facts:
+                self._put_fact(fact)
+        self.sources.update(unread)
 
     # ------------------------------------------------------------------ the write rules
     def _apply_entity(self, entity: EntityRecord, now: datetime) -> None:
@@ -211,6 +288,8 @@ class BatchView:
             valid_at=_opt_utc(fact.valid_at),
             invalid_at=_opt_utc(fact.invalid_at),
             cardinality=fact.cardinality,
+            # a fact written without an embedding keeps the stored one
+            fact_embedding=fact.fact_embedding or (stored.fact_embedding if stored else None),
         )
         if stored is None:
             state.created_at = utc(fact.created_at) if fact.created_at else now
@@ -238,6 +317,8 @@ class BatchView:
     def _put_fact(self, fact: FactRecord) -> None:
         self.facts[fact.uuid] = fact
         self._by_source.setdefault(fact.source_uuid, set()).add(fact.uuid)
+        for end in (fact.source_uuid, fact.target_uuid):
+            self._by_end.setdefault(end, set()).add(fact.uuid)
 
     def _entities(self, index: dict[str, set[str]], terms: list[str]) -> list[EntityRecord]:
         uuids = {u for term in terms for u in index.get(term, ())}

@@ -290,3 +290,177 @@ async def test_a_conversations_waiting_episodes_share_extraction_calls(
 def content(user: str) -> str:
     """The current episode's content in a one-episode extraction request."""
     return user.rsplit("):\n", 1)[1]
+
+
+# ----------------------------------------------------------------------------- text: one unit
+PLANS = [
+    (0, "Ana Lima", "Harbor Freight signed up for the Starter plan."),
+    (1, "Ben Okafor", "Harbor Freight reports slow invoice exports."),
+    (4, "Ana Lima", "Harbor Freight moved to the Business plan."),
+    (2, "Ben Okafor", "(late) Harbor Freight asked about SSO before the upgrade."),
+    (5, "Cleo Park", "Harbor Freight invoice exports are fixed."),
+    (6, "Ana Lima", "Harbor Freight moved to the Enterprise plan."),
+    (3, "Ana Lima", "(late) Harbor Freight was on the Growth plan."),
+    (7, "Ben Okafor", "Harbor Freight wants a quarterly invoice."),
+    # extracted in one call, so resolved and written as one unit: the first closes the
+    # Enterprise plan fact (a held write), the second reads that fact again through the
+    # Enterprise plan, which must give the held state, not the stored one
+    (9, "Ana Lima", "Harbor Freight moved to the Starter plan."),
+    (10, "Ben Okafor", "Harbor Freight dropped the Enterprise plan."),
+    (11, "Cleo Park", "Harbor Freight invoice exports are slow again."),
+    (12, "Ana Lima", "Harbor Freight moved to the Growth plan."),
+]
+
+
+def plan_of(text: str) -> str | None:
+    words = text.rstrip(".").split()
+    return words[words.index("plan") - 1] if "plan" in words else None
+
+
+def answer_plans(request: FakeRequest) -> dict[str, Any]:
+    """The speaker, Harbor Freight, what the speaker said, and the plan it is on (a plan is
+    an entity: a new plan is a draft no name finds, so resolution searches the store)."""
+    current = request.user.split("Current episode", 1)[1].split("\n", 1)[1]
+    speaker, body = (part.strip() for part in current.split(": ", 1))
+    entities = [
+        {"name": speaker, "type": "Person", "summary": None},
+        {"name": "Harbor Freight", "type": "Organization", "summary": None},
+    ]
+    facts = [
+        {"subject": speaker, "relation": "SAID_ABOUT", "object": "Harbor Freight",
+         "fact": f"{speaker} said: {body}", "valid_at": None, "invalid_at": None},
+    ]  # fmt: skip
+    plan = plan_of(body)
+    if plan:
+        entities.append({"name": f"{plan} plan", "type": "Plan", "summary": None})
+        facts.append(
+            {"subject": "Harbor Freight", "relation": "ON_PLAN", "object": f"{plan} plan",
+             "fact": f"Harbor Freight is on the {plan} plan", "valid_at": None,
+             "invalid_at": None}
+        )  # fmt: skip
+    return {"entities": entities, "facts": facts}
+
+
+def judge_plans(request: FakeRequest) -> dict[str, Any]:
+    """A new plan fact contradicts every listed fact of another plan and repeats one of the
+    same plan; read from the prompt alone, so equal prompts get equal answers."""
+    existing_part, new_part = request.user.split("New facts:\n", 1)
+    existing = [line.split("] ", 1)[1] for line in existing_part.splitlines()[1:] if line]
+    judgements = []
+    for line in new_part.splitlines():
+        index, text = line[1:].split("] ", 1)
+        plan = plan_of(text)
+        if plan is None:
+            continue
+        listed = [
+            (k, plan_of(f.split(": ", 1)[1].rsplit(" (", 1)[0])) for k, f in enumerate(existing)
+        ]
+        judgements.append(
+            {
+                "new_fact": int(index),
+                "duplicate_of": next((k for k, p in listed if p == plan), None),
+                "contradicts": [k for k, p in listed if p is not None and p != plan],
+            }
+        )
+    return {"judgements": judgements}
+
+
+def writes_done() -> float:
+    return (
+        REGISTRY.get_sample_value(
+            "tidegraph_store_write_latency_seconds_count", {"operation": "write_episode"}
+        )
+        or 0.0
+    )
+
+
+async def plans_run(
+    store: GraphStore, server: ScriptedLLMServer, group: str, *, together: bool
+) -> dict[str, Any]:
+    """``PLANS`` into ``group`` (deleted afterwards; the same group for both runs, since
+    the judging prompts list facts by uuid, which the group is part of): one episode at a
+    time, or ``together`` (extracted ahead, resolved and written as units)."""
+    llm = LLMClient(
+        base_url=server.base_url, api_key="test", model="fake", cache=None, max_attempts=1
+    )
+    pipeline = InProcessChain(
+        store=store, embedder=HashingEmbedder(dim=DIM), llm=llm, mappings=None
+    )
+    server.reset()
+    server.latency_seconds = 0.02
+    episodes = [
+        Episode(
+            id=f"msg-{n}",
+            group_id=group,
+            source="message",
+            content=f"{speaker}: {text}",
+            reference_time=crm.START + timedelta(hours=hours),
+        )
+        for n, (hours, speaker, text) in enumerate(PLANS)
+    ]
+    try:
+        if together:
+            results = await pipeline.process_group(episodes)
+        else:
+            results = [await pipeline._one(episode) for episode in episodes]
+        graph: dict[str, Any] = await comparable(store, group)
+        graph["outcomes"] = [outcome(r) for r in results]
+        for schema in ("EntityResolutionOutput", "FactResolutionOutput"):
+            asked = [r.user for name, r, _ in server.requests if name == schema]
+            graph[schema] = asked
+        for at in sorted({crm.START + timedelta(hours=h) for h, _, _ in PLANS}):
+            graph[iso(at) or ""] = sorted(
+                f.fact for f in await store.query_facts(group, valid_at=at)
+            )
+        return graph
+    finally:
+        await llm.close()
+        await store.delete_group(group)
+
+
+@pytest.mark.parametrize("fault", [None, "judge_500"])
+async def test_a_conversation_resolved_and_written_together_asks_and_writes_as_one_at_a_time(
+    store: GraphStore, fault: str | None
+) -> None:
+    """A conversation's extracted messages resolved and written as units: the same entity and
+    fact judging prompts, in the same order, and the same graph (plans closed by later and
+    late ones, a repeated plan merged) as one message at a time, with fewer write calls. A
+    new entity in the middle (a plan no name finds) is searched in the store once the
+    messages before it are written; a judging call that fails (HTTP 500) inside a unit sends
+    its message alone, retried, and nothing is lost."""
+    failed: list[str] = []
+
+    def judge(request: FakeRequest) -> dict[str, Any]:
+        if fault and "Enterprise" in request.user.split("New facts:", 1)[1] and not failed:
+            failed.append(request.user)
+            raise RuntimeError("scripted failure")
+        return judge_plans(request)
+
+    with ScriptedLLMServer() as server:
+        on_extraction(server, answer_plans)
+        server.on("EntityResolutionOutput", lambda _: {"matches": []})
+        server.on("FactResolutionOutput", judge)
+        group = f"plans-{uuidlib.uuid4().hex[:12]}"
+        alone = await plans_run(store, server, group, together=False)
+        failed.clear()
+        writes, batches = writes_done(), batches_done()
+        together = await plans_run(store, server, group, together=True)
+        writes = writes_done() - writes
+    if fault:
+        assert failed  # the failure happened in both runs
+        retried = [u for u in together["FactResolutionOutput"] if u == failed[0]]
+        assert len(retried) == 2  # the failed call, then the message alone
+        together["FactResolutionOutput"].remove(failed[0])
+        alone["FactResolutionOutput"].remove(failed[0])
+        # alone, the message asks its entity judging again (one at a time, only the failed
+        # stage is retried)
+        asked, again = together["EntityResolutionOutput"], alone["EntityResolutionOutput"]
+        repeated = [u for u in dict.fromkeys(asked) if asked.count(u) > again.count(u)]
+        assert len(repeated) <= 1
+        for user in repeated:
+            asked.remove(user)
+    assert together == alone
+    assert batches_done() > batches
+    assert writes < len(PLANS)
+    assert alone["EntityResolutionOutput"]  # new plans were searched for and judged
+    assert any(o[4] for o in alone["outcomes"])  # plans were closed
