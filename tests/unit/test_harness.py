@@ -42,3 +42,12 @@ def test_kafka_cluster_ids_never_start_with_a_dash() -> None:
     ids = [_kafka_cluster_id() for _ in range(5000)]  # ~1 in 64 would start with '-'
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)
     assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("service", ["kafka", "neo4j"])
+def test_the_services_poms_are_found_in_the_checkout(service: str) -> None:
+    """`tidegraph services up` on a machine with no cached jars fetches them with these poms."""
+    from tidegraph.app.local_services import POM_DIR
+
+    assert (POM_DIR / service / "pom.xml").is_file()
+    assert POM_DIR == REPO / "deploy" / "local"

@@ -23,7 +23,7 @@ from tidegraph.settings import Settings
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 POM_DIR = REPO_ROOT / "deploy" / "local"
 KAFKA_VERSION = "4.3.1"
 NEO4J_VERSION = "5.26.30"
