@@ -13,7 +13,7 @@ the records delivered late). Paths (``--paths``, comma-separated, in this order)
               ``--raw-batch``, one throwaway group, parameters only; embeddings computed
               outside the timing): rows/s and events/s, the limit the others are compared to;
 ``embedded``  in-process (``pipelines.inprocess.ingest``, ``--concurrency`` groups at once)
-              into the embedded kuzu store;
+              into the embedded SQLite store;
 ``neo4j``     the same into Neo4j;
 ``kafka-1w``  Kafka -> Faust workers -> Neo4j with one ``tidegraph worker`` process, then
 ``kafka-2w``  with two: events/s with the whole feed produced at once, then p50/p99
@@ -60,7 +60,7 @@ RESULTS = REPO / "benchmarks" / "results"
 PATHS = ("raw", "embedded", "neo4j", "kafka-1w", "kafka-2w")
 DESCRIPTIONS = {
     "raw": "Neo4j raw: batched UNWIND ... MERGE",
-    "embedded": "in-process -> embedded kuzu",
+    "embedded": "in-process -> embedded SQLite",
     "neo4j": "in-process -> Neo4j",
     "kafka-1w": "Kafka -> 1 worker -> Neo4j",
     "kafka-2w": "Kafka -> 2 workers -> Neo4j",
@@ -144,23 +144,7 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
         # VmHWM, not rusage: a spawned child's ru_maxrss starts at its parent's peak (Linux
         # keeps it across exec), and the parent may have built the raw path's rows
         "peak_rss_mb": peak_rss_mb(),
-        "store_maintenance": _maintenance(),
     }
-
-
-def _maintenance() -> dict[str, dict[str, float]]:
-    """What the store did by itself during the run (the embedded store's checkpoints and
-    reopenings): how many, and their seconds in total."""
-    from tidegraph.metrics import STORE_MAINTENANCE_LATENCY
-
-    done: dict[str, dict[str, float]] = {}
-    for metric in STORE_MAINTENANCE_LATENCY.collect():
-        for sample in metric.samples:
-            kind = sample.name.rsplit("_", 1)[-1]
-            if kind in ("count", "sum"):
-                field = "times" if kind == "count" else "seconds"
-                done.setdefault(sample.labels["operation"], {})[field] = round(sample.value, 3)
-    return done
 
 
 async def _counts(store: Any, groups: list[str]) -> dict[str, int]:
@@ -528,12 +512,6 @@ def table(document: dict[str, Any]) -> str:
         )
         for row in rows
     ]
-    for name, r in document["paths"].items():
-        for operation, done in sorted((r.get("store_maintenance") or {}).items()):
-            lines.append(
-                f"{DESCRIPTIONS[name]}: {done.get('times', 0):.0f} x {operation}, "
-                f"{done.get('seconds', 0):.1f} s in all"
-            )
     return "\n".join(lines)
 
 

@@ -85,13 +85,6 @@ STORE_BATCH_SIZE = Histogram(
 STORE_ERRORS = Counter(
     "tidegraph_store_errors_total", "Graph store errors by kind (transient, other).", ["kind"]
 )
-STORE_MAINTENANCE_LATENCY = Histogram(
-    "tidegraph_store_maintenance_seconds",
-    "Store housekeeping the store does by itself, by store and operation (the embedded "
-    "store's checkpoints and periodic reopening).",
-    ["store", "operation"],
-    buckets=LATENCY_BUCKETS,
-)
 
 # ---- graph content -----------------------------------------------------------------------
 FACTS_INVALIDATED = Counter(

@@ -28,11 +28,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         Path(".tidegraph"), description="Folder for the embedded store, LLM cache and local data."
     )
-    embedded_buffer_pool_mb: int = Field(
-        2048,
-        ge=64,
-        description="Memory the embedded store may use for its page cache and uncheckpointed "
-        "changes, MiB (an upper bound: a small store uses much less).",
+    embedded_cache_mb: int = Field(
+        128,
+        ge=1,
+        description="Page cache of the embedded store (SQLite), MiB: an upper bound, the "
+        "store's own memory; more keeps more of a large graph's pages in memory.",
     )
     neo4j_uri: str = Field("bolt://127.0.0.1:17687", description="Neo4j Bolt URI.")
     neo4j_user: str = Field("neo4j", description="Neo4j user.")

@@ -10,8 +10,8 @@ import pytest
 
 from tests.integration.topology_harness import Topology
 from tidegraph.store.base import GraphStore
-from tidegraph.store.kuzu_store import KuzuStore
 from tidegraph.store.neo4j_store import Neo4jStore
+from tidegraph.store.sqlite_store import SqliteStore
 from tidegraph.testing.memory_store import MemoryStore
 
 # The dimension every tidegraph embedder uses by default; the Neo4j test server is shared by
@@ -44,8 +44,8 @@ async def _opened(kind: str, neo4j_uri: str | None, folder: Path) -> AsyncIterat
     if kind == "neo4j":
         assert neo4j_uri is not None
         opened = Neo4jStore(neo4j_uri)
-    elif kind == "kuzu":
-        opened = KuzuStore(folder / "graph", buffer_pool_mb=64)
+    elif kind == "sqlite":
+        opened = SqliteStore(folder / "graph", cache_mb=16)
     else:
         opened = MemoryStore()
     await opened.setup(STORE_DIM)
@@ -55,17 +55,17 @@ async def _opened(kind: str, neo4j_uri: str | None, folder: Path) -> AsyncIterat
         await opened.close()
 
 
-@pytest.fixture(params=["neo4j", "kuzu"])
+@pytest.fixture(params=["neo4j", "sqlite"])
 async def store(
     request: pytest.FixtureRequest, _neo4j_uri_if_needed: str | None, tmp_path: Path
 ) -> AsyncIterator[GraphStore]:
     """Each real store in turn, set up for ``STORE_DIM``: the shared Neo4j server, or a new
-    embedded kuzu store in the test's folder (no server)."""
+    embedded SQLite store in the test's folder (no server)."""
     async for opened in _opened(request.param, _neo4j_uri_if_needed, tmp_path):
         yield opened
 
 
-@pytest.fixture(params=["neo4j", "kuzu", "memory"])
+@pytest.fixture(params=["neo4j", "sqlite", "memory"])
 async def any_store(
     request: pytest.FixtureRequest, _neo4j_uri_if_needed: str | None, tmp_path: Path
 ) -> AsyncIterator[GraphStore]:

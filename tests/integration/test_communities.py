@@ -1,6 +1,6 @@
 """Communities on real stores: incremental assignment, refreshes, summaries only when changed.
 
-Runs on Neo4j and on the embedded kuzu store (same scenario, same answers)."""
+Runs on Neo4j and on the embedded SQLite store (same scenario, same answers)."""
 
 from __future__ import annotations
 

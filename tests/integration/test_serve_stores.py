@@ -52,7 +52,7 @@ def test_embedded_default_serves_what_it_writes(embedded: ProcessServer):
     group = f"emb-{uuid.uuid4().hex[:8]}"
     with httpx.Client(base_url=embedded.url, timeout=60) as http:
         ready = http.get("/readyz").json()
-        assert ready == {"status": "ready", "store": "kuzu"}
+        assert ready == {"status": "ready", "store": "sqlite"}
         first = http.post("/v1/episodes", json=plan_body("Pro", JAN, group_id=group))
         assert first.status_code == 201, first.text
         second = http.post(

@@ -1,7 +1,8 @@
-"""The stores' query text, read as text (tidegraph/store/*_queries.py, asof_cypher.py): every
-query is a parameterised string, reads are scoped by group, nothing is left to format, and the
-two dialects answer the same operations (README "Architecture": all Cypher is parameterised;
-names, labels and relation types are data, never query text)."""
+"""The Neo4j store's query text, read as text (tidegraph/store/*_queries.py, asof_cypher.py):
+every query is a parameterised string, reads are scoped by group and nothing is left to format
+(README "Architecture": all Cypher is parameterised; names, labels and relation types are
+data, never query text). The embedded store's SQL is checked by tracing what it runs
+(tests/integration/test_store_contract.py)."""
 
 from __future__ import annotations
 
@@ -12,22 +13,13 @@ import pytest
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.search import KINDS
-from tidegraph.store import (
-    common_queries,
-    kuzu_queries,
-    kuzu_search_queries,
-    neo4j_queries,
-    neo4j_search_queries,
-)
+from tidegraph.store import common_queries, neo4j_queries, neo4j_search_queries, sqlite_search
 from tidegraph.store.asof_cypher import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
 
-DIALECTS = {"neo4j": neo4j_queries, "kuzu": kuzu_queries}
-SEARCH = {"neo4j": neo4j_search_queries, "kuzu": kuzu_search_queries}
 MODULES = {
-    **DIALECTS,
+    "neo4j": neo4j_queries,
     "common": common_queries,
     "neo4j_search": neo4j_search_queries,
-    "kuzu_search": kuzu_search_queries,
 }
 # What a dialect module holds besides operation queries: schema and index statements, index
 # names, helper functions and the like.
@@ -36,84 +28,17 @@ NOT_OPERATIONS = re.compile(
     r"DROPPED_INDEXES|INDEXES|FROM_SOURCE|FROM_TARGET|ANCHOR_HINTS|FACT_VIEW_RETURN|.*_FIELDS|"
     r"DROPPED|VECTOR_TABLES|FACT_TIMES|COMMUNITY_OF_E)$"
 )
-# Operations only one engine has (its quirks; see the stores' docstrings).
-ONLY_NEO4J = {
-    "ENTITY_GROUPS",
-    "UPSERT_ENTITIES",
-    "ENTITIES_BY_NAMES",
-    "ENTITIES_BY_KEYS",
-    "ENTITIES_BY_UUIDS",
-    "RESOLUTION_LOOKUP",
-    "FACT_CANDIDATES_PLAIN",
-    "FACTS_BY_UUIDS",
-    "WRITE_STATES",
-    "WRITE_EPISODES",
-    "EPISODES_PROCESSED",
-    "UPSERT_COMMUNITIES",
-    "ASSIGN_MEMBERS",  # the embedded store runs the shared statements one by one
-    "READ_BATCHES",  # several groups' batch reads in one statement
-    "COMMUNITIES_OF",  # the embedded store reads the entities
-    "ENTITY_CANDIDATES",  # the embedded store searches draft by draft
-}
-ONLY_KUZU = {
-    "EPISODE_GROUP",
-    "CREATE_EPISODE",
-    "CREATE_EPISODE_EMBEDDED",
-    "MARK_EXTRACTED",
-    "CREATE_MENTION",
-    "ENTITY_STATE",
-    "ENTITY_GROUP",
-    "CREATE_ENTITY",
-    "CREATE_ENTITY_EMBEDDED",
-    "UPDATE_ENTITIES",
-    "ENTITY_BY_UUID",
-    "LOOKUP_BY_UUID",
-    "LOOKUP_KEY",
-    "ADD_LOOKUP_KEY",
-    "ALL_ENTITY_NAMES",
-    "CREATE_LOOKUP_KEYS",
-    "COMMUNITIES",
-    "FACT_INDEX_ROW",
-    "CREATE_FACT_INDEX_ROW",
-    "CREATE_FACT_INDEX_ROW_EMBEDDED",
-    "SET_FACT_EMBEDDING",
-    "SET_FACT_TEXT",
-    "CREATE_VECTOR",
-    "DELETE_VECTOR",
-    "COMMUNITY_VECTOR_ID",
-    "DROP_COMMUNITY_VECTORS",
-    "BACKFILL",
-    "CREATE_FACT",
-    "UPDATE_FACT",
-    "CLOSE_FACT",
-    "FACTS_OF_SOURCE",
-    "FACTS_FROM_SOURCES",
-    "CREATE_COMMUNITY",
-    "CREATE_COMMUNITY_EMBEDDED",
-    "UPDATE_COMMUNITY",
-    "UPDATE_COMMUNITY_EMBEDDED",
-}
 # Queries that may read across groups: by primary key (the caller checks the group of what
 # it finds), or a store-wide migration or check.
 UNSCOPED = {
     "ENTITY_GROUPS",
     "COMMUNITY_GROUPS",
-    "EPISODE_GROUP",
-    "ENTITY_STATE",
-    "ENTITY_GROUP",
-    "ENTITY_BY_UUID",
-    "LOOKUP_BY_UUID",
-    "LOOKUP_KEY",
-    "ALL_ENTITY_NAMES",
     "PENDING_GROUPS",  # group ids only, for the operator (extract --pending, the sweep)
-    "FACT_INDEX_ROW",
     "WRITE_STATES",
-    "COMMUNITY_VECTOR_ID",
 }
-# Reads of the whole store: building kuzu's lookup table or search copies for a store made
-# before them (once), and the operator's list of groups with episodes waiting for extraction
-# (extract --pending, the worker's sweep).
-WHOLE_STORE = {"ALL_ENTITY_NAMES", "BACKFILL", "PENDING_GROUPS"}
+# Reads of the whole store: the operator's list of groups with episodes waiting for
+# extraction (extract --pending, the worker's sweep).
+WHOLE_STORE = {"PENDING_GROUPS"}
 # Reads of several groups at once, each row of ``$asks`` carrying its own group: every MATCH
 # is scoped by ``ask.group_id``.
 PER_ASK_GROUP = {"READ_BATCHES"}
@@ -172,28 +97,19 @@ def test_reads_are_scoped_by_group(where: str, name: str, text: str) -> None:
     assert re.search(r"\$group_ids?\b", text), f"{where} reads without a group: {text}"
 
 
-def test_both_dialects_answer_the_shared_operations() -> None:
-    neo4j = set(operations(neo4j_queries)) - ONLY_NEO4J
-    kuzu = set(operations(kuzu_queries)) - ONLY_KUZU
-    assert neo4j == kuzu
-    assert ONLY_NEO4J <= set(operations(neo4j_queries))
-    assert ONLY_KUZU <= set(operations(kuzu_queries))
-    for module in DIALECTS.values():
-        assert set(module.ANCHOR_HINTS) == {"s", "t"}
-    assert set(operations(neo4j_search_queries)) == set(operations(kuzu_search_queries))
-    for module in SEARCH.values():
-        assert callable(module.fulltext_query)
-        assert set(module.FULLTEXT) == set(module.VECTOR) == set(KINDS)
-        assert all(len(pair) == 2 for pair in module.VECTOR.values())
+def test_search_queries_cover_every_kind() -> None:
+    assert set(neo4j_queries.ANCHOR_HINTS) == {"s", "t"}
+    assert callable(neo4j_search_queries.fulltext_query)
+    assert set(neo4j_search_queries.FULLTEXT) == set(neo4j_search_queries.VECTOR) == set(KINDS)
+    assert all(len(pair) == 2 for pair in neo4j_search_queries.VECTOR.values())
 
 
-@pytest.mark.parametrize("dialect", sorted(DIALECTS))
 @pytest.mark.parametrize("include_invalid", [False, True])
 @pytest.mark.parametrize("entity_uuid", [None, "e1"])
 def test_as_of_questions_take_exactly_their_parameters(
-    dialect: str, include_invalid: bool, entity_uuid: str | None
+    include_invalid: bool, entity_uuid: str | None
 ) -> None:
-    queries = DIALECTS[dialect]
+    queries = neo4j_queries
     asof = AsOf.resolve(None, None, include_invalid, entity_uuid)
     params = as_of_params("g", asof)
     for tail in (queries.FACT_VIEW_RETURN, ENTITY_GRAPH_RETURN):
@@ -208,5 +124,10 @@ def test_search_text_never_reaches_the_query_unescaped() -> None:
     lucene = neo4j_search_queries.fulltext_query(hostile)
     assert lucene is not None and '"' not in lucene.replace('\\"', "")
     assert ":" not in lucene.replace("\\:", "")
-    assert kuzu_search_queries.fulltext_query(hostile) == "acme detach delete"
+    assert sqlite_search.fulltext_query("g", hostile) == (
+        'group_id : "g" AND text : ("acme" OR "detach" OR "delete")'
+    )
+    assert sqlite_search.fulltext_query('g") OR ("x', "acme") == (
+        'group_id : "g"") OR (""x" AND text : ("acme")'
+    )
     assert neo4j_search_queries.fulltext_query("the and of") is None

@@ -1,7 +1,7 @@
 """``tidegraph demo``: the main job on the embedded default, on a bundled sample feed.
 
 A CRM feed (JSON records, three tenants, one year) goes through the declared mapping in
-``samples/crm_mapping.yaml`` into the embedded kuzu store with the bundled MiniLM embedder: no
+``samples/crm_mapping.yaml`` into the embedded SQLite store with the bundled MiniLM embedder: no
 Kafka, no Neo4j, no API key, no network. Support-ticket messages need an LLM to be extracted:
 without one they are stored unextracted (searchable, extracted later by ``tidegraph extract
 --pending``) with a line saying how to enable the LLM; with one they are extracted live. Every
@@ -115,7 +115,7 @@ def _print_intro(console: Console, data_dir: Path, temporary: bool) -> None:
     _say(
         console,
         "A year of CRM records from three tenants becomes a bi-temporal knowledge graph: "
-        "embedded kuzu store, bundled MiniLM embedder, no Kafka, no Neo4j, no API key.",
+        "embedded SQLite store, bundled MiniLM embedder, no Kafka, no Neo4j, no API key.",
     )
     _say(console, f"Graph folder: {where}")
 

@@ -167,7 +167,7 @@ def _load(model_path: Path, threads: int) -> _LoadedModel:
     options.intra_op_num_threads = threads  # 0 = onnxruntime's default (one per core)
     options.inter_op_num_threads = 1
     # Idle worker threads sleep instead of spinning: spinning threads burn the cores that the
-    # graph store (Neo4j, kuzu) and the rest of the pipeline need between batches.
+    # graph store (Neo4j, the embedded store) and the rest of the pipeline need between batches.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.log_severity_level = 3

@@ -1,6 +1,6 @@
 """What memory retrieval reads from a graph store (README "Memory retrieval").
 
-The Neo4j and kuzu stores implement these five reads; the recall package only ever sees this
+The Neo4j and embedded stores implement these five reads; the recall package only ever sees this
 protocol, so the search logic is tested over an exact in-memory implementation.
 
 Scope (every read): only ``scope.group_ids``; facts exactly those ``query_facts`` answers as

@@ -1,4 +1,4 @@
-"""Graph stores: Neo4j (production) and the embedded kuzu store, behind one interface."""
+"""Graph stores: Neo4j (production) and the embedded SQLite store, behind one interface."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def open_store(settings: Settings) -> GraphStore:
 
         return Neo4jStore.from_settings(settings)
     if settings.store == "embedded":
-        from tidegraph.store.kuzu_store import KuzuStore
+        from tidegraph.store.sqlite_store import SqliteStore
 
-        return KuzuStore(settings.data_dir / "graph", settings.embedded_buffer_pool_mb)
+        return SqliteStore(settings.data_dir / "graph", settings.embedded_cache_mb)
     raise ValueError(f"unknown store {settings.store!r} (expected 'neo4j' or 'embedded')")

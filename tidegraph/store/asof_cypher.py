@@ -1,7 +1,8 @@
-"""The as-of filter as Cypher, the same text for Neo4j and kuzu (kuzu speaks this much):
-which facts a question "valid at T, as believed at K" may answer with. The rules are
-``tidegraph.records.asof``; this filter lets through a superset of them (a fact whose end or
-start moved later) and ``AsOf.believed`` decides each fact it lets through.
+"""The as-of filter as Cypher (the Neo4j store's; the embedded store's SQL is
+``sqlite_rows.believed_sql``): which facts a question "valid at T, as believed at K" may
+answer with. The rules are ``tidegraph.records.asof``; this filter lets through a superset of
+them (a fact whose end or start moved later) and ``AsOf.believed`` decides each fact it lets
+through.
 
 The clauses are chosen from constants, the values are parameters ($group_id, $known_at,
 $valid_at unless include_invalid, $entity_uuid with an anchor): see ``as_of_params``."""
@@ -89,8 +90,7 @@ def anchored_query(
 
 
 def as_of_params(group_id: str, asof: AsOf) -> dict[str, Any]:
-    """Exactly the parameters ``as_of_query(asof, ...)`` uses. One group per question: kuzu
-    0.11.3 crashes preparing ``r.group_id IN $group_ids`` in the anchored form."""
+    """Exactly the parameters ``as_of_query(asof, ...)`` uses (one group per question)."""
     params: dict[str, Any] = {"group_id": group_id, "known_at": asof.known_at}
     if not asof.include_invalid:
         params["valid_at"] = asof.valid_at

@@ -1,6 +1,6 @@
-"""The Cypher Neo4j and kuzu both speak, word for word: the group's entity uuids and the
-community queries (the as-of filter is ``tidegraph.store.asof_cypher``). Fully parameterised;
-answers with the column names ``tidegraph.store.core`` reads."""
+"""Cypher of the Neo4j store shared by ``core`` and ``search_core``: the group's entity
+uuids and the community queries (the as-of filter is ``tidegraph.store.asof_cypher``). Fully
+parameterised; answers with the column names ``tidegraph.store.core`` reads."""
 
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
-"""The store operations written once, for Neo4j and kuzu alike: ``StoreCore`` runs a dialect's
-queries (``neo4j_queries``, ``kuzu_queries``, and ``common_queries`` / ``asof_cypher`` which
-both speak) on an engine's executor (``executor.Executor``) and turns the rows into records.
-
-Both dialects answer with the same column names (an entity ``e`` with ``community_uuid``, a
-fact ``r`` with ``source_uuid`` and ``target_uuid``, an episode ``ep``), so reading, checking,
-folding, sorting and the exact as-of filter (``AsOf.believed``) happen here only. An engine's
-store overrides what its engine does differently (the hooks below, and the writes its engine
-needs shaped its own way): ``neo4j_store.Neo4jStore``, ``kuzu_store.KuzuStore``.
+"""The Cypher store's operations: ``StoreCore`` runs a dialect's queries (``neo4j_queries``,
+``common_queries``, ``asof_cypher``) on an executor (``executor.Executor``) and turns the rows
+into records. The queries answer with fixed column names (an entity ``e`` with
+``community_uuid``, a fact ``r`` with ``source_uuid`` and ``target_uuid``, an episode ``ep``),
+so reading, checking, folding, sorting and the exact as-of filter (``AsOf.believed``) happen
+here; ``neo4j_store.Neo4jStore`` adds what its engine does its own way (the hooks below, the
+batched reads and the group commit). The embedded store speaks SQL: ``sqlite_store``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What a store refuses, and the checks that refuse it before anything is written.
 
-Every store (Neo4j, kuzu, ``tidegraph.testing.memory_store``) reads what a write touches, then
-runs these checks, then writes: a refused write changes nothing."""
+Every store (Neo4j, the embedded SQLite store, ``tidegraph.testing.memory_store``) reads what
+a write touches, then runs these checks, then writes: a refused write changes nothing."""
 
 from __future__ import annotations
 

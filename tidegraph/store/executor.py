@@ -1,6 +1,7 @@
 """What the shared store core (``tidegraph.store.core``) needs of an engine: run a query and
 get its rows, run a write transaction, count failures and time writes. One executor per
-engine: ``neo4j_executor.Neo4jExecutor``, ``kuzu_executor.KuzuExecutor``."""
+engine: ``neo4j_executor.Neo4jExecutor`` (the embedded store runs its SQL on its own
+thread: ``sqlite_db``)."""
 
 from __future__ import annotations
 

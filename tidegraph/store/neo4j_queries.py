@@ -1,14 +1,13 @@
-"""The Neo4j dialect: every query text the Neo4j store sends that kuzu does not share
-(those both engines speak are in ``tidegraph.store.common_queries``; the as-of filter in
-``tidegraph.store.asof_cypher``).
+"""The Neo4j store's queries (the community and status reads are in
+``tidegraph.store.common_queries``, the as-of filter in ``tidegraph.store.asof_cypher``).
 
 Every query is fully parameterised: user and LLM text (names, summaries, facts, relation
 types, group ids, search text) only ever travels as a parameter. What is formatted into the
 text is our own constants (index names, field lists).
 
-Reads answer with the column names ``tidegraph.store.core`` reads, the same as kuzu's:
-an entity is ``e`` (a property map) with ``community_uuid``; a fact ``r`` with
-``source_uuid`` and ``target_uuid``; an episode ``ep``.
+Reads answer with the column names ``tidegraph.store.core`` reads: an entity is ``e`` (a
+property map) with ``community_uuid``; a fact ``r`` with ``source_uuid`` and ``target_uuid``;
+an episode ``ep``.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ VECTOR_INDEXES = (
     EPISODE_VECTOR_INDEX,
     COMMUNITY_VECTOR_INDEX,
 )
-FULLTEXT_ANALYZER = "english"  # Porter stemming + English stop words, like kuzu's FTS default
+FULLTEXT_ANALYZER = "english"  # Porter stemming + English stop words
 
 _FULLTEXT_OPTIONS = "OPTIONS {indexConfig: {`fulltext.analyzer`: $analyzer}}"
 _VECTOR_OPTIONS = (
@@ -442,7 +441,7 @@ SET r.invalid_at = """
 """
 )
 
-FACTS_TOUCHING = (  # one statement (the kuzu dialect needs two)
+FACTS_TOUCHING = (  # one statement
     (
         """
 UNWIND $uuids AS uuid

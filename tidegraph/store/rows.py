@@ -86,9 +86,9 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def to_utc(value: Any) -> datetime | None:
-    """A datetime from either store as an aware UTC datetime (kuzu returns naive UTC,
-    the Neo4j driver its own DateTime; an int is microseconds since the epoch, as
-    ``epoch_micros`` projects it)."""
+    """A datetime from either store as an aware UTC datetime (the Neo4j driver returns its
+    own DateTime; an int is microseconds since the epoch, as ``epoch_micros`` projects it and
+    the embedded store keeps times)."""
     if value is None:
         return None
     if isinstance(value, int):

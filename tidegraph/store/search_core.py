@@ -1,6 +1,6 @@
-"""The search methods of ``GraphStore`` (README "Memory retrieval"), written once for Neo4j
-and kuzu: ``SearchCore`` asks a dialect's search queries (``neo4j_search_queries``,
-``kuzu_search_queries``) for scored candidates of one group at a time, reads their records,
+"""The search methods of the Cypher store (README "Memory retrieval"; the embedded store's:
+``sqlite_search``): ``SearchCore`` asks a dialect's search queries (``neo4j_search_queries``)
+for scored candidates of one group at a time, reads their records,
 keeps those the scope sees (``store.hits``) and turns them into hits.
 
 Each group is asked on its own, so a hit, and everything it carries (mentions, producer ids,

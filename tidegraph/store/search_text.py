@@ -1,8 +1,9 @@
 """Search text: how plain user text becomes a fulltext query, the same words for every store.
 
-Text is split where kuzu's fulltext index splits it, lower-cased, stripped of the English
-stop words kuzu drops, and cut to ``MAX_SEARCH_WORDS``; Neo4j gets those words as a Lucene
-query of escaped terms (``lucene_query``), kuzu as plain words (``search_text``)."""
+Text is split at digits, ASCII punctuation and whitespace, lower-cased, stripped of English
+stop words and cut to ``MAX_SEARCH_WORDS``; Neo4j gets those words as a Lucene query of
+escaped terms (``lucene_query``), the embedded store as quoted FTS5 strings
+(``sqlite_search.fulltext_query``)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ import re
 
 # Search text is cut to this many words (Lucene refuses queries of more than 1024 clauses).
 MAX_SEARCH_WORDS = 64
-# How kuzu's fulltext index splits text (its default ignore pattern: digits, ASCII punctuation)
-# plus whitespace. Search text is split the same way for both stores.
+# Where search text is split (digits and ASCII punctuation never match), the same for every
+# store.
 _SEARCH_SEPARATORS = re.compile(r"""[0-9!@#$%^&*()_+={}\[\]:;<>,.?~\\/|'"`\-\s]+""")
 _LUCENE_SPECIAL = re.compile(r'([+\-!(){}\[\]^"~*?:\\/&|])')
-# The English stop words kuzu 0.11.3's fulltext index drops (measured: each word indexed as a
-# document of its own and searched for; apostrophe forms never survive its tokenizer). It is a
-# superset of Lucene's English stop set. Dropping them from every search keeps Neo4j from
-# matching words that kuzu cannot match.
+# English stop words, dropped from every search (a superset of Lucene's English stop set, the
+# list the first embedded store's fulltext index used): a search matches on the words that
+# carry meaning, the same ones on every store.
 SEARCH_STOP_WORDS = frozenset(
     """
 a able about above according accordingly across actually after afterwards again against
@@ -63,18 +63,11 @@ wonder would x y yes yet you your yours yourself yourselves z zero
 
 def search_terms(text: str) -> list[str]:
     """The words a fulltext search looks for, split and filtered identically for both stores:
-    lower-cased, cut at kuzu's separators (so digits and ASCII punctuation never match),
+    lower-cased, cut at ``_SEARCH_SEPARATORS`` (so digits and ASCII punctuation never match),
     stop words dropped, duplicates removed, at most ``MAX_SEARCH_WORDS``."""
     words = (w for w in _SEARCH_SEPARATORS.split(text.lower()) if w)
     kept = (w for w in words if w not in SEARCH_STOP_WORDS)
     return list(dict.fromkeys(kept))[:MAX_SEARCH_WORDS]
-
-
-def search_text(text: str) -> str | None:
-    """The search as kuzu takes it (plain words), or None when nothing is searchable (then
-    both stores answer with no results)."""
-    terms = search_terms(text)
-    return " ".join(terms) if terms else None
 
 
 def lucene_query(text: str) -> str | None:

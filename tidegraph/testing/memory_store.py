@@ -2,7 +2,7 @@
 faithful to its docstrings, with no server.
 
 It is a test double, but a real store: it keeps the rules the steps rely on, with the helpers
-the Neo4j and kuzu stores use themselves (``tidegraph/store/rows.py``, ``errors.py``,
+the Neo4j and embedded stores use themselves (``tidegraph/store/rows.py``, ``errors.py``,
 ``search_text.py``):
 
 - every call is scoped by ``group_id``; uuids are unique across groups (the stores' uniqueness
@@ -27,9 +27,9 @@ Writes and vector searches need ``setup(dim)`` first, as in the real stores. The
 
 One approximation: ``fulltext_entities`` finds the entities sharing a word with the text (split
 and stop-word filtered by ``search_terms``, as both stores split it) in their name or summary,
-scored by the number of the text's words found. Neo4j (Lucene's English analyzer) and kuzu
-(BM25) also stem words and weigh them, so "companies" finds "Company" there and not here, and
-scores and ties may rank differently.
+scored by the number of the text's words found. Neo4j (Lucene's English analyzer) and the
+embedded store (FTS5, BM25) also stem words and weigh them, so "companies" finds "Company"
+there and not here, and scores and ties may rank differently.
 """
 
 from __future__ import annotations
