@@ -130,6 +130,7 @@ SCHEMA = (
         group_id TEXT NOT NULL,
         PRIMARY KEY (community_uuid, entity_uuid)) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS member_entity ON member (entity_uuid)",
+    "CREATE INDEX IF NOT EXISTS member_group ON member (group_id)",
     *(
         f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5("
         "group_id, text, tokenize = 'porter unicode61')"

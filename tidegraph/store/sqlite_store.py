@@ -153,14 +153,16 @@ def _fact_candidates(
 ) -> list[FactRecord]:
     columns = FACT_FULL if embeddings else FACT
     found: dict[str, FactRecord] = {}
-    if pairs:
+    if pairs:  # by the (group, source, relation) index, the exact pairs kept
+        wanted = set(pairs)
         query = (
-            f"SELECT {columns} FROM json_each(?) p JOIN fact f ON f.group_id = ? "
-            "AND f.source_uuid = json_extract(p.value, '$[0]') "
-            "AND f.name = json_extract(p.value, '$[1]')"
+            f"SELECT {columns} FROM fact f WHERE f.group_id = ? "
+            f"AND f.source_uuid {IN_LIST} AND f.name {IN_LIST}"
         )
-        for row in conn.execute(query, (json_text(map(list, pairs)), group_id)):
-            found.setdefault(row["uuid"], fact_of(row))
+        sources, relations = unique(s for s, _ in pairs), unique(r for _, r in pairs)
+        for row in conn.execute(query, (group_id, json_text(sources), json_text(relations))):
+            if (row["source_uuid"], row["name"]) in wanted:
+                found.setdefault(row["uuid"], fact_of(row))
     if ends:
         param = json_text(ends)
         for end in ("source_uuid", "target_uuid"):
