@@ -3,6 +3,7 @@ compared and stored in."""
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 import uuid as uuidlib
@@ -22,12 +23,14 @@ LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def stable_uuid(*parts: str) -> str:
     """A deterministic uuid from its parts, joined with the unit separator (\\x1f).
 
     Unambiguous because only the last part of any call may contain the separator: group ids
     and episode ids refuse control characters (``Episode``), the other leading parts are
-    constants, uuids and relation names (``RELATION_RE``)."""
+    constants, uuids and relation names (``RELATION_RE``). Remembered: an episode's uuid is
+    asked at every stage, an entity's at every mention."""
     return str(uuidlib.uuid5(TIDEGRAPH_NAMESPACE, "\x1f".join(parts)))
 
 

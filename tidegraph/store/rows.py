@@ -169,6 +169,12 @@ def _history_row(
 ) -> dict[str, Any]:
     """``prior_{kind}s``, ``prior_{kind}s_learned_at`` and ``{kind}_learned_at`` (``kind``:
     start or end) as parameters, None where there is none."""
+    if not prior and not learned and current is None:  # nearly always: no history
+        return {
+            f"prior_{kind}s": None,
+            f"prior_{kind}s_learned_at": None,
+            f"{kind}_learned_at": None,
+        }
     if len(prior) != len(learned):
         raise ValueError(f"prior_{kind}s and prior_{kind}s_learned_at differ in length")
     return {
