@@ -3,6 +3,7 @@ own batched write rate for the same rows.
 
     python -m benchmarks.throughput                          # 50,000 records over 16 groups
     python -m benchmarks.throughput --records 2000 --paths raw,neo4j
+    python -m benchmarks.throughput --records 10000 --paths raw,neo4j --repeat 3   # medians
 
 The feed is ``tidegraph.testing.crm_feed`` (deterministic ``--seed``; accounts changing plan
 and owner, contacts joining and leaving, tickets opening, closing and reopening; a share of
@@ -36,6 +37,7 @@ import asyncio
 import multiprocessing
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -429,6 +431,19 @@ def run_path(name: str, args: argparse.Namespace, spec: FeedSpec, run_id: str) -
     }
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A path's result over its runs: the run of the median rate, with every run's rate and
+    share of raw (each against the raw run of its own round) and the median share."""
+    ordered = sorted(runs, key=lambda r: r["events_per_s"])
+    median = dict(ordered[(len(ordered) - 1) // 2])
+    if len(runs) > 1:
+        median["runs_events_per_s"] = [r["events_per_s"] for r in runs]
+        shares = [r["fraction_of_raw"] for r in runs if r.get("fraction_of_raw") is not None]
+        median["runs_fraction_of_raw"] = shares
+        median["fraction_of_raw"] = statistics.median(shares) if shares else None
+    return median
+
+
 def _merged_check(*checks: dict[str, Any]) -> dict[str, Any]:
     return {
         "subjects_checked": sum(c["subjects_checked"] for c in checks),
@@ -442,17 +457,23 @@ def run(args: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
     run_id = f"tp{uuid.uuid4().hex[:8]}"
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
-    results: dict[str, dict[str, Any]] = {}
-    for name in paths:
-        print(f"{name}: {DESCRIPTIONS[name]} ...", flush=True)
-        began = time.perf_counter()
-        results[name] = run_path(name, args, spec, run_id)
-        results[name]["wall_seconds"] = round(time.perf_counter() - began, 1)
-        print(f"{name}: {results[name]['events_per_s']} events/s", flush=True)
-    raw = results.get("raw", {}).get("events_per_s")
-    for result in results.values():
-        rate = result.get("events_per_s")
-        result["fraction_of_raw"] = round(rate / raw, 4) if raw and rate else None
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for round_no in range(args.repeat):
+        # Alternate the order, so that no path always runs on a server the previous one
+        # just loaded (Neo4j checkpoints, log rotation).
+        done: dict[str, dict[str, Any]] = {}
+        for name in paths if round_no % 2 == 0 else paths[::-1]:
+            print(f"{name}: {DESCRIPTIONS[name]} ...", flush=True)
+            began = time.perf_counter()
+            done[name] = run_path(name, args, spec, f"{run_id}r{round_no}")
+            done[name]["wall_seconds"] = round(time.perf_counter() - began, 1)
+            print(f"{name}: {done[name]['events_per_s']} events/s", flush=True)
+        raw = done.get("raw", {}).get("events_per_s")
+        for result in done.values():
+            rate = result.get("events_per_s")
+            result["fraction_of_raw"] = round(rate / raw, 4) if raw and rate else None
+        rounds.append(done)
+    results = {name: _median_run([r[name] for r in rounds]) for name in paths}
     return {
         "benchmark": "throughput",
         "when": datetime.now(UTC).isoformat(),
@@ -493,11 +514,19 @@ def table(document: dict[str, Any]) -> str:
         verdict = "-" if check is None else f"{check['subjects_wrong']} wrong"
         if name == "raw":
             verdict = f"{r['rows_per_s']:.0f} rows/s"
+        spread = r.get("runs_events_per_s")
+        rate = _cell(r["events_per_s"], "{:.1f}")
+        share = _cell(r["fraction_of_raw"], "{:.3f}")
+        if spread:  # the median of the runs, and their range
+            rate += f" ({min(spread):.0f}-{max(spread):.0f})"
+            shares = r.get("runs_fraction_of_raw") or []
+            if shares and name != "raw":
+                share += f" ({min(shares):.2f}-{max(shares):.2f})"
         rows.append(
             (
                 DESCRIPTIONS[name],
-                _cell(r["events_per_s"], "{:.1f}"),
-                _cell(r["fraction_of_raw"], "{:.3f}"),
+                rate,
+                share,
                 _cell(r["seconds"], "{:.1f}"),
                 _cell(r.get("peak_rss_mb"), "{:.0f}"),
                 _cell(latency),
@@ -518,6 +547,12 @@ def table(document: dict[str, Any]) -> str:
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of every path, the order alternating; the median run is reported",
+    )
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument(
         "--paths", default=",".join(PATHS), help="comma-separated: " + ",".join(PATHS)
