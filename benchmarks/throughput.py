@@ -387,6 +387,35 @@ async def neo4j_version(uri: str) -> str | None:
         return None
 
 
+def settle(timeout: float = 60.0) -> float | None:
+    """Wait until the local Neo4j server is idle (under a tenth of a core over two half-second
+    windows, read from /proc) and give the seconds waited: what the previous path wrote and
+    deleted is flushed before the next path starts, not during it (measured: in-process right
+    after the raw path ran at 0.43-0.51 of raw, right after a Kafka run at 0.59). None when the
+    server is not one ``tidegraph services up`` started here."""
+    from tidegraph.app.local_services import LocalServices
+    from tidegraph.settings import Settings
+
+    found = [s.pid for s in LocalServices(Settings()).status() if s.name == "neo4j" and s.running]
+    if not found or found[0] is None:
+        return None
+    pid = found[0]
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def cpu_seconds() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+
+    began = time.perf_counter()
+    quiet, last = 0, cpu_seconds()
+    while quiet < 2 and time.perf_counter() - began < timeout:
+        time.sleep(0.5)  # a measuring window, not a synchronisation
+        now = cpu_seconds()
+        quiet = quiet + 1 if now - last < 0.05 else 0
+        last = now
+    return round(time.perf_counter() - began, 1)
+
+
 def run_path(name: str, args: argparse.Namespace, spec: FeedSpec, run_id: str) -> dict[str, Any]:
     prefix = f"{run_id}-{name}"
     if name == "raw":
@@ -465,6 +494,8 @@ def run(args: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
         for name in paths if round_no % 2 == 0 else paths[::-1]:
             print(f"{name}: {DESCRIPTIONS[name]} ...", flush=True)
             began = time.perf_counter()
+            if name != "embedded":
+                print(f"{name}: waited {settle()} s for Neo4j to be idle", flush=True)
             done[name] = run_path(name, args, spec, f"{run_id}r{round_no}")
             done[name]["wall_seconds"] = round(time.perf_counter() - began, 1)
             print(f"{name}: {done[name]['events_per_s']} events/s", flush=True)
