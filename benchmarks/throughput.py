@@ -469,6 +469,8 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
         median["runs_events_per_s"] = [r["events_per_s"] for r in runs]
         shares = [r["fraction_of_raw"] for r in runs if r.get("fraction_of_raw") is not None]
         median["runs_fraction_of_raw"] = shares
+        if any(r.get("latency_s") for r in runs):
+            median["runs_latency_p99_s"] = [(r.get("latency_s") or {}).get("p99") for r in runs]
         median["fraction_of_raw"] = statistics.median(shares) if shares else None
     return median
 

@@ -211,7 +211,7 @@ def _upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[st
     """Entity rows (``rows.entity_row``) applied as a sequence of MERGEs (checked before)."""
     if not rows:
         return
-    query = f"SELECT id, uuid, labels, aliases, summary, key FROM entity WHERE uuid {IN_LIST}"
+    query = f"SELECT id, uuid, name, labels, aliases, summary, key FROM entity WHERE uuid {IN_LIST}"
     stored_rows = conn.execute(query, (json_text(unique(r["uuid"] for r in rows)),)).fetchall()
     stored = {
         r["uuid"]: EntityState(
@@ -219,7 +219,7 @@ def _upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[st
         )
         for r in stored_rows
     }
-    row_ids = {r["uuid"]: r["id"] for r in stored_rows}
+    row_ids = {r["uuid"]: (r["id"], r["name"]) for r in stored_rows}
     creates, updates = fold_entity_rows(rows, stored)
     for row in creates:
         [row_id] = conn.execute(
@@ -260,10 +260,8 @@ def _upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[st
             ),
         )
         if state.summary != before.summary:
-            name = conn.execute("SELECT name FROM entity WHERE uuid = ?", (uuid,)).fetchone()[0]
-            _index_text(
-                conn, "entity_text", row_ids[uuid], group_id, _entity_text(name, state.summary)
-            )
+            row_id, name = row_ids[uuid]
+            _index_text(conn, "entity_text", row_id, group_id, _entity_text(name, state.summary))
         added = [a for a in state.aliases if a not in before.aliases]
         conn.executemany(
             "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
