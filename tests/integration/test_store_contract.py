@@ -1457,6 +1457,28 @@ async def test_counts(store: GraphStore, new_group: Callable[..., str]) -> None:
     assert await store.counts(group) == {"episodes": 2, "entities": 3, "facts": 2, "mentions": 4}
 
 
+async def test_the_embedded_stores_vector_search_sees_every_write(tmp_path: Path) -> None:
+    """The embedded store keeps a group's vectors as one matrix between searches: a write
+    through the same store, or through another one on the same file (another process), is
+    seen by the very next search."""
+    one, two = SqliteStore(tmp_path / "graph"), SqliteStore(tmp_path / "graph")
+    try:
+        await one.setup(DIM)
+        await two.setup(DIM)
+        a, b, c = (entity("g", n, embedding=vec(1, i)) for i, n in enumerate("ABC"))
+        await one.upsert_entities("g", [a])
+        assert uuids(await one.vector_entities("g", vec(0, 1), 5)) == [a.uuid]
+        await one.upsert_entities("g", [b])
+        assert uuids(await one.vector_entities("g", vec(0, 1), 5)) == [b.uuid, a.uuid]
+        await two.upsert_entities("g", [c])
+        assert uuids(await one.vector_entities("g", vec(0, 1), 5)) == [c.uuid, b.uuid, a.uuid]
+        scope = SearchScope(("g",), AsOf.resolve(None, None, False, None))
+        assert [h.uuid for h in await one.vector_search(scope, "entity", vec(0, 1), 1)] == [c.uuid]
+    finally:
+        await one.close()
+        await two.close()
+
+
 async def test_the_embedded_store_runs_only_constant_sql(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import abc
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -86,27 +88,59 @@ def fulltext_scored(
     return [(uuid, float(score)) for uuid, score in rows]
 
 
+class GroupVectors:
+    """Each (group, kind)'s embeddings as one matrix (with their uuids and norms), kept while
+    the database is unchanged: a search then compares the query with the matrix instead of
+    reading and decoding every vector of the group. Any committed change, by this connection
+    (``total_changes``) or another process (``PRAGMA data_version``), makes every entry stale.
+    Used on the database's thread only; at most ``entries`` matrices are kept."""
+
+    def __init__(self, entries: int = 8) -> None:
+        self.entries = entries
+        self._kept: OrderedDict[tuple[str, str], tuple[tuple[int, int], list[str], Any]] = (
+            OrderedDict()
+        )
+
+    def of(self, conn: sqlite3.Connection, group_id: str, kind: Kind) -> tuple[list[str], Any]:
+        """(uuids, matrix with one row per uuid whose norms are 1 or 0)."""
+        version = (conn.total_changes, conn.execute("PRAGMA data_version").fetchone()[0])
+        found = self._kept.get((group_id, kind))
+        if found is not None and found[0] == version:
+            self._kept.move_to_end((group_id, kind))
+            return found[1], found[2]
+        table, column = _EMBEDDINGS[kind]
+        rows = conn.execute(
+            f"SELECT uuid, {column} FROM {table} WHERE group_id = ? AND {column} IS NOT NULL",
+            (group_id,),
+        ).fetchall()
+        uuids = [r[0] for r in rows]
+        matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float64)
+        matrix = matrix.reshape(len(rows), -1) if rows else matrix.reshape(0, 0)
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        matrix = matrix / np.where(norms == 0, 1.0, norms)
+        self._kept[(group_id, kind)] = (version, uuids, matrix)
+        self._kept.move_to_end((group_id, kind))
+        while len(self._kept) > self.entries:
+            self._kept.popitem(last=False)
+        return uuids, matrix
+
+
 def vector_scored(
-    conn: sqlite3.Connection, group_id: str, kind: Kind, vector: Sequence[float]
+    conn: sqlite3.Connection,
+    vectors: GroupVectors,
+    group_id: str,
+    kind: Kind,
+    vector: Sequence[float],
 ) -> Scored:
     """Every record of ``kind`` of the group with an embedding, scored ``(1 + cos) / 2``
     against ``vector``, best first (ties by uuid)."""
-    table, column = _EMBEDDINGS[kind]
-    rows = conn.execute(
-        f"SELECT uuid, {column} FROM {table} WHERE group_id = ? AND {column} IS NOT NULL",
-        (group_id,),
-    ).fetchall()
-    if not rows:
+    uuids, matrix = vectors.of(conn, group_id, kind)
+    if not uuids:
         return []
-    matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float64)
-    matrix = matrix.reshape(len(rows), -1)
     query = np.asarray(vector, dtype=np.float64)
-    norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(query)
-    cos = (matrix @ query) / np.where(norms == 0, 1.0, norms)
+    cos = (matrix @ query) / (np.linalg.norm(query) or 1.0)
     scores = np.clip((1.0 + cos) / 2.0, 0.0, 1.0)
-    return sorted(
-        ((r[0], float(s)) for r, s in zip(rows, scores, strict=True)), key=lambda h: (-h[1], h[0])
-    )
+    return sorted(zip(uuids, map(float, scores), strict=True), key=lambda h: (-h[1], h[0]))
 
 
 # ----------------------------------------------------------------------------- hits
@@ -233,6 +267,7 @@ class SqliteSearch(GraphStore):
     """The search methods over ``SqliteStore``'s database."""
 
     db: SqliteDatabase
+    vectors: GroupVectors
 
     @abc.abstractmethod
     def _dimension(self) -> int: ...
@@ -248,7 +283,9 @@ class SqliteSearch(GraphStore):
     async def vector_entities(
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[EntityRecord, float]]:
-        return await self.db.run(_entity_vector_hits, group_id, self._vector(embedding), limit)
+        return await self.db.run(
+            _entity_vector_hits, self.vectors, group_id, self._vector(embedding), limit
+        )
 
     async def entity_candidates(
         self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
@@ -259,7 +296,7 @@ class SqliteSearch(GraphStore):
         def read(conn: sqlite3.Connection) -> list[tuple[EntityHits, EntityHits]]:
             return [
                 (
-                    _entity_vector_hits(conn, group_id, vector, limit),
+                    _entity_vector_hits(conn, self.vectors, group_id, vector, limit),
                     _entity_text_hits(conn, group_id, name, limit),
                 )
                 for (name, _), vector in zip(searches, vectors, strict=True)
@@ -275,7 +312,7 @@ class SqliteSearch(GraphStore):
             return []
 
         def read(conn: sqlite3.Connection) -> list[tuple[FactRecord, float]]:
-            best = dict(vector_scored(conn, group_id, "fact", vector)[:limit])
+            best = dict(vector_scored(conn, self.vectors, group_id, "fact", vector)[:limit])
             query = f"SELECT {FACT_FULL} FROM fact f WHERE f.group_id = ? AND f.uuid {IN_LIST}"
             facts = map(fact_of, conn.execute(query, (group_id, json_text(best))))
             return rank(((f, best[f.uuid]) for f in facts), limit)
@@ -311,7 +348,7 @@ class SqliteSearch(GraphStore):
         def read(conn: sqlite3.Connection) -> list[Hit]:
             hits: list[Hit] = []
             for group_id in unique(scope.group_ids):
-                every = vector_scored(conn, group_id, kind, vector)
+                every = vector_scored(conn, self.vectors, group_id, kind, vector)
                 hits += seen(conn, group_id, kind, scope.asof, partial(_first, every), limit)
             return rules.best(hits, limit)
 
@@ -388,11 +425,16 @@ def _entity_text_hits(conn: sqlite3.Connection, group_id: str, text: str, limit:
 
 
 def _entity_vector_hits(
-    conn: sqlite3.Connection, group_id: str, vector: Sequence[float] | None, limit: int
+    conn: sqlite3.Connection,
+    vectors: GroupVectors,
+    group_id: str,
+    vector: Sequence[float] | None,
+    limit: int,
 ) -> EntityHits:
     if vector is None or limit <= 0:
         return []
-    return _entities_scored(conn, group_id, vector_scored(conn, group_id, "entity", vector)[:limit])
+    scored = vector_scored(conn, vectors, group_id, "entity", vector)
+    return _entities_scored(conn, group_id, scored[:limit])
 
 
 def _entities_scored(conn: sqlite3.Connection, group_id: str, scored: Scored) -> EntityHits:

@@ -81,7 +81,7 @@ from tidegraph.store.sqlite_rows import (
     names_of,
     producers_of,
 )
-from tidegraph.store.sqlite_search import SqliteSearch
+from tidegraph.store.sqlite_search import GroupVectors, SqliteSearch
 
 log = logging.getLogger(__name__)
 
@@ -463,6 +463,7 @@ class SqliteStore(SqliteSearch):
 
     def __init__(self, path: Path, cache_mb: int = 128) -> None:
         self.db = SqliteDatabase(Path(path), cache_mb)
+        self.vectors = GroupVectors()
         self._dim: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
