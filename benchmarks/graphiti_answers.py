@@ -19,7 +19,8 @@ fixed latency per request. ``FairAnswers.install`` registers a handler per JSON-
 * **fact resolution**, tidegraph ``FactResolutionOutput`` and Graphiti ``EdgeDuplicate``:
   facts are known by their wording; a candidate with the same subject, relation and object is
   a duplicate, one with the same subject and a one-valued relation (``ONE_VALUED``) but
-  another object is contradicted, nothing else is.
+  another object is contradicted, nothing else is. A tidegraph call judging several messages
+  at once compares each new fact with the new facts of the earlier messages too.
 * **Graphiti only**: ``SummarizedEntities`` (entity summaries, which tidegraph takes from the
   extraction answer) gets a deterministic summary of at most ``SUMMARY_CHARS`` characters;
   ``EdgeTimestamps`` the fact's stated date, else the reference time.
@@ -183,12 +184,18 @@ class FairAnswers:
             if m and f:
                 stored.append((int(m[1]), (f["s"], f["rel"], f["o"])))
         judgements = []
+        earlier: list[tuple[int, tuple[str, str, str]]] = []  # earlier messages' new facts
+        current: list[tuple[int, tuple[str, str, str]]] = []
         for line in tail.strip().splitlines():
+            if line.startswith("(message "):  # a joint call: the next message's facts
+                earlier, current = earlier + current, []
+                continue
             m = _INDEXED.match(line)
             new = self.index.fact(m[2]) if m else None
             if m is None or new is None:
                 continue
-            verdicts = [(i, self.judge(new, old)) for i, old in stored]
+            current.append((int(m[1]), new.key))
+            verdicts = [(i, self.judge(new, old)) for i, old in [*stored, *earlier]]
             duplicates = [i for i, v in verdicts if v == "duplicate"]
             judgements.append(
                 {

@@ -18,12 +18,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from processors.batch_view import BatchView
+from processors.batch_view import BatchView, EntitiesAhead
 from processors.extraction import ExtractionStep
+from processors.invalidation import InvalidationStep
 from processors.steps import Components
 from tidegraph.metrics import BATCH_EPISODES, BATCHES, STAGE_EVENTS, STAGE_LATENCY
 from tidegraph.records.episode import Episode
-from tidegraph.records.stages import Extraction, Processed, WriteSummary
+from tidegraph.records.stages import Extraction, Processed, StampedEpisode, WriteSummary
 from tidegraph.store.base import BatchWriteError, GraphStore
 from topics.chain import CHAIN, build_steps
 
@@ -73,19 +74,22 @@ async def process_extractions(
         steps = build_steps(
             dataclasses.replace(components, store=cast(GraphStore, view)), CHAIN[1:]
         )
-        for item in extractions:
-            try:
-                summary, steps_counted = await _through(steps, item)
-                summaries.append(summary)
-                counted.append(steps_counted)
-            except BatchWriteError:
-                raise  # the held writes the view flushed for a search
-            except Exception as exc:
-                if not summaries:
-                    raise
-                # The episodes before it are exact: written; it goes alone.
-                log.info("batch stops before episode %s: %s", item.episode.id, exc)
-                break
+        if judged:
+            await _judged_runs(view, steps, extractions, summaries, counted)
+        else:
+            for item in extractions:
+                try:
+                    summary, steps_counted = await _through(steps, item)
+                    summaries.append(summary)
+                    counted.append(steps_counted)
+                except BatchWriteError:
+                    raise  # the held writes the view flushed for a search
+                except Exception as exc:
+                    if not summaries:
+                        raise
+                    # The episodes before it are exact: written; it goes alone.
+                    log.info("batch stops before episode %s: %s", item.episode.id, exc)
+                    break
         written = await view.flush()
     except BatchWriteError as exc:
         BATCHES.labels("fallback").inc()
@@ -101,6 +105,74 @@ async def process_extractions(
     BATCH_EPISODES.observe(len(summaries))
     _count(counted)
     return _with_written(summaries, written)
+
+
+async def _judged_runs(
+    view: BatchView,
+    steps: list[Any],
+    extractions: Sequence[Extraction],
+    summaries: list[WriteSummary],
+    counted: list[Counted],
+) -> None:
+    """LLM-extracted episodes, in runs: each episode of a run resolved and stamped in turn
+    (its entities held in the view ahead of its write, so the next one's resolution finds
+    them), then the new facts of the whole run judged in one LLM call
+    (``InvalidationStep.judge_together``), then each episode's invalidation and write in
+    order. A run ends before an episode whose resolution needs the store's search (the
+    run is written first: ``EntitiesAhead``) or that repeats an episode of the run. Appends
+    to ``summaries`` and ``counted``; stops, as the plain loop does, before an episode that
+    fails (raising when it is the unit's first)."""
+    resolve, invalidation = steps[:-1], cast(InvalidationStep, steps[-1])
+    at = 0
+    while at < len(extractions):
+        run: list[tuple[Any, Counted]] = []  # (StampedEpisode or skip summary, counted)
+        seen: set[str] = set()
+        stop = False
+        for item in extractions[at:]:
+            if item.episode.uuid in seen:
+                break
+            try:
+                out, steps_counted = await _through(resolve, item)
+            except EntitiesAhead:
+                break
+            except BatchWriteError:
+                raise
+            except Exception as exc:
+                if not summaries and not run:
+                    raise
+                log.info("batch stops before episode %s: %s", item.episode.id, exc)
+                stop = True
+                break
+            seen.add(item.episode.uuid)
+            if isinstance(out, StampedEpisode):
+                view.hold_entities(out.episode.uuid, out.pending.entities)
+            run.append((out, steps_counted))
+        stamped = [out for out, _ in run if isinstance(out, StampedEpisode)]
+        try:
+            joint = await invalidation.judge_together(stamped)
+        except BatchWriteError:
+            raise
+        except Exception as exc:  # each episode then asks alone
+            log.info("joint fact judgement failed, each episode asks alone: %s", exc)
+            joint = None
+        for out, steps_counted in run:
+            if isinstance(out, StampedEpisode):
+                started = time.perf_counter()
+                try:
+                    out = await invalidation.run(out, joint)
+                except BatchWriteError:
+                    raise
+                except Exception as exc:
+                    if not summaries:
+                        raise
+                    log.info("batch stops before episode %s: %s", out.episode.id, exc)
+                    return
+                steps_counted.append((invalidation.stage, "ok", time.perf_counter() - started))
+            summaries.append(out)
+            counted.append(steps_counted)
+        at += len(run)
+        if stop or not run:
+            return
 
 
 async def _mapped_prefix(
@@ -125,7 +197,7 @@ async def _mapped_prefix(
 Counted = list[tuple[str, str, float]]
 
 
-async def _through(steps: list[Any], item: Any) -> tuple[WriteSummary, Counted]:
+async def _through(steps: list[Any], item: Any) -> tuple[Any, Counted]:
     extraction: Extraction = item
     counted: Counted = []
     for step in steps:

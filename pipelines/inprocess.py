@@ -182,7 +182,7 @@ class InProcessChain:
                     finally:
                         waiter.cancel()
                     continue
-                finished = await self._finish_run(in_flight, max(2, per_call))
+                finished = await self._finish_run(in_flight, window)
                 results.extend(finished)
                 for _ in finished:
                     slots.release()

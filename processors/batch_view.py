@@ -50,6 +50,11 @@ class BatchMiss(Exception):
     at a time."""
 
 
+class EntitiesAhead(BatchMiss):
+    """A search the store answers, while the view holds entities of episodes not yet
+    written (``hold_entities``): write those episodes first, then ask again."""
+
+
 class BatchView:
     """Answers ``lookup_entities``, ``fact_candidates`` and ``entities_by_uuids`` for the
     episodes of one group's batch and holds their writes (``write_episode``) until ``flush``."""
@@ -72,6 +77,8 @@ class BatchView:
         # Judged: the stored entities at the other end of a read fact, for their names only.
         self.others: dict[str, EntityRecord] = {}
         self.writes: list[EpisodeWrite] = []  # held
+        # Episodes whose entity upserts are applied ahead of their write (``hold_entities``).
+        self.ahead: set[str] = set()
         self.written: list[bool] = []  # what the flushed writes gave, in order
         # Indexes over ``entities`` and ``facts``, kept as writes are applied.
         self._by_key: dict[str, set[str]] = {}
@@ -185,6 +192,8 @@ class BatchView:
         self._same_group(group_id)
         if not self.judged:
             raise BatchMiss("entity search is answered by the store")
+        if self.ahead:
+            raise EntitiesAhead("entities held ahead of their episodes' writes")
         await self.flush()
         answers = await self.store.entity_candidates(group_id, searches, limit)
         for by_vector, by_text in answers:
@@ -193,10 +202,21 @@ class BatchView:
                     self._put_entity(_copy(entity, name_embedding=None, community_uuid=None))
         return answers
 
+    def hold_entities(self, episode_uuid: str, entities: list[EntityRecord]) -> None:
+        """Apply an episode's entity upserts before its write (which applies them again, to
+        the same effect): the next episodes' resolution finds them, while the facts of this
+        one are still being judged (``pipelines.batches``). Until the episode is written,
+        an entity search raises ``EntitiesAhead`` (the store would not find them)."""
+        now = utcnow()
+        for entity in entities:
+            self._apply_entity(entity, now)
+        self.ahead.add(episode_uuid)
+
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         """Held for ``flush``; what it writes is applied to the view at once."""
         self._same_group(group_id)
         episode = write.episode
+        self.ahead.discard(episode.uuid)
         if episode.uuid in self.processed:
             return False
         now = utcnow()

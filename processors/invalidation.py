@@ -14,15 +14,25 @@ from __future__ import annotations
 
 import logging
 
+from processors.fact_judging import (
+    Judgement,
+    Message,
+    Vectors,
+    candidates_per_fact,
+    judgement_of,
+    prompt_of,
+    standing_for,
+)
 from processors.prompts import (
     FACT_RESOLUTION_SYSTEM,
     FactResolutionOutput,
     StructuredLLM,
     fact_resolution_user,
 )
-from processors.timeline import FactDecision, plan_facts, restatement_of
+from processors.timeline import FactDecision, plan_facts
 from tidegraph.embed.base import Embedder
-from tidegraph.metrics import FACTS_INVALIDATED
+from tidegraph.metrics import FACT_JUDGEMENTS, FACTS_INVALIDATED
+from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EntityRecord, EpisodeRecord, EpisodeWrite, FactRecord
 from tidegraph.records.stages import StampedEpisode, StampedFact, WriteSummary
 from tidegraph.records.times import utcnow
@@ -30,8 +40,6 @@ from tidegraph.store.base import GraphStore
 from tidegraph.store.hits import EPISODE_EMBED_CHARS
 
 log = logging.getLogger(__name__)
-
-MAX_CANDIDATES_PER_FACT = 12
 
 
 class InvalidationStep:
@@ -55,7 +63,10 @@ class InvalidationStep:
         self.llm = llm
         self.embed_mapped_content = embed_mapped_content
 
-    async def run(self, stamped: StampedEpisode) -> WriteSummary:
+    async def run(self, stamped: StampedEpisode, joint: Judgement | None = None) -> WriteSummary:
+        """``joint``: the answers of a call that judged this episode's facts with those of
+        the episodes before it in its unit (``judge_together``), used when they answer the
+        questions this episode asks now (``processors.fact_judging``)."""
         episode = stamped.episode
         group = episode.group_id
         pending = stamped.pending
@@ -74,22 +85,13 @@ class InvalidationStep:
             )
         if candidates is None:
             candidates = await self._candidates(group, facts, judged=judged)
-        # One embedding call: the facts' texts, and the episode's content (episode search).
-        # A mapped record's content is not embedded unless asked: what it says is in its
-        # facts and entities, which are, and BM25 finds the record itself.
-        content = episode.content_text()
-        to_embed = [i for i, f in enumerate(facts) if not f.closes]
-        texts = [facts[i].fact for i in to_embed]
-        embed_content = not stamped.mapped or self.embed_mapped_content
-        if embed_content:
-            texts.append(content[:EPISODE_EMBED_CHARS])
-        vectors = await self.embedder.embed(texts) if texts else []
-        content_embedding = vectors.pop() if embed_content else None
-        embeddings = dict(zip(to_embed, vectors, strict=True))
+        vectors = joint.vectors.pop(episode.uuid, None) if joint is not None else None
+        embeddings, content_embedding = vectors or await self._embed(stamped)
         decisions: dict[int, FactDecision] = {}
-        llm_calls = 0
+        llm_calls = joint.take_calls() if joint is not None else 0
         if judged:
-            decisions, llm_calls = await self._judge(group, facts, candidates, embeddings)
+            decisions, calls = await self._judge(episode, facts, candidates, embeddings, joint)
+            llm_calls += calls
         now = utcnow()
         plan = plan_facts(
             group_id=group,
@@ -100,6 +102,9 @@ class InvalidationStep:
             embeddings=embeddings,
             decisions=decisions,
         )
+        if joint is not None:
+            joint.record(episode.uuid, plan.became)
+        content = episode.content_text()
         record = EpisodeRecord(
             uuid=episode.uuid,
             group_id=group,
@@ -149,65 +154,86 @@ class InvalidationStep:
             return []
         return await self.store.fact_candidates(group, pairs, ends, embeddings=judged)
 
+    async def _embed(self, stamped: StampedEpisode) -> Vectors:
+        """One embedding call: the texts of the facts (but closing ones), and the episode's
+        content (episode search). A mapped record's content is not embedded unless asked:
+        what it says is in its facts and entities, which are, and BM25 finds the record."""
+        facts = stamped.facts
+        to_embed = [i for i, f in enumerate(facts) if not f.closes]
+        texts = [facts[i].fact for i in to_embed]
+        embed_content = not stamped.mapped or self.embed_mapped_content
+        if embed_content:
+            texts.append(stamped.episode.content_text()[:EPISODE_EMBED_CHARS])
+        vectors = await self.embedder.embed(texts) if texts else []
+        content_embedding = vectors.pop() if embed_content else None
+        return dict(zip(to_embed, vectors, strict=True)), content_embedding
+
+    async def judge_together(self, stampeds: list[StampedEpisode]) -> Judgement | None:
+        """One LLM call judging the new facts of consecutive LLM-extracted episodes of one
+        group (in order, none written yet), each against its candidates as the store holds
+        them and the new facts of the episodes before it; None when there is nothing to
+        share (fewer than two episodes, no LLM). Each episode's ``run`` then takes the
+        answers that are its own (``processors.fact_judging``)."""
+        if len(stampeds) < 2 or self.llm is None or any(s.mapped for s in stampeds):
+            return None
+        group = stampeds[0].episode.group_id
+        threshold = self.embedder.thresholds.fact_candidate
+        vectors: dict[str, Vectors] = {}
+        messages: list[Message] = []
+        earlier: list[FactRecord] = []
+        for stamped in stampeds:
+            episode = stamped.episode
+            candidates = await self._candidates(group, stamped.facts, judged=True)
+            vectors[episode.uuid] = await self._embed(stamped)
+            embeddings = vectors[episode.uuid][0]
+            per_fact = candidates_per_fact(
+                stamped.facts, [*candidates, *earlier], embeddings, threshold
+            )
+            messages.append(Message(episode, stamped.facts, per_fact))
+            earlier += standing_for(group, episode.uuid, stamped.facts, embeddings)
+        joint = await self._ask(group, messages)
+        joint.vectors = vectors
+        return joint
+
     async def _judge(
         self,
-        group: str,
+        episode: Episode,
         facts: list[StampedFact],
         existing: list[FactRecord],
         embeddings: dict[int, list[float]],
+        joint: Judgement | None,
     ) -> tuple[dict[int, FactDecision], int]:
-        """One LLM call judging every new fact against its candidates (shared endpoint and
-        same relation or similar text); no call when no fact has a candidate."""
+        """The LLM's decisions on the facts that have candidates (``candidates_per_fact``):
+        from ``joint`` when it asked exactly these questions, else from one call of this
+        episode's own; no call when no fact has a candidate."""
         threshold = self.embedder.thresholds.fact_candidate
-        per_fact: dict[int, list[FactRecord]] = {}
-        for i, new in enumerate(facts):
-            if new.closes or new.cardinality is not None:
-                continue
-            if _restates(existing, new):
-                continue  # the same words between the same entities: a duplicate, no question
-            ends = {new.source_uuid, new.target_uuid}
-            scored = []
-            for f in existing:
-                if not ({f.source_uuid, f.target_uuid} & ends):
-                    continue
-                if f.valid_at is not None and f.invalid_at == f.valid_at:
-                    continue  # a recorded end (valid at no time): nothing to judge
-                similarity = _cosine(embeddings.get(i), f.fact_embedding)
-                if f.name == new.relation or similarity >= threshold:
-                    scored.append((f.name != new.relation, -similarity, f.uuid, f))
-            scored.sort(key=lambda s: s[:3])
-            if scored:
-                per_fact[i] = [s[3] for s in scored[:MAX_CANDIDATES_PER_FACT]]
+        per_fact = candidates_per_fact(facts, existing, embeddings, threshold)
         if not per_fact:
             return {}, 0
-        listed: dict[str, FactRecord] = {}
-        for candidates in per_fact.values():
-            for f in candidates:
-                listed.setdefault(f.uuid, f)
-        ordered = sorted(listed.values(), key=lambda f: f.uuid)
-        names = await self._entity_names(group, ordered)
+        if joint is not None:
+            decisions = joint.decisions_for(episode.uuid, per_fact)
+            if decisions is not None:
+                FACT_JUDGEMENTS.labels("joint").inc()
+                return decisions, 0
+        FACT_JUDGEMENTS.labels("alone").inc()
+        alone = await self._ask(episode.group_id, [Message(episode, facts, per_fact)])
+        decisions = alone.decisions_for(episode.uuid, per_fact)
+        assert decisions is not None  # the questions it was just asked
+        return decisions, alone.calls
+
+    async def _ask(self, group: str, messages: list[Message]) -> Judgement:
+        """One call for the questions of ``messages`` (none when there are none)."""
+        prompt = prompt_of(messages)
+        if not prompt.question_of:
+            return judgement_of(messages, prompt, None)
+        names = await self._entity_names(group, prompt.stored)
         output: FactResolutionOutput = await self.llm.structured(  # type: ignore[union-attr]
             stage=self.stage,
             system=FACT_RESOLUTION_SYSTEM,
-            user=fact_resolution_user(
-                [(i, facts[i].fact) for i in sorted(per_fact)], ordered, names
-            ),
+            user=fact_resolution_user(prompt.messages, prompt.stored, names),
             schema=FactResolutionOutput,
         )
-        decisions: dict[int, FactDecision] = {}
-        for j in output.judgements:
-            if j.new_fact not in per_fact:
-                continue
-            allowed = {f.uuid for f in per_fact[j.new_fact]}
-
-            def pick(k: int | None, allowed: set[str] = allowed) -> str | None:
-                if k is None or not 0 <= k < len(ordered):
-                    return None
-                return ordered[k].uuid if ordered[k].uuid in allowed else None
-
-            contradicts = tuple(u for u in (pick(k) for k in j.contradicts) if u)
-            decisions[j.new_fact] = FactDecision(pick(j.duplicate_of), contradicts)
-        return decisions, 1
+        return judgement_of(messages, prompt, output)
 
     async def _entity_names(self, group: str, facts: list[FactRecord]) -> dict[str, str]:
         uuids = sorted({u for f in facts for u in (f.source_uuid, f.target_uuid)})
@@ -249,16 +275,3 @@ def prefetched_candidates(
         return None
     wanted = set(pairs)
     return [f for f in read if (f.source_uuid, f.name) in wanted]
-
-
-def _restates(existing: list[FactRecord], new: StampedFact) -> bool:
-    """True when ``new`` repeats a stored fact word for word (``restatement_of``: while it
-    holds, or before it with nothing between): plan_facts merges it without the LLM."""
-    same_pair = [f for f in existing if f.source_uuid == new.source_uuid and f.name == new.relation]
-    return restatement_of(new, same_pair) is not None
-
-
-def _cosine(a: list[float] | None, b: list[float] | None) -> float:
-    if not a or not b or len(a) != len(b):
-        return 0.0
-    return sum(x * y for x, y in zip(a, b, strict=True))  # both are L2-normalised

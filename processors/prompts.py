@@ -145,9 +145,9 @@ def entity_resolution_user(
 
 # ----------------------------------------------------------------------------- facts
 class FactJudgement(BaseModel):
-    new_fact: int  # index of the new fact
-    duplicate_of: int | None  # index of an existing fact stating the same thing, or null
-    contradicts: list[int]  # indexes of existing facts the new fact makes no longer true
+    new_fact: int  # number of the new fact
+    duplicate_of: int | None  # number of a fact stating the same thing, or null
+    contradicts: list[int]  # numbers of facts the new fact makes no longer true
 
 
 class FactResolutionOutput(BaseModel):
@@ -155,21 +155,31 @@ class FactResolutionOutput(BaseModel):
 
 
 FACT_RESOLUTION_SYSTEM = """You compare new facts with facts already in a temporal knowledge \
-graph. For each new fact: duplicate_of = the existing fact that states the same thing (or \
-null); contradicts = the existing facts that cannot both be true at the same time as the new \
-fact (for example a person works at a different company now, an account moved to another \
-plan, a ticket changed status). Facts that merely concern the same entities are NOT \
-contradictions; when unsure, do not list it."""
+graph. Every fact has its own number. For each new fact: duplicate_of = the existing fact \
+that states the same thing (or null); contradicts = the existing facts that cannot both be \
+true at the same time as the new fact (for example a person works at a different company \
+now, an account moved to another plan, a ticket changed status). Facts that merely concern \
+the same entities are NOT contradictions; when unsure, do not list it. When the new facts \
+come from several messages (in order, each under its own line), a new fact may also \
+duplicate or contradict a new fact of an EARLIER message: answer that fact's number."""
 
 
 def fact_resolution_user(
-    new_facts: list[tuple[int, str]], candidates: list[FactRecord], names: dict[str, str]
+    messages: list[tuple[str | None, list[tuple[int, str]]]],
+    candidates: list[FactRecord],
+    names: dict[str, str],
 ) -> str:
+    """The stored ``candidates`` numbered from 0, then the new facts of each message (its
+    label, when there are several, then its facts with their numbers, which follow the
+    candidates'). ``names``: entity uuid -> name, for the candidates' endpoints."""
     lines = ["Existing facts:"]
     for i, f in enumerate(candidates):
         span = f"{iso(f.valid_at)} .. {iso(f.invalid_at) or 'now'}"
         src, tgt = names.get(f.source_uuid, "?"), names.get(f.target_uuid, "?")
         lines.append(f"[{i}] {src} -{f.name}-> {tgt}: {f.fact} ({span})")
     lines.append("New facts:")
-    lines += [f"[{i}] {text}" for i, text in new_facts]
+    for label, facts in messages:
+        if label is not None:
+            lines.append(f"({label})")
+        lines += [f"[{n}] {text}" for n, text in facts]
     return "\n".join(lines)

@@ -59,6 +59,9 @@ class FactPlan:
     merged: int = 0
     closed: int = 0
     born_closed: int = 0
+    # By index of a new fact (not a closing one): the uuid of the fact it became (new, or
+    # the stored one it merged into).
+    became: dict[int, str] = field(default_factory=dict)
 
 
 def fact_uuid(group_id: str, episode_uuid: str, fact: StampedFact) -> str:
@@ -145,6 +148,7 @@ def plan_facts(
             touched.add(restated.uuid)
         duplicate = judged or restated
         if duplicate is not None:
+            plan.became[i] = duplicate.uuid
             if episode_uuid not in duplicate.episodes:
                 duplicate.episodes.append(episode_uuid)
                 touched.add(duplicate.uuid)
@@ -197,6 +201,7 @@ def plan_facts(
         if record.invalid_at is not None:
             plan.born_closed += 1
         plan.new += 1
+        plan.became[i] = record.uuid
         state[record.uuid] = record
         touched.add(record.uuid)
 

@@ -63,6 +63,13 @@ STORE_WRITE_LATENCY = Histogram(
     ["operation"],
     buckets=LATENCY_BUCKETS,
 )
+FACT_JUDGEMENTS = Counter(
+    "tidegraph_fact_judgements_total",
+    "Episodes whose new facts the LLM judged, by how: joint (answered by a call that judged "
+    "several consecutive episodes of the group), alone (a call of the episode's own: one "
+    "at a time, or a joint call that did not ask exactly its questions).",
+    ["how"],
+)
 BATCHES = Counter(
     "tidegraph_batches_total",
     "Micro-batches of one group's mapped episodes, by outcome: batched (resolved, stamped, "

@@ -345,21 +345,29 @@ def judge_plans(request: FakeRequest) -> dict[str, Any]:
     """A new plan fact contradicts every listed fact of another plan and repeats one of the
     same plan; read from the prompt alone, so equal prompts get equal answers."""
     existing_part, new_part = request.user.split("New facts:\n", 1)
-    existing = [line.split("] ", 1)[1] for line in existing_part.splitlines()[1:] if line]
+    listed = [
+        (int(line[1:].split("] ", 1)[0]), plan_of(line.split(": ", 1)[1].rsplit(" (", 1)[0]))
+        for line in existing_part.splitlines()[1:]
+        if line
+    ]
+    earlier: list[tuple[int, str | None]] = []  # new facts of earlier messages (joint call)
+    current: list[tuple[int, str | None]] = []
     judgements = []
     for line in new_part.splitlines():
+        if line.startswith("(message "):
+            earlier, current = earlier + current, []
+            continue
         index, text = line[1:].split("] ", 1)
         plan = plan_of(text)
+        current.append((int(index), plan))
         if plan is None:
             continue
-        listed = [
-            (k, plan_of(f.split(": ", 1)[1].rsplit(" (", 1)[0])) for k, f in enumerate(existing)
-        ]
+        known = [*listed, *earlier]
         judgements.append(
             {
                 "new_fact": int(index),
-                "duplicate_of": next((k for k, p in listed if p == plan), None),
-                "contradicts": [k for k, p in listed if p is not None and p != plan],
+                "duplicate_of": next((k for k, p in known if p == plan), None),
+                "contradicts": [k for k, p in known if p is not None and p != plan],
             }
         )
     return {"judgements": judgements}
@@ -419,19 +427,21 @@ async def plans_run(
 
 
 @pytest.mark.parametrize("fault", [None, "judge_500"])
-async def test_a_conversation_resolved_and_written_together_asks_and_writes_as_one_at_a_time(
+async def test_a_conversation_resolved_and_written_together_writes_as_one_at_a_time(
     store: GraphStore, fault: str | None
 ) -> None:
-    """A conversation's extracted messages resolved and written as units: the same entity and
-    fact judging prompts, in the same order, and the same graph (plans closed by later and
-    late ones, a repeated plan merged) as one message at a time, with fewer write calls. A
-    new entity in the middle (a plan no name finds) is searched in the store once the
-    messages before it are written; a judging call that fails (HTTP 500) inside a unit sends
-    its message alone, retried, and nothing is lost."""
+    """A conversation's extracted messages resolved and written as units: the same entity
+    judging prompts, in the same order, and the same graph (plans closed by later and late
+    ones, a repeated plan merged) as one message at a time, with fewer write calls and fewer
+    fact judging calls (the new facts of a unit's messages judged in one call, each message's
+    facts against the earlier messages' too). A new entity in the middle (a plan no name
+    finds) is searched in the store once the messages before it are written; a joint
+    judging call that fails (HTTP 500) sends each of its messages to ask alone, and nothing
+    is lost."""
     failed: list[str] = []
 
     def judge(request: FakeRequest) -> dict[str, Any]:
-        if fault and "Enterprise" in request.user.split("New facts:", 1)[1] and not failed:
+        if fault and "(message 2, " in request.user and not failed:
             failed.append(request.user)
             raise RuntimeError("scripted failure")
         return judge_plans(request)
@@ -442,23 +452,19 @@ async def test_a_conversation_resolved_and_written_together_asks_and_writes_as_o
         server.on("FactResolutionOutput", judge)
         group = f"plans-{uuidlib.uuid4().hex[:12]}"
         alone = await plans_run(store, server, group, together=False)
-        failed.clear()
+        assert not failed  # one at a time, no call judges two messages
         writes, batches = writes_done(), batches_done()
         together = await plans_run(store, server, group, together=True)
         writes = writes_done() - writes
+    judged_alone = alone.pop("FactResolutionOutput")
+    judged_together = together.pop("FactResolutionOutput")
+    assert not any("(message " in u for u in judged_alone)
+    joint = [u for u in judged_together if "(message 2, " in u]
+    assert joint  # several messages' facts were judged in one call
     if fault:
-        assert failed  # the failure happened in both runs
-        retried = [u for u in together["FactResolutionOutput"] if u == failed[0]]
-        assert len(retried) == 2  # the failed call, then the message alone
-        together["FactResolutionOutput"].remove(failed[0])
-        alone["FactResolutionOutput"].remove(failed[0])
-        # alone, the message asks its entity judging again (one at a time, only the failed
-        # stage is retried)
-        asked, again = together["EntityResolutionOutput"], alone["EntityResolutionOutput"]
-        repeated = [u for u in dict.fromkeys(asked) if asked.count(u) > again.count(u)]
-        assert len(repeated) <= 1
-        for user in repeated:
-            asked.remove(user)
+        assert failed == joint[:1]
+    else:
+        assert len(judged_together) < len(judged_alone)
     assert together == alone
     assert batches_done() > batches
     assert writes < len(PLANS)

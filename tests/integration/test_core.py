@@ -204,18 +204,24 @@ class Script:
             if old is not None:
                 existing.append((int(m[1]), old))
         judgements = []
+        earlier: list[tuple[int, Said]] = []  # new facts of earlier messages (a joint call)
+        current: list[tuple[int, Said]] = []
         for line in new:
+            if line.startswith("(message "):
+                earlier, current = earlier + current, []
+                continue
             m = _INDEXED.match(line)
             assert m
             said = self._said(m[2])
             assert said is not None, f"the script never stated {m[2]!r}"
+            current.append((int(m[1]), said))
             me = (
                 self.canonical(said.subject),
                 to_relation_name(said.relation),
                 self.canonical(said.object),
             )
             duplicate, contradicts = None, []
-            for i, old in existing:
+            for i, old in [*existing, *earlier]:
                 them = (
                     self.canonical(old.subject),
                     to_relation_name(old.relation),
@@ -226,7 +232,7 @@ class Script:
                 elif them[:2] == me[:2] and them[2] != me[2] and me[1] in self.one_valued:
                     contradicts.append(i)
             if self.hostile:
-                contradicts = [i for i, _ in existing] + [99, -1]
+                contradicts = [i for i, _ in [*existing, *earlier]] + [99, -1]
             judgements.append(
                 {"new_fact": int(m[1]), "duplicate_of": duplicate, "contradicts": contradicts}
             )

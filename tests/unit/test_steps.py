@@ -367,11 +367,11 @@ async def test_an_llm_contradiction_closes_only_a_fact_sharing_an_endpoint(
         return {
             "judgements": [
                 {
-                    "new_fact": i,
+                    "new_fact": int(line[1:].split("]", 1)[0]),
                     "duplicate_of": None,
                     "contradicts": list(listed) if "Initech" in line else [],
                 }
-                for i, line in enumerate(new.splitlines())
+                for line in new.splitlines()
             ]
         }
 
