@@ -12,6 +12,7 @@ episode is isolated exactly as without batches.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -21,6 +22,8 @@ from typing import Any, cast
 from processors.batch_view import BatchView, EntitiesAhead
 from processors.extraction import ExtractionStep
 from processors.invalidation import InvalidationStep
+from processors.resolution import ResolutionStep
+from processors.speculation import Peek, SharedCalls, Starting, try_ahead
 from processors.steps import Components
 from tidegraph.metrics import BATCH_EPISODES, BATCHES, STAGE_EVENTS, STAGE_LATENCY
 from tidegraph.records.episode import Episode
@@ -71,12 +74,16 @@ async def process_extractions(
     try:
         judged = not extractions[0].mapped
         view = await BatchView.read(components.store, list(extractions), judged=judged)
-        steps = build_steps(
-            dataclasses.replace(components, store=cast(GraphStore, view)), CHAIN[1:]
-        )
-        if judged:
-            await _judged_runs(view, steps, extractions, summaries, counted)
+        if judged and components.llm is not None:
+            shared = SharedCalls(components.llm)
+            try:
+                await _judged_runs(view, components, shared, extractions, summaries, counted)
+            finally:
+                shared.close()
         else:
+            steps = build_steps(
+                dataclasses.replace(components, store=cast(GraphStore, view)), CHAIN[1:]
+            )
             for item in extractions:
                 try:
                     summary, steps_counted = await _through(steps, item)
@@ -109,7 +116,8 @@ async def process_extractions(
 
 async def _judged_runs(
     view: BatchView,
-    steps: list[Any],
+    components: Components,
+    shared: SharedCalls,
     extractions: Sequence[Extraction],
     summaries: list[WriteSummary],
     counted: list[Counted],
@@ -119,10 +127,45 @@ async def _judged_runs(
     them), then the new facts of the whole run judged in one LLM call
     (``InvalidationStep.judge_together``), then each episode's invalidation and write in
     order. A run ends before an episode whose resolution needs the store's search (the
-    run is written first: ``EntitiesAhead``) or that repeats an episode of the run. Appends
-    to ``summaries`` and ``counted``; stops, as the plain loop does, before an episode that
+    run is written first: ``EntitiesAhead``; meanwhile that episode's resolution is tried
+    against the store as it stands, its entity judging call started ahead:
+    ``processors.speculation``) or that repeats an episode of the run. Appends to
+    ``summaries`` and ``counted``; stops, as the plain loop does, before an episode that
     fails (raising when it is the unit's first)."""
+    steps = build_steps(
+        dataclasses.replace(components, store=cast(GraphStore, view), llm=shared), CHAIN[1:]
+    )
     resolve, invalidation = steps[:-1], cast(InvalidationStep, steps[-1])
+    tried = cast(
+        ResolutionStep,
+        build_steps(
+            dataclasses.replace(
+                components,
+                store=cast(GraphStore, Peek(view, components.store)),
+                llm=Starting(shared),
+            ),
+            CHAIN[1:2],
+        )[0],
+    )
+    guess: list[asyncio.Task[None]] = []
+    try:
+        await _runs(view, resolve, invalidation, tried, guess, extractions, summaries, counted)
+    finally:
+        for task in guess:
+            task.cancel()
+
+
+async def _runs(
+    view: BatchView,
+    resolve: list[Any],
+    invalidation: InvalidationStep,
+    tried: ResolutionStep,
+    guess: list[asyncio.Task[None]],
+    extractions: Sequence[Extraction],
+    summaries: list[WriteSummary],
+    counted: list[Counted],
+) -> None:
+    """The loop of ``_judged_runs`` (``guess``: the tried resolution in flight, if any)."""
     at = 0
     while at < len(extractions):
         run: list[tuple[Any, Counted]] = []  # (StampedEpisode or skip summary, counted)
@@ -131,9 +174,12 @@ async def _judged_runs(
         for item in extractions[at:]:
             if item.episode.uuid in seen:
                 break
+            if guess:
+                await guess.pop()  # its call is started before the real one may ask for it
             try:
                 out, steps_counted = await _through(resolve, item)
             except EntitiesAhead:
+                guess.append(asyncio.create_task(try_ahead(tried, item)))
                 break
             except BatchWriteError:
                 raise
@@ -166,7 +212,8 @@ async def _judged_runs(
                     if not summaries:
                         raise
                     log.info("batch stops before episode %s: %s", out.episode.id, exc)
-                    return
+                    stop = True
+                    break
                 steps_counted.append((invalidation.stage, "ok", time.perf_counter() - started))
             summaries.append(out)
             counted.append(steps_counted)

@@ -24,7 +24,7 @@ from pipelines.batches import (
 )
 from pipelines.chain import ChainResult, run_steps
 from pipelines.retry import RetryPolicy
-from processors.extraction import ExtractionStep, JointExtraction, Prepared, prepared_steps
+from processors.extraction import ExtractionStep, JointExtraction, prepared_steps
 from processors.mapping import MappingSet
 from processors.prompts import StructuredLLM
 from processors.steps import Components
@@ -201,12 +201,7 @@ class InProcessChain:
         """The episodes' extractions, prepared in order and started, in one LLM call when
         several ask for one; None for an episode whose preparing failed (it then goes alone,
         and fails there as it would have)."""
-        prepared: list[Prepared | None] = []
-        for episode in episodes:
-            try:
-                prepared.append(await self._extraction.prepare(episode))
-            except Exception:
-                prepared.append(None)
+        prepared = await self._extraction.prepare_many(episodes)
         steps, joint = prepared_steps(
             self._extraction, [p for p in prepared if p is not None], self.record_timeout
         )

@@ -60,6 +60,15 @@ class RecentEpisodes:
         if limit <= 0:
             return []
         stored = await self.store.recent_episodes(group_id, before, limit)
+        return self.merged(group_id, before, limit, stored)
+
+    def merged(
+        self, group_id: str, before: datetime, limit: int, stored: list[EpisodeRecord]
+    ) -> list[EpisodeRecord]:
+        """``recent_episodes`` from the store's answer ``stored`` (read earlier, maybe
+        concurrently with other reads): merged with the remembered episodes as they are now."""
+        if limit <= 0:
+            return []
         merged = {r.uuid: r for r in stored}
         cutoff = utc(before)
         for record in self._groups.get(group_id, ()):

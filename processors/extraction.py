@@ -101,27 +101,58 @@ class ExtractionStep:
         next episode's context holds it whether or not this one's LLM call has returned. The
         LLM call itself (``run_prepared``) may then run ahead of the group's ordered stages
         (README "Batch-native stages"); its prompt is the one ``run`` would have built."""
-        # Both reads at once: they are on the group's ordered path, and an episode found
-        # processed (a redelivery, rare) only wastes its context read.
-        processed, context = await asyncio.gather(self._processed(episode), self._context(episode))
-        if processed:
-            context = []
+        processed, stored = await self._reads(episode)
+        return self._prepared(episode, processed, stored)
+
+    async def prepare_many(self, episodes: list[Episode]) -> list[Prepared | None]:
+        """``prepare`` for consecutive episodes of one group, their reads all at once: the
+        processed checks and the stored context of every episode are read concurrently, then
+        in order each context is merged with the episodes remembered before it and the
+        episode is remembered. The same answers as preparing them one after the other: every
+        earlier episode of the group is stored or remembered either way. None for an episode
+        whose read failed (as ``prepare`` would have raised, it is not remembered)."""
+        reads = await asyncio.gather(
+            *(self._reads(episode) for episode in episodes), return_exceptions=True
+        )
+        prepared: list[Prepared | None] = []
+        for episode, read in zip(episodes, reads, strict=True):
+            if isinstance(read, BaseException):
+                if not isinstance(read, Exception):
+                    raise read
+                prepared.append(None)
+                continue
+            prepared.append(self._prepared(episode, *read))
+        return prepared
+
+    def _prepared(self, episode: Episode, processed: bool, stored: list[EpisodeRecord]) -> Prepared:
+        """The episode prepared from its reads: its context merged with the episodes
+        remembered before it; then it is remembered for the next one's context."""
+        context: list[EpisodeRecord] = []
+        if not processed and self.context is not None:
+            context = self.context.merged(
+                episode.group_id, episode.reference_time, self.context_episodes, stored
+            )
         if self.context is not None:
             self.context.remember(episode)
         return Prepared(episode, processed, context)
+
+    async def _reads(self, episode: Episode) -> tuple[bool, list[EpisodeRecord]]:
+        """The processed check and the stored context of ``episode``, at once: they are on
+        the group's ordered path, and an episode found processed (a redelivery, rare) only
+        wastes its context read."""
+        if self.context is None or self.context_episodes <= 0:
+            return await self._processed(episode), []
+        stored = self.context.store.recent_episodes(
+            episode.group_id, episode.reference_time, self.context_episodes
+        )
+        processed, context = await asyncio.gather(self._processed(episode), stored)
+        return processed, context
 
     async def _processed(self, episode: Episode) -> bool:
         if self.store is None:
             return False
         return await self.store.episode_processed(
             episode.group_id, episode.uuid, episode.content_hash
-        )
-
-    async def _context(self, episode: Episode) -> list[EpisodeRecord]:
-        if self.context is None or self.context_episodes <= 0:
-            return []
-        return await self.context.recent_episodes(
-            episode.group_id, episode.reference_time, self.context_episodes
         )
 
     async def run_prepared(self, prepared: Prepared) -> Extraction | Processed:

@@ -70,6 +70,13 @@ FACT_JUDGEMENTS = Counter(
     "at a time, or a joint call that did not ask exactly its questions).",
     ["how"],
 )
+LLM_CALLS_AHEAD = Counter(
+    "tidegraph_llm_calls_ahead_total",
+    "LLM calls started ahead on a guess (an episode's entity judging, while the episodes "
+    "before it in its unit are judged and written), by outcome: used (the real request was "
+    "the same), unused (it was not: one call wasted), failed (asked again).",
+    ["outcome"],
+)
 BATCHES = Counter(
     "tidegraph_batches_total",
     "Micro-batches of one group's mapped episodes, by outcome: batched (resolved, stamped, "

@@ -13,6 +13,7 @@ aliases, the counts, and what each episode's write summary reported.
 from __future__ import annotations
 
 import uuid as uuidlib
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -373,6 +374,10 @@ def judge_plans(request: FakeRequest) -> dict[str, Any]:
     return {"judgements": judgements}
 
 
+def calls_ahead(outcome: str) -> float:
+    return REGISTRY.get_sample_value("tidegraph_llm_calls_ahead_total", {"outcome": outcome}) or 0.0
+
+
 def writes_done() -> float:
     return (
         REGISTRY.get_sample_value(
@@ -430,12 +435,13 @@ async def plans_run(
 async def test_a_conversation_resolved_and_written_together_writes_as_one_at_a_time(
     store: GraphStore, fault: str | None
 ) -> None:
-    """A conversation's extracted messages resolved and written as units: the same entity
-    judging prompts, in the same order, and the same graph (plans closed by later and late
-    ones, a repeated plan merged) as one message at a time, with fewer write calls and fewer
-    fact judging calls (the new facts of a unit's messages judged in one call, each message's
+    """A conversation's extracted messages resolved and written as units: the same graph
+    (plans closed by later and late ones, a repeated plan merged) as one message at a time,
+    every entity judging request one at a time makes, fewer write calls and fewer fact
+    judging calls (the new facts of a unit's messages judged in one call, each message's
     facts against the earlier messages' too). A new entity in the middle (a plan no name
-    finds) is searched in the store once the messages before it are written; a joint
+    finds) is searched in the store once the messages before it are written, its judging
+    call started ahead on a guess meanwhile (used when it is the real request); a joint
     judging call that fails (HTTP 500) sends each of its messages to ask alone, and nothing
     is lost."""
     failed: list[str] = []
@@ -454,8 +460,10 @@ async def test_a_conversation_resolved_and_written_together_writes_as_one_at_a_t
         alone = await plans_run(store, server, group, together=False)
         assert not failed  # one at a time, no call judges two messages
         writes, batches = writes_done(), batches_done()
+        ahead = {o: calls_ahead(o) for o in ("used", "unused")}
         together = await plans_run(store, server, group, together=True)
         writes = writes_done() - writes
+        ahead = {o: calls_ahead(o) - n for o, n in ahead.items()}
     judged_alone = alone.pop("FactResolutionOutput")
     judged_together = together.pop("FactResolutionOutput")
     assert not any("(message " in u for u in judged_alone)
@@ -465,8 +473,16 @@ async def test_a_conversation_resolved_and_written_together_writes_as_one_at_a_t
         assert failed == joint[:1]
     else:
         assert len(judged_together) < len(judged_alone)
+    # Entity judging: every one-at-a-time request, and the calls started ahead on a guess
+    # (a new plan's judging, while the messages before it are judged and written) that were
+    # not the real request; the ones that were served it.
+    asked_alone = Counter(alone.pop("EntityResolutionOutput"))
+    asked_together = Counter(together.pop("EntityResolutionOutput"))
+    assert asked_alone  # new plans were searched for and judged
+    assert not asked_alone - asked_together
+    assert (asked_together - asked_alone).total() == ahead["unused"]
+    assert ahead["used"] > 0
     assert together == alone
     assert batches_done() > batches
     assert writes < len(PLANS)
-    assert alone["EntityResolutionOutput"]  # new plans were searched for and judged
     assert any(o[4] for o in alone["outcomes"])  # plans were closed
