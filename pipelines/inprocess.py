@@ -233,7 +233,11 @@ class InProcessChain:
         """The ordered stages of the head of ``in_flight`` and of the episodes after it whose
         extraction is already done (``most`` in all): consecutive extracted ones as one unit
         (``pipelines.batches.process_extractions``: one read, one write), the others alone.
-        It never waits for an extraction beyond the head's."""
+        It never waits for an extraction beyond the head's: once the head's is over, the ones
+        after it that are over too (the episodes of its joint call) join the unit."""
+        head = in_flight[0][1]
+        if head is not None and not head.done():
+            await asyncio.wait([head])
         run = [in_flight.popleft()]
         while in_flight and len(run) < most and _extracted(in_flight[0][1]):
             run.append(in_flight.popleft())

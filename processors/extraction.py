@@ -111,9 +111,13 @@ class ExtractionStep:
         episode is remembered. The same answers as preparing them one after the other: every
         earlier episode of the group is stored or remembered either way. None for an episode
         whose read failed (as ``prepare`` would have raised, it is not remembered)."""
-        reads = await asyncio.gather(
-            *(self._reads(episode) for episode in episodes), return_exceptions=True
-        )
+        reads: list[tuple[bool, list[EpisodeRecord]] | BaseException]
+        try:
+            reads = list(await self._reads_together(episodes))
+        except Exception:  # one of them fails (a reused id): each alone, to find which
+            reads = await asyncio.gather(
+                *(self._reads(episode) for episode in episodes), return_exceptions=True
+            )
         prepared: list[Prepared | None] = []
         for episode, read in zip(episodes, reads, strict=True):
             if isinstance(read, BaseException):
@@ -135,6 +139,29 @@ class ExtractionStep:
         if self.context is not None:
             self.context.remember(episode)
         return Prepared(episode, processed, context)
+
+    async def _reads_together(
+        self, episodes: list[Episode]
+    ) -> list[tuple[bool, list[EpisodeRecord]]]:
+        """``_reads`` of consecutive episodes of one group: their processed markers in one
+        read, their stored contexts in another, both at once."""
+        group = episodes[0].group_id
+        if any(e.group_id != group for e in episodes):
+            raise ValueError("episodes of one group")
+        markers = (
+            self.store.episode_markers(group, [(e.uuid, e.content_hash) for e in episodes])
+            if self.store is not None
+            else _no_markers()
+        )
+        stored = (
+            self.context.store.recent_episodes_before(
+                group, [e.reference_time for e in episodes], self.context_episodes
+            )
+            if self.context is not None and self.context_episodes > 0
+            else _no_contexts(len(episodes))
+        )
+        processed, contexts = await asyncio.gather(markers, stored)
+        return [(e.uuid in processed, c) for e, c in zip(episodes, contexts, strict=True)]
 
     async def _reads(self, episode: Episode) -> tuple[bool, list[EpisodeRecord]]:
         """The processed check and the stored context of ``episode``, at once: they are on
@@ -369,3 +396,11 @@ def from_llm_output(episode: Episode, output: ExtractionOutput) -> Extraction:
             )
         )
     return Extraction(episode=episode, entities=entities, facts=facts, llm_calls=1)
+
+
+async def _no_markers() -> dict[str, list[str]]:
+    return {}
+
+
+async def _no_contexts(n: int) -> list[list[EpisodeRecord]]:
+    return [[] for _ in range(n)]

@@ -1128,7 +1128,8 @@ async def test_a_store_error_before_any_stage_fails_only_that_episode(
     ]
 
     class Flaky:
-        """The real store, except that reading one episode's marker fails."""
+        """The real store, except that reading one episode's marker fails (alone, or with
+        the markers of the episodes extracted with it)."""
 
         def __getattr__(self, name: str) -> Any:
             return getattr(store, name)
@@ -1139,6 +1140,13 @@ async def test_a_store_error_before_any_stage_fails_only_that_episode(
             if uuid == episodes[1].uuid:
                 raise ConnectionError("Neo4j went away")
             return await store.episode_processed(group, uuid, content_hash)
+
+        async def episode_markers(
+            self, group: str, asked: list[tuple[str, str | None]]
+        ) -> dict[str, list[str]]:
+            if any(uuid == episodes[1].uuid for uuid, _ in asked):
+                raise ConnectionError("Neo4j went away")
+            return await store.episode_markers(group, asked)
 
     chain = InProcessChain(
         store=Flaky(),  # type: ignore[arg-type]

@@ -338,6 +338,13 @@ async def test_recent_episodes_order_limit_and_before(
     # an aware time in another zone is the same instant
     before = day(4).astimezone(timezone(timedelta(hours=-5)))
     assert producers(await store.recent_episodes(group, before, 1)) == ["msg-3"]
+    # several times at once: each as asked alone, in the order asked
+    befores = [day(4), day(1), FAR_FUTURE, before, day(3)]
+    together = await store.recent_episodes_before(group, befores, 2)
+    assert together == [await store.recent_episodes(group, b, 2) for b in befores]
+    assert [producers(eps) for eps in together][2] == ["msg-4", "msg-5"]
+    assert await store.recent_episodes_before(group, befores, 0) == [[]] * len(befores)
+    assert await store.recent_episodes_before(group, [], 2) == []
 
 
 # ----------------------------------------------------------------------------- entities

@@ -148,6 +148,13 @@ class GraphStore(abc.ABC):
     ) -> list[EpisodeRecord]:
         """Up to ``limit`` episodes with ``valid_at < before``, oldest first."""
 
+    async def recent_episodes_before(
+        self, group_id: str, befores: list[datetime], limit: int
+    ) -> list[list[EpisodeRecord]]:
+        """``recent_episodes`` for each of ``befores``, in order (a store with round trips
+        answers them in one)."""
+        return [await self.recent_episodes(group_id, before, limit) for before in befores]
+
     # ---------------------------------------------------------------- entities
     @abc.abstractmethod
     async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:

@@ -140,6 +140,19 @@ ORDER BY ep.valid_at DESC, ep.uuid DESC
 LIMIT $limit
 """
 
+# RECENT_EPISODES for several times at once, in the order of $befores.
+RECENT_EPISODES_BEFORE = """
+UNWIND range(0, size($befores) - 1) AS i
+CALL (i) {
+  MATCH (ep:Episodic)
+  WHERE ep.group_id = $group_id AND ep.valid_at < $befores[i]
+  WITH ep ORDER BY ep.valid_at DESC, ep.uuid DESC LIMIT $limit
+  RETURN collect(ep {.*}) AS eps
+}
+RETURN i, eps
+ORDER BY i
+"""
+
 PRODUCER_IDS = """
 MATCH (ep:Episodic)
 WHERE ep.uuid IN $uuids AND ep.group_id = $group_id

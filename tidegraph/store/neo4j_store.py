@@ -15,7 +15,14 @@ from neo4j import AsyncGraphDatabase, basic_auth
 from tidegraph.connections import neo4j_driver_options
 from tidegraph.metrics import STORE_BATCH_SIZE
 from tidegraph.records.asof import AsOf
-from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
+from tidegraph.records.graph import (
+    EntityLookup,
+    EntityRecord,
+    EpisodeRecord,
+    EpisodeWrite,
+    FactRecord,
+)
+from tidegraph.records.times import utc
 from tidegraph.settings import Settings
 from tidegraph.store import errors, neo4j_search_queries
 from tidegraph.store import neo4j_queries as q
@@ -30,6 +37,7 @@ from tidegraph.store.rows import (
     closure_row,
     entity_record,
     entity_row,
+    episode_record,
     episode_row,
     fact_of,
     fact_record,
@@ -214,6 +222,15 @@ class Neo4jStore(StoreCore):
             errors.check_same_episode(row["uuid"], row["content_hash"], hashes[row["uuid"]])
             found[row["uuid"]] = list(row["created_entities"] or [])
         return found
+
+    async def recent_episodes_before(
+        self, group_id: str, befores: list[datetime], limit: int
+    ) -> list[list[EpisodeRecord]]:
+        if limit <= 0 or not befores:
+            return [[] for _ in befores]
+        params = {"group_id": group_id, "befores": [utc(b) for b in befores], "limit": limit}
+        rows = await self.ex.rows(q.RECENT_EPISODES_BEFORE, params)
+        return [[episode_record(ep) for ep in reversed(row["eps"])] for row in rows]
 
     async def read_batch(
         self,
