@@ -12,6 +12,7 @@ aliases, the counts, and what each episode's write summary reported.
 
 from __future__ import annotations
 
+import threading
 import uuid as uuidlib
 from collections import Counter
 from datetime import timedelta
@@ -235,24 +236,45 @@ async def test_llm_extractions_run_ahead_with_the_prompts_and_graph_of_one_at_a_
     store: GraphStore,
 ) -> None:
     """A conversation's extraction calls run ahead of its ordered stages (several in flight at
-    once), with exactly the prompts (context included, a late message too) and the graph of
-    one episode at a time."""
-    with ScriptedLLMServer(latency_seconds=0.2) as server:
+    once: the first answer is held until three extractions were asked), with exactly the
+    prompts (context included, a late message too) and the graph of one episode at a time."""
+    held = HeldFirst(3)
+    with ScriptedLLMServer(latency_seconds=0.05) as server:
         on_extraction(server, answer_extraction)
         server.on("EntityResolutionOutput", lambda _: {"matches": []})
         server.on("FactResolutionOutput", lambda _: {"judgements": []})
         alone = await text_run(store, server, ahead=False)
+        on_extraction(server, held)
         ahead = await text_run(store, server, ahead=True)
-    order_alone, order_ahead = alone.pop("order"), ahead.pop("order")
+    order_alone = alone.pop("order")
+    ahead.pop("order")
     assert ahead == alone
     assert len(alone["extraction_prompts"]) == len(TEXT)
     assert "Previous episodes" in alone["extraction_prompts"][-1]
     # one at a time, an episode's judging calls come before the next extraction (the first
-    # episode has nothing to judge); ahead, the next extractions are asked while the first
-    # ones are answered (how many depends on how fast the store answers the preparing reads
-    # within an answer's latency: at least three)
+    # episode has nothing to judge); ahead, three extractions were asked while the first
+    # one's answer was held
     assert order_alone[:3] == [EXTRACTION, EXTRACTION, FACTS]
-    assert order_ahead[:3] == [EXTRACTION] * 3
+    assert held.reached
+
+
+class HeldFirst:
+    """An extraction handler that holds its first answer until ``n`` extraction requests
+    have arrived (``reached``), or 10 s have passed (one at a time, they never would)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.arrived = 0
+        self.reached = False
+        self.changed = threading.Condition()
+
+    def __call__(self, request: FakeRequest) -> dict[str, Any]:
+        with self.changed:
+            self.arrived += 1
+            self.changed.notify_all()
+            if self.arrived == 1:
+                self.reached = self.changed.wait_for(lambda: self.arrived >= self.n, 10.0)
+        return answer_extraction(request)
 
 
 @pytest.mark.parametrize("fault", [None, "500", "omitted"])

@@ -381,7 +381,13 @@ CALL (draft) {{
   LIMIT $limit
   RETURN collect([e.uuid, score]) AS fulltext_hits
 }}
-RETURN i, small, vector_hits, fulltext_hits
+CALL (vector_hits, fulltext_hits) {{
+  UNWIND [h IN vector_hits | h[0]] + [h IN fulltext_hits | h[0]] AS u
+  WITH DISTINCT u
+  MATCH (e:Entity {{uuid: u}})
+  RETURN collect({{e: e {{.*}}, community_uuid: {COMMUNITY_OF_E}}}) AS records
+}}
+RETURN i, small, vector_hits, fulltext_hits, records
 """
 
 # ---- facts

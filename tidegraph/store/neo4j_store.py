@@ -259,8 +259,9 @@ class Neo4jStore(StoreCore):
     async def entity_candidates(
         self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
     ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
-        """Two round trips for a small group (``q.ENTITY_CANDIDATES``, then the records of
-        every hit at once); a larger one, or a search without an embedding, as the base."""
+        """One statement for a small group (``q.ENTITY_CANDIDATES``: the hits of every
+        search with their records); a larger one, or a search without an embedding, as the
+        base."""
         dim = await self._embedding_dim()
         vectors = [check_embedding(e, dim, "query embedding") for _, e in searches]
         if not searches or limit <= 0 or any(v is None for v in vectors):
@@ -278,8 +279,11 @@ class Neo4jStore(StoreCore):
         rows = sorted(await self.ex.rows(q.ENTITY_CANDIDATES, params), key=lambda r: r["i"])
         if not all(row["small"] for row in rows):
             return await super().entity_candidates(group_id, searches, limit)
-        hit_uuids = [u for row in rows for u, _ in [*row["vector_hits"], *row["fulltext_hits"]]]
-        records = {e.uuid: e for e in await self.entities_by_uuids(group_id, hit_uuids)}
+        records = {
+            found["e"]["uuid"]: entity_record(found["e"], found["community_uuid"])
+            for row in rows
+            for found in row["records"]
+        }
         answers = []
         for row in rows:
             nearest = top(((u, min(1.0, max(0.0, float(s)))) for u, s in row["vector_hits"]), limit)
