@@ -54,19 +54,12 @@ class RecentEpisodes:
         """Drop what this worker remembers (its partitions were revoked)."""
         self._groups.clear()
 
-    async def recent_episodes(
-        self, group_id: str, before: datetime, limit: int
-    ) -> list[EpisodeRecord]:
-        if limit <= 0:
-            return []
-        stored = await self.store.recent_episodes(group_id, before, limit)
-        return self.merged(group_id, before, limit, stored)
-
     def merged(
         self, group_id: str, before: datetime, limit: int, stored: list[EpisodeRecord]
     ) -> list[EpisodeRecord]:
-        """``recent_episodes`` from the store's answer ``stored`` (read earlier, maybe
-        concurrently with other reads): merged with the remembered episodes as they are now."""
+        """The ``limit`` latest episodes before ``before``: the store's answer ``stored``
+        (``GraphStore.recent_episodes``, read earlier, maybe with other reads) merged with
+        the remembered episodes as they are now."""
         if limit <= 0:
             return []
         merged = {r.uuid: r for r in stored}

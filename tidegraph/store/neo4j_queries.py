@@ -385,6 +385,7 @@ CALL (vector_hits, fulltext_hits) {{
   UNWIND [h IN vector_hits | h[0]] + [h IN fulltext_hits | h[0]] AS u
   WITH DISTINCT u
   MATCH (e:Entity {{uuid: u}})
+  WHERE e.group_id = $group_id
   RETURN collect({{e: e {{.*}}, community_uuid: {COMMUNITY_OF_E}}}) AS records
 }}
 RETURN i, small, vector_hits, fulltext_hits, records
