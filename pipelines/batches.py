@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -25,10 +26,12 @@ from processors.invalidation import InvalidationStep
 from processors.resolution import ResolutionStep
 from processors.speculation import Peek, SharedCalls, Starting, try_ahead
 from processors.steps import Components
+from tidegraph.embed.cache import CachingEmbedder
 from tidegraph.metrics import BATCH_EPISODES, BATCHES, STAGE_EVENTS, STAGE_LATENCY
 from tidegraph.records.episode import Episode
 from tidegraph.records.stages import Extraction, Processed, StampedEpisode, WriteSummary
 from tidegraph.store.base import BatchWriteError, GraphStore
+from tidegraph.store.hits import EPISODE_EMBED_CHARS
 from topics.chain import CHAIN, build_steps
 
 log = logging.getLogger(__name__)
@@ -81,22 +84,25 @@ async def process_extractions(
             finally:
                 shared.close()
         else:
+            await _embed_ahead(components, extractions)
             steps = build_steps(
                 dataclasses.replace(components, store=cast(GraphStore, view)), CHAIN[1:]
             )
-            for item in extractions:
-                try:
-                    summary, steps_counted = await _through(steps, item)
-                    summaries.append(summary)
-                    counted.append(steps_counted)
-                except BatchWriteError:
-                    raise  # the held writes the view flushed for a search
-                except Exception as exc:
-                    if not summaries:
-                        raise
-                    # The episodes before it are exact: written; it goes alone.
-                    log.info("batch stops before episode %s: %s", item.episode.id, exc)
-                    break
+            async with in_memory_turn():
+                for item in extractions:
+                    await asyncio.sleep(0)  # the loop serves I/O between episodes
+                    try:
+                        summary, steps_counted = await _through(steps, item)
+                        summaries.append(summary)
+                        counted.append(steps_counted)
+                    except BatchWriteError:
+                        raise  # the held writes the view flushed for a search
+                    except Exception as exc:
+                        if not summaries:
+                            raise
+                        # The episodes before it are exact: written; it goes alone.
+                        log.info("batch stops before episode %s: %s", item.episode.id, exc)
+                        break
         written = await view.flush()
     except BatchWriteError as exc:
         BATCHES.labels("fallback").inc()
@@ -112,6 +118,41 @@ async def process_extractions(
     BATCH_EPISODES.observe(len(summaries))
     _count(counted)
     return _with_written(summaries, written)
+
+
+def in_memory_turn() -> asyncio.Lock:
+    """The turn of a unit's in-memory work on this event loop: one unit at a time.
+
+    The work is CPU-bound on one thread either way. Interleaved, the units of all groups
+    would finish together and their writes would queue behind each other while the store
+    idles (a convoy: read, compute, write, each in turn for everyone); one at a time, the
+    first unit's write runs while the next one computes. Between episodes the holder yields
+    to the event loop, so the store's round trips are served meanwhile."""
+    loop = asyncio.get_running_loop()
+    turn = _TURNS.get(loop)
+    if turn is None:
+        turn = _TURNS[loop] = asyncio.Lock()
+    return turn
+
+
+_TURNS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _embed_ahead(components: Components, extractions: Sequence[Extraction]) -> None:
+    """Every text the unit's steps may embed (entity names, the facts but closing ones, the
+    content when mapped content is embedded), in one call before its turn: the steps then
+    find them in the embedder's cache, and the turn waits on no embedding service."""
+    if not isinstance(components.embedder, CachingEmbedder):
+        return
+    texts: dict[str, None] = {}
+    for extraction in extractions:
+        texts.update(dict.fromkeys(entity.name for entity in extraction.entities))
+        texts.update(dict.fromkeys(fact.fact for fact in extraction.facts if not fact.closes))
+        if components.embed_mapped_content:
+            texts[extraction.episode.content_text()[:EPISODE_EMBED_CHARS]] = None
+    await components.embedder.warm(list(texts))
 
 
 async def _judged_runs(

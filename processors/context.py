@@ -33,10 +33,11 @@ class RecentEpisodes:
         recent = self._groups.pop(episode.group_id, None)
         if recent is None:
             recent = deque(maxlen=self.per_group)
-        if all(r.uuid != episode.uuid for r in recent):
+        uuid = episode.uuid
+        if all(r.uuid != uuid for r in recent):
             recent.append(
                 EpisodeRecord(
-                    uuid=episode.uuid,
+                    uuid=uuid,
                     group_id=episode.group_id,
                     name=episode.name or episode.id,
                     source=episode.source,

@@ -151,6 +151,20 @@ def test_the_content_hash_tells_a_resent_episode_from_a_reused_id() -> None:
     assert len({first.content_hash, other.content_hash, later.content_hash}) == 3
 
 
+def test_a_copy_with_other_fields_has_their_uuid_and_hash() -> None:
+    # An episode's uuid and content hash are computed once; a copy with other ids or
+    # content must not keep the original's.
+    first = parse_episode(envelope(content="hello"))
+    uuid, content_hash = first.uuid, first.content_hash  # computed (and cached) first
+    moved = first.model_copy(update={"group_id": "elsewhere"})
+    edited = first.model_copy(update={"content": "hello, world"})
+    assert moved.uuid == parse_episode(envelope(group_id="elsewhere", content="hello")).uuid
+    assert moved.uuid != uuid
+    assert edited.content_hash == parse_episode(envelope(content="hello, world")).content_hash
+    assert edited.content_hash != content_hash
+    assert first.model_copy().uuid == uuid
+
+
 def test_reading_a_file_reports_every_bad_line_with_its_reason_and_goes_on() -> None:
     lines = [
         envelope(id="ok-1"),

@@ -95,3 +95,21 @@ async def test_caching_embedder_embeds_each_text_once() -> None:
     assert calls == [["x", "y"], ["z"], ["x"]]
     with pytest.raises(ValueError):
         CachingEmbedder(inner, max_texts=0)
+
+
+async def test_warming_the_cache_embeds_the_missing_texts_in_one_call() -> None:
+    calls: list[list[str]] = []
+    inner = HashingEmbedder(dim=64)
+    original = inner.embed
+
+    async def counted(texts: list[str]) -> list[list[float]]:
+        calls.append(list(texts))
+        return await original(texts)
+
+    inner.embed = counted  # type: ignore[method-assign]
+    cached = CachingEmbedder(inner)
+    await cached.embed(["a"])
+    await cached.warm(["a", "b", "c", "b"])
+    await cached.warm(["c"])
+    assert await cached.embed(["b", "c", "a"]) == await original(["b", "c", "a"])
+    assert calls == [["a"], ["b", "c"]]

@@ -40,6 +40,14 @@ class CachingEmbedder(Embedder):
             self._remember(text, vector)
         return [list(fresh[t]) if t in fresh else cached[t].tolist() for t in texts]
 
+    async def warm(self, texts: list[str]) -> None:
+        """Embed, in one call, those of ``texts`` not cached yet (a unit's texts before its
+        in-memory work: ``pipelines.batches``)."""
+        missing = list(dict.fromkeys(t for t in texts if t not in self._vectors))
+        if missing:
+            for text, vector in zip(missing, await self.inner.embed(missing), strict=True):
+                self._remember(text, vector)
+
     def _remember(self, text: str, vector: list[float]) -> None:
         self._vectors[text] = array("d", vector)
         while len(self._vectors) > self.max_texts:

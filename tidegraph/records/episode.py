@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any, Literal
 
 import orjson
@@ -62,7 +63,9 @@ class Episode(BaseModel):
     ``reference_time`` is epoch seconds. Validation never raises anything but pydantic's
     ValidationError; custom problems carry their dead-letter reason as the error type."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    # Frozen: its uuid and content hash are computed once (an episode passes through every
+    # stage, each asking for them).
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
 
     id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     group_id: str = Field(min_length=1, max_length=MAX_GROUP_ID_CHARS)
@@ -146,7 +149,14 @@ class Episode(BaseModel):
             )
         return v
 
-    @property
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Episode:
+        copy = super().model_copy(update=update, deep=deep)
+        if update:  # other fields: what was computed from the old ones goes
+            for name in _COMPUTED:
+                copy.__dict__.pop(name, None)
+        return copy
+
+    @cached_property
     def uuid(self) -> str:
         return stable_uuid("episode", self.group_id, self.id)
 
@@ -155,7 +165,7 @@ class Episode(BaseModel):
             return self.content
         return _canonical_json(self.content)
 
-    @property
+    @cached_property
     def content_hash(self) -> str:
         """What identifies the episode's content (everything but its ids): a re-sent episode
         has the same hash; an id reused for other content has another."""
@@ -171,6 +181,9 @@ class Episode(BaseModel):
             ).encode()
         ).hexdigest()
 
+
+# Episode's cached properties.
+_COMPUTED = ("uuid", "content_hash")
 
 _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 
