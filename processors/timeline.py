@@ -86,14 +86,38 @@ def plan_facts(
     decisions: dict[int, FactDecision] | None = None,
 ) -> FactPlan:
     """Decide every new fact of one episode against the stored facts (see module doc)."""
-    # Copies (the caller's records stay as they were); only the episode lists are mutated,
-    # so the embeddings are shared rather than deep-copied.
-    state = {f.uuid: f.model_copy(update={"episodes": list(f.episodes)}) for f in existing}
+    embeddings = embeddings or {}
+    decisions = decisions or {}
+    # Copies of the facts this can change (the caller's records stay as they were): those
+    # of a new fact's subject and relation, and those a judgement names. Only their episode
+    # lists are mutated in place, so the embeddings are shared rather than deep-copied.
+    pairs = {(new.source_uuid, new.relation) for new in stamped}
+    named = {u for d in decisions.values() for u in (d.duplicate_of, *d.contradicts) if u}
+    state = {
+        f.uuid: (
+            f.model_copy(update={"episodes": list(f.episodes)})
+            if (f.source_uuid, f.name) in pairs or f.uuid in named
+            else f
+        )
+        for f in existing
+    }
     stored = set(state)
     plan = FactPlan()
     touched: set[str] = set()
-    embeddings = embeddings or {}
-    decisions = decisions or {}
+    # The facts of each subject and relation, in ``state``'s order.
+    by_pair: dict[tuple[str, str], list[FactRecord]] = {}
+    for f in state.values():
+        by_pair.setdefault((f.source_uuid, f.name), []).append(f)
+
+    def put(record: FactRecord) -> None:
+        if record.uuid in state:  # replaced in place: the order is the dict's
+            state[record.uuid] = record
+            by_pair.clear()
+            for f in state.values():
+                by_pair.setdefault((f.source_uuid, f.name), []).append(f)
+            return
+        state[record.uuid] = record
+        by_pair.setdefault((record.source_uuid, record.name), []).append(record)
 
     def close(target: FactRecord, at: datetime, *, counted: bool = True) -> None:
         if target.invalid_at is not None and target.invalid_at <= at:
@@ -105,9 +129,7 @@ def plan_facts(
 
     for i, new in enumerate(stamped):
         t = new.valid_at
-        same_pair = [
-            f for f in state.values() if f.source_uuid == new.source_uuid and f.name == new.relation
-        ]
+        same_pair = list(by_pair.get((new.source_uuid, new.relation), ()))
         if new.closes:
             for f in same_pair:
                 if (new.target_uuid is None or f.target_uuid == new.target_uuid) and valid_at_time(
@@ -134,7 +156,7 @@ def plan_facts(
                     expired_at=now,
                     cardinality=new.cardinality,
                 )
-                state[marker.uuid] = marker
+                put(marker)
                 touched.add(marker.uuid)
             elif episode_uuid not in marker.episodes:
                 marker.episodes.append(episode_uuid)
@@ -202,7 +224,7 @@ def plan_facts(
             plan.born_closed += 1
         plan.new += 1
         plan.became[i] = record.uuid
-        state[record.uuid] = record
+        put(record)
         touched.add(record.uuid)
 
     for uuid in sorted(touched):

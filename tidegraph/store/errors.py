@@ -5,7 +5,8 @@ a write touches, then runs these checks, then writes: a refused write changes no
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import ChainMap
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from tidegraph.records.graph import EpisodeWrite
@@ -122,7 +123,8 @@ def check_write(
     ``written_fact_uuids``). The write's own upserts count as the group's entities."""
     upserted, _ = written_entity_uuids(write)
     check_entity_owners(group_id, {u: owners[u] for u in upserted if u in owners})
-    entity_groups = {**owners, **dict.fromkeys(upserted, group_id)}
+    # A view, not a merged copy: ``owners`` holds every entity of a whole group commit.
+    entity_groups = ChainMap(dict.fromkeys(upserted, group_id), owners)
     check_episode_write(group_id, write, episode_group, entity_groups, facts)
 
 
@@ -130,7 +132,7 @@ def check_episode_write(
     group_id: str,
     write: EpisodeWrite,
     episode_group: str | None,
-    entity_groups: dict[str, str],
+    entity_groups: Mapping[str, str],
     facts: dict[str, StoredFact],
 ) -> None:
     """Refuse a write that would cross groups or point at missing entities or facts.
