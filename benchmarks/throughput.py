@@ -51,7 +51,7 @@ from typing import Any
 
 import orjson
 
-from benchmarks.kafka_throughput import KafkaPath, peak_rss_mb, run_kafka_path
+from benchmarks.kafka_throughput import KafkaPath, peak_rss_mb, run_kafka_path, settle
 from tidegraph.records.episode import Episode
 from tidegraph.records.ids import normalize_name, stable_uuid
 from tidegraph.records.stages import Extraction
@@ -385,35 +385,6 @@ async def neo4j_version(uri: str) -> str | None:
             return str(found.records[0]["v"])
     except Exception:  # noqa: BLE001 - informational only
         return None
-
-
-def settle(timeout: float = 60.0) -> float | None:
-    """Wait until the local Neo4j server is idle (under a tenth of a core over two half-second
-    windows, read from /proc) and give the seconds waited: what the previous path wrote and
-    deleted is flushed before the next path starts, not during it (measured: in-process right
-    after the raw path ran at 0.43-0.51 of raw, right after a Kafka run at 0.59). None when the
-    server is not one ``tidegraph services up`` started here."""
-    from tidegraph.app.local_services import LocalServices
-    from tidegraph.settings import Settings
-
-    found = [s.pid for s in LocalServices(Settings()).status() if s.name == "neo4j" and s.running]
-    if not found or found[0] is None:
-        return None
-    pid = found[0]
-    ticks = os.sysconf("SC_CLK_TCK")
-
-    def cpu_seconds() -> float:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
-
-    began = time.perf_counter()
-    quiet, last = 0, cpu_seconds()
-    while quiet < 2 and time.perf_counter() - began < timeout:
-        time.sleep(0.5)  # a measuring window, not a synchronisation
-        now = cpu_seconds()
-        quiet = quiet + 1 if now - last < 0.05 else 0
-        last = now
-    return round(time.perf_counter() - began, 1)
 
 
 def run_path(name: str, args: argparse.Namespace, spec: FeedSpec, run_id: str) -> dict[str, Any]:

@@ -273,7 +273,7 @@ def stage_agent(
         backlog: KeyedBacklog[faust.EventT] = KeyedBacklog(handler.group_take)
         # noack_take is faust-streaming's, missing from its StreamT stub
         batches: AsyncIterator[Sequence[faust.EventT]] = stream.noack_take(  # type: ignore[attr-defined]
-            worker.batch_size, within=worker.batch_within_seconds
+            worker.batch_size, within=worker.batch_within(handler.stage)
         )
         try:
             async for events in batches:

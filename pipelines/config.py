@@ -22,6 +22,20 @@ class WorkerSettings(BaseSettings):
     batch_within_seconds: float = Field(
         0.2, gt=0, description="Longest wait to fill a micro-batch before processing it."
     )
+    extraction_batch_within_seconds: float = Field(
+        0.05,
+        gt=0,
+        description="The same for the extraction hop: its micro-batches only group the "
+        "records of a job, and a group's records waiting behind a busy lane are taken "
+        "together anyway.",
+    )
+
+    def batch_within(self, stage: str) -> float:
+        """The micro-batch wait of the hop that starts with ``stage``."""
+        if stage == "extraction":
+            return self.extraction_batch_within_seconds
+        return self.batch_within_seconds
+
     max_in_flight: int = Field(
         128, ge=1, description="Most records a stage has admitted at once (all groups)."
     )
