@@ -76,7 +76,8 @@ async def test_transactions_overlap_across_keys_but_never_within_one() -> None:
     assert [i for i in committed if i[0] == "b"] == ["b1", "b2"]
 
 
-async def test_caching_embedder_embeds_each_text_once() -> None:
+def counted_embedder() -> tuple[HashingEmbedder, list[list[str]]]:
+    """A hashing embedder that records the texts of each call it is given."""
     calls: list[list[str]] = []
     inner = HashingEmbedder(dim=64)
     original = inner.embed
@@ -86,6 +87,12 @@ async def test_caching_embedder_embeds_each_text_once() -> None:
         return await original(texts)
 
     inner.embed = counted  # type: ignore[method-assign]
+    return inner, calls
+
+
+async def test_caching_embedder_embeds_each_text_once() -> None:
+    inner, calls = counted_embedder()
+    original = HashingEmbedder(dim=64).embed
     cached = CachingEmbedder(inner, max_texts=2)
     first = await cached.embed(["x", "y", "x"])
     assert first == await original(["x", "y", "x"])
@@ -98,15 +105,8 @@ async def test_caching_embedder_embeds_each_text_once() -> None:
 
 
 async def test_warming_the_cache_embeds_the_missing_texts_in_one_call() -> None:
-    calls: list[list[str]] = []
-    inner = HashingEmbedder(dim=64)
-    original = inner.embed
-
-    async def counted(texts: list[str]) -> list[list[float]]:
-        calls.append(list(texts))
-        return await original(texts)
-
-    inner.embed = counted  # type: ignore[method-assign]
+    inner, calls = counted_embedder()
+    original = HashingEmbedder(dim=64).embed
     cached = CachingEmbedder(inner)
     await cached.embed(["a"])
     await cached.warm(["a", "b", "c", "b"])
