@@ -31,7 +31,7 @@ lint: install
 	$(BIN)/mypy
 
 services-up: install
-	$(BIN)/tidegraph services up
+	$(BIN)/python -m tests.support.local_services up
 
 services-down: install
-	$(BIN)/tidegraph services down
+	$(BIN)/python -m tests.support.local_services down

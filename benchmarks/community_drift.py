@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from processors.communities import (
+from tidegraph.processors.communities import (
     adjusted_mutual_info,
     adjusted_rand_index,
     assign_by_majority,

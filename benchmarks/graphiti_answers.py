@@ -1,6 +1,6 @@
 """Fair answers: the fake LLM answers tidegraph and Graphiti from the same ground truth.
 
-Both systems run against one :class:`~tidegraph.testing.fake_llm.ScriptedLLMServer` with a
+Both systems run against one :class:`~tests.support.fake_llm.ScriptedLLMServer` with a
 fixed latency per request. ``FairAnswers.install`` registers a handler per JSON-schema name:
 
 * **extraction**, tidegraph ``ExtractionOutput`` (``EpisodesExtractionOutput`` for several
@@ -39,8 +39,8 @@ from collections import Counter
 from typing import Any
 
 from benchmarks.text_feed import ONE_VALUED, FeedEpisode, FeedIndex, TruthFact
-from tidegraph.testing.extraction_requests import joint_answer
-from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
+from tests.support.extraction_requests import joint_answer
+from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
 
 SUMMARY_CHARS = 400
 

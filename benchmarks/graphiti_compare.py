@@ -156,7 +156,7 @@ def run_process(cmd: list[str], env: dict[str, str], log: Path) -> None:
 
 @contextmanager
 def fake_llm(feed: list[FeedEpisode], latency_ms: float) -> Iterator[tuple[Any, FairAnswers]]:
-    from tidegraph.testing.fake_llm import ScriptedLLMServer
+    from tests.support.fake_llm import ScriptedLLMServer
 
     answers = FairAnswers(FeedIndex(feed))
     with ScriptedLLMServer(
@@ -397,7 +397,7 @@ async def drop_indexes(uri: str, names: list[str]) -> None:
 
 
 async def tidegraph_schema(uri: str) -> None:
-    from tidegraph.store.neo4j_store import Neo4jStore
+    from tidegraph.stores.neo4j.store import Neo4jStore
 
     store = Neo4jStore(uri)
     try:
@@ -468,7 +468,7 @@ def graphiti_schema(ctx: RunContext) -> Iterator[list[str]]:
 
 
 def tidegraph_index_names() -> set[str]:
-    from tidegraph.store import neo4j_queries
+    from tidegraph.stores.neo4j import queries as neo4j_queries
 
     return {
         m.group(1)

@@ -2,15 +2,15 @@
 
     python -m benchmarks.graphiti_tidegraph_runner SPEC.json RESULT.json
 
-SPEC is the one benchmarks/graphiti_compare.py writes for both sides (``neo4j_uri``,
-``base_url``, ``model``, ``embedding_dim``, ``groups``: group_id -> episode envelopes in
-order; optionally ``profile``). The episodes go through the in-process pipeline
-(``pipelines.inprocess.ingest``: extraction -> resolution -> temporal -> invalidation + write,
-each group in order, every group at once) into the Neo4j store, with the hashing embedder and
-the real ``openai`` client (``LLMClient``) against the fake server. The client has no response
-cache and a rate limit far above what the fake server can answer, so every LLM request goes
-over HTTP and none waits for the limiter. A process of its own keeps the fake server's threads
-(in the comparing process) off this interpreter's GIL, as for Graphiti.
+SPEC is the one benchmarks/graphiti_compare.py writes for both sides (``neo4j_uri``, ``base_url``,
+``model``, ``embedding_dim``, ``groups``: group_id -> episode envelopes in order; optionally
+``profile``). The episodes go through the in-process pipeline
+(``tidegraph.pipelines.inprocess.ingest``: extraction -> resolution -> temporal -> invalidation +
+write, each group in order, every group at once) into the Neo4j store, with the hashing embedder and
+the real ``openai`` client (``LLMClient``) against the fake server. The client has no response cache
+and a rate limit far above what the fake server can answer, so every LLM request goes over HTTP and
+none waits for the limiter. A process of its own keeps the fake server's threads (in the comparing
+process) off this interpreter's GIL, as for Graphiti.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any
 
 import orjson
 
-from pipelines.inprocess import InProcessChain, ingest
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
+from tidegraph.pipelines.inprocess import InProcessChain, ingest
 from tidegraph.records.episode import Episode
-from tidegraph.store.neo4j_store import Neo4jStore
+from tidegraph.stores.neo4j.store import Neo4jStore
 
 
 def count_neo4j_queries() -> dict[str, int]:

@@ -35,15 +35,15 @@ from typing import Any
 
 import orjson
 
-from tidegraph.testing.crm_feed import CRM_MAPPING, CrmFeed, check_graph
-from tidegraph.testing.metrics import (
+from tests.support.crm_feed import CRM_MAPPING, CrmFeed, check_graph
+from tests.support.metrics import (
     free_port,
     histogram_quantile,
     metric_samples,
     metric_value,
     scrape,
 )
-from tidegraph.testing.processes import terminate_with_parent
+from tests.support.processes import terminate_with_parent
 
 __all__ = ["run_kafka_path"]
 
@@ -143,11 +143,10 @@ def settle(timeout: float = 60.0) -> float | None:
     windows, read from /proc) and give the seconds waited: what the previous path wrote and
     deleted is flushed before the next path (or phase) starts, not during it (measured:
     in-process right after the raw path ran at 0.43-0.51 of raw, right after a Kafka run at
-    0.59). None when the server is not one ``tidegraph services up`` started here."""
-    from tidegraph.app.local_services import LocalServices
-    from tidegraph.settings import Settings
+    0.59). None when the server is not one ``make services-up`` started from this checkout."""
+    from tests.support.local_services import LocalServices
 
-    found = [s.pid for s in LocalServices(Settings()).status() if s.name == "neo4j" and s.running]
+    found = [s.pid for s in LocalServices().status() if s.name == "neo4j" and s.running]
     if not found or found[0] is None:
         return None
     pid = found[0]
@@ -221,7 +220,7 @@ class _Run:
     async def phase(self, feed: CrmFeed, rate: float | None) -> dict[str, Any]:
         """Produce the feed (at ``rate``/s, or all at once), wait until it is in Neo4j,
         check it against the truth, delete its groups."""
-        from pipelines.client import produce_lines, wait_until_reflected
+        from tidegraph.topics.client import produce_lines, wait_until_reflected
 
         lines = [orjson.dumps(e) for e in feed.episodes]
         before = self.metrics()
@@ -245,7 +244,7 @@ class _Run:
 
     async def _read_graph(self, feed: CrmFeed) -> tuple[dict[str, datetime], dict[str, Any]]:
         """Each episode's created_at, the truth check and the counts; then the groups go."""
-        from tidegraph.store import open_store
+        from tidegraph.stores import open_store
 
         store = open_store(self.settings)
         written: dict[str, datetime] = {}
@@ -267,8 +266,8 @@ class _Run:
         return written, {"check": checked, "graph": counts}
 
     async def close(self) -> dict[str, Any]:
-        from topics.admin import delete_topics
-        from topics.names import TopicNames
+        from tidegraph.topics.admin import delete_topics
+        from tidegraph.topics.names import TopicNames
 
         rss = [peak_rss_mb(w.pid) for w in self.workers]
         codes = [stop_worker(w) for w in self.workers]

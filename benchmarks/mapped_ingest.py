@@ -2,7 +2,7 @@
 profiling).
 
 ``python -m benchmarks.mapped_ingest --records 5000 --store neo4j`` ingests the generated CRM
-feed (``tidegraph.testing.crm_feed``) in-process through the real pipeline into one store,
+feed (``tests.support.crm_feed``) in-process through the real pipeline into one store,
 prints events/s, checks every subject's current value against the feed's truth and writes
 ``benchmarks/results/mapped_ingest-<store>-<embedder>-<records>.json``. ``--keep`` leaves the
 groups in Neo4j; ``--profile`` writes a pyinstrument HTML profile next to the JSON. For every

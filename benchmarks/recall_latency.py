@@ -137,7 +137,7 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     from tidegraph.recall.context import build_context
     from tidegraph.recall.search import Searcher
     from tidegraph.settings import Settings
-    from tidegraph.store import open_store
+    from tidegraph.stores import open_store
 
     settings = Settings(store=args.store, data_dir=data_dir, neo4j_uri=args.neo4j_uri)
     store = open_store(settings)

@@ -215,7 +215,7 @@ def _settings(args: argparse.Namespace, data_dir: Path, llm_base_url: str | None
 
 
 async def _ingest(memory: Any, envelopes: list[dict[str, Any]]) -> dict[str, Any]:
-    from pipelines.inprocess import ingest
+    from tidegraph.pipelines.inprocess import ingest
     from tidegraph.records.episode import Episode
 
     episodes = [Episode.model_validate(e) for e in envelopes]
@@ -227,8 +227,8 @@ async def _ingest(memory: Any, envelopes: list[dict[str, Any]]) -> dict[str, Any
 async def run_support(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     from benchmarks.graphiti_answers import FairAnswers
     from benchmarks.text_feed import FeedIndex
+    from tests.support.fake_llm import ScriptedLLMServer
     from tidegraph.app.memory import Memory
-    from tidegraph.testing.fake_llm import ScriptedLLMServer
 
     feed = text_feed(args.episodes, args.groups, seed=args.seed)
     run = f"rq{int(time.time())}"

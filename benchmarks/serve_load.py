@@ -60,7 +60,7 @@ def start_server(port: int, data: Path, in_memory: bool) -> subprocess.Popen[byt
     env.setdefault("TIDEGRAPH_EMBEDDER", "hashing")
     env.setdefault("TIDEGRAPH_LOG_LEVEL", "ERROR")
     mapping = data / "mapping.yaml"
-    from tidegraph.testing.crm_feed import CRM_MAPPING
+    from tests.support.crm_feed import CRM_MAPPING
 
     mapping.write_text(CRM_MAPPING)
     env["TIDEGRAPH_MAPPINGS"] = str(mapping)
@@ -148,7 +148,7 @@ async def level(url: str, names: list[str], clients: int, total: int, route: str
 
 
 async def run(args: argparse.Namespace) -> None:
-    from tidegraph.testing.metrics import free_port
+    from tests.support.metrics import free_port
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"  # loopback only
@@ -191,7 +191,7 @@ async def _delete_seeded_group() -> None:
     """Leave a shared Neo4j as it was: the seeded episodes would otherwise wait there as
     pending (unextracted) for any worker with an LLM to sweep."""
     from tidegraph.settings import Settings
-    from tidegraph.store import open_store
+    from tidegraph.stores import open_store
 
     store = open_store(Settings())
     try:
@@ -205,8 +205,8 @@ def serve_in_memory(port: int) -> None:
     import uvicorn
 
     from tests.integration.serve_harness import in_memory_service
-    from tidegraph.app.serve import create_app
-    from tidegraph.app.serve_settings import KeyRing
+    from tidegraph.app.serving.http_api import create_app
+    from tidegraph.app.serving.settings import KeyRing
     from tidegraph.settings import Settings
 
     settings = Settings()

@@ -5,7 +5,7 @@ own batched write rate for the same rows.
     python -m benchmarks.throughput --records 2000 --paths raw,neo4j
     python -m benchmarks.throughput --records 10000 --paths raw,neo4j --repeat 3   # medians
 
-The feed is ``tidegraph.testing.crm_feed`` (deterministic ``--seed``; accounts changing plan
+The feed is ``tests.support.crm_feed`` (deterministic ``--seed``; accounts changing plan
 and owner, contacts joining and leaving, tickets opening, closing and reopening; a share of
 the records delivered late). Paths (``--paths``, comma-separated, in this order):
 
@@ -13,7 +13,8 @@ the records delivered late). Paths (``--paths``, comma-separated, in this order)
               with batched ``UNWIND ... MERGE`` straight through the neo4j driver (batches of
               ``--raw-batch``, one throwaway group, parameters only; embeddings computed
               outside the timing): rows/s and events/s, the limit the others are compared to;
-``embedded``  in-process (``pipelines.inprocess.ingest``, ``--concurrency`` groups at once)
+``embedded``  in-process (``tidegraph.pipelines.inprocess.ingest``, ``--concurrency`` groups at
+once)
               into the embedded SQLite store;
 ``neo4j``     the same into Neo4j;
 ``kafka-1w``  Kafka -> Faust workers -> Neo4j with one ``tidegraph worker`` process, then
@@ -52,10 +53,10 @@ from typing import Any
 import orjson
 
 from benchmarks.kafka_throughput import KafkaPath, peak_rss_mb, run_kafka_path, settle
+from tests.support.crm_feed import CRM_MAPPING, CrmFeed, check_graph, crm_mappings, generate
 from tidegraph.records.episode import Episode
 from tidegraph.records.ids import normalize_name, stable_uuid
 from tidegraph.records.stages import Extraction
-from tidegraph.testing.crm_feed import CRM_MAPPING, CrmFeed, check_graph, crm_mappings, generate
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -105,8 +106,8 @@ def run_in_process(job: InProcessJob) -> dict[str, Any]:
 
 
 async def _in_process(job: InProcessJob) -> dict[str, Any]:
-    from pipelines.inprocess import ingest
-    from pipelines.runtime import open_runtime
+    from tidegraph.pipelines.inprocess import ingest
+    from tidegraph.pipelines.runtime import open_runtime
     from tidegraph.settings import Settings
 
     feed = job.feed.build(job.prefix)
@@ -295,7 +296,7 @@ async def raw_baseline(feed: CrmFeed, uri: str, embedder_name: str, size: int) -
 
     from tidegraph.embed import make_embedder
     from tidegraph.settings import Settings
-    from tidegraph.store.neo4j_store import Neo4jStore
+    from tidegraph.stores.neo4j.store import Neo4jStore
 
     settings = Settings(store="neo4j", neo4j_uri=uri, embedder=embedder_name)
     embedder = make_embedder(settings)

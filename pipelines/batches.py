@@ -2,12 +2,12 @@
 (README "Batch-native stages"): mapped records, or LLM-extracted (text) ones.
 
 The chain's own steps run on each episode in order, as one at a time, against a
-``processors.batch_view.BatchView`` instead of the store: one read for the whole batch, each
-episode seeing the earlier ones' effects in memory, and one ``write_episodes`` call at the
-end (one transaction on Neo4j). When anything goes wrong (the view cannot answer a question
-exactly, a step fails, the write fails), the batch stops and the caller processes what was
-not committed one episode at a time, with the usual retries and dead letters: a failing
-episode is isolated exactly as without batches.
+``tidegraph.pipelines.batch_view.BatchView`` instead of the store: one read for the whole batch,
+each episode seeing the earlier ones' effects in memory, and one ``write_episodes`` call at the end
+(one transaction on Neo4j). When anything goes wrong (the view cannot answer a question exactly, a
+step fails, the write fails), the batch stops and the caller processes what was not committed one
+episode at a time, with the usual retries and dead letters: a failing episode is isolated exactly as
+without batches.
 """
 
 from __future__ import annotations
@@ -20,19 +20,19 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
-from processors.batch_view import BatchView, EntitiesAhead
-from processors.extraction import ExtractionStep
-from processors.invalidation import InvalidationStep
-from processors.resolution import ResolutionStep
-from processors.speculation import Peek, SharedCalls, Starting, try_ahead
-from processors.steps import Components
 from tidegraph.embed.cache import CachingEmbedder
 from tidegraph.metrics import BATCH_EPISODES, BATCHES, STAGE_EVENTS, STAGE_LATENCY
+from tidegraph.pipelines.batch_view import BatchView, EntitiesAhead
+from tidegraph.pipelines.chain import CHAIN, build_steps
+from tidegraph.pipelines.speculation import Peek, SharedCalls, Starting, try_ahead
+from tidegraph.processors.extraction import ExtractionStep
+from tidegraph.processors.invalidation import InvalidationStep
+from tidegraph.processors.resolution import ResolutionStep
+from tidegraph.processors.steps import Components
 from tidegraph.records.episode import Episode
 from tidegraph.records.stages import Extraction, Processed, StampedEpisode, WriteSummary
-from tidegraph.store.base import BatchWriteError, GraphStore
-from tidegraph.store.hits import EPISODE_EMBED_CHARS
-from topics.chain import CHAIN, build_steps
+from tidegraph.stores.base import BatchWriteError, GraphStore
+from tidegraph.stores.hits import EPISODE_EMBED_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ async def _judged_runs(
     order. A run ends before an episode whose resolution needs the store's search (the
     run is written first: ``EntitiesAhead``; meanwhile that episode's resolution is tried
     against the store as it stands, its entity judging call started ahead:
-    ``processors.speculation``) or that repeats an episode of the run. Appends to
+    ``tidegraph.pipelines.speculation``) or that repeats an episode of the run. Appends to
     ``summaries`` and ``counted``; stops, as the plain loop does, before an episode that
     fails (raising when it is the unit's first)."""
     steps = build_steps(

@@ -1,114 +1,123 @@
-"""Running steps on one record: what the Faust hops (``pipelines.handlers``) and the in-process
-chain (``pipelines.inprocess``) share, so that both count, retry and give up alike.
+"""The stage chain: one table says, for each stage, the step it runs, the record it takes and
+gives, and the topic it reads or writes. Both ways of running the chain are built from it:
 
-Each step runs with its metrics (``timed``), its transient failures retried with backoff
-(``pipelines.retry``), and a time budget for all its attempts
-(``TIDEGRAPH_RECORD_TIMEOUT_SECONDS``): a step that runs out of it fails as ``timeout``. The
-first failure stops the record, unless the step has a ``fallback`` for it (extraction: an
-episode the LLM failed on is stored unextracted, README "Episodes without an LLM"); a step
-that answers ``Processed`` (already processed) ends it too.
+- the Faust topology (``tidegraph.pipelines.streaming.app``): one agent per **hop**, a hop being the
+stages from
+  one that consumes a topic up to the next one that does; the stages of a hop run one after
+  the other on the same record, in the same per-group lane;
+- the in-process chain (``tidegraph.pipelines.inprocess``): every stage in table order, no topics.
+
+Two hops, not one per stage (README "Streaming topology"). Extraction has a hop of its own:
+its LLM calls are the slow, rate-limited and failing part, and an extraction is a function of
+the episode and earlier episodes' content (known at intake), so extraction may run ahead of
+the writes. Resolution, temporal stamping and invalidation share the second hop: each
+episode's resolution must see the entities and facts of every earlier episode of its group,
+which its write commits together, so they run in order per group anyway; a topic between them
+bought only latency, a produce/consume/commit per record, and an entity write of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from pipelines.retry import Attempted, RetryPolicy, with_retries
-from processors.failures import StageError, Verdict, root_cause
-from processors.steps import Step
-from tidegraph.metrics import IN_FLIGHT, STAGE_EVENTS, STAGE_LATENCY
-from tidegraph.records.stages import Processed
+from pydantic import BaseModel
 
-T = TypeVar("T")
+from tidegraph.processors.extraction import ExtractionStep
+from tidegraph.processors.invalidation import InvalidationStep
+from tidegraph.processors.resolution import ResolutionStep
+from tidegraph.processors.steps import Components, Step
+from tidegraph.processors.temporal import TemporalStep
+from tidegraph.records.episode import Episode
+from tidegraph.records.stages import Extraction, ResolvedEpisode, StampedEpisode, WriteSummary
 
 
 @dataclass(frozen=True)
-class StepFailure:
-    """The step a record failed at, its error (the root cause), and why."""
+class Stage:
+    """One row of the chain. ``consumes``: the topic (short name, see ``TopicNames.named``)
+    whose records start a hop with this stage; None: it takes the previous stage's output in
+    the same hop. ``produces``: the topic its output goes to, ending the hop; None: the next
+    stage takes it in the same hop."""
 
-    stage: str
-    error: BaseException
-    reason: str
-    attempts: int
-
-
-@dataclass
-class ChainResult:
-    """What running steps on one record gave: the last step's output, or the ``Processed``
-    answer of the step that found the episode processed, or the failure."""
-
-    value: Any = None
-    processed: Processed | None = None
-    failure: StepFailure | None = None
+    name: str
+    build: Callable[[Components], Step[Any, Any]]
+    takes: type[BaseModel]
+    gives: type[BaseModel]
+    consumes: str | None = None
+    produces: str | None = None
 
 
-async def timed(stage: str, call: Callable[[], Awaitable[T]], events: int = 1) -> T:
-    """One attempt of a stage with its metrics; failures wrapped in StageError (the stage
-    names the dead letter). An answer of ``Processed`` counts as skipped, not ok; ``events``:
-    how many records the attempt covers (counted once it succeeds)."""
-    started = time.perf_counter()
-    IN_FLIGHT.labels(stage).inc()
-    try:
-        result = await call()
-    except Exception as exc:
-        STAGE_EVENTS.labels(stage, "error").inc()
-        raise StageError(stage, exc) from exc
-    finally:
-        IN_FLIGHT.labels(stage).dec()
-        STAGE_LATENCY.labels(stage).observe(time.perf_counter() - started)
-    STAGE_EVENTS.labels(stage, "skipped" if isinstance(result, Processed) else "ok").inc(events)
-    return result
+def _extraction(c: Components) -> ExtractionStep:
+    return ExtractionStep(
+        mappings=c.mappings,
+        llm=c.llm,
+        store=c.store,
+        context=c.context,
+        context_episodes=c.context_episodes,
+        episodes_per_call=c.episodes_per_call,
+    )
 
 
-async def run_step(
-    step: Step[Any, Any], item: Any, *, policy: RetryPolicy, budget: float, what: str = ""
-) -> Attempted[Any]:
-    """``step.run(item)`` with retries, within ``budget`` seconds for all its attempts."""
-    limit = asyncio.timeout(budget)
-    try:
-        async with limit:
-            return await with_retries(
-                step.stage, lambda: timed(step.stage, lambda: step.run(item)), policy, what=what
-            )
-    except TimeoutError:
-        if not limit.expired():
-            raise
-        error = TimeoutError(
-            f"stage {step.stage} took longer than {budget:g} s on this record "
-            "(TIDEGRAPH_RECORD_TIMEOUT_SECONDS)"
-        )
-        STAGE_EVENTS.labels(step.stage, "error").inc()
-        return Attempted(error=error, verdict=Verdict(False, "timeout"), attempts=1)
+def _resolution(c: Components) -> ResolutionStep:
+    return ResolutionStep(store=c.store, embedder=c.embedder, llm=c.llm)
 
 
-async def run_steps(
-    steps: Sequence[Step[Any, Any]],
-    item: Any,
-    *,
-    policy: RetryPolicy,
-    budget: float,
-    what: str = "",
-) -> ChainResult:
-    """``item`` through ``steps`` in order, each as ``run_step``."""
-    for step in steps:
-        outcome = await run_step(step, item, policy=policy, budget=budget, what=what)
-        if not outcome.ok:
-            assert outcome.error is not None and outcome.verdict is not None
-            fallback = getattr(step, "fallback", None)
-            value = fallback(item, outcome.verdict.reason) if fallback is not None else None
-            if value is not None:
-                STAGE_EVENTS.labels(step.stage, "fallback").inc()
-                item = value
-                continue
-            failure = StepFailure(
-                step.stage, root_cause(outcome.error), outcome.verdict.reason, outcome.attempts
-            )
-            return ChainResult(failure=failure)
-        if isinstance(outcome.value, Processed):
-            return ChainResult(processed=outcome.value)
-        item = outcome.value
-    return ChainResult(value=item)
+def _temporal(c: Components) -> TemporalStep:
+    return TemporalStep()
+
+
+def _invalidation(c: Components) -> InvalidationStep:
+    return InvalidationStep(
+        store=c.store,
+        embedder=c.embedder,
+        llm=c.llm,
+        embed_mapped_content=c.embed_mapped_content,
+    )
+
+
+CHAIN: tuple[Stage, ...] = (
+    Stage(
+        "extraction", _extraction, Episode, Extraction, consumes="episodes", produces="extracted"
+    ),
+    Stage("resolution", _resolution, Extraction, ResolvedEpisode, consumes="extracted"),
+    Stage("temporal", _temporal, ResolvedEpisode, StampedEpisode),
+    Stage("invalidation", _invalidation, StampedEpisode, WriteSummary, produces="entities.new"),
+)
+
+
+@dataclass(frozen=True)
+class Hop:
+    """Consecutive stages run by one agent: from a stage that consumes a topic to the stage
+    before the next one that does."""
+
+    stages: tuple[Stage, ...]
+
+    @property
+    def name(self) -> str:
+        return self.stages[0].name
+
+    @property
+    def consumes(self) -> str:
+        topic = self.stages[0].consumes
+        assert topic is not None
+        return topic
+
+    @property
+    def produces(self) -> str | None:
+        return self.stages[-1].produces
+
+
+def hops(chain: tuple[Stage, ...] = CHAIN) -> list[Hop]:
+    """The chain cut where a stage consumes a topic."""
+    cut: list[list[Stage]] = []
+    for stage in chain:
+        if stage.consumes is not None or not cut:
+            cut.append([])
+        cut[-1].append(stage)
+    return [Hop(tuple(stages)) for stages in cut]
+
+
+def build_steps(components: Components, chain: tuple[Stage, ...] = CHAIN) -> list[Step[Any, Any]]:
+    """One step per stage, in chain order, sharing ``components``."""
+    return [stage.build(components) for stage in chain]

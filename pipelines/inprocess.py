@@ -1,9 +1,10 @@
 """The chain in one process (``tidegraph ingest``, ``tidegraph demo``, benchmarks): every stage
-of ``topics.chain.CHAIN`` in order on each episode, per-group order kept, groups in parallel.
+of ``tidegraph.pipelines.chain.CHAIN`` in order on each episode, per-group order kept, groups in
+parallel.
 
-The steps are the ones the Faust agents run, built from the same table and run through the
-same ``pipelines.chain.run_steps`` (retries, metrics, time budget); only the topics are left
-out. A failing episode is recorded with its dead-letter reason and its group goes on.
+The steps are the ones the Faust agents run, built from the same table and run through the same
+``tidegraph.pipelines.step_runner.run_steps`` (retries, metrics, time budget); only the topics are
+left out. A failing episode is recorded with its dead-letter reason and its group goes on.
 """
 
 from __future__ import annotations
@@ -15,25 +16,25 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from pipelines.batches import (
+from tidegraph.embed.base import Embedder
+from tidegraph.pipelines.batches import (
     DEFAULT_BATCH_EPISODES,
     DEFAULT_EXTRACT_AHEAD,
     batchable,
     process_batch,
     process_extractions,
 )
-from pipelines.chain import ChainResult, run_steps
-from pipelines.retry import RetryPolicy
-from processors.extraction import ExtractionStep, JointExtraction, prepared_steps
-from processors.mapping import MappingSet
-from processors.prompts import StructuredLLM
-from processors.steps import Components
-from tidegraph.embed.base import Embedder
+from tidegraph.pipelines.chain import CHAIN, build_steps
+from tidegraph.pipelines.retry import RetryPolicy
+from tidegraph.pipelines.step_runner import ChainResult, run_steps
+from tidegraph.processors.extraction import ExtractionStep, JointExtraction, prepared_steps
+from tidegraph.processors.mapping import MappingSet
+from tidegraph.processors.prompts import StructuredLLM
+from tidegraph.processors.steps import Components
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.stages import Extraction, WriteSummary
-from tidegraph.store.base import GraphStore
-from topics.chain import CHAIN, build_steps
+from tidegraph.stores.base import GraphStore
 
 DEFAULT_RECORD_TIMEOUT = 600.0
 
@@ -49,7 +50,7 @@ class Failure:
     group_id: str | None = None
     episode_id: str | None = None
     attempts: int = 1
-    reason: str = "error"  # one of processors.failures.REASONS
+    reason: str = "error"  # one of tidegraph.processors.failures.REASONS
     line: int | None = None  # the line of the input file, when read from one
 
 
@@ -94,7 +95,7 @@ class InProcessChain:
         policy: RetryPolicy | None = None,
         record_timeout: float = DEFAULT_RECORD_TIMEOUT,
     ) -> InProcessChain:
-        """The chain over components opened elsewhere (``pipelines.runtime``)."""
+        """The chain over components opened elsewhere (``tidegraph.pipelines.runtime``)."""
         chain = cls.__new__(cls)
         chain._setup(components, policy, record_timeout)
         return chain
@@ -116,8 +117,8 @@ class InProcessChain:
         on_result: Callable[[WriteSummary | Failure], None] | None = None,
     ) -> list[WriteSummary | Failure]:
         """Episodes of one group, in order: each run of consecutive mapped episodes (up to
-        ``batch_episodes``) as one unit (``pipelines.batches``); the others, and an episode a
-        batch stops at, one at a time. A failure is the episode's own; the others go on.
+        ``batch_episodes``) as one unit (``tidegraph.pipelines.batches``); the others, and an
+        episode a batch stops at, one at a time. A failure is the episode's own; the others go on.
         ``on_result`` is called with each result as soon as it is known."""
         results: _Results = _Results(on_result)
         i = 0
@@ -232,8 +233,8 @@ class InProcessChain:
     ) -> list[WriteSummary | Failure]:
         """The ordered stages of the head of ``in_flight`` and of the episodes after it whose
         extraction is already done (``most`` in all): consecutive extracted ones as one unit
-        (``pipelines.batches.process_extractions``: one read, one write), the others alone.
-        It never waits for an extraction beyond the head's: once the head's is over, the ones
+        (``tidegraph.pipelines.batches.process_extractions``: one read, one write), the others
+        alone. It never waits for an extraction beyond the head's: once the head's is over, the ones
         after it that are over too (the episodes of its joint call) join the unit."""
         head = in_flight[0][1]
         if head is not None and not head.done():

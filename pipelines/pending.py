@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from pipelines.inprocess import EpisodeFailed, InProcessChain
+from tidegraph.pipelines.inprocess import EpisodeFailed, InProcessChain
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord
-from tidegraph.store.base import GraphStore
+from tidegraph.stores.base import GraphStore
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from processors.failures import Verdict, classify, root_cause
 from tidegraph.metrics import RETRIES, STAGE_EVENTS
+from tidegraph.processors.failures import Verdict, classify, root_cause
 
 log = logging.getLogger(__name__)
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.inprocess import InProcessChain
-from processors.mapping import MappingSet
-from processors.steps import Components
 from tidegraph.embed import make_embedder
 from tidegraph.embed.base import Embedder
 from tidegraph.llm import LLMClient
+from tidegraph.pipelines.inprocess import InProcessChain
+from tidegraph.processors.mapping import MappingSet
+from tidegraph.processors.steps import Components
 from tidegraph.recall.crossencoder import CrossEncoder, cross_encoder_from_settings
 from tidegraph.settings import Settings
-from tidegraph.store import GraphStore, open_store
+from tidegraph.stores import GraphStore, open_store
 
 
 @dataclass

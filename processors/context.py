@@ -15,7 +15,7 @@ from datetime import datetime
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.times import utc
-from tidegraph.store.base import GraphStore
+from tidegraph.stores.base import GraphStore
 
 
 class RecentEpisodes:

@@ -21,9 +21,10 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from processors.context import RecentEpisodes
-from processors.mapping import MappingSet
-from processors.prompts import (
+from tidegraph.metrics import EPISODES_NOT_EXTRACTED
+from tidegraph.processors.context import RecentEpisodes
+from tidegraph.processors.mapping import MappingSet
+from tidegraph.processors.prompts import (
     EPISODES_EXTRACTION_SYSTEM,
     EXTRACTION_SYSTEM,
     EpisodesExtractionOutput,
@@ -32,13 +33,12 @@ from processors.prompts import (
     episodes_extraction_user,
     extraction_user,
 )
-from tidegraph.metrics import EPISODES_NOT_EXTRACTED
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import NoExtractorError
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.ids import to_label
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, Processed
-from tidegraph.store.base import GraphStore
+from tidegraph.stores.base import GraphStore
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class ExtractionStep:
 
     async def map_record(self, episode: Episode) -> Extraction | None:
         """``run`` for an episode a declared mapping extracts; None for any other (nothing
-        done). For a micro-batch of mapped episodes (``pipelines.batches``)."""
+        done). For a micro-batch of mapped episodes (``tidegraph.pipelines.batches``)."""
         extraction = await self._mapped(episode)
         if extraction is not None and self.context is not None:
             self.context.remember(episode)
@@ -207,7 +207,8 @@ class ExtractionStep:
 
     def fallback(self, episode: Episode, reason: str) -> Extraction | None:
         """What the chain goes on with when this step gives up on ``episode`` for ``reason``
-        (``pipelines.chain.run_steps``, after every retry): an LLM failure leaves the episode
+        (``tidegraph.pipelines.step_runner.run_steps``, after every retry): an LLM failure leaves
+        the episode
         stored but not extracted, never lost; every other failure is the record's own."""
         if episode.source == "json" or not (reason.startswith("llm_") or reason == "timeout"):
             return None

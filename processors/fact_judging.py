@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from processors.prompts import FactResolutionOutput
-from processors.timeline import FactDecision, restatement_of
+from tidegraph.processors.prompts import FactResolutionOutput
+from tidegraph.processors.timeline import FactDecision, restatement_of
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import FactRecord
 from tidegraph.records.stages import StampedFact
@@ -155,7 +155,7 @@ def candidates_per_fact(
 
 @dataclass
 class Prompt:
-    """A call's prompt parts (``processors.prompts.fact_resolution_user``) and what its
+    """A call's prompt parts (``tidegraph.processors.prompts.fact_resolution_user``) and what its
     numbers stand for."""
 
     stored: list[FactRecord]  # numbered from 0

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from tidegraph.llm import LLMError
 from tidegraph.records.errors import RecordError
-from tidegraph.store import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
+from tidegraph.stores import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
 
 
 class StageError(Exception):

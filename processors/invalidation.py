@@ -1,20 +1,23 @@
 """Invalidation stage: fact dedupe and contradiction on the two timelines, then one idempotent
 write transaction (README "Two timelines").
 
-It runs right after resolution and temporal stamping, in the same ordered hop (``topics.chain``):
-the stored facts it compares with include every earlier episode of the group. The candidates
-of a mapped episode were read with resolution's lookup (``PendingWrite.known_facts``); those
-of an LLM-judged one are read here, with their embeddings. The transaction writes the entity
-upserts resolution left (``PendingWrite.entities``), the facts, the closures, the mentions and
-the Episodic node, the processed marker, and skips an episode processed meanwhile (a stale
-worker that lost its partition). The rules themselves are pure: ``processors.timeline``.
+It runs right after resolution and temporal stamping, in the same ordered hop
+(``tidegraph.pipelines.chain``): the stored facts it compares with include every earlier episode of
+the group. The candidates of a mapped episode were read with resolution's lookup
+(``PendingWrite.known_facts``); those of an LLM-judged one are read here, with their embeddings. The
+transaction writes the entity upserts resolution left (``PendingWrite.entities``), the facts, the
+closures, the mentions and the Episodic node, the processed marker, and skips an episode processed
+meanwhile (a stale worker that lost its partition). The rules themselves are pure:
+``tidegraph.processors.timeline``.
 """
 
 from __future__ import annotations
 
 import logging
 
-from processors.fact_judging import (
+from tidegraph.embed.base import Embedder
+from tidegraph.metrics import FACT_JUDGEMENTS, FACTS_INVALIDATED
+from tidegraph.processors.fact_judging import (
     Judgement,
     Message,
     Vectors,
@@ -23,21 +26,19 @@ from processors.fact_judging import (
     prompt_of,
     standing_for,
 )
-from processors.prompts import (
+from tidegraph.processors.prompts import (
     FACT_RESOLUTION_SYSTEM,
     FactResolutionOutput,
     StructuredLLM,
     fact_resolution_user,
 )
-from processors.timeline import FactDecision, plan_facts
-from tidegraph.embed.base import Embedder
-from tidegraph.metrics import FACT_JUDGEMENTS, FACTS_INVALIDATED
+from tidegraph.processors.timeline import FactDecision, plan_facts
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EntityRecord, EpisodeRecord, EpisodeWrite, FactRecord
 from tidegraph.records.stages import StampedEpisode, StampedFact, WriteSummary
 from tidegraph.records.times import utcnow
-from tidegraph.store.base import GraphStore
-from tidegraph.store.hits import EPISODE_EMBED_CHARS
+from tidegraph.stores.base import GraphStore
+from tidegraph.stores.hits import EPISODE_EMBED_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class InvalidationStep:
     async def run(self, stamped: StampedEpisode, joint: Judgement | None = None) -> WriteSummary:
         """``joint``: the answers of a call that judged this episode's facts with those of
         the episodes before it in its unit (``judge_together``), used when they answer the
-        questions this episode asks now (``processors.fact_judging``)."""
+        questions this episode asks now (``tidegraph.processors.fact_judging``)."""
         episode = stamped.episode
         group = episode.group_id
         pending = stamped.pending
@@ -173,7 +174,7 @@ class InvalidationStep:
         group (in order, none written yet), each against its candidates as the store holds
         them and the new facts of the episodes before it; None when there is nothing to
         share (fewer than two episodes, no LLM). Each episode's ``run`` then takes the
-        answers that are its own (``processors.fact_judging``)."""
+        answers that are its own (``tidegraph.processors.fact_judging``)."""
         if len(stampeds) < 2 or self.llm is None or any(s.mapped for s in stampeds):
             return None
         group = stampeds[0].episode.group_id

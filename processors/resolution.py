@@ -1,11 +1,11 @@
 """Resolution stage: each extracted entity -> one entity of the group's graph.
 
-Order of evidence: stable key, then exact normalised name or alias, then (for LLM-extracted
-episodes only) fulltext + vector candidates judged by ONE batched LLM call for all the
-episode's undecided entities. The upserts are not written here: they travel with the episode
-to its write (``PendingWrite``), one transaction with everything else the episode changes.
-Resolution runs in the same ordered hop as that write (``topics.chain``), so the next episode
-of the group is resolved only once this one is committed and sees its entities.
+Order of evidence: stable key, then exact normalised name or alias, then (for LLM-extracted episodes
+only) fulltext + vector candidates judged by ONE batched LLM call for all the episode's undecided
+entities. The upserts are not written here: they travel with the episode to its write
+(``PendingWrite``), one transaction with everything else the episode changes. Resolution runs in the
+same ordered hop as that write (``tidegraph.pipelines.chain``), so the next episode of the group is
+resolved only once this one is committed and sees its entities.
 
 The lookup is one store round trip: the episode's processed marker, the stored entities the
 drafts' keys and names match, and for a mapped episode the facts its relations can merge with
@@ -17,19 +17,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from processors.prompts import (
+from tidegraph.embed.base import Embedder
+from tidegraph.metrics import ENTITIES_RESOLVED
+from tidegraph.processors.prompts import (
     ENTITY_RESOLUTION_SYSTEM,
     EntityResolutionOutput,
     StructuredLLM,
     entity_resolution_user,
 )
-from tidegraph.embed.base import Embedder
-from tidegraph.metrics import ENTITIES_RESOLVED
 from tidegraph.records.graph import EntityLookup, EntityRecord
 from tidegraph.records.ids import normalize_name, stable_uuid
 from tidegraph.records.stages import Extraction, PendingWrite, Processed, ResolvedEpisode
 from tidegraph.records.times import utcnow
-from tidegraph.store.base import GraphStore
+from tidegraph.stores.base import GraphStore
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
 """What a stage is: a step with an async ``run`` from one record to the next, and the
 components steps are built from.
 
-Every stage of the chain (``topics.chain.CHAIN``) is a step: ``run(item)`` returns the next
-record, or ``Processed`` when the episode is already processed (a redelivery or a replay:
-nothing to do; the chain stops there). Each step decides that itself, where it costs the
-least (README "At-least-once with idempotent effects"). Steps know nothing of Kafka or of
-how they are run: the Faust agents (``pipelines.handlers``) and the in-process chain
-(``pipelines.inprocess``) run the same objects, built once per process from the same
+Every stage of the chain (``tidegraph.pipelines.chain.CHAIN``) is a step: ``run(item)`` returns the
+next record, or ``Processed`` when the episode is already processed (a redelivery or a replay:
+nothing to do; the chain stops there). Each step decides that itself, where it costs the least
+(README "At-least-once with idempotent effects"). Steps know nothing of Kafka or of how they are
+run: the Faust agents (``tidegraph.pipelines.streaming.handlers``) and the in-process chain
+(``tidegraph.pipelines.inprocess``) run the same objects, built once per process from the same
 ``Components``.
 """
 
@@ -15,13 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from processors.context import RecentEpisodes
-from processors.mapping import MappingSet
-from processors.prompts import StructuredLLM
 from tidegraph.embed.base import Embedder
 from tidegraph.embed.cache import CachingEmbedder
+from tidegraph.processors.context import RecentEpisodes
+from tidegraph.processors.mapping import MappingSet
+from tidegraph.processors.prompts import StructuredLLM
 from tidegraph.records.stages import Processed
-from tidegraph.store.base import GraphStore
+from tidegraph.stores.base import GraphStore
 
 In = TypeVar("In", contravariant=True)
 Out = TypeVar("Out", covariant=True)
@@ -29,7 +29,8 @@ Out = TypeVar("Out", covariant=True)
 
 class Step(Protocol[In, Out]):
     """One stage. A step may also define ``fallback(item, reason) -> Out | None``: what the
-    chain goes on with when the step gives up on ``item`` (``pipelines.chain.run_steps``)."""
+    chain goes on with when the step gives up on ``item``
+    (``tidegraph.pipelines.step_runner.run_steps``)."""
 
     stage: str  # the stage's name: metric label, dead-letter stage
 

@@ -1,8 +1,10 @@
 """Shared fixtures.
 
 Integration tests get the real Kafka broker and Neo4j server through ``kafka_bootstrap`` and
-``neo4j_uri``. By default the fixtures start the local services (``tidegraph services up``)
-when they are not answering, and stop at the end of the session only what they started.
+``neo4j_uri``. By default the fixtures start this checkout's local services
+(``tests.support.local_services``, on free ports) unless this checkout already runs them, and
+stop at the end of the session only what they started; a Kafka or Neo4j that only answers on a
+port (another checkout's) is never used.
 Point at other servers with TIDEGRAPH_TEST_KAFKA_BOOTSTRAP / TIDEGRAPH_TEST_NEO4J_URI (then
 nothing is started). A service that cannot be reached FAILS the tests that need it, naming
 the service; nothing is ever skipped for a missing service.
@@ -16,8 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tidegraph.app.local_services import LocalServices, ServiceError, probe_kafka_sync, probe_neo4j
-from tidegraph.settings import Settings
+from tests.support.local_services import LocalServices, ServiceError, probe_kafka_sync, probe_neo4j
 
 KEEP = os.environ.get("TIDEGRAPH_KEEP_SERVICES") == "1"
 
@@ -26,7 +27,7 @@ class _Services:
     """Starts the local services at most once per session, on first need."""
 
     def __init__(self) -> None:
-        self.local = LocalServices(Settings())
+        self.local = LocalServices(free_ports=True)
         self.started: list[str] = []
         self.errors: dict[str, str] = {}
         self.ready: set[str] = set()

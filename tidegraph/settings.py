@@ -123,27 +123,13 @@ class Settings(BaseSettings):
         "the records, either way). Off, a mapped record's write costs Neo4j about half.",
     )
 
-    # --- local services (tidegraph services up) ------------------------------------------
+    # --- records ---------------------------------------------------------------------
     record_timeout_seconds: float = Field(
         600.0,
         gt=0,
         description="Longest a stage may work on one record, retries included; then the record "
         "is dead-lettered with reason 'timeout' (replayable) and its group goes on.",
     )
-    cache_dir: Path = Field(
-        Path.home() / ".cache" / "tidegraph",
-        description="Where fetched Kafka/Neo4j jars are cached between runs.",
-    )
-    services_dir: Path = Field(
-        Path(".tidegraph") / "services",
-        description="State, data and logs of locally started Kafka and Neo4j.",
-    )
-    local_kafka_port: int = Field(19092, description="Port of the local Kafka broker.")
-    local_kafka_controller_port: int = Field(19093, description="Port of the local controller.")
-    local_kafka_secure_port: int = Field(
-        19094, description="Port of the local broker's SASL_SSL listener (tests of TLS/SASL)."
-    )
-    local_neo4j_bolt_port: int = Field(17687, description="Bolt port of the local Neo4j.")
 
     # --- worker ------------------------------------------------------------------------
     metrics_port: int = Field(9464, description="Port of the worker's /metrics and health HTTP.")

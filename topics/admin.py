@@ -15,7 +15,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tidegraph.connections import KafkaConnection, as_kafka_connection, bootstrap_list
-from topics.names import TopicNames
+from tidegraph.topics.names import TopicNames
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """Record schemas of every tidegraph topic, and their orjson serde.
 
-Every record is keyed by ``group_id`` (UTF-8 bytes). Values are JSON (orjson), one pydantic
-model per topic. The input topic carries the episode envelope exactly as produced (README
-"Topics"); the hop record between the two hops (``topics.chain``) carries extraction's output
-plus ``origin``, the position and Kafka timestamp of the episode's record on the input topic
-(used for the produce->written latency and to match dead letters to what was produced).
+Every record is keyed by ``group_id`` (UTF-8 bytes). Values are JSON (orjson), one pydantic model
+per topic. The input topic carries the episode envelope exactly as produced (README "Topics"); the
+hop record between the two hops (``tidegraph.pipelines.chain``) carries extraction's output plus
+``origin``, the position and Kafka timestamp of the episode's record on the input topic (used for
+the produce->written latency and to match dead letters to what was produced).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class DeadLetter(BaseModel):
 
     v: Literal[1] = SCHEMA_VERSION
     stage: str  # validation, extraction, resolution, temporal, invalidation
-    reason: str  # short machine-readable cause: processors.failures.REASONS
+    reason: str  # short machine-readable cause: tidegraph.processors.failures.REASONS
     error_class: str
     message: str
     attempts: int

@@ -8,7 +8,7 @@ dead letters"). The expectations follow the documented rules: the envelope's
 (``processors/mapping.py``) and the strict times of mapped records (``processors/temporal.py``).
 
 :func:`bad_corpus` builds it for a run's group ids over the CRM mapping
-(``tidegraph.testing.crm_feed.CRM_MAPPING``): the cases are spread over the groups, and each
+(``tests.support.crm_feed.CRM_MAPPING``): the cases are spread over the groups, and each
 one gets an id of its own (``bad-<kind>``), so a failure that names its episode names its case.
 ``tests/integration/test_bad_input.py`` sends it through a worker and through ``ingest``.
 """
@@ -22,22 +22,22 @@ from typing import Any, Literal
 
 import orjson
 
-from processors.mapping import MAX_FACT_CHARS, MAX_KEY_CHARS, MAX_SUMMARY_CHARS
-from processors.temporal import MAX_TIME_TEXT
+from tests.support.crm_feed import contact_record, plan_record, ticket_record
+from tidegraph.processors.mapping import MAX_FACT_CHARS, MAX_KEY_CHARS, MAX_SUMMARY_CHARS
+from tidegraph.processors.temporal import MAX_TIME_TEXT
 from tidegraph.records.episode import (
     MAX_CONTENT_CHARS,
     MAX_GROUP_ID_CHARS,
     MAX_ID_CHARS,
     MAX_NAME_CHARS,
 )
-from tidegraph.testing.crm_feed import contact_record, plan_record, ticket_record
 
 # The Kafka key `tidegraph produce` gives a line: its group_id, when it has a string one.
 GROUP_KEY: Literal["group"] = "group"
 WHEN = "2025-03-01T12:00:00Z"  # reference_time of the cases
 AT = datetime(2025, 2, 1, 9, 30, tzinfo=UTC)  # event time of the mapped cases
 # Input records larger than this are refused by the worker before parsing
-# (pipelines/config.py: WorkerSettings.max_record_bytes, TIDEGRAPH_MAX_RECORD_BYTES).
+# (pipelines/streaming/config.py: WorkerSettings.max_record_bytes, TIDEGRAPH_MAX_RECORD_BYTES).
 MAX_RECORD_BYTES = 1_000_000
 
 Topic = Literal["episodes", "extracted"]

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from tests.integration.topology_harness import Topology
-from tidegraph.store.base import GraphStore
-from tidegraph.store.neo4j_store import Neo4jStore
-from tidegraph.store.sqlite_store import SqliteStore
-from tidegraph.testing.memory_store import MemoryStore
+from tests.support.memory_store import MemoryStore
+from tidegraph.stores.base import GraphStore
+from tidegraph.stores.neo4j.store import Neo4jStore
+from tidegraph.stores.sqlite.store import SqliteStore
 
 # The dimension every tidegraph embedder uses by default; the Neo4j test server is shared by
 # the whole suite, whose vector indexes must all agree on it.

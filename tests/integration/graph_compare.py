@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tidegraph.store.base import GraphStore
+from tidegraph.stores.base import GraphStore
 
 
 async def comparable(store: GraphStore, group: str) -> dict[str, Any]:

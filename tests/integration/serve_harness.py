@@ -21,20 +21,20 @@ from typing import Any
 import httpx
 import uvicorn
 
-from pipelines.runtime import open_runtime
+from tests.support.crm_feed import CRM_MAPPING
+from tests.support.memory_store import MemoryStore
+from tests.support.metrics import free_port
+from tests.support.processes import terminate_with_parent
 from tests.unit.recall_fixtures import RecallGraph
 from tidegraph.app.memory import Memory
-from tidegraph.app.memory_service import MemoryService
-from tidegraph.app.serve import create_app
-from tidegraph.app.serve_settings import KeyRing
+from tidegraph.app.serving.http_api import create_app
+from tidegraph.app.serving.service import MemoryService
+from tidegraph.app.serving.settings import KeyRing
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.pipelines.runtime import open_runtime
 from tidegraph.records.graph import CommunityRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.settings import Settings
-from tidegraph.testing.crm_feed import CRM_MAPPING
-from tidegraph.testing.memory_store import MemoryStore
-from tidegraph.testing.metrics import free_port
-from tidegraph.testing.processes import terminate_with_parent
 
 REPO = Path(__file__).resolve().parents[2]
 TIDEGRAPH = str(Path(sys.executable).with_name("tidegraph"))

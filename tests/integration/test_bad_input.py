@@ -19,19 +19,19 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
 
-from pipelines.client import Produced, ProduceReport, describe_line, producer_for
-from processors.extraction import ExtractionStep
-from processors.temporal import stamp_interval
 from tests.corpus.bad_records import GROUP_KEY, BadCase, Corpus, bad_corpus
 from tests.integration.topology_harness import REPO, TIDEGRAPH, Topology, eventually
+from tests.support.crm_feed import CRM_MAPPING, crm_feed, crm_mappings, group_name
 from tidegraph.connections import KafkaConnection
+from tidegraph.processors.extraction import ExtractionStep
+from tidegraph.processors.temporal import stamp_interval
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode, RecordError
 from tidegraph.settings import Settings
-from tidegraph.store import open_store
-from tidegraph.testing.crm_feed import CRM_MAPPING, crm_feed, crm_mappings, group_name
-from topics.admin import partitions_of
-from topics.records import DeadLetter, ExtractedRecord, decode, encode_key
+from tidegraph.stores import open_store
+from tidegraph.topics.admin import partitions_of
+from tidegraph.topics.client import Produced, ProduceReport, describe_line, producer_for
+from tidegraph.topics.records import DeadLetter, ExtractedRecord, decode, encode_key
 
 GROUPS = 4
 GOOD = 24  # good records of crm_feed, over GROUPS groups

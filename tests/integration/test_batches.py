@@ -23,24 +23,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from pipelines.inprocess import Failure, InProcessChain
 from tests.integration.graph_compare import comparable
 from tests.integration.test_delivery_order_stores import DIM, Record, deliveries, rows
-from tidegraph.embed.hashing import HashingEmbedder
-from tidegraph.llm import LLMClient
-from tidegraph.records.episode import Episode
-from tidegraph.records.stages import WriteSummary
-from tidegraph.records.times import iso
-from tidegraph.store.base import GraphStore
-from tidegraph.testing import crm_feed as crm
-from tidegraph.testing.extraction_requests import (
+from tests.support import crm_feed as crm
+from tests.support.extraction_requests import (
     EXTRACTION,
     JOINT_EXTRACTION,
     joint_answer,
     on_extraction,
     split_joint_user,
 )
-from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
+from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
+from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.llm import LLMClient
+from tidegraph.pipelines.inprocess import Failure, InProcessChain
+from tidegraph.records.episode import Episode
+from tidegraph.records.stages import WriteSummary
+from tidegraph.records.times import iso
+from tidegraph.stores.base import GraphStore
 
 pytestmark = pytest.mark.integration
 

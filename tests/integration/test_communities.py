@@ -13,14 +13,14 @@ from typing import Any, cast
 import pytest
 from neo4j import AsyncGraphDatabase
 
-from processors.communities import groups, label_propagation
-from processors.community_service import CommunityService
+from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm.client import LLMClient
+from tidegraph.pipelines.community_service import CommunityService
+from tidegraph.processors.communities import groups, label_propagation
 from tidegraph.records.graph import EntityRecord, EpisodeRecord, FactRecord
 from tidegraph.records.ids import stable_uuid
-from tidegraph.store import EpisodeWrite, FactClosure, GraphStore
-from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
+from tidegraph.stores import EpisodeWrite, FactClosure, GraphStore
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,8 @@ from typing import Any
 import orjson
 import pytest
 
-from pipelines.client import producer_for
 from tests.integration.topology_harness import Topology, Worker, eventually
+from tidegraph.topics.client import producer_for
 
 pytestmark = pytest.mark.integration
 

@@ -35,19 +35,19 @@ import orjson
 import pytest
 import yaml
 
-from pipelines.inprocess import IngestReport, InProcessChain, ingest
-from pipelines.retry import RetryPolicy
-from processors.mapping import MappingSet
+from tests.support import crm_feed as crm
+from tests.support.extraction_requests import JOINT_EXTRACTION, on_extraction
+from tests.support.fake_llm import TIMEOUT_STATUS, FakeRequest, ScriptedLLMServer
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
+from tidegraph.pipelines.inprocess import IngestReport, InProcessChain, ingest
+from tidegraph.pipelines.retry import RetryPolicy
+from tidegraph.processors.mapping import MappingSet
 from tidegraph.records.episode import Episode
 from tidegraph.records.ids import normalize_name, to_relation_name
-from tidegraph.store.base import GraphStore
-from tidegraph.store.neo4j_store import Neo4jStore
-from tidegraph.store.sqlite_store import SqliteStore
-from tidegraph.testing import crm_feed as crm
-from tidegraph.testing.extraction_requests import JOINT_EXTRACTION, on_extraction
-from tidegraph.testing.fake_llm import TIMEOUT_STATUS, FakeRequest, ScriptedLLMServer
+from tidegraph.stores.base import GraphStore
+from tidegraph.stores.neo4j.store import Neo4jStore
+from tidegraph.stores.sqlite.store import SqliteStore
 
 pytestmark = pytest.mark.integration
 
@@ -546,7 +546,7 @@ async def test_unrelated_facts_never_close_each_other_even_when_the_llm_says_so(
     assert len(await values_at(store, group_id, at(2024, 3, 2))) == 4
 
 
-# The shared CRM mapping (tidegraph.testing.crm_feed), with the plan relation spelled
+# The shared CRM mapping (tests.support.crm_feed), with the plan relation spelled
 # "`has`plan`" to show that a mapping's relation type is stored normalised.
 CRM_MAPPING = crm.CRM_MAPPING.replace("relation: HAS_PLAN,", 'relation: "`has`plan`",')
 assert CRM_MAPPING != crm.CRM_MAPPING
@@ -1256,7 +1256,7 @@ async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
 # ============================================================================= the CLI
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tidegraph.app.cli", *args],
+        [sys.executable, "-m", "tidegraph.app.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 """Delivery order and redelivery never change the graph, on both real stores (property test).
 
-Random small feeds of mapped CRM records (``tidegraph.testing.crm_feed``: plan changes, ticket
+Random small feeds of mapped CRM records (``tests.support.crm_feed``: plan changes, ticket
 statuses with the ticket's account, contacts joining and leaving, company notes restating a
 many relation word for word) go through the in-process pipeline one episode at a time: once
 sorted by reference time, once in a random order with some episodes delivered twice (the same
@@ -21,13 +21,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.inprocess import InProcessChain
+from tests.support import crm_feed as crm
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.pipelines.inprocess import InProcessChain
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import FactView
 from tidegraph.records.times import iso
-from tidegraph.store.base import GraphStore
-from tidegraph.testing import crm_feed as crm
+from tidegraph.stores.base import GraphStore
 
 pytestmark = pytest.mark.integration
 

@@ -21,11 +21,11 @@ from typing import Any
 import orjson
 import pytest
 
-from processors.mapping import MappingSet
+from tests.support.extraction_requests import episodes_asked, on_extraction
+from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
 from tidegraph.app import demo
+from tidegraph.processors.mapping import MappingSet
 from tidegraph.records.episode import parse_episode
-from tidegraph.testing.extraction_requests import episodes_asked, on_extraction
-from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
 
 TIDEGRAPH = Path(sys.executable).parent / "tidegraph"
 DEMO_TIMEOUT = 180

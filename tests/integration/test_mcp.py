@@ -28,9 +28,9 @@ from tests.integration.serve_harness import (
     memory_settings,
     serve_env,
 )
-from tidegraph.app.mcp_server import Holder, Scoping, build_mcp, http_app
-from tidegraph.app.serve_settings import KeyRing
-from tidegraph.testing.crm_feed import plan_record
+from tests.support.crm_feed import plan_record
+from tidegraph.app.serving.mcp_server import Holder, Scoping, build_mcp, http_app
+from tidegraph.app.serving.settings import KeyRing
 
 TOOLS = {"add_memory", "search_facts", "search_entities", "search_episodes", "get_context",
          "facts_as_of", "episode_status"}  # fmt: skip

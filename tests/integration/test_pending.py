@@ -8,18 +8,18 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pipelines.inprocess import InProcessChain, ingest
-from pipelines.pending import extract_pending
-from pipelines.retry import RetryPolicy
 from tests.integration.conftest import STORE_DIM
 from tests.integration.topology_harness import Topology, eventually
+from tests.support.extraction_requests import on_extraction
+from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
+from tidegraph.pipelines.inprocess import InProcessChain, ingest
+from tidegraph.pipelines.pending import extract_pending
+from tidegraph.pipelines.retry import RetryPolicy
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode
-from tidegraph.store.base import GraphStore
-from tidegraph.testing.extraction_requests import on_extraction
-from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
+from tidegraph.stores.base import GraphStore
 
 T0 = datetime(2025, 2, 3, 9, 0, tzinfo=UTC)
 MESSAGES = [

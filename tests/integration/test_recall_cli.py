@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from tests.integration.test_pending import MESSAGES, episodes, extract
-from tidegraph.testing.extraction_requests import on_extraction
-from tidegraph.testing.fake_llm import ScriptedLLMServer
+from tests.support.extraction_requests import on_extraction
+from tests.support.fake_llm import ScriptedLLMServer
 
 TIDEGRAPH = Path(sys.executable).parent / "tidegraph"
 GROUP = "acme-support"

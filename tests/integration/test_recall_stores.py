@@ -7,15 +7,15 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from pipelines.inprocess import InProcessChain, ingest
 from tests.integration.conftest import STORE_DIM
+from tests.support.crm_feed import crm_mappings, plan_record
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.pipelines.inprocess import InProcessChain, ingest
 from tidegraph.recall.context import build_context
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import FactRecord
-from tidegraph.store.base import GraphStore
-from tidegraph.testing.crm_feed import crm_mappings, plan_record
+from tidegraph.stores.base import GraphStore
 
 JAN, MAR = datetime(2025, 1, 10, tzinfo=UTC), datetime(2025, 3, 5, tzinfo=UTC)
 ACME = (7, "Acme Corp")

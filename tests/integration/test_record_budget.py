@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.integration.topology_harness import Topology, eventually
-from tidegraph.testing.extraction_requests import on_extraction
-from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
+from tests.support.extraction_requests import on_extraction
+from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
 
 pytestmark = pytest.mark.integration
 

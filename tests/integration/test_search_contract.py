@@ -25,7 +25,7 @@ from tidegraph.records.graph import (
 from tidegraph.records.ids import stable_uuid
 from tidegraph.records.search import KINDS, Hit, SearchScope
 from tidegraph.records.times import iso
-from tidegraph.store.base import GraphStore
+from tidegraph.stores.base import GraphStore
 
 pytestmark = pytest.mark.integration
 

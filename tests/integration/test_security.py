@@ -2,7 +2,7 @@
 over TLS processes a feed; wrong credentials or a wrong CA stop the worker at startup with a
 message naming the settings to fix.
 
-The local services (``tidegraph services up``) serve a SASL_SSL listener (PLAIN user, a
+The local services (``tests.support.local_services``) serve a SASL_SSL listener (PLAIN user, a
 self-signed certificate) beside the plaintext one, and Bolt accepts TLS with the same
 certificate, so the same settings an operator sets for a secured cluster are exercised here.
 """
@@ -16,9 +16,13 @@ from typing import Any
 import pytest
 
 from tests.integration.topology_harness import Topology
-from tidegraph.app.local_services import LOCAL_SASL_PASSWORD, LOCAL_SASL_USERNAME, LocalServices
-from tidegraph.settings import Settings
-from tidegraph.testing.crm_feed import crm_feed
+from tests.support.crm_feed import crm_feed
+from tests.support.local_services import (
+    LOCAL_SASL_PASSWORD,
+    LOCAL_SASL_USERNAME,
+    LocalServices,
+    LocalSettings,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -26,17 +30,17 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def local(kafka_bootstrap: str, neo4j_uri: str) -> LocalServices:
     """The local services started for the tests (their TLS listener and certificate)."""
-    services = LocalServices(Settings())
+    services = LocalServices()
     if kafka_bootstrap != services.kafka_address or neo4j_uri != services.neo4j_address:
         pytest.fail(
-            "the TLS/SASL tests need the local services (tidegraph services up): unset "
+            "the TLS/SASL tests need the local services (make services-up): unset "
             "TIDEGRAPH_TEST_KAFKA_BOOTSTRAP / TIDEGRAPH_TEST_NEO4J_URI",
             pytrace=False,
         )
     if not services.ca_file.exists():
         pytest.fail(
             "the running local services predate their TLS listeners: restart them with "
-            "`tidegraph services down && tidegraph services up`",
+            "`make services-down services-up`",
             pytrace=False,
         )
     return services
@@ -112,7 +116,7 @@ async def test_neo4j_certificate_from_another_ca_is_refused(
 ) -> None:
     other = tmp_path / "other-ca"
     other.mkdir()
-    stranger = LocalServices(Settings(services_dir=other))
+    stranger = LocalServices(LocalSettings(services_dir=other))
     stranger.ensure_certificate()  # a different self-signed certificate
     code, log = start_and_wait_exit(secure_topology, TIDEGRAPH_NEO4J_CA_FILE=str(stranger.ca_file))
     assert code == 1, log

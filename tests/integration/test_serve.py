@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.integration.serve_harness import ThreadServer, thread_server
-from tidegraph.testing.crm_feed import plan_record
+from tests.support.crm_feed import plan_record
 
 KEY_A = "key-a-" + uuid.uuid4().hex
 KEY_B = "key-b-" + uuid.uuid4().hex

@@ -15,8 +15,8 @@ import pytest
 
 from tests.integration.serve_harness import ProcessServer, serve_env
 from tests.integration.topology_harness import Topology
-from tidegraph.testing.crm_feed import plan_record
-from tidegraph.testing.metrics import free_port
+from tests.support.crm_feed import plan_record
+from tests.support.metrics import free_port
 
 pytestmark = pytest.mark.integration
 

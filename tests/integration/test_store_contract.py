@@ -30,21 +30,21 @@ from tidegraph.records.ids import normalize_name, stable_uuid
 from tidegraph.records.search import KINDS, SearchScope
 from tidegraph.records.times import iso
 from tidegraph.settings import Settings
-from tidegraph.store import (
+from tidegraph.stores import (
     EpisodeConflictError,
     EpisodeWrite,
     FactClosure,
     GraphStore,
     StoreIntegrityError,
     StoreSchemaError,
-    neo4j_queries,
     open_store,
-    sqlite_db,
 )
-from tidegraph.store.asof_cypher import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
-from tidegraph.store.neo4j_store import Neo4jStore
-from tidegraph.store.search_core import SearchCore
-from tidegraph.store.sqlite_store import SqliteStore
+from tidegraph.stores.neo4j import queries as neo4j_queries
+from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
+from tidegraph.stores.neo4j.search_core import SearchCore
+from tidegraph.stores.neo4j.store import Neo4jStore
+from tidegraph.stores.sqlite import db as sqlite_db
+from tidegraph.stores.sqlite.store import SqliteStore
 
 pytestmark = pytest.mark.integration
 

@@ -18,20 +18,20 @@ import orjson
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from pipelines.inprocess import ingest
-from pipelines.runtime import open_runtime
 from tests.integration.graph_compare import comparable, creation_order_problems, exact
 from tests.integration.topology_harness import PARTITIONS, Topology, Worker, eventually
-from tidegraph.records.episode import MAX_CONTENT_CHARS, Episode
-from tidegraph.settings import Settings
-from tidegraph.testing.crm_feed import CRM_MAPPING, crm_feed
-from tidegraph.testing.extraction_requests import (
+from tests.support.crm_feed import CRM_MAPPING, crm_feed
+from tests.support.extraction_requests import (
     EXTRACTION,
     JOINT_EXTRACTION,
     on_extraction,
     split_joint_user,
 )
-from tidegraph.testing.fake_llm import FakeRequest, ScriptedLLMServer
+from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
+from tidegraph.pipelines.inprocess import ingest
+from tidegraph.pipelines.runtime import open_runtime
+from tidegraph.records.episode import MAX_CONTENT_CHARS, Episode
+from tidegraph.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -126,7 +126,10 @@ async def test_feed_matches_in_process_run_replay_changes_nothing_and_metrics_mo
     for stage in ("extraction", "resolution", "temporal", "invalidation"):
         assert events(worker, stage, "ok") == EPISODES
         assert worker.value("tidegraph_stage_latency_seconds_count", stage=stage) == EPISODES
-    for hop in ("extraction", "resolution"):  # micro-batches are per hop (topics.chain)
+    for hop in (
+        "extraction",
+        "resolution",
+    ):  # micro-batches are per hop (tidegraph.pipelines.chain)
         assert worker.value("tidegraph_batch_records_count", stage=hop) >= 1
     assert worker.value("tidegraph_end_to_end_latency_seconds_count") == EPISODES
     assert worker.value("tidegraph_records_produced_total", topic="extracted") == EPISODES
@@ -502,7 +505,7 @@ async def test_a_groups_waiting_text_records_share_extraction_calls_in_the_worke
 async def test_lanes_keep_order_per_key_and_run_keys_concurrently() -> None:
     import asyncio
 
-    from pipelines.lanes import KeyedLanes
+    from tidegraph.pipelines.streaming.lanes import KeyedLanes
 
     lanes = KeyedLanes(capacity=8, on_error=lambda exc: pytest.fail(f"job failed: {exc!r}"))
     done: list[tuple[str, int]] = []
@@ -534,7 +537,7 @@ async def test_lanes_keep_order_per_key_and_run_keys_concurrently() -> None:
 async def test_lanes_bound_one_groups_backlog_and_drop_work_while_closed() -> None:
     import asyncio
 
-    from pipelines.lanes import KeyedLanes
+    from tidegraph.pipelines.streaming.lanes import KeyedLanes
 
     lanes = KeyedLanes(capacity=8, per_key=2, on_error=lambda exc: pytest.fail(repr(exc)))
     gate = asyncio.Event()
@@ -567,7 +570,7 @@ async def test_lanes_bound_one_groups_backlog_and_drop_work_while_closed() -> No
 async def test_a_lagging_groups_job_takes_every_record_waiting_for_it() -> None:
     import asyncio
 
-    from pipelines.lanes import KeyedBacklog, KeyedLanes
+    from tidegraph.pipelines.streaming.lanes import KeyedBacklog, KeyedLanes
 
     lanes = KeyedLanes(capacity=8, on_error=lambda exc: pytest.fail(repr(exc)))
     backlog: KeyedBacklog[int] = KeyedBacklog(most=4)
@@ -592,7 +595,13 @@ async def test_a_lagging_groups_job_takes_every_record_waiting_for_it() -> None:
 
 
 def test_dead_letter_keeps_the_original_record() -> None:
-    from topics.records import MAX_DEAD_RECORD_BYTES, DeadLetter, decode, encode, original_record
+    from tidegraph.topics.records import (
+        MAX_DEAD_RECORD_BYTES,
+        DeadLetter,
+        decode,
+        encode,
+        original_record,
+    )
 
     for raw, encoding in [(b'{"a": 1}', "json"), (b"not json", "text"), (b"\xff\xfe", "base64")]:
         record, got, truncated = original_record(raw)

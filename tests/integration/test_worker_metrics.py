@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.integration.topology_harness import Topology
+from tests.support.crm_feed import crm_feed
 from tests.unit.test_ops import queried_but_not_exported, series_in
-from tidegraph.testing.crm_feed import crm_feed
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,15 @@ from typing import Any, TypeVar
 
 import orjson
 
-from pipelines.client import (
+from tests.support.crm_feed import CRM_MAPPING
+from tests.support.metrics import free_port, metric_value, scrape
+from tests.support.processes import terminate_with_parent
+from tidegraph.connections import KafkaConnection
+from tidegraph.settings import Settings
+from tidegraph.stores import open_store
+from tidegraph.stores.base import GraphStore
+from tidegraph.topics.admin import delete_topics
+from tidegraph.topics.client import (
     ProduceReport,
     StalledError,
     WaitReport,
@@ -26,15 +34,7 @@ from pipelines.client import (
     read_dead_letters,
     wait_until_reflected,
 )
-from tidegraph.connections import KafkaConnection
-from tidegraph.settings import Settings
-from tidegraph.store import open_store
-from tidegraph.store.base import GraphStore
-from tidegraph.testing.crm_feed import CRM_MAPPING
-from tidegraph.testing.metrics import free_port, metric_value, scrape
-from tidegraph.testing.processes import terminate_with_parent
-from topics.admin import delete_topics
-from topics.names import TopicNames
+from tidegraph.topics.names import TopicNames
 
 REPO = Path(__file__).resolve().parents[2]
 TIDEGRAPH = str(Path(sys.executable).with_name("tidegraph"))

@@ -1,4 +1,5 @@
-"""Offsets are committed only past finished records (``pipelines.commits``), checked on a real
+"""Offsets are committed only past finished records (``tidegraph.pipelines.streaming.commits``),
+checked on a real
 faust-streaming consumer's own bookkeeping: records are tracked and acked with its methods,
 and the offsets it would commit come from its own ``_filter_committable_offsets``."""
 
@@ -13,7 +14,7 @@ import pytest
 from faust.types import TP
 from faust.types.tuples import Message
 
-from pipelines.commits import guard_commits, may_commit
+from tidegraph.pipelines.streaming.commits import guard_commits, may_commit
 
 TOPIC = "tidegraph-commits-test.stamped"
 PARTITION = TP(TOPIC, 0)

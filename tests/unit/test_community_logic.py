@@ -8,7 +8,8 @@ import math
 import networkx as nx
 import pytest
 
-from processors.communities import (
+from tidegraph.llm.client import strict_json_schema
+from tidegraph.processors.communities import (
     CommunitySummaryOutput,
     adjusted_mutual_info,
     adjusted_rand_index,
@@ -25,7 +26,6 @@ from processors.communities import (
     summary_prompt,
     to_networkx,
 )
-from tidegraph.llm.client import strict_json_schema
 from tidegraph.records.graph import CommunityRecord, WeightedEdge
 
 

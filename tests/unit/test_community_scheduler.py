@@ -1,4 +1,5 @@
-"""The worker's community refresh scheduler (``pipelines.community_agent.RefreshScheduler``)
+"""The worker's community refresh scheduler
+(``tidegraph.pipelines.streaming.community_agent.RefreshScheduler``)
 over a scripted service: ticks never wait, one refresh per group, a concurrency cap,
 cancellation and forgetting on rebalance."""
 
@@ -10,8 +11,8 @@ from typing import Any, cast
 
 import pytest
 
-from pipelines.community_agent import RefreshScheduler
-from processors.community_service import CommunityService
+from tidegraph.pipelines.community_service import CommunityService
+from tidegraph.pipelines.streaming.community_agent import RefreshScheduler
 
 
 class ScriptedService:

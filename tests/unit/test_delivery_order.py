@@ -21,8 +21,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.invalidation import candidate_reads
-from processors.timeline import plan_facts
+from tidegraph.processors.invalidation import candidate_reads
+from tidegraph.processors.timeline import plan_facts
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import FactRecord
 from tidegraph.records.stages import StampedFact

@@ -1,11 +1,12 @@
-"""One LLM call judging the new facts of several episodes (processors.fact_judging): what it
+"""One LLM call judging the new facts of several episodes (tidegraph.processors.fact_judging): what
+it
 asks, and when its answers stand for the call an episode would have made alone."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from processors.fact_judging import (
+from tidegraph.processors.fact_judging import (
     Message,
     candidates_per_fact,
     judgement_of,
@@ -13,8 +14,8 @@ from processors.fact_judging import (
     standing_for,
     standing_key,
 )
-from processors.prompts import FactJudgement, FactResolutionOutput, fact_resolution_user
-from processors.timeline import FactDecision
+from tidegraph.processors.prompts import FactJudgement, FactResolutionOutput, fact_resolution_user
+from tidegraph.processors.timeline import FactDecision
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import FactRecord
 from tidegraph.records.stages import StampedFact

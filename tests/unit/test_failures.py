@@ -14,10 +14,10 @@ import orjson
 import pytest
 from neo4j.exceptions import IncompleteCommit, ServiceUnavailable, TransientError
 
-from pipelines.inprocess import read_jsonl
-from processors.failures import REASONS, StageError, classify
-from processors.temporal import MAX_TIME_TEXT, TemporalStep, parse_when, stamp_interval
 from tidegraph.llm import LLMError
+from tidegraph.pipelines.inprocess import read_jsonl
+from tidegraph.processors.failures import REASONS, StageError, classify
+from tidegraph.processors.temporal import MAX_TIME_TEXT, TemporalStep, parse_when, stamp_interval
 from tidegraph.records.episode import CUSTOM_REASONS, Episode, parse_episode
 from tidegraph.records.errors import (
     BadTime,
@@ -27,7 +27,7 @@ from tidegraph.records.errors import (
     ValueTooLong,
 )
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, ResolvedEpisode
-from tidegraph.store import EpisodeConflictError, StoreIntegrityError
+from tidegraph.stores import EpisodeConflictError, StoreIntegrityError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 WHEN = "2025-01-01T00:00:00Z"
@@ -271,7 +271,7 @@ def test_mapped_times_are_strict_and_llm_times_lenient() -> None:
 
 
 async def test_temporal_stamping_runs_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    import processors.temporal as temporal
+    import tidegraph.processors.temporal as temporal
 
     threads: list[threading.Thread] = []
     real = temporal.stamp

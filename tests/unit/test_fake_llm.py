@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from tidegraph.testing.fake_llm import (
+from tests.support.fake_llm import (
     EMBEDDINGS,
     TIMEOUT_STATUS,
     ScriptedLLMServer,

@@ -1,8 +1,9 @@
 """``HopHandler`` with no broker: consumed Kafka records in, the records to produce out.
 
-The handlers are built as ``pipelines/app.py`` builds them (one per hop of ``topics.chain``,
-the steps built once from ``Components``) over the in-memory store, with the CRM mapping
-(README "Streaming topology", "At-least-once with idempotent effects", "Retries and dead
+The handlers are built as ``pipelines/streaming/app.py`` builds them (one per hop of
+``tidegraph.pipelines.chain``, the steps built once from ``Components``) over the in-memory store,
+with the CRM mapping (README "Streaming topology", "At-least-once with idempotent effects", "Retries
+and dead
 letters")."""
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ from typing import Any
 
 import orjson
 
-from pipelines.config import WorkerSettings
-from pipelines.handlers import Consumed, Emit, HopHandler
-from processors.steps import Components
+from tests.support.crm_feed import crm_feed, crm_mappings
+from tests.support.memory_store import MemoryStore
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.pipelines.chain import CHAIN, build_steps, hops
+from tidegraph.pipelines.streaming.config import WorkerSettings
+from tidegraph.pipelines.streaming.handlers import Consumed, Emit, HopHandler
+from tidegraph.processors.steps import Components
 from tidegraph.records.episode import parse_episode
 from tidegraph.records.graph import EpisodeWrite
-from tidegraph.testing.crm_feed import crm_feed, crm_mappings
-from tidegraph.testing.memory_store import MemoryStore
-from topics.chain import CHAIN, build_steps, hops
-from topics.names import TopicNames
-from topics.records import DeadLetter, ExtractedRecord, NewEntityRecord, decode
+from tidegraph.topics.names import TopicNames
+from tidegraph.topics.records import DeadLetter, ExtractedRecord, NewEntityRecord, decode
 
 NAMES = TopicNames("t")
 FEED = crm_feed(4, 1, run="t")  # envelopes of one tenant, in delivery order

@@ -37,7 +37,7 @@ def test_unreachable_service_fails_and_names_it(
 
 
 def test_kafka_cluster_ids_never_start_with_a_dash() -> None:
-    from tidegraph.app.local_services import _kafka_cluster_id
+    from tests.support.local_services import _kafka_cluster_id
 
     ids = [_kafka_cluster_id() for _ in range(5000)]  # ~1 in 64 would start with '-'
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)
@@ -47,7 +47,7 @@ def test_kafka_cluster_ids_never_start_with_a_dash() -> None:
 @pytest.mark.parametrize("service", ["kafka", "neo4j"])
 def test_the_services_poms_are_found_in_the_checkout(service: str) -> None:
     """`tidegraph services up` on a machine with no cached jars fetches them with these poms."""
-    from tidegraph.app.local_services import POM_DIR
+    from tests.support.local_services import POM_DIR
 
     assert (POM_DIR / service / "pom.xml").is_file()
     assert POM_DIR == REPO / "deploy" / "local"

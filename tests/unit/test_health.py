@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from pipelines.health import HealthState, health_routes, start_http_server
 from tidegraph import metrics
+from tidegraph.pipelines.streaming.health import HealthState, health_routes, start_http_server
 
 
 class FakeClock:
@@ -172,7 +172,7 @@ async def test_healthz_fails_when_the_watched_loop_is_blocked():
 
 
 def test_health_routes_mount_on_the_workers_observability_server():
-    from pipelines.observability import ObservabilityServer, Response
+    from tidegraph.pipelines.streaming.observability import ObservabilityServer, Response
 
     state = HealthState(kafka_connected=True, neo4j_reachable=False)
     server = ObservabilityServer(0, "127.0.0.1")

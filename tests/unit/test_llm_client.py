@@ -13,6 +13,12 @@ from prometheus_client import REGISTRY
 from pydantic import BaseModel, Field
 from tenacity import AsyncRetrying, RetryCallState
 
+from tests.support.fake_llm import (
+    FakeRequest,
+    ScriptedLLMServer,
+    estimate_tokens,
+    strict_schema_problems,
+)
 from tidegraph.llm import (
     LLMClient,
     LLMError,
@@ -24,12 +30,6 @@ from tidegraph.llm import (
 )
 from tidegraph.llm.client import _AttemptFailure, _Backoff
 from tidegraph.settings import Settings
-from tidegraph.testing.fake_llm import (
-    FakeRequest,
-    ScriptedLLMServer,
-    estimate_tokens,
-    strict_schema_problems,
-)
 
 
 class Echo(BaseModel):

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from processors.extraction import ExtractionStep
-from processors.mapping import MappingSet, render
+from tidegraph.processors.extraction import ExtractionStep
+from tidegraph.processors.mapping import MappingSet, render
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import MappingError, NoExtractorError, RecordError
 from tidegraph.records.stages import Extraction

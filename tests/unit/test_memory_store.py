@@ -1,4 +1,4 @@
-"""The contract of ``GraphStore`` (tidegraph/store/base.py) on ``MemoryStore``: the rules the
+"""The contract of ``GraphStore`` (tidegraph/stores/base.py) on ``MemoryStore``: the rules the
 steps rely on, so that unit tests built on the in-memory store can be trusted (README
 "At-least-once with idempotent effects", "Two timelines")."""
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.memory_store import MemoryStore
 from tidegraph.records.asof import AsOf, end_known_at
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -19,8 +20,7 @@ from tidegraph.records.graph import (
     FactRecord,
 )
 from tidegraph.records.times import iso
-from tidegraph.store import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
-from tidegraph.testing.memory_store import MemoryStore
+from tidegraph.stores import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
 
 DIM = 4
 G, OTHER = "g", "other"

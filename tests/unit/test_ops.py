@@ -23,8 +23,8 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from pipelines.health import HealthState, start_http_server
 from tidegraph import metrics
+from tidegraph.pipelines.streaming.health import HealthState, start_http_server
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "grafana"
@@ -76,15 +76,17 @@ def readme_settings() -> set[str]:
 
 def real_settings() -> set[str]:
     """The environment variables tidegraph reads: Settings, WorkerSettings and ServeSettings
-    fields."""
-    from pipelines.config import WorkerSettings
-    from tidegraph.app.serve_settings import ServeSettings
+    fields, and the local services' (a tool of the checkout)."""
+    from tests.support.local_services import LocalSettings
+    from tidegraph.app.serving.settings import ServeSettings
+    from tidegraph.pipelines.streaming.config import WorkerSettings
     from tidegraph.settings import Settings
 
     fields = (
         set(Settings.model_fields)
         | set(WorkerSettings.model_fields)
         | set(ServeSettings.model_fields)
+        | set(LocalSettings.model_fields)
     )
     return {f"TIDEGRAPH_{name.upper()}" for name in fields}
 

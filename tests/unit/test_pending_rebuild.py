@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from pipelines.chain import run_steps
-from pipelines.pending import partition_of, rebuild_episode
-from pipelines.retry import RetryPolicy
 from tidegraph.llm.client import LLMError
+from tidegraph.pipelines.pending import partition_of, rebuild_episode
+from tidegraph.pipelines.retry import RetryPolicy
+from tidegraph.pipelines.step_runner import run_steps
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.times import utc

@@ -11,7 +11,7 @@ import pytest
 PARENT = textwrap.dedent(
     """
     import os, subprocess, sys
-    from tidegraph.testing.processes import terminate_with_parent
+    from tests.support.processes import terminate_with_parent
     child = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(600)"],
         start_new_session=True,

@@ -1,12 +1,12 @@
 """The breadth-first walk every store's ``expand_facts`` and ``entity_distances`` use
-(tidegraph/store/hits.py): its order (nearer first, then from the more relevant seed) and how
+(tidegraph/stores/hits.py): its order (nearer first, then from the more relevant seed) and how
 little it reads when a few facts are asked for."""
 
 from __future__ import annotations
 
 from tests.unit.recall_fixtures import fact
 from tidegraph.records.graph import FactRecord
-from tidegraph.store.hits import distances, expanded
+from tidegraph.stores.hits import distances, expanded
 
 
 class Graph:

@@ -1,4 +1,4 @@
-"""LLM calls started ahead on a guess (processors.speculation): a started call answers only
+"""LLM calls started ahead on a guess (tidegraph.pipelines.speculation): a started call answers only
 exactly the same request, and nothing started is left behind."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from processors.speculation import SharedCalls, Speculated, Starting
+from tidegraph.pipelines.speculation import SharedCalls, Speculated, Starting
 
 
 class Recorded:

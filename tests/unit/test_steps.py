@@ -16,15 +16,18 @@ from typing import Any, cast
 import pytest
 from pydantic import BaseModel
 
-from pipelines.handlers import READERS, WRITERS, HopHandler
-from processors.context import RecentEpisodes
-from processors.extraction import ExtractionStep
-from processors.invalidation import InvalidationStep
-from processors.prompts import EntityResolutionOutput, FactResolutionOutput
-from processors.resolution import ResolutionStep
-from processors.steps import Components
-from processors.temporal import TemporalStep
+from tests.support.crm_feed import crm_mappings, owner_record, plan_record
+from tests.support.memory_store import MemoryStore
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.pipelines.chain import CHAIN, build_steps, hops
+from tidegraph.pipelines.streaming.handlers import READERS, WRITERS, HopHandler
+from tidegraph.processors.context import RecentEpisodes
+from tidegraph.processors.extraction import ExtractionStep
+from tidegraph.processors.invalidation import InvalidationStep
+from tidegraph.processors.prompts import EntityResolutionOutput, FactResolutionOutput
+from tidegraph.processors.resolution import ResolutionStep
+from tidegraph.processors.steps import Components
+from tidegraph.processors.temporal import TemporalStep
 from tidegraph.records.asof import AsOf
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import NoExtractorError
@@ -41,11 +44,8 @@ from tidegraph.records.stages import (
     WriteSummary,
 )
 from tidegraph.records.times import iso
-from tidegraph.store import EpisodeConflictError, GraphStore
-from tidegraph.testing.crm_feed import crm_mappings, owner_record, plan_record
-from tidegraph.testing.memory_store import MemoryStore
-from topics.chain import CHAIN, build_steps, hops
-from topics.names import TopicNames
+from tidegraph.stores import EpisodeConflictError, GraphStore
+from tidegraph.topics.names import TopicNames
 
 G = "tenant-1"
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -70,7 +70,7 @@ class Call:
 
 
 class ScriptedLLM:
-    """``processors.prompts.StructuredLLM`` in process: each request is answered by the
+    """``tidegraph.processors.prompts.StructuredLLM`` in process: each request is answered by the
     script of its schema (by class name) from the prompt; an unscripted request fails."""
 
     def __init__(self, **script: Answer) -> None:

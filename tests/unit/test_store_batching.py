@@ -1,4 +1,5 @@
-"""Group commit (tidegraph.store.batching) and the embedding cache (tidegraph.embed.cache)."""
+"""Group commit (tidegraph.stores.neo4j.batching) and the embedding cache
+(tidegraph.embed.cache)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from tidegraph.embed.cache import CachingEmbedder
 from tidegraph.embed.hashing import HashingEmbedder
-from tidegraph.store.batching import GroupCommit
+from tidegraph.stores.neo4j.batching import GroupCommit
 
 
 class Recorder:

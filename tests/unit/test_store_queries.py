@@ -13,8 +13,11 @@ import pytest
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.search import KINDS
-from tidegraph.store import common_queries, neo4j_queries, neo4j_search_queries, sqlite_search
-from tidegraph.store.asof_cypher import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
+from tidegraph.stores.neo4j import common_queries
+from tidegraph.stores.neo4j import queries as neo4j_queries
+from tidegraph.stores.neo4j import search_queries as neo4j_search_queries
+from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
+from tidegraph.stores.sqlite import search as sqlite_search
 
 MODULES = {
     "neo4j": neo4j_queries,

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from processors.temporal import (
+from tidegraph.processors.temporal import (
     MAX_TIME_TEXT,
     open_end,
     parse_when,

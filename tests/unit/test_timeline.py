@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from processors.timeline import FactDecision, FactPlan, plan_facts, valid_at_time
+from tidegraph.processors.timeline import FactDecision, FactPlan, plan_facts, valid_at_time
 from tidegraph.records.asof import end_known_at, start_known_at
 from tidegraph.records.graph import FactRecord
 from tidegraph.records.stages import StampedFact

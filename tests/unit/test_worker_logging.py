@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import faust
 import pytest
 
-from pipelines.worker import QuietWorker
+from tidegraph.pipelines.streaming.worker import QuietWorker
 
 
 @pytest.fixture

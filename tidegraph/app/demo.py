@@ -27,9 +27,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from pipelines.inprocess import Failure, IngestReport, ingest, read_jsonl
-from pipelines.runtime import Runtime, open_runtime
 from tidegraph.embed import MiniLMEmbedder
+from tidegraph.pipelines.inprocess import Failure, IngestReport, ingest, read_jsonl
+from tidegraph.pipelines.runtime import Runtime, open_runtime
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EntityRecord, FactView
 from tidegraph.settings import Settings

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import orjson
 
-from pipelines.inprocess import EpisodeFailed, InProcessChain
-from pipelines.runtime import Runtime, open_runtime
+from tidegraph.pipelines.inprocess import EpisodeFailed, InProcessChain
+from tidegraph.pipelines.runtime import Runtime, open_runtime
 from tidegraph.recall.context import build_context
 from tidegraph.recall.search import Searcher, SearchResults
 from tidegraph.records.episode import Episode
@@ -141,7 +141,7 @@ class Memory:
         return AddResult(episode.group_id, episode.id, episode.uuid, status)
 
     async def _produce(self, episode: Episode, raw: bytes) -> AddResult:
-        from pipelines.client import produce_lines
+        from tidegraph.topics.client import produce_lines
 
         report = await produce_lines(self.runtime.settings, [raw])
         if report.refused:

@@ -3,7 +3,7 @@
 A fact is believed at K once created by then (``created_at <= K``); its end counts only once
 learned by then (``expired_at <= K``), and when the end or the start moved later (a late fact,
 ``FactRecord.move_end`` / ``move_start``), the one believed at K is the one its history says.
-The stores' Cypher filter (``tidegraph.store.asof_cypher.as_of_match``) lets through a
+The stores' Cypher filter (``tidegraph.stores.neo4j.asof.as_of_match``) lets through a
 superset of these facts; ``AsOf.believed`` decides each."""
 
 from __future__ import annotations

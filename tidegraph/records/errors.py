@@ -1,5 +1,5 @@
 """Failures that belong to a record (retrying cannot help): each carries its dead-letter
-reason, one of ``processors.failures.REASONS``."""
+reason, one of ``tidegraph.processors.failures.REASONS``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The records that flow between the stages (``topics.chain``): an episode's extraction, its
+"""The records that flow between the stages (``tidegraph.pipelines.chain``): an episode's
+extraction, its
 resolution, its stamped facts, and what its write changed."""
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class Extraction(BaseModel):
 
 class PendingWrite(BaseModel):
     """What resolution leaves to the episode's write, one transaction later in the same
-    ordered hop (``topics.chain``): the entity upserts, which of them are new, and the stored
+    ordered hop (``tidegraph.pipelines.chain``): the entity upserts, which of them are new, and the
+    stored
     facts its lookup already read (so that the write need not read them again)."""
 
     entities: list[EntityRecord] = Field(default_factory=list)

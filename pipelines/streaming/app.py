@@ -1,0 +1,420 @@
+"""The Faust app: one agent per stage, each a thin loop around a ``pipelines.stages`` handler.
+
+Per agent: micro-batches from ``stream.noack_take(batch_size, within)``; each record goes to the
+lane of its key (= group_id, ``tidegraph.pipelines.streaming.lanes``): groups run concurrently, each
+group's records strictly in order, with no barrier between batches. A record is acked only once its
+handler finished and Kafka acknowledged every record it produced (downstream hop, new-entity events
+or its dead letter), so offsets are committed only for finished work (Faust commits the contiguous
+acked prefix of each partition). ``noack_take`` rather than ``take``: ``take`` acks the whole batch
+when its body ends, also when it ends by cancellation at shutdown, which would commit records never
+processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any
+
+import faust
+
+from tidegraph.connections import KafkaConnection
+from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
+from tidegraph.pipelines.chain import CHAIN, build_steps, hops
+from tidegraph.pipelines.pending import pending_envelopes
+from tidegraph.pipelines.runtime import Runtime
+from tidegraph.pipelines.streaming.commits import guard_commits
+from tidegraph.pipelines.streaming.community_agent import install_community_agent
+from tidegraph.pipelines.streaming.config import WorkerSettings
+from tidegraph.pipelines.streaming.handlers import (
+    Consumed,
+    Emit,
+    HopHandler,
+    RecordHandler,
+    handled,
+)
+from tidegraph.pipelines.streaming.health import HealthState
+from tidegraph.pipelines.streaming.lanes import KeyedBacklog, KeyedLanes
+from tidegraph.settings import Settings
+from tidegraph.topics.names import TopicNames
+
+log = logging.getLogger(__name__)
+
+# Exit status when Kafka does not take a record after the producer's own retries: nothing
+# more is acked or committed, and the restarted worker gets the unfinished records again.
+EXIT_PRODUCE_FAILED = 75
+
+
+class TidegraphApp(faust.App):
+    """faust.App that keeps its commits safe across rebalances and closes tidegraph's
+    resources after everything else has stopped."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._closers: list[Callable[[], Awaitable[None]]] = []
+        self._committed_before_rebalance: dict[Any, int | None] = {}
+
+    def _new_consumer(self) -> Any:
+        consumer = super()._new_consumer()
+        guard_commits(consumer)  # never commit past a record still in flight
+        return consumer
+
+    def on_rebalance_start(self) -> None:
+        super().on_rebalance_start()
+        consumer = self._consumer
+        committed = getattr(consumer, "_committed_offset", None) if consumer else None
+        self._committed_before_rebalance = dict(committed or {})
+
+    async def _on_partitions_revoked(self, revoked: set[Any]) -> None:
+        # faust-streaming 0.15 forgets the committed offset of revoked partitions *before* it
+        # waits for the records in flight; its periodic commit then takes the first records
+        # acked afterwards as the start of the contiguous range and may commit past records
+        # still in flight (lost if the worker dies then, or if they are handed back). Put the
+        # last committed offsets back so that a commit only ever covers finished records.
+        consumer = self._consumer
+        committed = getattr(consumer, "_committed_offset", None) if consumer else None
+        if committed is not None:
+            for tp in revoked:
+                before = self._committed_before_rebalance.get(tp)
+                if before is not None and committed.get(tp) is None:
+                    committed[tp] = before
+        await super()._on_partitions_revoked(revoked)
+
+    def add_closer(self, closer: Callable[[], Awaitable[None]]) -> None:
+        self._closers.append(closer)
+
+    async def on_shutdown(self) -> None:
+        await super().on_shutdown()
+        for closer in reversed(self._closers):
+            try:
+                await closer()
+            except Exception:
+                log.exception("closing %r failed", closer)
+
+
+def create_app(
+    settings: Settings,
+    worker: WorkerSettings,
+    runtime: Runtime,
+    *,
+    loop: asyncio.AbstractEventLoop | None = None,
+    health: HealthState | None = None,
+) -> TidegraphApp:
+    names = TopicNames(settings.topic_prefix)
+    partitions = settings.partitions
+    kafka = KafkaConnection.from_settings(settings)
+    app = TidegraphApp(
+        worker.group_id(settings.topic_prefix),
+        broker=kafka.faust_brokers(),
+        broker_credentials=kafka.faust_credentials(),
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=partitions,
+        topic_replication_factor=settings.replication_factor,
+        topic_allow_declare=False,  # ensure_topics creates them, with checks
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        processing_guarantee="at_least_once",
+        broker_commit_every=worker.commit_every,
+        broker_commit_interval=worker.commit_interval_seconds,
+        broker_session_timeout=worker.session_timeout_seconds,
+        broker_heartbeat_interval=worker.heartbeat_interval_seconds,
+        # On rebalance and shutdown, finish every record already taken before letting go of
+        # the partitions. Handing them back unprocessed is not safe with this Faust: it drops
+        # its committed offsets at revocation, and its periodic commit can then pass records
+        # that were never acked (we saw records lost that way).
+        stream_wait_empty=True,
+        broker_rebalance_timeout=worker.rebalance_timeout_seconds,
+        datadir=str(settings.data_dir / "faust"),
+        loop=loop,
+    )
+    topic_objects = {
+        name: app.topic(
+            name,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=partitions,
+            replicas=settings.replication_factor,
+        )
+        for name in names.all()
+    }
+    sender = Sender(topic_objects, names)
+    # One agent per hop of the chain (tidegraph.pipelines.chain), its steps built once for this
+    # process.
+    steps = dict(zip((stage.name for stage in CHAIN), build_steps(runtime.components), strict=True))
+    budget = settings.record_timeout_seconds
+    lanes: list[KeyedLanes] = []
+    consumed: list[str] = []
+    for hop in hops(CHAIN):
+        handler = HopHandler(
+            hop,
+            [steps[stage.name] for stage in hop.stages],
+            names,
+            worker,
+            budget,
+            batch=runtime.components,  # the write hop batches a group's records
+        )
+        consumed.append(names.named(hop.consumes))
+        agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)
+        app.agent(topic_objects[consumed[-1]], name=f"tidegraph.{hop.name}")(agent)
+    if worker.communities_enabled:  # entities.new -> communities (pipelines/community_agent)
+        install_community_agent(
+            app, runtime, names, worker, source=topic_objects[names.entities_new],
+            run_agent=partial(stage_agent, sender=sender, worker=worker, registry=lanes,
+                              generation=lambda: app.consumer_generation_id),
+        )  # fmt: skip
+
+    async def quiesce() -> None:
+        # Faust has waited for the records it tracks; also finish every job admitted to a
+        # lane, and start nothing new until the next assignment: nothing of this worker runs
+        # on a group once its partition may start elsewhere.
+        await asyncio.gather(*(stage.quiesce() for stage in list(lanes)))
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # Faust awaits async receivers
+    async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
+        await quiesce()
+        for topic in consumed:
+            ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(0)
+        runtime.components.context.forget_all()
+
+    owned_episode_partitions: set[int] = set()  # the pending sweep's groups (below)
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # Faust awaits async receivers
+    async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
+        owned_episode_partitions.clear()
+        owned_episode_partitions.update(
+            tp.partition for tp in assigned if tp.topic == names.episodes
+        )
+        for stage_lanes in lanes:
+            stage_lanes.reopen()  # records taken before the rebalance are still dropped
+        for topic in consumed:
+            count = sum(1 for tp in assigned if tp.topic == topic)
+            ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(count)
+        log.info(
+            "assigned partitions: %s",
+            ", ".join(sorted(f"{tp.topic}:{tp.partition}" for tp in assigned)) or "none",
+        )
+        if health is not None:
+            health.kafka_connected = True  # joined the group (possibly with no partitions)
+
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]  # Faust awaits async receivers
+    async def on_shutdown(sender: Any, **_: Any) -> None:
+        await quiesce()  # before the consumer's last commit
+
+    if health is not None:
+
+        @app.timer(interval=worker.health_probe_seconds)
+        async def probe_neo4j() -> None:
+            try:
+                await runtime.store.episode_processed("tidegraph-health", "probe")
+            except Exception as exc:
+                if health.neo4j_reachable:
+                    log.warning("neo4j is not reachable: %s: %s", type(exc).__name__, exc)
+                health.neo4j_reachable = False
+            else:
+                health.neo4j_reachable = True
+
+    if runtime.llm is not None:
+
+        @app.timer(interval=worker.pending_sweep_seconds, name="tidegraph.pending_sweep")
+        async def sweep_pending() -> None:
+            # Episodes stored without extraction go through the chain again, on their group's
+            # partition so the group's order holds (README "Episodes without an LLM").
+            try:
+                envelopes = await pending_envelopes(
+                    runtime.store,
+                    set(owned_episode_partitions),
+                    partitions,
+                    worker.pending_sweep_limit,
+                )
+                for key, value in envelopes:
+                    await topic_objects[names.episodes].send(key=key.encode(), value=value)
+            except Exception:
+                log.exception("pending sweep failed; the next one tries again")
+                return
+            if envelopes:
+                log.info("pending_sweep resent=%d", len(envelopes))
+
+    app.add_closer(runtime.close)
+    return app
+
+
+def _short(names: TopicNames, topic: str) -> str:
+    return topic[len(names.prefix) + 1 :]
+
+
+class Sender:
+    """Produces handler outputs through the app's producer; returns delivery futures."""
+
+    def __init__(self, topics: dict[str, faust.TopicT], names: TopicNames) -> None:
+        self.topics = topics
+        self.names = names
+
+    async def send(self, emit: Emit) -> Awaitable[Any]:
+        topic = self.topics[emit.topic]
+        # force=True: deliver now rather than attaching the send to the current event.
+        return await topic.send(key=emit.key, value=emit.value, force=True)
+
+    def delivered(self, emit: Emit) -> None:
+        RECORDS_PRODUCED.labels(_short(self.names, emit.topic)).inc()
+
+
+def stage_agent(
+    handler: RecordHandler,
+    sender: Sender,
+    worker: WorkerSettings,
+    registry: list[KeyedLanes],
+    generation: Callable[[], int],
+) -> Callable[[faust.StreamT], Awaitable[None]]:
+    async def agent(stream: faust.StreamT) -> None:
+        lanes = KeyedLanes(
+            worker.max_in_flight,
+            lambda exc: _fail_stop(handler.stage, exc),
+            per_key=worker.max_in_flight_per_group,
+        )
+        registry.append(lanes)
+        backlog: KeyedBacklog[faust.EventT] = KeyedBacklog(handler.group_take)
+        # noack_take is faust-streaming's, missing from its StreamT stub
+        batches: AsyncIterator[Sequence[faust.EventT]] = stream.noack_take(  # type: ignore[attr-defined]
+            worker.batch_size, within=worker.batch_within(handler.stage)
+        )
+        try:
+            async for events in batches:
+                BATCH_SIZE.labels(handler.stage).observe(len(events))
+                if handler.groups_records:
+                    # A group's waiting records in one job, batched or extracted ahead (README
+                    # "Batch-native stages"); its lane keeps the group's jobs in order.
+                    for key, group_events in by_key(events).items():
+                        for start in range(0, len(group_events), backlog.most):
+                            backlog.add(key, group_events[start : start + backlog.most])
+                            job = partial(
+                                run_waiting, handler, sender, stream, backlog, key, generation
+                            )
+                            await lanes.submit(key, job)
+                    continue
+                for event in events:
+                    job = partial(run_record, handler, sender, stream, event, generation)
+                    await lanes.submit(event.message.key, job)
+        finally:
+            registry.remove(lanes)
+            await lanes.cancel()
+
+    agent.__name__ = agent.__qualname__ = f"{handler.stage}_agent"
+    return agent
+
+
+def by_key(events: Sequence[faust.EventT]) -> dict[Any, list[faust.EventT]]:
+    """The events of a micro-batch by record key (group), each key's in offset order."""
+    groups: dict[Any, list[faust.EventT]] = {}
+    for event in events:
+        groups.setdefault(event.message.key, []).append(event)
+    return groups
+
+
+async def run_waiting(
+    handler: RecordHandler,
+    sender: Sender,
+    stream: faust.StreamT,
+    backlog: KeyedBacklog[faust.EventT],
+    key: Any,
+    generation: Callable[[], int],
+) -> None:
+    """The records of group ``key`` waiting when this job starts (``KeyedBacklog``), through
+    ``run_records``. Records taken before a rebalance are left unacked (Kafka hands them
+    out again)."""
+    current = generation()
+    stale: list[faust.EventT] = []
+
+    def fresh(event: faust.EventT) -> bool:
+        if event.message.generation_id == current:
+            return True
+        stale.append(event)
+        return False
+
+    events = backlog.take(key, fresh)
+    if stale:
+        log.warning(
+            "stage=%s dropped %d records taken before the rebalance", handler.stage, len(stale)
+        )
+    if events:
+        await run_records(handler, sender, stream, events, generation)
+
+
+async def run_records(
+    handler: RecordHandler,
+    sender: Sender,
+    stream: faust.StreamT,
+    events: list[faust.EventT],
+    generation: Callable[[], int],
+) -> None:
+    """One group's records of a micro-batch (``RecordHandler.handle_group``): handled, their
+    outputs produced and acknowledged by Kafka, then each record acked, in order."""
+    fresh = [e for e in events if e.message.generation_id == generation()]
+    if len(fresh) < len(events):
+        log.warning(
+            "stage=%s dropped %d records taken before the rebalance",
+            handler.stage, len(events) - len(fresh),
+        )  # fmt: skip
+    outputs = await handler.handle_group([consumed(event) for event in fresh])
+    deliveries = [(emit, await sender.send(emit)) for emits in outputs for emit in emits]
+    for emit, delivery in deliveries:
+        await delivery
+        sender.delivered(emit)
+    for event in fresh:
+        await stream.ack(event)
+
+
+async def run_record(
+    handler: RecordHandler,
+    sender: Sender,
+    stream: faust.StreamT,
+    event: faust.EventT,
+    generation: Callable[[], int],
+) -> None:
+    """One record: handle it, produce its outputs, wait for Kafka's acknowledgement, ack."""
+    if event.message.generation_id != generation():
+        # Taken before a rebalance (none should be left: they are finished before the
+        # partitions are let go). Its partition may be another worker's now: leave it unacked.
+        log.warning(
+            "stage=%s dropped a record taken before the rebalance: %s:%d:%d",
+            handler.stage, event.message.topic, event.message.partition, event.message.offset,
+        )  # fmt: skip
+        return
+    outputs = await handled(handler, consumed(event), handler.deadline)
+    deliveries = [(emit, await sender.send(emit)) for emit in outputs]
+    for emit, delivery in deliveries:
+        await delivery
+        sender.delivered(emit)
+    await stream.ack(event)
+
+
+def consumed(event: faust.EventT) -> Consumed:
+    message = event.message
+    timestamp = message.timestamp
+    return Consumed(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        timestamp_ms=None if timestamp is None else int(round(timestamp * 1000)),
+        key=message.key,
+        value=message.value,
+    )
+
+
+def _fail_stop(stage: str, exc: BaseException) -> None:
+    """A record could not be produced (Kafka unavailable beyond the producer's retries) or a
+    handler broke its contract (handlers turn record failures into dead letters): stop at
+    once without committing anything more."""
+    log.critical(
+        "stage=%s cannot finish a batch (%s: %s); exiting with status %d without committing: "
+        "the unfinished records are redelivered when a worker restarts",
+        stage, type(exc).__name__, exc, EXIT_PRODUCE_FAILED, exc_info=exc,
+    )  # fmt: skip
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_PRODUCE_FAILED)

@@ -1,0 +1,125 @@
+"""Start one worker process: topics, runtime, metrics endpoint, then the Faust worker.
+
+Everything that can be wrong with the configuration (Kafka or Neo4j unreachable, topics with another
+partition count, a broken mapping file) fails here, before Faust starts. The runtime (one store
+connection, one embedder, one LLM client = one global LLM rate limiter) is opened once on the event
+loop the Faust worker then runs on, and closed after the app has stopped. Several workers (one
+machine or many) with the same consumer group share the partitions. The HTTP port serves
+``/metrics``, ``/healthz`` and ``/readyz`` (``tidegraph.pipelines.streaming.health``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import NoReturn
+
+import faust
+from aiokafka.errors import KafkaError
+from neo4j.exceptions import DriverError, Neo4jError
+
+from tidegraph.connections import ConnectionSettingsError, KafkaConnection, neo4j_driver_options
+from tidegraph.pipelines.runtime import open_runtime
+from tidegraph.pipelines.streaming.app import create_app
+from tidegraph.pipelines.streaming.config import WorkerSettings
+from tidegraph.pipelines.streaming.health import HealthState, health_routes
+from tidegraph.pipelines.streaming.observability import ObservabilityServer, Response
+from tidegraph.settings import Settings
+from tidegraph.stores import StoreSchemaError
+from tidegraph.topics.admin import TopicSetupError, ensure_topics
+from tidegraph.topics.names import TopicNames
+
+log = logging.getLogger(__name__)
+
+
+LOG_FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+
+
+def setup_logging(level: str) -> None:
+    """One root handler for our and Faust's loggers (Faust keeps an existing one)."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+    # The driver logs every schema "already exists" notice at INFO.
+    logging.getLogger("neo4j.notifications").setLevel(logging.WARNING)
+
+
+class StartupError(RuntimeError):
+    """The worker cannot start with this configuration (the message says what to fix)."""
+
+
+def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
+    setup_logging(settings.log_level)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    names = TopicNames(settings.topic_prefix)
+    try:
+        kafka = KafkaConnection.from_settings(settings)
+        neo4j_driver_options(settings)  # checks the Neo4j TLS settings before anything starts
+    except ConnectionSettingsError as exc:
+        raise StartupError(str(exc)) from exc
+    try:
+        loop.run_until_complete(
+            ensure_topics(
+                kafka,
+                names,
+                partitions=settings.partitions,
+                replication_factor=settings.replication_factor,
+            )
+        )
+    except (KafkaError, OSError) as exc:  # OSError includes TLS handshake failures
+        raise StartupError(
+            f"Kafka at {settings.kafka_bootstrap_servers} (TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS, "
+            f"security protocol {settings.kafka_security_protocol}): {type(exc).__name__}: "
+            f"{exc or 'no answer'}; check the address and the TIDEGRAPH_KAFKA_SASL_* / "
+            f"TIDEGRAPH_KAFKA_SSL_* settings"
+        ) from exc
+    except TopicSetupError as exc:
+        raise StartupError(str(exc)) from exc
+    (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
+    try:
+        runtime = loop.run_until_complete(open_runtime(settings, mapping_path=settings.mappings))
+    except (DriverError, Neo4jError) as exc:
+        raise StartupError(
+            f"Neo4j at {settings.neo4j_uri} (TIDEGRAPH_NEO4J_URI): {type(exc).__name__}: {exc}"
+        ) from exc
+    except (ValueError, StoreSchemaError, OSError) as exc:  # mapping file, schema, paths
+        raise StartupError(f"{type(exc).__name__}: {exc}") from exc
+    health = HealthState(neo4j_reachable=True, stuck_after_seconds=worker.health_stuck_seconds)
+    server = ObservabilityServer(settings.metrics_port, worker.metrics_host)
+    for path, route in health_routes(health, Response).items():
+        server.add_route(path, route)
+    server.start()
+    app = create_app(settings, worker, runtime, loop=loop, health=health)
+    health.watch_loop(loop)
+    app.add_closer(_stopper(server, health))
+    log.info(
+        "worker starting: group=%s topics=%s.* partitions=%d store=%s llm=%s mappings=%s",
+        worker.group_id(settings.topic_prefix), settings.topic_prefix, settings.partitions,
+        settings.store, "yes" if runtime.llm else "no", settings.mappings or "none",
+    )  # fmt: skip
+    faust_worker = QuietWorker(
+        app,
+        loop=loop,
+        loglevel=settings.log_level.upper(),
+        quiet=True,
+        redirect_stdouts=False,
+    )
+    faust_worker.execute_from_commandline()
+
+
+class QuietWorker(faust.Worker):
+    """faust.Worker without its terminal spinner. For the spinner Faust sets the root logger
+    to DEBUG whenever the level asked for is WARNING or above, so every debug call of the
+    neo4j driver and aiokafka built a log record (about 8 % of a busy worker's CPU, profiled
+    with py-spy) and wrote cursor codes into the log."""
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        self.spinner = None
+
+
+def _stopper(server: ObservabilityServer, health: HealthState):
+    async def stop() -> None:
+        health.unwatch_loop()
+        health.kafka_connected = False
+        server.stop()
+
+    return stop

@@ -1,0 +1,209 @@
+"""The search methods of the in-memory store (``memory_store.MemoryStore``): exact, by brute
+force over the dictionaries, with the rules every store keeps (``tidegraph.stores.hits``:
+what a scope sees, the hits and their order, the breadth-first walk).
+
+Fulltext is the approximation ``fulltext_entities`` makes (see memory_store's docstring): a
+record matches when it shares a word with the text (split like a search), scored by the number
+of the text's words it has; no stemming, no term weights. Vector scores are exact cosine,
+``(1 + cos) / 2``, like both stores.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from tidegraph.embed.base import cosine
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
+from tidegraph.records.search import Hit, Kind, SearchScope
+from tidegraph.stores import hits as rules
+from tidegraph.stores.base import GraphStore
+from tidegraph.stores.rows import check_embedding, cosine_score, unique
+from tidegraph.stores.search_text import search_terms, text_words
+
+# (record, its text, its embedding) of one kind, as a scope sees them.
+Candidate = tuple[
+    FactRecord | EntityRecord | EpisodeRecord | CommunityRecord, str, list[float] | None
+]
+
+
+@dataclass
+class StoredCommunity:
+    group_id: str
+    name: str
+    summary: str
+    name_embedding: list[float] | None = None
+    created_at: datetime | None = None
+
+
+class MemorySearch(GraphStore):
+    """The search methods over ``MemoryStore``'s dictionaries."""
+
+    _episodes: dict[str, EpisodeRecord]
+    _entities: dict[str, EntityRecord]
+    _facts: dict[str, FactRecord]
+    _mentions: set[tuple[str, str]]  # (episode uuid, entity uuid)
+    _communities: dict[str, StoredCommunity]
+    _members: set[tuple[str, str]]  # (community uuid, entity uuid)
+
+    @abc.abstractmethod
+    def _dimension(self) -> int: ...
+
+    async def fulltext_search(
+        self, scope: SearchScope, kind: Kind, text: str, limit: int
+    ) -> list[Hit]:
+        terms = set(search_terms(text))
+        rules.check_kind(kind)
+        if not terms or limit <= 0:
+            return []
+
+        def score(text: str, _: list[float] | None) -> float | None:
+            found = len(terms & text_words(text))
+            return float(found) if found else None
+
+        return self._search(scope, kind, score, limit)
+
+    async def vector_search(
+        self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
+    ) -> list[Hit]:
+        vector = check_embedding(embedding, self._dimension(), "query embedding")
+        rules.check_kind(kind)
+        if vector is None or limit <= 0:
+            return []
+
+        def score(_: str, stored: list[float] | None) -> float | None:
+            return None if stored is None else cosine_score(cosine(stored, vector))
+
+        return self._search(scope, kind, score, limit)
+
+    async def expand_facts(
+        self, scope: SearchScope, seeds: list[str], hops: int, limit: int
+    ) -> list[Hit]:
+        if not seeds or hops < 1 or limit <= 0:
+            return []
+        hits = []
+        for group_id in unique(scope.group_ids):
+            nearest = await rules.expanded(self._touching(group_id, scope.asof), seeds, hops, limit)
+            hits += [self._fact_hit(f, 1 / d, scope.asof, d) for f, d in nearest]
+        return rules.best(hits, limit)
+
+    async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
+        found: list[str] = []
+        for group_id in unique(scope.group_ids):
+            seen = [
+                e
+                for e in self._of_group(self._episodes, group_id)
+                if rules.episode_seen(e, scope.asof)
+            ]
+            latest = sorted(seen, key=lambda e: (e.valid_at, e.uuid), reverse=True)[
+                : max(episodes, 0)
+            ]
+            for episode in latest:
+                found += sorted(e for ep, e in self._mentions if ep == episode.uuid)
+        return unique(found)
+
+    async def entity_distances(
+        self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
+    ) -> dict[str, int]:
+        walks = [self._touching(g, scope.asof) for g in unique(scope.group_ids)]
+        return await rules.distances(walks, centre, uuids, max_hops)
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _of_group(records: dict[str, EpisodeRecord], group_id: str) -> Iterator[EpisodeRecord]:
+        return (r for r in records.values() if r.group_id == group_id)
+
+    def _touching(
+        self, group_id: str, asof: AsOf
+    ) -> Callable[[list[str]], Awaitable[list[FactRecord]]]:
+        async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
+            ends = set(entity_uuids)
+            return [
+                f.model_copy(deep=True)
+                for f in self._facts.values()
+                if f.group_id == group_id
+                and {f.source_uuid, f.target_uuid} & ends
+                and asof.believed(f)
+            ]
+
+        return facts_of
+
+    def _search(
+        self,
+        scope: SearchScope,
+        kind: Kind,
+        score: Callable[[str, list[float] | None], float | None],
+        limit: int,
+    ) -> list[Hit]:
+        hits = []
+        for group_id in unique(scope.group_ids):
+            for record, text, embedding in self._candidates(group_id, kind, scope.asof):
+                found = score(text, embedding)
+                if found is not None:
+                    hits.append(self._hit(record, group_id, found, scope.asof))
+        return rules.best(hits, limit)
+
+    def _candidates(self, group_id: str, kind: Kind, asof: AsOf) -> list[Candidate]:
+        """The group's records of ``kind`` that the scope sees, with text and embedding."""
+        if kind == "fact":
+            return [
+                (f.model_copy(deep=True), f.fact, f.fact_embedding)
+                for f in self._facts.values()
+                if f.group_id == group_id and asof.believed(f)
+            ]
+        if kind == "entity":
+            return [
+                (e.model_copy(deep=True), f"{e.name} {e.summary}", e.name_embedding)
+                for e in self._entities.values()
+                if e.group_id == group_id and rules.known_by(e.created_at, asof)
+            ]
+        if kind == "episode":
+            return [
+                (e.model_copy(deep=True), e.content, e.content_embedding)
+                for e in self._of_group(self._episodes, group_id)
+                if rules.episode_seen(e, asof)
+            ]
+        return [
+            (self._community(uuid, c), f"{c.name} {c.summary}", c.name_embedding)
+            for uuid, c in self._communities.items()
+            if c.group_id == group_id and rules.known_by(c.created_at, asof)
+        ]
+
+    def _community(self, uuid: str, stored: StoredCommunity) -> CommunityRecord:
+        members = sorted(e for c, e in self._members if c == uuid)
+        embedding = None if stored.name_embedding is None else list(stored.name_embedding)
+        return CommunityRecord(
+            uuid, stored.name, stored.summary, members, embedding, stored.created_at
+        )
+
+    def _hit(
+        self,
+        record: FactRecord | EntityRecord | EpisodeRecord | CommunityRecord,
+        group_id: str,
+        score: float,
+        asof: AsOf,
+    ) -> Hit:
+        if isinstance(record, FactRecord):
+            return self._fact_hit(record, score, asof, None)
+        if isinstance(record, EntityRecord):
+            producers = rules.latest_first(
+                (self._episodes[ep].valid_at, self._episodes[ep].producer_id)
+                for ep, e in self._mentions
+                if e == record.uuid and rules.known_by(self._episodes[ep].created_at, asof)
+            )
+            return rules.entity_hit(record, score, producers)
+        if isinstance(record, EpisodeRecord):
+            return rules.episode_hit(record, score)
+        return rules.community_hit(record, group_id, score)
+
+    def _fact_hit(self, fact: FactRecord, score: float, asof: AsOf, distance: int | None) -> Hit:
+        names = {u: self._entities[u].name for u in (fact.source_uuid, fact.target_uuid)}
+        producers = {
+            u: episode.producer_id
+            for u in fact.episodes
+            if (episode := self._episodes.get(u)) is not None and episode.group_id == fact.group_id
+        }
+        return rules.fact_hit(fact, score, asof, names, producers, distance)

@@ -1,0 +1,461 @@
+"""An in-memory ``GraphStore`` for unit tests: the whole interface of ``tidegraph/stores/base.py``,
+faithful to its docstrings, with no server.
+
+It is a test double, but a real store: it keeps the rules the steps rely on, with the helpers
+the Neo4j and embedded stores use themselves (``tidegraph/stores/rows.py``, ``errors.py``,
+``search_text.py``):
+
+- every call is scoped by ``group_id``; uuids are unique across groups (the stores' uniqueness
+  constraints), so a write naming another group's entity, fact or community is refused with
+  ``StoreIntegrityError`` (``errors.check_write``, ``errors.check_entity_owners``,
+  ``errors.check_community_owners``);
+- writes are MERGEs by uuid: ``created_at`` only on create, ``expired_at`` only while null, a
+  fact row without an embedding or an end/start history keeps the stored one, and entity
+  upserts are folded by ``fold_entity_rows`` (labels and aliases set union, summary replaced
+  when non-empty, key set while null; name, created_at and name_embedding never change);
+- ``write_episode`` checks everything before it changes anything, so it is all or nothing like
+  the stores' transaction; it skips an episode whose marker is stored in the group (False) and
+  raises ``EpisodeConflictError`` for one stored with another content hash;
+- every read hands out copies: a caller changing a record (``plan_facts`` moves ends) changes
+  nothing stored;
+- ``query_facts`` and the community graph answer with ``AsOf.believed`` and ``fact_view``, as
+  both stores do after their Cypher filter (``as_of_match``);
+- vector searches are exact cosine, scored ``(1 + cos) / 2`` like both stores.
+
+Writes and vector searches need ``setup(dim)`` first, as in the real stores. The search methods
+(exact, brute force) are in ``memory_search``.
+
+One approximation: ``fulltext_entities`` finds the entities sharing a word with the text (split
+and stop-word filtered by ``search_terms``, as both stores split it) in their name or summary,
+scored by the number of the text's words found. Neo4j (Lucene's English analyzer) and the
+embedded store (FTS5, BM25) also stem words and weigh them, so "companies" finds "Company"
+there and not here, and scores and ties may rank differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+from tests.support.memory_search import MemorySearch, StoredCommunity
+from tidegraph.embed.base import cosine
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import (
+    CommunityRecord,
+    EntityRecord,
+    EpisodeRecord,
+    EpisodeWrite,
+    FactRecord,
+    FactView,
+    WeightedEdge,
+)
+from tidegraph.records.ids import normalize_name
+from tidegraph.records.times import utc
+from tidegraph.stores import errors
+from tidegraph.stores.rows import (
+    HISTORY_FIELDS,
+    EntityState,
+    check_embedding,
+    closure_row,
+    community_rows,
+    cosine_score,
+    entity_row,
+    episode_record,
+    episode_row,
+    fact_record,
+    fact_row,
+    fact_view,
+    fold_communities,
+    fold_edges,
+    fold_entity_rows,
+    neighbour_weights_of,
+    now_utc,
+    rank,
+    sort_entities,
+    sort_facts,
+    sort_views,
+    unique,
+)
+from tidegraph.stores.search_text import search_terms, text_words
+
+# What a fact row leaves as stored when it does not carry it (the stores' coalesce).
+_KEPT_WHEN_UNSET = ("fact_embedding", *HISTORY_FIELDS)
+_END_HISTORY = ("prior_ends", "prior_ends_learned_at", "end_learned_at")
+
+
+class MemoryStore(MemorySearch):
+    """``GraphStore`` in dictionaries (see the module docstring)."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self._dim: int | None = None
+        self._episodes: dict[str, EpisodeRecord] = {}
+        self._created: dict[str, list[str]] = {}  # episode uuid -> the entities it created
+        self._entities: dict[str, EntityRecord] = {}
+        self._facts: dict[str, FactRecord] = {}
+        self._mentions: set[tuple[str, str]] = set()  # (episode uuid, entity uuid)
+        self._communities: dict[str, StoredCommunity] = {}
+        self._members: set[tuple[str, str]] = set()  # HAS_MEMBER: (community uuid, entity uuid)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def setup(self, embedding_dim: int) -> None:
+        if embedding_dim < 1:
+            raise ValueError("embedding_dim must be positive")
+        if self._dim is not None and self._dim != embedding_dim:
+            raise errors.StoreSchemaError(
+                f"the memory store holds {self._dim}-dimensional embeddings but the embedder "
+                f"produces {embedding_dim}"
+            )
+        self._dim = embedding_dim
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+    def _dimension(self) -> int:
+        if self._dim is None:
+            raise errors.StoreSchemaError("the memory store has no schema: run setup() first")
+        return self._dim
+
+    # ------------------------------------------------------------------ episodes
+    async def episode_marker(
+        self, group_id: str, episode_uuid: str, content_hash: str | None = None
+    ) -> list[str] | None:
+        stored = self._episodes.get(episode_uuid)
+        if stored is None or stored.group_id != group_id or stored.not_extracted is not None:
+            return None
+        errors.check_same_episode(episode_uuid, stored.content_hash, content_hash)
+        return list(self._created.get(episode_uuid, []))
+
+    async def episode_status(self, group_id: str, episode_uuid: str) -> str:
+        stored = self._episodes.get(episode_uuid)
+        if stored is None or stored.group_id != group_id:
+            return "missing"
+        return "processed" if stored.not_extracted is None else "not_extracted"
+
+    async def pending_episodes(self, group_id: str, limit: int) -> list[EpisodeRecord]:
+        pending = [e for e in self._episodes.values() if e.group_id == group_id and e.not_extracted]
+        pending.sort(key=lambda e: (utc(e.valid_at), e.producer_id))
+        return [e.model_copy(deep=True) for e in pending[: max(limit, 0)]]
+
+    async def pending_groups(self) -> list[str]:
+        return sorted({e.group_id for e in self._episodes.values() if e.not_extracted})
+
+    async def recent_episodes(
+        self, group_id: str, before: datetime, limit: int
+    ) -> list[EpisodeRecord]:
+        if limit <= 0:
+            return []
+        cutoff = utc(before)
+        earlier = [e for e in self._episodes.values() if e.group_id == group_id]
+        earlier = [e for e in earlier if e.valid_at < cutoff]
+        latest = sorted(earlier, key=lambda e: (e.valid_at, e.uuid))[-limit:]
+        return [e.model_copy(deep=True) for e in latest]
+
+    # ------------------------------------------------------------------ entities
+    def _entity_out(self, entity: EntityRecord) -> EntityRecord:
+        """A copy of a stored entity with its community (the lowest uuid, as the stores)."""
+        communities = sorted(
+            c
+            for c, e in self._members
+            if e == entity.uuid and self._communities[c].group_id == entity.group_id
+        )
+        community = communities[0] if communities else None
+        return entity.model_copy(deep=True, update={"community_uuid": community})
+
+    def _group_entities(
+        self, group_id: str, keep: Callable[[EntityRecord], bool] = lambda e: True
+    ) -> list[EntityRecord]:
+        """Copies of the group's entities that ``keep`` accepts, by name then uuid."""
+        return sort_entities(
+            self._entity_out(e)
+            for e in self._entities.values()
+            if e.group_id == group_id and keep(e)
+        )
+
+    async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
+        wanted = set(names)
+        return self._group_entities(
+            group_id, lambda e: normalize_name(e.name) in wanted or bool(wanted & set(e.aliases))
+        )
+
+    async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
+        wanted = set(keys)
+        return self._group_entities(group_id, lambda e: e.key is not None and e.key in wanted)
+
+    async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
+        wanted = set(uuids)
+        return self._group_entities(group_id, lambda e: e.uuid in wanted)
+
+    async def list_entities(self, group_id: str) -> list[EntityRecord]:
+        return self._group_entities(group_id)
+
+    async def fulltext_entities(
+        self, group_id: str, text: str, limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        """Entities sharing a word with ``text`` (see the module docstring: no stemming)."""
+        terms = search_terms(text)
+        if not terms or limit <= 0:
+            return []
+        hits = []
+        for entity in self._group_entities(group_id):
+            found = len(set(terms) & text_words(f"{entity.name} {entity.summary}"))
+            if found:
+                hits.append((entity, float(found)))
+        return rank(hits, limit)
+
+    async def vector_entities(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        vector = check_embedding(embedding, self._dimension(), "query embedding")
+        if limit <= 0 or vector is None:
+            return []
+        hits = [
+            (entity, cosine_score(cosine(entity.name_embedding, vector)))
+            for entity in self._group_entities(group_id)
+            if entity.name_embedding is not None
+        ]
+        return rank(hits, limit)
+
+    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
+        if not entities:
+            return
+        now = now_utc()
+        rows = [entity_row(group_id, e, self._dimension(), now) for e in entities]
+        errors.check_entity_owners(group_id, self._owners(unique(r["uuid"] for r in rows)))
+        self._upsert_rows(group_id, rows)
+
+    def _owners(self, uuids: Iterable[str]) -> dict[str, str]:
+        """The group of each stored entity among ``uuids``."""
+        return {u: self._entities[u].group_id for u in uuids if u in self._entities}
+
+    def _upsert_rows(self, group_id: str, rows: list[dict[str, Any]]) -> None:
+        """Entity rows (``entity_row``) applied as the stores' MERGE does (checked before)."""
+        stored = {
+            uuid: EntityState(list(e.labels), list(e.aliases), e.summary, e.key)
+            for uuid in unique(r["uuid"] for r in rows)
+            if (e := self._entities.get(uuid)) is not None
+        }
+        creates, updates = fold_entity_rows(rows, stored)
+        for row in creates:
+            self._entities[row["uuid"]] = EntityRecord(
+                uuid=row["uuid"],
+                group_id=group_id,
+                name=row["name"],
+                labels=row["labels"],
+                summary=row["summary"],
+                key=row["key"],
+                aliases=row["aliases"],
+                name_embedding=row["name_embedding"],
+                created_at=row["created_at"],
+            )
+        for uuid, state in updates.items():
+            entity = self._entities[uuid]
+            entity.labels, entity.aliases = list(state.labels), list(state.aliases)
+            entity.summary, entity.key = state.summary, state.key
+
+    # ------------------------------------------------------------------ facts
+    def _group_facts(self, group_id: str) -> Iterator[FactRecord]:
+        return (f for f in self._facts.values() if f.group_id == group_id)
+
+    async def facts_touching(self, group_id: str, entity_uuids: list[str]) -> list[FactRecord]:
+        wanted = set(entity_uuids)
+        return sort_facts(
+            f.model_copy(deep=True)
+            for f in self._group_facts(group_id)
+            if f.source_uuid in wanted or f.target_uuid in wanted
+        )
+
+    async def vector_facts(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[FactRecord, float]]:
+        vector = check_embedding(embedding, self._dimension(), "query embedding")
+        if limit <= 0 or vector is None:
+            return []
+        hits = [
+            (f.model_copy(deep=True), cosine_score(cosine(f.fact_embedding, vector)))
+            for f in self._group_facts(group_id)
+            if f.fact_embedding is not None
+        ]
+        return rank(hits, limit)
+
+    async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
+        dim = self._dimension()
+        now = now_utc()
+        entities = [entity_row(group_id, e, dim, now) for e in write.entities]
+        episode = episode_row(group_id, write.episode, dim, now, write.created)
+        facts = [fact_row(group_id, f, dim, now) for f in write.facts]
+        closures = [closure_row(c) for c in write.closures]
+        stored = self._episodes.get(write.episode.uuid)
+        if stored is not None and errors.skips_write(
+            group_id, write, stored.group_id, stored.content_hash, stored.not_extracted
+        ):
+            return False  # already processed: nothing may change (GraphStore.write_episode)
+        self._check_write(group_id, write, None if stored is None else stored.group_id)
+        # Checked: nothing below can fail, so the write is all or nothing (one transaction).
+        self._upsert_rows(group_id, entities)
+        self._episodes[episode["uuid"]] = episode_record({**episode, "group_id": group_id})
+        self._created[episode["uuid"]] = episode["created_entities"]
+        self._mentions.update((episode["uuid"], u) for u in unique(write.mentions))
+        for row in facts:
+            self._merge_fact(group_id, row)
+        for row in closures:
+            self._close_fact(row)
+        return True
+
+    def _check_write(self, group_id: str, write: EpisodeWrite, episode_group: str | None) -> None:
+        """Refuse a write that would cross groups or dangle, exactly as both stores check it."""
+        owners = self._owners(errors.written_entity_uuids(write)[1])
+        facts = {
+            uuid: errors.StoredFact(f.group_id, f.source_uuid, f.target_uuid)
+            for uuid in errors.written_fact_uuids(write)
+            if (f := self._facts.get(uuid)) is not None
+        }
+        errors.check_write(group_id, write, episode_group, owners, facts)
+
+    def _merge_fact(self, group_id: str, row: dict[str, Any]) -> None:
+        """MERGE by uuid, then the given state, except what the stores keep (created_at, a set
+        expired_at, and what the row does not carry: ``_KEPT_WHEN_UNSET``)."""
+        fact = fact_record({**row, "group_id": group_id}, row["source_uuid"], row["target_uuid"])
+        stored = self._facts.get(fact.uuid)
+        if stored is not None:
+            fact.group_id, fact.created_at = stored.group_id, stored.created_at
+            fact.expired_at = stored.expired_at or fact.expired_at
+            for name in _KEPT_WHEN_UNSET:
+                if not getattr(fact, name):
+                    setattr(fact, name, getattr(stored, name))
+        self._facts[fact.uuid] = fact
+
+    def _close_fact(self, row: dict[str, Any]) -> None:
+        """A closure (``closure_row``): the end, its history when given, expired_at once."""
+        fact = self._facts[row["uuid"]]  # checked: stored in the group, or written just now
+        fact.invalid_at = row["invalid_at"]
+        for name in _END_HISTORY:
+            if row[name] is not None:
+                setattr(fact, name, row[name])
+        fact.expired_at = fact.expired_at or row["expired_at"]
+
+    async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
+        producers = {u: e.producer_id for u, e in self._episodes.items() if e.group_id == group_id}
+        views = []
+        for fact in self._believed(group_id, asof):
+            subject = self._entities[fact.source_uuid].name
+            obj = self._entities[fact.target_uuid].name
+            views.append((fact_view(fact, subject, obj, producers, asof), fact))
+        return sort_views(views)
+
+    def _believed(self, group_id: str, asof: AsOf) -> list[FactRecord]:
+        """Copies of the group's facts ``asof`` believes (about ``asof.entity_uuid`` if set)."""
+        about = asof.entity_uuid
+        return [
+            f.model_copy(deep=True)
+            for f in self._group_facts(group_id)
+            if asof.believed(f) and (about is None or about in (f.source_uuid, f.target_uuid))
+        ]
+
+    # ------------------------------------------------------------------ maintenance
+    async def counts(self, group_id: str) -> dict[str, int]:
+        episodes = {u for u, e in self._episodes.items() if e.group_id == group_id}
+        return {
+            "episodes": len(episodes),
+            "entities": sum(1 for e in self._entities.values() if e.group_id == group_id),
+            "facts": sum(1 for _ in self._group_facts(group_id)),
+            "mentions": sum(1 for episode, _ in self._mentions if episode in episodes),
+        }
+
+    async def delete_group(self, group_id: str) -> None:
+        episodes = {u for u, e in self._episodes.items() if e.group_id == group_id}
+        entities = {u for u, e in self._entities.items() if e.group_id == group_id}
+        communities = {u for u, c in self._communities.items() if c.group_id == group_id}
+        self._facts = {
+            u: f
+            for u, f in self._facts.items()
+            if f.group_id != group_id and not {f.source_uuid, f.target_uuid} & entities
+        }
+        # DETACH DELETE: the relationships of every node removed go with it.
+        self._mentions = {
+            (p, e) for p, e in self._mentions if p not in episodes and e not in entities
+        }
+        self._members = {
+            (c, e) for c, e in self._members if c not in communities and e not in entities
+        }
+        for uuid in episodes:
+            del self._episodes[uuid]
+            self._created.pop(uuid, None)
+        for uuid in entities:
+            del self._entities[uuid]
+        for uuid in communities:
+            del self._communities[uuid]
+
+    # ------------------------------------------------------------------ communities
+    async def entity_graph(
+        self, group_id: str, at: datetime | None = None
+    ) -> tuple[list[str], list[WeightedEdge]]:
+        asof = AsOf.resolve(at, None, False, None)
+        nodes = sorted(u for u, e in self._entities.items() if e.group_id == group_id)
+        rows = ((f.source_uuid, f.target_uuid, 1) for f in self._believed(group_id, asof))
+        return nodes, [WeightedEdge(a, b, w) for a, b, w in fold_edges(rows)]
+
+    async def neighbour_weights(
+        self, group_id: str, entity_uuid: str, at: datetime | None = None
+    ) -> dict[str, int]:
+        asof = AsOf.resolve(at, None, False, entity_uuid)
+        rows = ((f.source_uuid, f.target_uuid, 1) for f in self._believed(group_id, asof))
+        return neighbour_weights_of(entity_uuid, rows)
+
+    async def communities(self, group_id: str) -> list[CommunityRecord]:
+        heads = [
+            (u, c.name, c.summary) for u, c in self._communities.items() if c.group_id == group_id
+        ]
+        mine = {u for u, _, _ in heads}
+        members = [(c, e) for c, e in self._members if c in mine]
+        return [CommunityRecord(u, n, s, m) for u, n, s, m in fold_communities(heads, members)]
+
+    async def write_communities(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
+    ) -> None:
+        if not upserts and not deletes:
+            return
+        rows, memberships, members = community_rows(upserts, self._dimension(), now_utc())
+        uuids = [r["uuid"] for r in rows]
+        named = unique([*uuids, *deletes])
+        errors.check_community_owners(
+            group_id, {u: self._communities[u].group_id for u in named if u in self._communities}
+        )
+        gone = set(deletes)
+        self._communities = {u: c for u, c in self._communities.items() if u not in gone}
+        self._members = {(c, e) for c, e in self._members if c not in gone}
+        for row in rows:
+            stored = self._communities.get(row["uuid"])
+            kept = stored.name_embedding if stored is not None else None
+            embedding = row["name_embedding"] or kept
+            created = stored.created_at if stored is not None else row["created_at"]
+            self._communities[row["uuid"]] = StoredCommunity(
+                group_id, row["name"], row["summary"], embedding, created
+            )
+        if rows:  # the upserted communities' members are replaced, and leave other ones
+            moved, replaced = set(members), set(uuids)
+            self._members = {
+                (c, e)
+                for c, e in self._members
+                if self._communities[c].group_id != group_id
+                or (c not in replaced and e not in moved)
+            }
+        for m in memberships:
+            if self._owners([m["entity"]]).get(m["entity"]) == group_id:
+                self._members.add((m["community"], m["entity"]))
+
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
+        for community_uuid, entity_uuid in assignments:
+            community = self._communities.get(community_uuid)
+            if community is None or community.group_id != group_id:
+                continue
+            if self._owners([entity_uuid]).get(entity_uuid) != group_id:
+                continue
+            self._members = {
+                (c, e)
+                for c, e in self._members
+                if e != entity_uuid or self._communities[c].group_id != group_id
+            }
+            self._members.add((community_uuid, entity_uuid))

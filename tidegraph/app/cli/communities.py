@@ -1,0 +1,130 @@
+"""``tidegraph communities``: list a group's communities, force a refresh.
+
+    tidegraph communities --group G [--json]          # = tidegraph communities list ...
+    tidegraph communities refresh --group G
+
+With ``--json`` one object per line: ``{"uuid", "name", "summary", "members": [names],
+"size"}``, largest community first.
+
+Registered by ``tidegraph.app.cli.main`` as ``app.add_typer(communities_app, name="communities")``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tidegraph.settings import get_settings
+
+communities_app = typer.Typer(
+    help="Communities of entities (label propagation + neighbour-majority assignment).",
+    no_args_is_help=True,
+    invoke_without_command=True,
+)
+console = Console()
+
+
+@communities_app.callback()
+def communities(
+    ctx: typer.Context,
+    group: str | None = typer.Option(
+        None, "--group", help="Group id (tenant): list its communities."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+) -> None:
+    """Communities of entities: `tidegraph communities --group G [--json]` lists a group's
+    communities (as the `list` command does)."""
+    if ctx.invoked_subcommand is not None:
+        if group is not None or as_json:
+            raise typer.BadParameter(
+                f"give --group/--json after the command: tidegraph communities "
+                f"{ctx.invoked_subcommand} --group G"
+            )
+        return
+    if group is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
+    _print(group, as_json)
+
+
+@communities_app.command("list")
+def list_communities(
+    group: str = typer.Option(..., "--group", help="Group id (tenant)."),
+    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+) -> None:
+    """The group's communities with their members' names, largest first."""
+    _print(group, as_json)
+
+
+def _print(group: str, as_json: bool) -> None:
+    rows = asyncio.run(_rows(group))
+    if as_json:
+        for row in rows:
+            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+        return
+    table = Table("name", "size", "members", "summary")
+    for row in rows:
+        table.add_row(row["name"], str(row["size"]), ", ".join(row["members"][:8]), row["summary"])
+    console.print(table)
+
+
+async def _rows(group: str) -> list[dict[str, Any]]:
+    from tidegraph.stores import open_store
+
+    store = open_store(get_settings())
+    try:
+        communities = await store.communities(group)
+        members = sorted({m for c in communities for m in c.members})
+        names = {e.uuid: e.name for e in await store.entities_by_uuids(group, members)}
+    finally:
+        await store.close()
+    rows = [
+        {
+            "uuid": c.uuid,
+            "name": c.name,
+            "summary": c.summary,
+            "members": sorted(names.get(m, m) for m in c.members),
+            "size": len(c.members),
+        }
+        for c in communities
+    ]
+    return sorted(rows, key=lambda r: (-r["size"], r["name"], r["uuid"]))
+
+
+@communities_app.command("refresh")
+def refresh(
+    group: str = typer.Option(..., "--group", help="Group id (tenant)."),
+    seed: int = typer.Option(0, help="Label propagation seed."),
+    max_iterations: int = typer.Option(30, help="Label propagation sweep cap."),
+) -> None:
+    """Recompute the group's communities now (only changed ones are rewritten)."""
+    result = asyncio.run(_refresh(group, seed, max_iterations))
+    sys.stdout.write(orjson.dumps(result).decode() + "\n")
+
+
+async def _refresh(group: str, seed: int, max_iterations: int) -> dict[str, Any]:
+    from tidegraph.embed import make_embedder
+    from tidegraph.llm.client import LLMClient
+    from tidegraph.pipelines.community_service import CommunityService
+    from tidegraph.stores import open_store
+
+    settings = get_settings()
+    embedder = make_embedder(settings)
+    llm = LLMClient.from_settings(settings)
+    store = open_store(settings)
+    try:
+        await store.setup(embedder.dim)
+        service = CommunityService(store, llm, embedder)
+        result = await service.refresh(group, seed=seed, max_iterations=max_iterations)
+    finally:
+        await store.close()
+        await embedder.close()
+        if llm is not None:
+            await llm.close()
+    return {**vars(result), "seconds": round(result.seconds, 3)}

@@ -1,0 +1,302 @@
+"""``tidegraph mcp``: the memory as Model Context Protocol tools (README "Serving memory to
+agents"), on the official SDK's FastMCP, over stdio or streamable HTTP.
+
+Tools: add_memory, search_facts, search_entities, search_episodes, get_context, facts_as_of,
+episode_status. Every tool is scoped: over stdio to the ``--group`` ids the server was started
+with; over HTTP to the caller's API key's groups (and, when given, only those of them also in
+``--group``), or to ``--group`` when no keys are configured (then loopback only). A tool asked
+for another group fails with an error naming the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.fastmcp.exceptions import ToolError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tidegraph.app.serving.models import AddEpisodeIn, ContextIn, SearchIn, send_error
+from tidegraph.app.serving.service import MemoryService, ServiceError
+from tidegraph.app.serving.settings import KeyRing, Principal, bearer_or_header
+from tidegraph.metrics import MCP_TOOL_CALLS
+
+log = logging.getLogger("tidegraph.mcp")
+
+INSTRUCTIONS = """\
+tidegraph is a bi-temporal memory: every fact has when it was true (valid_at/invalid_at) and
+when it was learned. Add what happens with add_memory, always with its reference_time (when it
+happened, ISO 8601). Recall with get_context (a ready-to-read summary) or search_facts /
+search_entities / search_episodes; facts_as_of lists what was true at a moment. To read your
+own write, pass the token add_memory returned as wait_for."""
+
+
+class Scoping:
+    """Who a tool call is: the fixed groups (stdio, or HTTP without keys) or the API key of
+    the HTTP request, narrowed to ``groups`` when given."""
+
+    def __init__(self, keys: KeyRing, groups: list[str] | None) -> None:
+        self.keys = keys
+        self.groups = frozenset(groups) if groups else None
+
+    def principal(self, ctx: Context[Any, Any, Any]) -> Principal:
+        request = ctx.request_context.request
+        if request is None or not self.keys.enabled:  # stdio, or HTTP on loopback without keys
+            if self.groups is None:
+                raise ToolError("this MCP server was started without --group: it serves none")
+            return Principal(self.groups, "mcp")
+        headers = getattr(request, "headers", {})
+        found = self.keys.principal(
+            bearer_or_header(headers.get("authorization"), headers.get("x-api-key"))
+        )
+        if found is None or found.groups is None:
+            raise ToolError("missing or unknown API key")
+        allowed = found.groups & self.groups if self.groups is not None else found.groups
+        return Principal(allowed, found.key_id)
+
+
+class Holder:
+    """One memory per process, opened on first use."""
+
+    def __init__(self, open_service: Callable[[], Awaitable[MemoryService]]) -> None:
+        self.open_service = open_service
+        self.service: MemoryService | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> MemoryService:
+        async with self._lock:
+            if self.service is None:
+                self.service = await self.open_service()
+            return self.service
+
+    async def close(self) -> None:
+        if self.service is not None:
+            await self.service.memory.close()
+            self.service = None
+
+
+def build_mcp(
+    holder: Holder,
+    scoping: Scoping,
+    *,
+    stdio: bool = True,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+) -> FastMCP:
+    """The MCP server over ``holder``'s memory (opened on the first tool call, in the
+    server's event loop; over stdio closed when the session ends)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastMCP) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if stdio:  # over HTTP it runs per session: the app's shutdown closes the memory
+                await holder.close()
+
+    mcp = FastMCP("tidegraph", instructions=INSTRUCTIONS, lifespan=lifespan, host=host, port=port)
+
+    async def call(tool: str, ctx: Context[Any, Any, Any], run: Callable[..., Awaitable[Any]]):
+        try:
+            who = scoping.principal(ctx)
+            result = await run(await holder.get(), who)
+        except ServiceError as exc:
+            MCP_TOOL_CALLS.labels(tool, "error").inc()
+            raise ToolError(f"{exc.code}: {exc.message}") from None
+        except ToolError:
+            MCP_TOOL_CALLS.labels(tool, "error").inc()
+            raise
+        except ValueError as exc:  # a pydantic check of the arguments
+            MCP_TOOL_CALLS.labels(tool, "error").inc()
+            raise ToolError(f"invalid: {exc}") from None
+        MCP_TOOL_CALLS.labels(tool, "ok").inc()
+        return result
+
+    @mcp.tool()
+    async def add_memory(
+        content: str,
+        reference_time: str,
+        ctx: Context[Any, Any, Any],
+        group_id: str | None = None,
+        source: Literal["message", "text", "json"] = "message",
+        name: str = "",
+        episode_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Remember an episode (a message, a note, or a JSON record as text with
+        source=json). reference_time: when it happened (ISO 8601), required. Returns its
+        status and a token: pass the token as wait_for to read this write."""
+
+        async def run(svc: MemoryService, who: Principal) -> dict[str, Any]:
+            body: Any = content
+            if source == "json":
+                import orjson
+
+                try:
+                    body = orjson.loads(content)
+                except orjson.JSONDecodeError as exc:
+                    raise ToolError(f"content is not JSON (source=json): {exc}") from None
+            request = AddEpisodeIn(
+                content=body,
+                reference_time=reference_time,
+                group_id=group_id,
+                source=source,
+                name=name,
+                episode_id=episode_id,
+            )
+            result, token = await svc.add(who, request)
+            return {**result.as_json(), "token": token}
+
+        return await call("add_memory", ctx, run)
+
+    def searcher(tool: str, recipe: str) -> Callable[..., Awaitable[list[dict[str, Any]]]]:
+        async def search(
+            query: str,
+            ctx: Context[Any, Any, Any],
+            group_ids: list[str] | None = None,
+            valid_at: str | None = None,
+            known_at: str | None = None,
+            limit: int = 10,
+            include_invalid: bool = False,
+            wait_for: list[str] | None = None,
+        ) -> list[dict[str, Any]]:
+            async def run(svc: MemoryService, who: Principal) -> list[dict[str, Any]]:
+                body = SearchIn(
+                    query=query,
+                    group_ids=group_ids,
+                    valid_at=valid_at,
+                    known_at=known_at,
+                    recipe=recipe,
+                    limit=limit,
+                    include_invalid=include_invalid,
+                    wait_for=wait_for or [],
+                )
+                return list((await svc.search(who, body))["results"])
+
+            return await call(tool, ctx, run)
+
+        return search
+
+    mcp.tool(
+        name="search_facts",
+        description="Facts (subject, relation, object, with when each was true) that answer "
+        "the query, valid at valid_at as known at known_at (default now). wait_for: tokens "
+        "of add_memory to wait for.",
+    )(searcher("search_facts", "facts_rrf"))
+    mcp.tool(
+        name="search_entities",
+        description="Entities (people, companies, things) that match the query.",
+    )(searcher("search_entities", "entities_rrf"))
+    mcp.tool(
+        name="search_episodes",
+        description="Raw episodes (messages, notes, records) that match the query.",
+    )(searcher("search_episodes", "episodes_rrf"))
+
+    @mcp.tool()
+    async def get_context(
+        query: str,
+        ctx: Context[Any, Any, Any],
+        group_ids: list[str] | None = None,
+        valid_at: str | None = None,
+        known_at: str | None = None,
+        max_chars: int = 4000,
+        wait_for: list[str] | None = None,
+    ) -> str:
+        """The memory relevant to the query as text to read: facts with their dates,
+        entities, communities and episode excerpts, within max_chars."""
+
+        async def run(svc: MemoryService, who: Principal) -> str:
+            body = ContextIn(
+                query=query,
+                group_ids=group_ids,
+                valid_at=valid_at,
+                known_at=known_at,
+                max_chars=max_chars,
+                wait_for=wait_for or [],
+            )
+            return str((await svc.context(who, body))["context"])
+
+        return await call("get_context", ctx, run)
+
+    @mcp.tool()
+    async def facts_as_of(
+        ctx: Context[Any, Any, Any],
+        group_id: str | None = None,
+        valid_at: str | None = None,
+        known_at: str | None = None,
+        include_invalid: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Every fact of the group valid at valid_at as believed at known_at (default now)."""
+
+        async def run(svc: MemoryService, who: Principal) -> list[dict[str, Any]]:
+            return await svc.facts(
+                who,
+                group_id,
+                valid_at=valid_at,
+                known_at=known_at,
+                include_invalid=include_invalid,
+            )
+
+        return await call("facts_as_of", ctx, run)
+
+    @mcp.tool()
+    async def episode_status(
+        episode_id: str, ctx: Context[Any, Any, Any], group_id: str | None = None
+    ) -> dict[str, Any]:
+        """Where an added episode stands: written, not_extracted, queued, dead_lettered or
+        failed (with the reason)."""
+
+        async def run(svc: MemoryService, who: Principal) -> dict[str, Any]:
+            return await svc.episode_status(who, group_id, episode_id)
+
+        return await call("episode_status", ctx, run)
+
+    return mcp
+
+
+class RequireKey:
+    """401 for an HTTP request without a known API key (when keys are configured)."""
+
+    def __init__(self, app: ASGIApp, keys: KeyRing) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.keys.enabled:
+            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+            key = bearer_or_header(headers.get("authorization"), headers.get("x-api-key"))
+            if self.keys.principal(key) is None:
+                message = "missing or unknown API key"
+                await send_error(
+                    send, 401, "unauthorized", message, [(b"www-authenticate", b"Bearer")]
+                )
+                return
+        await self.app(scope, receive, send)
+
+
+class ClosesMemory:
+    """Closes the holder's memory when the app shuts down (ASGI lifespan)."""
+
+    def __init__(self, app: ASGIApp, holder: Holder) -> None:
+        self.app = app
+        self.holder = holder
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await self.holder.close()
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
+def http_app(mcp: FastMCP, keys: KeyRing, holder: Holder) -> ASGIApp:
+    """The streamable HTTP app (path /mcp) behind the API-key check."""
+    return ClosesMemory(RequireKey(mcp.streamable_http_app(), keys), holder)

@@ -1,0 +1,35 @@
+"""Graph stores: Neo4j (production) and the embedded SQLite store, behind one interface."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tidegraph.records.graph import EpisodeWrite, FactClosure
+from tidegraph.stores.base import GraphStore
+from tidegraph.stores.errors import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
+
+if TYPE_CHECKING:
+    from tidegraph.settings import Settings
+
+__all__ = [
+    "EpisodeConflictError",
+    "EpisodeWrite",
+    "FactClosure",
+    "GraphStore",
+    "StoreIntegrityError",
+    "StoreSchemaError",
+    "open_store",
+]
+
+
+def open_store(settings: Settings) -> GraphStore:
+    """The store the settings choose (call ``setup(embedding_dim)`` before use)."""
+    if settings.store == "neo4j":
+        from tidegraph.stores.neo4j.store import Neo4jStore
+
+        return Neo4jStore.from_settings(settings)
+    if settings.store == "embedded":
+        from tidegraph.stores.sqlite.store import SqliteStore
+
+        return SqliteStore(settings.data_dir / "graph", settings.embedded_cache_mb)
+    raise ValueError(f"unknown store {settings.store!r} (expected 'neo4j' or 'embedded')")

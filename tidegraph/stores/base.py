@@ -1,0 +1,444 @@
+"""The one graph-store interface. Neo4j and the embedded store implement it identically.
+
+Rules every implementation keeps:
+- every read and write is scoped by ``group_id`` (no call ever touches another group's data);
+- names, labels, relation types and any other user/LLM text travel only as query
+  parameters, never as query text (labels that must become real node labels are checked
+  against ``processors.models.LABEL_RE`` first);
+- writes are idempotent: MERGE by deterministic uuid, ``created_at`` only on create,
+  ``expired_at`` only when still null;
+- datetimes go in and come out as aware UTC ``datetime``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import (
+    CommunityRecord,
+    EntityLookup,
+    EntityRecord,
+    EpisodeRecord,
+    EpisodeWrite,
+    FactRecord,
+    FactView,
+    WeightedEdge,
+)
+from tidegraph.records.search import Hit, Kind, SearchScope
+from tidegraph.stores.rows import unique
+
+
+@dataclass(frozen=True)
+class LookupRequest:
+    """What ``lookup_entities`` asks, its lists without duplicates (see there)."""
+
+    keys: list[str]
+    names: list[str]
+    episode_uuid: str | None
+    content_hash: str | None
+    relations: list[str] | None
+
+
+@dataclass(frozen=True)
+class BatchRead:
+    """What a batch of one group's mapped episodes reads before it is processed
+    (``read_batch``): the entities of its keys and names with their facts of its relations,
+    and the processed markers of its episodes."""
+
+    lookup: EntityLookup
+    markers: dict[str, list[str]]
+
+
+class BatchWriteError(Exception):
+    """``write_episodes`` failed at one of its writes: ``written`` holds the results of the
+    writes before it, which are committed (empty where the batch is one transaction), and
+    ``__cause__`` the error."""
+
+    def __init__(self, written: list[bool]) -> None:
+        super().__init__(f"batch write failed after {len(written)} writes")
+        self.written = written
+
+
+class GraphStore(abc.ABC):
+    """Async graph store. All methods are group-scoped; see the module docstring."""
+
+    name: str = "store"
+
+    # ---------------------------------------------------------------- lifecycle
+    @abc.abstractmethod
+    async def setup(self, embedding_dim: int) -> None:
+        """Create constraints and indexes idempotently (vector indexes of ``embedding_dim``).
+
+        Raises a clear error if existing vector indexes have another dimension."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    # ---------------------------------------------------------------- episodes
+    async def episode_processed(
+        self, group_id: str, episode_uuid: str, content_hash: str | None = None
+    ) -> bool:
+        """True once ``write_episode`` committed this episode extracted (the processed
+        marker; an episode stored without extraction is not processed yet). With
+        ``content_hash``, an episode stored with another hash raises EpisodeConflictError
+        (its id was reused for other content)."""
+        return await self.episode_marker(group_id, episode_uuid, content_hash) is not None
+
+    @abc.abstractmethod
+    async def episode_marker(
+        self, group_id: str, episode_uuid: str, content_hash: str | None = None
+    ) -> list[str] | None:
+        """The uuids of the entities the processed episode created (``EpisodeWrite.created``,
+        stored on its marker; empty for episodes stored before they were), or None when the
+        episode is not processed. EpisodeConflictError as ``episode_processed``."""
+
+    async def episode_markers(
+        self, group_id: str, episodes: list[tuple[str, str | None]]
+    ) -> dict[str, list[str]]:
+        """``episode_marker`` of each (uuid, content hash): the processed ones only, by uuid.
+        EpisodeConflictError as there."""
+        found: dict[str, list[str]] = {}
+        for uuid, content_hash in episodes:
+            created = await self.episode_marker(group_id, uuid, content_hash)
+            if created is not None:
+                found[uuid] = created
+        return found
+
+    async def read_batch(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        relations: list[str],
+        episodes: list[tuple[str, str | None]],
+    ) -> BatchRead:
+        """``lookup_entities(group_id, keys, names, relations=relations)`` and
+        ``episode_markers(group_id, episodes)``, in one round trip where the store can (on
+        Neo4j one statement, shared with the other groups' batch reads waiting at the same
+        moment). EpisodeConflictError as ``episode_markers``."""
+        lookup = await self.lookup_entities(group_id, keys, names, None, relations)
+        return BatchRead(lookup, await self.episode_markers(group_id, episodes))
+
+    @abc.abstractmethod
+    async def episode_status(self, group_id: str, episode_uuid: str) -> str:
+        """``missing`` (not stored in the group), ``not_extracted`` (stored, searchable, not
+        extracted yet: README "Episodes without an LLM") or ``processed``."""
+
+    async def episode_statuses(self, group_id: str, episode_uuids: list[str]) -> dict[str, str]:
+        """``episode_status`` of each uuid, in one read where the store can."""
+        return {uuid: await self.episode_status(group_id, uuid) for uuid in episode_uuids}
+
+    @abc.abstractmethod
+    async def pending_episodes(self, group_id: str, limit: int) -> list[EpisodeRecord]:
+        """Up to ``limit`` of the group's episodes stored without extraction, in event order
+        (``valid_at``, then producer id)."""
+
+    @abc.abstractmethod
+    async def pending_groups(self) -> list[str]:
+        """The groups with episodes stored without extraction (an operator's view: every
+        tenant; `tidegraph extract --pending` and the worker's sweep)."""
+
+    @abc.abstractmethod
+    async def recent_episodes(
+        self, group_id: str, before: datetime, limit: int
+    ) -> list[EpisodeRecord]:
+        """Up to ``limit`` episodes with ``valid_at < before``, oldest first."""
+
+    async def recent_episodes_before(
+        self, group_id: str, befores: list[datetime], limit: int
+    ) -> list[list[EpisodeRecord]]:
+        """``recent_episodes`` for each of ``befores``, in order (a store with round trips
+        answers them in one)."""
+        return [await self.recent_episodes(group_id, before, limit) for before in befores]
+
+    # ---------------------------------------------------------------- entities
+    @abc.abstractmethod
+    async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
+        """Entities whose normalised name or one of whose aliases is in ``names``
+        (already normalised with ``processors.models.normalize_name``)."""
+
+    @abc.abstractmethod
+    async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
+        """Entities whose stable external ``key`` is in ``keys``."""
+
+    @abc.abstractmethod
+    async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]: ...
+
+    @abc.abstractmethod
+    async def fulltext_entities(
+        self, group_id: str, text: str, limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        """Entities matching ``text`` (plain user text, escaped by the store) on name and
+        summary, best first, with the engine's score."""
+
+    @abc.abstractmethod
+    async def vector_entities(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        """Nearest entities by name embedding (cosine similarity in [0, 1]), best first."""
+
+    async def entity_candidates(
+        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
+        """For each (name, name embedding): ``vector_entities(embedding, limit)`` and
+        ``fulltext_entities(name, limit)``, all at once (on Neo4j in two round trips for a
+        group small enough to be scanned)."""
+        found = await asyncio.gather(
+            *(self.vector_entities(group_id, embedding, limit) for _, embedding in searches),
+            *(self.fulltext_entities(group_id, name, limit) for name, _ in searches),
+        )
+        n = len(searches)
+        return list(zip(found[:n], found[n:], strict=True))
+
+    @abc.abstractmethod
+    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
+        """MERGE by uuid. On create: every field. On match: add labels and aliases (set
+        union), replace summary when the new one is non-empty, set key when null.
+        ``name``, ``created_at`` and ``name_embedding`` never change after creation."""
+
+    async def lookup_entities(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        episode_uuid: str | None = None,
+        relations: list[str] | None = None,
+        content_hash: str | None = None,
+    ) -> EntityLookup:
+        """``entities_by_keys(keys)`` and ``entities_by_names(names)`` (without name
+        embeddings) and, when ``episode_uuid`` is given, ``episode_marker`` (with
+        ``content_hash``, as there: a processed episode answers with its created entities and
+        nothing else); with ``relations``, the found entities' facts of those relations too
+        (see ``EntityLookup``) — in one round trip where the store can."""
+        ask = LookupRequest(
+            keys=unique(keys),
+            names=unique(names),
+            episode_uuid=episode_uuid,
+            content_hash=content_hash,
+            relations=None if relations is None else unique(relations),
+        )
+        return await self._lookup(group_id, ask)
+
+    async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
+        """``lookup_entities`` from the other methods (up to four calls)."""
+        if ask.episode_uuid:
+            created = await self.episode_marker(group_id, ask.episode_uuid, ask.content_hash)
+            if created is not None:
+                return EntityLookup(processed=True, created_entities=created)
+        by_key = await self.entities_by_keys(group_id, ask.keys) if ask.keys else []
+        by_name = await self.entities_by_names(group_id, ask.names) if ask.names else []
+        lookup = EntityLookup(
+            by_key=_without_embeddings(by_key), by_name=_without_embeddings(by_name)
+        )
+        if ask.relations is not None:
+            sources = sorted({e.uuid for e in [*by_key, *by_name]})
+            pairs = [(source, relation) for source in sources for relation in ask.relations]
+            lookup.facts = (
+                await self.fact_candidates(group_id, pairs, [], embeddings=False) if pairs else []
+            )
+        return lookup
+
+    @abc.abstractmethod
+    async def list_entities(self, group_id: str) -> list[EntityRecord]:
+        """All entities of the group, ordered by name then uuid."""
+
+    # ---------------------------------------------------------------- facts
+    @abc.abstractmethod
+    async def facts_touching(self, group_id: str, entity_uuids: list[str]) -> list[FactRecord]:
+        """Every fact (open or closed) with its source or target in ``entity_uuids``."""
+
+    async def fact_candidates(
+        self,
+        group_id: str,
+        pairs: list[tuple[str, str]],
+        ends: list[str],
+        *,
+        embeddings: bool = True,
+    ) -> list[FactRecord]:
+        """The facts (open or closed) whose (source uuid, relation name) is in ``pairs``, and
+        those with their source or target in ``ends``; ordered like ``facts_touching``.
+        ``embeddings=False``: without ``fact_embedding`` (cheaper where it is not compared)."""
+        if not pairs and not ends:
+            return []
+        return await self._fact_candidates(group_id, sorted(set(pairs)), unique(ends), embeddings)
+
+    async def _fact_candidates(
+        self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
+    ) -> list[FactRecord]:
+        """``fact_candidates`` from ``facts_touching``."""
+        wanted = set(pairs)
+        touched = set(ends)
+        read = sorted(touched | {source for source, _ in wanted})
+        found = [
+            f
+            for f in await self.facts_touching(group_id, read)
+            if (f.source_uuid, f.name) in wanted or {f.source_uuid, f.target_uuid} & touched
+        ]
+        if embeddings:
+            return found
+        return [f.model_copy(update={"fact_embedding": None}) for f in found]
+
+    @abc.abstractmethod
+    async def vector_facts(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[FactRecord, float]]:
+        """Nearest facts by fact embedding (cosine similarity), best first."""
+
+    @abc.abstractmethod
+    async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
+        """One transaction: the entity upserts (as ``upsert_entities``), then MERGE the
+        Episodic node (the processed marker), its MENTIONS, the facts (MERGE by uuid, then SET
+        the given state except ``created_at`` which only applies on create, ``expired_at``
+        which is only set while null and ``fact_embedding`` which a record without one leaves
+        as stored), and closures (``invalid_at`` set, ``expired_at`` only while null).
+
+        When the episode's marker is already stored in the group, nothing is written and the
+        answer is False (a late or repeated writer of a processed episode must not reopen what
+        later episodes closed); EpisodeConflictError when it was stored with another content
+        hash. True when written. The marker is checked inside the write's own transaction."""
+
+    async def write_episodes(self, group_id: str, writes: list[EpisodeWrite]) -> list[bool]:
+        """``write_episode`` of each write, in order, as if one after the other (a micro-batch
+        of one group: ``tidegraph.pipelines.batches``). On the first failure, BatchWriteError with
+        the results of the writes before it, which stay committed; a store that writes the batch
+        in one transaction commits none of it then."""
+        written: list[bool] = []
+        for write in writes:
+            try:
+                written.append(await self.write_episode(group_id, write))
+            except Exception as exc:
+                raise BatchWriteError(written) from exc
+        return written
+
+    async def query_facts(
+        self,
+        group_id: str,
+        *,
+        valid_at: datetime | None = None,
+        known_at: datetime | None = None,
+        include_invalid: bool = False,
+        entity_uuid: str | None = None,
+    ) -> list[FactView]:
+        """Facts as README "Two timelines" defines them (the rules: ``tidegraph.records.asof``):
+        - believed at ``known_at`` (None = now): only facts with ``created_at <= known_at``,
+          and ``invalid_at`` counts only when ``expired_at <= known_at``;
+        - valid at ``valid_at`` (None = now): ``valid_at <= t < invalid_at`` (open end when
+          null); ``include_invalid`` skips this filter (a fact's whole history);
+        - ``entity_uuid`` keeps facts with that entity as source or target.
+        Ordered by subject, relation, valid_at, uuid. ``episodes`` holds producer ids."""
+        asof = AsOf.resolve(valid_at, known_at, include_invalid, entity_uuid)
+        return await self.facts_as_of(group_id, asof)
+
+    @abc.abstractmethod
+    async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
+        """``query_facts`` of a resolved question."""
+
+    # ---------------------------------------------------------------- search
+    # README "Memory retrieval". Every search reads only ``scope.group_ids`` (each hit is of
+    # one of them, and so is everything it carries); facts are those ``query_facts`` answers
+    # for ``scope.asof``, each as believed then; entities and communities those created by
+    # its known-at time, episodes also happened by its valid-at time (``store.hits``).
+    @abc.abstractmethod
+    async def fulltext_search(
+        self, scope: SearchScope, kind: Kind, text: str, limit: int
+    ) -> list[Hit]:
+        """The ``kind`` records matching ``text`` (plain user text): facts on their sentence,
+        entities and communities on name and summary, episodes on content. Best first, scored
+        by the engine (BM25-like)."""
+
+    @abc.abstractmethod
+    async def vector_search(
+        self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
+    ) -> list[Hit]:
+        """The nearest ``kind`` records (fact, entity name, episode content, community name
+        embeddings), scored ``(1 + cos) / 2``, best first."""
+
+    @abc.abstractmethod
+    async def expand_facts(
+        self, scope: SearchScope, seeds: list[str], hops: int, limit: int
+    ) -> list[Hit]:
+        """The facts within ``hops`` of the ``seeds`` entities, breadth first over the
+        scope's facts: ``distance`` the hop each was reached at (1: touches a seed), score
+        ``1 / distance``; nearest first, at most ``limit``."""
+
+    @abc.abstractmethod
+    async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
+        """The entities mentioned by each group's ``episodes`` latest episodes (by valid_at),
+        most recent episode first, each uuid once."""
+
+    @abc.abstractmethod
+    async def entity_distances(
+        self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
+    ) -> dict[str, int]:
+        """Hops from ``centre`` to each of ``uuids`` over the scope's facts (0 for the centre
+        itself); a uuid farther than ``max_hops`` or unreachable is left out."""
+
+    # ---------------------------------------------------------------- maintenance
+    @abc.abstractmethod
+    async def counts(self, group_id: str) -> dict[str, int]:
+        """{"episodes", "entities", "facts", "mentions"} for the group."""
+
+    @abc.abstractmethod
+    async def delete_group(self, group_id: str) -> None:
+        """Remove every node and relationship of the group."""
+
+    # ---------------------------------------------------------------- communities
+    @abc.abstractmethod
+    async def entity_graph(
+        self, group_id: str, at: datetime | None = None
+    ) -> tuple[list[str], list[WeightedEdge]]:
+        """The group's entity graph over facts valid at ``at`` (None = now, as believed
+        now): every entity uuid (sorted) and one undirected edge per connected pair
+        (``source < target``, no self-loops) weighted by its number of valid facts, sorted.
+        A fixed number of queries, whatever the size of the group."""
+
+    @abc.abstractmethod
+    async def neighbour_weights(
+        self, group_id: str, entity_uuid: str, at: datetime | None = None
+    ) -> dict[str, int]:
+        """{neighbour uuid: number of facts valid at ``at`` between it and the entity}."""
+
+    async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
+        """{entity uuid: the uuid of the community it is a member of, or None} for the group's
+        entities among these (a light read: no names, summaries nor embeddings, where the
+        store can)."""
+        return {
+            e.uuid: e.community_uuid for e in await self.entities_by_uuids(group_id, entity_uuids)
+        }
+
+    async def neighbour_weights_many(
+        self, group_id: str, entity_uuids: list[str], at: datetime | None = None
+    ) -> list[dict[str, int]]:
+        """``neighbour_weights`` of each entity, in order, in one read where the store can."""
+        return [await self.neighbour_weights(group_id, uuid, at) for uuid in entity_uuids]
+
+    @abc.abstractmethod
+    async def communities(self, group_id: str) -> list[CommunityRecord]:
+        """The group's communities ordered by uuid, members sorted (empty ones included)."""
+
+    @abc.abstractmethod
+    async def write_communities(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
+    ) -> None:
+        """One transaction: delete the ``deletes`` communities (of this group), then MERGE
+        each upsert by uuid (name, summary and, when given, name_embedding set) and replace
+        its HAS_MEMBER edges by ``members``, removing those members from any other community
+        of the group. Communities not named are left alone. Idempotent."""
+
+    async def assign_member(self, group_id: str, community_uuid: str, entity_uuid: str) -> None:
+        """Make the entity a member of that (existing) community and of no other. Idempotent;
+        a no-op when the community or the entity is not in the group."""
+        await self.assign_members(group_id, [(community_uuid, entity_uuid)])
+
+    @abc.abstractmethod
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
+        """``assign_member`` for each ``(community_uuid, entity_uuid)`` in order, in one
+        transaction."""
+
+
+def _without_embeddings(records: list[EntityRecord]) -> list[EntityRecord]:
+    return [r.model_copy(update={"name_embedding": None, "community_uuid": None}) for r in records]

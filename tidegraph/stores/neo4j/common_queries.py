@@ -1,0 +1,108 @@
+"""Cypher of the Neo4j store shared by ``core`` and ``search_core``: the group's entity
+uuids and the community queries (the as-of filter is ``tidegraph.stores.neo4j.asof``). Fully
+parameterised; answers with the column names ``tidegraph.stores.neo4j.core`` reads."""
+
+from __future__ import annotations
+
+# ---- episodes stored without extraction (README "Episodes without an LLM")
+EPISODE_STATUSES = """
+UNWIND $uuids AS uuid
+MATCH (ep:Episodic) WHERE ep.uuid = uuid AND ep.group_id = $group_id
+RETURN ep.uuid AS uuid, ep.not_extracted AS not_extracted
+"""
+PENDING_GROUPS = """
+MATCH (ep:Episodic) WHERE ep.not_extracted IS NOT NULL
+RETURN DISTINCT ep.group_id AS group_id
+ORDER BY group_id
+"""
+
+GROUP_ENTITY_UUIDS = "MATCH (e:Entity) WHERE e.group_id = $group_id RETURN e.uuid AS uuid"
+
+GROUP_COMMUNITIES = """
+MATCH (c:Community) WHERE c.group_id = $group_id
+RETURN c.uuid AS uuid, c.name AS name, c.summary AS summary
+"""
+GROUP_COMMUNITY_MEMBERS = """
+MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
+WHERE c.group_id = $group_id AND e.group_id = $group_id
+RETURN c.uuid AS community, e.uuid AS entity
+"""
+COMMUNITY_GROUPS = """
+MATCH (c:Community) WHERE c.uuid IN $uuids RETURN c.uuid AS uuid, c.group_id AS group_id
+"""
+DELETE_COMMUNITIES = """
+MATCH (c:Community) WHERE c.uuid IN $uuids AND c.group_id = $group_id DETACH DELETE c
+"""
+DROP_MEMBERSHIPS = """
+MATCH (c:Community)-[m:HAS_MEMBER]->(e:Entity)
+WHERE c.group_id = $group_id AND (c.uuid IN $uuids OR e.uuid IN $members)
+DELETE m
+"""
+ADD_MEMBERSHIPS = """
+UNWIND $rows AS row
+MATCH (c:Community {uuid: row.community}), (e:Entity {uuid: row.entity})
+WHERE c.group_id = $group_id AND e.group_id = $group_id
+CREATE (c)-[:HAS_MEMBER {group_id: $group_id}]->(e)
+"""
+MEMBER_TARGETS = """
+MATCH (c:Community), (e:Entity)
+WHERE c.uuid = $community_uuid AND c.group_id = $group_id
+  AND e.uuid = $entity_uuid AND e.group_id = $group_id
+RETURN count(*) AS found
+"""
+DROP_OTHER_MEMBERSHIPS = """
+MATCH (c:Community)-[m:HAS_MEMBER]->(e:Entity)
+WHERE c.group_id = $group_id AND e.uuid = $entity_uuid AND c.uuid <> $community_uuid
+DELETE m
+"""
+MERGE_MEMBERSHIP = """
+MATCH (c:Community), (e:Entity)
+WHERE c.uuid = $community_uuid AND c.group_id = $group_id
+  AND e.uuid = $entity_uuid AND e.group_id = $group_id
+MERGE (c)-[m:HAS_MEMBER]->(e)
+ON CREATE SET m.group_id = $group_id
+"""
+
+# ---- search (tidegraph.stores.neo4j.search_core)
+# The producers of the episodes known by $known_at that mention each entity.
+ENTITY_MENTIONS = """
+MATCH (ep:Episodic)-[:MENTIONS]->(e:Entity)
+WHERE e.uuid IN $uuids AND e.group_id = $group_id AND ep.group_id = $group_id
+  AND ep.created_at <= $known_at
+RETURN e.uuid AS uuid, ep.producer_id AS producer_id, ep.valid_at AS valid_at
+"""
+COMMUNITIES_BY_UUIDS = """
+MATCH (c:Community) WHERE c.uuid IN $uuids AND c.group_id = $group_id
+RETURN c.uuid AS uuid, c.name AS name, c.summary AS summary,
+       c.name_embedding AS name_embedding, c.created_at AS created_at
+"""
+COMMUNITY_MEMBERS_OF = """
+MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
+WHERE c.uuid IN $uuids AND c.group_id = $group_id AND e.group_id = $group_id
+RETURN c.uuid AS community, e.uuid AS entity
+"""
+# The group's latest episodes as of a scope (happened by $valid_at, stored by $known_at).
+RECENT_EPISODE_UUIDS = """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.valid_at <= $valid_at AND ep.created_at <= $known_at
+RETURN ep.uuid AS uuid
+ORDER BY ep.valid_at DESC, ep.uuid DESC
+LIMIT $limit
+"""
+EPISODE_MENTIONS = """
+MATCH (ep:Episodic)-[:MENTIONS]->(e:Entity)
+WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
+RETURN ep.uuid AS episode, e.uuid AS entity
+"""
+
+# What fact hits show beside the facts (``SearchCore._fact_hits``): the names of their ends
+# and the producer ids of their episodes, as (kind, uuid, text) rows.
+FACT_CONTEXT = """
+MATCH (e:Entity)
+WHERE e.uuid IN $entities AND e.group_id = $group_id
+RETURN 'entity' AS kind, e.uuid AS uuid, e.name AS text
+UNION ALL
+MATCH (ep:Episodic)
+WHERE ep.uuid IN $episodes AND ep.group_id = $group_id
+RETURN 'episode' AS kind, ep.uuid AS uuid, ep.producer_id AS text
+"""

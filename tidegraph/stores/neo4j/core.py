@@ -1,0 +1,328 @@
+"""The Cypher store's operations: ``StoreCore`` runs a dialect's queries (``neo4j_queries``,
+``common_queries``, ``asof_cypher``) on an executor (``executor.Executor``) and turns the rows
+into records. The queries answer with fixed column names (an entity ``e`` with
+``community_uuid``, a fact ``r`` with ``source_uuid`` and ``target_uuid``, an episode ``ep``),
+so reading, checking, folding, sorting and the exact as-of filter (``AsOf.believed``) happen
+here; ``neo4j_store.Neo4jStore`` adds what its engine does its own way (the hooks below, the
+batched reads and the group commit). The embedded store speaks SQL: ``sqlite_store``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from datetime import datetime
+from types import ModuleType
+from typing import Any
+
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import (
+    CommunityRecord,
+    EntityRecord,
+    EpisodeRecord,
+    FactRecord,
+    FactView,
+    WeightedEdge,
+)
+from tidegraph.records.times import utc
+from tidegraph.stores.errors import StoreSchemaError, check_community_owners, check_same_episode
+from tidegraph.stores.executor import Executor, Row, Tx
+from tidegraph.stores.neo4j import common_queries as cq
+from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
+from tidegraph.stores.neo4j.search_core import SearchCore
+from tidegraph.stores.rows import (
+    community_rows,
+    entity_record,
+    episode_record,
+    fact_of,
+    fact_view,
+    fold_communities,
+    fold_edges,
+    neighbour_weights_of,
+    now_utc,
+    rank,
+    sort_entities,
+    sort_facts,
+    sort_views,
+    unique,
+)
+
+# Rows deleted per transaction by ``delete_group``.
+DELETE_BATCH = 2000
+
+
+class StoreCore(SearchCore):
+    """``GraphStore`` over an executor and a dialect's query modules (see the module
+    docstring; the search methods: ``search_core.SearchCore``)."""
+
+    def __init__(self, executor: Executor, queries: ModuleType, search: ModuleType) -> None:
+        self.ex = executor
+        self.q = queries
+        self.sq = search
+        self._dim: int | None = None
+
+    # ------------------------------------------------------------------ engine hooks
+    @abc.abstractmethod
+    async def _declared_dim(self) -> int | None:
+        """The embedding dimension the schema declares, None before ``setup``."""
+
+    async def _entities_of(self, group_id: str, rows: list[Row]) -> list[EntityRecord]:
+        """Entities from rows with ``e`` and ``community_uuid``, by name then uuid."""
+        return sort_entities(entity_record(r["e"], r.get("community_uuid")) for r in rows)
+
+    async def _with_fact_embeddings(
+        self, group_id: str, facts: list[FactRecord]
+    ) -> list[FactRecord]:
+        """The facts with their stored embeddings (the dialect's fact rows carry them)."""
+        return facts
+
+    async def _facts_by_uuids(self, group_id: str, uuids: list[str]) -> list[FactRecord]:
+        """The group's facts of these uuids, with their embeddings."""
+        rows = await self.ex.rows(self.q.FACTS_BY_UUIDS, {"group_id": group_id, "uuids": uuids})
+        return [fact_of(r) for r in rows]
+
+    @abc.abstractmethod
+    async def _upsert_communities(
+        self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]
+    ) -> None:
+        """MERGE the community rows (``rows.community_rows``); ``stored``: the uuids among
+        them that exist in the group."""
+
+    async def _communities_deleted(self, tx: Tx, group_id: str, uuids: list[str]) -> None:
+        """After a community write deleted these communities (and upserted the others)."""
+
+    # ------------------------------------------------------------------ plumbing
+    async def _embedding_dim(self) -> int:
+        if self._dim is None:
+            dim = await self._declared_dim()
+            if dim is None:
+                raise StoreSchemaError(f"the {self.name} schema is missing: run setup() first")
+            self._dim = dim
+        return self._dim
+
+    async def close(self) -> None:
+        await self.ex.close()
+
+    # ------------------------------------------------------------------ episodes
+    async def episode_marker(
+        self, group_id: str, episode_uuid: str, content_hash: str | None = None
+    ) -> list[str] | None:
+        params = {"group_id": group_id, "uuid": episode_uuid}
+        rows = await self.ex.rows(self.q.EPISODE_PROCESSED, params)
+        if not rows:
+            return None
+        check_same_episode(episode_uuid, rows[0]["content_hash"], content_hash)
+        return list(rows[0]["created_entities"] or [])
+
+    async def episode_status(self, group_id: str, episode_uuid: str) -> str:
+        return (await self.episode_statuses(group_id, [episode_uuid]))[episode_uuid]
+
+    async def episode_statuses(self, group_id: str, episode_uuids: list[str]) -> dict[str, str]:
+        params = {"group_id": group_id, "uuids": list(episode_uuids)}
+        found = {
+            row["uuid"]: "processed" if row["not_extracted"] is None else "not_extracted"
+            for row in await self.ex.rows(cq.EPISODE_STATUSES, params)
+        }
+        return {uuid: found.get(uuid, "missing") for uuid in episode_uuids}
+
+    async def pending_episodes(self, group_id: str, limit: int) -> list[EpisodeRecord]:
+        if limit <= 0:
+            return []
+        params = {"group_id": group_id, "limit": limit}
+        rows = await self.ex.rows(self.q.PENDING_EPISODES, params)
+        return [episode_record(r["ep"]) for r in rows]
+
+    async def pending_groups(self) -> list[str]:
+        return [r["group_id"] for r in await self.ex.rows(cq.PENDING_GROUPS, {})]
+
+    async def recent_episodes(
+        self, group_id: str, before: datetime, limit: int
+    ) -> list[EpisodeRecord]:
+        if limit <= 0:
+            return []
+        params = {"group_id": group_id, "before": utc(before), "limit": limit}
+        rows = await self.ex.rows(self.q.RECENT_EPISODES, params)
+        return [episode_record(r["ep"]) for r in reversed(rows)]
+
+    async def _producers(self, group_id: str, episode_uuids: Iterable[str]) -> dict[str, str]:
+        """{episode uuid: producer id} of the group's episodes among these."""
+        uuids = unique(episode_uuids)
+        if not uuids:
+            return {}
+        rows = await self.ex.rows(self.q.PRODUCER_IDS, {"group_id": group_id, "uuids": uuids})
+        return {r["uuid"]: r["producer_id"] or "" for r in rows}
+
+    # ------------------------------------------------------------------ entities
+    async def _entities(self, group_id: str, query: str, **params: Any) -> list[EntityRecord]:
+        rows = await self.ex.rows(query, {"group_id": group_id, **params})
+        return await self._entities_of(group_id, rows)
+
+    async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
+        if not names:
+            return []
+        return await self._entities(group_id, self.q.ENTITIES_BY_NAMES, names=unique(names))
+
+    async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
+        if not keys:
+            return []
+        return await self._entities(group_id, self.q.ENTITIES_BY_KEYS, keys=unique(keys))
+
+    async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
+        if not uuids:
+            return []
+        return await self._entities(group_id, self.q.ENTITIES_BY_UUIDS, uuids=unique(uuids))
+
+    async def list_entities(self, group_id: str) -> list[EntityRecord]:
+        return await self._entities(group_id, self.q.LIST_ENTITIES)
+
+    async def fulltext_entities(
+        self, group_id: str, text: str, limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        query = self.sq.fulltext_query(text)
+        if query is None or limit <= 0:
+            return []
+        params = {"group_id": group_id, "query": query, "limit": limit}
+        rows = await self.ex.rows(self.q.FULLTEXT_ENTITIES, params)
+        entities = await self._entities_of(group_id, rows)
+        scores = {r["e"]["uuid"]: float(r["score"]) for r in rows}
+        return rank(((e, scores[e.uuid]) for e in entities), limit)
+
+    async def vector_entities(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        candidates, scan = self.sq.VECTOR["entity"]
+        small = self.sq.SMALL_SCAN["entity"]
+        hits = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
+        found = {e.uuid: e for e in await self.entities_by_uuids(group_id, [u for u, _ in hits])}
+        return rank(((found[u], s) for u, s in hits if u in found), limit)
+
+    # ------------------------------------------------------------------ facts
+    async def facts_touching(self, group_id: str, entity_uuids: list[str]) -> list[FactRecord]:
+        if not entity_uuids:
+            return []
+        params = {"group_id": group_id, "uuids": unique(entity_uuids)}
+        rows = [row for query in self.q.FACTS_TOUCHING for row in await self.ex.rows(query, params)]
+        facts = sort_facts({f.uuid: f for f in map(fact_of, rows)}.values())  # each once
+        return await self._with_fact_embeddings(group_id, facts)
+
+    async def vector_facts(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[FactRecord, float]]:
+        candidates, scan = self.sq.VECTOR["fact"]
+        small = self.sq.SMALL_SCAN["fact"]
+        hits = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
+        found = {f.uuid: f for f in await self._facts_by_uuids(group_id, [u for u, _ in hits])}
+        return rank(((found[u], s) for u, s in hits if u in found), limit)
+
+    async def _believed(self, group_id: str, asof: AsOf) -> list[Row]:
+        """The rows (``FACT_VIEW_RETURN``) of the facts ``asof`` believes: the Cypher filter's
+        superset, decided fact by fact by ``AsOf.believed``; each row's ``fact`` added."""
+        query = as_of_query(asof, self.q.FACT_VIEW_RETURN, self.q.ANCHOR_HINTS)
+        rows = await self.ex.rows(query, as_of_params(group_id, asof))
+        kept = []
+        for row in rows:
+            fact = fact_of(row)
+            if asof.believed(fact):
+                kept.append({**row, "fact": fact})
+        return kept
+
+    async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
+        rows = await self._believed(group_id, asof)
+        producers = await self._producers(group_id, (u for r in rows for u in r["fact"].episodes))
+        return sort_views(
+            (fact_view(r["fact"], r["subject"], r["object"], producers, asof), r["fact"])
+            for r in rows
+        )
+
+    # ------------------------------------------------------------------ communities
+    async def _edge_rows(self, group_id: str, asof: AsOf) -> list[tuple[str, str, int]]:
+        query = as_of_query(asof, ENTITY_GRAPH_RETURN, self.q.ANCHOR_HINTS)
+        rows = await self.ex.rows(query, as_of_params(group_id, asof))
+        return [(r["source"], r["target"], int(r["weight"])) for r in rows]
+
+    async def entity_graph(
+        self, group_id: str, at: datetime | None = None
+    ) -> tuple[list[str], list[WeightedEdge]]:
+        asof = AsOf.resolve(at, None, False, None)
+        nodes = await self.ex.rows(cq.GROUP_ENTITY_UUIDS, {"group_id": group_id})
+        edges = fold_edges(await self._edge_rows(group_id, asof))
+        return sorted(r["uuid"] for r in nodes), [WeightedEdge(a, b, w) for a, b, w in edges]
+
+    async def neighbour_weights(
+        self, group_id: str, entity_uuid: str, at: datetime | None = None
+    ) -> dict[str, int]:
+        asof = AsOf.resolve(at, None, False, entity_uuid)
+        return neighbour_weights_of(entity_uuid, await self._edge_rows(group_id, asof))
+
+    async def communities(self, group_id: str) -> list[CommunityRecord]:
+        params = {"group_id": group_id}
+        heads = await self.ex.rows(cq.GROUP_COMMUNITIES, params)
+        members = await self.ex.rows(cq.GROUP_COMMUNITY_MEMBERS, params)
+        folded = fold_communities(
+            ((r["uuid"], r["name"], r["summary"]) for r in heads),
+            ((r["community"], r["entity"]) for r in members),
+        )
+        return [CommunityRecord(u, n, s, m) for u, n, s, m in folded]
+
+    async def write_communities(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
+    ) -> None:
+        if not upserts and not deletes:
+            return
+        dim = await self._embedding_dim()
+        rows, memberships, members = community_rows(upserts, dim, now_utc())
+        uuids = [r["uuid"] for r in rows]
+        params = {"group_id": group_id}
+
+        async def work(tx: Tx) -> None:
+            owners = await tx.rows(cq.COMMUNITY_GROUPS, {"uuids": unique([*uuids, *deletes])})
+            check_community_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
+            if deletes:
+                await tx.rows(cq.DELETE_COMMUNITIES, {**params, "uuids": unique(deletes)})
+            if rows:
+                stored = {r["uuid"] for r in owners} - set(deletes)
+                await self._upsert_communities(tx, group_id, rows, stored)
+                await tx.rows(cq.DROP_MEMBERSHIPS, {**params, "uuids": uuids, "members": members})
+            if memberships:
+                await tx.rows(cq.ADD_MEMBERSHIPS, {**params, "rows": memberships})
+            if deletes:
+                await self._communities_deleted(tx, group_id, unique(deletes))
+
+        await self.ex.write("write_communities", len(rows) + len(memberships), work)
+
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
+        if not assignments:
+            return
+
+        async def work(tx: Tx) -> None:
+            for community_uuid, entity_uuid in assignments:
+                params = {
+                    "group_id": group_id,
+                    "community_uuid": community_uuid,
+                    "entity_uuid": entity_uuid,
+                }
+                found = await tx.rows(cq.MEMBER_TARGETS, params)
+                if not found or int(found[0]["found"]) == 0:
+                    continue
+                await tx.rows(cq.DROP_OTHER_MEMBERSHIPS, params)
+                await tx.rows(cq.MERGE_MEMBERSHIP, params)
+
+        await self.ex.write("assign_member", len(assignments), work)
+
+    # ------------------------------------------------------------------ maintenance
+    async def counts(self, group_id: str) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for query in self.q.COUNTS:
+            [row] = await self.ex.rows(query, {"group_id": group_id})
+            found.update({name: int(value) for name, value in row.items()})
+        return {name: found[name] for name in ("episodes", "entities", "facts", "mentions")}
+
+    async def delete_group(self, group_id: str) -> None:
+        params = {"group_id": group_id, "batch": DELETE_BATCH}
+        for query in self.q.DELETE_GROUP:
+
+            async def batch(tx: Tx, query: str = query) -> int:
+                return int((await tx.rows(query, params))[0]["deleted"])
+
+            while await self.ex.write("delete_group", DELETE_BATCH, batch) > 0:
+                pass

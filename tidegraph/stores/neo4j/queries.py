@@ -1,0 +1,670 @@
+"""The Neo4j store's queries (the community and status reads are in
+``tidegraph.stores.neo4j.common_queries``, the as-of filter in ``tidegraph.stores.neo4j.asof``).
+
+Every query is fully parameterised: user and LLM text (names, summaries, facts, relation
+types, group ids, search text) only ever travels as a parameter. What is formatted into the
+text is our own constants (index names, field lists).
+
+Reads answer with the column names ``tidegraph.stores.neo4j.core`` reads: an entity is ``e`` (a
+property map) with ``community_uuid``; a fact ``r`` with ``source_uuid`` and ``target_uuid``;
+an episode ``ep``.
+"""
+
+from __future__ import annotations
+
+
+def at(expression: str) -> str:
+    """Cypher for a time written as an epoch pair (``rows.with_epoch_times``; null stays
+    null)."""
+    return (
+        f"CASE WHEN {expression} IS NULL THEN null "
+        f"ELSE datetime.fromepoch({expression}[0], {expression}[1]) END"
+    )
+
+
+def ats(expression: str) -> str:
+    """Cypher for a list of times written as epoch pairs (a null list stays null)."""
+    return f"[pair IN {expression} | datetime.fromepoch(pair[0], pair[1])]"
+
+
+ENTITY_VECTOR_INDEX = "entity_name_embedding"
+FACT_VECTOR_INDEX = "relates_to_fact_embedding"
+EPISODE_VECTOR_INDEX = "episodic_content_embedding"
+COMMUNITY_VECTOR_INDEX = "community_name_embedding"
+ENTITY_FULLTEXT_INDEX = "entity_name_summary"
+FACT_FULLTEXT_INDEX = "relates_to_fact"
+EPISODE_FULLTEXT_INDEX = "episodic_content"
+COMMUNITY_FULLTEXT_INDEX = "community_name_summary"
+VECTOR_INDEXES = (
+    ENTITY_VECTOR_INDEX,
+    FACT_VECTOR_INDEX,
+    EPISODE_VECTOR_INDEX,
+    COMMUNITY_VECTOR_INDEX,
+)
+FULLTEXT_ANALYZER = "english"  # Porter stemming + English stop words
+
+_FULLTEXT_OPTIONS = "OPTIONS {indexConfig: {`fulltext.analyzer`: $analyzer}}"
+_VECTOR_OPTIONS = (
+    "OPTIONS {indexConfig: {`vector.dimensions`: $dim, `vector.similarity_function`: 'cosine'}}"
+)
+
+# Each statement runs alone (schema changes cannot share a transaction with anything else).
+SCHEMA = (
+    # uniqueness (IS KEY is Enterprise-only); relationship uniqueness works in Community 5.26
+    "CREATE CONSTRAINT episodic_uuid IF NOT EXISTS FOR (n:Episodic) REQUIRE n.uuid IS UNIQUE",
+    "CREATE CONSTRAINT entity_uuid IF NOT EXISTS FOR (n:Entity) REQUIRE n.uuid IS UNIQUE",
+    "CREATE CONSTRAINT community_uuid IF NOT EXISTS FOR (n:Community) REQUIRE n.uuid IS UNIQUE",
+    "CREATE CONSTRAINT relates_to_uuid IF NOT EXISTS "
+    "FOR ()-[r:RELATES_TO]-() REQUIRE r.uuid IS UNIQUE",
+    # range
+    "CREATE INDEX episodic_group_id IF NOT EXISTS FOR (n:Episodic) ON (n.group_id)",
+    "CREATE INDEX episodic_valid_at IF NOT EXISTS FOR (n:Episodic) ON (n.valid_at)",
+    # the few episodes stored without extraction (README "Episodes without an LLM")
+    "CREATE INDEX episodic_not_extracted IF NOT EXISTS FOR (n:Episodic) ON (n.not_extracted)",
+    "CREATE INDEX entity_group_id IF NOT EXISTS FOR (n:Entity) ON (n.group_id)",
+    "CREATE INDEX entity_name_norm IF NOT EXISTS FOR (n:Entity) ON (n.name_norm)",
+    "CREATE INDEX entity_key IF NOT EXISTS FOR (n:Entity) ON (n.key)",
+    # a stable key is looked up within its group (the same CRM ids recur in every tenant)
+    "CREATE INDEX entity_group_key IF NOT EXISTS FOR (n:Entity) ON (n.group_id, n.key)",
+    "CREATE INDEX community_group_id IF NOT EXISTS FOR (n:Community) ON (n.group_id)",
+    "CREATE INDEX mentions_group_id IF NOT EXISTS FOR ()-[r:MENTIONS]-() ON (r.group_id)",
+    "CREATE INDEX has_member_group_id IF NOT EXISTS FOR ()-[r:HAS_MEMBER]-() ON (r.group_id)",
+    "CREATE INDEX relates_to_group_id IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.group_id)",
+    "CREATE INDEX relates_to_valid_at IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.valid_at)",
+    "CREATE INDEX relates_to_invalid_at IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.invalid_at)",
+    "CREATE INDEX relates_to_created_at IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.created_at)",
+    "CREATE INDEX relates_to_expired_at IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.expired_at)",
+    # fulltext
+    "CREATE FULLTEXT INDEX entity_name_summary IF NOT EXISTS "
+    "FOR (n:Entity) ON EACH [n.name, n.summary] " + _FULLTEXT_OPTIONS,
+    "CREATE FULLTEXT INDEX relates_to_fact IF NOT EXISTS "
+    "FOR ()-[r:RELATES_TO]-() ON EACH [r.fact] " + _FULLTEXT_OPTIONS,
+    "CREATE FULLTEXT INDEX episodic_content IF NOT EXISTS "
+    "FOR (n:Episodic) ON EACH [n.content] " + _FULLTEXT_OPTIONS,
+    "CREATE FULLTEXT INDEX community_name_summary IF NOT EXISTS "
+    "FOR (n:Community) ON EACH [n.name, n.summary] " + _FULLTEXT_OPTIONS,
+    # vector (HNSW)
+    "CREATE VECTOR INDEX entity_name_embedding IF NOT EXISTS "
+    "FOR (n:Entity) ON n.name_embedding " + _VECTOR_OPTIONS,
+    "CREATE VECTOR INDEX relates_to_fact_embedding IF NOT EXISTS "
+    "FOR ()-[r:RELATES_TO]-() ON r.fact_embedding " + _VECTOR_OPTIONS,
+    "CREATE VECTOR INDEX episodic_content_embedding IF NOT EXISTS "
+    "FOR (n:Episodic) ON n.content_embedding " + _VECTOR_OPTIONS,
+    "CREATE VECTOR INDEX community_name_embedding IF NOT EXISTS "
+    "FOR (n:Community) ON n.name_embedding " + _VECTOR_OPTIONS,
+)
+# Indexes older stores made that nothing reads any more (community_name: name only; search
+# reads community_name_summary). Dropped by setup.
+DROPPED = ("DROP INDEX community_name IF EXISTS",)
+
+SHOW_VECTOR_INDEXES = """
+SHOW VECTOR INDEXES YIELD name, options
+WHERE name IN $names
+RETURN name, options.indexConfig.`vector.dimensions` AS dim
+"""
+
+AWAIT_INDEXES = "CALL db.awaitIndexes($timeout)"
+
+# ---- episodes
+# Lookups by uuid name the uniqueness constraint's index: without the hint the planner may
+# pick the group_id index and filter every episode (entity, fact) of the group instead.
+# No hint here: clients (`ingest --via kafka`, `dlq replay`) ask before any worker may have
+# created the schema, and a hint on a missing index is an error; the planner picks the unique
+# index seek for this shape by itself (checked with EXPLAIN).
+EPISODE_PROCESSED = """
+MATCH (ep:Episodic {uuid: $uuid})
+WHERE ep.group_id = $group_id AND ep.not_extracted IS NULL
+RETURN ep.content_hash AS content_hash, ep.created_entities AS created_entities
+"""
+
+EPISODES_PROCESSED = """
+UNWIND $uuids AS uuid
+MATCH (ep:Episodic {uuid: uuid})
+WHERE ep.group_id = $group_id AND ep.not_extracted IS NULL
+RETURN ep.uuid AS uuid, ep.content_hash AS content_hash, ep.created_entities AS created_entities
+"""
+
+PENDING_EPISODES = """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.not_extracted IS NOT NULL
+RETURN ep {.*} AS ep
+ORDER BY ep.valid_at, ep.producer_id
+LIMIT $limit
+"""
+
+RECENT_EPISODES = """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.valid_at < $before
+RETURN ep {.*} AS ep
+ORDER BY ep.valid_at DESC, ep.uuid DESC
+LIMIT $limit
+"""
+
+# RECENT_EPISODES for several times at once, in the order of $befores.
+RECENT_EPISODES_BEFORE = """
+UNWIND range(0, size($befores) - 1) AS i
+CALL (i) {
+  MATCH (ep:Episodic)
+  WHERE ep.group_id = $group_id AND ep.valid_at < $befores[i]
+  WITH ep ORDER BY ep.valid_at DESC, ep.uuid DESC LIMIT $limit
+  RETURN collect(ep {.*}) AS eps
+}
+RETURN i, eps
+ORDER BY i
+"""
+
+PRODUCER_IDS = """
+MATCH (ep:Episodic)
+WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
+RETURN ep.uuid AS uuid, ep.producer_id AS producer_id
+"""
+
+# ---- entities
+COMMUNITY_OF_E = """COLLECT {
+  MATCH (c:Community)-[:HAS_MEMBER]->(e) WHERE c.group_id = $group_id
+  RETURN c.uuid ORDER BY c.uuid LIMIT 1
+}[0]"""
+
+# The entity projection every entity read ends with.
+_ENTITY_RETURN = f"""
+RETURN e {{.*}} AS e,
+       {COMMUNITY_OF_E} AS community_uuid
+"""
+
+ENTITY_GROUPS = """
+MATCH (e:Entity)
+WHERE e.uuid IN $uuids
+RETURN e.uuid AS uuid, e.group_id AS group_id
+"""
+
+# One MERGE per row of ``$rows_param``; on match, labels and aliases are added (set union),
+# the summary replaced when the row has one and the key set while null.
+_UPSERT_ENTITY_ROWS = (
+    """
+UNWIND {rows} AS row
+MERGE (e:Entity {{uuid: row.uuid}})
+ON CREATE SET e.group_id = {group},
+              e.name = row.name,
+              e.name_norm = row.name_norm,
+              e.summary = '',
+              e.name_embedding = row.name_embedding,
+              e.created_at = """
+    + at("row.created_at")
+    + """
+SET e.labels = coalesce(e.labels, [])
+               + [label IN row.labels WHERE NOT label IN coalesce(e.labels, [])],
+    e.aliases = coalesce(e.aliases, [])
+                + [alias IN row.aliases WHERE NOT alias IN coalesce(e.aliases, [])],
+    e.summary = coalesce(row.summary, e.summary),
+    e.key = coalesce(e.key, row.key)
+SET e:$(row.labels)
+"""
+)
+UPSERT_ENTITIES = _UPSERT_ENTITY_ROWS.format(rows="$rows", group="$group_id")
+
+_ENTITIES_NAMED = """
+MATCH (e:Entity)
+WHERE e.group_id = $group_id
+  AND (e.name_norm IN $names OR any(alias IN e.aliases WHERE alias IN $names))
+"""
+_ENTITIES_KEYED = """
+MATCH (e:Entity)
+USING INDEX e:Entity(group_id, key)
+WHERE e.group_id = $group_id AND e.key IN $keys
+"""
+
+ENTITIES_BY_NAMES = _ENTITIES_NAMED + _ENTITY_RETURN
+
+ENTITIES_BY_KEYS = _ENTITIES_KEYED + _ENTITY_RETURN
+
+
+def epoch_micros(expression: str) -> str:
+    """Cypher for a datetime as microseconds since the epoch (null stays null): the driver
+    turns an int into Python far faster than a DateTime, and ``rows.to_utc`` reads it back."""
+    return f"{expression}.epochSeconds * 1000000 + {expression}.microsecond"
+
+
+def times_as_micros(variable: str, fields: tuple[str, ...]) -> str:
+    return ", ".join(f"{name}: {epoch_micros(f'{variable}.{name}')}" for name in fields)
+
+
+FACT_TIMES = times_as_micros("r", ("valid_at", "invalid_at", "created_at", "expired_at"))
+
+# Everything resolution needs in one round trip: whether the episode is already processed
+# (then nothing else is read), the entities matching the drafts' keys or names (without their
+# name embeddings and communities, which resolution does not use) and, of each, the stored facts
+# it is the source of with a relation in $relations (without their embeddings). One row per
+# entity found (``hows``: by key, by name or both), or a single row with a null entity.
+RESOLUTION_LOOKUP = (
+    """
+OPTIONAL MATCH (ep:Episodic {uuid: $episode_uuid})
+USING INDEX ep:Episodic(uuid)
+WHERE ep.group_id = $group_id
+WITH ep IS NOT NULL AND ep.not_extracted IS NULL AS processed, ep.content_hash AS stored_hash,
+     ep.created_entities AS created_entities
+OPTIONAL CALL (processed) {
+  WITH processed WHERE NOT processed"""
+    + _ENTITIES_KEYED
+    + """  RETURN e, 'key' AS how
+  UNION ALL
+  WITH processed WHERE NOT processed"""
+    + _ENTITIES_NAMED
+    + """  RETURN e, 'name' AS how
+}
+WITH processed, stored_hash, created_entities, e, collect(how) AS hows
+RETURN processed, stored_hash, created_entities, hows,
+       e {.*, name_embedding: null, """
+    + times_as_micros("e", ("created_at",))
+    + """} AS e,
+       COLLECT {
+         MATCH (e)-[r:RELATES_TO]->(t:Entity)
+         WHERE r.group_id = $group_id AND r.name IN $relations
+         RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
+    + FACT_TIMES
+    + """}
+       } AS facts
+"""
+)
+
+# What the batches of several groups read before they are processed, in one round trip
+# (``Neo4jStore.read_batch``): per ask (``ask.i``, its group, keys, names, relations and
+# episodes), the processed markers of its episodes and the entities its keys and names find
+# (``hows``: by key, by name or both), each once with its facts of the ask's relations.
+READ_BATCHES = (
+    """
+UNWIND $asks AS ask
+CALL (ask) {
+  UNWIND ask.episodes AS uuid
+  MATCH (ep:Episodic {uuid: uuid})
+  USING INDEX ep:Episodic(uuid)
+  WHERE ep.group_id = ask.group_id AND ep.not_extracted IS NULL
+  RETURN collect([ep.uuid, ep.content_hash, ep.created_entities]) AS markers
+}
+CALL (ask) {
+  CALL (ask) {
+    MATCH (e:Entity)
+    USING INDEX e:Entity(group_id, key)
+    WHERE e.group_id = ask.group_id AND e.key IN ask.keys
+    RETURN e, 'key' AS how
+    UNION ALL
+    MATCH (e:Entity)
+    WHERE e.group_id = ask.group_id
+      AND (e.name_norm IN ask.names OR any(alias IN e.aliases WHERE alias IN ask.names))
+    RETURN e, 'name' AS how
+  }
+  WITH e, collect(how) AS hows
+  RETURN collect({
+    hows: hows,
+    e: e {.*, name_embedding: null, """
+    + times_as_micros("e", ("created_at",))
+    + """},
+    facts: COLLECT {
+      MATCH (e)-[r:RELATES_TO]->(t:Entity)
+      WHERE r.group_id = ask.group_id AND r.name IN ask.relations
+      RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
+    + FACT_TIMES
+    + """}
+    }
+  }) AS found
+}
+RETURN ask.i AS i, markers, found
+"""
+)
+
+# The community of each of the group's entities among $uuids (``communities_of``).
+COMMUNITIES_OF = f"""
+UNWIND $uuids AS uuid
+MATCH (e:Entity {{uuid: uuid}})
+WHERE e.group_id = $group_id
+RETURN e.uuid AS uuid, {COMMUNITY_OF_E} AS community_uuid
+"""
+
+ENTITIES_BY_UUIDS = (
+    """
+MATCH (e:Entity)
+WHERE e.uuid IN $uuids AND e.group_id = $group_id
+"""
+    + _ENTITY_RETURN
+)
+
+LIST_ENTITIES = (
+    """
+MATCH (e:Entity)
+WHERE e.group_id = $group_id
+"""
+    + _ENTITY_RETURN
+)
+
+
+FULLTEXT_ENTITIES = (
+    f"""
+CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT_INDEX}', $query) YIELD node, score
+WITH node AS e, score
+WHERE e.group_id = $group_id
+ORDER BY score DESC, e.uuid
+LIMIT $limit
+WITH e, score
+"""
+    + _ENTITY_RETURN
+    + ", score"
+)
+
+# Entity resolution's candidate searches for several drafts of one group in one round trip
+# (``Neo4jStore.entity_candidates``): when the group holds fewer than $scan_below name
+# embeddings (``small``), each draft's best $limit by exact cosine over them (the small-group
+# scan of ``SearchCore._nearest``) and, when it has a fulltext query, its best $limit of
+# FULLTEXT_ENTITIES; [uuid, score] pairs, one row per draft (``i``).
+ENTITY_CANDIDATES = f"""
+CALL () {{
+  MATCH (x:Entity)
+  WHERE x.group_id = $group_id AND x.name_embedding IS NOT NULL
+  RETURN x LIMIT $scan_below
+}}
+WITH collect(x) AS xs
+WITH xs, size(xs) < $scan_below AS small
+UNWIND range(0, size($drafts) - 1) AS i
+WITH xs, small, i, $drafts[i] AS draft
+CALL (xs, small, draft) {{
+  WITH xs, draft WHERE small
+  UNWIND xs AS x
+  WITH x, vector.similarity.cosine(x.name_embedding, draft.embedding) AS score
+  ORDER BY score DESC, x.uuid
+  LIMIT $limit
+  RETURN collect([x.uuid, score]) AS vector_hits
+}}
+CALL (draft) {{
+  WITH draft WHERE draft.query IS NOT NULL
+  CALL db.index.fulltext.queryNodes('{ENTITY_FULLTEXT_INDEX}', draft.query) YIELD node, score
+  WITH node AS e, score
+  WHERE e.group_id = $group_id
+  ORDER BY score DESC, e.uuid
+  LIMIT $limit
+  RETURN collect([e.uuid, score]) AS fulltext_hits
+}}
+CALL (vector_hits, fulltext_hits) {{
+  UNWIND [h IN vector_hits | h[0]] + [h IN fulltext_hits | h[0]] AS u
+  WITH DISTINCT u
+  MATCH (e:Entity {{uuid: u}})
+  WHERE e.group_id = $group_id
+  RETURN collect({{e: e {{.*}}, community_uuid: {COMMUNITY_OF_E}}}) AS records
+}}
+RETURN i, small, vector_hits, fulltext_hits, records
+"""
+
+# ---- facts
+_FACT_RETURN = """
+RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
+"""
+# A fact's end history from a row (``rows.end_history_row``): a null keeps what is stored.
+_END_HISTORY_SET = (
+    "    r.prior_ends = coalesce("
+    + ats("row.prior_ends")
+    + ", r.prior_ends),\n    r.prior_ends_learned_at = coalesce("
+    + ats("row.prior_ends_learned_at")
+    + ", r.prior_ends_learned_at),\n    r.end_learned_at = coalesce("
+    + at("row.end_learned_at")
+    + ", r.end_learned_at),"
+)
+_MERGE_FACT_ROWS = (
+    """
+UNWIND {rows} AS row
+MATCH (s:Entity {{uuid: row.source_uuid}}), (t:Entity {{uuid: row.target_uuid}})
+MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
+ON CREATE SET r.group_id = {group}, r.created_at = """
+    + at("row.created_at")
+    + """
+SET r.name = row.name,
+    r.fact = row.fact,
+    r.fact_embedding = coalesce(row.fact_embedding, r.fact_embedding),
+    r.episodes = row.episodes,
+    r.valid_at = """
+    + at("row.valid_at")
+    + """,
+    r.invalid_at = """
+    + at("row.invalid_at")
+    + """,
+    r.cardinality = row.cardinality,
+"""
+    + _END_HISTORY_SET
+    + """
+    r.prior_starts = coalesce("""
+    + ats("row.prior_starts")
+    + """, r.prior_starts),
+    r.prior_starts_learned_at = coalesce(
+      """
+    + ats("row.prior_starts_learned_at")
+    + """, r.prior_starts_learned_at),
+    r.start_learned_at = coalesce("""
+    + at("row.start_learned_at")
+    + """, r.start_learned_at),
+    r.expired_at = coalesce(r.expired_at, """
+    + at("row.expired_at")
+    + """)
+"""
+)
+
+_CLOSE_FACT_ROWS = (
+    """
+UNWIND {rows} AS row
+MATCH ()-[r:RELATES_TO {{uuid: row.uuid}}]->()
+USING INDEX r:RELATES_TO(uuid)
+WHERE r.group_id = {group}
+SET r.invalid_at = """
+    + at("row.invalid_at")
+    + """,
+"""
+    + _END_HISTORY_SET
+    + """
+    r.expired_at = coalesce(r.expired_at, """
+    + at("row.expired_at")
+    + """)
+"""
+)
+
+FACTS_TOUCHING = (  # one statement
+    (
+        """
+UNWIND $uuids AS uuid
+MATCH (e:Entity {uuid: uuid})-[r:RELATES_TO]-()
+USING INDEX e:Entity(uuid)
+WHERE e.group_id = $group_id AND r.group_id = $group_id
+WITH DISTINCT r
+MATCH (s:Entity)-[r]->(t:Entity)
+"""
+        + _FACT_RETURN
+    ),
+)
+
+# The stored facts a new episode's facts can merge with or close: those of each
+# (subject, relation) in $pairs, and every fact touching an entity of $ends.
+_FACT_CANDIDATES = """
+CALL () {
+  UNWIND $pairs AS pair
+  MATCH (s:Entity {uuid: pair.source})-[r:RELATES_TO]->(:Entity)
+  USING INDEX s:Entity(uuid)
+  WHERE s.group_id = $group_id AND r.group_id = $group_id AND r.name = pair.relation
+  RETURN r
+  UNION
+  UNWIND $ends AS uuid
+  MATCH (e:Entity {uuid: uuid})-[r:RELATES_TO]-(:Entity)
+  USING INDEX e:Entity(uuid)
+  WHERE e.group_id = $group_id AND r.group_id = $group_id
+  RETURN r
+}
+MATCH (s:Entity)-[r]->(t:Entity)
+"""
+# (times as epoch microseconds: see epoch_micros)
+FACT_CANDIDATES = (
+    _FACT_CANDIDATES
+    + f"RETURN r {{.*, {FACT_TIMES}}} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid\n"
+)
+FACT_CANDIDATES_PLAIN = (
+    _FACT_CANDIDATES
+    + f"RETURN r {{.*, fact_embedding: null, {FACT_TIMES}}} AS r, "
+    + "s.uuid AS source_uuid, t.uuid AS target_uuid\n"
+)
+
+FACTS_BY_UUIDS = (
+    """
+MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
+WHERE r.uuid IN $uuids AND r.group_id = $group_id
+"""
+    + _FACT_RETURN
+)
+
+# ---- one episode's write: one read of what it touches, then one write
+# What the checks of an episode write need (see ``errors.check_write``): the group of a stored
+# Episodic with this uuid (the processed marker), and of the stored entities and facts the
+# write names.
+# What the checks of a transaction's episode writes read, for all of them at once
+# (``errors.check_write`` runs on it in Python, each write seeing the ones before it): the
+# stored Episodic of each episode, the group of each entity named and the group and ends of
+# each fact written or closed.
+WRITE_STATES = """
+CALL () {
+  UNWIND $episode_uuids AS uuid
+  MATCH (ep:Episodic {uuid: uuid})
+  RETURN collect([ep.uuid, ep.group_id, ep.content_hash, ep.not_extracted]) AS episodes
+}
+CALL () {
+  UNWIND $entity_uuids AS uuid
+  MATCH (e:Entity {uuid: uuid})
+  RETURN collect([e.uuid, e.group_id]) AS entities
+}
+CALL () {
+  UNWIND $fact_uuids AS uuid
+  MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
+  RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
+}
+RETURN episodes, entities, facts
+"""
+
+# Every episode write of a transaction in one statement, in order: each write is one run of
+# the subquery, and a run sees what the runs before it wrote (Cypher's CALL semantics), so
+# the result is that of one statement per write. Per write: entities first (mentions and
+# facts point at them), then the Episodic marker, its MENTIONS, the facts (full state) and
+# the closures.
+WRITE_EPISODES = (
+    """
+UNWIND $writes AS w
+CALL (w) {
+  CALL (w) {"""
+    + _UPSERT_ENTITY_ROWS.format(rows="w.entities", group="w.group_id")
+    + """  }
+  MERGE (ep:Episodic {uuid: w.ep.uuid})
+  ON CREATE SET ep.group_id = w.group_id, ep.created_at = """
+    + at("w.ep.created_at")
+    + """
+  SET ep.name = w.ep.name,
+      ep.source = w.ep.source,
+      ep.source_description = w.ep.source_description,
+      ep.content = w.ep.content,
+      ep.valid_at = """
+    + at("w.ep.valid_at")
+    + """,
+      ep.producer_id = w.ep.producer_id,
+      ep.content_hash = w.ep.content_hash,
+      ep.created_entities = w.ep.created_entities,
+      ep.not_extracted = w.ep.not_extracted,
+      ep.content_embedding = w.ep.content_embedding
+  WITH ep
+  CALL (ep, w) {
+    UNWIND w.mentions AS mention
+    MATCH (e:Entity {uuid: mention})
+    MERGE (ep)-[m:MENTIONS]->(e)
+    ON CREATE SET m.group_id = w.group_id
+  }
+  CALL (w) {"""
+    + _MERGE_FACT_ROWS.format(rows="w.facts", group="w.group_id")
+    + """  }
+  CALL (w) {"""
+    + _CLOSE_FACT_ROWS.format(rows="w.closures", group="w.group_id")
+    + """  }
+}
+"""
+)
+
+# Community memberships in order (each row names its group: the assignments of several
+# groups share a transaction), each as ``StoreCore.assign_members`` does it in three
+# statements: an assignment whose community or entity is not in the group changes nothing;
+# otherwise the entity leaves its other communities and joins this one (each run of the
+# subquery sees the runs before it, so a later assignment of an entity wins).
+ASSIGN_MEMBERS = """
+UNWIND $rows AS row
+CALL (row) {
+  MATCH (c:Community {uuid: row.community_uuid})
+  WHERE c.group_id = row.group_id
+  MATCH (e:Entity {uuid: row.entity_uuid})
+  WHERE e.group_id = row.group_id
+  OPTIONAL MATCH (other:Community)-[old:HAS_MEMBER]->(e)
+  WHERE other.group_id = row.group_id AND other.uuid <> c.uuid
+  DELETE old
+  WITH DISTINCT c, e
+  MERGE (c)-[m:HAS_MEMBER]->(e)
+  ON CREATE SET m.group_id = row.group_id
+}
+"""
+
+# ---- as-of questions (tidegraph.stores.neo4j.asof)
+# The walk from the anchor node of a question about one entity.
+ANCHOR_HINTS = {
+    "s": ("USING INDEX s:Entity(uuid)", ""),
+    "t": ("USING INDEX t:Entity(uuid)", ""),
+}
+# What ``query_facts`` returns of each fact the as-of filter lets through.
+FACT_VIEW_RETURN = (
+    "RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid, "
+    "s.name AS subject, t.name AS object"
+)
+
+# ---- maintenance
+COUNTS = (
+    """
+CALL () { MATCH (ep:Episodic) WHERE ep.group_id = $group_id RETURN count(ep) AS episodes }
+CALL () { MATCH (e:Entity) WHERE e.group_id = $group_id RETURN count(e) AS entities }
+CALL () {
+  MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id RETURN count(r) AS facts
+}
+CALL () {
+  MATCH (ep:Episodic)-[m:MENTIONS]->() WHERE ep.group_id = $group_id RETURN count(m) AS mentions
+}
+RETURN episodes, entities, facts, mentions
+""",
+)
+
+# One batch per call, per label (the group_id index is per label); repeated until 0.
+DELETE_GROUP = (
+    # Facts first, in batches of their own: deleting a well-connected entity would otherwise
+    # delete all its facts (with their embeddings) in one transaction.
+    """
+MATCH (s:Entity)-[r:RELATES_TO]->()
+WHERE s.group_id = $group_id
+WITH r LIMIT $batch
+DELETE r
+RETURN count(*) AS deleted
+""",
+    *(
+        f"""
+MATCH (n:{label})
+WHERE n.group_id = $group_id
+WITH n LIMIT $batch
+DETACH DELETE n
+RETURN count(*) AS deleted
+"""
+        for label in ("Episodic", "Community", "Entity")
+    ),
+)
+
+# ---- communities (the rest: tidegraph.stores.neo4j.common_queries)
+UPSERT_COMMUNITIES = (
+    """
+UNWIND $rows AS row
+MERGE (c:Community {uuid: row.uuid})
+ON CREATE SET c.group_id = $group_id, c.created_at = """
+    + at("row.created_at")
+    + """
+SET c.name = row.name,
+    c.summary = row.summary,
+    c.name_embedding = coalesce(row.name_embedding, c.name_embedding)
+"""
+)

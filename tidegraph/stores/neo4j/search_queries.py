@@ -1,0 +1,172 @@
+"""The Neo4j dialect of search (``tidegraph.stores.neo4j.search_core``): fulltext and vector
+candidates of each kind, and the reads that turn them into hits. Parameterised like
+``neo4j_queries``; index names are our constants.
+
+Fulltext: Lucene indexes with the English analyzer, queried with ``search_text.lucene_query``.
+Vector: HNSW indexes (cosine); the index's top candidates are rescored exactly on the stored
+vectors, scored ``(1 + cos) / 2``, with an exact scan of the groups when they are small or
+the candidates hold too few of them (``SearchCore._nearest``).
+"""
+
+from __future__ import annotations
+
+from tidegraph.stores.neo4j import common_queries as cq
+from tidegraph.stores.neo4j import queries as q
+from tidegraph.stores.search_text import lucene_query
+
+# (procedure, index, embedding property) of each kind's vector index.
+_VECTOR = {
+    "entity": ("queryNodes", q.ENTITY_VECTOR_INDEX, "name_embedding"),
+    "fact": ("queryRelationships", q.FACT_VECTOR_INDEX, "fact_embedding"),
+    "episode": ("queryNodes", q.EPISODE_VECTOR_INDEX, "content_embedding"),
+    "community": ("queryNodes", q.COMMUNITY_VECTOR_INDEX, "name_embedding"),
+}
+_MATCH = {
+    "entity": "(x:Entity)",
+    "fact": "()-[x:RELATES_TO]->()",
+    "episode": "(x:Episodic)",
+    "community": "(x:Community)",
+}
+_FULLTEXT = {
+    "entity": ("queryNodes", q.ENTITY_FULLTEXT_INDEX),
+    "fact": ("queryRelationships", q.FACT_FULLTEXT_INDEX),
+    "episode": ("queryNodes", q.EPISODE_FULLTEXT_INDEX),
+    "community": ("queryNodes", q.COMMUNITY_FULLTEXT_INDEX),
+}
+
+
+def fulltext_query(text: str) -> str | None:
+    """Search text as the fulltext indexes take it (None: nothing searchable)."""
+    return lucene_query(text)
+
+
+def _yielded(call: str) -> str:
+    """What a ``queryNodes`` / ``queryRelationships`` procedure yields."""
+    return "relationship" if call == "queryRelationships" else "node"
+
+
+def _fulltext(call: str, index: str) -> str:
+    return f"""
+CALL db.index.fulltext.{call}('{index}', $query) YIELD {_yielded(call)} AS x, score
+WITH x, score WHERE x.group_id = $group_id
+RETURN x.uuid AS uuid, score
+ORDER BY score DESC, uuid
+LIMIT $limit
+"""
+
+
+def _candidates(call: str, index: str, prop: str) -> str:
+    return f"""
+CALL db.index.vector.{call}('{index}', $k, $embedding) YIELD {_yielded(call)} AS x
+RETURN x.uuid AS uuid, x.group_id AS group_id,
+       CASE WHEN x.group_id IN $group_ids
+       THEN vector.similarity.cosine(x.{prop}, $embedding) END AS score
+"""
+
+
+def _scan(match: str, prop: str) -> str:
+    return f"""
+MATCH {match}
+WHERE x.group_id IN $group_ids AND x.{prop} IS NOT NULL
+WITH x, vector.similarity.cosine(x.{prop}, $embedding) AS score
+ORDER BY score DESC, x.uuid
+LIMIT $limit
+RETURN x.uuid AS uuid, score
+"""
+
+
+def _small_scan(match: str, prop: str) -> str:
+    """The exact scan when the groups hold fewer than $scan_below embeddings, in one round
+    trip: one row, ``small`` and, when small, ``hits`` ([uuid, score] pairs, best first)."""
+    return f"""
+CALL () {{
+  MATCH {match}
+  WHERE x.group_id IN $group_ids AND x.{prop} IS NOT NULL
+  RETURN x LIMIT $scan_below
+}}
+WITH collect(x) AS xs
+CALL (xs) {{
+  WITH xs WHERE size(xs) < $scan_below
+  UNWIND xs AS x
+  WITH x, vector.similarity.cosine(x.{prop}, $embedding) AS score
+  ORDER BY score DESC, x.uuid
+  LIMIT $limit
+  RETURN collect([x.uuid, score]) AS hits
+}}
+RETURN size(xs) < $scan_below AS small, hits
+"""
+
+
+# The best $limit of the group's matches: (uuid, score).
+FULLTEXT = {kind: _fulltext(*how) for kind, how in _FULLTEXT.items()}
+# (candidates of the global index: uuid, group_id, score or null; exact scan: uuid, score)
+VECTOR = {
+    kind: (_candidates(call, index, prop), _scan(_MATCH[kind], prop))
+    for kind, (call, index, prop) in _VECTOR.items()
+}
+# A small group is scanned exactly before any index query (``SearchCore._nearest``).
+SMALL_SCAN: dict[str, str | None] = {
+    kind: _small_scan(_MATCH[kind], prop) for kind, (_, _, prop) in _VECTOR.items()
+}
+
+# Hits are read in one round trip each (``SearchCore._hits``), times as epoch microseconds
+# (the driver builds its own DateTime objects slowly). Hits carry their embeddings (MMR
+# compares them), except the facts a walk reads: it may read hundreds.
+EPISODES_BY_UUIDS = (
+    """
+UNWIND $uuids AS uuid
+MATCH (ep:Episodic {uuid: uuid})
+WHERE ep.group_id = $group_id
+RETURN ep {.*, """
+    + q.times_as_micros("ep", ("valid_at", "created_at"))
+    + """} AS ep
+"""
+)
+
+FACTS_NEAR = (  # statements whose rows are concatenated (here one)
+    """
+UNWIND $uuids AS uuid
+MATCH (e:Entity {uuid: uuid})-[r:RELATES_TO]-()
+USING INDEX e:Entity(uuid)
+WHERE e.group_id = $group_id AND r.group_id = $group_id
+WITH DISTINCT r
+MATCH (s:Entity)-[r]->(t:Entity)
+RETURN r {.*, fact_embedding: null, """
+    + q.FACT_TIMES
+    + """} AS r,
+       s.uuid AS source_uuid, t.uuid AS target_uuid
+""",
+)
+
+FACT_HITS = (
+    """
+UNWIND $uuids AS uuid
+MATCH (s:Entity)-[r:RELATES_TO {uuid: uuid}]->(t:Entity)
+WHERE r.group_id = $group_id
+RETURN r {.*, """
+    + q.FACT_TIMES
+    + """} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid,
+       s.name AS source_name, t.name AS target_name,
+       COLLECT {
+         UNWIND r.episodes AS episode
+         MATCH (ep:Episodic {uuid: episode})
+         WHERE ep.group_id = $group_id
+         RETURN [ep.uuid, ep.producer_id]
+       } AS producers
+"""
+)
+
+ENTITY_HITS = f"""
+UNWIND $uuids AS uuid
+MATCH (e:Entity {{uuid: uuid}})
+WHERE e.group_id = $group_id
+RETURN e {{.*, {q.times_as_micros("e", ("created_at",))}}} AS e,
+       {q.COMMUNITY_OF_E} AS community_uuid,
+       COLLECT {{
+         MATCH (ep:Episodic)-[:MENTIONS]->(e)
+         WHERE ep.group_id = $group_id AND ep.created_at <= $known_at
+         RETURN ep.producer_id ORDER BY ep.valid_at DESC, ep.producer_id
+       }} AS producers
+"""
+
+FACT_CONTEXT = cq.FACT_CONTEXT

@@ -1,0 +1,459 @@
+"""The Neo4j graph store: ``StoreCore`` on a ``Neo4jExecutor`` with the Neo4j dialect
+(``neo4j_queries``), and what Neo4j does its own way: the schema, writes of many rows in one
+UNWIND statement, the one-round-trip resolution lookup, and the group commit of episode writes
+(``batching.GroupCommit``: writes that arrive while a transaction runs share the next one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from neo4j import AsyncGraphDatabase, basic_auth
+
+from tidegraph.connections import neo4j_driver_options
+from tidegraph.metrics import STORE_BATCH_SIZE
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import (
+    EntityLookup,
+    EntityRecord,
+    EpisodeRecord,
+    EpisodeWrite,
+    FactRecord,
+)
+from tidegraph.records.times import utc
+from tidegraph.settings import Settings
+from tidegraph.stores import errors
+from tidegraph.stores.base import BatchRead, BatchWriteError, LookupRequest
+from tidegraph.stores.executor import Row, Tx, observe_write
+from tidegraph.stores.neo4j import queries as q
+from tidegraph.stores.neo4j import search_queries as neo4j_search_queries
+from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, anchored_query, as_of_params
+from tidegraph.stores.neo4j.batching import GroupCommit
+from tidegraph.stores.neo4j.core import StoreCore
+from tidegraph.stores.neo4j.executor import Neo4jExecutor
+from tidegraph.stores.rows import (
+    check_embedding,
+    closure_row,
+    entity_record,
+    entity_row,
+    episode_record,
+    episode_row,
+    fact_of,
+    fact_record,
+    fact_row,
+    neighbour_weights_of,
+    now_utc,
+    rank,
+    sort_entities,
+    sort_facts,
+    top,
+    unique,
+    with_epoch_times,
+)
+
+# Episode writes that arrive while a transaction runs share the next one (GroupCommit), up
+# to this many calls (an episode or a micro-batch each).
+MAX_WRITES_PER_TRANSACTION = 32
+# Episode-write transactions at once (never two with writes of one group). One: two were no
+# faster on two cores (in-process 5,000 records 314-322 against 303-347 events/s; Kafka
+# 10,000 records 77.8 against 86.9-93.2) and met deadlocks (NODE_RELATIONSHIP_GROUP_DELETE)
+# that the driver retries after about a second.
+TRANSACTIONS_IN_FLIGHT = 1
+# Batch reads (``read_batch``) that arrive while one runs share the next statement, up to this
+# many groups' batches; two such statements at most run at once (reads take no locks).
+MAX_BATCH_READS_PER_STATEMENT = 16
+BATCH_READS_IN_FLIGHT = 2
+AWAIT_INDEXES_SECONDS = 300
+
+
+@dataclass(frozen=True)
+class _EpisodeJob:
+    """One ``write_episode`` call, its query parameters ready."""
+
+    group_id: str
+    write: EpisodeWrite
+    params: dict[str, Any]
+
+    @property
+    def rows(self) -> int:
+        return 1 + sum(len(self.params[k]) for k in ("entities", "mentions", "facts", "closures"))
+
+
+def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -> dict[str, Any]:
+    """The parameters of one episode write (a row of ``WRITE_EPISODES``)."""
+    return {
+        "group_id": group_id,
+        "entities": [with_epoch_times(entity_row(group_id, e, dim, now)) for e in write.entities],
+        "ep": with_epoch_times(episode_row(group_id, write.episode, dim, now, write.created)),
+        "mentions": unique(write.mentions),
+        "facts": [with_epoch_times(fact_row(group_id, f, dim, now)) for f in write.facts],
+        "closures": [with_epoch_times(closure_row(c)) for c in write.closures],
+    }
+
+
+def _lookup_of(found: list[Row], *, with_facts: bool) -> EntityLookup:
+    """An ``EntityLookup`` from rows of an entity found (``e``), how (``hows``: by key, by
+    name or both) and its facts (``facts``), as RESOLUTION_LOOKUP and READ_BATCHES give them."""
+    by: dict[str, list[EntityRecord]] = {"key": [], "name": []}
+    facts: dict[str, FactRecord] = {}
+    for row in found:
+        entity = entity_record(row["e"])
+        for how in row["hows"]:
+            by[how].append(entity)
+        for r in row["facts"]:
+            fact = fact_record(r, entity.uuid, r["target_uuid"])
+            facts[fact.uuid] = fact
+    return EntityLookup(
+        by_key=sort_entities(by["key"]),
+        by_name=sort_entities(by["name"]),
+        facts=sort_facts(facts.values()) if with_facts else None,
+    )
+
+
+@dataclass(frozen=True)
+class _Assignments:
+    """One ``assign_members`` call: its rows name its group."""
+
+    group_id: str
+    rows: list[dict[str, str]]
+
+
+@dataclass(eq=False)  # an ask is its own key in the shared reads (no order between them)
+class _BatchAsk:
+    group_id: str
+    keys: list[str]
+    names: list[str]
+    relations: list[str]
+    episodes: list[str]
+
+
+class Neo4jStore(StoreCore):
+    """``GraphStore`` on a Neo4j 5.26+ server (Community edition is enough)."""
+
+    name = "neo4j"
+
+    def __init__(
+        self,
+        uri: str,
+        user: str | None = None,
+        password: str | None = None,
+        database: str = "neo4j",
+        driver_options: dict[str, Any] | None = None,
+    ) -> None:
+        auth = None if user is None else basic_auth(user, password or "")
+        driver = AsyncGraphDatabase.driver(uri, auth=auth, **(driver_options or {}))
+        self.neo4j = Neo4jExecutor(driver, database)
+        super().__init__(self.neo4j, q, neo4j_search_queries)
+        # An item is the writes of one call: one episode, or a group's micro-batch.
+        self._episodes: GroupCommit[list[_EpisodeJob], list[bool]] = GroupCommit(
+            self._commit_batches,
+            MAX_WRITES_PER_TRANSACTION,
+            key=lambda jobs: jobs[0].group_id,
+            max_in_flight=TRANSACTIONS_IN_FLIGHT,
+        )
+        self._assignments: GroupCommit[_Assignments, None] = GroupCommit(
+            self._commit_assignments,
+            MAX_WRITES_PER_TRANSACTION,
+            key=lambda item: item.group_id,
+            max_in_flight=TRANSACTIONS_IN_FLIGHT,
+        )
+        self._batch_reads: GroupCommit[_BatchAsk, Row] = GroupCommit(
+            self._read_batches,
+            MAX_BATCH_READS_PER_STATEMENT,
+            key=lambda ask: ask,
+            max_in_flight=BATCH_READS_IN_FLIGHT,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Neo4jStore:
+        return cls(
+            settings.neo4j_uri,
+            settings.neo4j_user,
+            settings.neo4j_password.get_secret_value(),
+            settings.neo4j_database,
+            driver_options=neo4j_driver_options(settings),
+        )
+
+    # ------------------------------------------------------------------ schema
+    async def _vector_dims(self) -> dict[str, int]:
+        records = await self.ex.rows(q.SHOW_VECTOR_INDEXES, {"names": list(q.VECTOR_INDEXES)})
+        return {r["name"]: int(r["dim"]) for r in records}
+
+    async def _declared_dim(self) -> int | None:
+        return (await self._vector_dims()).get(q.ENTITY_VECTOR_INDEX)
+
+    async def setup(self, embedding_dim: int) -> None:
+        if embedding_dim < 1:
+            raise ValueError("embedding_dim must be positive")
+        self._check_dims(await self._vector_dims(), embedding_dim)
+        params = {"dim": embedding_dim, "analyzer": q.FULLTEXT_ANALYZER}
+        for statement in q.SCHEMA:
+            await self.neo4j.execute(statement, params, schema=True)
+        for statement in q.DROPPED:
+            await self.neo4j.execute(statement, {}, schema=True)
+        # A concurrent setup with another dimension may have won the race.
+        self._check_dims(await self._vector_dims(), embedding_dim)
+        await self.neo4j.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
+        self._dim = embedding_dim
+
+    @staticmethod
+    def _check_dims(dims: dict[str, int], wanted: int) -> None:
+        errors.check_dimensions(
+            dims,
+            wanted,
+            lambda name: f"Neo4j vector index {name!r}",
+            lambda name: (
+                f"switch models deliberately: DROP INDEX {name}, run setup again and re-embed "
+                "the stored entities and facts (old embeddings would not be indexed)"
+            ),
+        )
+
+    # ------------------------------------------------------------------ reads in one trip
+    async def episode_markers(
+        self, group_id: str, episodes: list[tuple[str, str | None]]
+    ) -> dict[str, list[str]]:
+        hashes = dict(episodes)
+        rows = await self.ex.rows(
+            q.EPISODES_PROCESSED, {"group_id": group_id, "uuids": list(hashes)}
+        )
+        found: dict[str, list[str]] = {}
+        for row in rows:
+            errors.check_same_episode(row["uuid"], row["content_hash"], hashes[row["uuid"]])
+            found[row["uuid"]] = list(row["created_entities"] or [])
+        return found
+
+    async def recent_episodes_before(
+        self, group_id: str, befores: list[datetime], limit: int
+    ) -> list[list[EpisodeRecord]]:
+        if limit <= 0 or not befores:
+            return [[] for _ in befores]
+        params = {"group_id": group_id, "befores": [utc(b) for b in befores], "limit": limit}
+        rows = await self.ex.rows(q.RECENT_EPISODES_BEFORE, params)
+        return [[episode_record(ep) for ep in reversed(row["eps"])] for row in rows]
+
+    async def read_batch(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        relations: list[str],
+        episodes: list[tuple[str, str | None]],
+    ) -> BatchRead:
+        """One statement (``q.READ_BATCHES``), shared with the batch reads of other groups
+        submitted while one runs (``GroupCommit``: a lone read runs at once)."""
+        hashes = dict(episodes)
+        ask = _BatchAsk(group_id, unique(keys), unique(names), unique(relations), list(hashes))
+        row = await self._batch_reads.submit(ask)
+        markers: dict[str, list[str]] = {}
+        for uuid, content_hash, created in row["markers"]:
+            errors.check_same_episode(uuid, content_hash, hashes[uuid])
+            markers[uuid] = list(created or [])
+        return BatchRead(_lookup_of(row["found"], with_facts=True), markers)
+
+    async def _read_batches(self, asks: list[_BatchAsk]) -> list[Row]:
+        params = [{"i": i, **vars(ask)} for i, ask in enumerate(asks)]
+        rows = await self.ex.rows(q.READ_BATCHES, {"asks": params})
+        return sorted(rows, key=lambda row: int(row["i"]))
+
+    async def entity_candidates(
+        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
+        """One statement for a small group (``q.ENTITY_CANDIDATES``: the hits of every
+        search with their records); a larger one, or a search without an embedding, as the
+        base."""
+        dim = await self._embedding_dim()
+        vectors = [check_embedding(e, dim, "query embedding") for _, e in searches]
+        if not searches or limit <= 0 or any(v is None for v in vectors):
+            return await super().entity_candidates(group_id, searches, limit)
+        drafts = [
+            {"query": self.sq.fulltext_query(name), "embedding": vector}
+            for (name, _), vector in zip(searches, vectors, strict=True)
+        ]
+        params = {
+            "group_id": group_id,
+            "drafts": drafts,
+            "limit": limit,
+            "scan_below": self.scan_below,
+        }
+        rows = sorted(await self.ex.rows(q.ENTITY_CANDIDATES, params), key=lambda r: r["i"])
+        if not all(row["small"] for row in rows):
+            return await super().entity_candidates(group_id, searches, limit)
+        records = {
+            found["e"]["uuid"]: entity_record(found["e"], found["community_uuid"])
+            for row in rows
+            for found in row["records"]
+        }
+        answers = []
+        for row in rows:
+            nearest = top(((u, min(1.0, max(0.0, float(s)))) for u, s in row["vector_hits"]), limit)
+            vector = rank(((records[u], s) for u, s in nearest if u in records), limit)
+            text = rank(
+                ((records[u], float(s)) for u, s in row["fulltext_hits"] if u in records), limit
+            )
+            answers.append((vector, text))
+        return answers
+
+    async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
+        if not entity_uuids:
+            return {}
+        params = {"group_id": group_id, "uuids": unique(entity_uuids)}
+        rows = await self.ex.rows(q.COMMUNITIES_OF, params)
+        return {row["uuid"]: row["community_uuid"] for row in rows}
+
+    async def neighbour_weights_many(
+        self, group_id: str, entity_uuids: list[str], at: datetime | None = None
+    ) -> list[dict[str, int]]:
+        """One statement: ``neighbour_weights``' question for each entity, in a ``CALL``."""
+        if not entity_uuids:
+            return []
+        asof = AsOf.resolve(at, None, False, None)
+        question = anchored_query(asof, ENTITY_GRAPH_RETURN, q.ANCHOR_HINTS, "entity_uuid")
+        query = (
+            "UNWIND $entity_uuids AS entity_uuid\nCALL (entity_uuid) {\n"
+            + question
+            + "}\nRETURN entity_uuid, source, target, weight"
+        )
+        params = {**as_of_params(group_id, asof), "entity_uuids": unique(entity_uuids)}
+        edges: dict[str, list[tuple[str, str, int]]] = {}
+        for row in await self.ex.rows(query, params):
+            edge = (row["source"], row["target"], int(row["weight"]))
+            edges.setdefault(row["entity_uuid"], []).append(edge)
+        return [neighbour_weights_of(uuid, edges.get(uuid, [])) for uuid in entity_uuids]
+
+    async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
+        params = {
+            "group_id": group_id,
+            "keys": ask.keys,
+            "names": ask.names,
+            "episode_uuid": ask.episode_uuid,
+            "relations": ask.relations or [],
+        }
+        records = await self.ex.rows(q.RESOLUTION_LOOKUP, params)
+        if records and records[0]["processed"]:
+            errors.check_same_episode(
+                str(ask.episode_uuid), records[0]["stored_hash"], ask.content_hash
+            )
+            return EntityLookup(
+                processed=True, created_entities=list(records[0]["created_entities"] or [])
+            )
+        found = [record for record in records if record["e"] is not None]
+        return _lookup_of(found, with_facts=ask.relations is not None)
+
+    async def _fact_candidates(
+        self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
+    ) -> list[FactRecord]:
+        params = {
+            "group_id": group_id,
+            "pairs": [{"source": s, "relation": r} for s, r in pairs],
+            "ends": ends,
+        }
+        query = q.FACT_CANDIDATES if embeddings else q.FACT_CANDIDATES_PLAIN
+        return sort_facts(fact_of(r) for r in await self.ex.rows(query, params))
+
+    # ------------------------------------------------------------------ writes
+    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
+        if not entities:
+            return
+        dim = await self._embedding_dim()
+        now = now_utc()
+        rows = [with_epoch_times(entity_row(group_id, e, dim, now)) for e in entities]
+        uuids = unique(r["uuid"] for r in rows)
+
+        async def work(tx: Tx) -> None:
+            owners = await tx.rows(q.ENTITY_GROUPS, {"uuids": uuids})
+            errors.check_entity_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
+            await tx.rows(q.UPSERT_ENTITIES, {"group_id": group_id, "rows": rows})
+
+        await self.ex.write("upsert_entities", len(rows), work)
+
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
+        """One statement for all of them (``q.ASSIGN_MEMBERS``), not three per assignment,
+        in a transaction shared with the other groups' assignments submitted meanwhile
+        (``GroupCommit``, in submission order per group)."""
+        if not assignments:
+            return
+        rows = [
+            {"group_id": group_id, "community_uuid": c, "entity_uuid": e} for c, e in assignments
+        ]
+        with observe_write("assign_member", len(assignments)):
+            await self._assignments.submit(_Assignments(group_id, rows))
+
+    async def _commit_assignments(self, items: list[_Assignments]) -> list[None]:
+        rows = [row for item in items for row in item.rows]
+
+        async def work(tx: Tx) -> None:
+            await tx.rows(q.ASSIGN_MEMBERS, {"rows": rows})
+
+        await self.neo4j.transaction(work)
+        return [None] * len(items)
+
+    async def _upsert_communities(
+        self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]
+    ) -> None:
+        times = [with_epoch_times(row) for row in rows]
+        await tx.rows(q.UPSERT_COMMUNITIES, {"group_id": group_id, "rows": times})
+
+    async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
+        [written] = await self.write_episodes(group_id, [write])
+        return written
+
+    async def write_episodes(self, group_id: str, writes: list[EpisodeWrite]) -> list[bool]:
+        """One transaction for all of ``writes`` (shared with concurrent callers'): all are
+        committed or none (BatchWriteError with nothing written)."""
+        if not writes:
+            return []
+        dim = await self._embedding_dim()
+        now = now_utc()
+        jobs = [
+            _EpisodeJob(group_id, write, _write_params(group_id, write, dim, now))
+            for write in writes
+        ]
+        rows = sum(job.rows for job in jobs)
+        with observe_write("write_episode", rows):
+            try:
+                return await self._episodes.submit(jobs)
+            except Exception as exc:
+                if len(writes) == 1:
+                    raise
+                raise BatchWriteError([]) from exc
+
+    async def _commit_batches(self, batches: list[list[_EpisodeJob]]) -> list[list[bool]]:
+        written = await self._commit_episodes([job for jobs in batches for job in jobs])
+        results, start = [], 0
+        for jobs in batches:
+            results.append(written[start : start + len(jobs)])
+            start += len(jobs)
+        return results
+
+    async def _commit_episodes(self, jobs: list[_EpisodeJob]) -> list[bool]:
+        """One transaction for the episode writes of ``jobs``, in order (group commit): one
+        read of what they touch, the checks in Python (``errors.WriteChecks``), one statement
+        for every write that passes."""
+
+        async def work(tx: Tx) -> list[bool]:
+            episodes, entities, facts = errors.touched_by([job.write for job in jobs])
+            [state] = await tx.rows(
+                q.WRITE_STATES,
+                {"episode_uuids": episodes, "entity_uuids": entities, "fact_uuids": facts},
+            )
+            checks = errors.WriteChecks(
+                episodes={
+                    uuid: errors.StoredEpisode(group, content_hash, not_extracted)
+                    for uuid, group, content_hash, not_extracted in state["episodes"]
+                },
+                owners={uuid: group for uuid, group in state["entities"]},
+                facts={
+                    u: errors.StoredFact(g, source, target)
+                    for u, g, source, target in state["facts"]
+                },
+            )
+            written = [checks.admit(job.group_id, job.write) for job in jobs]
+            rows = [job.params for job, fresh in zip(jobs, written, strict=True) if fresh]
+            if rows:
+                await tx.rows(q.WRITE_EPISODES, {"writes": rows})
+            return written
+
+        STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(jobs))
+        return await self.neo4j.transaction(work)

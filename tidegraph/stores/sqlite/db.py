@@ -1,0 +1,251 @@
+"""The embedded store's database (``sqlite_store.SqliteStore``): one SQLite file in WAL mode
+and one connection, used from one thread of its own. Every call runs there, one at a time, so
+the event loop never waits on the disk and one call's transaction never interleaves with
+another's.
+
+How values are stored (and read back by ``rows``' record builders, as for Neo4j):
+- times: INTEGER microseconds since the epoch, UTC (``rows.to_utc`` reads an int that way);
+- lists (labels, aliases, episode uuids, a fact's end and start history): JSON text;
+- embeddings: BLOBs of float64, the exact numbers written (both other stores return them so).
+
+The schema (``SCHEMA``): one table per node kind with its uuid unique and its group indexed,
+``entity_name`` (each entity's normalised name and aliases, for resolution's lookups),
+``mention`` and ``member`` for the MENTIONS and HAS_MEMBER edges, and an FTS5 table per kind
+(Porter-stemmed words, BM25; the row's group is a column of it, so a search matches one
+tenant's rows) whose rowid is the record's ``id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import orjson
+
+from tidegraph.records.times import utc
+from tidegraph.stores.executor import count_errors
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+DB_FILE = "graph.sqlite"
+SCHEMA_VERSION = "1"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+# The fulltext tables: kind -> (table, the record table its rowid is an id of).
+FULLTEXT = {
+    "fact": ("fact_text", "fact"),
+    "entity": ("entity_text", "entity"),
+    "episode": ("episode_text", "episode"),
+    "community": ("community_text", "community"),
+}
+
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    """CREATE TABLE IF NOT EXISTS episode (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL UNIQUE,
+        group_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        source TEXT NOT NULL,
+        source_description TEXT NOT NULL,
+        content TEXT NOT NULL,
+        valid_at INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        producer_id TEXT,
+        content_hash TEXT,
+        created_entities TEXT NOT NULL,
+        not_extracted TEXT,
+        content_embedding BLOB)""",
+    "CREATE INDEX IF NOT EXISTS episode_group_valid ON episode (group_id, valid_at)",
+    "CREATE INDEX IF NOT EXISTS episode_pending ON episode (group_id, valid_at, producer_id) "
+    "WHERE not_extracted IS NOT NULL",
+    """CREATE TABLE IF NOT EXISTS entity (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL UNIQUE,
+        group_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        labels TEXT NOT NULL,
+        summary TEXT,
+        key TEXT,
+        aliases TEXT NOT NULL,
+        name_embedding BLOB,
+        created_at INTEGER NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS entity_group_name ON entity (group_id, name, uuid)",
+    "CREATE INDEX IF NOT EXISTS entity_group_key ON entity (group_id, key) WHERE key IS NOT NULL",
+    """CREATE TABLE IF NOT EXISTS entity_name (
+        group_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        uuid TEXT NOT NULL,
+        PRIMARY KEY (group_id, name, uuid)) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS entity_name_uuid ON entity_name (uuid)",
+    """CREATE TABLE IF NOT EXISTS fact (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL UNIQUE,
+        group_id TEXT NOT NULL,
+        source_uuid TEXT NOT NULL,
+        target_uuid TEXT NOT NULL,
+        name TEXT NOT NULL,
+        fact TEXT NOT NULL,
+        fact_embedding BLOB,
+        episodes TEXT NOT NULL,
+        valid_at INTEGER,
+        invalid_at INTEGER,
+        created_at INTEGER NOT NULL,
+        expired_at INTEGER,
+        cardinality TEXT,
+        prior_ends TEXT,
+        prior_ends_learned_at TEXT,
+        end_learned_at INTEGER,
+        prior_starts TEXT,
+        prior_starts_learned_at TEXT,
+        start_learned_at INTEGER)""",
+    "CREATE INDEX IF NOT EXISTS fact_source ON fact (group_id, source_uuid, name)",
+    "CREATE INDEX IF NOT EXISTS fact_target ON fact (group_id, target_uuid)",
+    """CREATE TABLE IF NOT EXISTS mention (
+        episode_uuid TEXT NOT NULL,
+        entity_uuid TEXT NOT NULL,
+        group_id TEXT NOT NULL,
+        PRIMARY KEY (episode_uuid, entity_uuid)) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS mention_entity ON mention (entity_uuid)",
+    "CREATE INDEX IF NOT EXISTS mention_group ON mention (group_id)",
+    """CREATE TABLE IF NOT EXISTS community (
+        id INTEGER PRIMARY KEY,
+        uuid TEXT NOT NULL UNIQUE,
+        group_id TEXT NOT NULL,
+        name TEXT NOT NULL,
+        summary TEXT NOT NULL,
+        name_embedding BLOB,
+        created_at INTEGER NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS community_group ON community (group_id)",
+    """CREATE TABLE IF NOT EXISTS member (
+        community_uuid TEXT NOT NULL,
+        entity_uuid TEXT NOT NULL,
+        group_id TEXT NOT NULL,
+        PRIMARY KEY (community_uuid, entity_uuid)) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS member_entity ON member (entity_uuid)",
+    "CREATE INDEX IF NOT EXISTS member_group ON member (group_id)",
+    *(
+        f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5("
+        "group_id, text, tokenize = 'porter unicode61')"
+        for table, _ in FULLTEXT.values()
+    ),
+)
+
+
+# ----------------------------------------------------------------------------- values
+def micros(value: datetime | None) -> int | None:
+    """An aware datetime as microseconds since the epoch (None stays None)."""
+    if value is None:
+        return None
+    since = utc(value) - _EPOCH
+    return (since.days * 86_400 + since.seconds) * 1_000_000 + since.microseconds
+
+
+def micros_list(values: Sequence[datetime] | None) -> str | None:
+    """A list of datetimes as JSON microseconds; None (or empty: "no history") stays None."""
+    return json_text([micros(v) for v in values]) if values else None
+
+
+def json_text(values: Iterable[Any]) -> str:
+    return orjson.dumps(list(values)).decode()
+
+
+def json_list(text: str | None) -> list[Any]:
+    """A JSON list column's values (NULL: none)."""
+    return [] if text is None else list(orjson.loads(text))
+
+
+def vector_blob(values: Sequence[float] | None) -> bytes | None:
+    return None if values is None else array("d", values).tobytes()
+
+
+def vector_of(blob: bytes | None) -> list[float] | None:
+    if blob is None:
+        return None
+    values = array("d")
+    values.frombytes(blob)
+    return values.tolist()
+
+
+def fulltext_phrase(text: str) -> str:
+    """``text`` as one FTS5 string (a phrase of its words): quoted, inner quotes doubled, so
+    nothing in it is query syntax."""
+    return '"' + text.replace('"', '""') + '"'
+
+
+# ----------------------------------------------------------------------------- database
+class SqliteDatabase:
+    """The file, opened on first use on the database's thread; ``run`` calls a function
+    with the connection there."""
+
+    def __init__(self, folder: Path, cache_mb: int) -> None:
+        self.folder = folder
+        self.path = folder / DB_FILE
+        self._cache_kib = max(cache_mb, 1) * 1024
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegraph-sqlite")
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            if self._closed:
+                raise RuntimeError("the embedded store is closed")
+            self.folder.mkdir(parents=True, exist_ok=True)
+            # isolation_level None: no implicit transactions; ``transaction`` opens them.
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")  # durable at each WAL checkpoint
+            conn.execute(f"PRAGMA cache_size = -{self._cache_kib}")
+            conn.execute("PRAGMA busy_timeout = 10000")
+            self._conn = conn
+        return self._conn
+
+    async def run(
+        self, work: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        """``work(connection, *args)`` on the database's thread."""
+
+        def call() -> T:
+            with count_errors((sqlite3.OperationalError,)):
+                return work(self._connection(), *args, **kw)
+
+        return await asyncio.get_running_loop().run_in_executor(self._thread, call)
+
+    async def close(self) -> None:
+        def shut() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+            self._closed = True
+
+        if not self._closed:
+            await asyncio.get_running_loop().run_in_executor(self._thread, shut)
+        self._thread.shutdown(wait=False)
+
+
+class Transaction:
+    """``with Transaction(conn):`` one write transaction (BEGIN IMMEDIATE: the writer's lock
+    at once), committed on leaving, rolled back when the block raises."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.conn.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+def ids(conn: sqlite3.Connection, query: str, *params: Any) -> list[Any]:
+    """The first column of a query's rows."""
+    return [row[0] for row in conn.execute(query, params)]

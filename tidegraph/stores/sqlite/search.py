@@ -1,0 +1,447 @@
+"""The search methods of the embedded store (``sqlite_store.SqliteStore``; README "Memory
+retrieval"), with the rules every store keeps (``store.hits``: what a scope sees, the hits and
+their order, the breadth-first walk).
+
+Fulltext: SQLite's FTS5 (BM25 over Porter-stemmed words), the text's words from
+``search_text.search_terms`` as quoted strings, the group's rows only (the group is a column
+of each fulltext table, weighted 0). Vector: an exact scan of the group's embeddings of the
+kind (numpy), scored ``(1 + cos) / 2`` like the other stores: the embedded store holds what one
+machine holds, and a scan is exact where an index is approximate.
+
+Candidates the scope does not see (a fact not believed then, an entity created later) are
+dropped after scoring, so more are taken until ``limit`` hits are found or none are left.
+"""
+
+from __future__ import annotations
+
+import abc
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
+from tidegraph.records.search import Hit, Kind, SearchScope
+from tidegraph.stores import hits as rules
+from tidegraph.stores.base import GraphStore
+from tidegraph.stores.rows import check_embedding, rank, to_utc, unique
+from tidegraph.stores.search_text import search_terms
+from tidegraph.stores.sqlite.db import (
+    FULLTEXT,
+    SqliteDatabase,
+    fulltext_phrase,
+    json_text,
+    micros,
+    vector_of,
+)
+from tidegraph.stores.sqlite.rows import (
+    ENTITY_FULL,
+    EPISODE,
+    FACT_FULL,
+    IN_LIST,
+    believed_facts,
+    entity_of,
+    episode_of,
+    fact_of,
+    names_of,
+    producers_of,
+)
+
+# Each kind's embeddings: (table, column).
+_EMBEDDINGS = {
+    "fact": ("fact", "fact_embedding"),
+    "entity": ("entity", "name_embedding"),
+    "episode": ("episode", "content_embedding"),
+    "community": ("community", "name_embedding"),
+}
+Scored = list[tuple[str, float]]  # (uuid, score), best first
+
+
+# ----------------------------------------------------------------------------- candidates
+def fulltext_query(group_id: str, text: str) -> str | None:
+    """The FTS5 query of ``text``'s words in the group's rows (None: nothing searchable).
+    Every word and the group id are quoted strings, never syntax."""
+    terms = search_terms(text)
+    if not terms:
+        return None
+    words = " OR ".join(fulltext_phrase(t) for t in terms)
+    if not any(ch.isalnum() for ch in group_id):  # no token to match: the join filters
+        return f"text : ({words})"
+    return f"group_id : {fulltext_phrase(group_id)} AND text : ({words})"
+
+
+def fulltext_scored(
+    conn: sqlite3.Connection, group_id: str, kind: Kind, query: str, limit: int
+) -> Scored:
+    """The group's best ``limit`` records of ``kind`` for an FTS5 ``query`` (BM25)."""
+    table, records = FULLTEXT[kind]
+    rows = conn.execute(
+        f"SELECT x.uuid, -bm25({table}, 0.0, 1.0) AS score FROM {table} t "
+        f"JOIN {records} x ON x.id = t.rowid "
+        f"WHERE {table} MATCH ? AND x.group_id = ? ORDER BY score DESC, x.uuid LIMIT ?",
+        (query, group_id, limit),
+    )
+    return [(uuid, float(score)) for uuid, score in rows]
+
+
+class GroupVectors:
+    """Each (group, kind)'s embeddings as one matrix (with their uuids and norms), kept while
+    the database is unchanged: a search then compares the query with the matrix instead of
+    reading and decoding every vector of the group. Any committed change, by this connection
+    (``total_changes``) or another process (``PRAGMA data_version``), makes every entry stale.
+    Used on the database's thread only; at most ``entries`` matrices are kept."""
+
+    def __init__(self, entries: int = 8) -> None:
+        self.entries = entries
+        self._kept: OrderedDict[tuple[str, str], tuple[tuple[int, int], list[str], Any]] = (
+            OrderedDict()
+        )
+
+    def of(self, conn: sqlite3.Connection, group_id: str, kind: Kind) -> tuple[list[str], Any]:
+        """(uuids, matrix with one row per uuid whose norms are 1 or 0)."""
+        version = (conn.total_changes, conn.execute("PRAGMA data_version").fetchone()[0])
+        found = self._kept.get((group_id, kind))
+        if found is not None and found[0] == version:
+            self._kept.move_to_end((group_id, kind))
+            return found[1], found[2]
+        table, column = _EMBEDDINGS[kind]
+        rows = conn.execute(
+            f"SELECT uuid, {column} FROM {table} WHERE group_id = ? AND {column} IS NOT NULL",
+            (group_id,),
+        ).fetchall()
+        uuids = [r[0] for r in rows]
+        matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float64)
+        matrix = matrix.reshape(len(rows), -1) if rows else matrix.reshape(0, 0)
+        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+        matrix = matrix / np.where(norms == 0, 1.0, norms)
+        self._kept[(group_id, kind)] = (version, uuids, matrix)
+        self._kept.move_to_end((group_id, kind))
+        while len(self._kept) > self.entries:
+            self._kept.popitem(last=False)
+        return uuids, matrix
+
+
+def vector_scored(
+    conn: sqlite3.Connection,
+    vectors: GroupVectors,
+    group_id: str,
+    kind: Kind,
+    vector: Sequence[float],
+) -> Scored:
+    """Every record of ``kind`` of the group with an embedding, scored ``(1 + cos) / 2``
+    against ``vector``, best first (ties by uuid)."""
+    uuids, matrix = vectors.of(conn, group_id, kind)
+    if not uuids:
+        return []
+    query = np.asarray(vector, dtype=np.float64)
+    cos = (matrix @ query) / (np.linalg.norm(query) or 1.0)
+    scores = np.clip((1.0 + cos) / 2.0, 0.0, 1.0)
+    return sorted(zip(uuids, map(float, scores), strict=True), key=lambda h: (-h[1], h[0]))
+
+
+# ----------------------------------------------------------------------------- hits
+def fact_hits(
+    conn: sqlite3.Connection,
+    group_id: str,
+    asof: AsOf,
+    facts: Sequence[tuple[FactRecord, float, int | None]],
+) -> list[Hit]:
+    """Hits of facts already read and believed: with their ends' names and producer ids."""
+    if not facts:
+        return []
+    names = names_of(conn, (u for f, _, _ in facts for u in (f.source_uuid, f.target_uuid)))
+    producers = producers_of(conn, group_id, (u for f, _, _ in facts for u in f.episodes))
+    return [rules.fact_hit(f, s, asof, names, producers, d) for f, s, d in facts]
+
+
+def entity_hits(
+    conn: sqlite3.Connection, group_id: str, asof: AsOf, scores: dict[str, float]
+) -> list[Hit]:
+    query = f"SELECT {ENTITY_FULL} FROM entity e WHERE e.group_id = ? AND e.uuid {IN_LIST}"
+    rows = conn.execute(query, (group_id, json_text(scores)))
+    entities = [e for e in map(entity_of, rows) if rules.known_by(e.created_at, asof)]
+    mentioned: dict[str, list[tuple[object, str]]] = {}
+    if entities:
+        found = conn.execute(
+            "SELECT m.entity_uuid, ep.valid_at, ep.producer_id FROM mention m "
+            "JOIN episode ep ON ep.uuid = m.episode_uuid "
+            f"WHERE m.group_id = ? AND ep.group_id = ? AND ep.created_at <= ? "
+            f"AND m.entity_uuid {IN_LIST}",
+            (group_id, group_id, micros(asof.known_at), json_text(e.uuid for e in entities)),
+        )
+        for uuid, valid_at, producer in found:
+            mentioned.setdefault(uuid, []).append((to_utc(valid_at), producer or ""))
+    return [
+        rules.entity_hit(e, scores[e.uuid], rules.latest_first(mentioned.get(e.uuid, [])))  # type: ignore[arg-type]
+        for e in entities
+    ]
+
+
+def communities_by_uuids(
+    conn: sqlite3.Connection, group_id: str, uuids: Sequence[str]
+) -> list[CommunityRecord]:
+    param = (group_id, json_text(uuids))
+    heads = conn.execute(
+        "SELECT uuid, name, summary, name_embedding, created_at FROM community "
+        f"WHERE group_id = ? AND uuid {IN_LIST}",
+        param,
+    ).fetchall()
+    members: dict[str, list[str]] = {}
+    query = (
+        "SELECT community_uuid, entity_uuid FROM member "
+        f"WHERE group_id = ? AND community_uuid {IN_LIST}"
+    )
+    for community, entity in conn.execute(query, param):
+        members.setdefault(community, []).append(entity)
+    return [
+        CommunityRecord(
+            uuid=r["uuid"],
+            name=r["name"],
+            summary=r["summary"],
+            members=sorted(members.get(r["uuid"], [])),
+            name_embedding=vector_of(r["name_embedding"]),
+            created_at=to_utc(r["created_at"]),
+        )
+        for r in heads
+    ]
+
+
+def hits_of(
+    conn: sqlite3.Connection, group_id: str, kind: Kind, asof: AsOf, scores: dict[str, float]
+) -> list[Hit]:
+    """The hits of the scored uuids of the group that the scope sees."""
+    if not scores:
+        return []
+    param = (group_id, json_text(scores))
+    if kind == "fact":
+        query = f"SELECT {FACT_FULL} FROM fact f WHERE f.group_id = ? AND f.uuid {IN_LIST}"
+        facts = [f for f in map(fact_of, conn.execute(query, param)) if asof.believed(f)]
+        return fact_hits(conn, group_id, asof, [(f, scores[f.uuid], None) for f in facts])
+    if kind == "entity":
+        return entity_hits(conn, group_id, asof, scores)
+    if kind == "episode":
+        query = (
+            f"SELECT {EPISODE}, ep.content_embedding FROM episode ep "
+            f"WHERE ep.group_id = ? AND ep.uuid {IN_LIST}"
+        )
+        episodes = map(episode_of, conn.execute(query, param))
+        return [
+            rules.episode_hit(e, scores[e.uuid]) for e in episodes if rules.episode_seen(e, asof)
+        ]
+    return [
+        rules.community_hit(c, group_id, scores[c.uuid])
+        for c in communities_by_uuids(conn, group_id, list(scores))
+        if rules.known_by(c.created_at, asof)
+    ]
+
+
+def seen(
+    conn: sqlite3.Connection,
+    group_id: str,
+    kind: Kind,
+    asof: AsOf,
+    scored: Callable[[int], Scored],
+    limit: int,
+) -> list[Hit]:
+    """The best ``limit`` hits the scope sees among the candidates ``scored(k)`` gives (the
+    group's best k, best first): k doubles until enough are seen or there are no more."""
+    k = max(2 * limit, 10)
+    hits: list[Hit] = []
+    judged = 0
+    while True:
+        candidates = scored(k)
+        fresh = dict(candidates[judged:])
+        hits += hits_of(conn, group_id, kind, asof, fresh)
+        judged = len(candidates)
+        if len(hits) >= limit or len(candidates) < k:
+            return rules.best(hits, limit)
+        k *= 2
+
+
+# ----------------------------------------------------------------------------- the methods
+class SqliteSearch(GraphStore):
+    """The search methods over ``SqliteStore``'s database."""
+
+    db: SqliteDatabase
+    vectors: GroupVectors
+
+    @abc.abstractmethod
+    def _dimension(self) -> int: ...
+
+    def _vector(self, embedding: Sequence[float]) -> list[float] | None:
+        return check_embedding(embedding, self._dimension(), "query embedding")
+
+    async def fulltext_entities(
+        self, group_id: str, text: str, limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        return await self.db.run(_entity_text_hits, group_id, text, limit)
+
+    async def vector_entities(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        return await self.db.run(
+            _entity_vector_hits, self.vectors, group_id, self._vector(embedding), limit
+        )
+
+    async def entity_candidates(
+        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
+        """Every search in one call on the database's thread."""
+        vectors = [self._vector(embedding) for _, embedding in searches]
+
+        def read(conn: sqlite3.Connection) -> list[tuple[EntityHits, EntityHits]]:
+            return [
+                (
+                    _entity_vector_hits(conn, self.vectors, group_id, vector, limit),
+                    _entity_text_hits(conn, group_id, name, limit),
+                )
+                for (name, _), vector in zip(searches, vectors, strict=True)
+            ]
+
+        return await self.db.run(read)
+
+    async def vector_facts(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[FactRecord, float]]:
+        vector = self._vector(embedding)
+        if vector is None or limit <= 0:
+            return []
+
+        def read(conn: sqlite3.Connection) -> list[tuple[FactRecord, float]]:
+            best = dict(vector_scored(conn, self.vectors, group_id, "fact", vector)[:limit])
+            query = f"SELECT {FACT_FULL} FROM fact f WHERE f.group_id = ? AND f.uuid {IN_LIST}"
+            facts = map(fact_of, conn.execute(query, (group_id, json_text(best))))
+            return rank(((f, best[f.uuid]) for f in facts), limit)
+
+        return await self.db.run(read)
+
+    async def fulltext_search(
+        self, scope: SearchScope, kind: Kind, text: str, limit: int
+    ) -> list[Hit]:
+        kind = rules.check_kind(kind)
+        if not search_terms(text) or limit <= 0:
+            return []
+
+        def read(conn: sqlite3.Connection) -> list[Hit]:
+            hits: list[Hit] = []
+            for group_id in unique(scope.group_ids):
+                query = fulltext_query(group_id, text)
+                assert query is not None  # the text has terms
+                scored = partial(fulltext_scored, conn, group_id, kind, query)
+                hits += seen(conn, group_id, kind, scope.asof, scored, limit)
+            return rules.best(hits, limit)
+
+        return await self.db.run(read)
+
+    async def vector_search(
+        self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
+    ) -> list[Hit]:
+        kind = rules.check_kind(kind)
+        vector = self._vector(embedding)
+        if vector is None or limit <= 0:
+            return []
+
+        def read(conn: sqlite3.Connection) -> list[Hit]:
+            hits: list[Hit] = []
+            for group_id in unique(scope.group_ids):
+                every = vector_scored(conn, self.vectors, group_id, kind, vector)
+                hits += seen(conn, group_id, kind, scope.asof, partial(_first, every), limit)
+            return rules.best(hits, limit)
+
+        return await self.db.run(read)
+
+    async def expand_facts(
+        self, scope: SearchScope, seeds: list[str], hops: int, limit: int
+    ) -> list[Hit]:
+        if not seeds or hops < 1 or limit <= 0:
+            return []
+        hits: list[Hit] = []
+        for group_id in unique(scope.group_ids):
+            nearest = await rules.expanded(self._touching(group_id, scope.asof), seeds, hops, limit)
+            found = [(f, 1 / d, d) for f, d in nearest]
+            hits += await self.db.run(fact_hits, group_id, scope.asof, found)
+        return rules.best(hits, limit)
+
+    async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
+        if episodes <= 0:
+            return []
+        asof = scope.asof
+
+        def read(conn: sqlite3.Connection) -> list[str]:
+            found: list[str] = []
+            for group_id in unique(scope.group_ids):
+                latest = [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT uuid FROM episode WHERE group_id = ? AND valid_at <= ? "
+                        "AND created_at <= ? ORDER BY valid_at DESC, uuid DESC LIMIT ?",
+                        (group_id, micros(asof.valid_at), micros(asof.known_at), episodes),
+                    )
+                ]
+                mentioned: dict[str, list[str]] = {}
+                query = (
+                    "SELECT episode_uuid, entity_uuid FROM mention "
+                    f"WHERE group_id = ? AND episode_uuid {IN_LIST}"
+                )
+                for episode, entity in conn.execute(query, (group_id, json_text(latest))):
+                    mentioned.setdefault(episode, []).append(entity)
+                found += [e for episode in latest for e in sorted(mentioned.get(episode, []))]
+            return unique(found)
+
+        return await self.db.run(read)
+
+    async def entity_distances(
+        self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
+    ) -> dict[str, int]:
+        walks = [self._touching(g, scope.asof) for g in unique(scope.group_ids)]
+        return await rules.distances(walks, centre, uuids, max_hops)
+
+    def _touching(self, group_id: str, asof: AsOf) -> rules.FactsOf:
+        """The walk's read: the group's facts touching some entities that the scope
+        believes, without their embeddings."""
+
+        async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
+            return await self.db.run(believed_facts, group_id, asof, unique(entity_uuids))
+
+        return facts_of
+
+
+EntityHits = list[tuple[EntityRecord, float]]
+
+
+def _first(scored: Scored, k: int) -> Scored:
+    return scored[:k]
+
+
+def _entity_text_hits(conn: sqlite3.Connection, group_id: str, text: str, limit: int) -> EntityHits:
+    query = fulltext_query(group_id, text)
+    if query is None or limit <= 0:
+        return []
+    return _entities_scored(conn, group_id, fulltext_scored(conn, group_id, "entity", query, limit))
+
+
+def _entity_vector_hits(
+    conn: sqlite3.Connection,
+    vectors: GroupVectors,
+    group_id: str,
+    vector: Sequence[float] | None,
+    limit: int,
+) -> EntityHits:
+    if vector is None or limit <= 0:
+        return []
+    scored = vector_scored(conn, vectors, group_id, "entity", vector)
+    return _entities_scored(conn, group_id, scored[:limit])
+
+
+def _entities_scored(conn: sqlite3.Connection, group_id: str, scored: Scored) -> EntityHits:
+    """The group's entities of ``scored`` (best first), with their scores."""
+    best = dict(scored)
+    if not best:
+        return []
+    query = f"SELECT {ENTITY_FULL} FROM entity e WHERE e.group_id = ? AND e.uuid {IN_LIST}"
+    entities = map(entity_of, conn.execute(query, (group_id, json_text(best))))
+    return rank(((e, best[e.uuid]) for e in entities), len(best))
