@@ -215,12 +215,12 @@ def _settings(args: argparse.Namespace, data_dir: Path, llm_base_url: str | None
 
 
 async def _ingest(memory: Any, envelopes: list[dict[str, Any]]) -> dict[str, Any]:
-    from tidegraph.pipelines.inprocess import ingest
+    from tidegraph.pipelines.ingest import ingest
     from tidegraph.records.episode import Episode
 
     episodes = [Episode.model_validate(e) for e in envelopes]
     started = time.perf_counter()
-    report = await ingest(memory.runtime.chain(), episodes, concurrency=8)
+    report = await ingest(memory.runtime.runner(), episodes, concurrency=8)
     return {"ingest": report.line(), "ingest_seconds": round(time.perf_counter() - started, 1)}
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tidegraph.metrics import EPISODES_NOT_EXTRACTED
 from tidegraph.processors.context import RecentEpisodes
@@ -38,7 +39,9 @@ from tidegraph.records.errors import NoExtractorError
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.ids import to_label
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, Processed
-from tidegraph.stores.base import GraphStore
+
+if TYPE_CHECKING:
+    from tidegraph.processors.steps import ExtractionStore
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ class ExtractionStep:
         *,
         mappings: MappingSet | None,
         llm: StructuredLLM | None,
-        store: GraphStore | None = None,
+        store: ExtractionStore | None = None,
         context: RecentEpisodes | None = None,
         context_episodes: int = 4,
         episodes_per_call: int = 4,
@@ -178,9 +181,10 @@ class ExtractionStep:
     async def _processed(self, episode: Episode) -> bool:
         if self.store is None:
             return False
-        return await self.store.episode_processed(
-            episode.group_id, episode.uuid, episode.content_hash
+        markers = await self.store.episode_markers(
+            episode.group_id, [(episode.uuid, episode.content_hash)]
         )
+        return episode.uuid in markers
 
     async def run_prepared(self, prepared: Prepared) -> Extraction | Processed:
         """``run`` from ``prepare``'s answer: the LLM call."""

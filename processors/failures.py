@@ -26,15 +26,6 @@ from tidegraph.records.errors import RecordError
 from tidegraph.stores import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
 
 
-class StageError(Exception):
-    """A stage failed on one episode; carries the stage name for the dead letter."""
-
-    def __init__(self, stage: str, cause: BaseException) -> None:
-        super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
-        self.stage = stage
-        self.cause = cause
-
-
 @dataclass(frozen=True)
 class Verdict:
     transient: bool
@@ -110,12 +101,8 @@ REASONS: dict[str, str] = {
 _TRANSIENT_LLM = frozenset({"rate_limited", "server", "timeout"})
 
 
-def root_cause(exc: BaseException) -> BaseException:
-    return exc.cause if isinstance(exc, StageError) else exc
-
-
 def classify(exc: BaseException) -> Verdict:
-    cause = root_cause(exc)
+    cause = exc
     if isinstance(cause, RecordError):
         return Verdict(False, cause.reason)
     if isinstance(cause, LLMError):

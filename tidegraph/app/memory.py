@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import orjson
 
-from tidegraph.pipelines.inprocess import EpisodeFailed, InProcessChain
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.pipelines.runtime import Runtime, open_runtime
 from tidegraph.recall.context import build_context
 from tidegraph.recall.search import Searcher, SearchResults
@@ -62,7 +62,7 @@ class Memory:
         self.runtime = runtime
         self.via = via
         self.searcher = Searcher(runtime.store, runtime.embedder, runtime.cross_encoder)
-        self._chain: InProcessChain | None = None
+        self._runner: GroupRunner | None = None
         self._group_locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
@@ -122,22 +122,21 @@ class Memory:
         return await self._write(episode)
 
     async def _write(self, episode: Episode) -> AddResult:
-        if self._chain is None:
-            self._chain = self.runtime.chain()
+        if self._runner is None:
+            self._runner = self.runtime.runner()
         lock = self._group_locks.setdefault(episode.group_id, asyncio.Lock())
         async with lock:  # one group's episodes in the order they were added
-            try:
-                summary = await self._chain.process(episode)
-            except EpisodeFailed as exc:
-                return AddResult(
-                    episode.group_id,
-                    episode.id,
-                    episode.uuid,
-                    "failed",
-                    reason=exc.failure.reason,
-                    message=exc.failure.message,
-                )
-        status: Literal["written", "skipped"] = "skipped" if summary.skipped else "written"
+            [outcome] = await self._runner.run([episode])
+        if outcome.failure is not None:
+            return AddResult(
+                episode.group_id,
+                episode.id,
+                episode.uuid,
+                "failed",
+                reason=outcome.failure.reason,
+                message=outcome.failure.message,
+            )
+        status: Literal["written", "skipped"] = "skipped" if outcome.processed else "written"
         return AddResult(episode.group_id, episode.id, episode.uuid, status)
 
     async def _produce(self, episode: Episode, raw: bytes) -> AddResult:

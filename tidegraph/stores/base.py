@@ -168,6 +168,10 @@ class GraphStore(abc.ABC):
     @abc.abstractmethod
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]: ...
 
+    async def entity_names(self, group_id: str, uuids: list[str]) -> dict[str, str]:
+        """{uuid: name} of the group's entities among ``uuids``."""
+        return {e.uuid: e.name for e in await self.entities_by_uuids(group_id, uuids)}
+
     @abc.abstractmethod
     async def fulltext_entities(
         self, group_id: str, text: str, limit: int

@@ -191,7 +191,7 @@ async def _extract_pending(groups: list[str], concurrency: int) -> Any:
     try:
         targets = groups or await runtime.store.pending_groups()
         return await extract_pending(
-            runtime.chain(), runtime.store, targets, concurrency=concurrency
+            runtime.runner(), runtime.store, targets, concurrency=concurrency
         )
     finally:
         await runtime.close()
