@@ -1,7 +1,7 @@
 """Recall quality: does search find the episodes that answer a question?
 
 Two feeds, each ingested into a fresh store, then every question asked with every recipe
-(README "Memory retrieval"), so the gain of fusion and reranking over one method shows:
+(docs/retrieval.md "Memory retrieval"), so the gain of fusion and reranking over one method shows:
 
 * ``support``: the generated support-chat feed (benchmarks/text_feed.py) through the real
   chain with the scripted LLM answering from the feed's ground truth (benchmarks/

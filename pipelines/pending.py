@@ -1,4 +1,5 @@
-"""Extracting the episodes stored without extraction (README "Episodes without an LLM").
+"""Extracting the episodes stored without extraction (docs/architecture.md "Episodes without an
+LLM").
 
 An episode nothing could extract when it arrived (no LLM configured, no mapping rule, or the
 LLM failed on it after every retry) is stored with its content and ``not_extracted`` set.
@@ -113,7 +114,7 @@ async def pending_envelopes(
 ) -> list[tuple[str, bytes]]:
     """(key, envelope) of the not-yet-extracted episodes of the groups on ``owned``
     partitions, oldest first per group, at most ``limit`` in all: the worker's sweep sends
-    them to the input topic again (README "Episodes without an LLM")."""
+    them to the input topic again (docs/architecture.md "Episodes without an LLM")."""
     out: list[tuple[str, bytes]] = []
     for group_id in await store.pending_groups():
         if partition_of(group_id, partitions) not in owned:

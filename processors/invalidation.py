@@ -1,5 +1,5 @@
 """Invalidation stage: fact dedupe and contradiction on the two timelines, then one idempotent
-write transaction (README "Two timelines").
+write transaction (docs/architecture.md "Two timelines").
 
 It runs right after resolution and temporal stamping, in the same ordered hop
 (``tidegraph.pipelines.chain``): the stored facts it compares with include every earlier episode of
@@ -59,7 +59,7 @@ class InvalidationStep:
         embed_mapped_content: bool = False,
     ) -> None:
         """``embed_mapped_content``: also embed the content of an episode a declared mapping
-        extracted (README "Configuration", ``TIDEGRAPH_EMBED_MAPPED_CONTENT``)."""
+        extracted (docs/configuration.md "Configuration", ``TIDEGRAPH_EMBED_MAPPED_CONTENT``)."""
         self.store = store
         self.embedder = embedder
         self.llm = llm

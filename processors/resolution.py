@@ -152,7 +152,7 @@ class ResolutionStep:
         """``run`` from a lookup already made."""
         if lookup.processed:
             # Its new-entity events go out again (a crash may have come between the write and
-            # the send; README "At-least-once with idempotent effects").
+            # the send; docs/streaming.md "At-least-once with idempotent effects").
             return Processed(episode=extraction.episode, created_entities=lookup.created_entities)
         resolution = await self.resolve(extraction, lookup)
         resolved, writes = resolution.resolved, resolution.writes

@@ -1,4 +1,4 @@
-"""The community processor in the worker (README "Communities"): an agent on
+"""The community processor in the worker (docs/communities.md "Communities"): an agent on
 ``{prefix}.entities.new`` and a refresh timer, both over one ``CommunityService``.
 
 - The agent reads ``NewEntityRecord``s exactly as the stage agents read their inputs

@@ -1,7 +1,7 @@
 """Settings of the streaming workers (``TIDEGRAPH_`` environment variables, like Settings).
 
 Kept apart from ``tidegraph.settings.Settings`` because only the Kafka topology reads them;
-they are listed in README "Worker settings".
+they are listed in docs/configuration.md "Worker settings".
 """
 
 from __future__ import annotations

@@ -1088,7 +1088,7 @@ async def test_malformed_answers_are_retried_then_the_episode_is_stored_unextrac
     finally:
         await client.close()
     # The episode the LLM kept failing on is not lost and not dead-lettered: it is stored
-    # without extraction (README "Episodes without an LLM"), with why.
+    # without extraction (docs/architecture.md "Episodes without an LLM"), with why.
     assert report.episodes == 3 and report.failures == []
     assert server.count(EXTRACTION, status=200) == 6  # 1, then 3 failed, then 1 failed + 1
     assert await store.episode_status(group_id, episodes[1].uuid) == "not_extracted"
@@ -1250,7 +1250,8 @@ async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
         f"{report.facts_merged} merged, {report.facts_closed} closed)"
     )
     assert n >= 10
-    # A group's waiting episodes are extracted four to a call (README "Batch-native stages").
+    # A group's waiting episodes are extracted four to a call (docs/streaming.md "Batch-native
+    # stages").
     per_group = Counter(e.group_id for e in episodes).values()
     assert counts[EXTRACTION] + counts[JOINT] == sum(math.ceil(k / 4) for k in per_group)
     assert counts[ENTITY_RES] <= n and counts[FACT_RES] <= n

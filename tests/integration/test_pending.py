@@ -1,4 +1,5 @@
-"""Episodes without an LLM (README "Episodes without an LLM"), on both real stores: stored
+"""Episodes without an LLM (docs/architecture.md "Episodes without an LLM"), on both real stores:
+stored
 and searchable at once, extracted later in order by ``extract --pending`` through the real
 ``openai`` client against the scripted server, nothing lost when that fails midway."""
 

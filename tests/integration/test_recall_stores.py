@@ -1,4 +1,5 @@
-"""Memory retrieval through the Searcher on both real stores (README "Memory retrieval"): the
+"""Memory retrieval through the Searcher on both real stores (docs/retrieval.md "Memory retrieval"):
+the
 current plan ranks first, the old one only with history or a past valid-at; a known-at
 before the change answers the belief of then; another tenant's search finds nothing."""
 

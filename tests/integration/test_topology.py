@@ -133,7 +133,7 @@ async def test_feed_matches_in_process_run_replay_changes_nothing_and_metrics_mo
         assert worker.value("tidegraph_batch_records_count", stage=hop) >= 1
     assert worker.value("tidegraph_end_to_end_latency_seconds_count") == EPISODES
     assert worker.value("tidegraph_records_produced_total", topic="extracted") == EPISODES
-    # One write call per episode, or per micro-batch of a group's episodes (README
+    # One write call per episode, or per micro-batch of a group's episodes (docs/streaming.md
     # "Batch-native stages"): every episode in exactly one of them.
     writes = worker.value("tidegraph_store_write_latency_seconds_count", operation="write_episode")
     batches = worker.value("tidegraph_batches_total", outcome="batched")
@@ -444,7 +444,7 @@ async def test_llm_429s_and_500s_are_retried_and_a_poison_episode_is_stored_unex
         report = await topology.produce(feed)
         result = await topology.wait_reflected(report, timeout=180)
         # The poison is no dead letter: a text episode the LLM cannot extract is stored
-        # unextracted, searchable, with why (README "Episodes without an LLM").
+        # unextracted, searchable, with why (docs/architecture.md "Episodes without an LLM").
         assert result.processed == len(feed) and result.dead == []
         assert server.count("ExtractionOutput", status=429) == 4
         assert server.count("ExtractionOutput", status=500) == 4

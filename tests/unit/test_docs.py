@@ -170,7 +170,7 @@ def test_every_dotted_name_the_docs_give_resolves(doc: Path) -> None:
 def test_the_path_check_finds_paths() -> None:
     # Guard against a check that passes because it reads nothing.
     named = {p for doc in DOCUMENTS for p, _ in repository_paths(doc)}
-    assert {"pipelines/chain.py", "deploy/k8s", "tests/unit/test_ops.py"} <= named
+    assert {"pipelines/runner.py", "deploy/k8s", "tests/unit/test_ops.py"} <= named
     dotted = {n for doc in DOCUMENTS for n in dotted_names(doc)}
     assert "tests.support.fake_llm.ScriptedLLMServer" in dotted
     assert not resolves("tidegraph.no_such_module") and not resolves("tidegraph.settings.Nope")

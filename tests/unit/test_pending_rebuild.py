@@ -1,4 +1,5 @@
-"""Episodes stored without extraction (README "Episodes without an LLM"): rebuilding their
+"""Episodes stored without extraction (docs/architecture.md "Episodes without an LLM"): rebuilding
+their
 envelope exactly, the chain's fallback, and which worker sweeps which group."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The steps of the chain on the in-memory store, with an in-process scripted LLM: no server.
 
-What each step decides, what it reads and writes (README "Store access per episode", "LLM
-calls"), and where it stops an episode already processed (README "At-least-once with
+What each step decides, what it reads and writes (docs/architecture.md "Store access per episode",
+"LLM calls"), and where it stops an episode already processed (docs/streaming.md "At-least-once with
 idempotent effects")."""
 
 from __future__ import annotations

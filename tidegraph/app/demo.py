@@ -9,7 +9,7 @@ answer printed afterwards is read back from the graph, and the demo ends with an
 recall: a search and the context string it would put in its prompt.
 
 ``python -m tidegraph.app.demo scale N`` writes a larger copy of the sample feed (N records) to
-stdout, for measuring the ingest speed (see docs/demo.md).
+stdout, for measuring the ingest speed (docs/performance.md, "The embedded store").
 """
 
 from __future__ import annotations
@@ -212,7 +212,8 @@ RECALL_QUERY = "Why can Acme Corp not sign in, and which plan are they on?"
 
 
 async def _show_recall(runtime: Runtime, console: Console) -> None:
-    """What an agent answering Acme Corp's ticket would recall (README "Memory retrieval")."""
+    """What an agent answering Acme Corp's ticket would recall (docs/retrieval.md "Memory
+    retrieval")."""
     from tidegraph.recall.context import build_context
     from tidegraph.recall.search import Searcher
 
@@ -465,5 +466,5 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover - a helper for docs/demo.md's measurements
+if __name__ == "__main__":  # pragma: no cover - a helper for the performance measurements
     raise SystemExit(_main(sys.argv[1:]))

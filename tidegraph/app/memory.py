@@ -1,4 +1,5 @@
-"""The Python API an agent loop uses (README "Memory retrieval"): add episodes, search the
+"""The Python API an agent loop uses (docs/retrieval.md "Memory retrieval"): add episodes, search
+the
 memory, build a context string.
 
     async with await Memory.open() as memory:          # the embedded default, in-process
@@ -171,7 +172,7 @@ class Memory:
     ) -> SearchResults:
         """Facts, entities, episodes and community summaries that answer ``query`` in the
         memory of ``group_ids``, valid at ``valid_at`` as known at ``known_at`` (both default
-        to now; README "Memory retrieval" lists the recipes)."""
+        to now; docs/retrieval.md "Memory retrieval" lists the recipes)."""
         return await self.searcher.search(
             query,
             group_ids,
@@ -194,7 +195,7 @@ class Memory:
         max_chars: int = 4000,
         episodes: bool = True,
     ) -> str:
-        """The context string for the agent's prompt (README "Memory retrieval": the
+        """The context string for the agent's prompt (docs/retrieval.md "Memory retrieval": the
         template), within ``max_chars``."""
         results = await self.search(
             query, group_ids=group_ids, valid_at=valid_at, known_at=known_at, recipe=recipe

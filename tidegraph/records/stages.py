@@ -49,8 +49,8 @@ class Extraction(BaseModel):
     facts: list[FactDraft] = Field(default_factory=list)
     mapped: bool = False  # produced by a declared mapping (no LLM)
     llm_calls: int = 0
-    # Why nothing was extracted yet (README "Episodes without an LLM"): the episode is stored
-    # with its content, searchable, and `tidegraph extract --pending` extracts it later.
+    # Why nothing was extracted yet (docs/architecture.md "Episodes without an LLM"): the episode is
+    # stored with its content, searchable, and `tidegraph extract --pending` extracts it later.
     # None: extracted (possibly into nothing).
     not_extracted: str | None = None
 

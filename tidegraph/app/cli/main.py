@@ -154,7 +154,7 @@ def facts(
     history: bool = typer.Option(False, "--history", help="Every fact, valid or not."),
     as_json: bool = typer.Option(False, "--json", help="JSON lines."),
 ) -> None:
-    """Facts valid at T as believed at K (README "Two timelines")."""
+    """Facts valid at T as believed at K (docs/architecture.md "Two timelines")."""
     views = asyncio.run(
         _query_facts(group, _when(valid_at, "--valid-at"), _when(known_at, "--known-at"), history)
     )
