@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from tidegraph.processors.resolution import lookup_terms
+from tidegraph.records.changes import entity_changes, fact_changes
 from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
 from tidegraph.records.ids import normalize_name
 from tidegraph.records.stages import Extraction
@@ -60,8 +61,10 @@ class BatchView:
         self.processed: dict[str, tuple[str | None, list[str]]] = {}  # uuid -> (hash, created)
         self._markers_read: set[str] = set()
         self.writes: list[EpisodeWrite] = []  # held
-        # Episodes whose entity upserts are applied ahead of their write (``hold_entities``).
+        # Episodes whose entity upserts are applied ahead of their write (``hold_entities``),
+        # and the states those entities had before (what the write changes).
         self.ahead: set[str] = set()
+        self._held_before: dict[str, dict[str, EntityRecord | None]] = {}
         self.written: list[bool] = []  # what the flushed writes gave, in order
         self._by_key: dict[str, set[str]] = {}
         self._by_name: dict[str, set[str]] = {}  # normalised name or alias -> entity uuids
@@ -189,15 +192,24 @@ class BatchView:
         return answers
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
-        """Held for ``flush``; what it writes is applied to the view at once. False when the
-        episode is processed (as the store answers)."""
+        """Held for ``flush``; what it writes is applied to the view at once, and what that
+        changes recorded on the write (``EpisodeWrite.changes``, for the change stream).
+        False when the episode is processed (as the store answers)."""
         self._same_group(group_id)
         episode = write.episode
+        held_before = self._held_before.pop(episode.uuid, {})
         self.ahead.discard(episode.uuid)
         await self._read_marker(episode.uuid, episode.content_hash or None)
         if episode.uuid in self.processed:
             return False
         now = utcnow()
+        entities_before = {
+            e.uuid: held_before.get(e.uuid, self.entities.get(e.uuid)) for e in write.entities
+        }
+        facts_before = {
+            u: self.facts.get(u)
+            for u in [*(f.uuid for f in write.facts), *(c.uuid for c in write.closures)]
+        }
         for entity in write.entities:
             self._apply_entity(entity, now)
         for fact in write.facts:
@@ -207,6 +219,22 @@ class BatchView:
             if stored is None:
                 raise RuntimeError(f"closure of fact {closure.uuid}, which no step read")
             self._put_fact(closed_fact(stored, closure))
+        at = episode.extracted_at or episode.created_at or now
+        cause, producer = episode.uuid, episode.producer_id
+        write.changes = [
+            *(
+                change
+                for uuid, before in entities_before.items()
+                for change in entity_changes(
+                    group_id, cause, producer, before, self.entities[uuid], at
+                )
+            ),
+            *(
+                change
+                for uuid, before in facts_before.items()
+                for change in fact_changes(group_id, cause, producer, before, self.facts[uuid], at)
+            ),
+        ]
         if episode.not_extracted is None:  # an episode stored unextracted is not processed
             self.processed[episode.uuid] = (episode.content_hash or None, list(write.created))
         self.writes.append(write)
@@ -219,7 +247,9 @@ class BatchView:
         one are still being judged. Until the episode is written, the store does not hold
         them: an entity search then is refused (``entity_candidates``)."""
         now = utcnow()
+        before = self._held_before.setdefault(episode_uuid, {})
         for entity in entities:
+            before.setdefault(entity.uuid, self.entities.get(entity.uuid))
             self._apply_entity(entity, now)
         self.ahead.add(episode_uuid)
 

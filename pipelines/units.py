@@ -153,13 +153,14 @@ class UnitWriter:
     def _steps(self, view: BatchView, llm: StructuredLLM | None) -> _Steps:
         c = self.components
         return _Steps(
-            ResolutionStep(store=view, embedder=c.embedder, llm=llm),
+            ResolutionStep(store=view, embedder=c.embedder, llm=llm, clock=c.clock),
             TemporalStep(),
             InvalidationStep(
                 store=view,
                 embedder=c.embedder,
                 llm=llm,
                 embed_mapped_content=c.embed_mapped_content,
+                clock=c.clock,
             ),
         )
 
