@@ -154,7 +154,9 @@ async def test_a_forgotten_subjects_episodes_go_and_the_changes_say_what_changed
         assert sorted(report.episodes) == ["rec-1", "rec-2"] and report.entities_removed >= 1
         names = {e.name for e in await any_store.list_entities(group)}
         assert "Dana Reyes" not in names and {"Acme Corp", "Globex"} <= names
-        assert all("Dana" not in f.fact for f in await any_store.query_facts(group, include_invalid=True))
+        assert all(
+            "Dana" not in f.fact for f in await any_store.query_facts(group, include_invalid=True)
+        )
         outbox = await any_store.changes(group, 0, 1000)
         assert [c.seq for c in outbox] == sorted(c.seq for c in outbox)
         kinds = {c.kind for c in outbox if c.seq > seq}
@@ -164,5 +166,76 @@ async def test_a_forgotten_subjects_episodes_go_and_the_changes_say_what_changed
             id="rec-1", group_id=group, source="json", content=contents[1], reference_time=at[1]
         )
         assert await any_store.episode_status(group, episode.uuid) == "forgotten"
+    finally:
+        await any_store.delete_group(group)
+
+
+async def test_forgetting_a_group_leaves_the_other_groups_as_they_were(
+    any_store: GraphStore,
+) -> None:
+    """A tenant leaves: every record of its group goes (its episodes stay tombstones, so a
+    replay never restores them; with purge not even those), and the other group is counted,
+    read and searched exactly as before."""
+    at = [crm.START + timedelta(days=d) for d in range(3)]
+    records = [
+        Record("rec-0", at[0], crm.plan_record((1, "Acme Corp"), "Basic", at[0])),
+        Record("rec-1", at[1], crm.contact_record("joined", (7, "Dana"), (1, "Acme Corp"), at[1])),
+        Record("rec-2", at[2], crm.plan_record((1, "Acme Corp"), "Pro", at[2])),
+    ]
+    leaving, staying = (f"forget-{uuidlib.uuid4().hex[:12]}" for _ in range(2))
+    try:
+        times = clock_of(records)
+        pipeline = await feed(any_store, leaving, records, times)
+        await feed(any_store, staying, records, times)
+        kept = await graph(any_store, staying)
+        kept_changes = await any_store.changes(staying, 0, 1000)
+        assert await any_store.forget_group(leaving, T0) == 3
+        assert await any_store.counts(leaving) == {
+            "episodes": 0, "entities": 0, "facts": 0, "mentions": 0
+        }  # fmt: skip
+        assert await any_store.list_entities(leaving) == []
+        assert [c.kind for c in await any_store.changes(leaving, 0, 1000)] == ["group.forgotten"]
+        assert len(await any_store.list_episodes(leaving, status="forgotten")) == 3
+        for record in records:  # replayed: skipped, as forgotten
+            [outcome] = await pipeline.run([record.episode(leaving)])
+            assert outcome.status == "processed"
+        assert await any_store.counts(leaving) == {
+            "episodes": 0, "entities": 0, "facts": 0, "mentions": 0
+        }  # fmt: skip
+        assert await any_store.forget_group(leaving, T0, purge=True) == 0
+        assert await any_store.list_episodes(leaving, status="forgotten") == []
+        assert await any_store.change_logs([leaving]) == []
+        assert await graph(any_store, staying) == kept
+        assert await any_store.changes(staying, 0, 1000) == kept_changes
+    finally:
+        await any_store.delete_group(leaving)
+        await any_store.delete_group(staying)
+
+
+async def test_a_groups_episodes_are_listed_by_time_in_pages(any_store: GraphStore) -> None:
+    at = [crm.START + timedelta(days=d) for d in range(5)]
+    records = [
+        Record(f"rec-{i}", at[i], crm.plan_record((1, "Acme Corp"), plan, at[i]))
+        for i, plan in enumerate(["Basic", "Pro", "Basic", "Enterprise", "Pro"])
+    ]
+    group = f"browse-{uuidlib.uuid4().hex[:12]}"
+    try:
+        pipeline = await feed(any_store, group, records, clock_of(records))
+        first = await any_store.list_episodes(group, limit=2)
+        assert [e.producer_id for e in first] == ["rec-0", "rec-1"]
+        last = first[-1]
+        assert last.valid_at is not None
+        rest = await any_store.list_episodes(group, after=(last.valid_at, last.uuid), limit=10)
+        assert [e.producer_id for e in rest] == ["rec-2", "rec-3", "rec-4"]
+        ranged = await any_store.list_episodes(group, since=at[1], until=at[3])
+        assert [e.producer_id for e in ranged] == ["rec-1", "rec-2"]
+        assert all(e.status == "written" and e.content for e in ranged)
+        await forget_episodes(pipeline, group, ["rec-2"])
+        assert [e.producer_id for e in await any_store.list_episodes(group)] == [
+            "rec-0", "rec-1", "rec-3", "rec-4"
+        ]  # fmt: skip
+        [tombstone] = await any_store.list_episodes(group, status="forgotten")
+        assert tombstone.status == "forgotten" and tombstone.content == ""
+        assert tombstone.producer_id == "" and tombstone.forgotten_at is not None
     finally:
         await any_store.delete_group(group)

@@ -15,7 +15,7 @@ The kinds:
   forgotten), ``fact.forgotten`` (no remaining episode supports it);
 - ``entity.created``, ``entity.merged`` (a name, label or key joined it),
   ``entity.summary_changed``, ``entity.forgotten`` (no remaining episode mentions it);
-- ``episode.forgotten``.
+- ``episode.forgotten``; ``group.forgotten`` (the whole group: every record of it is gone).
 
 A forgotten record's change carries its uuid and nothing of its content, and forgetting
 drops the earlier changes of that record from the store's outbox: what was erased is not
@@ -47,6 +47,7 @@ ChangeKind = Literal[
     "entity.summary_changed",
     "entity.forgotten",
     "episode.forgotten",
+    "group.forgotten",
 ]
 
 # What a change carries of a record: its state without embeddings (they follow the text).
@@ -194,5 +195,15 @@ def episode_forgotten(
         kind="episode.forgotten",
         uuid=uuid,
         episode_id=producer_id,
+        committed_at=at,
+    )
+
+
+def group_forgotten(group_id: str, at: datetime) -> Change:
+    return Change(
+        change_id=change_id(group_id, "forget-group", "group.forgotten", group_id),
+        group_id=group_id,
+        kind="group.forgotten",
+        uuid=group_id,
         committed_at=at,
     )

@@ -248,3 +248,23 @@ class Rebuild:
     changes: list[Change] = field(default_factory=list)
     # Records whose earlier changes leave the outbox (they carry erased content).
     purged: list[str] = field(default_factory=list)
+
+
+EpisodeState = Literal["written", "not_extracted", "forgotten"]
+
+
+@dataclass(frozen=True)
+class EpisodeEntry:
+    """One stored episode as a listing shows it (``GraphStore.list_episodes``); a forgotten
+    one is its tombstone: uuid and when, nothing else."""
+
+    uuid: str
+    producer_id: str
+    name: str
+    source: str
+    valid_at: datetime | None
+    created_at: datetime | None
+    status: EpisodeState
+    not_extracted: str | None = None
+    content: str = ""
+    forgotten_at: datetime | None = None

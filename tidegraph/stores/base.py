@@ -24,6 +24,7 @@ from tidegraph.records.graph import (
     CommunityRecord,
     EntityLookup,
     EntityRecord,
+    EpisodeEntry,
     EpisodeRecord,
     EpisodeWrite,
     FactRecord,
@@ -429,6 +430,33 @@ class GraphStore(abc.ABC):
         exactly those mentions and those in ``created`` those created entities, the outbox
         loses the changes of ``purged`` records and gains ``changes``, and the version
         moves."""
+
+    @abc.abstractmethod
+    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
+        """Every record of the group goes: its entities, facts, mentions, communities and
+        their index entries, and its episodes' content: each episode stays a tombstone (so
+        that a replay of its records never brings it back) unless ``purge``, which takes the
+        tombstones and the change log too. The outbox keeps one ``group.forgotten`` change
+        (none with ``purge``). Returns how many episodes were forgotten. No other group is
+        touched. Re-running it finishes one that was cut off."""
+
+    # ---------------------------------------------------------------- browsing
+    @abc.abstractmethod
+    async def list_episodes(
+        self,
+        group_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 100,
+    ) -> list[EpisodeEntry]:
+        """The group's episodes by ``valid_at`` then uuid, from after the ``after`` position
+        (the last entry's (valid_at, uuid) of the previous page), ``since <= valid_at <
+        until``, of one ``status`` (written, not_extracted) or both, at most ``limit``.
+        ``status="forgotten"`` lists the tombstones instead, by when they were forgotten
+        (their ``forgotten_at`` stands for ``valid_at`` in the range and the position)."""
 
     # ---------------------------------------------------------------- maintenance
     @abc.abstractmethod

@@ -19,6 +19,7 @@ from tidegraph.records.asof import AsOf, start_known_at
 from tidegraph.records.changes import Change
 from tidegraph.records.graph import (
     EntityRecord,
+    EpisodeEntry,
     EpisodeRecord,
     FactClosure,
     FactRecord,
@@ -515,3 +516,25 @@ def fold_communities(
         (uuid, name or "", summary or "", sorted(set(members.get(uuid, []))))
         for uuid, name, summary in heads
     )
+
+
+def page_of(
+    entries: Iterable[EpisodeEntry],
+    since: datetime | None,
+    until: datetime | None,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> list[EpisodeEntry]:
+    """One page of an episode listing (``GraphStore.list_episodes``), from its entries in
+    any order: in the range, after the position, by (valid_at, uuid)."""
+    low, high = (utc(since) if since else None), (utc(until) if until else None)
+    kept = [
+        e
+        for e in entries
+        if e.valid_at is not None
+        and (low is None or e.valid_at >= low)
+        and (high is None or e.valid_at < high)
+        and (after is None or (e.valid_at, e.uuid) > (utc(after[0]), after[1]))
+    ]
+    kept.sort(key=lambda e: (e.valid_at, e.uuid))
+    return kept[: max(limit, 0)]

@@ -40,12 +40,14 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
 from tidegraph.records.asof import AsOf
-from tidegraph.records.changes import Change
+from tidegraph.records.changes import Change, group_forgotten
 from tidegraph.records.graph import (
     ChangeLog,
     CommunityRecord,
     EntityRecord,
+    EpisodeEntry,
     EpisodeRecord,
+    EpisodeState,
     EpisodeWrite,
     FactRecord,
     FactView,
@@ -71,6 +73,7 @@ from tidegraph.stores.rows import (
     fold_edges,
     neighbour_weights_of,
     now_utc,
+    page_of,
     rank,
     sort_entities,
     sort_facts,
@@ -306,6 +309,37 @@ class MemoryStore(MemorySearch):
             outbox.append(change.model_copy(update={"seq": log.seq}))
         log.version += 1
 
+    # ------------------------------------------------------------------ browsing
+    async def list_episodes(
+        self,
+        group_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 100,
+    ) -> list[EpisodeEntry]:
+        entries: list[EpisodeEntry] = []
+        if status == "forgotten":
+            for uuid, (group, at) in self._forgotten.items():
+                if group == group_id:
+                    entries.append(
+                        EpisodeEntry(uuid, "", "", "", at, None, "forgotten", forgotten_at=at)
+                    )
+        else:
+            for e in self._episodes.values():
+                state: EpisodeState = "written" if e.not_extracted is None else "not_extracted"
+                if e.group_id != group_id or status not in (None, state):
+                    continue
+                entries.append(
+                    EpisodeEntry(
+                        e.uuid, e.producer_id, e.name, e.source, utc(e.valid_at), e.created_at,
+                        state, e.not_extracted, e.content,
+                    )
+                )  # fmt: skip
+        return page_of(entries, since, until, after, limit)
+
     # ------------------------------------------------------------------ the change stream
     async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
         found = [c for c in self._changes.get(group_id, []) if c.seq > after]
@@ -433,6 +467,18 @@ class MemoryStore(MemorySearch):
         ]
 
     # ------------------------------------------------------------------ maintenance
+    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
+        episodes = [u for u, e in self._episodes.items() if e.group_id == group_id]
+        tombstones = {u: f for u, f in self._forgotten.items() if f[0] == group_id}
+        log = self._logs.get(group_id)
+        await self.delete_group(group_id)
+        if not purge:
+            self._forgotten.update(tombstones)
+            self._forgotten.update((u, (group_id, at)) for u in episodes)
+            self._logs[group_id] = log or ChangeLog(group_id)
+            self._record(group_id, [group_forgotten(group_id, at)])
+        return len(episodes)
+
     async def counts(self, group_id: str) -> dict[str, int]:
         episodes = {u for u, e in self._episodes.items() if e.group_id == group_id}
         return {

@@ -4,10 +4,18 @@ what a forget reads and writes (docs/architecture.md "Forgetting"); the queries 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from tidegraph.records.changes import Change
-from tidegraph.records.graph import ChangeLog, GroupHistory, Rebuild
+from tidegraph.records.changes import Change, group_forgotten
+from tidegraph.records.graph import (
+    ChangeLog,
+    EpisodeEntry,
+    EpisodeState,
+    GroupHistory,
+    Rebuild,
+)
+from tidegraph.records.times import utc
 from tidegraph.stores import errors
 from tidegraph.stores.executor import Tx
 from tidegraph.stores.neo4j import lifecycle_queries as lq
@@ -20,6 +28,7 @@ from tidegraph.stores.rows import (
     fact_record,
     fact_row,
     now_utc,
+    to_utc,
     with_epoch_times,
 )
 
@@ -130,3 +139,78 @@ class Lifecycle:
 
         size = len(entities) + len(facts) + len(rebuild.forgotten)
         await self.ex.write("apply_rebuild", size, work)
+
+    # ------------------------------------------------------------------ a whole group
+    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
+        g = {"group_id": group_id}
+        [live] = await self.ex.rows(lq.GROUP_LIVE_EPISODES, g)
+        stamp = with_epoch_times({"created_at": at})["created_at"]
+        batch = {**g, "batch": PRUNE_BATCH, "forgotten_at": stamp}
+        for query in lq.PURGE_GROUP if purge else lq.FORGET_GROUP:
+
+            async def step(tx: Tx, query: str = query) -> int:
+                rows = await tx.rows(query, batch)
+                return int(rows[0]["deleted"]) if rows else 0
+
+            while await self.ex.write("forget_group", PRUNE_BATCH, step) >= PRUNE_BATCH:
+                pass
+        if not purge:
+
+            async def record(tx: Tx) -> None:
+                await tx.rows(
+                    lq.RECORD_CHANGES, {**g, "changes": [change_row(group_forgotten(group_id, at))]}
+                )
+
+            await self.ex.write("forget_group", 1, record)
+        return int(live["episodes"])
+
+    # ------------------------------------------------------------------ browsing
+    async def list_episodes(
+        self,
+        group_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 100,
+    ) -> list[EpisodeEntry]:
+        forgotten = status == "forgotten"
+        query = lq.list_episodes_query(
+            forgotten=forgotten,
+            status=status,
+            ranged=(since is not None, until is not None),
+            paged=after is not None,
+        )
+        params: dict[str, Any] = {"group_id": group_id, "limit": max(limit, 0)}
+        if since is not None:
+            params["since"] = utc(since)
+        if until is not None:
+            params["until"] = utc(until)
+        if after is not None:
+            params["after_at"], params["after_uuid"] = utc(after[0]), after[1]
+        entries = []
+        for r in await self.ex.rows(query, params):
+            gone = to_utc(r["forgotten_at"])
+            state: EpisodeState = (
+                "forgotten"
+                if forgotten
+                else "written"
+                if r["not_extracted"] is None
+                else "not_extracted"
+            )
+            entries.append(
+                EpisodeEntry(
+                    uuid=r["uuid"],
+                    producer_id=r["producer_id"] or "",
+                    name=r["name"] or "",
+                    source=r["source"] or "",
+                    valid_at=gone if forgotten else to_utc(r["valid_at"]),
+                    created_at=to_utc(r["created_at"]),
+                    status=state,
+                    not_extracted=r["not_extracted"],
+                    content=r["content"] or "",
+                    forgotten_at=gone,
+                )
+            )
+        return entries

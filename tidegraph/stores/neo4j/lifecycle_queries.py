@@ -211,3 +211,87 @@ CREATE (:Change {group_id: $group_id, seq: seq, change_id: c.change_id, kind: c.
 
 # Not episodes: the tombstones of forgotten ones.
 LIVE_EPISODE = "ep.forgotten_at IS NULL"
+
+# ---- a whole group (re-runnable in batches: what is done is not done again)
+GROUP_LIVE_EPISODES = """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL
+RETURN count(ep) AS episodes
+"""
+
+TOMBSTONE_GROUP_BATCH = (
+    """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL
+WITH ep LIMIT $batch
+OPTIONAL MATCH (ep)-[m:MENTIONS]->()
+DELETE m
+WITH DISTINCT ep
+SET ep = {uuid: ep.uuid, group_id: ep.group_id, forgotten_at: """
+    + at("$forgotten_at")
+    + """}
+RETURN count(*) AS deleted
+"""
+)
+
+
+DELETE_GROUP_FACTS = """
+MATCH (s:Entity)-[r:RELATES_TO]->()
+WHERE s.group_id = $group_id
+WITH r LIMIT $batch
+DELETE r
+RETURN count(*) AS deleted
+"""
+
+
+def delete_group_nodes(label: str) -> str:
+    """One batch of a group's nodes of ``label`` (one of ours, a constant) deleted."""
+    return f"""
+MATCH (n:{label})
+WHERE n.group_id = $group_id
+WITH n LIMIT $batch
+DETACH DELETE n
+RETURN count(*) AS deleted
+"""
+
+
+# What forgetting a whole group runs, each statement in batches until it deletes no more.
+FORGET_GROUP = (
+    TOMBSTONE_GROUP_BATCH,
+    DELETE_GROUP_FACTS,
+    *(delete_group_nodes(label) for label in ("Community", "Entity", "Change")),
+)
+PURGE_GROUP = (
+    DELETE_GROUP_FACTS,
+    *(delete_group_nodes(label) for label in ("Episodic", "Community", "Entity", "Change")),
+    delete_group_nodes("ChangeLog"),
+)
+
+
+# Episode listings: one statement per filter shape, the values all parameters.
+def list_episodes_query(
+    *, forgotten: bool, status: str | None, ranged: tuple[bool, bool], paged: bool
+) -> str:
+    """The listing of ``GraphStore.list_episodes`` for one combination of filters (the
+    statement is made of constant fragments; every value is a parameter)."""
+    at = "ep.forgotten_at" if forgotten else "ep.valid_at"
+    where = ["ep.group_id = $group_id"]
+    where.append("ep.forgotten_at IS NOT NULL" if forgotten else "ep.forgotten_at IS NULL")
+    if status == "written":
+        where.append("ep.not_extracted IS NULL")
+    elif status == "not_extracted":
+        where.append("ep.not_extracted IS NOT NULL")
+    if ranged[0]:
+        where.append(f"{at} >= $since")
+    if ranged[1]:
+        where.append(f"{at} < $until")
+    if paged:
+        where.append(f"({at} > $after_at OR ({at} = $after_at AND ep.uuid > $after_uuid))")
+    return (
+        "MATCH (ep:Episodic) WHERE "
+        + " AND ".join(where)
+        + " RETURN ep.uuid AS uuid, ep.producer_id AS producer_id, ep.name AS name, "
+        "ep.source AS source, ep.valid_at AS valid_at, ep.created_at AS created_at, "
+        "ep.not_extracted AS not_extracted, ep.content AS content, "
+        f"ep.forgotten_at AS forgotten_at ORDER BY {at}, ep.uuid LIMIT $limit"
+    )

@@ -6,12 +6,14 @@ caller's transaction (docs/architecture.md "Forgetting").
 from __future__ import annotations
 
 import sqlite3
+from datetime import datetime
 from typing import Any
 
-from tidegraph.records.graph import GroupHistory, Rebuild
+from tidegraph.records.changes import group_forgotten
+from tidegraph.records.graph import EpisodeEntry, EpisodeState, GroupHistory, Rebuild
 from tidegraph.stores import errors
-from tidegraph.stores.rows import change_row, unique
-from tidegraph.stores.sqlite.db import json_list, json_text, micros, vector_blob
+from tidegraph.stores.rows import change_row, to_utc, unique
+from tidegraph.stores.sqlite.db import FULLTEXT, json_list, json_text, micros, vector_blob
 from tidegraph.stores.sqlite.rows import (
     ENTITY_FULL,
     EPISODE,
@@ -198,3 +200,86 @@ def _overwrite_fact(
         conn.execute("DELETE FROM fact_text WHERE rowid = ?", (stored[0],))
         conn.execute("DELETE FROM fact WHERE id = ?", (stored[0],))
     merge_fact(conn, group_id, row, None)
+
+
+# ----------------------------------------------------------------------------- a whole group
+def forget_group(conn: sqlite3.Connection, group_id: str, at: datetime, purge: bool) -> int:
+    """``GraphStore.forget_group`` inside the caller's transaction."""
+    [forgotten] = conn.execute(
+        "SELECT count(*) FROM episode WHERE group_id = ? AND forgotten_at IS NULL", (group_id,)
+    ).fetchone()
+    for table, kind in FULLTEXT.values():
+        conn.execute(
+            f"DELETE FROM {table} WHERE rowid IN (SELECT id FROM {kind} WHERE group_id = ?)",
+            (group_id,),
+        )
+    for table in ("fact", "mention", "member", "entity_name", "entity", "community", "change"):
+        conn.execute(f"DELETE FROM {table} WHERE group_id = ?", (group_id,))
+    if purge:
+        conn.execute("DELETE FROM episode WHERE group_id = ?", (group_id,))
+        conn.execute("DELETE FROM change_log WHERE group_id = ?", (group_id,))
+        return int(forgotten)
+    conn.execute(
+        "UPDATE episode SET name = '', source_description = '', content = '', valid_at = 0, "
+        "producer_id = NULL, content_hash = NULL, created_entities = '[]', not_extracted = NULL, "
+        "content_embedding = NULL, extraction = NULL, extracted_at = NULL, forgotten_at = ? "
+        "WHERE group_id = ? AND forgotten_at IS NULL",
+        (micros(at), group_id),
+    )
+    record_changes(conn, group_id, [change_row(group_forgotten(group_id, at))])
+    return int(forgotten)
+
+
+def list_episodes(
+    conn: sqlite3.Connection,
+    group_id: str,
+    since: datetime | None,
+    until: datetime | None,
+    status: str | None,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> list[EpisodeEntry]:
+    """``GraphStore.list_episodes`` in one read."""
+    forgotten = status == "forgotten"
+    at = "forgotten_at" if forgotten else "valid_at"
+    where = ["group_id = ?", "forgotten_at IS NOT NULL" if forgotten else "forgotten_at IS NULL"]
+    params: list[Any] = [group_id]
+    if status == "written":
+        where.append("not_extracted IS NULL")
+    elif status == "not_extracted":
+        where.append("not_extracted IS NOT NULL")
+    if since is not None:
+        where.append(f"{at} >= ?")
+        params.append(micros(since))
+    if until is not None:
+        where.append(f"{at} < ?")
+        params.append(micros(until))
+    if after is not None:
+        where.append(f"({at}, uuid) > (?, ?)")
+        params += [micros(after[0]), after[1]]
+    rows = conn.execute(
+        "SELECT uuid, producer_id, name, source, valid_at, created_at, not_extracted, content, "
+        f"forgotten_at FROM episode WHERE {' AND '.join(where)} ORDER BY {at}, uuid LIMIT ?",
+        (*params, limit),
+    )
+    entries = []
+    for uuid, producer, name, source, valid, created, pending, content, gone in rows:
+        gone_at = to_utc(gone)
+        state: EpisodeState = (
+            "forgotten" if forgotten else "written" if pending is None else "not_extracted"
+        )
+        entries.append(
+            EpisodeEntry(
+                uuid=uuid,
+                producer_id=producer or "",
+                name=name,
+                source=source,
+                valid_at=gone_at if forgotten else to_utc(valid),
+                created_at=to_utc(created),
+                status=state,
+                not_extracted=pending,
+                content=content,
+                forgotten_at=gone_at,
+            )
+        )
+    return entries

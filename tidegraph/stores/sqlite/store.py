@@ -28,6 +28,7 @@ from tidegraph.records.graph import (
     CommunityRecord,
     EntityLookup,
     EntityRecord,
+    EpisodeEntry,
     EpisodeRecord,
     EpisodeWrite,
     FactRecord,
@@ -67,7 +68,12 @@ from tidegraph.stores.sqlite.db import (
     micros,
     vector_blob,
 )
-from tidegraph.stores.sqlite.lifecycle import apply_rebuild, group_history
+from tidegraph.stores.sqlite.lifecycle import (
+    apply_rebuild,
+    forget_group,
+    group_history,
+    list_episodes,
+)
 from tidegraph.stores.sqlite.rows import (
     COMMUNITY_OF,
     ENTITY,
@@ -450,6 +456,29 @@ class SqliteStore(SqliteSearch):
 
         with observe_write("delete_group", 1):
             await self.db.run(delete)
+
+    # ------------------------------------------------------------------ browsing
+    async def list_episodes(
+        self,
+        group_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 100,
+    ) -> list[EpisodeEntry]:
+        return await self.db.run(
+            list_episodes, group_id, since, until, status, after, max(limit, 0)
+        )
+
+    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
+        def write(conn: sqlite3.Connection) -> int:
+            with Transaction(conn):
+                return forget_group(conn, group_id, at, purge)
+
+        with observe_write("forget_group", 1):
+            return await self.db.run(write)
 
     # ------------------------------------------------------------------ the change stream
     async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
