@@ -43,10 +43,14 @@ class BatchView:
     answers from the unit's read plus its held writes, reads through to the store for the
     rest, holds the writes until ``flush``."""
 
-    def __init__(self, store: GraphStore, group_id: str, *, judged: bool = False) -> None:
+    def __init__(
+        self, store: GraphStore, group_id: str, *, judged: bool = False, record_changes: bool = True
+    ) -> None:
         """``judged``: the unit's episodes are judged by the LLM against stored facts, so
-        facts are read with their embeddings."""
+        facts are read with their embeddings; ``record_changes``: each held write carries
+        what it changes (the change stream)."""
         self.store = store
+        self.record_changes = record_changes
         self.group_id = group_id
         self.judged = judged
         self.entities: dict[str, EntityRecord] = {}  # without name embeddings once read
@@ -72,7 +76,9 @@ class BatchView:
         self._by_end: dict[str, set[str]] = {}  # entity uuid -> uuids of facts touching it
 
     @classmethod
-    async def read(cls, store: GraphStore, extractions: list[Extraction]) -> BatchView:
+    async def read(
+        cls, store: GraphStore, extractions: list[Extraction], *, record_changes: bool = True
+    ) -> BatchView:
         """The view of a unit (one group's episodes, all mapped or all not), with what every
         one of its episodes looks up read in one round trip (``GraphStore.read_batch``)."""
         group = extractions[0].episode.group_id
@@ -93,7 +99,7 @@ class BatchView:
         read = await store.read_batch(
             group, sorted(keys), sorted(names), sorted(relations), episodes
         )
-        view = cls(store, group, judged=judged)
+        view = cls(store, group, judged=judged, record_changes=record_changes)
         view._keys, view._names = keys, names
         found = [*read.lookup.by_key, *read.lookup.by_name]
         for entity in found:
@@ -221,20 +227,26 @@ class BatchView:
             self._put_fact(closed_fact(stored, closure))
         at = episode.extracted_at or episode.created_at or now
         cause, producer = episode.uuid, episode.producer_id
-        write.changes = [
-            *(
-                change
-                for uuid, before in entities_before.items()
-                for change in entity_changes(
-                    group_id, cause, producer, before, self.entities[uuid], at
-                )
-            ),
-            *(
-                change
-                for uuid, before in facts_before.items()
-                for change in fact_changes(group_id, cause, producer, before, self.facts[uuid], at)
-            ),
-        ]
+        write.changes = (
+            []
+            if not self.record_changes
+            else [
+                *(
+                    change
+                    for uuid, before in entities_before.items()
+                    for change in entity_changes(
+                        group_id, cause, producer, before, self.entities[uuid], at
+                    )
+                ),
+                *(
+                    change
+                    for uuid, before in facts_before.items()
+                    for change in fact_changes(
+                        group_id, cause, producer, before, self.facts[uuid], at
+                    )
+                ),
+            ]
+        )
         if episode.not_extracted is None:  # an episode stored unextracted is not processed
             self.processed[episode.uuid] = (episode.content_hash or None, list(write.created))
         self.writes.append(write)

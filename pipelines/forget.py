@@ -38,6 +38,7 @@ from tidegraph.records.changes import (
     fact_changes,
 )
 from tidegraph.records.episode import Episode
+from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.graph import (
     EntityRecord,
     EpisodeRecord,
@@ -66,7 +67,8 @@ class ForgetReport:
     """What a forget did (or, as a dry run, would do)."""
 
     group_id: str
-    episodes: list[str] = field(default_factory=list)  # producer ids forgotten
+    episodes: list[str] = field(default_factory=list)  # producer ids forgotten (when named)
+    forgotten: int = 0  # episodes forgotten
     facts_removed: int = 0
     facts_changed: int = 0
     entities_removed: int = 0
@@ -77,10 +79,34 @@ class ForgetReport:
     def line(self) -> str:
         verb = "would forget" if self.dry_run else "forgot"
         return (
-            f"{verb} {len(self.episodes)} episode(s) of group {self.group_id}: "
+            f"{verb} {self.forgotten} episode(s) of group {self.group_id}: "
             f"{self.facts_removed} facts and {self.entities_removed} entities removed, "
             f"{self.facts_changed} facts and {self.entities_changed} entities changed"
         )
+
+
+async def forget(
+    runner: GroupRunner, request: ForgetRequest, *, dry_run: bool = False
+) -> ForgetReport:
+    """What ``request`` asks: episodes, a subject's episodes, or the whole group (a dry run
+    of a whole group only counts its episodes)."""
+    group = request.group_id
+    if request.episode_ids:
+        return await forget_episodes(runner, group, request.episode_ids, dry_run=dry_run)
+    if request.subject is not None:
+        return await forget_subject(runner, group, request.subject, dry_run=dry_run)
+    store = runner.components.store
+    report = ForgetReport(group, dry_run=dry_run)
+    if dry_run:
+        report.episodes = [e.producer_id for e in (await store.group_history(group)).episodes]
+        report.forgotten = len(report.episodes)
+        return report
+    forgotten = await store.forget_group(group, utcnow(), purge=request.purge)
+    FORGOTTEN.labels("group").inc(forgotten)
+    report.forgotten = forgotten
+    log.info("forget group=%s whole group: %d episodes%s", group, forgotten,
+             " (purged)" if request.purge else "")  # fmt: skip
+    return report
 
 
 async def forget_episodes(
@@ -94,7 +120,9 @@ async def forget_episodes(
     for attempt in range(1, MAX_ATTEMPTS + 1):
         history = await store.group_history(group_id)
         targets = [e for e in history.episodes if e.producer_id in wanted]
-        report = ForgetReport(group_id, [e.producer_id for e in targets], dry_run=dry_run)
+        report = ForgetReport(
+            group_id, [e.producer_id for e in targets], len(targets), dry_run=dry_run
+        )
         if not targets:
             return report
         with FORGET_SECONDS.time():
@@ -168,7 +196,10 @@ async def _rebuild(
             "try again once that is fixed"
         )
     after = await scratch.group_history(group_id)
-    return _difference(group_id, history, after, forgotten, remaining)
+    rebuild = _difference(group_id, history, after, forgotten, remaining)
+    if not components.record_changes:
+        rebuild.changes = []
+    return rebuild
 
 
 def _mapped(record: EpisodeRecord) -> bool:

@@ -115,7 +115,9 @@ class UnitWriter:
         at = progress or Progress()
         at.stage = "resolution"
         try:
-            view = await BatchView.read(components.store, list(extractions))
+            view = await BatchView.read(
+                components.store, list(extractions), record_changes=components.record_changes
+            )
         except Exception as exc:
             return UnitResult(stop=Stop(0, "resolution", exc, own=len(extractions) == 1))
         shared = SharedCalls(components.llm) if view.judged and components.llm else None

@@ -115,6 +115,8 @@ class Components:
     # The ingestion time (T') the write of an episode is stamped with: now, except in a
     # forget's replay (each episode's original time).
     clock: Callable[[Episode], datetime] = now_for
+    # Record what each write changes for the change stream (``TIDEGRAPH_CHANGES_ENABLED``).
+    record_changes: bool = True
 
     @classmethod
     def of(

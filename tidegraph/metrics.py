@@ -221,6 +221,12 @@ FORGOTTEN = Counter(
     "subject, group.",
     ["by"],
 )
+FORGET_REQUESTS = Counter(
+    "tidegraph_forget_requests_total",
+    "Forget requests the workers took from the input topic (taken), ran (done) or dead-lettered "
+    "(failed).",
+    ["outcome"],
+)
 FORGET_SECONDS = Histogram(
     "tidegraph_forget_seconds",
     "Time a forget took to replay its group's remaining episodes and work out the difference.",

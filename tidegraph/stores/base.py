@@ -397,8 +397,11 @@ class GraphStore(abc.ABC):
         """The group's changes with ``seq > after``, in ``seq`` order, at most ``limit``."""
 
     @abc.abstractmethod
-    async def change_logs(self, group_ids: list[str] | None = None) -> list[ChangeLog]:
-        """The outbox state of these groups (None: of every group with a log), by group."""
+    async def change_logs(
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+    ) -> list[ChangeLog]:
+        """The outbox state of these groups (None: of every group with a log), by group;
+        ``unpublished``: only those with changes the relay has not published."""
 
     @abc.abstractmethod
     async def mark_published(self, group_id: str, seq: int) -> None:

@@ -345,12 +345,15 @@ class MemoryStore(MemorySearch):
         found = [c for c in self._changes.get(group_id, []) if c.seq > after]
         return [c.model_copy(deep=True) for c in found[: max(limit, 0)]]
 
-    async def change_logs(self, group_ids: list[str] | None = None) -> list[ChangeLog]:
-        wanted = (
-            self._logs
-            if group_ids is None
-            else {g: self._logs[g] for g in group_ids if g in self._logs}
-        )
+    async def change_logs(
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+    ) -> list[ChangeLog]:
+        wanted = {
+            g: log
+            for g, log in self._logs.items()
+            if (group_ids is None or g in group_ids)
+            and (not unpublished or log.seq > log.published)
+        }
         return [ChangeLog(**vars(log)) for _, log in sorted(wanted.items())]
 
     async def mark_published(self, group_id: str, seq: int) -> None:

@@ -54,8 +54,11 @@ class Lifecycle:
         )
         return [change_of(r["body"], int(r["seq"])) for r in rows]
 
-    async def change_logs(self, group_ids: list[str] | None = None) -> list[ChangeLog]:
-        rows = await self.ex.rows(lq.CHANGE_LOGS, {"groups": group_ids})
+    async def change_logs(
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+    ) -> list[ChangeLog]:
+        params = {"groups": group_ids, "unpublished": unpublished}
+        rows = await self.ex.rows(lq.CHANGE_LOGS, params)
         return [
             ChangeLog(r["group_id"], int(r["seq"]), int(r["published"]), int(r["version"]))
             for r in rows

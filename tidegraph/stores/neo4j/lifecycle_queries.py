@@ -17,7 +17,8 @@ LIMIT $limit
 
 CHANGE_LOGS = """
 MATCH (log:ChangeLog)
-WHERE $groups IS NULL OR log.group_id IN $groups
+WHERE ($groups IS NULL OR log.group_id IN $groups)
+  AND (NOT $unpublished OR log.seq > log.published)
 RETURN log.group_id AS group_id, log.seq AS seq, log.published AS published,
        log.version AS version
 ORDER BY group_id

@@ -491,14 +491,20 @@ class SqliteStore(SqliteSearch):
 
         return await self.db.run(read)
 
-    async def change_logs(self, group_ids: list[str] | None = None) -> list[ChangeLog]:
+    async def change_logs(
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+    ) -> list[ChangeLog]:
         def read(conn: sqlite3.Connection) -> list[ChangeLog]:
             query = "SELECT group_id, seq, published, version FROM change_log"
+            if unpublished:
+                query += " WHERE seq > published"
             if group_ids is None:
                 rows = conn.execute(query + " ORDER BY group_id")
             else:
+                joint = " AND" if unpublished else " WHERE"
                 rows = conn.execute(
-                    query + f" WHERE group_id {IN_LIST} ORDER BY group_id", (json_text(group_ids),)
+                    query + f"{joint} group_id {IN_LIST} ORDER BY group_id",
+                    (json_text(group_ids),),
                 )
             return [ChangeLog(*row) for row in rows]
 
