@@ -20,6 +20,7 @@ Run it through ``python -m benchmarks.throughput --paths kafka-1w,kafka-2w``. Th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
@@ -44,6 +45,7 @@ from tests.support.metrics import (
     scrape,
 )
 from tests.support.processes import terminate_with_parent
+from tidegraph.records.ids import stable_uuid
 
 __all__ = ["run_kafka_path"]
 
@@ -62,6 +64,7 @@ class KafkaPath:
     latency_seconds: float  # length of the paced phase
     work: Path  # worker logs, mapping file, worker data folders
     communities: bool = True  # the community processor in the workers (as deployed)
+    changes: bool = True  # the change stream (outbox and relay), as deployed
 
 
 def worker_env(base: dict[str, str], **overrides: str) -> dict[str, str]:
@@ -195,6 +198,7 @@ class _Run:
             "TIDEGRAPH_BATCH_SIZE": str(path.batch_size),
             "TIDEGRAPH_LOG_LEVEL": "WARNING",
             "TIDEGRAPH_COMMUNITIES_ENABLED": str(path.communities).lower(),
+            "TIDEGRAPH_CHANGES_ENABLED": str(path.changes).lower(),
         }
         self.settings = Settings(
             kafka_bootstrap_servers=path.bootstrap,
@@ -224,17 +228,29 @@ class _Run:
 
         lines = [orjson.dumps(e) for e in feed.episodes]
         before = self.metrics()
-        report = await produce_lines(self.settings, lines, rate=rate)
-        # A poll reads every group's pending markers; every 0.2 s that took about half of
-        # Neo4j's CPU time from the workers under measurement. The figures do not depend on
-        # it (first produce to last created_at, read from the graph afterwards).
-        waited = await wait_until_reflected(
-            self.settings, report, poll_seconds=1.0, stall_seconds=300
-        )
-        after = self.metrics()
+        # A subscriber follows the change stream in the paced phase only: on a small machine
+        # its CPU would come out of the maximum's figure.
+        watched = self.path.changes and rate is not None
+        watch = ChangeWatch(self.settings, feed.groups) if watched else None
+        if watch is not None:
+            await watch.start()
+        try:
+            report = await produce_lines(self.settings, lines, rate=rate)
+            # A poll reads every group's pending markers; every 0.2 s that took about half
+            # of Neo4j's CPU time from the workers under measurement. The figures do not
+            # depend on it (first produce to last created_at, read from the graph afterwards).
+            waited = await wait_until_reflected(
+                self.settings, report, poll_seconds=1.0, stall_seconds=300
+            )
+            after = self.metrics()
+            changes = None if watch is None else await watch.figures(report, feed)
+        finally:
+            if watch is not None:
+                await watch.stop()
         written, graph = await self._read_graph(feed)
         result = _phase_figures(report, written, before, after)
         return result | {
+            "changes": changes,
             "records": len(feed.episodes),
             "offered_rate": rate,
             "processed": waited.processed,
@@ -273,6 +289,85 @@ class _Run:
         codes = [stop_worker(w) for w in self.workers]
         await delete_topics(self.path.bootstrap, TopicNames(self.run_id).all())
         return {"workers_peak_rss_mb": rss, "worker_exit_codes": codes}
+
+
+class ChangeWatch:
+    """Follows ``{prefix}.changes`` during a phase, as a subscriber would: when each change
+    first arrived, and how many arrived again (the relay's at-least-once)."""
+
+    def __init__(self, settings: Any, groups: list[str]) -> None:
+        self.settings = settings
+        self.groups = list(groups)
+        self.arrived: dict[str, tuple[float, Any]] = {}  # change_id -> (arrival, change)
+        self.duplicates = 0
+        self.last_seq: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._follow())
+        await self._ready.wait()
+
+    async def _follow(self) -> None:
+        from tidegraph.topics.client import stream_changes
+
+        changes = stream_changes(self.settings, self.groups, follow=True, poll_seconds=0.2)
+        async with contextlib.aclosing(changes):
+            self._ready.set()  # the consumer starts at the topic's beginning: nothing missed
+            async for change in changes:
+                if change.change_id in self.arrived:
+                    self.duplicates += 1
+                    continue
+                self.arrived[change.change_id] = (time.time(), change)
+                self.last_seq[change.group_id] = max(
+                    change.seq, self.last_seq.get(change.group_id, 0)
+                )
+
+    async def figures(self, report: Any, feed: CrmFeed, timeout: float = 300) -> dict[str, Any]:
+        """Once every committed change of the phase's groups arrived: the lag quantiles."""
+        from tidegraph.stores import open_store
+
+        store = open_store(self.settings)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                logs = await store.change_logs(self.groups)
+                if all(self.last_seq.get(log.group_id, 0) >= log.seq for log in logs):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the change stream did not catch up with the outbox")
+                await asyncio.sleep(0.2)
+            committed = sum(log.seq for log in logs)
+        finally:
+            await store.close()
+        produced = {p.episode_uuid: p.timestamp_ms / 1000 for p in report.sent if p.timestamp_ms}
+        from_commit: list[float] = []
+        from_produce: list[float] = []
+        for arrival, change in self.arrived.values():
+            if change.committed_at is not None:
+                from_commit.append(arrival - change.committed_at.timestamp())
+            sent = produced.get(stable_uuid("episode", change.group_id, change.episode_id or ""))
+            if sent is not None:
+                from_produce.append(arrival - sent)
+
+        def quantiles(values: list[float]) -> dict[str, float] | None:
+            if not values:
+                return None
+            return {q: round(percentile(values, v), 3) for q, v in (("p50", 0.5), ("p99", 0.99))}
+
+        return {
+            "committed": committed,
+            "received": len(self.arrived),
+            "duplicates": self.duplicates,
+            "commit_to_consumer_s": quantiles(from_commit),
+            "produce_to_consumer_s": quantiles(from_produce),
+        }
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 def _phase_figures(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -472,32 +472,57 @@ async def _newly_processed(
 
 
 async def read_changes(settings: Settings, groups: list[str] | None = None) -> list[Change]:
-    """Every change on ``{prefix}.changes`` (of ``groups``), as consumed: per partition in
-    offset order, duplicates included (a relay that died after producing publishes again;
-    consumers drop what they have seen by ``change_id``)."""
+    """Every change on ``{prefix}.changes`` (of ``groups``) up to its current end, as consumed:
+    per partition in offset order, duplicates included (a relay that died after producing
+    publishes again; consumers drop what they have seen by ``change_id``)."""
+    return [change async for change in stream_changes(settings, groups)]
+
+
+async def stream_changes(
+    settings: Settings,
+    groups: Iterable[str] | None = None,
+    *,
+    follow: bool = False,
+    poll_seconds: float = 1.0,
+) -> AsyncIterator[Change]:
+    """The changes on ``{prefix}.changes`` (of ``groups``) from the topic's beginning, each
+    group's in commit order; with ``follow``, then every new one as the relay publishes it,
+    until the caller stops iterating (waiting for the topic if no worker created it yet).
+    Close the iterator (``contextlib.aclosing``) to stop its consumer promptly."""
     topic = TopicNames(settings.topic_prefix).changes
+    wanted = None if groups is None else set(groups)
     consumer = dlq_consumer(settings)
     await consumer.start()
-    found: list[Change] = []
     try:
         tps = await _assign_all(settings, consumer, topic)
+        while follow and not tps:
+            await asyncio.sleep(poll_seconds)
+            tps = await _assign_all(settings, consumer, topic)
         if not tps:
-            return []
+            return
         ends = await consumer.end_offsets(tps)
         for tp in tps:
             await consumer.seek_to_beginning(tp)
         remaining = {tp for tp in tps if ends[tp] > 0}
-        while remaining:
-            batch = await consumer.getmany(*remaining, timeout_ms=1000)
+        while follow or remaining:
+            batch = await consumer.getmany(*tps, timeout_ms=int(poll_seconds * 1000))
             for tp, messages in batch.items():
                 for message in messages:
-                    if message.offset < ends[tp] and message.value is not None:
+                    if (not follow and message.offset >= ends[tp]) or message.value is None:
+                        continue
+                    try:
                         change = Change.model_validate_json(message.value)
-                        if groups is None or change.group_id in groups:
-                            found.append(change)
-            for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
+                    except ValueError:
+                        log.warning(
+                            "skipping a record on %s that is not a change (partition %d, "
+                            "offset %d)", topic, tp.partition, message.offset,
+                        )  # fmt: skip
+                        continue
+                    if wanted is None or change.group_id in wanted:
+                        yield change
+            if not follow:
+                for tp in list(remaining):
+                    if await consumer.position(tp) >= ends[tp]:
+                        remaining.discard(tp)
     finally:
         await consumer.stop()
-    return found

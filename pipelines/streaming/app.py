@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 # more is acked or committed, and the restarted worker gets the unfinished records again.
 EXIT_PRODUCE_FAILED = 75
 
+# Changes the relay reads per group and round (pipelines/streaming/relay.py).
+RELAY_BATCH = 500
+
 
 class TidegraphApp(faust.App):
     """faust.App that keeps its commits safe across rebalances and closes tidegraph's
@@ -271,14 +274,21 @@ def _timers(
     async def send_change(key: bytes, value: bytes) -> Awaitable[object]:
         return await topics[names.changes].send(key=key, value=value, force=True)
 
-    @app.timer(interval=worker.changes_relay_seconds, name="tidegraph.changes_relay")
+    @app.task
     async def relay() -> None:
         # The outbox's committed changes to {prefix}.changes (docs/streaming.md "Change
-        # stream"); a failed round is tried again by the next one.
-        try:
-            await relay_changes(runtime.store, send_change, set(owned), partitions)
-        except Exception:
-            log.exception("change relay failed; the next round tries again")
+        # stream"), round after round: a round that found a full batch goes on at once, the
+        # others wait changes_relay_seconds; a failed round is tried again by the next one.
+        while not app.should_stop:
+            try:
+                published = await relay_changes(
+                    runtime.store, send_change, set(owned), partitions, RELAY_BATCH
+                )
+            except Exception:
+                log.exception("change relay failed; the next round tries again")
+                published = 0
+            if published < RELAY_BATCH:
+                await app.sleep(worker.changes_relay_seconds)
 
 
 def _short(names: TopicNames, topic: str) -> str:

@@ -3,8 +3,8 @@ produced to ``{prefix}.changes`` (docs/streaming.md "Change stream").
 
 A write records its changes in the store in the same transaction as the graph (the outbox),
 so a change that was not committed is never published, and one committed is never lost: the
-relay publishes a group's changes after its cursor (``ChangeLog.published``), in ``seq``
-order, waits for Kafka to acknowledge them, then moves the cursor. A worker killed between the
+relay publishes each group's changes after its cursor (``ChangeLog.published``), in ``seq``
+order, waits for Kafka to acknowledge them, then moves the cursors. A worker killed between the
 produce and the cursor's move publishes those changes again: consumers drop what they have
 seen by ``change_id`` (each change also carries its ``seq``, the group's commit order). Each
 worker relays the groups of the input partitions it owns, as its pending sweep does.
@@ -28,33 +28,45 @@ Send = Callable[[bytes, bytes], Awaitable[Awaitable[object]]]
 async def relay_changes(
     store: GraphStore, send: Send, owned: set[int], partitions: int, batch: int = 500
 ) -> int:
-    """Publish the unpublished changes of the groups on ``owned`` input partitions; how many
-    were published."""
-    logs = [
-        log_
+    """Publish the unpublished changes of the groups on ``owned`` input partitions, up to
+    ``batch`` per group; how many were published. A round is two reads and one write,
+    whatever the number of groups: the outbox's state, the changes, the cursors."""
+    logs = {
+        log_.group_id: log_
         for log_ in await store.change_logs(unpublished=True)
         if partition_of(log_.group_id, partitions) in owned
-    ]
+    }
     # Set before publishing, so a round that fails (broker down) still shows the backlog.
-    behind = sum(log_.seq - log_.published for log_ in logs)
+    behind = sum(log_.seq - log_.published for log_ in logs.values())
     CHANGES_BEHIND.set(behind)
-    published = 0
-    for log_ in logs:
-        cursor = log_.published
-        key = log_.group_id.encode()
-        while cursor < log_.seq:
-            changes = await store.changes(log_.group_id, cursor, batch)
-            if not changes:  # the rest were purged by a forget: nothing left to publish
-                await store.mark_published(log_.group_id, log_.seq)
-                cursor = log_.seq
-                break
-            deliveries = [await send(key, change.model_dump_json().encode()) for change in changes]
-            for delivery in deliveries:
-                await delivery
-            cursor = changes[-1].seq
-            await store.mark_published(log_.group_id, cursor)
-            CHANGES_PUBLISHED.inc(len(changes))
-            published += len(changes)
-        behind -= log_.seq - log_.published
-        CHANGES_BEHIND.set(behind)
+    if not logs:
+        return 0
+    changes = await store.unpublished_changes(list(logs), batch)
+    deliveries = [
+        await send(change.group_id.encode(), change.model_dump_json().encode())
+        for change in changes
+    ]
+    # Kafka acknowledges a partition's records in order: each group's cursor moves to its
+    # last acknowledged change; one that failed stops its group there (the next round sends
+    # the rest again), the others still move.
+    acked: dict[str, int] = {}
+    failed: dict[str, BaseException] = {}
+    for change, delivery in zip(changes, deliveries, strict=True):
+        try:
+            await delivery
+        except Exception as exc:  # noqa: BLE001 - raised below, once every cursor is kept
+            failed.setdefault(change.group_id, exc)
+            continue
+        if change.group_id not in failed:
+            acked[change.group_id] = change.seq
+    returned = {change.group_id for change in changes}
+    # A group with nothing left to read (a forget purged the rest) moves to its log's end.
+    cursors = {g: log_.seq for g, log_ in logs.items() if g not in returned}
+    cursors.update(acked)
+    await store.mark_published(cursors)
+    published = sum(1 for change in changes if change.seq <= acked.get(change.group_id, 0))
+    CHANGES_PUBLISHED.inc(published)
+    CHANGES_BEHIND.set(behind - sum(cursors[g] - logs[g].published for g in cursors if g in logs))
+    if failed:
+        raise next(iter(failed.values()))
     return published

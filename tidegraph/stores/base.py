@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -404,9 +405,14 @@ class GraphStore(abc.ABC):
         ``unpublished``: only those with changes the relay has not published."""
 
     @abc.abstractmethod
-    async def mark_published(self, group_id: str, seq: int) -> None:
-        """The relay published the group's changes up to ``seq`` (the cursor never moves
-        back, nor past the last change)."""
+    async def unpublished_changes(self, group_ids: list[str], per_group: int) -> list[Change]:
+        """Each group's changes after its relay cursor (``ChangeLog.published``), at most
+        ``per_group`` of each, by group then ``seq``: one read for a relay round."""
+
+    @abc.abstractmethod
+    async def mark_published(self, cursors: Mapping[str, int]) -> None:
+        """The relay published each group's changes up to its ``seq``, in one write (a cursor
+        never moves back, nor past the group's last change)."""
 
     @abc.abstractmethod
     async def prune_changes(self, group_id: str, upto: int) -> int:

@@ -36,7 +36,7 @@ there and not here, and scores and ties may rank differently.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 
 from tidegraph.records.asof import AsOf
@@ -374,10 +374,19 @@ class MemoryStore(MemorySearch):
         }
         return [ChangeLog(**vars(log)) for _, log in sorted(wanted.items())]
 
-    async def mark_published(self, group_id: str, seq: int) -> None:
-        log = self._logs.get(group_id)
-        if log is not None:
-            log.published = max(log.published, min(seq, log.seq))
+    async def unpublished_changes(self, group_ids: list[str], per_group: int) -> list[Change]:
+        found: list[Change] = []
+        for group_id in sorted(set(group_ids)):
+            log = self._logs.get(group_id)
+            if log is not None:
+                found += await self.changes(group_id, log.published, per_group)
+        return found
+
+    async def mark_published(self, cursors: Mapping[str, int]) -> None:
+        for group_id, seq in cursors.items():
+            log = self._logs.get(group_id)
+            if log is not None:
+                log.published = max(log.published, min(seq, log.seq))
 
     async def prune_changes(self, group_id: str, upto: int) -> int:
         log = self._logs.get(group_id)

@@ -4,6 +4,7 @@ what a forget reads and writes (docs/architecture.md "Forgetting"); the queries 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -64,11 +65,19 @@ class Lifecycle:
             for r in rows
         ]
 
-    async def mark_published(self, group_id: str, seq: int) -> None:
-        async def work(tx: Tx) -> None:
-            await tx.rows(lq.MARK_PUBLISHED, {"group_id": group_id, "seq": seq})
+    async def unpublished_changes(self, group_ids: list[str], per_group: int) -> list[Change]:
+        params = {"groups": sorted(set(group_ids)), "limit": max(per_group, 0)}
+        rows = await self.ex.rows(lq.UNPUBLISHED_CHANGES, params)
+        return [change_of(r["body"], int(r["seq"])) for r in rows]
 
-        await self.ex.write("mark_published", 1, work)
+    async def mark_published(self, cursors: Mapping[str, int]) -> None:
+        rows = [{"group_id": group, "seq": seq} for group, seq in cursors.items()]
+
+        async def work(tx: Tx) -> None:
+            await tx.rows(lq.MARK_PUBLISHED, {"cursors": rows})
+
+        if rows:
+            await self.ex.write("mark_published", len(rows), work)
 
     async def prune_changes(self, group_id: str, upto: int) -> int:
         params = {"group_id": group_id, "upto": upto, "batch": PRUNE_BATCH}

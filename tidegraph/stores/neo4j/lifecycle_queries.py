@@ -4,7 +4,7 @@ scoped by its group."""
 
 from __future__ import annotations
 
-from tidegraph.stores.neo4j.queries import at, ats
+from tidegraph.stores.neo4j.queries import RECORD_CHANGES_TEMPLATE, at, ats
 
 # ---- the change stream
 CHANGES = """
@@ -15,26 +15,50 @@ ORDER BY c.seq
 LIMIT $limit
 """
 
+# The relay's cursor is a node of its own: the writes lock their group's ChangeLog for their
+# whole transaction, and the relay moving its cursor must not wait for them (nor they for it).
 CHANGE_LOGS = """
 MATCH (log:ChangeLog)
 WHERE ($groups IS NULL OR log.group_id IN $groups)
-  AND (NOT $unpublished OR log.seq > log.published)
-RETURN log.group_id AS group_id, log.seq AS seq, log.published AS published,
-       log.version AS version
+OPTIONAL MATCH (cursor:ChangeCursor {group_id: log.group_id})
+WITH log, coalesce(cursor.published, 0) AS published
+WHERE NOT $unpublished OR log.seq > published
+RETURN log.group_id AS group_id, log.seq AS seq, published, log.version AS version
 ORDER BY group_id
 """
 
+UNPUBLISHED_CHANGES = """
+UNWIND $groups AS group_id
+MATCH (log:ChangeLog {group_id: group_id})
+OPTIONAL MATCH (cursor:ChangeCursor {group_id: group_id})
+WITH group_id, log, coalesce(cursor.published, 0) AS published
+WHERE log.seq > published
+CALL (group_id, published) {
+  MATCH (c:Change)
+  WHERE c.group_id = group_id AND c.seq > published
+  RETURN c
+  ORDER BY c.seq
+  LIMIT $limit
+}
+RETURN c.body AS body, c.seq AS seq
+ORDER BY group_id, seq
+"""
+
 MARK_PUBLISHED = """
-MATCH (log:ChangeLog {group_id: $group_id})
-SET log.published = CASE WHEN $seq > log.published
-                         THEN CASE WHEN $seq < log.seq THEN $seq ELSE log.seq END
-                         ELSE log.published END
+UNWIND $cursors AS row
+MATCH (log:ChangeLog {group_id: row.group_id})
+WITH row, log.seq AS last
+MERGE (cursor:ChangeCursor {group_id: row.group_id})
+ON CREATE SET cursor.published = 0
+SET cursor.published = CASE WHEN row.seq > cursor.published
+                            THEN CASE WHEN row.seq < last THEN row.seq ELSE last END
+                            ELSE cursor.published END
 """
 
 PRUNE_CHANGES = """
-MATCH (log:ChangeLog {group_id: $group_id})
+MATCH (cursor:ChangeCursor {group_id: $group_id})
 MATCH (c:Change)
-WHERE c.group_id = $group_id AND c.seq <= $upto AND c.seq <= log.published
+WHERE c.group_id = $group_id AND c.seq <= $upto AND c.seq <= cursor.published
 WITH c LIMIT $batch
 DELETE c
 RETURN count(*) AS deleted
@@ -198,17 +222,7 @@ WHERE c.group_id = $group_id
 DELETE c
 """
 
-RECORD_CHANGES = """
-MERGE (log:ChangeLog {group_id: $group_id})
-ON CREATE SET log.seq = 0, log.published = 0, log.version = 0
-WITH log, log.seq AS base
-SET log.seq = base + size($changes), log.version = log.version + 1
-WITH base
-UNWIND range(0, size($changes) - 1) AS i
-WITH $changes[i] AS c, base + i + 1 AS seq
-CREATE (:Change {group_id: $group_id, seq: seq, change_id: c.change_id, kind: c.kind,
-                 uuid: c.uuid, body: c.body})
-"""
+RECORD_CHANGES = RECORD_CHANGES_TEMPLATE.format(changes="$changes", group="$group_id")
 
 # Not episodes: the tombstones of forgotten ones.
 LIVE_EPISODE = "ep.forgotten_at IS NULL"
@@ -266,6 +280,7 @@ PURGE_GROUP = (
     DELETE_GROUP_FACTS,
     *(delete_group_nodes(label) for label in ("Episodic", "Community", "Entity", "Change")),
     delete_group_nodes("ChangeLog"),
+    delete_group_nodes("ChangeCursor"),
 )
 
 

@@ -56,10 +56,12 @@ SCHEMA = (
     "CREATE CONSTRAINT community_uuid IF NOT EXISTS FOR (n:Community) REQUIRE n.uuid IS UNIQUE",
     "CREATE CONSTRAINT relates_to_uuid IF NOT EXISTS "
     "FOR ()-[r:RELATES_TO]-() REQUIRE r.uuid IS UNIQUE",
-    # the change stream's outbox: one log per group (its last seq, what is published, the
-    # group's write version), its changes by (group, seq)
+    # the change stream's outbox: one log per group (its last seq, the group's write
+    # version), the relay's cursor per group (what is published), the changes by (group, seq)
     "CREATE CONSTRAINT change_log_group IF NOT EXISTS "
     "FOR (n:ChangeLog) REQUIRE n.group_id IS UNIQUE",
+    "CREATE CONSTRAINT change_cursor_group IF NOT EXISTS "
+    "FOR (n:ChangeCursor) REQUIRE n.group_id IS UNIQUE",
     "CREATE INDEX change_group_seq IF NOT EXISTS FOR (n:Change) ON (n.group_id, n.seq)",
     "CREATE INDEX change_uuid IF NOT EXISTS FOR (n:Change) ON (n.uuid)",
     # range
@@ -547,9 +549,9 @@ RETURN episodes, entities, facts
 
 # The changes of one write appended to its group's outbox in commit order (``seq``), the
 # group's write version bumped (a rebuild checks it did not move while it computed).
-_RECORD_CHANGES = """
+RECORD_CHANGES_TEMPLATE = """
     MERGE (log:ChangeLog {{group_id: {group}}})
-    ON CREATE SET log.seq = 0, log.published = 0, log.version = 0
+    ON CREATE SET log.seq = 0, log.version = 0
     WITH log, log.seq AS base
     SET log.seq = base + size({changes}), log.version = log.version + 1
     WITH base
@@ -605,7 +607,7 @@ CALL (w) {
     + _CLOSE_FACT_ROWS.format(rows="w.closures", group="w.group_id")
     + """  }
   CALL (w) {"""
-    + _RECORD_CHANGES.format(changes="w.changes", group="w.group_id")
+    + RECORD_CHANGES_TEMPLATE.format(changes="w.changes", group="w.group_id")
     + """  }
 }
 """
@@ -681,7 +683,7 @@ WITH n LIMIT $batch
 DETACH DELETE n
 RETURN count(*) AS deleted
 """
-        for label in ("Episodic", "Community", "Entity", "Change", "ChangeLog")
+        for label in ("Episodic", "Community", "Entity", "Change", "ChangeLog", "ChangeCursor")
     ),
 )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -510,16 +510,31 @@ class SqliteStore(SqliteSearch):
 
         return await self.db.run(read)
 
-    async def mark_published(self, group_id: str, seq: int) -> None:
+    async def unpublished_changes(self, group_ids: list[str], per_group: int) -> list[Change]:
+        def read(conn: sqlite3.Connection) -> list[Change]:
+            rows = conn.execute(
+                "SELECT body, seq FROM (SELECT c.body, c.seq, c.group_id, row_number() OVER "
+                "(PARTITION BY c.group_id ORDER BY c.seq) AS n FROM change c "
+                "JOIN change_log log ON log.group_id = c.group_id "
+                f"WHERE log.group_id {IN_LIST} AND c.seq > log.published) "
+                "WHERE n <= ? ORDER BY group_id, seq",
+                (json_text(sorted(set(group_ids))), max(per_group, 0)),
+            )
+            return [change_of(body, seq) for body, seq in rows]
+
+        return await self.db.run(read)
+
+    async def mark_published(self, cursors: Mapping[str, int]) -> None:
         def write(conn: sqlite3.Connection) -> None:
             with Transaction(conn):
-                conn.execute(
+                conn.executemany(
                     "UPDATE change_log SET published = max(published, min(?, seq)) "
                     "WHERE group_id = ?",
-                    (seq, group_id),
+                    [(seq, group_id) for group_id, seq in cursors.items()],
                 )
 
-        await self.db.run(write)
+        if cursors:
+            await self.db.run(write)
 
     async def prune_changes(self, group_id: str, upto: int) -> int:
         def write(conn: sqlite3.Connection) -> int:

@@ -1,0 +1,52 @@
+"""The outbox as the relay reads and moves it, on every store: each group's changes after its
+cursor, a bounded number per group, in commit order; cursors that never move back nor past
+the group's last change."""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from datetime import timedelta
+
+import pytest
+
+from tests.integration.test_delivery_order_stores import Record
+from tests.integration.test_forget import clock_of, feed
+from tests.support import crm_feed as crm
+from tidegraph.stores.base import GraphStore
+
+pytestmark = pytest.mark.integration
+
+
+async def test_the_relay_reads_each_groups_changes_after_its_cursor(any_store: GraphStore) -> None:
+    at = [crm.START + timedelta(days=d) for d in range(3)]
+    records = [
+        Record(f"rec-{i}", at[i], crm.plan_record((1, "Acme Corp"), plan, at[i]))
+        for i, plan in enumerate(["Basic", "Pro", "Enterprise"])
+    ]
+    groups = sorted(f"outbox-{uuidlib.uuid4().hex[:12]}" for _ in range(3))
+    try:
+        for group in groups:
+            await feed(any_store, group, records, clock_of(records))
+        logs = {log.group_id: log for log in await any_store.change_logs(groups)}
+        assert all(log.seq > 3 and log.published == 0 for log in logs.values())
+        first = await any_store.unpublished_changes(groups, 2)
+        assert [(c.group_id, c.seq) for c in first] == [(g, s) for g in groups for s in (1, 2)]
+        assert first == [c for g in groups for c in await any_store.changes(g, 0, 2)]
+        a, b, c = groups
+        await any_store.mark_published({a: 2, b: 10_000})
+        await any_store.mark_published({a: 1})  # never back
+        after = {log.group_id: log for log in await any_store.change_logs(groups)}
+        assert after[a].published == 2
+        assert after[b].published == logs[b].seq  # never past the last change
+        assert after[c].published == 0
+        unpublished = {log.group_id for log in await any_store.change_logs(unpublished=True)}
+        assert {a, c} <= unpublished and b not in unpublished
+        rest = await any_store.unpublished_changes(groups, 1000)
+        assert [(x.group_id, x.seq) for x in rest] == [
+            *((a, s) for s in range(3, logs[a].seq + 1)),
+            *((c, s) for s in range(1, logs[c].seq + 1)),
+        ]
+        assert await any_store.unpublished_changes([b], 1000) == []
+    finally:
+        for group in groups:
+            await any_store.delete_group(group)
