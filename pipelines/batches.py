@@ -29,10 +29,10 @@ from tidegraph.processors.extraction import ExtractionStep
 from tidegraph.processors.invalidation import InvalidationStep
 from tidegraph.processors.resolution import ResolutionStep
 from tidegraph.processors.steps import Components
+from tidegraph.records.conversation import embed_text
 from tidegraph.records.episode import Episode
 from tidegraph.records.stages import Extraction, Processed, StampedEpisode, WriteSummary
 from tidegraph.stores.base import BatchWriteError, GraphStore
-from tidegraph.stores.hits import EPISODE_EMBED_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,8 @@ async def _embed_ahead(components: Components, extractions: Sequence[Extraction]
         texts.update(dict.fromkeys(entity.name for entity in extraction.entities))
         texts.update(dict.fromkeys(fact.fact for fact in extraction.facts if not fact.closes))
         if components.embed_mapped_content:
-            texts[extraction.episode.content_text()[:EPISODE_EMBED_CHARS]] = None
+            episode = extraction.episode
+            texts[embed_text(episode.source, episode.content_text(), episode.reference_time)] = None
     await components.embedder.warm(list(texts))
 
 

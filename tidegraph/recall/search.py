@@ -232,7 +232,7 @@ class Searcher:
         lists: list[list[Hit]] = [found[search.kind, m] for m in search.methods]
         if search.reranker == "none":
             return list(lists[0])
-        fused = rrf(lists, weights=[search.weight(m) for m in search.methods])
+        fused = rrf(lists, k=search.rrf_k, weights=[search.weight(m) for m in search.methods])
         if search.reranker == "mmr":
             assert query_embedding is not None  # embedded for every recipe that uses MMR
             return mmr(fused, query_embedding, search.mmr_lambda)
@@ -283,6 +283,6 @@ async def _all(jobs: list[Awaitable[Any]]) -> list[Any]:
 
 
 def _candidates(search: KindSearch, limit: int | None) -> int:
-    """Hits each method finds: the recipe's candidates, or more when the caller asks for
-    more results than that."""
+    """Hits each method finds: the recipe's candidates (a fixed depth: up to it, the results
+    never depend on the limit), or more when the caller asks for more results than that."""
     return max(search.candidates, limit or search.limit)

@@ -22,6 +22,7 @@ from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.stores.base import GraphStore
+from tidegraph.stores.episode_search import episode_query, lucene_episode_query
 from tidegraph.stores.executor import Executor
 from tidegraph.stores.hits import (
     best,
@@ -37,6 +38,7 @@ from tidegraph.stores.hits import (
     latest_first,
 )
 from tidegraph.stores.neo4j import common_queries as cq
+from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.rows import (
     check_embedding,
     entity_record,
@@ -47,6 +49,7 @@ from tidegraph.stores.rows import (
     unique,
     vector_candidates,
 )
+from tidegraph.stores.search_text import search_terms
 
 # How many candidates one group is asked for at most (``_seen``).
 MAX_CANDIDATES = 10_000
@@ -87,14 +90,27 @@ class SearchCore(GraphStore):
             return []
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
+            if kind == "episode":
+                query = await self._episode_query(group_id, text)
 
-            async def found(k: int, group_id: str = group_id) -> list[tuple[str, float]]:
+            async def found(
+                k: int, group_id: str = group_id, query: str = query
+            ) -> list[tuple[str, float]]:
                 params = {"group_id": group_id, "query": query, "limit": k}
                 rows = await self.ex.rows(self.sq.FULLTEXT[kind], params)
                 return [(r["uuid"], float(r["score"])) for r in rows]
 
             hits += await self._seen(group_id, kind, scope.asof, found, limit)
         return best(hits, limit)
+
+    async def _episode_query(self, group_id: str, text: str) -> str:
+        """The Lucene query of ``text`` over the group's episodes' conversation fields
+        (``episode_search``: which of its words name one of the group's speakers is read)."""
+        terms = search_terms(text)
+        rows = await self.ex.rows(q.SPEAKER_WORDS, {"group_id": group_id, "words": terms})
+        query = episode_query(text, [r["word"] for r in rows])
+        assert query is not None  # the text has terms (fulltext_query said so)
+        return lucene_episode_query(query, q.EPISODE_INDEX_FIELDS)
 
     async def vector_search(
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int

@@ -28,12 +28,15 @@ from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.stores import hits as rules
 from tidegraph.stores.base import GraphStore
+from tidegraph.stores.episode_search import episode_query
 from tidegraph.stores.rows import check_embedding, rank, to_utc, unique
 from tidegraph.stores.search_text import search_terms
 from tidegraph.stores.sqlite.db import (
+    BM25_WEIGHTS,
     FULLTEXT,
     SqliteDatabase,
     fulltext_phrase,
+    ids,
     json_text,
     micros,
     vector_of,
@@ -74,13 +77,38 @@ def fulltext_query(group_id: str, text: str) -> str | None:
     return f"group_id : {fulltext_phrase(group_id)} AND text : ({words})"
 
 
+def episode_fulltext_query(conn: sqlite3.Connection, group_id: str, text: str) -> str | None:
+    """The FTS5 query of ``text`` over the group's episodes' conversation fields
+    (``episode_search``: the words in body, context or date, the names on the speaker)."""
+    terms = search_terms(text)
+    if not terms:
+        return None
+    names = ids(
+        conn,
+        f"SELECT word FROM speaker_word WHERE group_id = ? AND word {IN_LIST}",
+        group_id,
+        json_text(terms),
+    )
+    query = episode_query(text, names)
+    if query is None:
+        return None
+    words = " OR ".join(fulltext_phrase(t) for t in query.words)
+    match = f"{{body context said_on}} : ({words})"
+    if query.names:  # the words again, so that a turn matching by its speaker alone is none
+        said_by = " OR ".join(fulltext_phrase(t) for t in query.names)
+        match = f"({match}) OR (({match}) AND speaker : ({said_by}))"
+    if not any(ch.isalnum() for ch in group_id):  # no token to match: the join filters
+        return match
+    return f"group_id : {fulltext_phrase(group_id)} AND ({match})"
+
+
 def fulltext_scored(
     conn: sqlite3.Connection, group_id: str, kind: Kind, query: str, limit: int
 ) -> Scored:
     """The group's best ``limit`` records of ``kind`` for an FTS5 ``query`` (BM25)."""
     table, records = FULLTEXT[kind]
     rows = conn.execute(
-        f"SELECT x.uuid, -bm25({table}, 0.0, 1.0) AS score FROM {table} t "
+        f"SELECT x.uuid, -bm25({table}, {BM25_WEIGHTS[table]}) AS score FROM {table} t "
         f"JOIN {records} x ON x.id = t.rowid "
         f"WHERE {table} MATCH ? AND x.group_id = ? ORDER BY score DESC, x.uuid LIMIT ?",
         (query, group_id, limit),
@@ -329,7 +357,10 @@ class SqliteSearch(GraphStore):
         def read(conn: sqlite3.Connection) -> list[Hit]:
             hits: list[Hit] = []
             for group_id in unique(scope.group_ids):
-                query = fulltext_query(group_id, text)
+                if kind == "episode":
+                    query = episode_fulltext_query(conn, group_id, text)
+                else:
+                    query = fulltext_query(group_id, text)
                 assert query is not None  # the text has terms
                 scored = partial(fulltext_scored, conn, group_id, kind, query)
                 hits += seen(conn, group_id, kind, scope.asof, scored, limit)
