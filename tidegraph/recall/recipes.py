@@ -131,7 +131,6 @@ def _episodes(limit: int) -> KindSearch:
     )
 
 
-
 def _one(name: str, description: str, search: KindSearch) -> Recipe:
     return Recipe(name, description, (search,))
 

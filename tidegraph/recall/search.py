@@ -3,13 +3,16 @@
 A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a graph store):
 
 1. the scope: the caller's groups, valid at ``valid_at`` as believed at ``known_at``; with no
-   ``valid_at``, a time phrase in the query ("in March 2023", see timewords.py) gives it;
+   ``valid_at``, a time phrase in the query ("in March 2023", see timewords.py) gives it
+   (episodes: those said by then);
 2. every BM25 and vector search of the recipe at once (``asyncio.gather``), the query
    embedded once, plus, when the recipe walks the graph, the seed entities: those BM25 and
    vector search find for the query, and those the most recent episodes mention;
 3. breadth-first search over valid facts from the seeds (and the ends of the best facts
    found, and the centre entity);
-4. each kind reranked as the recipe says and cut to its limit.
+4. each kind reranked as the recipe says and cut to its limit; where the question is about a
+   state (now, or at a valid-at), a later episode restating an earlier one comes first
+   (recency.py).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import SEARCH_LATENCY, SEARCHES
+from tidegraph.recall.recency import asks_current, supersede
 from tidegraph.recall.recipes import DEFAULT_RECIPE, KindSearch, Recipe, recipe_named
 from tidegraph.recall.rerank import (
     CrossEncoder,
@@ -133,15 +137,13 @@ class Searcher:
             found_time = await asyncio.to_thread(find_time, text, reference)
             valid_at = found_time.valid_at if found_time else None
         scope = SearchScope(groups, AsOf.resolve(valid_at, known_at, include_invalid, None))
-        # A time the query names is when its facts held, not when it was said: episodes
-        # talking about March 2023 may have been said later. Only a valid-at the caller gives
-        # limits the episodes (to those that happened by then).
-        said = scope
-        if found_time is not None:
-            said = SearchScope(groups, AsOf.resolve(None, known_at, include_invalid, None))
+        # Episodes are those said by the valid-at (given, or named by the query's time words:
+        # the state then is what was said by then), and where the question is about a state
+        # (now or then) the newest restatement comes first (recency.py).
+        current = valid_at is not None or asks_current(text)
         started = time.perf_counter()
         try:
-            results = await self._run(chosen, text, scope, limit, centre, said)
+            results = await self._run(chosen, text, scope, limit, centre, current)
         except BaseException:
             SEARCHES.labels(chosen.name, "error").inc()
             raise
@@ -157,22 +159,19 @@ class Searcher:
         scope: SearchScope,
         limit: int | None,
         centre: str | None,
-        said: SearchScope,
+        current: bool,
     ) -> SearchResults:
-        """``said``: the scope of the episodes (``search`` says why it may differ)."""
+        """``current``: the question asks about a state (``search``): episodes superseded."""
         needs_embedding = recipe.uses("vector") or any(s.reranker == "mmr" for s in recipe.searches)
         embedding = (
             asyncio.ensure_future(self.embedder.embed_one(text)) if needs_embedding else None
         )
         walk = recipe.uses("bfs")
 
-        def scope_of(kind: Kind) -> SearchScope:
-            return said if kind == "episode" else scope
-
         async def vector(kind: Kind, count: int) -> list[Hit]:
             if embedding is None:  # seeds of a walk in a recipe without vector search
                 return []
-            return await self.source.vector_search(scope_of(kind), kind, await embedding, count)
+            return await self.source.vector_search(scope, kind, await embedding, count)
 
         # Every first-round search at once, by (kind, method).
         jobs: dict[tuple[str, str], Awaitable[Any]] = {}
@@ -180,7 +179,7 @@ class Searcher:
             for method in search.methods:
                 if method == "bm25":
                     jobs[search.kind, method] = self.source.fulltext_search(
-                        scope_of(search.kind), search.kind, text, _candidates(search, limit)
+                        scope, search.kind, text, _candidates(search, limit)
                     )
                 elif method == "vector":
                     jobs[search.kind, method] = vector(search.kind, _candidates(search, limit))
@@ -217,6 +216,8 @@ class Searcher:
             ]
         )
         for search, hits in zip(recipe.searches, ranked, strict=True):
+            if search.kind == "episode" and current:
+                hits = supersede(hits, text)
             results.of(search.kind).extend(hits[: limit or search.limit])
         return results
 

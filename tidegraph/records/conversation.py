@@ -29,9 +29,12 @@ from tidegraph.records.times import utc
 
 # Longest episode text embedded for episode search (characters; the embedders cut by tokens).
 EPISODE_EMBED_CHARS = 2000
-# A reply answers what was said shortly before it: the turns indexed as a message's context.
+# A reply answers what was said just before it: the turns indexed as a message's context are
+# at most this many, said at most this long before it (a channel where many subjects are
+# discussed over a day interleaves them: what was said an hour earlier is seldom what a
+# message answers).
 CONTEXT_TURNS = 3
-CONTEXT_WITHIN = timedelta(hours=6)
+CONTEXT_WITHIN = timedelta(minutes=15)
 
 # "Name: text": a name of at most 64 characters and 5 words, starting with a letter, without
 # a colon or a line break, then ": " (a colon followed by a space: "https://x" is no speaker).
