@@ -140,7 +140,7 @@ _ALL = (
     # give the words as said, a community or two the big picture.
     Recipe(
         "combined",
-        "facts, entities, episodes and communities, each hybrid and fused by RRF (default)",
+        "facts, entities, episodes, communities, each fused",
         (
             KindSearch("fact", FACT_HYBRID, "rrf", limit=10),
             KindSearch("entity", HYBRID, "rrf", limit=5),
@@ -150,44 +150,44 @@ _ALL = (
     ),
     _one(
         "facts_rrf",
-        "facts by BM25, vector and BFS from the entities found, fused by RRF",
+        "facts by BM25, vector and walk from the entities; RRF",
         KindSearch("fact", FACT_HYBRID, "rrf", limit=10),
     ),
     _one(
         "facts_mmr",
-        "facts by BM25 and vector, diversified by maximal marginal relevance",
+        "facts by BM25 and vector, diversified by MMR",
         KindSearch("fact", HYBRID, "mmr", limit=10),
     ),
     _one(
         "facts_distance",
-        "facts by BM25, vector and BFS, nearest to the centre entity first (needs a centre)",
+        "facts nearest the centre entity first (needs --centre)",
         KindSearch("fact", FACT_HYBRID, "distance", limit=10),
     ),
     _one(
         "facts_cross_encoder",
-        "facts by BM25, vector and BFS, ordered by the cross-encoder (needs one configured)",
+        "facts by a cross-encoder (needs TIDEGRAPH_RERANK_*)",
         KindSearch("fact", FACT_HYBRID, "cross_encoder", limit=10),
     ),
     _one(
         "entities_distance",
-        "entities by BM25 and vector, nearest to the centre entity first (needs a centre)",
+        "entities nearest the centre first (needs --centre)",
         KindSearch("entity", HYBRID, "distance", limit=10),
     ),
     _one("facts_bm25", "facts by BM25 only", KindSearch("fact", ("bm25",), "none", limit=10)),
     _one("facts_vector", "facts by vector only", KindSearch("fact", ("vector",), "none", limit=10)),
     _one(
         "entities_rrf",
-        "entities by BM25 and vector over name and summary, fused by RRF",
+        "entities by BM25 and vector (name, summary); RRF",
         KindSearch("entity", HYBRID, "rrf", limit=10),
     ),
     _one(
         "entities_mentions",
-        "entities by BM25 and vector, the most mentioned first",
+        "entities by BM25 and vector, most mentioned first",
         KindSearch("entity", HYBRID, "mentions", limit=10),
     ),
     _one(
         "episodes_rrf",
-        "episodes by BM25 (conversation fields) and vector, fused by RRF",
+        "episodes by BM25 (conversation fields), vector; RRF",
         _episodes(limit=5),
     ),
     _one(
@@ -202,13 +202,42 @@ _ALL = (
     ),
     _one(
         "communities_rrf",
-        "communities by BM25 and vector over name and summary, fused by RRF",
+        "communities by BM25 and vector (name, summary); RRF",
         KindSearch("community", HYBRID, "rrf", limit=5),
     ),
 )
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in _ALL}
 DEFAULT_RECIPE = "combined"
+
+
+def recipe_problem(
+    name: str, *, centre: str | None = None, cross_encoder: bool = False
+) -> str | None:
+    """Why a search with recipe ``name`` cannot run (None: it can): an unknown name, a
+    recipe that ranks by distance without a centre entity, one that needs a cross-encoder
+    none is configured for. Asked before anything is opened (``Searcher.search``, the CLI)."""
+    chosen = RECIPES.get(name)
+    if chosen is None:
+        return f"unknown search recipe {name!r}; choose one of: {', '.join(sorted(RECIPES))}"
+    if chosen.needs_centre and not centre:
+        return (
+            f"recipe {name!r} ranks by distance from an entity: give its uuid as the centre "
+            "(--centre, or centre= in the API)"
+        )
+    if chosen.needs_cross_encoder and not cross_encoder:
+        return (
+            f"recipe {name!r} needs a cross-encoder: set TIDEGRAPH_RERANK_BASE_URL and "
+            "TIDEGRAPH_RERANK_MODEL, or choose another recipe"
+        )
+    return None
+
+
+def recipes_help() -> str:
+    """One line per recipe, the default first (``tidegraph search --help``)."""
+    names = [DEFAULT_RECIPE, *(n for n in RECIPES if n != DEFAULT_RECIPE)]
+    width = max(map(len, names))
+    return "\n".join(f"{n:<{width}}  {RECIPES[n].description}" for n in names)
 
 
 def recipe_named(name: str) -> Recipe:

@@ -27,7 +27,13 @@ from typing import Any
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import SEARCH_LATENCY, SEARCHES
 from tidegraph.recall.recency import asks_current, supersede
-from tidegraph.recall.recipes import DEFAULT_RECIPE, KindSearch, Recipe, recipe_named
+from tidegraph.recall.recipes import (
+    DEFAULT_RECIPE,
+    KindSearch,
+    Recipe,
+    recipe_named,
+    recipe_problem,
+)
 from tidegraph.recall.rerank import (
     CrossEncoder,
     by_cross_encoder,
@@ -114,21 +120,17 @@ class Searcher:
         believed at ``known_at`` (default now).
         ``limit`` replaces every kind's limit of the recipe; ``centre`` (an entity uuid)
         seeds the walk, and the distance recipes rank by hops from it."""
+        problem = recipe_problem(
+            recipe, centre=centre, cross_encoder=self.cross_encoder is not None
+        )
+        if problem is not None:
+            raise ValueError(problem)
         chosen = recipe_named(recipe)
         text = query.strip()
         if not text:
             raise ValueError("the query is empty: ask a question or name what to recall")
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
-        if chosen.needs_centre and not centre:
-            raise ValueError(
-                f"recipe {recipe!r} ranks by distance from an entity: give centre=<entity uuid>"
-            )
-        if chosen.needs_cross_encoder and self.cross_encoder is None:
-            raise ValueError(
-                f"recipe {recipe!r} needs a cross-encoder: set TIDEGRAPH_RERANK_BASE_URL and "
-                "TIDEGRAPH_RERANK_MODEL, or choose another recipe"
-            )
         groups = (group_ids,) if isinstance(group_ids, str) else tuple(dict.fromkeys(group_ids))
         found_time = None
         if valid_at is None and self.time_words:
