@@ -30,13 +30,25 @@ MAY_8 = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)  # a Monday
 @pytest.mark.parametrize(
     ("source", "content", "expected"),
     [
-        ("message", "Caroline: I went to a support group", ("Caroline", "I went to a support group")),
+        (
+            "message",
+            "Caroline: I went to a support group",
+            ("Caroline", "I went to a support group"),
+        ),
         ("message", "Dana Reyes:   we moved to Pro", ("Dana Reyes", "we moved to Pro")),
         ("message", "see https://example.com/x", ("", "see https://example.com/x")),  # no ": "
         ("message", "no speaker here", ("", "no speaker here")),
-        ("message", "a b c d e f: six words are no name", ("", "a b c d e f: six words are no name")),
+        (
+            "message",
+            "a b c d e f: six words are no name",
+            ("", "a b c d e f: six words are no name"),
+        ),
         ("message", "2024: a year is no name", ("", "2024: a year is no name")),
-        ("text", "Note: a text episode has no speaker", ("", "Note: a text episode has no speaker")),
+        (
+            "text",
+            "Note: a text episode has no speaker",
+            ("", "Note: a text episode has no speaker"),
+        ),
     ],
 )
 def test_a_message_is_read_as_speaker_and_what_was_said(source, content, expected):
@@ -69,7 +81,7 @@ def test_a_query_word_that_names_a_speaker_is_searched_on_the_speaker_only():
     assert query is not None and (query.words, query.names) == (["research"], ["caroline"])
     lucene = lucene_episode_query(query, ("b", "s", "c", "w"))
     # the words are required in body, context or date; the name only adds, on the speaker
-    assert lucene == "+(b:(research) c:(research)^0.3 w:(research)^0.5) s:(caroline)^0.3"
+    assert lucene == "+(b:(research) c:(research)^0.5 w:(research)^1.0) s:(caroline)^2.0"
 
 
 def test_a_query_of_names_only_is_about_the_speaker_and_searched_as_words():
@@ -126,3 +138,14 @@ def test_supersession_leaves_an_order_alone_when_nothing_restates():
     ]
     assert [h.uuid for h in supersede(ranked, "printer")] == ["a", "b"]
     assert [h.uuid for h in supersede(ranked, "the of")] == ["a", "b"]  # no searchable word
+
+
+def test_a_later_restatement_found_further_down_is_brought_up_an_older_one_is_not():
+    ranked = [
+        _said("pro", "Dana: Acme moved to the Pro plan", 10, 0.9),
+        _said("note", "Omar: Acme sent a thank-you note", 20, 0.8),
+        _said("free", "Lena: Acme was on the Free plan once", 5, 0.3),  # older, below
+        _said("basic", "Lena: we put Acme on the Basic plan", 200, 0.2),  # newer, below
+    ]
+    ordered = [h.uuid for h in supersede(ranked, "Which plan is Acme on?", depth=2)]
+    assert ordered == ["basic", "pro", "note", "free"]

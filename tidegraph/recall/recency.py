@@ -13,7 +13,8 @@ is the answer, however well an older one matches the words. Two rules, both LLM-
   among them a later one that contains every query word an earlier one contains restates it:
   it takes the earlier one's place, and the earlier one follows it. So the newest statement
   of what the question asks comes first (the newest said by the valid-at, since episodes said
-  later are not searched then). The other hits keep their order after them.
+  later are not searched then). The other hits keep their order after them. Only the best
+  ``RESTATEMENT_DEPTH`` episodes are reordered.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from collections.abc import Sequence
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.search import Hit
 from tidegraph.stores.search_text import search_terms, text_words
+
+# Restatements are looked for among the best this many episodes: one found lower says the
+# question's words in a way the ranking thinks much less of (and the first results, which
+# the context shows, are reordered, never filled from further down).
+RESTATEMENT_DEPTH = 10
 
 # Words that ask about the present state, and words of the past that say it does not.
 NOW_WORDS = frozenset(
@@ -56,10 +62,10 @@ def _stem(word: str) -> str:
     return word
 
 
-def supersede(hits: Sequence[Hit], query: str) -> list[Hit]:
-    """Episodes reordered so that a later restatement comes before what it restates (see
-    the module docstring); other hits keep their places relative to each other. Scores are
-    kept (they are the fusion's)."""
+def supersede(hits: Sequence[Hit], query: str, depth: int = RESTATEMENT_DEPTH) -> list[Hit]:
+    """Hits reordered so that a later restatement comes before what it restates (see the
+    module docstring): among the first ``depth``, and a later restatement of one of them
+    found further down; the others keep their order. Scores are kept (the fusion's)."""
     terms = {_stem(t) for t in search_terms(query)}
     if not terms:
         return list(hits)
@@ -72,21 +78,28 @@ def supersede(hits: Sequence[Hit], query: str) -> list[Hit]:
         for i, h in enumerate(hits)
         if isinstance(h.record, EpisodeRecord)
     }
-    most = max((len(words) for _, words in said.values()), default=0)
+    first = range(min(depth, len(hits)))
+    most = max((len(said[i][1]) for i in first if i in said), default=0)
     if not most:
         return list(hits)
     # What says the most of the question comes first; among it, a restatement before what it
-    # restates. Everything else keeps its place after it.
-    best = [i for i in range(len(hits)) if i in said and len(said[i][1]) == most]
-    rest = [i for i in range(len(hits)) if i not in best]
+    # restates, also one found further down. Everything else keeps its order after it.
+    tier = [i for i in first if i in said and len(said[i][1]) == most]
+    newest = max(said[i][0] for i in tier)
+    best = tier + [
+        i
+        for i in range(len(first), len(hits))
+        if i in said and said[i][0] > newest and any(said[t][1] <= said[i][1] for t in tier)
+    ]
     ordered: list[Hit] = []
-    while best:
-        top = best[0]
+    left = list(best)
+    while left:
+        top = left[0]
         at, words = said[top]
-        later = [i for i in best if said[i][0] > at and words <= said[i][1]]
+        later = [i for i in left if said[i][0] > at and words <= said[i][1]]
         if later:
             top = max(later, key=lambda i: (said[i][0], hits[i].uuid))
         ordered.append(hits[top])
-        best.remove(top)
-    ordered += [hits[i] for i in rest]
-    return ordered
+        left.remove(top)
+    chosen = set(best)
+    return ordered + [h for i, h in enumerate(hits) if i not in chosen]

@@ -17,10 +17,13 @@ from dataclasses import dataclass
 
 from tidegraph.stores.search_text import search_terms
 
-# The fields' weights against the body's 1 (SQLite: BM25 column weights; Lucene: boosts).
-SPEAKER_WEIGHT = 0.3
-CONTEXT_WEIGHT = 0.3
-WHEN_WEIGHT = 0.5
+# The fields' boosts in the Lucene query (Neo4j), against the body's 1. Lucene scores each
+# field apart, with its own length: a speaker's name is a field of a word or two, a context
+# one of three turns. (SQLite's FTS5 scores the row as one text, with column weights:
+# sqlite/db.py BM25_WEIGHTS.) Measured on LoCoMo with BM25 alone (README "Retrieval figures").
+LUCENE_SPEAKER_BOOST = 2.0
+LUCENE_CONTEXT_BOOST = 0.5
+LUCENE_WHEN_BOOST = 1.0
 
 _LUCENE_SPECIAL = re.compile(r'([+\-!(){}\[\]^"~*?:\\/&|])')
 
@@ -62,8 +65,9 @@ def lucene_episode_query(query: EpisodeQuery, fields: tuple[str, str, str, str])
     body, speaker, context, when = fields
     words = _escaped(query.words)
     required = (
-        f"+({body}:({words}) {context}:({words})^{CONTEXT_WEIGHT} {when}:({words})^{WHEN_WEIGHT})"
+        f"+({body}:({words}) {context}:({words})^{LUCENE_CONTEXT_BOOST} "
+        f"{when}:({words})^{LUCENE_WHEN_BOOST})"
     )
     if not query.names:
         return required
-    return f"{required} {speaker}:({_escaped(query.names)})^{SPEAKER_WEIGHT}"
+    return f"{required} {speaker}:({_escaped(query.names)})^{LUCENE_SPEAKER_BOOST}"
