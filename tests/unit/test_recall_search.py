@@ -291,7 +291,7 @@ async def test_searches_are_timed_per_recipe():
     assert after == before + 1
 
 
-def test_all_interleaves_the_kinds_by_rank():
+def test_all_puts_facts_and_episodes_interleaved_first_then_entities_and_communities():
     from tidegraph.records.asof import AsOf
     from tidegraph.records.search import SearchScope
 
@@ -306,5 +306,5 @@ def test_all_interleaves_the_kinds_by_rank():
     results.facts = [hit("fact", "f_tea"), hit("fact", "f_friend"), hit("fact", "f_paris")]
     results.entities = [hit("entity", "bob")]
     results.episodes = [hit("episode", "e3"), hit("episode", "e1")]
-    assert uuids(results.all()) == ["f_tea", "bob", "e3", "f_friend", "e1", "f_paris"]
+    assert uuids(results.all()) == ["f_tea", "e3", "f_friend", "e1", "f_paris", "bob"]
     assert len(SearchResults("q", "combined", scope).all()) == 0

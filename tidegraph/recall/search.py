@@ -77,11 +77,15 @@ class SearchResults:
         }[kind]
 
     def all(self) -> list[Hit]:
-        """Every hit, interleaved by rank: the best of each kind (fact, entity, episode,
-        community), then the second of each, and so on."""
-        lists = [self.of(kind) for kind in KINDS]
-        depth = max((len(hits) for hits in lists), default=0)
-        return [hits[i] for i in range(depth) for hits in lists if i < len(hits)]
+        """Every hit, best first: the facts and the episodes (what holds and what was said:
+        the answers) interleaved by rank, the best fact, the best episode, the second fact
+        and so on; then the entities (who and what they name, each traced to every episode
+        that mentions it) and the communities. On the support-chat benchmark this order
+        answers far better than any one kind alone (README "Retrieval figures")."""
+        answers = [self.facts, self.episodes]
+        depth = max(len(hits) for hits in answers)
+        first = [hits[i] for i in range(depth) for hits in answers if i < len(hits)]
+        return first + self.entities + self.communities
 
     def __len__(self) -> int:
         return sum(len(self.of(kind)) for kind in KINDS)
