@@ -142,7 +142,9 @@ class Searcher:
             reference = utc(known_at) if known_at else utcnow()
             found_time = await asyncio.to_thread(find_time, text, reference)
             valid_at = found_time.valid_at if found_time else None
-        scope = SearchScope(groups, AsOf.resolve(valid_at, known_at, include_invalid, None))
+        mmr = any(s.reranker == "mmr" for s in chosen.searches)
+        asof = AsOf.resolve(valid_at, known_at, include_invalid, None)
+        scope = SearchScope(groups, asof, embeddings=mmr)
         # Episodes are those said by the valid-at (given, or named by the query's time words:
         # the state then is what was said by then), and where the question is about a state
         # (now or then) the newest restatement comes first (recency.py).

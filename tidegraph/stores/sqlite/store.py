@@ -145,7 +145,7 @@ def _markers(
     wanted = dict(episodes)
     query = (
         "SELECT uuid, content_hash, created_entities FROM episode "
-        f"WHERE group_id = ? AND not_extracted IS NULL AND uuid {IN_LIST}"
+        f"WHERE +group_id = ? AND not_extracted IS NULL AND uuid {IN_LIST}"
     )
     found: dict[str, list[str]] = {}
     for uuid, stored_hash, created in conn.execute(query, (group_id, json_text(wanted))):
@@ -652,7 +652,9 @@ class SqliteStore(SqliteSearch):
 
     async def episode_statuses(self, group_id: str, episode_uuids: list[str]) -> dict[str, str]:
         def read(conn: sqlite3.Connection) -> dict[str, str]:
-            query = f"SELECT uuid, not_extracted FROM episode WHERE group_id = ? AND uuid {IN_LIST}"
+            query = (
+                f"SELECT uuid, not_extracted FROM episode WHERE +group_id = ? AND uuid {IN_LIST}"
+            )
             found = dict(conn.execute(query, (group_id, json_text(episode_uuids))).fetchall())
             return {
                 uuid: "missing"
@@ -860,7 +862,7 @@ class SqliteStore(SqliteSearch):
         def read(conn: sqlite3.Connection) -> dict[str, str | None]:
             query = (
                 f"SELECT e.uuid, {COMMUNITY_OF} FROM entity e "
-                f"WHERE e.group_id = ? AND e.uuid {IN_LIST}"
+                f"WHERE +e.group_id = ? AND e.uuid {IN_LIST}"
             )
             return dict(conn.execute(query, (group_id, json_text(entity_uuids))).fetchall())
 
@@ -950,11 +952,11 @@ def _delete_communities(conn: sqlite3.Connection, group_id: str, uuids: list[str
     param = (group_id, json_text(uuids))
     conn.execute(
         f"DELETE FROM community_text WHERE rowid IN "
-        f"(SELECT id FROM community WHERE group_id = ? AND uuid {IN_LIST})",
+        f"(SELECT id FROM community WHERE +group_id = ? AND uuid {IN_LIST})",
         param,
     )
-    conn.execute(f"DELETE FROM member WHERE group_id = ? AND community_uuid {IN_LIST}", param)
-    conn.execute(f"DELETE FROM community WHERE group_id = ? AND uuid {IN_LIST}", param)
+    conn.execute(f"DELETE FROM member WHERE +group_id = ? AND community_uuid {IN_LIST}", param)
+    conn.execute(f"DELETE FROM community WHERE +group_id = ? AND uuid {IN_LIST}", param)
 
 
 def _upsert_community(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
