@@ -1,7 +1,7 @@
 """REALTALK (Lee et al. 2025, "REALTALK: A 21-Day Real-World Dataset for Long-Term
 Conversation", arXiv 2502.13270; github.com/danny911kr/REALTALK, ``data/Chat_*.json``) as
 tidegraph episodes and evidence-annotated questions: the held-out conversational set of
-README "Retrieval figures" (measured, never tuned on).
+docs/retrieval.md "Retrieval figures" (measured, never tuned on).
 
 Ten real messaging-app conversations between two people over 21 days (~8,900 messages, 728
 questions). The repository ships no licence file; the files are not part of the project:

@@ -1,13 +1,14 @@
-"""Now and as of, LLM-free, on both real stores (README "Now and as of"): a feed restates one
-attribute (plan, owner, address, status) of many subjects as it changes over a year; asked
+"""Now and as of, LLM-free, on both real stores (docs/retrieval.md "Now and as of"): a feed
+restates one attribute (plan, owner, address, status) of many subjects as it changes over a year; asked
 "now" and "as of" each change, the first episode about the subject in the default context is
 the statement valid then in at least 95 % of the questions."""
 
 from __future__ import annotations
 
+from tidegraph.pipelines.inprocess import InProcessChain, ingest
+
 from tests.support.restatements import first_episode_about, restatement_feed
 from tidegraph.embed.minilm import MiniLMEmbedder
-from tidegraph.pipelines.inprocess import InProcessChain, ingest
 from tidegraph.recall.context import build_context
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode

@@ -1,5 +1,5 @@
-"""An LLM-free feed of restatements (README "Now and as of"): for many subjects, one attribute
-(plan, owner, address, status) stated again and again as it changes over a year, in varied
+"""An LLM-free feed of restatements (docs/retrieval.md "Now and as of"): for many subjects, one
+attribute (plan, owner, address, status) stated again and again as it changes over a year, in varied
 words, between other chat; and the questions "now" and "as of" each change, each with the
 statement that answers it (the latest said by then).
 

@@ -1,4 +1,4 @@
-"""Conversation-aware episode search, the pure parts (README "Conversation-aware episode
+"""Conversation-aware episode search, the pure parts (docs/retrieval.md "Conversation-aware episode
 search"): what is indexed of a message (tidegraph/records/conversation.py), how a query's
 words split into names and words (tidegraph/stores/episode_search.py), and the recency rules
 (tidegraph/recall/recency.py)."""

@@ -1,4 +1,4 @@
-"""Declared mappings: JSON records -> entities and facts with no LLM (README "Declared
+"""Declared mappings: JSON records -> entities and facts with no LLM (docs/mappings.md "Declared
 mappings")."""
 
 from __future__ import annotations

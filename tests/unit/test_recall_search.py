@@ -106,7 +106,7 @@ async def test_a_time_phrase_sets_valid_at_unless_one_is_given():
 
 async def test_a_time_phrase_limits_facts_and_episodes_to_what_held_and_was_said_by_then():
     # "in February 2024" asks about the state then: e3 (day 120, said in May) is not of it,
-    # exactly as with a valid-at the caller gives (README "Now and as of").
+    # exactly as with a valid-at the caller gives (docs/retrieval.md "Now and as of").
     s = searcher()
     found = await s.search("Alice's new job in February 2024", ["g"], known_at=NOW)
     assert found.time_words is not None

@@ -1,4 +1,5 @@
-"""The Python API an agent loop uses (README "Memory retrieval"): add episodes, search the
+"""The Python API an agent loop uses (docs/retrieval.md "Memory retrieval"): add episodes, search
+the
 memory, build a context string.
 
     async with await Memory.open() as memory:          # the embedded default, in-process
@@ -21,7 +22,7 @@ from typing import Any, Literal
 
 import orjson
 
-from tidegraph.pipelines.inprocess import EpisodeFailed, InProcessChain
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.pipelines.runtime import Runtime, open_runtime
 from tidegraph.recall.context import build_context
 from tidegraph.recall.search import Searcher, SearchResults
@@ -62,7 +63,7 @@ class Memory:
         self.runtime = runtime
         self.via = via
         self.searcher = Searcher(runtime.store, runtime.embedder, runtime.cross_encoder)
-        self._chain: InProcessChain | None = None
+        self._runner: GroupRunner | None = None
         self._group_locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
@@ -122,22 +123,21 @@ class Memory:
         return await self._write(episode)
 
     async def _write(self, episode: Episode) -> AddResult:
-        if self._chain is None:
-            self._chain = self.runtime.chain()
+        if self._runner is None:
+            self._runner = self.runtime.runner()
         lock = self._group_locks.setdefault(episode.group_id, asyncio.Lock())
         async with lock:  # one group's episodes in the order they were added
-            try:
-                summary = await self._chain.process(episode)
-            except EpisodeFailed as exc:
-                return AddResult(
-                    episode.group_id,
-                    episode.id,
-                    episode.uuid,
-                    "failed",
-                    reason=exc.failure.reason,
-                    message=exc.failure.message,
-                )
-        status: Literal["written", "skipped"] = "skipped" if summary.skipped else "written"
+            [outcome] = await self._runner.run([episode])
+        if outcome.failure is not None:
+            return AddResult(
+                episode.group_id,
+                episode.id,
+                episode.uuid,
+                "failed",
+                reason=outcome.failure.reason,
+                message=outcome.failure.message,
+            )
+        status: Literal["written", "skipped"] = "skipped" if outcome.processed else "written"
         return AddResult(episode.group_id, episode.id, episode.uuid, status)
 
     async def _produce(self, episode: Episode, raw: bytes) -> AddResult:
@@ -172,7 +172,7 @@ class Memory:
     ) -> SearchResults:
         """Facts, entities, episodes and community summaries that answer ``query`` in the
         memory of ``group_ids``, valid at ``valid_at`` as known at ``known_at`` (both default
-        to now; README "Memory retrieval" lists the recipes)."""
+        to now; docs/retrieval.md "Memory retrieval" lists the recipes)."""
         return await self.searcher.search(
             query,
             group_ids,
@@ -195,7 +195,7 @@ class Memory:
         max_chars: int = 4000,
         episodes: bool = True,
     ) -> str:
-        """The context string for the agent's prompt (README "Memory retrieval": the
+        """The context string for the agent's prompt (docs/retrieval.md "Memory retrieval": the
         template), within ``max_chars``."""
         results = await self.search(
             query, group_ids=group_ids, valid_at=valid_at, known_at=known_at, recipe=recipe

@@ -1,4 +1,4 @@
-"""Recency where a question is about now (README "Memory retrieval", "Now and as of").
+"""Recency where a question is about now (docs/retrieval.md "Now and as of").
 
 A feed restates things as they change ("Acme moved to the Pro plan", then months later "we
 upgraded Acme to the Enterprise plan"): asked "which plan is Acme on?", the latest statement

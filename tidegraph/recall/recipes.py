@@ -1,5 +1,5 @@
 """Search recipes: which kinds a search returns, found how, reranked how, how many
-(README "Memory retrieval").
+(docs/retrieval.md "Memory retrieval").
 
 A ``Recipe`` is one ``KindSearch`` per kind it returns. For each kind, every method finds at
 most ``candidates`` hits:
@@ -45,7 +45,7 @@ DEFAULT_RRF_K = 60
 # answering turn far more often than a small embedding model does (LoCoMo, no LLM: R@10 0.74
 # against 0.52), so the vector list weighs less and adds what BM25 misses further down; the
 # RRF constant is smaller, so that a method's first hits count more than its twentieth
-# (README "Retrieval figures").
+# (docs/retrieval.md "Retrieval figures").
 EPISODE_WEIGHTS: Mapping[str, float] = {"bm25": 1.0, "vector": 0.4}
 EPISODE_RRF_K = 20
 

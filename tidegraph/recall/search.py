@@ -1,4 +1,5 @@
-"""``Searcher``: one memory search, ``rerank(search(query))`` (README "Memory retrieval").
+"""``Searcher``: one memory search, ``rerank(search(query))`` (docs/retrieval.md "Memory
+retrieval").
 
 A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a graph store):
 
@@ -81,7 +82,7 @@ class SearchResults:
         the answers) interleaved by rank, the best fact, the best episode, the second fact
         and so on; then the entities (who and what they name, each traced to every episode
         that mentions it) and the communities. On the support-chat benchmark this order
-        answers far better than any one kind alone (README "Retrieval figures")."""
+        answers far better than any one kind alone (docs/retrieval.md "Retrieval figures")."""
         answers = [self.facts, self.episodes]
         depth = max(len(hits) for hits in answers)
         first = [hits[i] for i in range(depth) for hits in answers if i < len(hits)]

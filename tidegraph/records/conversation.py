@@ -1,4 +1,4 @@
-"""What is searchable of an episode (README "Memory retrieval", "Conversation-aware episode
+"""What is searchable of an episode (docs/retrieval.md "Conversation-aware episode
 search"): the stored content stays exactly what was sent; the stores index these fields
 beside it, and the pipelines embed ``embed_text``.
 

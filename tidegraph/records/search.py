@@ -1,4 +1,4 @@
-"""What memory retrieval reads and answers (README "Memory retrieval"): the question
+"""What memory retrieval reads and answers (docs/retrieval.md "Memory retrieval"): the question
 (``SearchScope``), one scored candidate (``Hit``) and the JSON line a result prints as.
 
 Search methods (the stores) return hits; rerankers reorder them; the context builder turns
@@ -81,7 +81,7 @@ class Hit:
         return record.name_embedding
 
     def as_json(self, rank: int, query_id: str | None = None) -> dict[str, Any]:
-        """The JSON line of ``tidegraph search --json`` (README "Memory retrieval")."""
+        """The JSON line of ``tidegraph search --json`` (docs/retrieval.md "Memory retrieval")."""
         line: dict[str, Any] = {}
         if query_id is not None:
             line["query_id"] = query_id

@@ -1,4 +1,4 @@
-"""Episode search on its conversation fields, the same rules for every store (README
+"""Episode search on its conversation fields, the same rules for every store (docs/retrieval.md
 "Conversation-aware episode search"; the fields: ``tidegraph.records.conversation``).
 
 A query's words (``search_text.search_terms``) are split in two: those that are a word of one
@@ -20,7 +20,8 @@ from tidegraph.stores.search_text import search_terms
 # The fields' boosts in the Lucene query (Neo4j), against the body's 1. Lucene scores each
 # field apart, with its own length: a speaker's name is a field of a word or two, a context
 # one of three turns. (SQLite's FTS5 scores the row as one text, with column weights:
-# sqlite/db.py BM25_WEIGHTS.) Measured on LoCoMo with BM25 alone (README "Retrieval figures").
+# sqlite/db.py BM25_WEIGHTS.) Measured on LoCoMo with BM25 alone (docs/retrieval.md
+# "Retrieval figures").
 LUCENE_SPEAKER_BOOST = 2.0
 LUCENE_CONTEXT_BOOST = 0.5
 LUCENE_WHEN_BOOST = 1.0

@@ -1,4 +1,4 @@
-"""``tidegraph search``: recall from the memory (README "Memory retrieval").
+"""``tidegraph search``: recall from the memory (docs/retrieval.md "Memory retrieval").
 
 One query as a table, JSON lines (``--json``) or the agent's context string (``--context``);
 or a batch (``--queries FILE``: JSON lines ``{"id", "query", "valid_at"?, "known_at"?}``)
@@ -33,7 +33,9 @@ def search(
     ),
     valid_at: str | None = typer.Option(None, "--valid-at", help="Valid at T (default: now)."),
     known_at: str | None = typer.Option(None, "--known-at", help="As known at K (default: now)."),
-    recipe: str = typer.Option("combined", "--recipe", help="Search recipe (listed below)."),
+    recipe: str = typer.Option(
+        "combined", "--recipe", help="Search recipe (listed below; docs/retrieval.md)."
+    ),
     centre: str | None = typer.Option(
         None, "--centre", help="Entity uuid the distance recipes rank from."
     ),
@@ -187,7 +189,8 @@ def extract(
     concurrency: int = typer.Option(8, help="Groups processed at once."),
 ) -> None:
     """Extract episodes stored without extraction (no LLM was configured, no mapping rule
-    matched, or the LLM failed on them), in event order per group (README "Episodes without
+    matched, or the LLM failed on them), in event order per group (docs/architecture.md "Episodes
+    without
     an LLM"). Configure the LLM (TIDEGRAPH_LLM_*) or the mapping first."""
     if not pending:
         raise typer.BadParameter("say what to extract: --pending")
@@ -208,7 +211,7 @@ async def _extract_pending(groups: list[str], concurrency: int) -> Any:
     try:
         targets = groups or await runtime.store.pending_groups()
         return await extract_pending(
-            runtime.chain(), runtime.store, targets, concurrency=concurrency
+            runtime.runner(), runtime.store, targets, concurrency=concurrency
         )
     finally:
         await runtime.close()

@@ -1,4 +1,4 @@
-"""Request and response bodies of ``tidegraph serve`` (README "Serving memory to agents").
+"""Request and response bodies of ``tidegraph serve`` (docs/serving.md "Serving memory to agents").
 
 Times are strings: ISO 8601 (a time without an offset is UTC), epoch seconds, or a phrase
 read relative to now ("2024-03-01", "yesterday"); a time that cannot be read is a 400 naming

@@ -59,13 +59,14 @@ SCHEMA = (
     # range
     "CREATE INDEX episodic_group_id IF NOT EXISTS FOR (n:Episodic) ON (n.group_id)",
     "CREATE INDEX episodic_valid_at IF NOT EXISTS FOR (n:Episodic) ON (n.valid_at)",
-    # a message's thread around it (THREAD_CONTEXT)
+    # a message's thread around it (thread_context)
     "CREATE INDEX episodic_group_valid_at IF NOT EXISTS "
     "FOR (n:Episodic) ON (n.group_id, n.valid_at)",
-    # the words of each group's speakers' names (README "Conversation-aware episode search")
+    # the words of each group's speakers' names (docs/retrieval.md "Conversation-aware episode
+    # search")
     "CREATE CONSTRAINT speaker_word_group_word IF NOT EXISTS "
     "FOR (n:SpeakerWord) REQUIRE (n.group_id, n.word) IS UNIQUE",
-    # the few episodes stored without extraction (README "Episodes without an LLM")
+    # the few episodes stored without extraction (docs/architecture.md "Episodes without an LLM")
     "CREATE INDEX episodic_not_extracted IF NOT EXISTS FOR (n:Episodic) ON (n.not_extracted)",
     "CREATE INDEX entity_group_id IF NOT EXISTS FOR (n:Entity) ON (n.group_id)",
     "CREATE INDEX entity_name_norm IF NOT EXISTS FOR (n:Entity) ON (n.name_norm)",

@@ -1,5 +1,5 @@
 """The Neo4j graph store: ``StoreCore`` on a ``Neo4jExecutor`` with the Neo4j dialect
-(``neo4j_queries``), and what Neo4j does its own way: the schema, writes of many rows in one
+(``queries``), and what Neo4j does its own way: the schema, writes of many rows in one
 UNWIND statement, the one-round-trip resolution lookup, and the group commit of episode writes
 (``batching.GroupCommit``: writes that arrive while a transaction runs share the next one).
 """
@@ -226,7 +226,7 @@ class Neo4jStore(StoreCore):
         self._dim = embedding_dim
 
     async def _index_stored_episodes(self, batch: int = 2000) -> None:
-        """The migration of episodes stored before their conversation fields (README
+        """The migration of episodes stored before their conversation fields (docs/retrieval.md
         "Conversation-aware episode search"): their fields and speakers' words, then the
         messages' contexts, a batch at a time; nothing to do (one read) once migrated."""
         indexed = 0

@@ -1,5 +1,5 @@
-"""The embedded store's database (``sqlite_store.SqliteStore``): one SQLite file in WAL mode
-and one connection, used from one thread of its own. Every call runs there, one at a time, so
+"""The embedded store's database (``store.SqliteStore``): one SQLite file in WAL mode and one
+connection, used from one thread of its own. Every call runs there, one at a time, so
 the event loop never waits on the disk and one call's transaction never interleaves with
 another's.
 
@@ -37,7 +37,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 DB_FILE = "graph.sqlite"
-# 2: episodes are searched by their conversation fields (``episode_search``, README
+# 2: episodes are searched by their conversation fields (``episode_search``, docs/retrieval.md
 # "Conversation-aware episode search"); a store of version 1 is migrated at setup.
 SCHEMA_VERSION = "2"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
