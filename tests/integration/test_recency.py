@@ -1,7 +1,7 @@
 """Now and as of, LLM-free, on both real stores (docs/retrieval.md "Now and as of"): a feed
-restates one attribute (plan, owner, address, status) of many subjects as it changes over a year; asked
-"now" and "as of" each change, the first episode about the subject in the default context is
-the statement valid then in at least 95 % of the questions."""
+restates one attribute (plan, owner, address, status) of many subjects as it changes over a
+year; asked "now" and "as of" each change, the first episode about the subject in the default
+context is the statement valid then in at least 95 % of the questions."""
 
 from __future__ import annotations
 
