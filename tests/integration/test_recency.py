@@ -5,7 +5,8 @@ context is the statement valid then in at least 95 % of the questions."""
 
 from __future__ import annotations
 
-from tidegraph.pipelines.inprocess import InProcessChain, ingest
+from tidegraph.pipelines.ingest import ingest
+from tidegraph.pipelines.runner import GroupRunner
 
 from tests.support.restatements import first_episode_about, restatement_feed
 from tidegraph.embed.minilm import MiniLMEmbedder
@@ -20,7 +21,7 @@ async def test_the_first_episode_about_a_subject_is_its_latest_statement_then(
 ) -> None:
     said, questions = restatement_feed(subjects=10, changes=3, seed=7)
     embedder = MiniLMEmbedder()  # the default embedder: the default context as a user gets it
-    chain = InProcessChain(store=store, embedder=embedder, llm=None, mappings=None)
+    chain = GroupRunner.of(store=store, embedder=embedder, llm=None, mappings=None)
     feed = [
         Episode(
             id=s.id,
