@@ -5,11 +5,10 @@ context is the statement valid then in at least 95 % of the questions."""
 
 from __future__ import annotations
 
-from tidegraph.pipelines.ingest import ingest
-from tidegraph.pipelines.runner import GroupRunner
-
 from tests.support.restatements import first_episode_about, restatement_feed
 from tidegraph.embed.minilm import MiniLMEmbedder
+from tidegraph.pipelines.ingest import ingest
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.recall.context import build_context
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode
