@@ -45,3 +45,37 @@ async def test_the_first_episode_about_a_subject_is_its_latest_statement_then(
     asked_now = sum(q.valid_at is None for q in questions)
     assert asked_now and len(questions) - asked_now  # both kinds are asked
     assert len(wrong) <= 0.05 * len(questions), wrong
+
+
+async def test_a_forgotten_message_leaves_no_trace_in_the_context_of_its_replies(
+    store: GraphStore, group_id: str
+) -> None:
+    # A reply is found by the turn it answers (its context); once that turn is forgotten, the
+    # reply is no longer found by the forgotten words (docs/retrieval.md "Conversation-aware
+    # episode search").
+    from datetime import UTC, datetime, timedelta
+
+    from tidegraph.embed.hashing import HashingEmbedder
+    from tidegraph.pipelines.forget import forget_episodes
+    from tidegraph.records.asof import AsOf
+    from tidegraph.records.search import SearchScope
+
+    at = datetime(2025, 3, 3, 10, 0, tzinfo=UTC)
+    turns = [("q", "Zora: my secret project is called Bluefinch"), ("a", "Dana: sounds great")]
+    runner = GroupRunner.of(store=store, embedder=HashingEmbedder(dim=384), llm=None, mappings=None)
+    feed = [
+        Episode(id=i, group_id=group_id, source="message", source_description="chat",
+                content=text, reference_time=at + timedelta(minutes=n))
+        for n, (i, text) in enumerate(turns)
+    ]  # fmt: skip
+    assert (await ingest(runner, feed)).failures == []
+    scope = SearchScope((group_id,), AsOf.resolve(None, None, False, None))
+
+    async def found(text: str) -> set[str]:
+        hits = await store.fulltext_search(scope, "episode", text, 10)
+        return {h.record.producer_id for h in hits}
+
+    assert await found("Bluefinch") == {"q", "a"}  # the reply through its context
+    await forget_episodes(runner, group_id, ["q"])
+    assert await found("Bluefinch") == set()
+    assert await found("sounds great") == {"a"}

@@ -12,6 +12,8 @@ an episode ``ep``.
 
 from __future__ import annotations
 
+from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
+
 
 def at(expression: str) -> str:
     """Cypher for a time written as an epoch pair (``rows.with_epoch_times``; null stays
@@ -56,6 +58,12 @@ SCHEMA = (
     "CREATE CONSTRAINT community_uuid IF NOT EXISTS FOR (n:Community) REQUIRE n.uuid IS UNIQUE",
     "CREATE CONSTRAINT relates_to_uuid IF NOT EXISTS "
     "FOR ()-[r:RELATES_TO]-() REQUIRE r.uuid IS UNIQUE",
+    # the change stream's outbox: one log per group (its last seq, what is published, the
+    # group's write version), its changes by (group, seq)
+    "CREATE CONSTRAINT change_log_group IF NOT EXISTS "
+    "FOR (n:ChangeLog) REQUIRE n.group_id IS UNIQUE",
+    "CREATE INDEX change_group_seq IF NOT EXISTS FOR (n:Change) ON (n.group_id, n.seq)",
+    "CREATE INDEX change_uuid IF NOT EXISTS FOR (n:Change) ON (n.uuid)",
     # range
     "CREATE INDEX episodic_group_id IF NOT EXISTS FOR (n:Episodic) ON (n.group_id)",
     "CREATE INDEX episodic_valid_at IF NOT EXISTS FOR (n:Episodic) ON (n.valid_at)",
@@ -107,6 +115,16 @@ SCHEMA = (
 # EPISODES_TO_INDEX, THREADS_TO_INDEX).
 DROPPED = ("DROP INDEX community_name IF EXISTS", "DROP INDEX episodic_content IF EXISTS")
 
+
+def thread_params() -> dict[str, int]:
+    """The bounds of a message's context (tidegraph/records/conversation.py), as the
+    statements that set it (``thread_context``) take them."""
+    return {
+        "context_turns": CONTEXT_TURNS,
+        "context_seconds": int(CONTEXT_WITHIN.total_seconds()),
+    }
+
+
 # The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
 EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when")
 
@@ -154,7 +172,7 @@ _THREAD_OF_EP = (
 # those without them, then their fields and speakers' words set, then the messages' contexts.
 EPISODES_TO_INDEX = """
 MATCH (ep:Episodic)
-WHERE ep.index_when IS NULL
+WHERE ep.index_when IS NULL AND ep.forgotten_at IS NULL
 RETURN ep.uuid AS uuid, ep.group_id AS group_id, ep.source AS source, ep.content AS content,
        ep.valid_at.epochMillis AS valid_at_ms
 LIMIT $limit
@@ -163,7 +181,7 @@ SET_EPISODE_INDEX = """
 UNWIND $rows AS row
 MATCH (ep:Episodic {uuid: row.uuid})
 SET ep.index_body = row.index.body, ep.index_speaker = row.index.speaker,
-    ep.index_when = row.index.when
+    ep.index_when = row.index.when, ep.index_speaker_words = row.index.speaker_words
 FOREACH (word IN row.index.speaker_words |
   MERGE (:SpeakerWord {group_id: ep.group_id, word: word}))
 """
@@ -627,6 +645,20 @@ CALL () {
 RETURN episodes, entities, facts
 """
 
+# The changes of one write appended to its group's outbox in commit order (``seq``), the
+# group's write version bumped (a rebuild checks it did not move while it computed).
+_RECORD_CHANGES = """
+    MERGE (log:ChangeLog {{group_id: {group}}})
+    ON CREATE SET log.seq = 0, log.published = 0, log.version = 0
+    WITH log, log.seq AS base
+    SET log.seq = base + size({changes}), log.version = log.version + 1
+    WITH base
+    UNWIND range(0, size({changes}) - 1) AS i
+    WITH {changes}[i] AS c, base + i + 1 AS seq
+    CREATE (:Change {{group_id: {group}, seq: seq, change_id: c.change_id, kind: c.kind,
+                      uuid: c.uuid, body: c.body}})
+"""
+
 # Every episode write of a transaction in one statement, in order: each write is one run of
 # the subquery, and a run sees what the runs before it wrote (Cypher's CALL semantics), so
 # the result is that of one statement per write. Per write: entities first (mentions and
@@ -655,9 +687,14 @@ CALL (w) {
       ep.created_entities = w.ep.created_entities,
       ep.not_extracted = w.ep.not_extracted,
       ep.content_embedding = w.ep.content_embedding,
+      ep.extraction = w.ep.extraction,
+      ep.extracted_at = """
+    + at("w.ep.extracted_at")
+    + """,
       ep.index_body = w.index.body,
       ep.index_speaker = w.index.speaker,
-      ep.index_when = w.index.when
+      ep.index_when = w.index.when,
+      ep.index_speaker_words = w.index.speaker_words
   FOREACH (word IN w.index.speaker_words |
     MERGE (:SpeakerWord {group_id: w.group_id, word: word}))
   WITH ep, w"""
@@ -674,6 +711,9 @@ CALL (w) {
     + """  }
   CALL (w) {"""
     + _CLOSE_FACT_ROWS.format(rows="w.closures", group="w.group_id")
+    + """  }
+  CALL (w) {"""
+    + _RECORD_CHANGES.format(changes="w.changes", group="w.group_id")
     + """  }
 }
 """
@@ -715,7 +755,10 @@ FACT_VIEW_RETURN = (
 # ---- maintenance
 COUNTS = (
     """
-CALL () { MATCH (ep:Episodic) WHERE ep.group_id = $group_id RETURN count(ep) AS episodes }
+CALL () {
+  MATCH (ep:Episodic) WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL
+  RETURN count(ep) AS episodes
+}
 CALL () { MATCH (e:Entity) WHERE e.group_id = $group_id RETURN count(e) AS entities }
 CALL () {
   MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id RETURN count(r) AS facts
@@ -746,7 +789,7 @@ WITH n LIMIT $batch
 DETACH DELETE n
 RETURN count(*) AS deleted
 """
-        for label in ("Episodic", "Community", "Entity", "SpeakerWord")
+        for label in ("Episodic", "Community", "Entity", "Change", "ChangeLog", "SpeakerWord")
     ),
 )
 

@@ -16,7 +16,7 @@ from neo4j import AsyncGraphDatabase, basic_auth
 from tidegraph.connections import neo4j_driver_options
 from tidegraph.metrics import STORE_BATCH_SIZE
 from tidegraph.records.asof import AsOf
-from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN, search_fields
+from tidegraph.records.conversation import search_fields
 from tidegraph.records.graph import (
     EntityLookup,
     EntityRecord,
@@ -36,7 +36,9 @@ from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, anchored_query, as_
 from tidegraph.stores.neo4j.batching import GroupCommit
 from tidegraph.stores.neo4j.core import StoreCore
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
+from tidegraph.stores.neo4j.lifecycle import Lifecycle
 from tidegraph.stores.rows import (
+    change_row,
     check_embedding,
     closure_row,
     entity_record,
@@ -98,14 +100,6 @@ def _index_params(episode: EpisodeRecord) -> dict[str, Any]:
     }
 
 
-# The bounds of a message's context (tidegraph/records/conversation.py), as the statements
-# that set it take them.
-THREAD_PARAMS = {
-    "context_turns": CONTEXT_TURNS,
-    "context_seconds": int(CONTEXT_WITHIN.total_seconds()),
-}
-
-
 def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -> dict[str, Any]:
     """The parameters of one episode write (a row of ``WRITE_EPISODES``)."""
     return {
@@ -116,6 +110,7 @@ def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -
         "mentions": unique(write.mentions),
         "facts": [with_epoch_times(fact_row(group_id, f, dim, now)) for f in write.facts],
         "closures": [with_epoch_times(closure_row(c)) for c in write.closures],
+        "changes": [change_row(c) for c in write.changes],
     }
 
 
@@ -155,7 +150,7 @@ class _BatchAsk:
     episodes: list[str]
 
 
-class Neo4jStore(StoreCore):
+class Neo4jStore(Lifecycle, StoreCore):
     """``GraphStore`` on a Neo4j 5.26+ server (Community edition is enough)."""
 
     name = "neo4j"
@@ -252,7 +247,7 @@ class Neo4jStore(StoreCore):
             indexed += len(rows)
 
         async def contexts(tx: Tx) -> int:
-            [row] = await tx.rows(q.THREADS_TO_INDEX, {"limit": batch, **THREAD_PARAMS})
+            [row] = await tx.rows(q.THREADS_TO_INDEX, {"limit": batch, **q.thread_params()})
             return int(row["indexed"])
 
         while await self.neo4j.transaction(contexts):
@@ -514,7 +509,7 @@ class Neo4jStore(StoreCore):
             written = [checks.admit(job.group_id, job.write) for job in jobs]
             rows = [job.params for job, fresh in zip(jobs, written, strict=True) if fresh]
             if rows:
-                await tx.rows(q.WRITE_EPISODES, {"writes": rows, **THREAD_PARAMS})
+                await tx.rows(q.WRITE_EPISODES, {"writes": rows, **q.thread_params()})
             return written
 
         STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(jobs))

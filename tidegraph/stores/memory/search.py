@@ -1,8 +1,8 @@
-"""The search methods of the in-memory store (``memory_store.MemoryStore``): exact, by brute
+"""The search methods of the in-memory store (``store.MemoryStore``): exact, by brute
 force over the dictionaries, with the rules every store keeps (``tidegraph.stores.hits``:
 what a scope sees, the hits and their order, the breadth-first walk).
 
-Fulltext is the approximation ``fulltext_entities`` makes (see memory_store's docstring): a
+Fulltext is the approximation ``fulltext_entities`` makes (see the store module's docstring): a
 record matches when it shares a word with the text (split like a search), scored by the number
 of the text's words it has; no stemming, no term weights. Vector scores are exact cosine,
 ``(1 + cos) / 2``, like both stores.
@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from tidegraph.embed.base import cosine
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
+from tidegraph.records.vectors import cosine
 from tidegraph.stores import hits as rules
 from tidegraph.stores.base import GraphStore
 from tidegraph.stores.rows import check_embedding, cosine_score, unique
