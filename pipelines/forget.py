@@ -180,7 +180,10 @@ async def _rebuild(
     times = {e.uuid: utc(e.extracted_at or e.created_at or e.valid_at) for e in replay}
     replayer = GroupRunner(
         dataclasses.replace(
-            components, store=scratch, clock=lambda episode: times.get(episode.uuid, utcnow())
+            components,
+            store=scratch,
+            clock=lambda episode: times.get(episode.uuid, utcnow()),
+            record_changes=False,  # the difference's changes are the ones that count
         ),
         policy=runner.policy,
         record_timeout=runner.record_timeout,

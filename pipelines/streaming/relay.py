@@ -30,11 +30,16 @@ async def relay_changes(
 ) -> int:
     """Publish the unpublished changes of the groups on ``owned`` input partitions; how many
     were published."""
+    logs = [
+        log_
+        for log_ in await store.change_logs(unpublished=True)
+        if partition_of(log_.group_id, partitions) in owned
+    ]
+    # Set before publishing, so a round that fails (broker down) still shows the backlog.
+    behind = sum(log_.seq - log_.published for log_ in logs)
+    CHANGES_BEHIND.set(behind)
     published = 0
-    behind = 0
-    for log_ in await store.change_logs(unpublished=True):
-        if partition_of(log_.group_id, partitions) not in owned:
-            continue
+    for log_ in logs:
         cursor = log_.published
         key = log_.group_id.encode()
         while cursor < log_.seq:
@@ -50,6 +55,6 @@ async def relay_changes(
             await store.mark_published(log_.group_id, cursor)
             CHANGES_PUBLISHED.inc(len(changes))
             published += len(changes)
-        behind += max(0, log_.seq - cursor)
-    CHANGES_BEHIND.set(behind)
+        behind -= log_.seq - log_.published
+        CHANGES_BEHIND.set(behind)
     return published

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from tidegraph.records.asof import AsOf, start_known_at
 from tidegraph.records.changes import Change
@@ -538,3 +538,16 @@ def page_of(
     ]
     kept.sort(key=lambda e: (e.valid_at, e.uuid))
     return kept[: max(limit, 0)]
+
+
+_Record = TypeVar("_Record", EntityRecord, FactRecord)
+
+
+def copied(record: _Record, **update: Any) -> _Record:
+    """A copy that shares nothing a caller may change: the records' fields are immutable
+    values or lists of them, so fresh lists make it as good as a deep copy (and several times
+    cheaper than one, for a 384-number embedding)."""
+    lists = {
+        k: list(v) for k, v in record.__dict__.items() if isinstance(v, list) and k not in update
+    }
+    return record.model_copy(update=lists | update)

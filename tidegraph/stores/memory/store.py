@@ -55,14 +55,14 @@ from tidegraph.records.graph import (
     Rebuild,
     WeightedEdge,
 )
-from tidegraph.records.ids import normalize_name
 from tidegraph.records.times import utc
 from tidegraph.records.vectors import cosine
 from tidegraph.stores import errors
-from tidegraph.stores.memory.search import MemorySearch, StoredCommunity
+from tidegraph.stores.memory.search import Entities, Facts, MemorySearch, StoredCommunity
 from tidegraph.stores.rows import (
     check_embedding,
     community_rows,
+    copied,
     cosine_score,
     entity_row,
     episode_record,
@@ -93,8 +93,8 @@ class MemoryStore(MemorySearch):
         self._dim: int | None = None
         self._episodes: dict[str, EpisodeRecord] = {}
         self._created: dict[str, list[str]] = {}  # episode uuid -> the entities it created
-        self._entities: dict[str, EntityRecord] = {}
-        self._facts: dict[str, FactRecord] = {}
+        self._entities = Entities()
+        self._facts = Facts()
         self._mentions: set[tuple[str, str]] = set()  # (episode uuid, entity uuid)
         self._communities: dict[str, StoredCommunity] = {}
         self._members: set[tuple[str, str]] = set()  # HAS_MEMBER: (community uuid, entity uuid)
@@ -170,31 +170,33 @@ class MemoryStore(MemorySearch):
             if e == entity.uuid and self._communities[c].group_id == entity.group_id
         )
         community = communities[0] if communities else None
-        return entity.model_copy(deep=True, update={"community_uuid": community})
+        return copied(entity, community_uuid=community)
 
     def _group_entities(
-        self, group_id: str, keep: Callable[[EntityRecord], bool] = lambda e: True
+        self,
+        group_id: str,
+        keep: Callable[[EntityRecord], bool] = lambda e: True,
+        among: Iterable[str] | None = None,
     ) -> list[EntityRecord]:
-        """Copies of the group's entities that ``keep`` accepts, by name then uuid."""
+        """Copies of the group's entities (``among`` these uuids) that ``keep`` accepts, by
+        name then uuid."""
+        uuids = self._entities.by_group.get(group_id, set())
+        if among is not None:
+            uuids = uuids & set(among)
         return sort_entities(
-            self._entity_out(e)
-            for e in self._entities.values()
-            if e.group_id == group_id and keep(e)
+            self._entity_out(e) for e in (self._entities[u] for u in uuids) if keep(e)
         )
 
     async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
-        wanted = set(names)
-        return self._group_entities(
-            group_id, lambda e: normalize_name(e.name) in wanted or bool(wanted & set(e.aliases))
-        )
+        found = (u for n in set(names) for u in self._entities.by_name.get((group_id, n), ()))
+        return self._group_entities(group_id, among=found)
 
     async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
-        wanted = set(keys)
-        return self._group_entities(group_id, lambda e: e.key is not None and e.key in wanted)
+        found = (u for k in set(keys) for u in self._entities.by_key.get((group_id, k), ()))
+        return self._group_entities(group_id, among=found)
 
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
-        wanted = set(uuids)
-        return self._group_entities(group_id, lambda e: e.uuid in wanted)
+        return self._group_entities(group_id, among=uuids)
 
     async def list_entities(self, group_id: str) -> list[EntityRecord]:
         return self._group_entities(group_id)
@@ -248,15 +250,31 @@ class MemoryStore(MemorySearch):
 
     # ------------------------------------------------------------------ facts
     def _group_facts(self, group_id: str) -> Iterator[FactRecord]:
-        return (f for f in self._facts.values() if f.group_id == group_id)
+        return (self._facts[u] for u in self._facts.by_group.get(group_id, ()))
 
     async def facts_touching(self, group_id: str, entity_uuids: list[str]) -> list[FactRecord]:
-        wanted = set(entity_uuids)
+        found = {u for e in entity_uuids for u in self._facts.by_end.get(e, ())}
         return sort_facts(
-            f.model_copy(deep=True)
-            for f in self._group_facts(group_id)
-            if f.source_uuid in wanted or f.target_uuid in wanted
+            copied(f) for f in (self._facts[u] for u in found) if f.group_id == group_id
         )
+
+    async def _fact_candidates(
+        self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
+    ) -> list[FactRecord]:
+        """``GraphStore.fact_candidates`` from the indexes: the facts of each (source,
+        relation) pair and those touching ``ends``."""
+        wanted = set(pairs)
+        found = {
+            u
+            for source, _ in wanted
+            for u in self._facts.by_source.get(source, ())
+            if (source, self._facts[u].name) in wanted
+        }
+        found.update(u for e in ends for u in self._facts.by_end.get(e, ()))
+        facts = (self._facts[u] for u in found)
+        if embeddings:
+            return sort_facts(copied(f) for f in facts if f.group_id == group_id)
+        return sort_facts(copied(f, fact_embedding=None) for f in facts if f.group_id == group_id)
 
     async def vector_facts(
         self, group_id: str, embedding: list[float], limit: int
@@ -384,11 +402,10 @@ class MemoryStore(MemorySearch):
         return GroupHistory(
             episodes=[e.model_copy(deep=True) for e in episodes],
             entities={
-                u: e.model_copy(deep=True, update={"community_uuid": None})
-                for u, e in self._entities.items()
-                if e.group_id == group_id
+                u: copied(self._entities[u], community_uuid=None)
+                for u in self._entities.by_group.get(group_id, ())
             },
-            facts={f.uuid: f.model_copy(deep=True) for f in self._group_facts(group_id)},
+            facts={f.uuid: copied(f) for f in self._group_facts(group_id)},
             mentions=mentions,
             created={u: list(self._created.get(u, [])) for u in uuids},
             version=log.version if log is not None else 0,
@@ -486,20 +503,21 @@ class MemoryStore(MemorySearch):
         episodes = {u for u, e in self._episodes.items() if e.group_id == group_id}
         return {
             "episodes": len(episodes),
-            "entities": sum(1 for e in self._entities.values() if e.group_id == group_id),
+            "entities": len(self._entities.by_group.get(group_id, ())),
             "facts": sum(1 for _ in self._group_facts(group_id)),
             "mentions": sum(1 for episode, _ in self._mentions if episode in episodes),
         }
 
     async def delete_group(self, group_id: str) -> None:
         episodes = {u for u, e in self._episodes.items() if e.group_id == group_id}
-        entities = {u for u, e in self._entities.items() if e.group_id == group_id}
+        entities = set(self._entities.by_group.get(group_id, ()))
         communities = {u for u, c in self._communities.items() if c.group_id == group_id}
-        self._facts = {
-            u: f
+        for uuid in [
+            u
             for u, f in self._facts.items()
-            if f.group_id != group_id and not {f.source_uuid, f.target_uuid} & entities
-        }
+            if f.group_id == group_id or {f.source_uuid, f.target_uuid} & entities
+        ]:
+            del self._facts[uuid]
         # DETACH DELETE: the relationships of every node removed go with it.
         self._mentions = {
             (p, e) for p, e in self._mentions if p not in episodes and e not in entities
