@@ -49,8 +49,12 @@ def _id(*parts: object) -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(map(str, parts))))
 
 
-async def build_group(store: Any, group_id: str, facts: int, seed: int) -> float:
-    """Write the synthetic group; returns the seconds it took."""
+async def build_group(
+    store: Any, group_id: str, facts: int, seed: int, episodes: int | None = None
+) -> float:
+    """Write the synthetic group (``episodes`` episodes, default one per ten facts); returns
+    the seconds it took."""
+    per_episode = FACTS_PER_EPISODE if episodes is None else max(1, -(-facts // episodes))
     rng = random.Random(seed)
     words = vocabulary(rng)
     embedder = HashingEmbedder(dim=DIM)
@@ -60,8 +64,8 @@ async def build_group(store: Any, group_id: str, facts: int, seed: int) -> float
     started = time.perf_counter()
     written: set[int] = set()
     pending: list[asyncio.Future[bool]] = []
-    for start in range(0, facts, FACTS_PER_EPISODE):
-        count = min(FACTS_PER_EPISODE, facts - start)
+    for start in range(0, facts, per_episode):
+        count = min(per_episode, facts - start)
         at = START + timedelta(minutes=start)
         episode_uuid = _id(group_id, "ep", start)
         ends = [(rng.randrange(n_entities), rng.randrange(n_entities)) for _ in range(count)]
@@ -149,11 +153,14 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"store": args.store, "facts": args.facts}
     try:
         await store.setup(DIM)
-        last = _id(group_id, "ep", (args.facts - 1) // FACTS_PER_EPISODE * FACTS_PER_EPISODE)
+        per = (
+            FACTS_PER_EPISODE if args.episodes is None else max(1, -(-args.facts // args.episodes))
+        )
+        last = _id(group_id, "ep", (args.facts - 1) // per * per)
         if args.keep and await store.episode_status(group_id, last) == "processed":
             result["build_seconds"] = 0.0  # kept from an earlier --keep run
         else:
-            build = await build_group(store, group_id, args.facts, args.seed)
+            build = await build_group(store, group_id, args.facts, args.seed, args.episodes)
             result["build_seconds"] = round(build, 1)
         searcher = Searcher(store, embedder)
         rng = random.Random(args.seed + 1)
@@ -163,6 +170,7 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             await searcher.search(queries[0], [group_id], recipe=recipe)  # warm-up
             search_ms: list[float] = []
             context_ms: list[float] = []
+            cpu = time.process_time()
             for query in queries:
                 started = time.perf_counter()
                 results = await searcher.search(query, [group_id], recipe=recipe)
@@ -174,6 +182,8 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             result[recipe] = {
                 "search_ms": percentiles(search_ms),
                 "context_ms": percentiles(context_ms),
+                # this process's CPU (all its threads) per query: what throughput is bound by
+                "cpu_ms": round(1000 * (time.process_time() - cpu) / len(queries), 1),
             }
     finally:
         if args.store == "neo4j" and not args.keep:
@@ -185,6 +195,7 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--facts", type=int, default=10_000)
+    parser.add_argument("--episodes", type=int, default=None, help="default: facts / 10")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--store", choices=("embedded", "neo4j"), default="neo4j")
     parser.add_argument("--neo4j-uri", default="bolt://127.0.0.1:17687")
@@ -210,7 +221,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         s, c = result[recipe]["search_ms"], result[recipe]["context_ms"]
         print(
             f"  {recipe:12s} search p50/p95/p99 {s['p50']}/{s['p95']}/{s['p99']} ms; "
-            f"search+context p50/p95/p99 {c['p50']}/{c['p95']}/{c['p99']} ms"
+            f"search+context p50/p95/p99 {c['p50']}/{c['p95']}/{c['p99']} ms; "
+            f"CPU {result[recipe]['cpu_ms']} ms a query"
         )
     return result
 

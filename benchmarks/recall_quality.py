@@ -12,7 +12,10 @@ Two feeds, each ingested into a fresh store, then every question asked with ever
   and relation in the ranking names the object valid at the asked time.
 * ``locomo``: LoCoMo conversations (benchmarks/locomo.py; pass the dataset's path) as message
   episodes with **no LLM** (stored and searchable, not extracted): evidence recall by the
-  dataset's question category.
+  dataset's question category (1-4 by default: 5, adversarial, asks about what was never
+  said);
+* ``realtalk``: the REALTALK conversations (benchmarks/realtalk.py; pass the folder of its
+  ``Chat_*.json``), the same way: the held-out set, never tuned on.
 
 Evidence recall@k: the share of a question's evidence episodes among the producer ids the
 top k results trace back to (an episode's own id, a fact's or entity's source episodes),
@@ -20,6 +23,7 @@ averaged over questions.
 
     python -m benchmarks.recall_quality support --episodes 400 --groups 4
     python -m benchmarks.recall_quality locomo /path/to/locomo10.json --conversations 10
+    python -m benchmarks.recall_quality realtalk /path/to/realtalk/data --limit 5
     (--store neo4j --neo4j-uri bolt://127.0.0.1:17687 to use Neo4j; default embedded)
 """
 
@@ -38,7 +42,6 @@ from typing import Any
 
 import orjson
 
-from benchmarks.locomo import CATEGORIES
 from benchmarks.text_feed import ONE_VALUED, FeedEpisode, text_feed
 from tidegraph.records.search import Hit
 
@@ -173,7 +176,11 @@ def asof_right(probe: Probe, hits: list[Hit]) -> bool:
     return False
 
 
-async def score(memory: Any, probes: list[Probe], recipes: list[str]) -> dict[str, Any]:
+async def score(
+    memory: Any, probes: list[Probe], recipes: list[str], limit: int = max(KS)
+) -> dict[str, Any]:
+    """Every probe asked with every recipe, ``limit`` results per kind (recall at k beyond
+    the limit counts only what the limit returns)."""
     tallies: dict[tuple[str, str], Tally] = defaultdict(Tally)
     for recipe in recipes:
         for probe in probes:
@@ -183,7 +190,7 @@ async def score(memory: Any, probes: list[Probe], recipes: list[str]) -> dict[st
                 group_ids=[probe.group_id],
                 valid_at=probe.valid_at,
                 recipe=recipe,
-                limit=max(KS),
+                limit=limit,
             )
             elapsed = time.perf_counter() - started
             hits = results.all()
@@ -239,39 +246,49 @@ async def run_support(args: argparse.Namespace, data_dir: Path) -> dict[str, Any
         try:
             ingest = await _ingest(memory, [e.envelope(group_of[e.group]) for e in feed])
             probes = support_probes(feed, group_of)
-            scores = await score(memory, probes, args.recipes)
+            scores = await score(memory, probes, args.recipes, args.limit)
         finally:
             await _cleanup(memory, set(group_of.values()), args)
             await memory.close()
     return {"feed": "support", "episodes": len(feed), **ingest, "scores": scores}
 
 
-async def run_locomo(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
-    from benchmarks.locomo import load
+async def run_conversations(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
+    """LoCoMo or REALTALK: conversations as message episodes, no LLM."""
+    from benchmarks import locomo, realtalk
     from tidegraph.app.memory import Memory
 
-    envelopes, questions = load(Path(args.path), args.conversations)
+    dataset = locomo if args.feed == "locomo" else realtalk
+    envelopes, questions = dataset.load(Path(args.path), args.conversations)
     run = f"rq{int(time.time())}"
     for e in envelopes:
         e["group_id"] = f"{run}-{e['group_id']}"
+    asked = [q for q in questions if q.category in args.categories]
     probes = [
         Probe(
             q.id,
             f"{run}-{q.group_id}",
             q.question,
             frozenset(q.evidence),
-            f"{q.category} {CATEGORIES.get(q.category, '?')}",
+            f"{q.category} {dataset.CATEGORIES.get(q.category, '?')}",
         )
-        for q in questions[: args.questions or None]
+        for q in asked[: args.questions or None]
     ]
     memory = await Memory.open(_settings(args, data_dir, None))
     try:
         ingest = await _ingest(memory, envelopes)
-        scores = await score(memory, probes, args.recipes)
+        scores = await score(memory, probes, args.recipes, args.limit)
     finally:
         await _cleanup(memory, {e["group_id"] for e in envelopes}, args)
         await memory.close()
-    return {"feed": "locomo", "episodes": len(envelopes), **ingest, "scores": scores}
+    return {
+        "feed": args.feed,
+        "episodes": len(envelopes),
+        "limit": args.limit,
+        "categories": sorted(args.categories),
+        **ingest,
+        "scores": scores,
+    }
 
 
 async def _cleanup(memory: Any, groups: set[str], args: argparse.Namespace) -> None:
@@ -282,6 +299,8 @@ async def _cleanup(memory: Any, groups: set[str], args: argparse.Namespace) -> N
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"{result['feed']}: {result['episodes']} episodes; {result['ingest']}")
+    if "limit" in result:
+        print(f"limit {result['limit']} per kind; question categories {result['categories']}")
     header = ["recipe / questions", "n", *[f"R@{k}" for k in KS], "as-of", "ms/q"]
     print(" | ".join(header))
     for name, row in sorted(result["scores"].items()):
@@ -295,13 +314,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from tidegraph.recall.recipes import RECIPES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("feed", choices=("support", "locomo"))
-    parser.add_argument("path", nargs="?", help="locomo10.json (locomo only)")
+    parser.add_argument("feed", choices=("support", "locomo", "realtalk"))
+    parser.add_argument(
+        "path", nargs="?", help="locomo10.json (locomo), the folder of Chat_*.json (realtalk)"
+    )
     parser.add_argument("--episodes", type=int, default=400)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--seed", type=int, default=8)
     parser.add_argument("--conversations", type=int, default=None)
     parser.add_argument("--questions", type=int, default=None, help="at most this many")
+    parser.add_argument("--limit", type=int, default=max(KS), help="results per kind")
+    parser.add_argument(
+        "--categories",
+        default="1,2,3,4",
+        help="question categories asked (locomo, realtalk; comma-separated)",
+    )
     parser.add_argument("--store", choices=("embedded", "neo4j"), default="embedded")
     parser.add_argument("--neo4j-uri", default="bolt://127.0.0.1:17687")
     parser.add_argument("--embedder", choices=("minilm", "hashing"), default="minilm")
@@ -312,10 +339,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = [r for r in args.recipes if r not in RECIPES]
     if unknown:
         parser.error(f"unknown recipes {unknown}; known: {sorted(RECIPES)}")
-    if args.feed == "locomo" and not args.path:
-        parser.error("locomo needs the path of locomo10.json")
+    args.categories = {int(c) for c in args.categories.split(",") if c}
+    if args.feed != "support" and not args.path:
+        parser.error(f"{args.feed} needs the path of its data (see --help)")
     with tempfile.TemporaryDirectory(prefix="tidegraph-recall-") as tmp:
-        runner = run_support if args.feed == "support" else run_locomo
+        runner = run_support if args.feed == "support" else run_conversations
         result = asyncio.run(runner(args, Path(tmp)))
     print_table(result)
     if args.json_out:

@@ -13,6 +13,14 @@ records, mapped without an LLM, and chat messages), then each concurrency level 
     python -m benchmarks.serve_load --in-memory --requests 2000
     python -m benchmarks.serve_load --route facts          # the HTTP layer over one store read
     TIDEGRAPH_STORE=neo4j python -m benchmarks.serve_load
+
+With ``--facts N`` (and ``--episodes M``) the group is instead the synthetic one of
+benchmarks/recall_latency.py (N facts between N/5 entities, M episodes; written straight
+through the store before the server starts, hashing embeddings) and the queries are 2-4 of its
+words, as there:
+
+    python -m benchmarks.serve_load --facts 10000 --episodes 10000 --clients 10
+    TIDEGRAPH_STORE=neo4j python -m benchmarks.serve_load --facts 100000 --keep --clients 10
 """
 
 from __future__ import annotations
@@ -103,12 +111,37 @@ async def seed(http: httpx.AsyncClient, accounts: int) -> list[str]:
     return names
 
 
-async def level(url: str, names: list[str], clients: int, total: int, route: str) -> dict[str, Any]:
+async def seed_synthetic(data: Path, facts: int, episodes: int | None, keep: bool) -> list[str]:
+    """The synthetic group of recall_latency written into the configured store as GROUP (kept
+    with ``keep`` on Neo4j, and reused when there); its query words."""
+    from benchmarks.recall_latency import DIM, FACTS_PER_EPISODE, _id, build_group, vocabulary
+    from tidegraph.settings import Settings
+    from tidegraph.stores import open_store
+
+    store = open_store(Settings(data_dir=data, embedding_dim=DIM))
+    try:
+        await store.setup(DIM)
+        per = FACTS_PER_EPISODE if episodes is None else max(1, -(-facts // episodes))
+        last = _id(GROUP, "ep", (facts - 1) // per * per)
+        if not (keep and await store.episode_status(GROUP, last) == "processed"):
+            await store.delete_group(GROUP)
+            await build_group(store, GROUP, facts, 3, episodes)
+    finally:
+        await store.close()
+    return vocabulary(random.Random(3))
+
+
+def queries_of(names: list[str], synthetic: bool, rng: random.Random) -> str:
+    if synthetic:  # 2-4 words of the synthetic group's vocabulary (recall_latency)
+        return " ".join(rng.sample(names, rng.randint(2, 4)))
+    return rng.choice(QUERIES).format(a=rng.choice(names))
+
+
+async def level(
+    url: str, names: list[str], clients: int, total: int, route: str, synthetic: bool = False
+) -> dict[str, Any]:
     rng = random.Random(clients)
-    bodies = [
-        {"query": rng.choice(QUERIES).format(a=rng.choice(names)), "limit": 10}
-        for _ in range(total)
-    ]
+    bodies = [{"query": queries_of(names, synthetic, rng), "limit": 10} for _ in range(total)]
     latencies: list[float] = []
     errors = 0
     queue = iter(bodies)
@@ -152,29 +185,39 @@ async def run(args: argparse.Namespace) -> None:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"  # loopback only
+    synthetic = args.facts is not None
     with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
+        started = time.perf_counter()
+        if synthetic:
+            os.environ.setdefault("TIDEGRAPH_DATA_DIR", tmp)
+            names = await seed_synthetic(Path(tmp), args.facts, args.episodes, args.keep)
         process = start_server(port, Path(tmp), args.in_memory)
         try:
             await wait_ready(url, process)
             idle = rss_kib(process.pid)[0]
             headers = {"Authorization": f"Bearer {KEY}"}
             async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
-                started = time.perf_counter()
-                names = await seed(http, args.accounts)
+                if not synthetic:
+                    names = await seed(http, args.accounts)
                 seeded = time.perf_counter() - started
             store = (
                 "in-memory (exact search)"
                 if args.in_memory
                 else os.environ.get("TIDEGRAPH_STORE", "embedded")
             )
+            what = (
+                f"{args.facts} facts, {args.episodes or args.facts // 10} episodes in one group"
+                if synthetic
+                else f"{args.accounts * 4} episodes"
+            )
             print(
-                f"store: {store}; seeded {args.accounts * 4} episodes in {seeded:.1f}s; "
+                f"store: {store}; seeded {what} in {seeded:.1f}s; "
                 f"route: {'GET /v1/facts' if args.route == 'facts' else 'POST /v1/search'}"
             )
             print(f"{'clients':>8} {'requests':>9} {'errors':>7} {'req/s':>8} "
                   f"{'p50 ms':>8} {'p99 ms':>8}")  # fmt: skip
             for clients in args.clients:
-                r = await level(url, names, clients, args.requests, args.route)
+                r = await level(url, names, clients, args.requests, args.route, synthetic)
                 print(f"{r['clients']:>8} {r['requests']:>9} {r['errors']:>7} {r['rps']:>8.1f} "
                       f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}")  # fmt: skip
             rss, peak = rss_kib(process.pid)
@@ -184,7 +227,8 @@ async def run(args: argparse.Namespace) -> None:
             process.terminate()
             process.wait(30)
             if not args.in_memory and os.environ.get("TIDEGRAPH_STORE") == "neo4j":
-                await _delete_seeded_group()
+                if not args.keep:
+                    await _delete_seeded_group()
 
 
 async def _delete_seeded_group() -> None:
@@ -221,6 +265,9 @@ def main() -> None:
     parser.add_argument("--accounts", type=int, default=100, help="Seeded accounts (x4).")
     parser.add_argument("--in-memory", action="store_true", help="In-memory store, exact search.")
     parser.add_argument("--route", choices=["search", "facts"], default="search")
+    parser.add_argument("--facts", type=int, help="Seed the synthetic group of N facts.")
+    parser.add_argument("--episodes", type=int, help="... with M episodes (default N/10).")
+    parser.add_argument("--keep", action="store_true", help="Neo4j: keep and reuse the group.")
     parser.add_argument("--serve-in-memory", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_in_memory:

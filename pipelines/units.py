@@ -38,11 +38,11 @@ from tidegraph.processors.prompts import StructuredLLM
 from tidegraph.processors.resolution import ResolutionStep
 from tidegraph.processors.steps import Components
 from tidegraph.processors.temporal import TemporalStep
+from tidegraph.records.conversation import embed_text
 from tidegraph.records.graph import EntityLookup
 from tidegraph.records.outcome import Outcome
 from tidegraph.records.stages import Extraction, Processed, StampedEpisode, WriteSummary
 from tidegraph.stores.base import BatchWriteError
-from tidegraph.stores.hits import EPISODE_EMBED_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,10 @@ class UnitWriter:
             texts.update(dict.fromkeys(entity.name for entity in extraction.entities))
             texts.update(dict.fromkeys(fact.fact for fact in extraction.facts if not fact.closes))
             if self.components.embed_mapped_content:
-                texts[extraction.episode.content_text()[:EPISODE_EMBED_CHARS]] = None
+                episode = extraction.episode
+                texts[
+                    embed_text(episode.source, episode.content_text(), episode.reference_time)
+                ] = None
         await embedder.warm(list(texts))
 
 

@@ -36,6 +36,7 @@ from tidegraph.processors.prompts import (
 )
 from tidegraph.processors.steps import UnitStore
 from tidegraph.processors.timeline import FactDecision, plan_facts
+from tidegraph.records.conversation import embed_text
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord, EpisodeWrite, FactRecord
 from tidegraph.records.stages import (
@@ -46,7 +47,6 @@ from tidegraph.records.stages import (
     stored_extraction,
 )
 from tidegraph.records.times import now_for
-from tidegraph.stores.hits import EPISODE_EMBED_CHARS
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,8 @@ class InvalidationStep:
         texts = [facts[i].fact for i in to_embed]
         embed_content = not stamped.mapped or self.embed_mapped_content
         if embed_content:
-            texts.append(stamped.episode.content_text()[:EPISODE_EMBED_CHARS])
+            episode = stamped.episode
+            texts.append(embed_text(episode.source, episode.content_text(), episode.reference_time))
         vectors = await self.embedder.embed(texts) if texts else []
         content_embedding = vectors.pop() if embed_content else None
         return dict(zip(to_embed, vectors, strict=True)), content_embedding

@@ -11,7 +11,14 @@ from prometheus_client import REGISTRY
 
 from tests.unit.recall_fixtures import EMBEDDER, LengthEncoder, RecallGraph, day, people_graph
 from tidegraph.embed.hashing import HashingEmbedder
-from tidegraph.recall.recipes import RECIPES, KindSearch, Recipe, recipe_named
+from tidegraph.recall.recipes import (
+    RECIPES,
+    KindSearch,
+    Recipe,
+    recipe_named,
+    recipe_problem,
+    recipes_help,
+)
 from tidegraph.recall.search import Searcher, SearchResults
 from tidegraph.records.search import Hit
 
@@ -97,15 +104,50 @@ async def test_a_time_phrase_sets_valid_at_unless_one_is_given():
     assert plain.time_words is None and "f_globex" in uuids(plain.facts)
 
 
-async def test_a_time_phrase_limits_facts_but_not_the_episodes_said_later_about_it():
-    # "in February 2024" is when Alice's job held; e3 (day 120, June) talks about her job and
-    # was said after February: it is still found. A valid-at the caller gives limits both.
+async def test_a_time_phrase_limits_facts_and_episodes_to_what_held_and_was_said_by_then():
+    # "in February 2024" asks about the state then: e3 (day 120, said in May) is not of it,
+    # exactly as with a valid-at the caller gives (docs/retrieval.md "Now and as of").
     s = searcher()
     found = await s.search("Alice's new job in February 2024", ["g"], known_at=NOW)
     assert found.time_words is not None
-    assert "e3" in uuids(found.episodes)
+    assert "e3" not in uuids(found.episodes)
+    later = await s.search("Alice's new job in June 2024", ["g"], known_at=NOW)
+    assert "e3" in uuids(later.episodes)
     given = await s.search("Alice's new job", ["g"], valid_at=day(50), known_at=NOW)
     assert "e3" not in uuids(given.episodes) and "e2" not in uuids(given.episodes)
+
+
+async def test_the_fusion_depth_does_not_follow_the_limit():
+    # Each method finds the recipe's candidates whatever the limit (up to them): asking for
+    # more results never reorders the first ones.
+    s = searcher()
+    few = await s.search("Alice Smith job", ["g"], recipe="combined", known_at=NOW, limit=2)
+    many = await s.search("Alice Smith job", ["g"], recipe="combined", known_at=NOW, limit=20)
+    for kind in ("fact", "entity", "episode"):
+        assert uuids(few.of(kind)) == uuids(many.of(kind))[: len(few.of(kind))]
+
+
+def test_the_fusion_weighs_each_method_as_the_recipe_says():
+    episodes = RECIPES["episodes_rrf"].search_for("episode")
+    assert episodes is not None
+    assert (episodes.weight("bm25"), episodes.weight("vector")) == (1.0, 0.4)
+    assert episodes.rrf_k == 20
+    facts = RECIPES["facts_rrf"].search_for("fact")
+    assert facts is not None and (facts.weight("vector"), facts.weight("bfs")) == (1.0, 0.5)
+    with pytest.raises(ValueError, match="weights must be positive"):
+        KindSearch("episode", ("bm25", "vector"), "rrf", limit=5, weights={"vector": 0.0})
+
+
+def test_each_recipe_has_one_help_line_and_says_what_it_needs_before_running():
+    lines = recipes_help().splitlines()
+    assert len(lines) == len(RECIPES) and lines[0].startswith("combined ")
+    assert all(len(line) <= 76 for line in lines)  # one line each in an 80-column terminal
+    assert "needs --centre" in next(x for x in lines if x.startswith("facts_distance "))
+    assert recipe_problem("combined") is None
+    assert "centre" in (recipe_problem("entities_distance") or "")
+    assert recipe_problem("entities_distance", centre="e1") is None
+    assert "cross-encoder" in (recipe_problem("facts_cross_encoder") or "")
+    assert "unknown search recipe" in (recipe_problem("nope") or "")
 
 
 async def test_the_query_is_embedded_once_and_the_searches_run_together():
@@ -154,7 +196,7 @@ async def test_a_walk_without_anything_to_start_from_is_skipped():
 # ---- other recipes ---------------------------------------------------------------------------
 async def test_facts_distance_ranks_by_hops_from_the_centre():
     s = searcher()
-    with pytest.raises(ValueError, match="give centre=<entity uuid>"):
+    with pytest.raises(ValueError, match="give its uuid as the centre"):
         await s.search("Bob Jones", ["g"], recipe="facts_distance")
     found = await s.search("Bob Jones", ["g"], recipe="facts_distance", centre="tea", known_at=NOW)
     # tea -bob- alice -globex; Acme is only reached through the ended f_acme: unreached
@@ -249,7 +291,7 @@ async def test_searches_are_timed_per_recipe():
     assert after == before + 1
 
 
-def test_all_interleaves_the_kinds_by_rank():
+def test_all_puts_facts_and_episodes_interleaved_first_then_entities_and_communities():
     from tidegraph.records.asof import AsOf
     from tidegraph.records.search import SearchScope
 
@@ -264,5 +306,5 @@ def test_all_interleaves_the_kinds_by_rank():
     results.facts = [hit("fact", "f_tea"), hit("fact", "f_friend"), hit("fact", "f_paris")]
     results.entities = [hit("entity", "bob")]
     results.episodes = [hit("episode", "e3"), hit("episode", "e1")]
-    assert uuids(results.all()) == ["f_tea", "bob", "e3", "f_friend", "e1", "f_paris"]
+    assert uuids(results.all()) == ["f_tea", "e3", "f_friend", "e1", "f_paris", "bob"]
     assert len(SearchResults("q", "combined", scope).all()) == 0

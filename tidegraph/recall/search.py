@@ -4,13 +4,16 @@ retrieval").
 A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a graph store):
 
 1. the scope: the caller's groups, valid at ``valid_at`` as believed at ``known_at``; with no
-   ``valid_at``, a time phrase in the query ("in March 2023", see timewords.py) gives it;
+   ``valid_at``, a time phrase in the query ("in March 2023", see timewords.py) gives it
+   (episodes: those said by then);
 2. every BM25 and vector search of the recipe at once (``asyncio.gather``), the query
    embedded once, plus, when the recipe walks the graph, the seed entities: those BM25 and
    vector search find for the query, and those the most recent episodes mention;
 3. breadth-first search over valid facts from the seeds (and the ends of the best facts
    found, and the centre entity);
-4. each kind reranked as the recipe says and cut to its limit.
+4. each kind reranked as the recipe says and cut to its limit; where the question is about a
+   state (now, or at a valid-at), a later episode restating an earlier one comes first
+   (recency.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ from typing import Any
 
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import SEARCH_LATENCY, SEARCHES
-from tidegraph.recall.recipes import DEFAULT_RECIPE, KindSearch, Recipe, recipe_named
+from tidegraph.recall.recency import asks_current, supersede
+from tidegraph.recall.recipes import (
+    DEFAULT_RECIPE,
+    KindSearch,
+    Recipe,
+    recipe_named,
+    recipe_problem,
+)
 from tidegraph.recall.rerank import (
     CrossEncoder,
     by_cross_encoder,
@@ -68,11 +78,15 @@ class SearchResults:
         }[kind]
 
     def all(self) -> list[Hit]:
-        """Every hit, interleaved by rank: the best of each kind (fact, entity, episode,
-        community), then the second of each, and so on."""
-        lists = [self.of(kind) for kind in KINDS]
-        depth = max((len(hits) for hits in lists), default=0)
-        return [hits[i] for i in range(depth) for hits in lists if i < len(hits)]
+        """Every hit, best first: the facts and the episodes (what holds and what was said:
+        the answers) interleaved by rank, the best fact, the best episode, the second fact
+        and so on; then the entities (who and what they name, each traced to every episode
+        that mentions it) and the communities. On the support-chat benchmark this order
+        answers far better than any one kind alone (docs/retrieval.md "Retrieval figures")."""
+        answers = [self.facts, self.episodes]
+        depth = max(len(hits) for hits in answers)
+        first = [hits[i] for i in range(depth) for hits in answers if i < len(hits)]
+        return first + self.entities + self.communities
 
     def __len__(self) -> int:
         return sum(len(self.of(kind)) for kind in KINDS)
@@ -111,21 +125,17 @@ class Searcher:
         believed at ``known_at`` (default now).
         ``limit`` replaces every kind's limit of the recipe; ``centre`` (an entity uuid)
         seeds the walk, and the distance recipes rank by hops from it."""
+        problem = recipe_problem(
+            recipe, centre=centre, cross_encoder=self.cross_encoder is not None
+        )
+        if problem is not None:
+            raise ValueError(problem)
         chosen = recipe_named(recipe)
         text = query.strip()
         if not text:
             raise ValueError("the query is empty: ask a question or name what to recall")
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
-        if chosen.needs_centre and not centre:
-            raise ValueError(
-                f"recipe {recipe!r} ranks by distance from an entity: give centre=<entity uuid>"
-            )
-        if chosen.needs_cross_encoder and self.cross_encoder is None:
-            raise ValueError(
-                f"recipe {recipe!r} needs a cross-encoder: set TIDEGRAPH_RERANK_BASE_URL and "
-                "TIDEGRAPH_RERANK_MODEL, or choose another recipe"
-            )
         groups = (group_ids,) if isinstance(group_ids, str) else tuple(dict.fromkeys(group_ids))
         found_time = None
         if valid_at is None and self.time_words:
@@ -133,16 +143,16 @@ class Searcher:
             reference = utc(known_at) if known_at else utcnow()
             found_time = await asyncio.to_thread(find_time, text, reference)
             valid_at = found_time.valid_at if found_time else None
-        scope = SearchScope(groups, AsOf.resolve(valid_at, known_at, include_invalid, None))
-        # A time the query names is when its facts held, not when it was said: episodes
-        # talking about March 2023 may have been said later. Only a valid-at the caller gives
-        # limits the episodes (to those that happened by then).
-        said = scope
-        if found_time is not None:
-            said = SearchScope(groups, AsOf.resolve(None, known_at, include_invalid, None))
+        mmr = any(s.reranker == "mmr" for s in chosen.searches)
+        asof = AsOf.resolve(valid_at, known_at, include_invalid, None)
+        scope = SearchScope(groups, asof, embeddings=mmr)
+        # Episodes are those said by the valid-at (given, or named by the query's time words:
+        # the state then is what was said by then), and where the question is about a state
+        # (now or then) the newest restatement comes first (recency.py).
+        current = valid_at is not None or asks_current(text)
         started = time.perf_counter()
         try:
-            results = await self._run(chosen, text, scope, limit, centre, said)
+            results = await self._run(chosen, text, scope, limit, centre, current)
         except BaseException:
             SEARCHES.labels(chosen.name, "error").inc()
             raise
@@ -158,22 +168,19 @@ class Searcher:
         scope: SearchScope,
         limit: int | None,
         centre: str | None,
-        said: SearchScope,
+        current: bool,
     ) -> SearchResults:
-        """``said``: the scope of the episodes (``search`` says why it may differ)."""
+        """``current``: the question asks about a state (``search``): episodes superseded."""
         needs_embedding = recipe.uses("vector") or any(s.reranker == "mmr" for s in recipe.searches)
         embedding = (
             asyncio.ensure_future(self.embedder.embed_one(text)) if needs_embedding else None
         )
         walk = recipe.uses("bfs")
 
-        def scope_of(kind: Kind) -> SearchScope:
-            return said if kind == "episode" else scope
-
         async def vector(kind: Kind, count: int) -> list[Hit]:
             if embedding is None:  # seeds of a walk in a recipe without vector search
                 return []
-            return await self.source.vector_search(scope_of(kind), kind, await embedding, count)
+            return await self.source.vector_search(scope, kind, await embedding, count)
 
         # Every first-round search at once, by (kind, method).
         jobs: dict[tuple[str, str], Awaitable[Any]] = {}
@@ -181,7 +188,7 @@ class Searcher:
             for method in search.methods:
                 if method == "bm25":
                     jobs[search.kind, method] = self.source.fulltext_search(
-                        scope_of(search.kind), search.kind, text, _candidates(search, limit)
+                        scope, search.kind, text, _candidates(search, limit)
                     )
                 elif method == "vector":
                     jobs[search.kind, method] = vector(search.kind, _candidates(search, limit))
@@ -218,6 +225,8 @@ class Searcher:
             ]
         )
         for search, hits in zip(recipe.searches, ranked, strict=True):
+            if search.kind == "episode" and current:
+                hits = supersede(hits, text)
             results.of(search.kind).extend(hits[: limit or search.limit])
         return results
 
@@ -233,7 +242,7 @@ class Searcher:
         lists: list[list[Hit]] = [found[search.kind, m] for m in search.methods]
         if search.reranker == "none":
             return list(lists[0])
-        fused = rrf(lists, weights=[search.weight(m) for m in search.methods])
+        fused = rrf(lists, k=search.rrf_k, weights=[search.weight(m) for m in search.methods])
         if search.reranker == "mmr":
             assert query_embedding is not None  # embedded for every recipe that uses MMR
             return mmr(fused, query_embedding, search.mmr_lambda)
@@ -284,6 +293,6 @@ async def _all(jobs: list[Awaitable[Any]]) -> list[Any]:
 
 
 def _candidates(search: KindSearch, limit: int | None) -> int:
-    """Hits each method finds: the recipe's candidates, or more when the caller asks for
-    more results than that."""
+    """Hits each method finds: the recipe's candidates (a fixed depth: up to it, the results
+    never depend on the limit), or more when the caller asks for more results than that."""
     return max(search.candidates, limit or search.limit)

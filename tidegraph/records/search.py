@@ -29,6 +29,9 @@ class SearchScope:
 
     group_ids: tuple[str, ...]
     asof: AsOf
+    # Whether hits carry their records' embeddings (only MMR compares them; reading and
+    # decoding a 384-number vector per hit is most of what a hit costs otherwise).
+    embeddings: bool = True
 
     def __post_init__(self) -> None:
         if not self.group_ids:

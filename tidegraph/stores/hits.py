@@ -16,8 +16,6 @@ from tidegraph.records.asof import AsOf, start_known_at
 from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
 from tidegraph.records.search import KINDS, Hit, Kind
 
-# Longest episode text embedded for episode search (characters; the embedders cut by tokens).
-EPISODE_EMBED_CHARS = 2000
 # Frontier entities a walk reads at once at first (``walk``).
 _FIRST_CHUNK = 8
 

@@ -18,9 +18,14 @@ import typer
 from rich.table import Table
 
 from tidegraph.app.cli.main import app, console, err, get_settings
+from tidegraph.recall.recipes import recipe_problem, recipes_help
+
+_RECIPES_HELP = "Recipes (--recipe; the first is the default):\n\n" + "\n\n".join(
+    recipes_help().splitlines()
+)
 
 
-@app.command()
+@app.command(epilog=_RECIPES_HELP)
 def search(
     query: str | None = typer.Argument(None, help="What to recall (omit with --queries)."),
     group: list[str] = typer.Option(
@@ -29,7 +34,10 @@ def search(
     valid_at: str | None = typer.Option(None, "--valid-at", help="Valid at T (default: now)."),
     known_at: str | None = typer.Option(None, "--known-at", help="As known at K (default: now)."),
     recipe: str = typer.Option(
-        "combined", "--recipe", help="Search recipe (see docs/retrieval.md)."
+        "combined", "--recipe", help="Search recipe (listed below; docs/retrieval.md)."
+    ),
+    centre: str | None = typer.Option(
+        None, "--centre", help="Entity uuid the distance recipes rank from."
     ),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Results per kind."),
     history: bool = typer.Option(False, "--history", help="Also facts that have ended."),
@@ -50,9 +58,18 @@ def search(
 
     if (query is None) == (queries is None):
         raise typer.BadParameter("give a query or --queries FILE (one of the two)")
+    settings = get_settings()
+    problem = recipe_problem(
+        recipe,
+        centre=centre,
+        cross_encoder=bool(settings.rerank_base_url and settings.rerank_model),
+    )
+    if problem is not None:  # said before anything is opened
+        raise typer.BadParameter(problem, param_hint="--recipe")
     options = {
         "group_ids": group,
         "recipe": recipe,
+        "centre": centre,
         "limit": limit,
         "include_invalid": history,
     }

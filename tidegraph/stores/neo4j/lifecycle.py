@@ -20,6 +20,7 @@ from tidegraph.records.times import utc
 from tidegraph.stores import errors
 from tidegraph.stores.executor import Tx
 from tidegraph.stores.neo4j import lifecycle_queries as lq
+from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.rows import (
     change_of,
     change_row,
@@ -134,10 +135,16 @@ class Lifecycle:
             )
             errors.check_entity_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
             forgotten_at: Any = with_epoch_times({"created_at": rebuild.forgotten_at})
+            thread = {**g, "uuids": rebuild.forgotten, **q.thread_params()}
+            [threads] = await tx.rows(lq.FORGOTTEN_THREADS, thread)
             await tx.rows(
                 lq.TOMBSTONES,
                 {**g, "uuids": rebuild.forgotten, "forgotten_at": forgotten_at["created_at"]},
             )
+            followers = [u for u in threads["followers"] if u not in set(rebuild.forgotten)]
+            await tx.rows(lq.REINDEX_THREADS, {**g, "followers": followers, **q.thread_params()})
+            words = sorted({w for ws in threads["words"] for w in ws or []})
+            await tx.rows(lq.DROP_SPEAKER_WORDS, {**g, "words": words})
             await tx.rows(lq.DELETE_FACTS, {**g, "uuids": rebuild.delete_facts})
             await tx.rows(lq.DELETE_ENTITIES, {**g, "uuids": rebuild.delete_entities})
             await tx.rows(lq.OVERWRITE_ENTITIES, {**g, "rows": entities})

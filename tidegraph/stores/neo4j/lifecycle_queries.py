@@ -4,6 +4,7 @@ scoped by its group."""
 
 from __future__ import annotations
 
+from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j.queries import RECORD_CHANGES_TEMPLATE, at, ats
 
 # ---- the change stream
@@ -110,6 +111,35 @@ SET ep = {uuid: ep.uuid, group_id: ep.group_id, forgotten_at: """
     + """}
 """
 )
+
+# Before forgetting episodes: the messages whose context they are (re-indexed after), and
+# the words of their speakers (kept only while a remaining message has them).
+FORGOTTEN_THREADS = """
+UNWIND $uuids AS uuid
+MATCH (ep:Episodic {uuid: uuid})
+WHERE ep.group_id = $group_id AND ep.source = 'message'
+OPTIONAL MATCH (n:Episodic)
+WHERE n.group_id = ep.group_id AND n.source = 'message'
+  AND n.source_description = ep.source_description AND n.valid_at > ep.valid_at
+  AND n.valid_at <= ep.valid_at + duration({seconds: $context_seconds})
+RETURN collect(DISTINCT n.uuid) AS followers,
+       collect(DISTINCT ep.index_speaker_words) AS words
+"""
+# After: their contexts without the forgotten messages, and the speaker words no remaining
+# message has removed.
+REINDEX_THREADS = """
+UNWIND $followers AS uuid
+MATCH (n:Episodic {uuid: uuid})
+WHERE n.group_id = $group_id AND n.forgotten_at IS NULL""" + q.thread_context("n")
+DROP_SPEAKER_WORDS = """
+UNWIND $words AS word
+MATCH (s:SpeakerWord {group_id: $group_id, word: word})
+WHERE NOT EXISTS {
+  MATCH (ep:Episodic)
+  WHERE ep.group_id = $group_id AND ep.source = 'message' AND word IN ep.index_speaker_words
+}
+DETACH DELETE s
+"""
 
 DELETE_FACTS = """
 UNWIND $uuids AS uuid
@@ -274,11 +304,14 @@ RETURN count(*) AS deleted
 FORGET_GROUP = (
     TOMBSTONE_GROUP_BATCH,
     DELETE_GROUP_FACTS,
-    *(delete_group_nodes(label) for label in ("Community", "Entity", "Change")),
+    *(delete_group_nodes(label) for label in ("Community", "Entity", "Change", "SpeakerWord")),
 )
 PURGE_GROUP = (
     DELETE_GROUP_FACTS,
-    *(delete_group_nodes(label) for label in ("Episodic", "Community", "Entity", "Change")),
+    *(
+        delete_group_nodes(label)
+        for label in ("Episodic", "Community", "Entity", "Change", "SpeakerWord")
+    ),
     delete_group_nodes("ChangeLog"),
     delete_group_nodes("ChangeCursor"),
 )

@@ -12,6 +12,8 @@ an episode ``ep``.
 
 from __future__ import annotations
 
+from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
+
 
 def at(expression: str) -> str:
     """Cypher for a time written as an epoch pair (``rows.with_epoch_times``; null stays
@@ -33,7 +35,7 @@ EPISODE_VECTOR_INDEX = "episodic_content_embedding"
 COMMUNITY_VECTOR_INDEX = "community_name_embedding"
 ENTITY_FULLTEXT_INDEX = "entity_name_summary"
 FACT_FULLTEXT_INDEX = "relates_to_fact"
-EPISODE_FULLTEXT_INDEX = "episodic_content"
+EPISODE_FULLTEXT_INDEX = "episodic_search"
 COMMUNITY_FULLTEXT_INDEX = "community_name_summary"
 VECTOR_INDEXES = (
     ENTITY_VECTOR_INDEX,
@@ -67,6 +69,13 @@ SCHEMA = (
     # range
     "CREATE INDEX episodic_group_id IF NOT EXISTS FOR (n:Episodic) ON (n.group_id)",
     "CREATE INDEX episodic_valid_at IF NOT EXISTS FOR (n:Episodic) ON (n.valid_at)",
+    # a message's thread around it (thread_context)
+    "CREATE INDEX episodic_group_valid_at IF NOT EXISTS "
+    "FOR (n:Episodic) ON (n.group_id, n.valid_at)",
+    # the words of each group's speakers' names (docs/retrieval.md "Conversation-aware episode
+    # search")
+    "CREATE CONSTRAINT speaker_word_group_word IF NOT EXISTS "
+    "FOR (n:SpeakerWord) REQUIRE (n.group_id, n.word) IS UNIQUE",
     # the few episodes stored without extraction (docs/architecture.md "Episodes without an LLM")
     "CREATE INDEX episodic_not_extracted IF NOT EXISTS FOR (n:Episodic) ON (n.not_extracted)",
     "CREATE INDEX entity_group_id IF NOT EXISTS FOR (n:Entity) ON (n.group_id)",
@@ -87,8 +96,9 @@ SCHEMA = (
     "FOR (n:Entity) ON EACH [n.name, n.summary] " + _FULLTEXT_OPTIONS,
     "CREATE FULLTEXT INDEX relates_to_fact IF NOT EXISTS "
     "FOR ()-[r:RELATES_TO]-() ON EACH [r.fact] " + _FULLTEXT_OPTIONS,
-    "CREATE FULLTEXT INDEX episodic_content IF NOT EXISTS "
-    "FOR (n:Episodic) ON EACH [n.content] " + _FULLTEXT_OPTIONS,
+    # an episode's conversation fields (tidegraph/records/conversation.py), not its content
+    "CREATE FULLTEXT INDEX episodic_search IF NOT EXISTS FOR (n:Episodic) ON EACH "
+    "[n.index_body, n.index_speaker, n.index_context, n.index_when] " + _FULLTEXT_OPTIONS,
     "CREATE FULLTEXT INDEX community_name_summary IF NOT EXISTS "
     "FOR (n:Community) ON EACH [n.name, n.summary] " + _FULLTEXT_OPTIONS,
     # vector (HNSW)
@@ -103,7 +113,97 @@ SCHEMA = (
 )
 # Indexes older stores made that nothing reads any more (community_name: name only; search
 # reads community_name_summary). Dropped by setup.
-DROPPED = ("DROP INDEX community_name IF EXISTS",)
+# episodic_content: an episode's content alone, before the conversation fields (migrated at setup:
+# EPISODES_TO_INDEX, THREADS_TO_INDEX).
+DROPPED = ("DROP INDEX community_name IF EXISTS", "DROP INDEX episodic_content IF EXISTS")
+
+
+def thread_params() -> dict[str, int]:
+    """The bounds of a message's context (tidegraph/records/conversation.py), as the
+    statements that set it (``thread_context``) take them."""
+    return {
+        "context_turns": CONTEXT_TURNS,
+        "context_seconds": int(CONTEXT_WITHIN.total_seconds()),
+    }
+
+
+# The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
+EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when")
+
+
+def thread_context(var: str) -> str:
+    """Set ``var``'s ``index_context`` (an Episodic message) from its thread as stored: the
+    bodies of the $context_turns messages before it within $context_seconds, oldest first
+    (tidegraph/records/conversation.py)."""
+    return f"""
+  CALL ({var}) {{
+    OPTIONAL MATCH (p:Episodic)
+    WHERE p.group_id = {var}.group_id AND p.valid_at < {var}.valid_at
+      AND p.valid_at >= {var}.valid_at - duration({{seconds: $context_seconds}})
+      AND p.source = 'message' AND p.source_description = {var}.source_description
+    WITH p ORDER BY p.valid_at DESC, p.uuid DESC LIMIT $context_turns
+    RETURN collect(p.index_body) AS bodies
+  }}
+  SET {var}.index_context =
+    reduce(text = '', body IN reverse(bodies) |
+           CASE WHEN text = '' THEN body ELSE text + ' ' + body END)
+"""
+
+
+# A message written: its own context, and that of the messages after it whose context it is
+# now (so the index is the same whatever order a thread's messages arrive in).
+_THREAD_OF_EP = (
+    """
+  CALL (ep) {
+    WITH ep WHERE ep.source = 'message'"""
+    + thread_context("ep")
+    + """  }
+  CALL (ep) {
+    WITH ep WHERE ep.source = 'message'
+    MATCH (n:Episodic)
+    WHERE n.group_id = ep.group_id AND n.valid_at > ep.valid_at
+      AND n.valid_at <= ep.valid_at + duration({seconds: $context_seconds})
+      AND n.source = 'message' AND n.source_description = ep.source_description
+    WITH n ORDER BY n.valid_at, n.uuid LIMIT $context_turns"""
+    + thread_context("n")
+    + """  }
+"""
+)
+
+# The migration of episodes stored before the conversation fields (``setup``): a batch of
+# those without them, then their fields and speakers' words set, then the messages' contexts.
+EPISODES_TO_INDEX = """
+MATCH (ep:Episodic)
+WHERE ep.index_when IS NULL AND ep.forgotten_at IS NULL
+RETURN ep.uuid AS uuid, ep.group_id AS group_id, ep.source AS source, ep.content AS content,
+       ep.valid_at.epochMillis AS valid_at_ms
+LIMIT $limit
+"""
+SET_EPISODE_INDEX = """
+UNWIND $rows AS row
+MATCH (ep:Episodic {uuid: row.uuid})
+SET ep.index_body = row.index.body, ep.index_speaker = row.index.speaker,
+    ep.index_when = row.index.when, ep.index_speaker_words = row.index.speaker_words
+FOREACH (word IN row.index.speaker_words |
+  MERGE (:SpeakerWord {group_id: ep.group_id, word: word}))
+"""
+THREADS_TO_INDEX = (
+    """
+MATCH (ep:Episodic)
+WHERE ep.source = 'message' AND ep.index_context IS NULL AND ep.index_when IS NOT NULL
+WITH ep LIMIT $limit"""
+    + thread_context("ep")
+    + """
+RETURN count(*) AS indexed
+"""
+)
+
+# Which of $words are words of the group's speakers' names.
+SPEAKER_WORDS = """
+UNWIND $words AS word
+MATCH (s:SpeakerWord {group_id: $group_id, word: word})
+RETURN s.word AS word
+"""
 
 SHOW_VECTOR_INDEXES = """
 SHOW VECTOR INDEXES YIELD name, options
@@ -592,8 +692,16 @@ CALL (w) {
       ep.extraction = w.ep.extraction,
       ep.extracted_at = """
     + at("w.ep.extracted_at")
-    + """
-  WITH ep
+    + """,
+      ep.index_body = w.index.body,
+      ep.index_speaker = w.index.speaker,
+      ep.index_when = w.index.when,
+      ep.index_speaker_words = w.index.speaker_words
+  FOREACH (word IN w.index.speaker_words |
+    MERGE (:SpeakerWord {group_id: w.group_id, word: word}))
+  WITH ep, w"""
+    + _THREAD_OF_EP
+    + """  WITH ep
   CALL (ep, w) {
     UNWIND w.mentions AS mention
     MATCH (e:Entity {uuid: mention})
@@ -683,7 +791,15 @@ WITH n LIMIT $batch
 DETACH DELETE n
 RETURN count(*) AS deleted
 """
-        for label in ("Episodic", "Community", "Entity", "Change", "ChangeLog", "ChangeCursor")
+        for label in (
+            "Episodic",
+            "Community",
+            "Entity",
+            "Change",
+            "ChangeLog",
+            "ChangeCursor",
+            "SpeakerWord",
+        )  # fmt: skip
     ),
 )
 

@@ -23,6 +23,7 @@ from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.stores.base import GraphStore
+from tidegraph.stores.episode_search import episode_query, lucene_episode_query
 from tidegraph.stores.executor import Executor
 from tidegraph.stores.hits import (
     best,
@@ -38,6 +39,7 @@ from tidegraph.stores.hits import (
     latest_first,
 )
 from tidegraph.stores.neo4j import common_queries as cq
+from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.rows import (
     check_embedding,
     entity_record,
@@ -48,6 +50,7 @@ from tidegraph.stores.rows import (
     unique,
     vector_candidates,
 )
+from tidegraph.stores.search_text import search_terms
 
 # How many candidates one group is asked for at most (``_seen``).
 MAX_CANDIDATES = 10_000
@@ -88,14 +91,27 @@ class SearchCore(GraphStore):
             return []
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
+            if kind == "episode":
+                query = await self._episode_query(group_id, text)
 
-            async def found(k: int, group_id: str = group_id) -> list[tuple[str, float]]:
+            async def found(
+                k: int, group_id: str = group_id, query: str = query
+            ) -> list[tuple[str, float]]:
                 params = {"group_id": group_id, "query": query, "limit": k}
                 rows = await self.ex.rows(self.sq.FULLTEXT[kind], params)
                 return [(r["uuid"], float(r["score"])) for r in rows]
 
-            hits += await self._seen(group_id, kind, scope.asof, found, limit)
+            hits += await self._seen(group_id, kind, scope.asof, found, limit, scope.embeddings)
         return best(hits, limit)
+
+    async def _episode_query(self, group_id: str, text: str) -> str:
+        """The Lucene query of ``text`` over the group's episodes' conversation fields
+        (``episode_search``: which of its words name one of the group's speakers is read)."""
+        terms = search_terms(text)
+        rows = await self.ex.rows(q.SPEAKER_WORDS, {"group_id": group_id, "words": terms})
+        query = episode_query(text, [r["word"] for r in rows])
+        assert query is not None  # the text has terms (fulltext_query said so)
+        return lucene_episode_query(query, q.EPISODE_INDEX_FIELDS)
 
     async def vector_search(
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
@@ -108,7 +124,7 @@ class SearchCore(GraphStore):
             async def found(k: int, group_id: str = group_id) -> list[tuple[str, float]]:
                 return await self._nearest(candidates, scan, [group_id], embedding, k, small)
 
-            hits += await self._seen(group_id, kind, scope.asof, found, limit)
+            hits += await self._seen(group_id, kind, scope.asof, found, limit, scope.embeddings)
         return best(hits, limit)
 
     async def expand_facts(
@@ -208,18 +224,24 @@ class SearchCore(GraphStore):
         return facts_of
 
     async def _seen(
-        self, group_id: str, kind: Kind, asof: AsOf, found: Found, limit: int
+        self,
+        group_id: str,
+        kind: Kind,
+        asof: AsOf,
+        found: Found,
+        limit: int,
+        embeddings: bool = True,
     ) -> list[Hit]:
         """The best ``limit`` hits of the candidates ``found(k)`` gives (the best k of the
         group, best first) that the scope sees: k grows with the share seen so far until
         enough are seen or there are no more; each candidate is read once."""
-        k = max(2 * limit, 10)
+        k = max(limit, 10)  # most candidates are seen: ask for more only when they are not
         hits: list[Hit] = []
         judged: set[str] = set()
         while True:
             scored = await found(k)
             fresh = {uuid: score for uuid, score in scored if uuid not in judged}
-            hits += await self._hits(group_id, kind, asof, fresh)
+            hits += await self._hits(group_id, kind, asof, fresh, embeddings)
             judged.update(fresh)
             if len(hits) >= limit or len(scored) < k or k >= MAX_CANDIDATES:
                 return best(hits, limit)
@@ -227,17 +249,23 @@ class SearchCore(GraphStore):
             k = min(MAX_CANDIDATES, max(2 * k, math.ceil(1.5 * k * limit / max(len(hits), 1))))
 
     async def _hits(
-        self, group_id: str, kind: Kind, asof: AsOf, scores: dict[str, float]
+        self,
+        group_id: str,
+        kind: Kind,
+        asof: AsOf,
+        scores: dict[str, float],
+        embeddings: bool = True,
     ) -> list[Hit]:
-        """The hits of the scored uuids of the group that the scope sees."""
+        """The hits of the scored uuids of the group that the scope sees (``embeddings``:
+        with their records' embeddings)."""
         uuids = list(scores)
         if not uuids:
             return []
         if kind == "fact":
-            return await self._scored_fact_hits(group_id, asof, scores)
+            return await self._scored_fact_hits(group_id, asof, scores, embeddings)
         if kind == "entity":
-            return await self._entity_hits(group_id, asof, scores)
-        params = {"group_id": group_id, "uuids": uuids}
+            return await self._entity_hits(group_id, asof, scores, embeddings)
+        params = {"group_id": group_id, "uuids": uuids, "embeddings": embeddings}
         if kind == "episode":
             rows = await self.ex.rows(self.sq.EPISODES_BY_UUIDS, params)
             episodes = (episode_record(r["ep"]) for r in rows)
@@ -249,7 +277,7 @@ class SearchCore(GraphStore):
         ]
 
     async def _scored_fact_hits(
-        self, group_id: str, asof: AsOf, scores: dict[str, float]
+        self, group_id: str, asof: AsOf, scores: dict[str, float], embeddings: bool = True
     ) -> list[Hit]:
         """The hits of the scored fact uuids the scope sees, with their embeddings (MMR)."""
         if self.sq.FACT_HITS is None:
@@ -258,7 +286,7 @@ class SearchCore(GraphStore):
                 group_id, asof, [(f, scores[f.uuid], None) for f in facts if asof.believed(f)]
             )
         # One read: the facts, their ends' names and their episodes' producer ids.
-        params = {"group_id": group_id, "uuids": list(scores)}
+        params = {"group_id": group_id, "uuids": list(scores), "embeddings": embeddings}
         hits = []
         for row in await self.ex.rows(self.sq.FACT_HITS, params):
             fact = fact_of(row)
@@ -285,10 +313,17 @@ class SearchCore(GraphStore):
             (names if row["kind"] == "entity" else producers)[row["uuid"]] = row["text"] or ""
         return [fact_hit(f, s, asof, names, producers, d) for f, s, d in facts]
 
-    async def _entity_hits(self, group_id: str, asof: AsOf, scores: dict[str, float]) -> list[Hit]:
+    async def _entity_hits(
+        self, group_id: str, asof: AsOf, scores: dict[str, float], embeddings: bool = True
+    ) -> list[Hit]:
         """The hits of the scored entity uuids the scope sees, with the producer ids of the
         episodes that mention each (one read where the dialect has ``ENTITY_HITS``)."""
-        params = {"group_id": group_id, "uuids": list(scores), "known_at": asof.known_at}
+        params = {
+            "group_id": group_id,
+            "uuids": list(scores),
+            "known_at": asof.known_at,
+            "embeddings": embeddings,
+        }
         if self.sq.ENTITY_HITS is not None:
             rows = await self.ex.rows(self.sq.ENTITY_HITS, params)
             found = [(entity_record(r["e"], r["community_uuid"]), r["producers"]) for r in rows]

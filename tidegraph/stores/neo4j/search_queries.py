@@ -117,7 +117,7 @@ EPISODES_BY_UUIDS = (
 UNWIND $uuids AS uuid
 MATCH (ep:Episodic {uuid: uuid})
 WHERE ep.group_id = $group_id
-RETURN ep {.*, """
+RETURN ep {.*, content_embedding: CASE WHEN $embeddings THEN ep.content_embedding END, """
     + q.times_as_micros("ep", ("valid_at", "created_at"))
     + """} AS ep
 """
@@ -143,7 +143,7 @@ FACT_HITS = (
 UNWIND $uuids AS uuid
 MATCH (s:Entity)-[r:RELATES_TO {uuid: uuid}]->(t:Entity)
 WHERE r.group_id = $group_id
-RETURN r {.*, """
+RETURN r {.*, fact_embedding: CASE WHEN $embeddings THEN r.fact_embedding END, """
     + q.FACT_TIMES
     + """} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid,
        s.name AS source_name, t.name AS target_name,
@@ -160,7 +160,8 @@ ENTITY_HITS = f"""
 UNWIND $uuids AS uuid
 MATCH (e:Entity {{uuid: uuid}})
 WHERE e.group_id = $group_id
-RETURN e {{.*, {q.times_as_micros("e", ("created_at",))}}} AS e,
+RETURN e {{.*, name_embedding: CASE WHEN $embeddings THEN e.name_embedding END,
+          {q.times_as_micros("e", ("created_at",))}}} AS e,
        {q.COMMUNITY_OF_E} AS community_uuid,
        COLLECT {{
          MATCH (ep:Episodic)-[:MENTIONS]->(e)

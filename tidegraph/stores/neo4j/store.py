@@ -6,8 +6,9 @@ UNWIND statement, the one-round-trip resolution lookup, and the group commit of 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from neo4j import AsyncGraphDatabase, basic_auth
@@ -15,6 +16,7 @@ from neo4j import AsyncGraphDatabase, basic_auth
 from tidegraph.connections import neo4j_driver_options
 from tidegraph.metrics import STORE_BATCH_SIZE
 from tidegraph.records.asof import AsOf
+from tidegraph.records.conversation import search_fields
 from tidegraph.records.graph import (
     EntityLookup,
     EntityRecord,
@@ -26,6 +28,7 @@ from tidegraph.records.times import utc
 from tidegraph.settings import Settings
 from tidegraph.stores import errors
 from tidegraph.stores.base import BatchRead, BatchWriteError, LookupRequest
+from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.executor import Row, Tx, observe_write
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as neo4j_search_queries
@@ -55,6 +58,8 @@ from tidegraph.stores.rows import (
     with_epoch_times,
 )
 
+log = logging.getLogger(__name__)
+
 # Episode writes that arrive while a transaction runs share the next one (GroupCommit), up
 # to this many calls (an episode or a micro-batch each).
 MAX_WRITES_PER_TRANSACTION = 32
@@ -83,12 +88,25 @@ class _EpisodeJob:
         return 1 + sum(len(self.params[k]) for k in ("entities", "mentions", "facts", "closures"))
 
 
+def _index_params(episode: EpisodeRecord) -> dict[str, Any]:
+    """An episode's indexed fields but its context (set by the write's statement from the
+    thread as stored: ``queries.thread_context``), and its speaker's name words."""
+    fields = search_fields(episode.source, episode.content, episode.valid_at)
+    return {
+        "body": fields.body,
+        "speaker": fields.speaker,
+        "when": fields.when,
+        "speaker_words": speaker_words(fields.speaker),
+    }
+
+
 def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -> dict[str, Any]:
     """The parameters of one episode write (a row of ``WRITE_EPISODES``)."""
     return {
         "group_id": group_id,
         "entities": [with_epoch_times(entity_row(group_id, e, dim, now)) for e in write.entities],
         "ep": with_epoch_times(episode_row(group_id, write.episode, dim, now, write.created)),
+        "index": _index_params(write.episode),
         "mentions": unique(write.mentions),
         "facts": [with_epoch_times(fact_row(group_id, f, dim, now)) for f in write.facts],
         "closures": [with_epoch_times(closure_row(c)) for c in write.closures],
@@ -198,8 +216,44 @@ class Neo4jStore(Lifecycle, StoreCore):
             await self.neo4j.execute(statement, {}, schema=True)
         # A concurrent setup with another dimension may have won the race.
         self._check_dims(await self._vector_dims(), embedding_dim)
+        await self._index_stored_episodes()
         await self.neo4j.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
+
+    async def _index_stored_episodes(self, batch: int = 2000) -> None:
+        """The migration of episodes stored before their conversation fields (docs/retrieval.md
+        "Conversation-aware episode search"): their fields and speakers' words, then the
+        messages' contexts, a batch at a time; nothing to do (one read) once migrated."""
+        indexed = 0
+        while rows := await self.ex.rows(q.EPISODES_TO_INDEX, {"limit": batch}):
+            params = [
+                {
+                    "uuid": r["uuid"],
+                    "index": _index_params(
+                        EpisodeRecord(
+                            uuid=r["uuid"],
+                            group_id=r["group_id"],
+                            name="",
+                            source=r["source"] or "",
+                            source_description="",
+                            content=r["content"] or "",
+                            valid_at=datetime.fromtimestamp(r["valid_at_ms"] / 1000, UTC),
+                        )
+                    ),
+                }
+                for r in rows
+            ]
+            await self.neo4j.execute(q.SET_EPISODE_INDEX, {"rows": params})
+            indexed += len(rows)
+
+        async def contexts(tx: Tx) -> int:
+            [row] = await tx.rows(q.THREADS_TO_INDEX, {"limit": batch, **q.thread_params()})
+            return int(row["indexed"])
+
+        while await self.neo4j.transaction(contexts):
+            pass
+        if indexed:
+            log.info("indexed %d stored episodes for conversation search", indexed)
 
     @staticmethod
     def _check_dims(dims: dict[str, int], wanted: int) -> None:
@@ -455,7 +509,7 @@ class Neo4jStore(Lifecycle, StoreCore):
             written = [checks.admit(job.group_id, job.write) for job in jobs]
             rows = [job.params for job, fresh in zip(jobs, written, strict=True) if fresh]
             if rows:
-                await tx.rows(q.WRITE_EPISODES, {"writes": rows})
+                await tx.rows(q.WRITE_EPISODES, {"writes": rows, **q.thread_params()})
             return written
 
         STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(jobs))

@@ -12,7 +12,9 @@ The schema (``SCHEMA``): one table per node kind with its uuid unique and its gr
 ``entity_name`` (each entity's normalised name and aliases, for resolution's lookups),
 ``mention`` and ``member`` for the MENTIONS and HAS_MEMBER edges, and an FTS5 table per kind
 (Porter-stemmed words, BM25; the row's group is a column of it, so a search matches one
-tenant's rows) whose rowid is the record's ``id``.
+tenant's rows) whose rowid is the record's ``id``: an episode's has its conversation fields
+(``episode_search``: body, speaker, context, said_on), with ``speaker_word`` the words of each
+group's speakers.
 """
 
 from __future__ import annotations
@@ -35,15 +37,26 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 DB_FILE = "graph.sqlite"
-SCHEMA_VERSION = "1"
+# 2: episodes are searched by their conversation fields (``episode_search``, docs/retrieval.md
+# "Conversation-aware episode search"); a store of version 1 is migrated at setup.
+SCHEMA_VERSION = "2"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # The fulltext tables: kind -> (table, the record table its rowid is an id of).
 FULLTEXT = {
     "fact": ("fact_text", "fact"),
     "entity": ("entity_text", "entity"),
-    "episode": ("episode_text", "episode"),
+    "episode": ("episode_search", "episode"),
     "community": ("community_text", "community"),
+}
+# Each fulltext table's BM25 column weights (its group column weighs 0). An episode's words
+# weigh 1, the speaker's name, the turns it answers and its date in words less: they say
+# what the turn is about, not what it says (tidegraph/records/conversation.py).
+BM25_WEIGHTS = {
+    "fact_text": "0.0, 1.0",
+    "entity_text": "0.0, 1.0",
+    "episode_search": "0.0, 1.0, 0.3, 0.3, 0.5",
+    "community_text": "0.0, 1.0",
 }
 
 SCHEMA = (
@@ -154,8 +167,20 @@ SCHEMA = (
         f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5("
         "group_id, text, tokenize = 'porter unicode61')"
         for table, _ in FULLTEXT.values()
+        if table != "episode_search"
     ),
+    # An episode's conversation fields (tidegraph/records/conversation.py).
+    "CREATE VIRTUAL TABLE IF NOT EXISTS episode_search USING fts5("
+    "group_id, body, speaker, context, said_on, tokenize = 'porter unicode61')",
+    # The words of each group's speakers' names: a query word that is one is searched in the
+    # speaker column only.
+    """CREATE TABLE IF NOT EXISTS speaker_word (
+        group_id TEXT NOT NULL,
+        word TEXT NOT NULL,
+        PRIMARY KEY (group_id, word)) WITHOUT ROWID""",
 )
+# Tables of earlier schema versions, dropped once migrated (``SqliteStore._setup``).
+DROPPED = ("DROP TABLE IF EXISTS episode_text",)
 
 
 # Columns added to tables of older files (``ADDED_COLUMNS``: table -> column definitions),

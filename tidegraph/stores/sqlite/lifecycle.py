@@ -10,8 +10,10 @@ from datetime import datetime
 from typing import Any
 
 from tidegraph.records.changes import group_forgotten
+from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN, split_speaker
 from tidegraph.records.graph import EpisodeEntry, EpisodeState, GroupHistory, Rebuild
 from tidegraph.stores import errors
+from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.rows import change_row, to_utc, unique
 from tidegraph.stores.sqlite.db import FULLTEXT, json_list, json_text, micros, vector_blob
 from tidegraph.stores.sqlite.rows import (
@@ -25,6 +27,7 @@ from tidegraph.stores.sqlite.rows import (
 )
 from tidegraph.stores.sqlite.writes import (
     entity_text,
+    index_episode,
     index_text,
     merge_fact,
     record_changes,
@@ -88,9 +91,15 @@ def apply_rebuild(
         raise errors.RebuildConflict(group_id)
     errors.check_entity_owners(group_id, stored_owners(conn, [r["uuid"] for r in entities]))
     forgotten = json_text(rebuild.forgotten)
+    # The messages whose context a forgotten one was (re-indexed once it is gone).
+    said = conn.execute(
+        f"SELECT source, source_description, valid_at FROM episode WHERE group_id = ? "
+        f"AND source = 'message' AND forgotten_at IS NULL AND uuid {IN_LIST}",
+        (group_id, forgotten),
+    ).fetchall()
     # The forgotten episodes: their index entries, mentions and content go; a tombstone stays.
     conn.execute(
-        f"DELETE FROM episode_text WHERE rowid IN (SELECT id FROM episode WHERE group_id = ? "
+        f"DELETE FROM episode_search WHERE rowid IN (SELECT id FROM episode WHERE group_id = ? "
         f"AND uuid {IN_LIST})",
         (group_id, forgotten),
     )
@@ -104,6 +113,7 @@ def apply_rebuild(
         f"WHERE group_id = ? AND uuid {IN_LIST}",
         (micros(rebuild.forgotten_at), group_id, forgotten),
     )
+    _forget_in_threads(conn, group_id, said)
     gone_facts = json_text(rebuild.delete_facts)
     conn.execute(
         f"DELETE FROM fact_text WHERE rowid IN (SELECT id FROM fact WHERE group_id = ? "
@@ -203,6 +213,42 @@ def _overwrite_fact(
 
 
 # ----------------------------------------------------------------------------- a whole group
+def _forget_in_threads(
+    conn: sqlite3.Connection, group_id: str, said: list[tuple[str, str, int]]
+) -> None:
+    """After messages were forgotten: the messages whose context they were are indexed again
+    (without them), and the group's speaker words are those of the messages that remain
+    (docs/retrieval.md "Conversation-aware episode search")."""
+    for source, thread, valid_at in said:
+        at = to_utc(valid_at)
+        assert at is not None  # valid_at is NOT NULL
+        after = conn.execute(
+            "SELECT id, content, valid_at FROM episode WHERE group_id = ? AND source = ? "
+            "AND source_description = ? AND valid_at > ? AND valid_at <= ? "
+            "AND forgotten_at IS NULL ORDER BY valid_at, uuid LIMIT ?",
+            (group_id, source, thread, valid_at, micros(at + CONTEXT_WITHIN), CONTEXT_TURNS),
+        ).fetchall()
+        for row_id, content, later_at in after:
+            later = to_utc(later_at)
+            assert later is not None
+            index_episode(conn, group_id, row_id, source, thread, content, later)
+    if said:
+        conn.execute("DELETE FROM speaker_word WHERE group_id = ?", (group_id,))
+        words = {
+            word
+            for (content,) in conn.execute(
+                "SELECT content FROM episode WHERE group_id = ? AND source = 'message' "
+                "AND forgotten_at IS NULL",
+                (group_id,),
+            )
+            for word in speaker_words(split_speaker("message", content)[0])
+        }
+        conn.executemany(
+            "INSERT OR IGNORE INTO speaker_word (group_id, word) VALUES (?, ?)",
+            [(group_id, w) for w in sorted(words)],
+        )
+
+
 def forget_group(conn: sqlite3.Connection, group_id: str, at: datetime, purge: bool) -> int:
     """``GraphStore.forget_group`` inside the caller's transaction."""
     [forgotten] = conn.execute(
@@ -213,7 +259,16 @@ def forget_group(conn: sqlite3.Connection, group_id: str, at: datetime, purge: b
             f"DELETE FROM {table} WHERE rowid IN (SELECT id FROM {kind} WHERE group_id = ?)",
             (group_id,),
         )
-    for table in ("fact", "mention", "member", "entity_name", "entity", "community", "change"):
+    for table in (
+        "fact",
+        "mention",
+        "member",
+        "entity_name",
+        "entity",
+        "community",
+        "change",
+        "speaker_word",
+    ):
         conn.execute(f"DELETE FROM {table} WHERE group_id = ?", (group_id,))
     if purge:
         conn.execute("DELETE FROM episode WHERE group_id = ?", (group_id,))

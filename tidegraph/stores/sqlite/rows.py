@@ -21,6 +21,7 @@ COMMUNITY_OF = (
 )
 ENTITY = "e.uuid, e.group_id, e.name, e.labels, e.summary, e.key, e.aliases, e.created_at"
 ENTITY_FULL = f"{ENTITY}, e.name_embedding, {COMMUNITY_OF}"
+ENTITY_HIT = f"{ENTITY}, NULL AS name_embedding, {COMMUNITY_OF}"  # ENTITY_FULL without it
 FACT = (
     "f.uuid, f.group_id, f.source_uuid, f.target_uuid, f.name, f.fact, f.episodes, f.valid_at, "
     "f.invalid_at, f.created_at, f.expired_at, f.cardinality, f.prior_ends, "
@@ -107,6 +108,6 @@ def names_of(conn: sqlite3.Connection, uuids: Iterable[str]) -> dict[str, str]:
 
 def producers_of(conn: sqlite3.Connection, group_id: str, uuids: Iterable[str]) -> dict[str, str]:
     """Producer ids of the group's episodes among ``uuids``."""
-    query = f"SELECT uuid, producer_id FROM episode WHERE group_id = ? AND uuid {IN_LIST}"
+    query = f"SELECT uuid, producer_id FROM episode WHERE +group_id = ? AND uuid {IN_LIST}"
     rows = conn.execute(query, (group_id, json_text(unique(uuids))))
     return {uuid: producer or "" for uuid, producer in rows}

@@ -18,29 +18,35 @@ import abc
 import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.stores import hits as rules
 from tidegraph.stores.base import GraphStore
+from tidegraph.stores.episode_search import episode_query
 from tidegraph.stores.rows import check_embedding, rank, to_utc, unique
 from tidegraph.stores.search_text import search_terms
 from tidegraph.stores.sqlite.db import (
+    BM25_WEIGHTS,
     FULLTEXT,
     SqliteDatabase,
     fulltext_phrase,
+    ids,
     json_text,
     micros,
     vector_of,
 )
 from tidegraph.stores.sqlite.rows import (
     ENTITY_FULL,
+    ENTITY_HIT,
     EPISODE,
+    FACT,
     FACT_FULL,
     IN_LIST,
     believed_facts,
@@ -74,13 +80,38 @@ def fulltext_query(group_id: str, text: str) -> str | None:
     return f"group_id : {fulltext_phrase(group_id)} AND text : ({words})"
 
 
+def episode_fulltext_query(conn: sqlite3.Connection, group_id: str, text: str) -> str | None:
+    """The FTS5 query of ``text`` over the group's episodes' conversation fields
+    (``episode_search``: the words in body, context or date, the names on the speaker)."""
+    terms = search_terms(text)
+    if not terms:
+        return None
+    names = ids(
+        conn,
+        f"SELECT word FROM speaker_word WHERE group_id = ? AND word {IN_LIST}",
+        group_id,
+        json_text(terms),
+    )
+    query = episode_query(text, names)
+    if query is None:
+        return None
+    words = " OR ".join(fulltext_phrase(t) for t in query.words)
+    match = f"{{body context said_on}} : ({words})"
+    if query.names:  # the words again, so that a turn matching by its speaker alone is none
+        said_by = " OR ".join(fulltext_phrase(t) for t in query.names)
+        match = f"({match}) OR (({match}) AND speaker : ({said_by}))"
+    if not any(ch.isalnum() for ch in group_id):  # no token to match: the join filters
+        return match
+    return f"group_id : {fulltext_phrase(group_id)} AND ({match})"
+
+
 def fulltext_scored(
     conn: sqlite3.Connection, group_id: str, kind: Kind, query: str, limit: int
 ) -> Scored:
     """The group's best ``limit`` records of ``kind`` for an FTS5 ``query`` (BM25)."""
     table, records = FULLTEXT[kind]
     rows = conn.execute(
-        f"SELECT x.uuid, -bm25({table}, 0.0, 1.0) AS score FROM {table} t "
+        f"SELECT x.uuid, -bm25({table}, {BM25_WEIGHTS[table]}) AS score FROM {table} t "
         f"JOIN {records} x ON x.id = t.rowid "
         f"WHERE {table} MATCH ? AND x.group_id = ? ORDER BY score DESC, x.uuid LIMIT ?",
         (query, group_id, limit),
@@ -110,14 +141,17 @@ class GroupVectors:
             return found[1], found[2]
         table, column = _EMBEDDINGS[kind]
         rows = conn.execute(
-            f"SELECT uuid, {column} FROM {table} WHERE group_id = ? AND {column} IS NOT NULL",
+            f"SELECT uuid, {column} FROM {table} WHERE group_id = ? AND {column} IS NOT NULL "
+            "ORDER BY uuid",
             (group_id,),
         ).fetchall()
         uuids = [r[0] for r in rows]
         matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float64)
         matrix = matrix.reshape(len(rows), -1) if rows else matrix.reshape(0, 0)
         norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        matrix = matrix / np.where(norms == 0, 1.0, norms)
+        # Compared in float32: a search reads the whole matrix, and half the bytes is half
+        # the time (scores agree with float64 to about 1e-7).
+        matrix = (matrix / np.where(norms == 0, 1.0, norms)).astype(np.float32)
         self._kept[(group_id, kind)] = (version, uuids, matrix)
         self._kept.move_to_end((group_id, kind))
         while len(self._kept) > self.entries:
@@ -125,22 +159,46 @@ class GroupVectors:
         return uuids, matrix
 
 
-def vector_scored(
-    conn: sqlite3.Connection,
-    vectors: GroupVectors,
-    group_id: str,
-    kind: Kind,
-    vector: Sequence[float],
-) -> Scored:
+@cache
+def _blas() -> ThreadpoolController:
+    """The BLAS libraries numpy loaded. A search's comparison is one matrix-vector product:
+    BLAS threads make it slower, not faster (they spin waiting for work on a machine whose
+    cores serve other searches: measured at 10,000 vectors, 2.4 ms and 2.5x the CPU with
+    OpenBLAS's threads, 0.5 ms with one), so it runs on one."""
+    return ThreadpoolController()
+
+
+class VectorScores:
     """Every record of ``kind`` of the group with an embedding, scored ``(1 + cos) / 2``
-    against ``vector``, best first (ties by uuid)."""
-    uuids, matrix = vectors.of(conn, group_id, kind)
-    if not uuids:
-        return []
-    query = np.asarray(vector, dtype=np.float64)
-    cos = (matrix @ query) / (np.linalg.norm(query) or 1.0)
-    scores = np.clip((1.0 + cos) / 2.0, 0.0, 1.0)
-    return sorted(zip(uuids, map(float, scores), strict=True), key=lambda h: (-h[1], h[0]))
+    against ``vector``; ``best(k)`` the best k, best first (ties by uuid). Only the best are
+    ever sorted (a group of 10,000 embeddings is scored in one matrix product)."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        vectors: GroupVectors,
+        group_id: str,
+        kind: Kind,
+        vector: Sequence[float],
+    ) -> None:
+        self.uuids, matrix = vectors.of(conn, group_id, kind)  # the uuids in order
+        self.scores = np.zeros(0)
+        if self.uuids:
+            query = np.asarray(vector, dtype=np.float64)
+            unit = (query / (np.linalg.norm(query) or 1.0)).astype(np.float32)
+            with _blas().limit(limits=1, user_api="blas"):
+                cos = (matrix @ unit).astype(np.float64)
+            self.scores = np.clip((1.0 + cos) / 2.0, 0.0, 1.0)
+
+    def best(self, k: int) -> Scored:
+        k = min(k, len(self.uuids))
+        if k <= 0:
+            return []
+        # Every score at least the k-th best (so ties at the cut are ordered by uuid too).
+        kth = -np.partition(-self.scores, k - 1)[k - 1]
+        candidates = np.flatnonzero(self.scores >= kth)
+        order = sorted(candidates.tolist(), key=lambda i: (-self.scores[i], i))[:k]
+        return [(self.uuids[i], float(self.scores[i])) for i in order]
 
 
 # ----------------------------------------------------------------------------- hits
@@ -159,9 +217,14 @@ def fact_hits(
 
 
 def entity_hits(
-    conn: sqlite3.Connection, group_id: str, asof: AsOf, scores: dict[str, float]
+    conn: sqlite3.Connection,
+    group_id: str,
+    asof: AsOf,
+    scores: dict[str, float],
+    embeddings: bool = True,
 ) -> list[Hit]:
-    query = f"SELECT {ENTITY_FULL} FROM entity e WHERE e.group_id = ? AND e.uuid {IN_LIST}"
+    columns = ENTITY_FULL if embeddings else ENTITY_HIT
+    query = f"SELECT {columns} FROM entity e WHERE +e.group_id = ? AND e.uuid {IN_LIST}"
     rows = conn.execute(query, (group_id, json_text(scores)))
     entities = [e for e in map(entity_of, rows) if rules.known_by(e.created_at, asof)]
     mentioned: dict[str, list[tuple[object, str]]] = {}
@@ -169,7 +232,7 @@ def entity_hits(
         found = conn.execute(
             "SELECT m.entity_uuid, ep.valid_at, ep.producer_id FROM mention m "
             "JOIN episode ep ON ep.uuid = m.episode_uuid "
-            f"WHERE m.group_id = ? AND ep.group_id = ? AND ep.created_at <= ? "
+            f"WHERE +m.group_id = ? AND +ep.group_id = ? AND ep.created_at <= ? "
             f"AND m.entity_uuid {IN_LIST}",
             (group_id, group_id, micros(asof.known_at), json_text(e.uuid for e in entities)),
         )
@@ -187,13 +250,13 @@ def communities_by_uuids(
     param = (group_id, json_text(uuids))
     heads = conn.execute(
         "SELECT uuid, name, summary, name_embedding, created_at FROM community "
-        f"WHERE group_id = ? AND uuid {IN_LIST}",
+        f"WHERE +group_id = ? AND uuid {IN_LIST}",
         param,
     ).fetchall()
     members: dict[str, list[str]] = {}
     query = (
         "SELECT community_uuid, entity_uuid FROM member "
-        f"WHERE group_id = ? AND community_uuid {IN_LIST}"
+        f"WHERE +group_id = ? AND community_uuid {IN_LIST}"
     )
     for community, entity in conn.execute(query, param):
         members.setdefault(community, []).append(entity)
@@ -211,22 +274,30 @@ def communities_by_uuids(
 
 
 def hits_of(
-    conn: sqlite3.Connection, group_id: str, kind: Kind, asof: AsOf, scores: dict[str, float]
+    conn: sqlite3.Connection,
+    group_id: str,
+    kind: Kind,
+    asof: AsOf,
+    scores: dict[str, float],
+    embeddings: bool = True,
 ) -> list[Hit]:
-    """The hits of the scored uuids of the group that the scope sees."""
+    """The hits of the scored uuids of the group that the scope sees (``embeddings``: with
+    their records' embeddings)."""
     if not scores:
         return []
     param = (group_id, json_text(scores))
     if kind == "fact":
-        query = f"SELECT {FACT_FULL} FROM fact f WHERE f.group_id = ? AND f.uuid {IN_LIST}"
+        columns = FACT_FULL if embeddings else FACT
+        query = f"SELECT {columns} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
         facts = [f for f in map(fact_of, conn.execute(query, param)) if asof.believed(f)]
         return fact_hits(conn, group_id, asof, [(f, scores[f.uuid], None) for f in facts])
     if kind == "entity":
-        return entity_hits(conn, group_id, asof, scores)
+        return entity_hits(conn, group_id, asof, scores, embeddings)
     if kind == "episode":
+        embedding = "ep.content_embedding" if embeddings else "NULL AS content_embedding"
         query = (
-            f"SELECT {EPISODE}, ep.content_embedding FROM episode ep "
-            f"WHERE ep.group_id = ? AND ep.uuid {IN_LIST}"
+            f"SELECT {EPISODE}, {embedding} FROM episode ep "
+            f"WHERE +ep.group_id = ? AND ep.uuid {IN_LIST}"
         )
         episodes = map(episode_of, conn.execute(query, param))
         return [
@@ -246,16 +317,17 @@ def seen(
     asof: AsOf,
     scored: Callable[[int], Scored],
     limit: int,
+    embeddings: bool = True,
 ) -> list[Hit]:
     """The best ``limit`` hits the scope sees among the candidates ``scored(k)`` gives (the
     group's best k, best first): k doubles until enough are seen or there are no more."""
-    k = max(2 * limit, 10)
+    k = max(limit, 10)  # most candidates are seen: ask for more only when they are not
     hits: list[Hit] = []
     judged = 0
     while True:
         candidates = scored(k)
         fresh = dict(candidates[judged:])
-        hits += hits_of(conn, group_id, kind, asof, fresh)
+        hits += hits_of(conn, group_id, kind, asof, fresh, embeddings)
         judged = len(candidates)
         if len(hits) >= limit or len(candidates) < k:
             return rules.best(hits, limit)
@@ -312,8 +384,8 @@ class SqliteSearch(GraphStore):
             return []
 
         def read(conn: sqlite3.Connection) -> list[tuple[FactRecord, float]]:
-            best = dict(vector_scored(conn, self.vectors, group_id, "fact", vector)[:limit])
-            query = f"SELECT {FACT_FULL} FROM fact f WHERE f.group_id = ? AND f.uuid {IN_LIST}"
+            best = dict(VectorScores(conn, self.vectors, group_id, "fact", vector).best(limit))
+            query = f"SELECT {FACT_FULL} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
             facts = map(fact_of, conn.execute(query, (group_id, json_text(best))))
             return rank(((f, best[f.uuid]) for f in facts), limit)
 
@@ -329,10 +401,13 @@ class SqliteSearch(GraphStore):
         def read(conn: sqlite3.Connection) -> list[Hit]:
             hits: list[Hit] = []
             for group_id in unique(scope.group_ids):
-                query = fulltext_query(group_id, text)
+                if kind == "episode":
+                    query = episode_fulltext_query(conn, group_id, text)
+                else:
+                    query = fulltext_query(group_id, text)
                 assert query is not None  # the text has terms
                 scored = partial(fulltext_scored, conn, group_id, kind, query)
-                hits += seen(conn, group_id, kind, scope.asof, scored, limit)
+                hits += seen(conn, group_id, kind, scope.asof, scored, limit, scope.embeddings)
             return rules.best(hits, limit)
 
         return await self.db.run(read)
@@ -348,8 +423,8 @@ class SqliteSearch(GraphStore):
         def read(conn: sqlite3.Connection) -> list[Hit]:
             hits: list[Hit] = []
             for group_id in unique(scope.group_ids):
-                every = vector_scored(conn, self.vectors, group_id, kind, vector)
-                hits += seen(conn, group_id, kind, scope.asof, partial(_first, every), limit)
+                every = VectorScores(conn, self.vectors, group_id, kind, vector)
+                hits += seen(conn, group_id, kind, scope.asof, every.best, limit, scope.embeddings)
             return rules.best(hits, limit)
 
         return await self.db.run(read)
@@ -385,7 +460,7 @@ class SqliteSearch(GraphStore):
                 mentioned: dict[str, list[str]] = {}
                 query = (
                     "SELECT episode_uuid, entity_uuid FROM mention "
-                    f"WHERE group_id = ? AND episode_uuid {IN_LIST}"
+                    f"WHERE +group_id = ? AND episode_uuid {IN_LIST}"
                 )
                 for episode, entity in conn.execute(query, (group_id, json_text(latest))):
                     mentioned.setdefault(episode, []).append(entity)
@@ -413,10 +488,6 @@ class SqliteSearch(GraphStore):
 EntityHits = list[tuple[EntityRecord, float]]
 
 
-def _first(scored: Scored, k: int) -> Scored:
-    return scored[:k]
-
-
 def _entity_text_hits(conn: sqlite3.Connection, group_id: str, text: str, limit: int) -> EntityHits:
     query = fulltext_query(group_id, text)
     if query is None or limit <= 0:
@@ -433,8 +504,8 @@ def _entity_vector_hits(
 ) -> EntityHits:
     if vector is None or limit <= 0:
         return []
-    scored = vector_scored(conn, vectors, group_id, "entity", vector)
-    return _entities_scored(conn, group_id, scored[:limit])
+    scored = VectorScores(conn, vectors, group_id, "entity", vector).best(limit)
+    return _entities_scored(conn, group_id, scored)
 
 
 def _entities_scored(conn: sqlite3.Connection, group_id: str, scored: Scored) -> EntityHits:
@@ -442,6 +513,6 @@ def _entities_scored(conn: sqlite3.Connection, group_id: str, scored: Scored) ->
     best = dict(scored)
     if not best:
         return []
-    query = f"SELECT {ENTITY_FULL} FROM entity e WHERE e.group_id = ? AND e.uuid {IN_LIST}"
+    query = f"SELECT {ENTITY_FULL} FROM entity e WHERE +e.group_id = ? AND e.uuid {IN_LIST}"
     entities = map(entity_of, conn.execute(query, (group_id, json_text(best))))
     return rank(((e, best[e.uuid]) for e in entities), len(best))

@@ -58,6 +58,7 @@ from tidegraph.stores.rows import (
 from tidegraph.stores.sqlite.db import (
     ADDED_COLUMNS,
     DB_FILE,
+    DROPPED,
     SCHEMA,
     SCHEMA_VERSION,
     SqliteDatabase,
@@ -92,6 +93,7 @@ from tidegraph.stores.sqlite.rows import (
 from tidegraph.stores.sqlite.search import GroupVectors, SqliteSearch
 from tidegraph.stores.sqlite.writes import (
     index_text,
+    reindex_episodes,
     stored_owners,
     upsert_entities,
     write_episodes,
@@ -149,7 +151,7 @@ def _markers(
     wanted = dict(episodes)
     query = (
         "SELECT uuid, content_hash, created_entities FROM episode "
-        f"WHERE group_id = ? AND not_extracted IS NULL AND uuid {IN_LIST}"
+        f"WHERE +group_id = ? AND not_extracted IS NULL AND uuid {IN_LIST}"
     )
     found: dict[str, list[str]] = {}
     for uuid, stored_hash, created in conn.execute(query, (group_id, json_text(wanted))):
@@ -239,6 +241,11 @@ class SqliteStore(SqliteSearch):
                     if column.split()[0] not in have:
                         conn.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
             meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
+            if meta.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+                indexed = reindex_episodes(conn)
+                log.info("migrated %s: %d episodes indexed for search", self.db.path, indexed)
+            for statement in DROPPED:
+                conn.execute(statement)
             if "embedding_dim" in meta:
                 errors.check_dimensions(
                     {"embeddings": int(meta["embedding_dim"])},
@@ -295,7 +302,7 @@ class SqliteStore(SqliteSearch):
             query = (
                 "SELECT uuid, CASE WHEN forgotten_at IS NOT NULL THEN 'forgotten' "
                 "WHEN not_extracted IS NOT NULL THEN 'not_extracted' ELSE 'processed' END "
-                f"FROM episode WHERE group_id = ? AND uuid {IN_LIST}"
+                f"FROM episode WHERE +group_id = ? AND uuid {IN_LIST}"
             )
             found = dict(conn.execute(query, (group_id, json_text(episode_uuids))).fetchall())
             return {uuid: found.get(uuid, "missing") for uuid in episode_uuids}
@@ -433,7 +440,7 @@ class SqliteStore(SqliteSearch):
                 for table, kind in (
                     ("fact_text", "fact"),
                     ("entity_text", "entity"),
-                    ("episode_text", "episode"),
+                    ("episode_search", "episode"),
                     ("community_text", "community"),
                 ):
                     conn.execute(
@@ -443,6 +450,7 @@ class SqliteStore(SqliteSearch):
                     )
                 for table in (
                     "fact",
+                    "speaker_word",
                     "mention",
                     "member",
                     "entity_name",
@@ -611,7 +619,7 @@ class SqliteStore(SqliteSearch):
         def read(conn: sqlite3.Connection) -> dict[str, str | None]:
             query = (
                 f"SELECT e.uuid, {COMMUNITY_OF} FROM entity e "
-                f"WHERE e.group_id = ? AND e.uuid {IN_LIST}"
+                f"WHERE +e.group_id = ? AND e.uuid {IN_LIST}"
             )
             return dict(conn.execute(query, (group_id, json_text(entity_uuids))).fetchall())
 
@@ -701,7 +709,7 @@ def _delete_communities(conn: sqlite3.Connection, group_id: str, uuids: list[str
     param = (group_id, json_text(uuids))
     conn.execute(
         f"DELETE FROM community_text WHERE rowid IN "
-        f"(SELECT id FROM community WHERE group_id = ? AND uuid {IN_LIST})",
+        f"(SELECT id FROM community WHERE +group_id = ? AND uuid {IN_LIST})",
         param,
     )
     conn.execute(f"DELETE FROM member WHERE group_id = ? AND community_uuid {IN_LIST}", param)

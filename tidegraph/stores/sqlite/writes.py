@@ -10,9 +10,17 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from tidegraph.records.conversation import (
+    CONTEXT_TURNS,
+    CONTEXT_WITHIN,
+    search_fields,
+    split_speaker,
+    thread_context,
+)
 from tidegraph.records.graph import EpisodeWrite
 from tidegraph.stores import errors
 from tidegraph.stores.base import BatchWriteError
+from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.rows import (
     EntityState,
     change_row,
@@ -22,6 +30,7 @@ from tidegraph.stores.rows import (
     fact_row,
     fold_entity_rows,
     now_utc,
+    to_utc,
     unique,
 )
 from tidegraph.stores.sqlite.db import (
@@ -216,6 +225,89 @@ def close_fact(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> 
     )
 
 
+# The messages of a thread around one (tidegraph/records/conversation.py): those before it
+# within the bound, newest first, and those after it whose context it may be.
+_THREAD_BEFORE = (
+    "SELECT content FROM episode WHERE group_id = ? AND source = 'message' "
+    "AND source_description = ? AND valid_at < ? AND valid_at >= ? AND forgotten_at IS NULL "
+    "ORDER BY valid_at DESC, uuid DESC LIMIT ?"
+)
+_THREAD_AFTER = (
+    "SELECT id, content, valid_at FROM episode WHERE group_id = ? AND source = 'message' "
+    "AND source_description = ? AND valid_at > ? AND valid_at <= ? AND forgotten_at IS NULL "
+    "ORDER BY valid_at, uuid LIMIT ?"
+)
+
+
+def index_episode(
+    conn: sqlite3.Connection,
+    group_id: str,
+    row_id: int,
+    source: str,
+    thread: str,
+    content: str,
+    valid_at: datetime,
+) -> None:
+    """(Re)index one episode's conversation fields (``episode_search``), its context read
+    from its thread as stored, and its speaker's name words (``speaker_word``)."""
+    preceding: list[str] = []
+    if source == "message":
+        rows = conn.execute(
+            _THREAD_BEFORE,
+            (group_id, thread, micros(valid_at), micros(valid_at - CONTEXT_WITHIN), CONTEXT_TURNS),
+        )
+        preceding = thread_context([split_speaker(source, r[0])[1] for r in rows])
+    fields = search_fields(source, content, valid_at, preceding)
+    conn.execute("DELETE FROM episode_search WHERE rowid = ?", (row_id,))
+    conn.execute(
+        "INSERT INTO episode_search (rowid, group_id, body, speaker, context, said_on) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (row_id, group_id, fields.body, fields.speaker, fields.context, fields.when),
+    )
+    conn.executemany(
+        "INSERT OR IGNORE INTO speaker_word (group_id, word) VALUES (?, ?)",
+        [(group_id, word) for word in speaker_words(fields.speaker)],
+    )
+
+
+def index_thread(
+    conn: sqlite3.Connection,
+    group_id: str,
+    row_id: int,
+    source: str,
+    thread: str,
+    content: str,
+    valid_at: datetime,
+) -> None:
+    """Index an episode written, and the messages after it whose context it is now (so the
+    index is the same whatever order a thread's messages arrive in)."""
+    index_episode(conn, group_id, row_id, source, thread, content, valid_at)
+    if source != "message":
+        return
+    after = conn.execute(
+        _THREAD_AFTER,
+        (group_id, thread, micros(valid_at), micros(valid_at + CONTEXT_WITHIN), CONTEXT_TURNS),
+    ).fetchall()
+    for later_id, later_content, later_at in after:
+        later = to_utc(later_at)
+        assert later is not None  # valid_at is NOT NULL
+        index_episode(conn, group_id, later_id, source, thread, later_content, later)
+
+
+def reindex_episodes(conn: sqlite3.Connection) -> int:
+    """Index every stored episode's conversation fields (the migration of a store whose
+    episodes were indexed by content alone); the number indexed."""
+    rows = conn.execute(
+        "SELECT id, group_id, source, source_description, content, valid_at FROM episode "
+        "WHERE forgotten_at IS NULL"
+    ).fetchall()
+    for row_id, group_id, source, thread, content, valid_at in rows:
+        at = to_utc(valid_at)
+        assert at is not None  # valid_at is NOT NULL
+        index_episode(conn, group_id, row_id, source, thread, content, at)
+    return len(rows)
+
+
 def write_episode(
     conn: sqlite3.Connection, group_id: str, write: EpisodeWrite, dim: int, now: datetime
 ) -> bool:
@@ -226,7 +318,8 @@ def write_episode(
     facts = [fact_row(group_id, f, dim, now) for f in write.facts]
     closures = [closure_row(c) for c in write.closures]
     stored = conn.execute(
-        "SELECT id, group_id, content_hash, not_extracted, content FROM episode WHERE uuid = ?",
+        "SELECT id, group_id, content_hash, not_extracted, content, valid_at, "
+        "source, source_description FROM episode WHERE uuid = ?",
         (episode["uuid"],),
     ).fetchone()
     if stored is not None and errors.skips_write(
@@ -262,8 +355,18 @@ def write_episode(
             micros(episode["extracted_at"]),
         ),
     ).fetchone()
-    if stored is None or stored["content"] != episode["content"]:
-        index_text(conn, "episode_text", row_id, group_id, episode["content"])
+    indexed = ("content", "valid_at", "source", "source_description")
+    said = (episode["content"], micros(episode["valid_at"]), episode["source"])
+    if stored is None or [*said, episode["source_description"]] != [stored[k] for k in indexed]:
+        index_thread(
+            conn,
+            group_id,
+            row_id,
+            episode["source"],
+            episode["source_description"],
+            episode["content"],
+            episode["valid_at"],
+        )
     conn.executemany(
         "INSERT OR IGNORE INTO mention (episode_uuid, entity_uuid, group_id) VALUES (?, ?, ?)",
         [(episode["uuid"], uuid, group_id) for uuid in unique(write.mentions)],

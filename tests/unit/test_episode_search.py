@@ -1,0 +1,151 @@
+"""Conversation-aware episode search, the pure parts (docs/retrieval.md "Conversation-aware episode
+search"): what is indexed of a message (tidegraph/records/conversation.py), how a query's
+words split into names and words (tidegraph/stores/episode_search.py), and the recency rules
+(tidegraph/recall/recency.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tidegraph.recall.recency import asks_current, supersede
+from tidegraph.records.conversation import (
+    CONTEXT_TURNS,
+    EPISODE_EMBED_CHARS,
+    date_words,
+    embed_text,
+    search_fields,
+    split_speaker,
+    thread_context,
+)
+from tidegraph.records.graph import EpisodeRecord
+from tidegraph.records.search import Hit
+from tidegraph.stores.episode_search import episode_query, lucene_episode_query
+
+MAY_8 = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)  # a Monday
+
+
+# ---- what is indexed ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("source", "content", "expected"),
+    [
+        (
+            "message",
+            "Caroline: I went to a support group",
+            ("Caroline", "I went to a support group"),
+        ),
+        ("message", "Dana Reyes:   we moved to Pro", ("Dana Reyes", "we moved to Pro")),
+        ("message", "see https://example.com/x", ("", "see https://example.com/x")),  # no ": "
+        ("message", "no speaker here", ("", "no speaker here")),
+        (
+            "message",
+            "a b c d e f: six words are no name",
+            ("", "a b c d e f: six words are no name"),
+        ),
+        ("message", "2024: a year is no name", ("", "2024: a year is no name")),
+        (
+            "text",
+            "Note: a text episode has no speaker",
+            ("", "Note: a text episode has no speaker"),
+        ),
+    ],
+)
+def test_a_message_is_read_as_speaker_and_what_was_said(source, content, expected):
+    assert split_speaker(source, content) == expected
+
+
+def test_the_date_is_indexed_in_words_and_embedded_with_the_speaker():
+    assert date_words(MAY_8) == "Monday 8 May 2023"
+    fields = search_fields("message", "Caroline: I went to a support group", MAY_8, ["Hi!"])
+    assert (fields.body, fields.speaker, fields.when, fields.context) == (
+        "I went to a support group",
+        "Caroline",
+        "Monday 8 May 2023",
+        "Hi!",
+    )
+    assert embed_text("message", "Caroline: hello", MAY_8) == "Caroline (Monday 8 May 2023): hello"
+    assert embed_text("text", "Acme renewed", MAY_8) == "(Monday 8 May 2023) Acme renewed"
+    assert len(embed_text("text", "x" * 5000, MAY_8)) == EPISODE_EMBED_CHARS
+
+
+def test_a_replys_context_is_the_turns_before_it_oldest_first_and_bounded():
+    newest_first = [f"turn {n}" for n in range(5, 0, -1)]  # as a store reads them
+    assert thread_context(newest_first) == ["turn 3", "turn 4", "turn 5"][-CONTEXT_TURNS:]
+    assert thread_context([]) == []
+
+
+# ---- names and words -----------------------------------------------------------------------
+def test_a_query_word_that_names_a_speaker_is_searched_on_the_speaker_only():
+    query = episode_query("What did Caroline research?", ["caroline", "melanie"])
+    assert query is not None and (query.words, query.names) == (["research"], ["caroline"])
+    lucene = lucene_episode_query(query, ("b", "s", "c", "w"))
+    # the words are required in body, context or date; the name only adds, on the speaker
+    assert lucene == "+(b:(research) c:(research)^0.5 w:(research)^1.0) s:(caroline)^2.0"
+
+
+def test_a_query_of_names_only_is_about_the_speaker_and_searched_as_words():
+    query = episode_query("Caroline", ["caroline"])
+    assert query is not None and (query.words, query.names) == (["caroline"], [])
+    assert episode_query("the of and", ["caroline"]) is None
+
+
+# ---- recency -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("query", "current"),
+    [
+        ("Which plan is Acme on?", True),
+        ("Who is the account owner now?", True),
+        ("What is the latest status of Acme?", True),
+        ("Which plan was Acme on?", False),
+        ("What did Caroline research?", False),
+        ("Which plan did Acme use before?", False),
+        ("Acme plan", False),
+        ("Which plan is Acme on now, and what was it before?", True),  # says so
+    ],
+)
+def test_a_question_is_about_now_when_it_says_so_or_is_in_the_present_tense(query, current):
+    assert asks_current(query) is current
+
+
+def _said(uuid: str, text: str, days: int, score: float) -> Hit:
+    record = EpisodeRecord(
+        uuid=uuid, group_id="g", name=uuid, source="message", source_description="",
+        content=text, valid_at=MAY_8 + timedelta(days=days), producer_id=uuid,
+    )  # fmt: skip
+    return Hit(kind="episode", uuid=uuid, score=score, record=record, group_id="g")
+
+
+def test_the_latest_restatement_of_what_is_asked_comes_first():
+    ranked = [
+        _said("pro", "Dana: Acme moved to the Pro plan", 10, 0.9),  # best match, older
+        _said("owner", "Omar: Lena is the new owner of Acme", 300, 0.8),  # newest, other thing
+        _said("basic", "Lena: we put Acme on the Basic plan", 200, 0.7),  # latest plan
+        _said("enterprise", "Dana: Acme chose the Enterprise plan", 100, 0.6),
+        _said("other", "Dana: Bluebird moved to the Pro plan", 250, 0.5),
+    ]
+    ordered = [h.uuid for h in supersede(ranked, "Which plan is Acme on?")]
+    # The statements of Acme's plan first, newest first; what says less of the question after
+    # them in its own order (the owner change, though newest, never jumps ahead).
+    assert ordered == ["basic", "enterprise", "pro", "owner", "other"]
+    assert [h.score for h in supersede(ranked, "Which plan is Acme on?")][0] == 0.7
+
+
+def test_supersession_leaves_an_order_alone_when_nothing_restates():
+    ranked = [
+        _said("a", "Dana: the printer jammed again", 1, 0.9),
+        _said("b", "Omar: coffee machine is broken", 2, 0.8),
+    ]
+    assert [h.uuid for h in supersede(ranked, "printer")] == ["a", "b"]
+    assert [h.uuid for h in supersede(ranked, "the of")] == ["a", "b"]  # no searchable word
+
+
+def test_a_later_restatement_found_further_down_is_brought_up_an_older_one_is_not():
+    ranked = [
+        _said("pro", "Dana: Acme moved to the Pro plan", 10, 0.9),
+        _said("note", "Omar: Acme sent a thank-you note", 20, 0.8),
+        _said("free", "Lena: Acme was on the Free plan once", 5, 0.3),  # older, below
+        _said("basic", "Lena: we put Acme on the Basic plan", 200, 0.2),  # newer, below
+    ]
+    ordered = [h.uuid for h in supersede(ranked, "Which plan is Acme on?", depth=2)]
+    assert ordered == ["basic", "pro", "note", "free"]
