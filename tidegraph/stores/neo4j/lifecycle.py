@@ -154,7 +154,7 @@ class Lifecycle:
             created = [{"episode": u, "created": c} for u, c in rebuild.created.items()]
             await tx.rows(lq.SET_CREATED, {**g, "rows": created})
             await tx.rows(lq.PURGE_CHANGES, {**g, "uuids": rebuild.purged})
-            await tx.rows(lq.RECORD_CHANGES, {**g, "changes": changes})
+            await tx.rows(q.RECORD_CHANGES, {**g, "changes": changes})
 
         size = len(entities) + len(facts) + len(rebuild.forgotten)
         await self.ex.write("apply_rebuild", size, work)
@@ -177,7 +177,7 @@ class Lifecycle:
 
             async def record(tx: Tx) -> None:
                 await tx.rows(
-                    lq.RECORD_CHANGES, {**g, "changes": [change_row(group_forgotten(group_id, at))]}
+                    q.RECORD_CHANGES, {**g, "changes": [change_row(group_forgotten(group_id, at))]}
                 )
 
             await self.ex.write("forget_group", 1, record)

@@ -5,7 +5,7 @@ scoped by its group."""
 from __future__ import annotations
 
 from tidegraph.stores.neo4j import queries as q
-from tidegraph.stores.neo4j.queries import RECORD_CHANGES_TEMPLATE, at, ats
+from tidegraph.stores.neo4j.queries import at, ats
 
 # ---- the change stream
 CHANGES = """
@@ -252,7 +252,6 @@ WHERE c.group_id = $group_id
 DELETE c
 """
 
-RECORD_CHANGES = RECORD_CHANGES_TEMPLATE.format(changes="$changes", group="$group_id")
 
 # Not episodes: the tombstones of forgotten ones.
 LIVE_EPISODE = "ep.forgotten_at IS NULL"

@@ -649,7 +649,7 @@ RETURN episodes, entities, facts
 
 # The changes of one write appended to its group's outbox in commit order (``seq``), the
 # group's write version bumped (a rebuild checks it did not move while it computed).
-RECORD_CHANGES_TEMPLATE = """
+_RECORD_CHANGES = """
     MERGE (log:ChangeLog {{group_id: {group}}})
     ON CREATE SET log.seq = 0, log.version = 0
     WITH log, log.seq AS base
@@ -660,6 +660,9 @@ RECORD_CHANGES_TEMPLATE = """
     CREATE (:Change {{group_id: {group}, seq: seq, change_id: c.change_id, kind: c.kind,
                       uuid: c.uuid, body: c.body}})
 """
+# The same for one group's changes alone (a forget's rebuild).
+RECORD_CHANGES = _RECORD_CHANGES.format(changes="$changes", group="$group_id")
+
 
 # Every episode write of a transaction in one statement, in order: each write is one run of
 # the subquery, and a run sees what the runs before it wrote (Cypher's CALL semantics), so
@@ -715,7 +718,7 @@ CALL (w) {
     + _CLOSE_FACT_ROWS.format(rows="w.closures", group="w.group_id")
     + """  }
   CALL (w) {"""
-    + RECORD_CHANGES_TEMPLATE.format(changes="w.changes", group="w.group_id")
+    + _RECORD_CHANGES.format(changes="w.changes", group="w.group_id")
     + """  }
 }
 """
