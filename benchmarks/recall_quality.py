@@ -40,7 +40,7 @@ import orjson
 
 from benchmarks.locomo import CATEGORIES
 from benchmarks.text_feed import ONE_VALUED, FeedEpisode, text_feed
-from tidegraph.records.search import Hit
+from tidegraph.records.search import Hit, SearchRequest
 
 KS = (5, 10, 20)
 
@@ -179,11 +179,13 @@ async def score(memory: Any, probes: list[Probe], recipes: list[str]) -> dict[st
         for probe in probes:
             started = time.perf_counter()
             results = await memory.search(
-                probe.query,
-                group_ids=[probe.group_id],
-                valid_at=probe.valid_at,
-                recipe=recipe,
-                limit=max(KS),
+                SearchRequest(
+                    query=probe.query,
+                    group_ids=[probe.group_id],
+                    valid_at=probe.valid_at,
+                    recipe=recipe,
+                    limit=max(KS),
+                )
             )
             elapsed = time.perf_counter() - started
             hits = results.all()

@@ -47,6 +47,11 @@ def payload(result: Any) -> Any:
     return data["result"] if set(data) == {"result"} else data
 
 
+def hits(result: Any) -> list[dict[str, Any]]:
+    """The hits a search tool found."""
+    return list(payload(result)["results"])
+
+
 def error_text(result: Any) -> str:
     assert result.isError, result
     return str(result.content[0].text)
@@ -132,7 +137,7 @@ async def test_stdio_search_tools_on_the_embedded_default(tmp_path: Path):
         added = payload(
             await session.call_tool("add_memory", plan_args("Pro", "2025-01-10T00:00:00+00:00"))
         )
-        found = payload(
+        found = hits(
             await session.call_tool(
                 "search_facts", {"query": "Acme Corp plan", "wait_for": [added["token"]]}
             )
@@ -174,15 +179,15 @@ async def test_http_tools_answer_each_key_from_its_own_groups(mcp_http: ThreadSe
                  "reference_time": "2025-02-01T09:00:00Z", "episode_id": "chat-9"},
             )
         )  # fmt: skip
-        facts = payload(
+        facts = hits(
             await session.call_tool(
                 "search_facts", {"query": "Acme Corp plan", "wait_for": [first["token"]]}
             )
         )
         assert facts[0]["text"] == "Acme Corp is on the Pro plan" and facts[0]["kind"] == "fact"
-        entities = payload(await session.call_tool("search_entities", {"query": "Acme Corp"}))
+        entities = hits(await session.call_tool("search_entities", {"query": "Acme Corp"}))
         assert "Acme Corp" in [e["name"] for e in entities]
-        episodes = payload(
+        episodes = hits(
             await session.call_tool(
                 "search_episodes", {"query": "SSO renewal", "wait_for": [added["token"]]}
             )
@@ -202,7 +207,7 @@ async def test_http_tools_answer_each_key_from_its_own_groups(mcp_http: ThreadSe
         ):
             text = error_text(await session.call_tool(tool, args))
             assert "forbidden" in text and a in text and KEY_A not in text, (tool, text)
-        assert payload(await session.call_tool("search_facts", {"query": "Acme Corp"})) == []
+        assert hits(await session.call_tool("search_facts", {"query": "Acme Corp"})) == []
         assert payload(await session.call_tool("facts_as_of", {})) == []
     async with httpx.AsyncClient(base_url=mcp_http.url) as http:
         for headers in ({}, {"Authorization": "Bearer nope-nope-nope"}):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from tidegraph.records.search import Kind
+from tidegraph.records.search import DEFAULT_RECIPE, Kind
 
 Method = Literal["bm25", "vector", "bfs"]
 Reranker = Literal["none", "rrf", "mmr", "mentions", "distance", "cross_encoder"]
@@ -184,7 +184,7 @@ _ALL = (
 )
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in _ALL}
-DEFAULT_RECIPE = "combined"
+assert DEFAULT_RECIPE in RECIPES  # the default of SearchRequest
 
 
 def recipe_named(name: str) -> Recipe:

@@ -6,13 +6,14 @@
 With ``--json`` one object per line: ``{"uuid", "name", "summary", "members": [names],
 "size"}``, largest community first.
 
-Registered by ``tidegraph.app.cli.main`` as ``app.add_typer(communities_app, name="communities")``.
+Importing this module registers ``communities`` on ``tidegraph.app.cli.main.app``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -20,13 +21,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tidegraph.settings import get_settings
+from tidegraph.app.cli.main import app, data_dir_option, get_settings, open_reading, use_data_dir
 
 communities_app = typer.Typer(
     help="Communities of entities (label propagation + neighbour-majority assignment).",
     no_args_is_help=True,
     invoke_without_command=True,
+    rich_markup_mode=None,
 )
+app.add_typer(communities_app, name="communities")
 console = Console()
 
 
@@ -37,19 +40,21 @@ def communities(
         None, "--group", help="Group id (tenant): list its communities."
     ),
     as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+    data_dir: Path | None = data_dir_option(),
 ) -> None:
     """Communities of entities: `tidegraph communities --group G [--json]` lists a group's
     communities (as the `list` command does)."""
     if ctx.invoked_subcommand is not None:
-        if group is not None or as_json:
+        if group is not None or as_json or data_dir is not None:
             raise typer.BadParameter(
-                f"give --group/--json after the command: tidegraph communities "
+                f"give --group/--json/--data-dir after the command: tidegraph communities "
                 f"{ctx.invoked_subcommand} --group G"
             )
         return
     if group is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
+    use_data_dir(data_dir)
     _print(group, as_json)
 
 
@@ -57,8 +62,10 @@ def communities(
 def list_communities(
     group: str = typer.Option(..., "--group", help="Group id (tenant)."),
     as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+    data_dir: Path | None = data_dir_option(),
 ) -> None:
     """The group's communities with their members' names, largest first."""
+    use_data_dir(data_dir)
     _print(group, as_json)
 
 
@@ -75,15 +82,14 @@ def _print(group: str, as_json: bool) -> None:
 
 
 async def _rows(group: str) -> list[dict[str, Any]]:
-    from tidegraph.stores import open_store
-
-    store = open_store(get_settings())
+    memory = await open_reading()
     try:
-        communities = await store.communities(group)
+        communities = await memory.store.communities(group)
         members = sorted({m for c in communities for m in c.members})
-        names = {e.uuid: e.name for e in await store.entities_by_uuids(group, members)}
+        found = await memory.store.entities_by_uuids(group, members)
+        names = {e.uuid: e.name for e in found}
     finally:
-        await store.close()
+        await memory.close()
     rows = [
         {
             "uuid": c.uuid,

@@ -198,6 +198,14 @@ class Neo4jStore(StoreCore):
         await self.neo4j.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
 
+    async def open_existing(self, embedding_dim: int) -> bool:
+        dims = await self._vector_dims()
+        if not dims:
+            return False  # no tidegraph schema in this database: nothing was written
+        self._check_dims(dims, embedding_dim)
+        self._dim = embedding_dim
+        return True
+
     @staticmethod
     def _check_dims(dims: dict[str, int], wanted: int) -> None:
         errors.check_dimensions(
