@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import orjson
 from pydantic import BaseModel, ValidationError
 
 from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, STAGE_EVENTS, STAGE_LATENCY
@@ -40,6 +39,7 @@ from tidegraph.processors.extraction import (
     prepared_steps,
 )
 from tidegraph.processors.steps import Components, Step
+from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.stages import Extraction, WriteSummary
@@ -581,7 +581,7 @@ def _episode_in(value: bytes | None) -> tuple[Episode | None, RecordRef | None]:
     topic, or inside a hop record), so that its dead letter replays; (None, None) when it
     cannot be read."""
     try:
-        data = orjson.loads(value or b"")
+        data = jsontext.loads(value or b"")
         if not isinstance(data, dict):
             return None, None
         origin = RecordRef.model_validate(data["origin"]) if "origin" in data else None
@@ -600,7 +600,7 @@ def _episode_bytes(episode: Episode, *, fallback: bytes | None) -> bytes | None:
     """The episode as JSON for a dead letter, or ``fallback`` (the consumed bytes) when it
     cannot be serialised."""
     try:
-        return orjson.dumps(episode.model_dump(mode="json"))
+        return jsontext.dumps(episode.model_dump(mode="json"))
     except Exception:
         return fallback
 
