@@ -47,7 +47,24 @@ _PUBLIC = {
     "open_store": "tidegraph.stores",
 }
 
-__all__ = sorted(_PUBLIC)
+__all__ = [
+    "AddResult",
+    "EntityRecord",
+    "Episode",
+    "FactView",
+    "GraphStore",
+    "Hit",
+    "InvalidEpisode",
+    "Memory",
+    "NoStore",
+    "ReadOnlyMemory",
+    "SearchRequest",
+    "SearchResults",
+    "Settings",
+    "open_store",
+    "parse_episode",
+]
+assert set(__all__) == set(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:

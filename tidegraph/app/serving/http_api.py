@@ -181,7 +181,8 @@ def create_app(
         episode_id again), 202 queued (via Kafka; read it with ``wait_for``: the token), 422
         failed (``reason``). The token makes a later read wait for this episode."""
         result, token = await svc.add(who, body)
-        out = AddEpisodeOut(**result.as_json(), token=token)
+        failed = "episode_failed" if result.status == "failed" else None
+        out = AddEpisodeOut(**result.as_json(), token=token, error=failed)
         return ORJSONResponse(
             out.model_dump(exclude_none=True), status_code=ADD_STATUS[result.status]
         )
@@ -276,7 +277,7 @@ def _problem(error: Any) -> dict[str, str]:
         return {"field": "body", "message": f"the body is not JSON: {detail}"}
     where = [str(p) for p in error["loc"][1:]]
     field = ".".join(where) or "body"
-    message = str(error["msg"])
+    message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden" and where:
         message = "unknown field"
         known = [name for name in KNOWN_FIELDS if name != where[-1]]
@@ -315,7 +316,8 @@ class Measured:
                 text = f"the server failed: {type(exc).__name__} (see the server's log)"
                 await send_error(send, 500, "internal", text, [])
         finally:
-            status = status or 500
+            # No answer sent and nothing failed: the client went away first (nginx's 499).
+            status = status or 499
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = scope.get("method", "")
             HTTP_REQUESTS.labels(route, method, str(status)).inc()

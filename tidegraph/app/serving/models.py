@@ -64,6 +64,10 @@ class AddEpisodeIn(Body):
 
 
 class AddEpisodeOut(BaseModel):
+    """An add's answer; a failed one (422) is also the error shape (``error``,
+    ``message``)."""
+
+    error: str | None = Field(None, description="episode_failed when status is failed.")
     status: Literal["written", "skipped", "queued", "failed"]
     group_id: str
     episode_id: str

@@ -10,6 +10,7 @@ import asyncio
 import time
 from typing import Any
 
+import h11
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -47,7 +48,8 @@ class BodyGuard:
                 text = f"the request body did not arrive within {self.timeout:g} s"
                 await send_error(send, 408, "body_timeout", text, [(b"connection", b"close")])
                 return
-            if message["type"] == "http.disconnect":
+            if message["type"] == "http.disconnect":  # gone, or its bytes were not HTTP
+                scope["tidegraph.error"] = "disconnected"
                 return
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
@@ -102,6 +104,24 @@ class TimedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request that is not HTTP/1.1 (bad bytes in its head, a head over h11's limit):
+        400 in the one error shape, then close."""
+        self._disarm()
+        body = error_body("bad_http", f"not a valid HTTP/1.1 request: {msg}")
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        try:
+            self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers)))
+            self.transport.write(self.conn.send(h11.Data(data=body)))
+            self.transport.write(self.conn.send(h11.EndOfMessage()))
+        except h11.LocalProtocolError:  # the connection is past answering
+            pass
+        self.transport.close()
 
     def _arm(self) -> None:
         if self._head_timer is None:
