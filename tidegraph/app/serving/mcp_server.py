@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
+import anyio
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from pydantic import BaseModel, Field
@@ -46,6 +47,22 @@ when it was learned. Add what happens with add_memory, always with its reference
 happened, ISO 8601). Recall with get_context (a ready-to-read summary) or search_facts /
 search_entities / search_episodes; facts_as_of lists what was true at a moment. To read your
 own write, pass the token add_memory returned as wait_for."""
+
+
+class ClosedStreamIsNoError(logging.Filter):
+    """The SDK (mcp 1.30, ``streamable_http.standalone_sse_writer``) logs a traceback when a
+    client ends its session while its notification stream is open (anyio's
+    ClosedResourceError): an ordinary close, logged here as one DEBUG line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, anyio.ClosedResourceError):
+            log.debug("an MCP client closed its stream: %s", record.getMessage())
+            return False
+        return True
+
+
+logging.getLogger("mcp.server.streamable_http").addFilter(ClosedStreamIsNoError())
 
 
 class Scoping:
