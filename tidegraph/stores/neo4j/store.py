@@ -199,6 +199,7 @@ class Neo4jStore(StoreCore):
         self._dim = embedding_dim
 
     async def open_existing(self, embedding_dim: int) -> bool:
+        await self.neo4j.reachable()
         dims = await self._vector_dims()
         if not dims:
             return False  # no tidegraph schema in this database: nothing was written
