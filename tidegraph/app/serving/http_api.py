@@ -175,7 +175,19 @@ def create_app(
     Svc = Depends(service)
 
     # ---------------------------------------------------------------------- writing
-    @app.post("/v1/episodes", response_model=AddEpisodeOut, status_code=201, tags=["memory"])
+    added: dict[int | str, dict[str, Any]] = {
+        201: {"description": "written"},
+        200: {"model": AddEpisodeOut, "description": "skipped (added before)"},
+        202: {"model": AddEpisodeOut, "description": "queued (via Kafka)"},
+    }
+
+    @app.post(
+        "/v1/episodes",
+        response_model=AddEpisodeOut,
+        status_code=201,
+        tags=["memory"],
+        responses=added,
+    )
     async def add_episode(body: AddEpisodeIn, who: Principal = Who, svc: MemoryService = Svc):
         """Add an episode (``reference_time`` required). 201 written, 200 skipped (the same
         episode_id again), 202 queued (via Kafka; read it with ``wait_for``: the token), 422
@@ -263,6 +275,7 @@ def create_app(
 
     @app.get("/metrics", tags=["operations"])
     async def metrics() -> Response:
+        """Prometheus metrics (text exposition format)."""
         from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -20,7 +20,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from tidegraph.app.serving.settings import MAX_WAIT_SECONDS
 from tidegraph.recall.recipes import RECIPES
 from tidegraph.records.episode import GroupId
-from tidegraph.records.search import MAX_GROUPS, SearchQuery, SearchRequest
+from tidegraph.records.search import DEFAULT_RECIPE, MAX_GROUPS, SearchQuery, SearchRequest
 
 MAX_TOKENS = 32
 MAX_TIME_CHARS = 100  # a longer text is no time (processors/temporal.py: MAX_TIME_TEXT)
@@ -136,6 +136,8 @@ class FactsIn(GroupIn, Waits, Times):
 class SearchIn(GroupsIn, Waits, Times, SearchQuery):
     """A search as the caller sends it: ``SearchQuery`` with time text and optional groups."""
 
+    recipe: str = Field(DEFAULT_RECIPE, description="Search recipe: " + ", ".join(RECIPES))
+
     @field_validator("recipe")
     @classmethod
     def _known_recipe(cls, value: str) -> str:
@@ -194,16 +196,21 @@ class Problem(BaseModel):
 
 
 class ErrorOut(BaseModel):
-    """Every 4xx and 5xx answer (the framework's own too): ``error`` a stable code,
-    ``message`` what to do; ``field`` the request field at fault, ``problems`` every field
-    problem of a 422, ``group_id`` the group refused, ``episodes`` the states of a 409."""
+    """Every 4xx and 5xx answer has this shape, the server's own (malformed HTTP, a body over
+    the limit or too slow, an unknown route, invalid JSON or UTF-8) included: 400 a time that
+    cannot be read or a damaged token, 401 no known key, 403 another tenant's group (named,
+    never the key), 404, 405, 408 headers or body too slow, 409 read-your-writes, 413 a body
+    over TIDEGRAPH_SERVE_MAX_BODY_BYTES, 422 a field that is not valid (or a failed add:
+    error episode_failed with the episode's fields), 429 too many waiting reads of one key."""
 
-    error: str
-    message: str
-    field: str | None = None
-    problems: list[Problem] | None = None
-    group_id: str | None = None
-    episodes: list[dict[str, Any]] | None = None
+    error: str = Field(description="A stable code: invalid, forbidden, too_large, ...")
+    message: str = Field(description="What is wrong and what to do, for a person.")
+    field: str | None = Field(None, description="The request field at fault (dotted).")
+    problems: list[Problem] | None = Field(None, description="A 422's every field problem.")
+    group_id: str | None = Field(None, description="The group a 403 refused.")
+    episodes: list[dict[str, Any]] | None = Field(
+        None, description="A 409's episodes and their states (queued, dead_lettered, failed)."
+    )
 
 
 def error_body(error: str, message: str, **extra: Any) -> bytes:
