@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 Via = Literal["process", "kafka"]
 
 
+def new_episode_id() -> str:
+    """The id of an episode added without one (a retry of it would add it again)."""
+    return uuid_module.uuid4().hex
+
+
 class NoStore(LookupError):
     """A read-only open found no graph at the configured place (nothing was added there)."""
 
@@ -219,10 +224,8 @@ class Memory:
         no-op, so a retry never duplicates; ``source`` defaults to ``json`` for an object and
         ``message`` for text. Invalid input raises ``InvalidEpisode`` (its ``reason`` says
         what to fix)."""
-        if self.read_only:
-            raise ReadOnlyMemory("this memory was opened read-only: open it without read_only")
         record: dict[str, Any] = {
-            "id": episode_id or uuid_module.uuid4().hex,
+            "id": episode_id or new_episode_id(),
             "group_id": group_id,
             "name": name,
             "source_description": source_description,
@@ -231,7 +234,13 @@ class Memory:
         }
         if source is not None:
             record["source"] = source
-        episode = parse_episode(record)
+        return await self.add(parse_episode(record))
+
+    async def add(self, episode: Episode) -> AddResult:
+        """Add an episode already read (``parse_episode``): written in this process, or sent
+        to Kafka (``via="kafka"``)."""
+        if self.read_only:
+            raise ReadOnlyMemory("this memory was opened read-only: open it without read_only")
         if self.via == "kafka":
             return await self._produce(episode)
         return await self._write(episode)

@@ -21,7 +21,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tidegraph.app.cli.main import app, data_dir_option, get_settings, open_reading, use_data_dir
+from tidegraph.app.cli.main import (
+    app,
+    data_dir_option,
+    get_settings,
+    group_option,
+    json_option,
+    open_reading,
+    use_data_dir,
+)
 
 communities_app = typer.Typer(
     help="Communities of entities (label propagation + neighbour-majority assignment).",
@@ -39,7 +47,7 @@ def communities(
     group: str | None = typer.Option(
         None, "--group", help="Group id (tenant): list its communities."
     ),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+    as_json: bool = json_option(),
     data_dir: Path | None = data_dir_option(),
 ) -> None:
     """Communities of entities: `tidegraph communities --group G [--json]` lists a group's
@@ -60,8 +68,8 @@ def communities(
 
 @communities_app.command("list")
 def list_communities(
-    group: str = typer.Option(..., "--group", help="Group id (tenant)."),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+    group: str = group_option(),
+    as_json: bool = json_option(),
     data_dir: Path | None = data_dir_option(),
 ) -> None:
     """The group's communities with their members' names, largest first."""
@@ -82,14 +90,11 @@ def _print(group: str, as_json: bool) -> None:
 
 
 async def _rows(group: str) -> list[dict[str, Any]]:
-    memory = await open_reading()
-    try:
+    async with await open_reading() as memory:
         communities = await memory.store.communities(group)
         members = sorted({m for c in communities for m in c.members})
         found = await memory.store.entities_by_uuids(group, members)
-        names = {e.uuid: e.name for e in found}
-    finally:
-        await memory.close()
+    names = {e.uuid: e.name for e in found}
     rows = [
         {
             "uuid": c.uuid,
@@ -105,7 +110,7 @@ async def _rows(group: str) -> list[dict[str, Any]]:
 
 @communities_app.command("refresh")
 def refresh(
-    group: str = typer.Option(..., "--group", help="Group id (tenant)."),
+    group: str = group_option(),
     seed: int = typer.Option(0, help="Label propagation seed."),
     max_iterations: int = typer.Option(30, help="Label propagation sweep cap."),
 ) -> None:

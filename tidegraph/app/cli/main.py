@@ -41,6 +41,14 @@ def get_settings() -> Settings:
     return settings
 
 
+def group_option() -> Any:
+    return typer.Option(..., "--group", help="Group id (tenant).")
+
+
+def json_option() -> Any:
+    return typer.Option(False, "--json", help="JSON lines.")
+
+
 def data_dir_option() -> Any:
     return typer.Option(
         None,
@@ -244,11 +252,11 @@ def interval(valid_at: str | None, invalid_at: str | None) -> str:
 
 @app.command()
 def facts(
-    group: str = typer.Option(..., "--group", help="Group id (tenant)."),
+    group: str = group_option(),
     valid_at: str | None = typer.Option(None, "--valid-at", help="Valid at T (default: now)."),
     known_at: str | None = typer.Option(None, "--known-at", help="As believed at K."),
     history: bool = typer.Option(False, "--history", help="Every fact, valid or not."),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+    as_json: bool = json_option(),
     data_dir: Path | None = data_dir_option(),
 ) -> None:
     """Facts valid at T as believed at K (README "Two timelines")."""
@@ -256,13 +264,10 @@ def facts(
     valid, known = _when(valid_at, "--valid-at"), _when(known_at, "--known-at")
 
     async def read() -> Any:
-        memory = await open_reading()
-        try:
+        async with await open_reading() as memory:
             return await memory.facts(
                 group, valid_at=valid, known_at=known, include_invalid=history
             )
-        finally:
-            await memory.close()
 
     views = asyncio.run(read())
     if as_json:
@@ -278,19 +283,16 @@ def facts(
 
 @app.command()
 def entities(
-    group: str = typer.Option(..., "--group", help="Group id (tenant)."),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+    group: str = group_option(),
+    as_json: bool = json_option(),
     data_dir: Path | None = data_dir_option(),
 ) -> None:
     """The group's entities."""
     use_data_dir(data_dir)
 
     async def read() -> Any:
-        memory = await open_reading()
-        try:
+        async with await open_reading() as memory:
             return await memory.entities(group)
-        finally:
-            await memory.close()
 
     rows = [
         {"uuid": r.uuid, "name": r.name, "labels": r.labels, "summary": r.summary, "key": r.key}

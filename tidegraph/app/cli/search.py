@@ -119,12 +119,9 @@ def _read_queries(path: Path, base: SearchRequest) -> list[tuple[str, SearchRequ
 async def _run_one(request: SearchRequest, *, as_json: bool, context: bool, max_chars: int) -> None:
     from tidegraph.recall.context import build_context
 
-    memory = await open_reading()
-    try:
+    async with await open_reading() as memory:
         results = await memory.search(request)
         note = await memory.missing_facts_note(results)
-    finally:
-        await memory.close()
     if note:
         err.print(f"note: {note}", highlight=False)
     if context:
@@ -151,15 +148,12 @@ async def _run_one(request: SearchRequest, *, as_json: bool, context: bool, max_
 
 
 async def _run_batch(batch: list[tuple[str, SearchRequest]]) -> None:
-    memory = await open_reading()
-    try:
+    async with await open_reading() as memory:
         for query_id, request in batch:
             results = await memory.search(request)
             for rank, hit in enumerate(results.all(), 1):
                 line = hit.as_json(rank, query_id=query_id)
                 sys.stdout.write(orjson.dumps(line).decode() + "\n")
-    finally:
-        await memory.close()
 
 
 # ----------------------------------------------------------------------------- extract

@@ -17,11 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-from tidegraph.app.memory import AddResult, Memory
+from tidegraph.app.memory import AddResult, Memory, new_episode_id
 from tidegraph.app.serving.models import AddEpisodeIn, ContextIn, FactsIn, SearchIn
 from tidegraph.app.serving.settings import MAX_WAIT_SECONDS, Principal
 from tidegraph.app.serving.tokens import BadToken, EpisodeState, Token, Tracker, episode_uuid_of
 from tidegraph.recall.search import SearchResults
+from tidegraph.records.episode import parse_episode
 from tidegraph.records.errors import BadTime, InvalidEpisode
 from tidegraph.records.ids import id_problem
 from tidegraph.records.search import SearchRequest
@@ -145,16 +146,15 @@ class MemoryService:
         if reference_time is None:
             raise Invalid("reference_time: say when it happened (ISO 8601)", field="reference_time")
         sent_at = utcnow()
+        fields = body.model_dump(exclude_none=True, exclude={"episode_id"})
+        record = {
+            **fields,
+            "id": body.episode_id or new_episode_id(),
+            "group_id": group_id,
+            "reference_time": reference_time.isoformat(),
+        }
         try:
-            result = await self.memory.add_episode(
-                group_id=group_id,
-                content=body.content,
-                reference_time=reference_time,
-                source=body.source,
-                name=body.name,
-                source_description=body.source_description,
-                episode_id=body.episode_id,
-            )
+            result = await self.memory.add(parse_episode(record))
         except InvalidEpisode as exc:
             raise Invalid(f"not a valid episode ({exc.reason}): {exc}", field=_field(exc)) from None
         except RuntimeError as exc:  # Kafka refused it (too large, not authorised, ...)
