@@ -115,11 +115,12 @@ def _read(raw: str, reference: datetime) -> datetime | None:
         "TIMEZONE": "UTC",
         "RETURN_AS_TIMEZONE_AWARE": False,
     }
-    # English first: detecting the language among all of dateparser's loads their data (the
-    # first phrase took 0.6-2 s); a phrase English does not read gets the detection.
-    parsed = dateparser.parse(phrase, languages=["en"], settings=settings) or dateparser.parse(
-        phrase, settings=settings
-    )
+    # English: detecting the language among all of dateparser's loads their data (a phrase
+    # English does not read took 2 s, each process once). Only a phrase with letters beyond
+    # ASCII ("hace 3 días") is worth that detection.
+    parsed = dateparser.parse(phrase, languages=["en"], settings=settings)
+    if parsed is None and not phrase.isascii():
+        parsed = dateparser.parse(phrase, settings=settings)
     return None if parsed is None else parsed.replace(tzinfo=UTC)
 
 

@@ -401,8 +401,18 @@ async def when(value: str | None, field: str) -> datetime | None:
 
 
 async def warm_time_phrases() -> None:
-    """Read one phrase now, so that the first request's phrase does not load dateparser."""
+    """Read phrases now (English, then one that needs dateparser's language detection), off
+    the event loop, so that a first request's phrase does not load dateparser's data."""
     await when("yesterday", "warm-up")
+    asyncio.get_running_loop().run_in_executor(
+        _TIME_PHRASES, _read_quietly, "hace 3 días"
+    )  # not awaited: the server answers meanwhile
+
+
+def _read_quietly(text: str) -> None:
+    from tidegraph.processors.temporal import parse_when
+
+    parse_when(text, utcnow())
 
 
 def _failed(state: EpisodeState) -> dict[str, Any]:
