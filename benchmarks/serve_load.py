@@ -215,6 +215,10 @@ PHRASE = (
     "since the first monday of the second quarter of the fiscal year two thousand and twenty "
     "three, march"
 )[:100]
+# Letters beyond ASCII: dateparser's language detection reads it (processors/temporal.py).
+PHRASE_ES = (
+    "desde el primer lunes del segundo trimestre del año fiscal dos mil veintitrés, en marzo"
+)
 
 
 async def probe(url: str, path: str, key: str | None, until: float) -> list[float]:
@@ -229,7 +233,7 @@ async def probe(url: str, path: str, key: str | None, until: float) -> list[floa
     return latencies
 
 
-async def phrases(url: str, until: float, clients: int = 40) -> int:
+async def phrases(url: str, until: float, phrase: str, clients: int = 40) -> int:
     """Searches with a 100-character time phrase, ``clients`` at once, until ``until``."""
     sent = 0
     limits = httpx.Limits(max_connections=clients)
@@ -239,7 +243,7 @@ async def phrases(url: str, until: float, clients: int = 40) -> int:
         async def client() -> None:
             nonlocal sent
             while time.monotonic() < until:
-                await http.post("/v1/search", json={"query": "Account plan", "valid_at": PHRASE})
+                await http.post("/v1/search", json={"query": "Account plan", "valid_at": phrase})
                 sent += 1
 
         await asyncio.gather(*(client() for _ in range(clients)))
@@ -326,7 +330,10 @@ async def noisy(url: str, port: int, seconds: float) -> None:
         return ""
 
     async def phrase_load(until: float) -> str:
-        return f"{await phrases(url, until)} searches"
+        return f"{await phrases(url, until, PHRASE)} searches"
+
+    async def foreign_phrase_load(until: float) -> str:
+        return f"{await phrases(url, until, PHRASE_ES)} searches"
 
     async def wait_load(until: float) -> str:
         statuses = await waits(url, seconds)
@@ -340,6 +347,7 @@ async def noisy(url: str, port: int, seconds: float) -> None:
     for name, load in (
         ("none", idle),
         ("40 searches with a 100-char time phrase", phrase_load),
+        ("40 searches, a 90-char non-ASCII phrase", foreign_phrase_load),
         ("100 reads waiting on unwritten tokens", wait_load),
         ("300 connections sending 1 header byte/s", slow_load),
     ):
