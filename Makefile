@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint install services-up services-down
+.PHONY: demo test lint docs install services-up services-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -12,7 +12,7 @@ $(BIN)/python:
 # name as your package"), a box before the demo, says nothing to act on: it is filtered out.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[test]'
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[test,docs]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -26,11 +26,16 @@ demo: install
 test: install lint
 	$(BIN)/pytest
 
-lint: install
+lint: install docs
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+
+## The reference documentation (docs/, mkdocs.yml) into .venv/site; a warning (a link to a
+## missing page or #anchor, a page missing from the nav) fails the build.
+docs: install
+	$(BIN)/mkdocs build --strict --quiet
 
 services-up: install
 	$(BIN)/python -m tests.support.local_services up

@@ -5,7 +5,7 @@
 SPEC is the one benchmarks/graphiti_compare.py writes for both sides (``neo4j_uri``, ``base_url``,
 ``model``, ``embedding_dim``, ``groups``: group_id -> episode envelopes in order; optionally
 ``profile``). The episodes go through the in-process pipeline
-(``tidegraph.pipelines.inprocess.ingest``: extraction -> resolution -> temporal -> invalidation +
+(``tidegraph.pipelines.ingest.ingest``: extraction -> resolution -> temporal -> invalidation +
 write, each group in order, every group at once) into the Neo4j store, with the hashing embedder and
 the real ``openai`` client (``LLMClient``) against the fake server. The client has no response cache
 and a rate limit far above what the fake server can answer, so every LLM request goes over HTTP and
@@ -25,7 +25,8 @@ import orjson
 
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
-from tidegraph.pipelines.inprocess import InProcessChain, ingest
+from tidegraph.pipelines.ingest import ingest
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.records.episode import Episode
 from tidegraph.stores.neo4j.store import Neo4jStore
 
@@ -61,7 +62,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     try:
         await store.setup(int(spec["embedding_dim"]))
-        pipeline = InProcessChain(
+        pipeline = GroupRunner.of(
             store=store,
             embedder=HashingEmbedder(dim=int(spec["embedding_dim"])),
             llm=llm,
@@ -91,7 +92,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
         },
         "client_stats": llm.stats.as_dict(),
         "failures": [
-            {"group_id": f.group_id, "episode": f.episode_id, "error": f"{f.stage}: {f.message}"}
+            {"group_id": f.group_id, "episode": f.episode_id, "error": f.failure.line()}
             for f in report.failures
         ],
     }

@@ -1,4 +1,5 @@
-"""Search and context latency at 10k and 100k facts per group (README "Memory retrieval").
+"""Search and context latency at 10k and 100k facts per group (docs/retrieval.md "Memory
+retrieval").
 
 A synthetic group is written straight through the store's own episode write (no chain, no
 LLM: the graph's shape is what matters here): ``--facts`` facts between ``facts/5`` entities,

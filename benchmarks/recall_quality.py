@@ -1,7 +1,7 @@
 """Recall quality: does search find the episodes that answer a question?
 
 Two feeds, each ingested into a fresh store, then every question asked with every recipe
-(README "Memory retrieval"), so the gain of fusion and reranking over one method shows:
+(docs/retrieval.md "Memory retrieval"), so the gain of fusion and reranking over one method shows:
 
 * ``support``: the generated support-chat feed (benchmarks/text_feed.py) through the real
   chain with the scripted LLM answering from the feed's ground truth (benchmarks/
@@ -217,12 +217,12 @@ def _settings(args: argparse.Namespace, data_dir: Path, llm_base_url: str | None
 
 
 async def _ingest(memory: Any, envelopes: list[dict[str, Any]]) -> dict[str, Any]:
-    from tidegraph.pipelines.inprocess import ingest
+    from tidegraph.pipelines.ingest import ingest
     from tidegraph.records.episode import Episode
 
     episodes = [Episode.model_validate(e) for e in envelopes]
     started = time.perf_counter()
-    report = await ingest(memory.runtime.chain(), episodes, concurrency=8)
+    report = await ingest(memory.runtime.runner(), episodes, concurrency=8)
     return {"ingest": report.line(), "ingest_seconds": round(time.perf_counter() - started, 1)}
 
 

@@ -1,5 +1,5 @@
 """Search over HTTP under load: requests/s and p50/p99 latency of ``POST /v1/search`` at 10 and
-100 concurrent clients, and the server's memory (README "Serving memory to agents").
+100 concurrent clients, and the server's memory (docs/serving.md "Serving memory to agents").
 
 The server is the real ``tidegraph serve`` in its own process on loopback (its RSS read from
 /proc), over the configured store (``TIDEGRAPH_STORE``; the embedded default in a temporary

@@ -13,7 +13,7 @@ the records delivered late). Paths (``--paths``, comma-separated, in this order)
               with batched ``UNWIND ... MERGE`` straight through the neo4j driver (batches of
               ``--raw-batch``, one throwaway group, parameters only; embeddings computed
               outside the timing): rows/s and events/s, the limit the others are compared to;
-``embedded``  in-process (``tidegraph.pipelines.inprocess.ingest``, ``--concurrency`` groups at
+``embedded``  in-process (``tidegraph.pipelines.ingest.ingest``, ``--concurrency`` groups at
 once)
               into the embedded SQLite store;
 ``neo4j``     the same into Neo4j;
@@ -106,7 +106,7 @@ def run_in_process(job: InProcessJob) -> dict[str, Any]:
 
 
 async def _in_process(job: InProcessJob) -> dict[str, Any]:
-    from tidegraph.pipelines.inprocess import ingest
+    from tidegraph.pipelines.ingest import ingest
     from tidegraph.pipelines.runtime import open_runtime
     from tidegraph.settings import Settings
 
@@ -122,7 +122,7 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
         try:
             profiler = _start_profiler(job.profile)
             started = time.perf_counter()
-            report = await ingest(runtime.chain(), episodes, concurrency=job.concurrency)
+            report = await ingest(runtime.runner(), episodes, concurrency=job.concurrency)
             seconds = time.perf_counter() - started
             _stop_profiler(profiler, job.profile)
             checked = await check_graph(runtime.store, feed)
@@ -136,7 +136,7 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
         "seconds": round(seconds, 3),
         "events_per_s": round(len(episodes) / seconds, 1),
         "failures": len(report.failures),
-        "first_failure": report.failures[0].message if report.failures else None,
+        "first_failure": report.failures[0].failure.message if report.failures else None,
         "facts_new": report.facts_new,
         "facts_merged": report.facts_merged,
         "facts_closed": report.facts_closed,

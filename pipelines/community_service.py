@@ -1,4 +1,5 @@
-"""Community maintenance over a ``GraphStore`` (README "Communities"), used by the CLI and
+"""Community maintenance over a ``GraphStore`` (docs/communities.md "Communities"), used by the CLI
+and
 the worker.
 
     service = CommunityService(store, llm, embedder)

@@ -1,4 +1,5 @@
-"""Extracting the episodes stored without extraction (README "Episodes without an LLM").
+"""Extracting the episodes stored without extraction (docs/architecture.md "Episodes without an
+LLM").
 
 An episode nothing could extract when it arrived (no LLM configured, no mapping rule, or the
 LLM failed on it after every retry) is stored with its content and ``not_extracted`` set.
@@ -15,7 +16,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from tidegraph.pipelines.inprocess import EpisodeFailed, InProcessChain
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord
@@ -63,7 +64,7 @@ def rebuild_episode(record: EpisodeRecord) -> Episode:
 
 
 async def extract_pending(
-    chain: InProcessChain,
+    runner: GroupRunner,
     store: GraphStore,
     group_ids: list[str],
     *,
@@ -84,14 +85,13 @@ async def extract_pending(
                     if record.uuid in done:  # extracted, yet still listed: never loop on it
                         raise RuntimeError(f"episode {record.uuid} stays pending once extracted")
                     done.add(record.uuid)
-                    try:
-                        summary = await chain.process(rebuild_episode(record))
-                    except EpisodeFailed as exc:
-                        report.failed[group_id] = f"{record.producer_id}: {exc}"
+                    [outcome] = await runner.run([rebuild_episode(record)])
+                    if outcome.failure is not None:
+                        report.failed[group_id] = f"{record.producer_id}: {outcome.failure.line()}"
                         return
-                    if summary.not_extracted is not None:
+                    if outcome.not_extracted is not None:
                         report.still_pending[group_id] = (
-                            f"{record.producer_id}: {summary.not_extracted}"
+                            f"{record.producer_id}: {outcome.not_extracted}"
                         )
                         return
                     report.extracted += 1
@@ -113,7 +113,7 @@ async def pending_envelopes(
 ) -> list[tuple[str, bytes]]:
     """(key, envelope) of the not-yet-extracted episodes of the groups on ``owned``
     partitions, oldest first per group, at most ``limit`` in all: the worker's sweep sends
-    them to the input topic again (README "Episodes without an LLM")."""
+    them to the input topic again (docs/architecture.md "Episodes without an LLM")."""
     out: list[tuple[str, bytes]] = []
     for group_id in await store.pending_groups():
         if partition_of(group_id, partitions) not in owned:

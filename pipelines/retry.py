@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from tidegraph.metrics import RETRIES, STAGE_EVENTS
-from tidegraph.processors.failures import Verdict, classify, root_cause
+from tidegraph.processors.failures import Verdict, classify
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,9 @@ async def with_retries(
             wait = policy.delay(attempt)
             RETRIES.labels(stage, verdict.reason).inc()
             STAGE_EVENTS.labels(stage, "retried").inc()
-            cause = root_cause(exc)
             log.warning(
                 "retry stage=%s %s reason=%s attempt=%d/%d wait=%.2fs error=%s: %s",
                 stage, what, verdict.reason, attempt, policy.max_attempts, wait,
-                type(cause).__name__, cause,
+                type(exc).__name__, exc,
             )  # fmt: skip
             await asyncio.sleep(wait)

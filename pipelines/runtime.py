@@ -2,7 +2,7 @@
 
 The CLI, the demo and the Faust worker all start from here, so one process has exactly one
 store connection, one embedder and one LLM client (hence one global rate limiter); the steps
-of either way of running the chain are built from ``Runtime.components``.
+the group runner runs are built from ``Runtime.components``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 from tidegraph.embed import make_embedder
 from tidegraph.embed.base import Embedder
 from tidegraph.llm import LLMClient
-from tidegraph.pipelines.inprocess import InProcessChain
+from tidegraph.pipelines.retry import RetryPolicy
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.mapping import MappingSet
 from tidegraph.processors.steps import Components
 from tidegraph.recall.crossencoder import CrossEncoder, cross_encoder_from_settings
@@ -31,10 +32,11 @@ class Runtime:
     components: Components
     cross_encoder: CrossEncoder | None = None  # the optional reranker (TIDEGRAPH_RERANK_*)
 
-    def chain(self) -> InProcessChain:
-        """The chain in this process, over these components."""
-        return InProcessChain.from_components(
-            self.components, record_timeout=self.settings.record_timeout_seconds
+    def runner(self, policy: RetryPolicy | None = None) -> GroupRunner:
+        """The group runner of this process, over these components (``policy``: its retries
+        of transient failures; default ``RetryPolicy()``)."""
+        return GroupRunner(
+            self.components, policy=policy, record_timeout=self.settings.record_timeout_seconds
         )
 
     async def close(self) -> None:

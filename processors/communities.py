@@ -1,4 +1,4 @@
-"""Communities, as pure logic (README "Communities"): no store, no LLM, no clock.
+"""Communities, as pure logic (docs/communities.md "Communities"): no store, no LLM, no clock.
 
 - ``assign_by_majority``: the community a new entity joins (weighted neighbour majority);
 - ``label_propagation``: a deterministic, capped, weighted asynchronous label propagation;

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.times import utc
-from tidegraph.stores.base import GraphStore
+
+if TYPE_CHECKING:
+    from tidegraph.processors.steps import ExtractionStore
 
 
 class RecentEpisodes:
     """Stored episodes + recently extracted ones, for extraction's prompt."""
 
-    def __init__(self, store: GraphStore, *, per_group: int = 16, max_groups: int = 10_000):
+    def __init__(self, store: ExtractionStore, *, per_group: int = 16, max_groups: int = 10_000):
         self.store = store
         self.per_group = per_group
         self.max_groups = max_groups

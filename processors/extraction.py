@@ -4,15 +4,15 @@ JSON records that a declared mapping matches skip the LLM entirely and touch no 
 processed marker is read with resolution's lookup, in the round trip that stage makes anyway.
 Everything else takes one structured LLM call, with the group's previous episodes as context,
 after a check that the episode is not processed yet (so that a replay costs no LLM call);
-several waiting episodes of a group may share one call (``ask_together``, README
+several waiting episodes of a group may share one call (``ask_together``, docs/streaming.md
 "Batch-native stages").
 
-A text or message episode the LLM cannot extract now (no LLM configured, or the LLM failed on
-it after every retry) is not lost: the step answers an empty extraction marked
-``not_extracted`` with why, so the episode is stored with its content, searchable at once,
-and ``tidegraph extract --pending`` extracts it later (README "Episodes without an LLM"). A
-json record is business data: one that no mapping rule matches, without an LLM, is
-dead-lettered (``no_extractor``) to be replayed once a rule covers it.
+A text or message episode the LLM cannot extract now (no LLM configured, or the LLM failed on it
+after every retry) is not lost: the step answers an empty extraction marked ``not_extracted`` with
+why, so the episode is stored with its content, searchable at once, and ``tidegraph extract
+--pending`` extracts it later (docs/architecture.md "Episodes without an LLM"). A json record is
+business data: one that no mapping rule matches, without an LLM, is dead-lettered (``no_extractor``)
+to be replayed once a rule covers it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tidegraph.metrics import EPISODES_NOT_EXTRACTED
 from tidegraph.processors.context import RecentEpisodes
@@ -38,7 +39,9 @@ from tidegraph.records.errors import NoExtractorError
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.ids import to_label
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, Processed
-from tidegraph.stores.base import GraphStore
+
+if TYPE_CHECKING:
+    from tidegraph.processors.steps import ExtractionStore
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ class ExtractionStep:
         *,
         mappings: MappingSet | None,
         llm: StructuredLLM | None,
-        store: GraphStore | None = None,
+        store: ExtractionStore | None = None,
         context: RecentEpisodes | None = None,
         context_episodes: int = 4,
         episodes_per_call: int = 4,
@@ -97,10 +100,11 @@ class ExtractionStep:
 
     async def prepare(self, episode: Episode) -> Prepared:
         """The part of ``run`` for an LLM episode that must happen in the group's order: the
-        processed check and the context read; the episode is then remembered, so that the
-        next episode's context holds it whether or not this one's LLM call has returned. The
-        LLM call itself (``run_prepared``) may then run ahead of the group's ordered stages
-        (README "Batch-native stages"); its prompt is the one ``run`` would have built."""
+        processed check and the context read; the episode is then remembered, so that the next
+        episode's context holds it whether or not this one's LLM call has returned. The LLM call
+        itself (``run_prepared``) may then run ahead of the group's ordered stages
+        (docs/streaming.md "Batch-native stages"); its prompt is the one ``run`` would have
+        built."""
         processed, stored = await self._reads(episode)
         return self._prepared(episode, processed, stored)
 
@@ -178,9 +182,10 @@ class ExtractionStep:
     async def _processed(self, episode: Episode) -> bool:
         if self.store is None:
             return False
-        return await self.store.episode_processed(
-            episode.group_id, episode.uuid, episode.content_hash
+        markers = await self.store.episode_markers(
+            episode.group_id, [(episode.uuid, episode.content_hash)]
         )
+        return episode.uuid in markers
 
     async def run_prepared(self, prepared: Prepared) -> Extraction | Processed:
         """``run`` from ``prepare``'s answer: the LLM call."""
@@ -239,7 +244,7 @@ class ExtractionStep:
     async def ask_together(self, prepared: list[Prepared]) -> list[Extraction | None]:
         """One LLM call extracting several prepared episodes of a group (consecutive, in
         order, none processed), with the first one's context: each episode's extraction, or
-        None for one the answer leaves out (it is then asked alone). README "Batch-native
+        None for one the answer leaves out (it is then asked alone). docs/streaming.md "Batch-native
         stages"."""
         assert self.llm is not None
         episodes = [p.episode for p in prepared]

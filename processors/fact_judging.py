@@ -1,5 +1,5 @@
 """What the LLM is asked about new facts: for one episode, or for several consecutive
-episodes of a group in one call (README "Batch-native stages").
+episodes of a group in one call (docs/streaming.md "Batch-native stages").
 
 A new fact without a cardinality is judged against its candidates: the facts sharing an
 endpoint with it that have its relation or similar wording (``candidates_per_fact``).

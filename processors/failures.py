@@ -1,9 +1,9 @@
 """Why a record failed: the dead-letter reasons, and which failures are worth retrying.
 
-Every record-level failure ends as a dead letter (Kafka) or an ingest failure (in-process)
-with one of the reasons in :data:`REASONS`; README "Retries and dead letters" lists the same
-table (a test keeps the two equal). Permanent failures raise a :class:`RecordError` that
-carries its reason; everything else is classified here by type:
+Every record-level failure ends as a dead letter (Kafka) or an ingest failure (in-process) with one
+of the reasons in :data:`REASONS`; docs/streaming.md "Retries and dead letters" lists the same table
+(a test keeps the two equal). Permanent failures raise a :class:`RecordError` that carries its
+reason; everything else is classified here by type:
 
 - transient (retried with backoff, then dead-lettered): Neo4j errors the driver marks
   retryable and commits whose outcome is unknown (the write is idempotent), LLM errors of
@@ -26,15 +26,6 @@ from tidegraph.records.errors import RecordError
 from tidegraph.stores import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
 
 
-class StageError(Exception):
-    """A stage failed on one episode; carries the stage name for the dead letter."""
-
-    def __init__(self, stage: str, cause: BaseException) -> None:
-        super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
-        self.stage = stage
-        self.cause = cause
-
-
 @dataclass(frozen=True)
 class Verdict:
     transient: bool
@@ -42,7 +33,7 @@ class Verdict:
 
 
 # Every reason a dead letter (or an in-process ingest failure) can carry: what it means and
-# what to do. README "Retries and dead letters" shows this table.
+# what to do. docs/streaming.md "Retries and dead letters" shows this table.
 REASONS: dict[str, str] = {
     # -- the input record (stage validation)
     "empty_record": "the record has no value (an empty Kafka value or a tombstone; `produce` "
@@ -71,8 +62,8 @@ REASONS: dict[str, str] = {
     "with the right key)",
     # -- extraction
     "no_extractor": "no mapping rule matches the json record and no LLM is configured (a "
-    "text or message episode without an LLM is stored unextracted instead: README "
-    '"Episodes without an LLM")',
+    "text or message episode without an LLM is stored unextracted instead: docs/"
+    'architecture.md "Episodes without an LLM")',
     "mapping_missing_field": "the record matched a mapping rule but lacks a field the rule needs",
     "mapping_bad_value": "a field the rule needs is null, empty, or not a scalar",
     "value_too_long": "a mapped entity name or key (512), summary (4,000) or fact text "
@@ -85,7 +76,7 @@ REASONS: dict[str, str] = {
     "llm_invalid_output": "the LLM's answer did not fit the schema after every retry",
     "llm_other": "the LLM refused the request (4xx other than 429: key, model, prompt)",
     # (The llm_* reasons dead-letter json records only: a text or message episode is stored
-    # unextracted instead, README "Episodes without an LLM".)
+    # unextracted instead, docs/architecture.md "Episodes without an LLM".)
     # -- the graph store (resolution, invalidation)
     "conflicting_duplicate": "the episode's id was already processed in its group with "
     "other content (a new episode needs a new id)",
@@ -110,12 +101,8 @@ REASONS: dict[str, str] = {
 _TRANSIENT_LLM = frozenset({"rate_limited", "server", "timeout"})
 
 
-def root_cause(exc: BaseException) -> BaseException:
-    return exc.cause if isinstance(exc, StageError) else exc
-
-
 def classify(exc: BaseException) -> Verdict:
-    cause = root_cause(exc)
+    cause = exc
     if isinstance(cause, RecordError):
         return Verdict(False, cause.reason)
     if isinstance(cause, LLMError):

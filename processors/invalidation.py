@@ -1,5 +1,5 @@
 """Invalidation stage: fact dedupe and contradiction on the two timelines, then one idempotent
-write transaction (README "Two timelines").
+write transaction (docs/architecture.md "Two timelines").
 
 It runs right after resolution and temporal stamping, in the same ordered hop
 (``tidegraph.pipelines.chain``): the stored facts it compares with include every earlier episode of
@@ -14,6 +14,7 @@ meanwhile (a stale worker that lost its partition). The rules themselves are pur
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import FACT_JUDGEMENTS, FACTS_INVALIDATED
@@ -32,51 +33,47 @@ from tidegraph.processors.prompts import (
     StructuredLLM,
     fact_resolution_user,
 )
+from tidegraph.processors.steps import UnitStore
 from tidegraph.processors.timeline import FactDecision, plan_facts
 from tidegraph.records.episode import Episode
-from tidegraph.records.graph import EntityRecord, EpisodeRecord, EpisodeWrite, FactRecord
-from tidegraph.records.stages import StampedEpisode, StampedFact, WriteSummary
+from tidegraph.records.graph import EpisodeRecord, EpisodeWrite, FactRecord
+from tidegraph.records.stages import Processed, StampedEpisode, StampedFact, WriteSummary
 from tidegraph.records.times import utcnow
-from tidegraph.stores.base import GraphStore
 from tidegraph.stores.hits import EPISODE_EMBED_CHARS
 
 log = logging.getLogger(__name__)
 
 
 class InvalidationStep:
-    """``run(stamped) -> WriteSummary`` (``skipped`` when the write found the episode already
-    processed)."""
+    """``run(stamped) -> WriteSummary``, or ``Processed`` when the write found the episode
+    already processed."""
 
     stage = "invalidation"
 
     def __init__(
         self,
         *,
-        store: GraphStore,
+        store: UnitStore,
         embedder: Embedder,
         llm: StructuredLLM | None,
         embed_mapped_content: bool = False,
     ) -> None:
         """``embed_mapped_content``: also embed the content of an episode a declared mapping
-        extracted (README "Configuration", ``TIDEGRAPH_EMBED_MAPPED_CONTENT``)."""
+        extracted (docs/configuration.md "Configuration", ``TIDEGRAPH_EMBED_MAPPED_CONTENT``)."""
         self.store = store
         self.embedder = embedder
         self.llm = llm
         self.embed_mapped_content = embed_mapped_content
 
-    async def run(self, stamped: StampedEpisode, joint: Judgement | None = None) -> WriteSummary:
+    async def run(
+        self, stamped: StampedEpisode, joint: Judgement | None = None
+    ) -> WriteSummary | Processed:
         """``joint``: the answers of a call that judged this episode's facts with those of
         the episodes before it in its unit (``judge_together``), used when they answer the
         questions this episode asks now (``tidegraph.processors.fact_judging``)."""
         episode = stamped.episode
         group = episode.group_id
         pending = stamped.pending
-        summary = WriteSummary(
-            group_id=group,
-            episode_uuid=episode.uuid,
-            episode_id=episode.id,
-            created_entities=pending.created,
-        )
         facts = stamped.facts
         judged = self.llm is not None and not stamped.mapped
         candidates = None
@@ -89,7 +86,7 @@ class InvalidationStep:
         vectors = joint.vectors.pop(episode.uuid, None) if joint is not None else None
         embeddings, content_embedding = vectors or await self._embed(stamped)
         decisions: dict[int, FactDecision] = {}
-        llm_calls = joint.take_calls() if joint is not None else 0
+        llm_calls = stamped.llm_calls + (joint.take_calls() if joint is not None else 0)
         if judged:
             decisions, calls = await self._judge(episode, facts, candidates, embeddings, joint)
             llm_calls += calls
@@ -105,46 +102,38 @@ class InvalidationStep:
         )
         if joint is not None:
             joint.record(episode.uuid, plan.became)
-        content = episode.content_text()
-        record = EpisodeRecord(
-            uuid=episode.uuid,
-            group_id=group,
-            name=episode.name or episode.id,
-            source=episode.source,
-            source_description=episode.source_description,
-            content=content,
-            content_embedding=content_embedding,
-            valid_at=episode.reference_time,
-            created_at=now,
-            producer_id=episode.id,
-            content_hash=episode.content_hash,
-            not_extracted=stamped.not_extracted,
+        write = EpisodeWrite(
+            episode=episode_record(stamped, content_embedding, now),
+            mentions=stamped.mentions,
+            facts=list(plan.facts.values()),
+            closures=list(plan.closures.values()),
+            entities=pending.entities,
+            created=pending.created,
         )
-        written = await self.store.write_episode(
-            group,
-            EpisodeWrite(
-                episode=record,
-                mentions=stamped.mentions,
-                facts=list(plan.facts.values()),
-                closures=list(plan.closures.values()),
-                entities=pending.entities,
-                created=pending.created,
-            ),
-        )
-        summary.llm_calls = stamped.llm_calls + llm_calls
-        summary.not_extracted = stamped.not_extracted
-        if not written:  # processed meanwhile (e.g. by the worker that now owns the group)
-            summary.skipped = True
-            return summary
+        if not await self.store.write_episode(group, write):
+            # Processed meanwhile (e.g. by the worker that now owns the group), or stored
+            # without extraction before and again now.
+            return Processed(
+                episode=episode,
+                created_entities=pending.created,
+                not_extracted=stamped.not_extracted,
+            )
         FACTS_INVALIDATED.labels("closed").inc(plan.closed)
         FACTS_INVALIDATED.labels("born_closed").inc(plan.born_closed)
-        summary.facts_new = plan.new
-        summary.facts_merged = plan.merged
-        summary.facts_closed = plan.closed
-        summary.facts_born_closed = plan.born_closed
-        summary.entities = len(stamped.mentions)
-        summary.entities_new = stamped.entities_new
-        return summary
+        return WriteSummary(
+            group_id=group,
+            episode_uuid=episode.uuid,
+            episode_id=episode.id,
+            created_entities=pending.created,
+            llm_calls=llm_calls,
+            not_extracted=stamped.not_extracted,
+            facts_new=plan.new,
+            facts_merged=plan.merged,
+            facts_closed=plan.closed,
+            facts_born_closed=plan.born_closed,
+            entities=len(stamped.mentions),
+            entities_new=stamped.entities_new,
+        )
 
     async def _candidates(
         self, group: str, facts: list[StampedFact], *, judged: bool
@@ -238,8 +227,7 @@ class InvalidationStep:
 
     async def _entity_names(self, group: str, facts: list[FactRecord]) -> dict[str, str]:
         uuids = sorted({u for f in facts for u in (f.source_uuid, f.target_uuid)})
-        records: list[EntityRecord] = await self.store.entities_by_uuids(group, uuids)
-        return {r.uuid: r.name for r in records}
+        return await self.store.entity_names(group, uuids)
 
 
 def candidate_reads(
@@ -276,3 +264,24 @@ def prefetched_candidates(
         return None
     wanted = set(pairs)
     return [f for f in read if (f.source_uuid, f.name) in wanted]
+
+
+def episode_record(
+    stamped: StampedEpisode, content_embedding: list[float] | None, now: datetime
+) -> EpisodeRecord:
+    """The episode's node as written: its processed marker (unless stored unextracted)."""
+    episode = stamped.episode
+    return EpisodeRecord(
+        uuid=episode.uuid,
+        group_id=episode.group_id,
+        name=episode.name or episode.id,
+        source=episode.source,
+        source_description=episode.source_description,
+        content=episode.content_text(),
+        content_embedding=content_embedding,
+        valid_at=episode.reference_time,
+        created_at=now,
+        producer_id=episode.id,
+        content_hash=episode.content_hash,
+        not_extracted=stamped.not_extracted,
+    )

@@ -178,7 +178,7 @@ def render(template: str, record: dict[str, Any], *, key: bool = False) -> str:
 
 
 def key_text(value: str | int | float | bool) -> str:
-    """A value as it stands in a key (README "Declared mappings"): an integer by its exact
+    """A value as it stands in a key (docs/mappings.md "Keys"): an integer by its exact
     digits (never through a float), a number with an integral value as that integer (7.0 is
     7), another number by its shortest form, a string as written without surrounding
     whitespace, a boolean as true/false. So 7, 7.0, "7" and "7 " name one entity; "07" and

@@ -8,7 +8,8 @@ every index and name it returns and treat names and relation types as data.
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
@@ -22,6 +23,22 @@ class StructuredLLM(Protocol):
     whose answer fits ``schema``."""
 
     async def structured(self, *, stage: str, system: str, user: str, schema: type): ...
+
+
+@dataclass(frozen=True)
+class LLMRequest:
+    """One structured call, as a value: what a step would ask (so that a call can be started
+    before the step asks it, ``tidegraph.pipelines.speculation``)."""
+
+    stage: str
+    system: str
+    user: str
+    schema: type
+
+    async def ask(self, llm: StructuredLLM) -> Any:
+        return await llm.structured(
+            stage=self.stage, system=self.system, user=self.user, schema=self.schema
+        )
 
 
 # ----------------------------------------------------------------------------- extraction

@@ -22,14 +22,15 @@ from tidegraph.metrics import ENTITIES_RESOLVED
 from tidegraph.processors.prompts import (
     ENTITY_RESOLUTION_SYSTEM,
     EntityResolutionOutput,
+    LLMRequest,
     StructuredLLM,
     entity_resolution_user,
 )
+from tidegraph.processors.steps import UnitStore
 from tidegraph.records.graph import EntityLookup, EntityRecord
 from tidegraph.records.ids import normalize_name, stable_uuid
 from tidegraph.records.stages import Extraction, PendingWrite, Processed, ResolvedEpisode
 from tidegraph.records.times import utcnow
-from tidegraph.stores.base import GraphStore
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +61,98 @@ class Resolution:
     writes: list[EntityRecord] = field(default_factory=list)
 
 
+@dataclass
+class Matches:
+    """What a lookup decides about an extraction's drafts, before any search or LLM call
+    (``match``): the stored entity of each matched draft and how it was found, the drafts that
+    repeat an earlier one of the episode, and the undecided ones."""
+
+    norms: list[str]
+    matched: dict[int, EntityRecord] = field(default_factory=dict)
+    methods: dict[int, str] = field(default_factory=dict)
+    alias_of: dict[int, int] = field(default_factory=dict)
+    undecided: list[int] = field(default_factory=list)
+
+
+def match(extraction: Extraction, lookup: EntityLookup) -> Matches:
+    """Each draft against the lookup: stable key first, then exact normalised name or alias;
+    within the episode, one entity per key or normalised name. Pure."""
+    drafts = extraction.entities
+    found = Matches(norms=[normalize_name(d.name) or d.name for d in drafts])
+    by_key = {e.key: e for e in lookup.by_key}
+    by_norm: dict[str, list[EntityRecord]] = {}
+    for record in lookup.by_name:
+        for n in {normalize_name(record.name), *record.aliases}:
+            by_norm.setdefault(n, []).append(record)
+    for i, draft in enumerate(drafts):
+        if draft.key and draft.key in by_key:
+            found.matched[i], found.methods[i] = by_key[draft.key], "key"
+            continue
+        # A name match never merges two different stable keys (two "John Smith" contacts).
+        named = by_norm.get(found.norms[i], [])
+        same_name = [r for r in named if r.key in (None, draft.key)]
+        if not same_name and draft.key is None and len({r.uuid for r in named}) == 1:
+            # A mention without a key ("Acme Corp" in a ticket) is the one keyed entity
+            # of that name (the CRM account); with two or more, the LLM decides.
+            same_name = named[:1]
+        if same_name:
+            same_name.sort(key=lambda r: (r.key is not None, r.uuid))
+            found.matched[i], found.methods[i] = same_name[0], "exact"
+    first_of: dict[str, int] = {}
+    for i, draft in enumerate(drafts):
+        ident = f"key:{draft.key}" if draft.key else f"name:{found.norms[i]}"
+        if ident in first_of and i not in found.matched:
+            found.alias_of[i] = first_of[ident]
+        first_of.setdefault(ident, i)
+    found.undecided = [
+        i for i in range(len(drafts)) if i not in found.matched and i not in found.alias_of
+    ]
+    return found
+
+
 class ResolutionStep:
     """``run(extraction) -> ResolvedEpisode``, or ``Processed`` for an episode already
     processed (nothing resolved, nothing written)."""
 
     stage = "resolution"
 
-    def __init__(self, *, store: GraphStore, embedder: Embedder, llm: StructuredLLM | None) -> None:
+    def __init__(self, *, store: UnitStore, embedder: Embedder, llm: StructuredLLM | None) -> None:
         self.store = store
         self.embedder = embedder
         self.llm = llm
 
     async def run(self, extraction: Extraction) -> ResolvedEpisode | Processed:
-        lookup = await self.lookup(extraction)
+        return await self.resolved_from(extraction, await self.lookup(extraction))
+
+    async def lookup(self, extraction: Extraction) -> EntityLookup:
+        """One round trip (``GraphStore.lookup_entities``): the processed marker
+        (EpisodeConflictError when stored with other content), the stored entities the
+        drafts' keys and names match, and for a mapped episode the found entities' facts of
+        its relations."""
+        keys, names, relations = lookup_terms(extraction)
+        episode = extraction.episode
+        return await self.store.lookup_entities(
+            episode.group_id, keys, names, episode.uuid, relations, episode.content_hash
+        )
+
+    def searches(self, extraction: Extraction, lookup: EntityLookup) -> bool:
+        """Whether resolving ``extraction`` from ``lookup`` searches the store (fulltext and
+        vector candidates for the LLM to judge): an LLM-extracted episode with a draft that no
+        key or name finds."""
+        return (
+            self.llm is not None
+            and not extraction.mapped
+            and not lookup.processed
+            and bool(match(extraction, lookup).undecided)
+        )
+
+    async def resolved_from(
+        self, extraction: Extraction, lookup: EntityLookup
+    ) -> ResolvedEpisode | Processed:
+        """``run`` from a lookup already made."""
         if lookup.processed:
             # Its new-entity events go out again (a crash may have come between the write and
-            # the send; README "At-least-once with idempotent effects").
+            # the send; docs/streaming.md "At-least-once with idempotent effects").
             return Processed(episode=extraction.episode, created_entities=lookup.created_entities)
         resolution = await self.resolve(extraction, lookup)
         resolved, writes = resolution.resolved, resolution.writes
@@ -89,80 +166,37 @@ class ResolutionStep:
         )
         return resolved
 
-    async def lookup(self, extraction: Extraction) -> EntityLookup:
-        """One round trip (``GraphStore.lookup_entities``): the processed marker
-        (EpisodeConflictError when stored with other content), the stored entities the
-        drafts' keys and names match, and for a mapped episode the found entities' facts of
-        its relations."""
-        keys, names, relations = lookup_terms(extraction)
-        episode = extraction.episode
-        return await self.store.lookup_entities(
-            episode.group_id, keys, names, episode.uuid, relations, episode.content_hash
-        )
-
     async def resolve(self, extraction: Extraction, lookup: EntityLookup) -> Resolution:
         """Each draft -> an entity uuid, from ``lookup`` (and, for LLM-extracted episodes,
         the LLM); the upserts are returned, not written."""
         group = extraction.episode.group_id
         drafts = extraction.entities
-        norms = [normalize_name(d.name) or d.name for d in drafts]
-        matched: dict[int, EntityRecord] = {}
-        methods: dict[int, str] = {}
-
-        by_key = {e.key: e for e in lookup.by_key}
-        by_norm: dict[str, list[EntityRecord]] = {}
-        for record in lookup.by_name:
-            for n in {normalize_name(record.name), *record.aliases}:
-                by_norm.setdefault(n, []).append(record)
-        for i, draft in enumerate(drafts):
-            if draft.key and draft.key in by_key:
-                matched[i], methods[i] = by_key[draft.key], "key"
-                continue
-            # A name match never merges two different stable keys (two "John Smith" contacts).
-            named = by_norm.get(norms[i], [])
-            same_name = [r for r in named if r.key in (None, draft.key)]
-            if not same_name and draft.key is None and len({r.uuid for r in named}) == 1:
-                # A mention without a key ("Acme Corp" in a ticket) is the one keyed entity
-                # of that name (the CRM account); with two or more, the LLM decides.
-                same_name = named[:1]
-            if same_name:
-                same_name.sort(key=lambda r: (r.key is not None, r.uuid))
-                matched[i], methods[i] = same_name[0], "exact"
-
-        # Within the episode, one entity per normalised name / key.
-        first_of: dict[str, int] = {}
-        alias_of: dict[int, int] = {}
-        for i, draft in enumerate(drafts):
-            ident = f"key:{draft.key}" if draft.key else f"name:{norms[i]}"
-            if ident in first_of and i not in matched:
-                alias_of[i] = first_of[ident]
-            first_of.setdefault(ident, i)
-
-        undecided = [i for i in range(len(drafts)) if i not in matched and i not in alias_of]
-        embeddings: dict[int, list[float]] = {}
-        if undecided:
-            vectors = await self.embedder.embed([drafts[i].name for i in undecided])
-            embeddings = dict(zip(undecided, vectors, strict=True))
+        found = match(extraction, lookup)
+        embeddings = await self._embed_undecided(extraction, found)
         llm_calls = 0
-        if undecided and self.llm is not None and not extraction.mapped:
-            decided, llm_calls = await self._judge(group, drafts, undecided, embeddings)
-            for i, record in decided.items():
-                matched[i], methods[i] = record, "llm"
+        if self.llm is not None and not extraction.mapped:
+            request = await self.judging_request(extraction, found, embeddings, self.store)
+            if request is not None:
+                output = await request.ask(self.llm)
+                decided = self._decided(request, found, output)
+                llm_calls = 1
+                for i, record in decided.items():
+                    found.matched[i], found.methods[i] = record, "llm"
 
         now = utcnow()
         uuids: list[str] = [""] * len(drafts)
         writes: dict[str, EntityRecord] = {}
         for i, draft in enumerate(drafts):
-            if i in alias_of:
+            if i in found.alias_of:
                 continue
-            if i in matched:
-                record = matched[i]
+            if i in found.matched:
+                record = found.matched[i]
                 uuids[i] = record.uuid
-                update = _update_for(record, draft.labels, draft.summary, draft.key, norms[i])
+                update = _update_for(record, draft.labels, draft.summary, draft.key, found.norms[i])
                 if update is not None:
                     writes[record.uuid] = _merge_write(writes.get(record.uuid), update)
             else:
-                methods[i] = "new"
+                found.methods[i] = "new"
                 uuid = new_entity_uuid(group, draft.name, draft.key)
                 uuids[i] = uuid
                 writes[uuid] = _merge_write(
@@ -174,35 +208,49 @@ class ResolutionStep:
                         labels=list(draft.labels),
                         summary=draft.summary,
                         key=draft.key,
-                        aliases=[norms[i]],
+                        aliases=[found.norms[i]],
                         name_embedding=embeddings.get(i),
                         created_at=now,
                     ),
                 )
-            ENTITIES_RESOLVED.labels(methods[i]).inc()
-        for i, first in alias_of.items():
+            ENTITIES_RESOLVED.labels(found.methods[i]).inc()
+        for i, first in found.alias_of.items():
             uuids[i] = uuids[first]
         resolved = ResolvedEpisode(
             extraction=extraction,
             entity_uuids=uuids,
             llm_calls=extraction.llm_calls + llm_calls,
-            entities_new=sum(1 for method in methods.values() if method == "new"),
+            entities_new=sum(1 for method in found.methods.values() if method == "new"),
         )
         return Resolution(resolved, list(writes.values()))
 
-    async def _judge(
+    async def _embed_undecided(
+        self, extraction: Extraction, found: Matches
+    ) -> dict[int, list[float]]:
+        if not found.undecided:
+            return {}
+        names = [extraction.entities[i].name for i in found.undecided]
+        return dict(zip(found.undecided, await self.embedder.embed(names), strict=True))
+
+    async def judging_request(
         self,
-        group: str,
-        drafts: list,
-        undecided: list[int],
+        extraction: Extraction,
+        found: Matches,
         embeddings: dict[int, list[float]],
-    ) -> tuple[dict[int, EntityRecord], int]:
-        """Candidates from fulltext + vector search (every draft's searches at once,
-        ``GraphStore.entity_candidates``: the candidates are listed by uuid, so their order
-        does not matter), then one LLM call for all of them."""
+        store: UnitStore,
+    ) -> JudgingRequest | None:
+        """The one LLM call that judges the undecided drafts against their candidates from
+        ``store``'s fulltext + vector search (every draft's searches at once,
+        ``entity_candidates``; candidates listed by uuid, so their order does not matter), or
+        None when there is nothing to judge."""
+        if not found.undecided:
+            return None
+        drafts = extraction.entities
         threshold = self.embedder.thresholds.entity_candidate
-        searches = await self.store.entity_candidates(
-            group, [(drafts[i].name, embeddings[i]) for i in undecided], CANDIDATES_PER_ENTITY
+        searches = await store.entity_candidates(
+            extraction.episode.group_id,
+            [(drafts[i].name, embeddings[i]) for i in found.undecided],
+            CANDIDATES_PER_ENTITY,
         )
         candidates: dict[str, EntityRecord] = {}
         for by_vector, _ in searches:
@@ -213,22 +261,49 @@ class ResolutionStep:
             for record, _ in by_text:
                 candidates.setdefault(record.uuid, record)
         if not candidates:
-            return {}, 0
+            return None
         listed = sorted(candidates.values(), key=lambda r: r.uuid)
-        output: EntityResolutionOutput = await self.llm.structured(  # type: ignore[union-attr]
-            stage=self.stage,
-            system=ENTITY_RESOLUTION_SYSTEM,
-            user=entity_resolution_user(
-                [(i, drafts[i].name, drafts[i].summary) for i in undecided], listed
-            ),
-            schema=EntityResolutionOutput,
+        user = entity_resolution_user(
+            [(i, drafts[i].name, drafts[i].summary) for i in found.undecided], listed
         )
+        request = LLMRequest(self.stage, ENTITY_RESOLUTION_SYSTEM, user, EntityResolutionOutput)
+        return JudgingRequest(request, listed)
+
+    async def speculate(
+        self, extraction: Extraction, lookup: EntityLookup, store: UnitStore
+    ) -> LLMRequest | None:
+        """The judging call resolving ``extraction`` from ``lookup`` would make if ``store``
+        answered its search (``None``: it makes none), worked out without asking it."""
+        if not self.searches(extraction, lookup):
+            return None
+        found = match(extraction, lookup)
+        embeddings = await self._embed_undecided(extraction, found)
+        judging = await self.judging_request(extraction, found, embeddings, store)
+        return None if judging is None else judging.request
+
+    @staticmethod
+    def _decided(
+        judging: JudgingRequest, found: Matches, output: EntityResolutionOutput
+    ) -> dict[int, EntityRecord]:
+        listed = judging.candidates
         decided: dict[int, EntityRecord] = {}
-        for match in output.matches:
-            if match.entity in undecided and match.duplicate_of is not None:
-                if 0 <= match.duplicate_of < len(listed):
-                    decided.setdefault(match.entity, listed[match.duplicate_of])
-        return decided, 1
+        for answer in output.matches:
+            if answer.entity in found.undecided and answer.duplicate_of is not None:
+                if 0 <= answer.duplicate_of < len(listed):
+                    decided.setdefault(answer.entity, listed[answer.duplicate_of])
+        return decided
+
+
+@dataclass(frozen=True)
+class JudgingRequest:
+    """Entity judging as a value: the call, and the candidates its answer's indexes name."""
+
+    request: LLMRequest
+    candidates: list[EntityRecord]
+
+    async def ask(self, llm: StructuredLLM) -> EntityResolutionOutput:
+        output: EntityResolutionOutput = await self.request.ask(llm)
+        return output
 
 
 def _update_for(

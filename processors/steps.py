@@ -1,18 +1,18 @@
-"""What a stage is: a step with an async ``run`` from one record to the next, and the
-components steps are built from.
+"""What a stage is: a step with an async ``run`` from one record to the next; what the steps
+read and write (two narrow protocols every graph store and the batch view implement); and the
+components the steps are built from.
 
-Every stage of the chain (``tidegraph.pipelines.chain.CHAIN``) is a step: ``run(item)`` returns the
-next record, or ``Processed`` when the episode is already processed (a redelivery or a replay:
-nothing to do; the chain stops there). Each step decides that itself, where it costs the least
-(README "At-least-once with idempotent effects"). Steps know nothing of Kafka or of how they are
-run: the Faust agents (``tidegraph.pipelines.streaming.handlers``) and the in-process chain
-(``tidegraph.pipelines.inprocess``) run the same objects, built once per process from the same
+Every stage is a step: ``run(item)`` returns the next record, or ``Processed`` when the episode
+is already processed (a redelivery or a replay: nothing to do). Each step decides that itself,
+where it costs the least. Steps know nothing of Kafka or of how they are run: the group runner
+(``tidegraph.pipelines.runner``) runs them for every way of ingesting, built from the same
 ``Components``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol, TypeVar
 
 from tidegraph.embed.base import Embedder
@@ -20,6 +20,13 @@ from tidegraph.embed.cache import CachingEmbedder
 from tidegraph.processors.context import RecentEpisodes
 from tidegraph.processors.mapping import MappingSet
 from tidegraph.processors.prompts import StructuredLLM
+from tidegraph.records.graph import (
+    EntityLookup,
+    EntityRecord,
+    EpisodeRecord,
+    EpisodeWrite,
+    FactRecord,
+)
 from tidegraph.records.stages import Processed
 from tidegraph.stores.base import GraphStore
 
@@ -37,6 +44,55 @@ class Step(Protocol[In, Out]):
     async def run(self, item: In) -> Out | Processed:
         """The next record, or ``Processed`` when the episode is already processed."""
         ...
+
+
+class ExtractionStore(Protocol):
+    """What extraction reads (``GraphStore`` docstrings): whether episodes are processed, and
+    the group's earlier episodes as context."""
+
+    async def episode_markers(
+        self, group_id: str, episodes: list[tuple[str, str | None]]
+    ) -> dict[str, list[str]]: ...
+
+    async def recent_episodes(
+        self, group_id: str, before: datetime, limit: int
+    ) -> list[EpisodeRecord]: ...
+
+    async def recent_episodes_before(
+        self, group_id: str, befores: list[datetime], limit: int
+    ) -> list[list[EpisodeRecord]]: ...
+
+
+class UnitStore(Protocol):
+    """What resolution and invalidation read and write (``GraphStore`` docstrings): a graph
+    store, or the batch view of a unit of episodes (``tidegraph.pipelines.batch_view``)."""
+
+    async def lookup_entities(
+        self,
+        group_id: str,
+        keys: list[str],
+        names: list[str],
+        episode_uuid: str | None = None,
+        relations: list[str] | None = None,
+        content_hash: str | None = None,
+    ) -> EntityLookup: ...
+
+    async def entity_candidates(
+        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]: ...
+
+    async def fact_candidates(
+        self,
+        group_id: str,
+        pairs: list[tuple[str, str]],
+        ends: list[str],
+        *,
+        embeddings: bool = True,
+    ) -> list[FactRecord]: ...
+
+    async def entity_names(self, group_id: str, uuids: list[str]) -> dict[str, str]: ...
+
+    async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool: ...
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Temporal stamping: validity intervals on the event timeline T (README "Two timelines").
+"""Temporal stamping: validity intervals on the event timeline T (docs/architecture.md "Two
+timelines").
 
 Dates come as stated (ISO from a mapping field or the LLM, epoch seconds, or a phrase such as
 "since last March") and are resolved against the episode's reference_time. A fact with no

@@ -1,4 +1,5 @@
-"""Fact dedupe and contradiction on the two timelines (README "Two timelines"). Pure logic, no I/O.
+"""Fact dedupe and contradiction on the two timelines (docs/architecture.md "Two timelines"). Pure
+logic, no I/O.
 
 Given the facts an episode states (already stamped on T) and the stored facts that share an
 endpoint with them, decide per new fact, in episode order:

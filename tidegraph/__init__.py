@@ -1,6 +1,6 @@
 """tidegraph: event feeds into a bi-temporal knowledge graph that AI agents use as memory.
 
-The public API, in one import (README "Memory retrieval")::
+The public API, in one import (docs/retrieval.md "Memory retrieval")::
 
     from tidegraph import Memory, SearchRequest
 

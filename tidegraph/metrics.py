@@ -1,4 +1,4 @@
-"""Every Prometheus metric tidegraph exports, in one place (listed in the README).
+"""Every Prometheus metric tidegraph exports, in one place (listed in docs/streaming.md, "Metrics").
 
 Stages and components import the metric objects from here; the worker serves them over HTTP.
 """

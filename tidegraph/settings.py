@@ -1,6 +1,6 @@
 """Settings read from environment variables (prefix ``TIDEGRAPH_``) or a ``.env`` file.
 
-Every field here is documented in the README's Configuration table; keep the two in step.
+Every field here is documented in docs/configuration.md; keep the two in step.
 """
 
 from __future__ import annotations

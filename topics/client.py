@@ -423,8 +423,8 @@ async def _newly_processed(
     store: GraphStore, items: list[Produced], window: int = 256
 ) -> list[tuple[int, int]]:
     """Positions of ``items`` stored in the graph (processed, or stored without extraction:
-    searchable either way, README "Episodes without an LLM"). A group's episodes are written
-    in order, so each group's oldest ``window`` pending episodes are asked, in one read per
+    searchable either way, docs/architecture.md "Episodes without an LLM"). A group's episodes are
+    written in order, so each group's oldest ``window`` pending episodes are asked, in one read per
     group (bounded work per poll on big files, and little beside the workers' own)."""
     by_group: dict[str | None, list[Produced]] = {}
     for item in sorted(items, key=lambda p: (p.partition, p.offset)):

@@ -1,10 +1,10 @@
 """Record schemas of every tidegraph topic, and their orjson serde.
 
 Every record is keyed by ``group_id`` (UTF-8 bytes). Values are JSON (orjson), one pydantic model
-per topic. The input topic carries the episode envelope exactly as produced (README "Topics"); the
-hop record between the two hops (``tidegraph.pipelines.chain``) carries extraction's output plus
-``origin``, the position and Kafka timestamp of the episode's record on the input topic (used for
-the produce->written latency and to match dead letters to what was produced).
+per topic. The input topic carries the episode envelope exactly as produced (docs/streaming.md
+"Topics"); the hop record between the two hops (``tidegraph.pipelines.chain``) carries extraction's
+output plus ``origin``, the position and Kafka timestamp of the episode's record on the input topic
+(used for the produce->written latency and to match dead letters to what was produced).
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The Faust app: one agent per stage, each a thin loop around a ``pipelines.stages`` handler.
+"""The Faust app: one agent per hop, each a thin loop around its handler
+(``tidegraph.pipelines.streaming.handlers``): the extraction hop on ``{prefix}.episodes``, the
+write hop on ``{prefix}.extracted`` (and the community agent on ``{prefix}.entities.new``).
 
 Per agent: micro-batches from ``stream.noack_take(batch_size, within)``; each record goes to the
 lane of its key (= group_id, ``tidegraph.pipelines.streaming.lanes``): groups run concurrently, each
@@ -24,7 +26,6 @@ import faust
 
 from tidegraph.connections import KafkaConnection
 from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
-from tidegraph.pipelines.chain import CHAIN, build_steps, hops
 from tidegraph.pipelines.pending import pending_envelopes
 from tidegraph.pipelines.runtime import Runtime
 from tidegraph.pipelines.streaming.commits import guard_commits
@@ -33,8 +34,9 @@ from tidegraph.pipelines.streaming.config import WorkerSettings
 from tidegraph.pipelines.streaming.handlers import (
     Consumed,
     Emit,
-    HopHandler,
+    ExtractionHandler,
     RecordHandler,
+    WriteHandler,
     handled,
 )
 from tidegraph.pipelines.streaming.health import HealthState
@@ -104,16 +106,54 @@ def create_app(
     loop: asyncio.AbstractEventLoop | None = None,
     health: HealthState | None = None,
 ) -> TidegraphApp:
+    """The worker's Faust app: one agent per hop over one group runner (docs: "Streaming
+    topology"), the community agent, the rebalance handlers and the timers."""
     names = TopicNames(settings.topic_prefix)
-    partitions = settings.partitions
+    app = _faust_app(settings, worker, loop)
+    topics = {
+        name: app.topic(
+            name,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=settings.partitions,
+            replicas=settings.replication_factor,
+        )
+        for name in names.all()
+    }
+    sender = Sender(topics, names)
+    runner = runtime.runner(worker.retry_policy())
+    budget = settings.record_timeout_seconds
+    lanes: list[KeyedLanes] = []
+    hops: list[tuple[str, RecordHandler]] = [
+        (names.episodes, ExtractionHandler(runner, names, worker, budget)),
+        (names.extracted, WriteHandler(runner, names, worker, budget)),
+    ]
+    for topic, handler in hops:
+        agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)
+        app.agent(topics[topic], name=f"tidegraph.{handler.stage}")(agent)
+    if worker.communities_enabled:  # entities.new -> communities (community_agent.py)
+        install_community_agent(
+            app, runtime, names, worker, source=topics[names.entities_new],
+            run_agent=partial(stage_agent, sender=sender, worker=worker, registry=lanes,
+                              generation=lambda: app.consumer_generation_id),
+        )  # fmt: skip
+    owned = _on_rebalance(app, runtime, names, [topic for topic, _ in hops], lanes, health)
+    _timers(app, runtime, worker, names, topics, owned, settings.partitions, health)
+    app.add_closer(runtime.close)
+    return app
+
+
+def _faust_app(
+    settings: Settings, worker: WorkerSettings, loop: asyncio.AbstractEventLoop | None
+) -> TidegraphApp:
     kafka = KafkaConnection.from_settings(settings)
-    app = TidegraphApp(
+    return TidegraphApp(
         worker.group_id(settings.topic_prefix),
         broker=kafka.faust_brokers(),
         broker_credentials=kafka.faust_credentials(),
         store="memory://",
         web_enabled=False,
-        topic_partitions=partitions,
+        topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=False,  # ensure_topics creates them, with checks
         topic_disable_leader=True,
@@ -132,41 +172,19 @@ def create_app(
         datadir=str(settings.data_dir / "faust"),
         loop=loop,
     )
-    topic_objects = {
-        name: app.topic(
-            name,
-            key_serializer="raw",
-            value_serializer="raw",
-            partitions=partitions,
-            replicas=settings.replication_factor,
-        )
-        for name in names.all()
-    }
-    sender = Sender(topic_objects, names)
-    # One agent per hop of the chain (tidegraph.pipelines.chain), its steps built once for this
-    # process.
-    steps = dict(zip((stage.name for stage in CHAIN), build_steps(runtime.components), strict=True))
-    budget = settings.record_timeout_seconds
-    lanes: list[KeyedLanes] = []
-    consumed: list[str] = []
-    for hop in hops(CHAIN):
-        handler = HopHandler(
-            hop,
-            [steps[stage.name] for stage in hop.stages],
-            names,
-            worker,
-            budget,
-            batch=runtime.components,  # the write hop batches a group's records
-        )
-        consumed.append(names.named(hop.consumes))
-        agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)
-        app.agent(topic_objects[consumed[-1]], name=f"tidegraph.{hop.name}")(agent)
-    if worker.communities_enabled:  # entities.new -> communities (pipelines/community_agent)
-        install_community_agent(
-            app, runtime, names, worker, source=topic_objects[names.entities_new],
-            run_agent=partial(stage_agent, sender=sender, worker=worker, registry=lanes,
-                              generation=lambda: app.consumer_generation_id),
-        )  # fmt: skip
+
+
+def _on_rebalance(
+    app: TidegraphApp,
+    runtime: Runtime,
+    names: TopicNames,
+    consumed: list[str],
+    lanes: list[KeyedLanes],
+    health: HealthState | None,
+) -> set[int]:
+    """Finish every job admitted before partitions move or the worker stops; returns the
+    partitions of the input topic this worker owns (kept current), for the pending sweep."""
+    owned: set[int] = set()
 
     async def quiesce() -> None:
         # Faust has waited for the records it tracks; also finish every job admitted to a
@@ -181,14 +199,10 @@ def create_app(
             ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(0)
         runtime.components.context.forget_all()
 
-    owned_episode_partitions: set[int] = set()  # the pending sweep's groups (below)
-
     @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # Faust awaits async receivers
     async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
-        owned_episode_partitions.clear()
-        owned_episode_partitions.update(
-            tp.partition for tp in assigned if tp.topic == names.episodes
-        )
+        owned.clear()
+        owned.update(tp.partition for tp in assigned if tp.topic == names.episodes)
         for stage_lanes in lanes:
             stage_lanes.reopen()  # records taken before the rebalance are still dropped
         for topic in consumed:
@@ -205,6 +219,20 @@ def create_app(
     async def on_shutdown(sender: Any, **_: Any) -> None:
         await quiesce()  # before the consumer's last commit
 
+    return owned
+
+
+def _timers(
+    app: TidegraphApp,
+    runtime: Runtime,
+    worker: WorkerSettings,
+    names: TopicNames,
+    topics: dict[str, faust.TopicT],
+    owned: set[int],
+    partitions: int,
+    health: HealthState | None,
+) -> None:
+    """The store probe behind /readyz and the sweep of episodes stored without extraction."""
     if health is not None:
 
         @app.timer(interval=worker.health_probe_seconds)
@@ -223,24 +251,18 @@ def create_app(
         @app.timer(interval=worker.pending_sweep_seconds, name="tidegraph.pending_sweep")
         async def sweep_pending() -> None:
             # Episodes stored without extraction go through the chain again, on their group's
-            # partition so the group's order holds (README "Episodes without an LLM").
+            # partition so the group's order holds (docs: "Episodes without an LLM").
             try:
                 envelopes = await pending_envelopes(
-                    runtime.store,
-                    set(owned_episode_partitions),
-                    partitions,
-                    worker.pending_sweep_limit,
+                    runtime.store, set(owned), partitions, worker.pending_sweep_limit
                 )
                 for key, value in envelopes:
-                    await topic_objects[names.episodes].send(key=key.encode(), value=value)
+                    await topics[names.episodes].send(key=key.encode(), value=value)
             except Exception:
                 log.exception("pending sweep failed; the next one tries again")
                 return
             if envelopes:
                 log.info("pending_sweep resent=%d", len(envelopes))
-
-    app.add_closer(runtime.close)
-    return app
 
 
 def _short(names: TopicNames, topic: str) -> str:
@@ -285,20 +307,15 @@ def stage_agent(
         try:
             async for events in batches:
                 BATCH_SIZE.labels(handler.stage).observe(len(events))
-                if handler.groups_records:
-                    # A group's waiting records in one job, batched or extracted ahead (README
-                    # "Batch-native stages"); its lane keeps the group's jobs in order.
-                    for key, group_events in by_key(events).items():
-                        for start in range(0, len(group_events), backlog.most):
-                            backlog.add(key, group_events[start : start + backlog.most])
-                            job = partial(
-                                run_waiting, handler, sender, stream, backlog, key, generation
-                            )
-                            await lanes.submit(key, job)
-                    continue
-                for event in events:
-                    job = partial(run_record, handler, sender, stream, event, generation)
-                    await lanes.submit(event.message.key, job)
+                # A group's waiting records in one job (docs: "Batch-native stages"); its
+                # lane keeps the group's jobs in order.
+                for key, group_events in by_key(events).items():
+                    for start in range(0, len(group_events), backlog.most):
+                        backlog.add(key, group_events[start : start + backlog.most])
+                        job = partial(
+                            run_waiting, handler, sender, stream, backlog, key, generation
+                        )
+                        await lanes.submit(key, job)
         finally:
             registry.remove(lanes)
             await lanes.cancel()
@@ -359,37 +376,13 @@ async def run_records(
             "stage=%s dropped %d records taken before the rebalance",
             handler.stage, len(events) - len(fresh),
         )  # fmt: skip
-    outputs = await handler.handle_group([consumed(event) for event in fresh])
+    outputs = await handled(handler, [consumed(event) for event in fresh])
     deliveries = [(emit, await sender.send(emit)) for emits in outputs for emit in emits]
     for emit, delivery in deliveries:
         await delivery
         sender.delivered(emit)
     for event in fresh:
         await stream.ack(event)
-
-
-async def run_record(
-    handler: RecordHandler,
-    sender: Sender,
-    stream: faust.StreamT,
-    event: faust.EventT,
-    generation: Callable[[], int],
-) -> None:
-    """One record: handle it, produce its outputs, wait for Kafka's acknowledgement, ack."""
-    if event.message.generation_id != generation():
-        # Taken before a rebalance (none should be left: they are finished before the
-        # partitions are let go). Its partition may be another worker's now: leave it unacked.
-        log.warning(
-            "stage=%s dropped a record taken before the rebalance: %s:%d:%d",
-            handler.stage, event.message.topic, event.message.partition, event.message.offset,
-        )  # fmt: skip
-        return
-    outputs = await handled(handler, consumed(event), handler.deadline)
-    deliveries = [(emit, await sender.send(emit)) for emit in outputs]
-    for emit, delivery in deliveries:
-        await delivery
-        sender.delivered(emit)
-    await stream.ack(event)
 
 
 def consumed(event: faust.EventT) -> Consumed:

@@ -1,4 +1,4 @@
-"""The community processor in the worker (README "Communities"): an agent on
+"""The community processor in the worker (docs/communities.md "Communities"): an agent on
 ``{prefix}.entities.new`` and a refresh timer, both over one ``CommunityService``.
 
 - The agent reads ``NewEntityRecord``s exactly as the stage agents read their inputs
@@ -63,14 +63,6 @@ class CommunityHandler(RecordHandler):
         self.service = service
         self.on_group = on_group
 
-    async def handle(self, record: Consumed) -> list[Emit]:
-        [outputs] = await self.handle_group([record])
-        return outputs
-
-    @property
-    def groups_records(self) -> bool:
-        return True
-
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
         """A group's new entities of a micro-batch placed as one unit, in order
         (``CommunityService.assign_many``: one read of their neighbours' communities, one
@@ -100,7 +92,7 @@ class CommunityHandler(RecordHandler):
 
         attempts, reason, error = 0, "timeout", "out of time (TIDEGRAPH_RECORD_TIMEOUT_SECONDS)"
         try:
-            async with asyncio.timeout(self.deadline):
+            async with asyncio.timeout(self.record_timeout):
                 outcome = await with_retries(
                     self.stage, attempt, self.policy, what=f"group={group} entities={len(entities)}"
                 )

@@ -1,13 +1,15 @@
 """Settings of the streaming workers (``TIDEGRAPH_`` environment variables, like Settings).
 
 Kept apart from ``tidegraph.settings.Settings`` because only the Kafka topology reads them;
-they are listed in README "Worker settings".
+they are listed in docs/configuration.md "Worker settings".
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tidegraph.pipelines.retry import RetryPolicy
 
 
 class WorkerSettings(BaseSettings):
@@ -29,6 +31,15 @@ class WorkerSettings(BaseSettings):
         "records of a job, and a group's records waiting behind a busy lane are taken "
         "together anyway.",
     )
+
+    def retry_policy(self) -> RetryPolicy:
+        """Retries of a record's transient failures (``TIDEGRAPH_STAGE_MAX_ATTEMPTS``, the
+        backoff settings)."""
+        return RetryPolicy(
+            max_attempts=self.stage_max_attempts,
+            backoff=self.retry_backoff_seconds,
+            backoff_max=self.retry_backoff_max_seconds,
+        )
 
     def batch_within(self, stage: str) -> float:
         """The micro-batch wait of the hop that starts with ``stage``."""

@@ -2,7 +2,7 @@
 
 They run through their ``main(argv)`` against the real broker and server of the fixtures and
 write their JSON into the test's folder. No timing thresholds: only that each finishes, exits
-0 and writes the keys the README's figures are read from.
+0 and writes the keys docs/performance.md's figures are read from.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The memory-retrieval benchmarks on a tiny input (README "Memory retrieval"): each finishes
-and reports the figures the README quotes. No thresholds on speed; on quality only what the
+"""The memory-retrieval benchmarks on a tiny input (docs/retrieval.md "Memory retrieval"): each
+finishes
+and reports the figures docs/retrieval.md quotes. No thresholds on speed; on quality only what the
 tiny feeds make certain (the evidence of an exact-wording question is found)."""
 
 from __future__ import annotations

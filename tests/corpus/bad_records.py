@@ -1,11 +1,11 @@
 """Bad input, one entry per kind, each with the dead letter tidegraph must give it (issue 16).
 
 A :class:`BadCase` is one record exactly as a producer sends it (bytes; ``None`` is a Kafka
-tombstone) and the ``(stage, reason)`` that its dead letter (worker) and its ``tidegraph
-ingest`` failure must carry, one of ``processors/failures.py: REASONS`` (README "Retries and
-dead letters"). The expectations follow the documented rules: the envelope's
-(``processors/models.py: Episode``, ``processors/pipeline.py: parse_episode``), the mapping's
-(``processors/mapping.py``) and the strict times of mapped records (``processors/temporal.py``).
+tombstone) and the ``(stage, reason)`` that its dead letter (worker) and its ``tidegraph ingest``
+failure must carry, one of ``processors/failures.py: REASONS`` (docs/streaming.md "Retries and dead
+letters"). The expectations follow the documented rules: the envelope's (``processors/models.py:
+Episode``, ``processors/pipeline.py: parse_episode``), the mapping's (``processors/mapping.py``) and
+the strict times of mapped records (``processors/temporal.py``).
 
 :func:`bad_corpus` builds it for a run's group ids over the CRM mapping
 (``tests.support.crm_feed.CRM_MAPPING``): the cases are spread over the groups, and each
@@ -270,7 +270,7 @@ def _not_objects(b: _Builder) -> None:
 
 
 def _fields(b: _Builder) -> None:
-    # source is optional (json for an object, message for text: README "Topics")
+    # source is optional (json for an object, message for text: docs/streaming.md "Topics")
     for name in ("id", "group_id", "content", "reference_time"):
         b.invalid(
             f"missing {name}", b.envelope(f"missing {name}", **{name: _DROP}), "missing_field"
@@ -419,7 +419,7 @@ def _kafka_keys(b: _Builder) -> None:
 # ----------------------------------------------------------------------------- extraction
 def _extraction(b: _Builder) -> None:
     # A text or message episode without an LLM is no bad record: it is stored unextracted
-    # (README "Episodes without an LLM"; tests/integration/test_pending.py).
+    # (docs/architecture.md "Episodes without an LLM"; tests/integration/test_pending.py).
     b.add(
         "json record of an unmapped type",
         b.mapped("unmapped type", {"type": "invoice.paid", "amount": 10}),
@@ -508,7 +508,8 @@ def _mapped_times(b: _Builder) -> None:
 # ----------------------------------------------------------------------------- the store
 def _duplicates(b: _Builder) -> tuple[list[dict[str, Any]], list[bytes]]:
     """An id re-sent with other content after its first episode was written: the mapped
-    episode's processed marker is read with resolution's lookup (README "Envelopes are taken
+    episode's processed marker is read with resolution's lookup (docs/streaming.md "Envelopes are
+    taken
     exactly"). Beside it an id re-sent with the same content: written once, no dead letter."""
     conflict = b.mapped("conflicting duplicate", plan_record((21, "Twice Corp"), "Pro", AT))
     b.add(

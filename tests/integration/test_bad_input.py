@@ -2,7 +2,7 @@
 (``tests/corpus/bad_records.py``) through a real worker and through ``tidegraph ingest``, good
 records of several groups around it. Every bad record ends as exactly one dead letter (or ingest
 failure) with its expected stage and reason, every good one is written, the worker never exits
-(README "Retries and dead letters")."""
+(docs/streaming.md "Retries and dead letters")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
 """A group's micro-batch processed as one unit gives the graph of one episode at a time, on
 both real stores (property test), and a failing episode inside a batch fails alone.
 
-The feeds are those of ``test_delivery_order_stores`` (random mapped CRM records in any order,
-late ones, the same episode twice, the same record under another id, contradicting plans and
-statuses). One run processes them one at a time (``InProcessChain.process``), the other as
-batches of a random size (``InProcessChain.process_group``); each run writes a group of its
-own. Everything the graph says must agree: every fact with its interval on both timelines'
-shape, the facts valid at each event time, every entity with its labels, summary, key and
-aliases, the counts, and what each episode's write summary reported.
-"""
+The feeds are those of ``test_delivery_order_stores`` (random mapped CRM records in any order, late
+ones, the same episode twice, the same record under another id, contradicting plans and statuses).
+One run processes them one at a time (units of one episode, each episode run alone), the other as
+units of a random size (``GroupRunner.run`` on the whole feed); each run writes a group of its own.
+Everything the graph says must agree: every fact with its interval on both timelines' shape, the
+facts valid at each event time, every entity with its labels, summary, key and aliases, the counts,
+and what each episode's write summary reported."""
 
 from __future__ import annotations
 
@@ -36,8 +35,9 @@ from tests.support.extraction_requests import (
 from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
-from tidegraph.pipelines.inprocess import Failure, InProcessChain
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.records.episode import Episode
+from tidegraph.records.outcome import Outcome
 from tidegraph.records.stages import WriteSummary
 from tidegraph.records.times import iso
 from tidegraph.stores.base import GraphStore
@@ -45,27 +45,40 @@ from tidegraph.stores.base import GraphStore
 pytestmark = pytest.mark.integration
 
 
-def chain(store: GraphStore, batch_episodes: int = 64) -> InProcessChain:
-    pipeline = InProcessChain(
-        store=store, embedder=HashingEmbedder(dim=DIM), llm=None, mappings=crm.crm_mappings()
+def chain(store: GraphStore, unit_episodes: int = 64) -> GroupRunner:
+    return GroupRunner.of(
+        store=store,
+        embedder=HashingEmbedder(dim=DIM),
+        llm=None,
+        mappings=crm.crm_mappings(),
+        unit_episodes=unit_episodes,
     )
-    pipeline.batch_episodes = batch_episodes
-    return pipeline
 
 
-def outcome(result: WriteSummary | Failure) -> tuple[Any, ...]:
-    if isinstance(result, Failure):
-        return ("failed", result.episode_id, result.stage, result.reason)
+async def one_at_a_time(
+    runner: GroupRunner, episodes: list[Episode]
+) -> list[Outcome[WriteSummary]]:
+    return [(await runner.run([episode]))[0] for episode in episodes]
+
+
+def outcome(result: Outcome[WriteSummary]) -> tuple[Any, ...]:
+    episode = result.episode
+    if result.failure is not None:
+        return ("failed", episode.id, result.failure.stage, result.failure.reason)
+    summary = result.value or WriteSummary(
+        group_id=episode.group_id, episode_uuid=episode.uuid, episode_id=episode.id
+    )
+    created = result.created_entities if result.processed else summary.created_entities
     return (
-        result.episode_id,
-        result.skipped,
-        result.facts_new,
-        result.facts_merged,
-        result.facts_closed,
-        result.facts_born_closed,
-        result.entities,
-        result.entities_new,
-        len(result.created_entities),
+        episode.id,
+        result.processed,
+        summary.facts_new,
+        summary.facts_merged,
+        summary.facts_closed,
+        summary.facts_born_closed,
+        summary.entities,
+        summary.entities_new,
+        len(created),
     )
 
 
@@ -78,12 +91,9 @@ async def graph_and_outcomes(
     episodes = [r.episode(group) for r in records]
     try:
         if batch is None:
-            pipeline = chain(store)
-            results: list[WriteSummary | Failure] = [
-                await pipeline._one(episode) for episode in episodes
-            ]
+            results = await one_at_a_time(chain(store, 1), episodes)
         else:
-            results = await chain(store, batch).process_group(episodes)
+            results = await chain(store, batch).run(episodes)
         graph: dict[str, Any] = await comparable(store, group)
         for at in sorted({r.at for r in records}):
             graph[iso(at) or ""] = rows(await store.query_facts(group, valid_at=at))
@@ -203,12 +213,13 @@ async def text_run(
     llm = LLMClient(
         base_url=server.base_url, api_key="test", model="fake", cache=None, max_attempts=1
     )
-    pipeline = InProcessChain(
+    pipeline = GroupRunner.of(
         store=store,
         embedder=HashingEmbedder(dim=DIM),
         llm=llm,
         mappings=None,
         episodes_per_call=episodes_per_call,
+        unit_episodes=64 if ahead else 1,
     )
     server.reset()
     for fault in faults:
@@ -216,9 +227,9 @@ async def text_run(
     try:
         episodes = text_episodes(group)
         if ahead:
-            results = await pipeline.process_group(episodes)
+            results = await pipeline.run(episodes)
         else:
-            results = [await pipeline._one(episode) for episode in episodes]
+            results = await one_at_a_time(pipeline, episodes)
         requests = [(name, request.user) for name, request, _ in server.requests]
         graph: dict[str, Any] = await comparable(store, group)
         graph["outcomes"] = [outcome(r) for r in results]
@@ -423,8 +434,12 @@ async def plans_run(
     llm = LLMClient(
         base_url=server.base_url, api_key="test", model="fake", cache=None, max_attempts=1
     )
-    pipeline = InProcessChain(
-        store=store, embedder=HashingEmbedder(dim=DIM), llm=llm, mappings=None
+    pipeline = GroupRunner.of(
+        store=store,
+        embedder=HashingEmbedder(dim=DIM),
+        llm=llm,
+        mappings=None,
+        unit_episodes=64 if together else 1,
     )
     server.reset()
     server.latency_seconds = 0.02
@@ -440,9 +455,9 @@ async def plans_run(
     ]
     try:
         if together:
-            results = await pipeline.process_group(episodes)
+            results = await pipeline.run(episodes)
         else:
-            results = [await pipeline._one(episode) for episode in episodes]
+            results = await one_at_a_time(pipeline, episodes)
         graph: dict[str, Any] = await comparable(store, group)
         graph["outcomes"] = [outcome(r) for r in results]
         for schema in ("EntityResolutionOutput", "FactResolutionOutput"):

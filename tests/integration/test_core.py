@@ -1,9 +1,9 @@
 """The temporal graph core against the real Neo4j server and the scripted LLM (issue 3).
 
-Episodes run through ``InProcessChain``/``ingest`` (and, for a few cases, the real CLI as a
-subprocess). The LLM is ``ScriptedLLMServer`` driven through the real ``openai`` client by
-``LLMClient``; what it answers comes from a :class:`Script` written in each test, in a tiny
-fixture language: an episode's content maps to the facts it states, one per line::
+Episodes run through the group runner (``GroupRunner``/``ingest``) (and, for a few cases, the real
+CLI as a subprocess). The LLM is ``ScriptedLLMServer`` driven through the real ``openai`` client by
+``LLMClient``; what it answers comes from a :class:`Script` written in each test, in a tiny fixture
+language: an episode's content maps to the facts it states, one per line::
 
     Alice Smith[Person] -WORKS_AT-> Acme Corp[Organization] @since last March ~2025-01-01
 
@@ -40,9 +40,11 @@ from tests.support.extraction_requests import JOINT_EXTRACTION, on_extraction
 from tests.support.fake_llm import TIMEOUT_STATUS, FakeRequest, ScriptedLLMServer
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
-from tidegraph.pipelines.inprocess import IngestReport, InProcessChain, ingest
+from tidegraph.pipelines.ingest import IngestReport, ingest
 from tidegraph.pipelines.retry import RetryPolicy
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.mapping import MappingSet
+from tidegraph.processors.resolution import ResolutionStep
 from tidegraph.records.episode import Episode
 from tidegraph.records.ids import normalize_name, to_relation_name
 from tidegraph.stores.base import GraphStore
@@ -306,8 +308,8 @@ async def llm(server: ScriptedLLMServer) -> AsyncIterator[LLMClient]:
 
 
 @pytest.fixture
-def pipeline(store: GraphStore, embedder: HashingEmbedder, llm: LLMClient) -> InProcessChain:
-    return InProcessChain(store=store, embedder=embedder, llm=llm, mappings=None)
+def pipeline(store: GraphStore, embedder: HashingEmbedder, llm: LLMClient) -> GroupRunner:
+    return GroupRunner.of(store=store, embedder=embedder, llm=llm, mappings=None)
 
 
 @pytest.fixture
@@ -346,7 +348,7 @@ class Feed:
         )
 
 
-async def run(pipeline: InProcessChain, episodes: list[Episode]) -> IngestReport:
+async def run(pipeline: GroupRunner, episodes: list[Episode]) -> IngestReport:
     report = await ingest(pipeline, episodes)
     assert not report.failures, report.failures
     return report
@@ -415,7 +417,7 @@ def parse_iso(text: str | None) -> datetime | None:
 # ============================================================================= contradiction
 async def test_a_later_contradicting_fact_closes_the_earlier_one_and_a_late_one_is_born_closed(
     store: GraphStore,
-    pipeline: InProcessChain,
+    pipeline: GroupRunner,
     server: ScriptedLLMServer,
     script: Script,
     group_id: str,
@@ -480,7 +482,7 @@ async def test_a_later_contradicting_fact_closes_the_earlier_one_and_a_late_one_
 
 async def test_unrelated_facts_never_close_each_other_even_when_the_llm_says_so(
     store: GraphStore,
-    pipeline: InProcessChain,
+    pipeline: GroupRunner,
     server: ScriptedLLMServer,
     script: Script,
     group_id: str,
@@ -665,7 +667,7 @@ async def test_mapped_cardinality_one_after_out_of_order_delivery(
 ) -> None:
     mapping_file = tmp_path / "crm.yaml"
     mapping_file.write_text(CRM_MAPPING)
-    pipeline = InProcessChain(
+    pipeline = GroupRunner.of(
         store=store, embedder=embedder, llm=llm, mappings=MappingSet.load(mapping_file)
     )
     events = crm_events()
@@ -693,7 +695,7 @@ async def test_the_same_episode_twice_changes_nothing_and_a_whole_feed_twice_nei
     script: Script,
     group_id: str,
 ) -> None:
-    pipeline = InProcessChain(
+    pipeline = GroupRunner.of(
         store=store,
         embedder=embedder,
         llm=llm,
@@ -724,12 +726,16 @@ async def test_the_same_episode_twice_changes_nothing_and_a_whole_feed_twice_nei
         v for k, v in first.items() if k not in ("community", "member")
     )  # no communities here
 
-    summary = await pipeline.process(episodes[0])
-    assert summary.skipped
+    [outcome] = await pipeline.run([episodes[0]])
+    assert outcome.status == "processed"
     assert await snapshot(store, group_id) == first  # same counts AND properties
 
     report = await ingest(pipeline, episodes)
-    assert (report.episodes, report.skipped, report.failures) == (len(episodes), len(episodes), [])
+    assert (report.episodes, report.already_processed, report.failures) == (
+        len(episodes),
+        len(episodes),
+        [],
+    )
     assert await snapshot(store, group_id) == first
     assert len(server.requests) == calls  # a replay costs no LLM call
 
@@ -770,13 +776,13 @@ async def test_a_replay_after_a_crash_mid_episode_gives_the_same_graph(
         feed = Feed(group, start=at(2024, 5, 1))
         return [feed.text(content) for content, _ in lines]
 
-    clean = InProcessChain(store=store, embedder=embedder, llm=llm, mappings=None)
+    clean = GroupRunner.of(store=store, embedder=embedder, llm=llm, mappings=None)
     await run(clean, episodes(other_group))
 
     crashed = episodes(group_id)
     await run(clean, crashed[:1])
-    extraction, resolution = clean.steps[0], clean.steps[1]
-    resolved = await resolution.run(await extraction.run(crashed[1]))
+    resolution = ResolutionStep(store=store, embedder=embedder, llm=llm)
+    resolved = await resolution.run(await clean.extraction.run(crashed[1]))
     assert resolved.pending.created  # resolution leaves its upserts to the episode's write
     await store.upsert_entities(group_id, resolved.pending.entities)  # then the worker dies
     assert not await store.episode_processed(group_id, crashed[1].uuid)
@@ -809,7 +815,7 @@ async def test_a_replay_after_a_crash_mid_episode_gives_the_same_graph(
 # ============================================================================= resolution
 async def test_acme_corp_and_acme_corporation_resolve_to_one_entity_when_the_llm_says_so(
     store: GraphStore,
-    pipeline: InProcessChain,
+    pipeline: GroupRunner,
     server: ScriptedLLMServer,
     script: Script,
     group_id: str,
@@ -858,7 +864,7 @@ async def test_records_with_the_same_crm_key_resolve_without_any_llm_call(
     server: ScriptedLLMServer,
     group_id: str,
 ) -> None:
-    pipeline = InProcessChain(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
+    pipeline = GroupRunner.of(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
     feed = Feed(group_id)
     records = [
         {
@@ -922,7 +928,7 @@ async def test_a_text_mention_joins_the_one_crm_entity_of_its_name_without_an_ll
     """A ticket that says "Acme Corp" is about the CRM account named Acme Corp: with one keyed
     entity of that name, no resolution call; with two (two accounts share the name), the
     LLM decides, as it does for any undecided mention."""
-    pipeline = InProcessChain(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
+    pipeline = GroupRunner.of(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
 
     def account(feed: Feed, ident: int, at_day: int) -> Episode:
         record = {"type": "account.plan", "account": {"id": ident, "name": "Acme Corp"},
@@ -953,7 +959,7 @@ async def test_a_text_mention_joins_the_one_crm_entity_of_its_name_without_an_ll
 # ============================================================================= hostile text
 async def test_hostile_names_and_relation_types_are_stored_verbatim_and_harm_nothing(
     store: GraphStore,
-    pipeline: InProcessChain,
+    pipeline: GroupRunner,
     embedder: HashingEmbedder,
     llm: LLMClient,
     script: Script,
@@ -973,7 +979,7 @@ async def test_hostile_names_and_relation_types_are_stored_verbatim_and_harm_not
             f"Bob `the` builder",
         )
     )
-    mapped = InProcessChain(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
+    mapped = GroupRunner.of(store=store, embedder=embedder, llm=llm, mappings=crm_mappings())
     record = feed.record(
         {
             "type": "account.plan",
@@ -1017,7 +1023,7 @@ async def test_llm_rate_limits_server_errors_and_timeouts_are_retried(
 ) -> None:
     client = make_llm(server, timeout=0.5, max_attempts=6)
     # One call per episode: the faults follow each call (a joint call's faults: test_batches).
-    pipeline = InProcessChain(
+    pipeline = GroupRunner.of(
         store=store, embedder=embedder, llm=client, mappings=None, episodes_per_call=1
     )
     feed = Feed(group_id)
@@ -1060,7 +1066,7 @@ async def test_malformed_answers_are_retried_then_the_episode_is_stored_unextrac
     fault: str,
 ) -> None:
     client = make_llm(server, max_attempts=3)
-    pipeline = InProcessChain(
+    pipeline = GroupRunner.of(
         store=store, embedder=embedder, llm=client, mappings=None, episodes_per_call=1
     )
     pipeline.extract_ahead = 1  # one extraction at a time: the faults follow the group's progress
@@ -1082,7 +1088,7 @@ async def test_malformed_answers_are_retried_then_the_episode_is_stored_unextrac
     finally:
         await client.close()
     # The episode the LLM kept failing on is not lost and not dead-lettered: it is stored
-    # without extraction (README "Episodes without an LLM"), with why.
+    # without extraction (docs/architecture.md "Episodes without an LLM"), with why.
     assert report.episodes == 3 and report.failures == []
     assert server.count(EXTRACTION, status=200) == 6  # 1, then 3 failed, then 1 failed + 1
     assert await store.episode_status(group_id, episodes[1].uuid) == "not_extracted"
@@ -1108,12 +1114,12 @@ async def test_malformed_answers_are_retried_then_the_episode_is_stored_unextrac
     retry_client = make_llm(server)
     try:
         again = await ingest(
-            InProcessChain(store=store, embedder=embedder, llm=retry_client, mappings=None),
+            GroupRunner.of(store=store, embedder=embedder, llm=retry_client, mappings=None),
             episodes,
         )
     finally:
         await retry_client.close()
-    assert (again.skipped, again.failures) == (2, [])
+    assert (again.already_processed, again.failures) == (2, [])
     assert ("Bob", "LIVES_IN", "Paris") in await values_at(store, group_id, datetime.now(UTC))
 
 
@@ -1148,7 +1154,7 @@ async def test_a_store_error_before_any_stage_fails_only_that_episode(
                 raise ConnectionError("Neo4j went away")
             return await store.episode_markers(group, asked)
 
-    chain = InProcessChain(
+    chain = GroupRunner.of(
         store=Flaky(),  # type: ignore[arg-type]
         embedder=embedder,
         llm=llm,
@@ -1157,9 +1163,10 @@ async def test_a_store_error_before_any_stage_fails_only_that_episode(
     )
     report = await ingest(chain, episodes)
     assert report.episodes == 2
-    assert [(f.stage, f.error_class, f.reason, f.episode_id) for f in report.failures] == [
-        ("extraction", "ConnectionError", "io", episodes[1].id)
-    ]
+    assert [
+        (f.failure.stage, f.failure.error_class, f.failure.reason, f.episode_id)
+        for f in report.failures
+    ] == [("extraction", "ConnectionError", "io", episodes[1].id)]
     assert len(await values_at(store, group_id, datetime.now(UTC))) == 2
 
 
@@ -1206,7 +1213,7 @@ def support_feed(feed: Feed, script: Script, people: tuple[str, str], company: s
 
 async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
     store: GraphStore,
-    pipeline: InProcessChain,
+    pipeline: GroupRunner,
     server: ScriptedLLMServer,
     script: Script,
     group_id: str,
@@ -1243,7 +1250,8 @@ async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
         f"{report.facts_merged} merged, {report.facts_closed} closed)"
     )
     assert n >= 10
-    # A group's waiting episodes are extracted four to a call (README "Batch-native stages").
+    # A group's waiting episodes are extracted four to a call (docs/streaming.md "Batch-native
+    # stages").
     per_group = Counter(e.group_id for e in episodes).values()
     assert counts[EXTRACTION] + counts[JOINT] == sum(math.ceil(k / 4) for k in per_group)
     assert counts[ENTITY_RES] <= n and counts[FACT_RES] <= n

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from tests.support import crm_feed as crm
 from tidegraph.embed.hashing import HashingEmbedder
-from tidegraph.pipelines.inprocess import InProcessChain
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import FactView
 from tidegraph.records.times import iso
@@ -120,12 +120,13 @@ async def graph_of(store: GraphStore, records: list[Record]) -> dict[str, list[R
     """The facts of ``records`` delivered in this order into a group of their own (deleted
     afterwards): all of them, and those valid at each event time, as known now."""
     group = f"order-{uuidlib.uuid4().hex[:12]}"
-    pipeline = InProcessChain(
+    pipeline = GroupRunner.of(
         store=store, embedder=HashingEmbedder(dim=DIM), llm=None, mappings=crm.crm_mappings()
     )
     try:
         for record in records:
-            await pipeline.process(record.episode(group))
+            [outcome] = await pipeline.run([record.episode(group)])
+            assert outcome.failure is None, outcome.failure
         graph = {"all": rows(await store.query_facts(group, include_invalid=True))}
         for at in sorted({r.at for r in records}):
             for t in (at, at + timedelta(hours=12)):

@@ -1,4 +1,5 @@
-"""Episodes without an LLM (README "Episodes without an LLM"), on both real stores: stored
+"""Episodes without an LLM (docs/architecture.md "Episodes without an LLM"), on both real stores:
+stored
 and searchable at once, extracted later in order by ``extract --pending`` through the real
 ``openai`` client against the scripted server, nothing lost when that fails midway."""
 
@@ -14,9 +15,10 @@ from tests.support.extraction_requests import on_extraction
 from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
-from tidegraph.pipelines.inprocess import InProcessChain, ingest
+from tidegraph.pipelines.ingest import ingest
 from tidegraph.pipelines.pending import extract_pending
 from tidegraph.pipelines.retry import RetryPolicy
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode
 from tidegraph.records.search import SearchRequest
@@ -68,8 +70,8 @@ def extract(request: FakeRequest) -> dict[str, Any]:
     }
 
 
-def chain(store: GraphStore, llm: LLMClient | None) -> InProcessChain:
-    return InProcessChain(
+def chain(store: GraphStore, llm: LLMClient | None) -> GroupRunner:
+    return GroupRunner.of(
         store=store,
         embedder=HashingEmbedder(dim=STORE_DIM),
         llm=llm,

@@ -1,5 +1,5 @@
 """``tidegraph search`` and ``tidegraph extract --pending`` as a user runs them, on the
-embedded default (README "Memory retrieval"): episodes ingested with no LLM are found at
+embedded default (docs/retrieval.md "Memory retrieval"): episodes ingested with no LLM are found at
 once, every JSON result traces back to its records, a batch answers each query, another
 tenant's search finds nothing, and ``extract --pending`` extracts them later."""
 

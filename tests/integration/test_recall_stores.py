@@ -1,4 +1,5 @@
-"""Memory retrieval through the Searcher on both real stores (README "Memory retrieval"): the
+"""Memory retrieval through the Searcher on both real stores (docs/retrieval.md "Memory retrieval"):
+the
 current plan ranks first, the old one only with history or a past valid-at; a known-at
 before the change answers the belief of then; another tenant's search finds nothing."""
 
@@ -10,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 from tests.integration.conftest import STORE_DIM
 from tests.support.crm_feed import crm_mappings, plan_record
 from tidegraph.embed.hashing import HashingEmbedder
-from tidegraph.pipelines.inprocess import InProcessChain, ingest
+from tidegraph.pipelines.ingest import ingest
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.recall.context import build_context
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode
@@ -32,7 +34,7 @@ async def test_the_current_plan_ranks_first_and_the_old_one_only_when_asked(
     store: GraphStore, group_id: str
 ) -> None:
     embedder = HashingEmbedder(dim=STORE_DIM)
-    chain = InProcessChain(store=store, embedder=embedder, llm=None, mappings=crm_mappings())
+    chain = GroupRunner.of(store=store, embedder=embedder, llm=None, mappings=crm_mappings())
     feed = [
         Episode(id=f"plan-{n}", group_id=group_id, source="json",
                 content=plan_record(ACME, plan, at), reference_time=at)

@@ -1,6 +1,7 @@
-"""A record that takes too long holds up neither its worker nor the other groups (README
+"""A record that takes too long holds up neither its worker nor the other groups (docs/streaming.md
 "Retries and dead letters"): a text episode whose extraction runs over the budget is stored
-unextracted with reason ``timeout`` (README "Episodes without an LLM"); other records over it
+unextracted with reason ``timeout`` (docs/architecture.md "Episodes without an LLM"); other records
+over it
 are dead-lettered with that reason (tests/integration/test_bad_input.py)."""
 
 from __future__ import annotations

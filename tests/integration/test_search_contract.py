@@ -1,4 +1,5 @@
-"""The search methods of ``GraphStore`` (README "Memory retrieval") on Neo4j, the embedded SQLite
+"""The search methods of ``GraphStore`` (docs/retrieval.md "Memory retrieval") on Neo4j, the
+embedded SQLite
 store and the in-memory store of the unit tests (fixture ``any_store``): each kind is found by
 fulltext and by vector, ranked as the query says, never across tenants, and facts exactly as
 ``query_facts`` answers the same scope."""

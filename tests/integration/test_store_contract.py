@@ -291,7 +291,7 @@ async def test_a_processed_episode_answers_with_the_entities_it_created(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:
     """The marker keeps the uuids of the entities the episode created, so a redelivery found
-    processed at the lookup can send their new-entity events again (README "At-least-once
+    processed at the lookup can send their new-entity events again (docs/streaming.md "At-least-once
     with idempotent effects")."""
     group, other = new_group(), new_group()
     acme, globex = entity(group, "Acme Corp"), entity(group, "Globex")

@@ -28,7 +28,7 @@ from tests.support.extraction_requests import (
     split_joint_user,
 )
 from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
-from tidegraph.pipelines.inprocess import ingest
+from tidegraph.pipelines.ingest import ingest
 from tidegraph.pipelines.runtime import open_runtime
 from tidegraph.records.episode import MAX_CONTENT_CHARS, Episode
 from tidegraph.settings import Settings
@@ -54,7 +54,7 @@ async def reference(neo4j_uri: str, tmp_path_factory: pytest.TempPathFactory) ->
     runtime = await open_runtime(settings, mapping_path=mapping, use_llm=False)
     try:
         episodes = [Episode.model_validate(e) for e in crm_feed(EPISODES, GROUPS, run=run)]
-        report = await ingest(runtime.chain(), episodes, concurrency=8)
+        report = await ingest(runtime.runner(), episodes, concurrency=8)
         assert not report.failures, report.failures
         return {i: await comparable(runtime.store, group(run, i)) for i in range(GROUPS)}
     finally:
@@ -129,11 +129,11 @@ async def test_feed_matches_in_process_run_replay_changes_nothing_and_metrics_mo
     for hop in (
         "extraction",
         "resolution",
-    ):  # micro-batches are per hop (tidegraph.pipelines.chain)
+    ):  # micro-batches are per hop
         assert worker.value("tidegraph_batch_records_count", stage=hop) >= 1
     assert worker.value("tidegraph_end_to_end_latency_seconds_count") == EPISODES
     assert worker.value("tidegraph_records_produced_total", topic="extracted") == EPISODES
-    # One write call per episode, or per micro-batch of a group's episodes (README
+    # One write call per episode, or per micro-batch of a group's episodes (docs/streaming.md
     # "Batch-native stages"): every episode in exactly one of them.
     writes = worker.value("tidegraph_store_write_latency_seconds_count", operation="write_episode")
     batches = worker.value("tidegraph_batches_total", outcome="batched")
@@ -444,7 +444,7 @@ async def test_llm_429s_and_500s_are_retried_and_a_poison_episode_is_stored_unex
         report = await topology.produce(feed)
         result = await topology.wait_reflected(report, timeout=180)
         # The poison is no dead letter: a text episode the LLM cannot extract is stored
-        # unextracted, searchable, with why (README "Episodes without an LLM").
+        # unextracted, searchable, with why (docs/architecture.md "Episodes without an LLM").
         assert result.processed == len(feed) and result.dead == []
         assert server.count("ExtractionOutput", status=429) == 4
         assert server.count("ExtractionOutput", status=500) == 4

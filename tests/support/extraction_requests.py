@@ -1,7 +1,7 @@
 """Scripting tidegraph's extraction requests on the fake LLM server, one episode at a time.
 
 Extraction asks the LLM about one episode (``ExtractionOutput``) or, for several waiting
-episodes of a group, about all of them in one call (``EpisodesExtractionOutput``, README
+episodes of a group, about all of them in one call (``EpisodesExtractionOutput``, docs/streaming.md
 "Batch-native stages"). ``on_extraction(server, handler)`` registers ``handler`` (written for
 one episode) for both: a joint request is split into one request per episode, shaped as the
 one-episode request (reference time, the joint request's context, the episode), and the

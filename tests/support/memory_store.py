@@ -9,10 +9,11 @@ the Neo4j and embedded stores use themselves (``tidegraph/stores/rows.py``, ``er
   constraints), so a write naming another group's entity, fact or community is refused with
   ``StoreIntegrityError`` (``errors.check_write``, ``errors.check_entity_owners``,
   ``errors.check_community_owners``);
-- writes are MERGEs by uuid: ``created_at`` only on create, ``expired_at`` only while null, a
-  fact row without an embedding or an end/start history keeps the stored one, and entity
-  upserts are folded by ``fold_entity_rows`` (labels and aliases set union, summary replaced
-  when non-empty, key set while null; name, created_at and name_embedding never change);
+- writes are MERGEs by uuid, applied with the one definition of the write rules
+  (``tidegraph.stores.write_rules``, which the batch view applies too): ``created_at`` only on
+  create, ``expired_at`` only while null, a fact without an embedding or an end/start history
+  keeps the stored one, entity upserts add labels and aliases, replace a non-empty summary,
+  set a key while null, and never change name, created_at or name_embedding;
 - ``write_episode`` checks everything before it changes anything, so it is all or nothing like
   the stores' transaction; it skips an episode whose marker is stored in the group (False) and
   raises ``EpisodeConflictError`` for one stored with another content hash;
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
-from typing import Any
 
 from tests.support.memory_search import MemorySearch, StoredCommunity
 from tidegraph.embed.base import cosine
@@ -54,21 +54,16 @@ from tidegraph.records.ids import normalize_name
 from tidegraph.records.times import utc
 from tidegraph.stores import errors
 from tidegraph.stores.rows import (
-    HISTORY_FIELDS,
-    EntityState,
     check_embedding,
-    closure_row,
     community_rows,
     cosine_score,
     entity_row,
     episode_record,
     episode_row,
-    fact_record,
     fact_row,
     fact_view,
     fold_communities,
     fold_edges,
-    fold_entity_rows,
     neighbour_weights_of,
     now_utc,
     rank,
@@ -78,10 +73,7 @@ from tidegraph.stores.rows import (
     unique,
 )
 from tidegraph.stores.search_text import search_terms, text_words
-
-# What a fact row leaves as stored when it does not carry it (the stores' coalesce).
-_KEPT_WHEN_UNSET = ("fact_embedding", *HISTORY_FIELDS)
-_END_HISTORY = ("prior_ends", "prior_ends_learned_at", "end_learned_at")
+from tidegraph.stores.write_rules import closed_fact, merged_entity, merged_fact
 
 
 class MemoryStore(MemorySearch):
@@ -222,38 +214,21 @@ class MemoryStore(MemorySearch):
         if not entities:
             return
         now = now_utc()
-        rows = [entity_row(group_id, e, self._dimension(), now) for e in entities]
+        rows = [entity_row(group_id, e, self._dimension(), now) for e in entities]  # checked
         errors.check_entity_owners(group_id, self._owners(unique(r["uuid"] for r in rows)))
-        self._upsert_rows(group_id, rows)
+        self._upsert(group_id, entities, now)
 
     def _owners(self, uuids: Iterable[str]) -> dict[str, str]:
         """The group of each stored entity among ``uuids``."""
         return {u: self._entities[u].group_id for u in uuids if u in self._entities}
 
-    def _upsert_rows(self, group_id: str, rows: list[dict[str, Any]]) -> None:
-        """Entity rows (``entity_row``) applied as the stores' MERGE does (checked before)."""
-        stored = {
-            uuid: EntityState(list(e.labels), list(e.aliases), e.summary, e.key)
-            for uuid in unique(r["uuid"] for r in rows)
-            if (e := self._entities.get(uuid)) is not None
-        }
-        creates, updates = fold_entity_rows(rows, stored)
-        for row in creates:
-            self._entities[row["uuid"]] = EntityRecord(
-                uuid=row["uuid"],
-                group_id=group_id,
-                name=row["name"],
-                labels=row["labels"],
-                summary=row["summary"],
-                key=row["key"],
-                aliases=row["aliases"],
-                name_embedding=row["name_embedding"],
-                created_at=row["created_at"],
+    def _upsert(self, group_id: str, entities: list[EntityRecord], now: datetime) -> None:
+        """Entity upserts applied in order (``write_rules.merged_entity``; checked before)."""
+        for entity in entities:
+            written = entity.model_copy(update={"group_id": group_id, "community_uuid": None})
+            self._entities[entity.uuid] = merged_entity(
+                self._entities.get(entity.uuid), written, now
             )
-        for uuid, state in updates.items():
-            entity = self._entities[uuid]
-            entity.labels, entity.aliases = list(state.labels), list(state.aliases)
-            entity.summary, entity.key = state.summary, state.key
 
     # ------------------------------------------------------------------ facts
     def _group_facts(self, group_id: str) -> Iterator[FactRecord]:
@@ -283,10 +258,11 @@ class MemoryStore(MemorySearch):
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         dim = self._dimension()
         now = now_utc()
-        entities = [entity_row(group_id, e, dim, now) for e in write.entities]
+        for entity in write.entities:
+            entity_row(group_id, entity, dim, now)  # checked: group, embedding
         episode = episode_row(group_id, write.episode, dim, now, write.created)
-        facts = [fact_row(group_id, f, dim, now) for f in write.facts]
-        closures = [closure_row(c) for c in write.closures]
+        for fact in write.facts:
+            fact_row(group_id, fact, dim, now)  # checked: group, embedding, histories
         stored = self._episodes.get(write.episode.uuid)
         if stored is not None and errors.skips_write(
             group_id, write, stored.group_id, stored.content_hash, stored.not_extracted
@@ -294,14 +270,15 @@ class MemoryStore(MemorySearch):
             return False  # already processed: nothing may change (GraphStore.write_episode)
         self._check_write(group_id, write, None if stored is None else stored.group_id)
         # Checked: nothing below can fail, so the write is all or nothing (one transaction).
-        self._upsert_rows(group_id, entities)
+        self._upsert(group_id, write.entities, now)
         self._episodes[episode["uuid"]] = episode_record({**episode, "group_id": group_id})
         self._created[episode["uuid"]] = episode["created_entities"]
         self._mentions.update((episode["uuid"], u) for u in unique(write.mentions))
-        for row in facts:
-            self._merge_fact(group_id, row)
-        for row in closures:
-            self._close_fact(row)
+        for fact in write.facts:
+            self._facts[fact.uuid] = merged_fact(self._facts.get(fact.uuid), fact, now)
+        for closure in write.closures:
+            # checked: stored in the group, or written just now
+            self._facts[closure.uuid] = closed_fact(self._facts[closure.uuid], closure)
         return True
 
     def _check_write(self, group_id: str, write: EpisodeWrite, episode_group: str | None) -> None:
@@ -313,28 +290,6 @@ class MemoryStore(MemorySearch):
             if (f := self._facts.get(uuid)) is not None
         }
         errors.check_write(group_id, write, episode_group, owners, facts)
-
-    def _merge_fact(self, group_id: str, row: dict[str, Any]) -> None:
-        """MERGE by uuid, then the given state, except what the stores keep (created_at, a set
-        expired_at, and what the row does not carry: ``_KEPT_WHEN_UNSET``)."""
-        fact = fact_record({**row, "group_id": group_id}, row["source_uuid"], row["target_uuid"])
-        stored = self._facts.get(fact.uuid)
-        if stored is not None:
-            fact.group_id, fact.created_at = stored.group_id, stored.created_at
-            fact.expired_at = stored.expired_at or fact.expired_at
-            for name in _KEPT_WHEN_UNSET:
-                if not getattr(fact, name):
-                    setattr(fact, name, getattr(stored, name))
-        self._facts[fact.uuid] = fact
-
-    def _close_fact(self, row: dict[str, Any]) -> None:
-        """A closure (``closure_row``): the end, its history when given, expired_at once."""
-        fact = self._facts[row["uuid"]]  # checked: stored in the group, or written just now
-        fact.invalid_at = row["invalid_at"]
-        for name in _END_HISTORY:
-            if row[name] is not None:
-                setattr(fact, name, row[name])
-        fact.expired_at = fact.expired_at or row["expired_at"]
 
     async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
         producers = {u: e.producer_id for u, e in self._episodes.items() if e.group_id == group_id}

@@ -1,5 +1,5 @@
 """Failure reasons: envelope validation, the classification of errors, the time budget of the
-per-record CPU steps, and the README's table of reasons."""
+per-record CPU steps, and the table of reasons in docs/streaming.md."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from neo4j.exceptions import IncompleteCommit, ServiceUnavailable, TransientError
 
 from tidegraph.llm import LLMError
-from tidegraph.pipelines.inprocess import read_jsonl
-from tidegraph.processors.failures import REASONS, StageError, classify
+from tidegraph.pipelines.ingest import read_jsonl
+from tidegraph.processors.failures import REASONS, classify
 from tidegraph.processors.temporal import MAX_TIME_TEXT, TemporalStep, parse_when, stamp_interval
 from tidegraph.records.episode import CUSTOM_REASONS, Episode, parse_episode
 from tidegraph.records.errors import (
@@ -29,7 +29,7 @@ from tidegraph.records.errors import (
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, ResolvedEpisode
 from tidegraph.stores import EpisodeConflictError, StoreIntegrityError
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+STREAMING_MD = Path(__file__).resolve().parents[2] / "docs" / "streaming.md"
 WHEN = "2025-01-01T00:00:00Z"
 
 
@@ -175,7 +175,7 @@ def test_reading_a_file_reports_every_bad_line_with_its_reason_and_goes_on() -> 
     ]
     episodes, failures = read_jsonl(lines)
     assert [e.id for e in episodes] == ["ok-1", "ok-2"]
-    assert [(f.line, f.reason) for f in failures] == [
+    assert [(f.line, f.failure.reason) for f in failures] == [
         (2, "bad_timestamp"),
         (3, "too_deep"),
         (4, "invalid_json"),
@@ -190,7 +190,7 @@ def llm(kind: str) -> LLMError:
 @pytest.mark.parametrize(
     ("exc", "transient", "reason"),
     [
-        (StageError("extraction", llm("rate_limited")), True, "llm_rate_limited"),
+        (llm("rate_limited"), True, "llm_rate_limited"),
         (llm("server"), True, "llm_server"),
         (llm("timeout"), True, "llm_timeout"),
         (llm("invalid_output"), False, "llm_invalid_output"),
@@ -201,7 +201,7 @@ def llm(kind: str) -> LLMError:
         (IncompleteCommit("cut off"), True, "store_unavailable"),
         (StoreIntegrityError("crosses groups"), False, "store_integrity"),
         (EpisodeConflictError("reused id"), False, "conflicting_duplicate"),
-        (StageError("extraction", NoExtractorError("no")), False, "no_extractor"),
+        (NoExtractorError("no"), False, "no_extractor"),
         (MappingError("field 'plan' is missing", reason="mapping_missing_field"), False,
          "mapping_missing_field"),
         (BadTime("valid_at out of range"), False, "bad_time"),
@@ -217,8 +217,8 @@ def test_failures_are_classified(exc: BaseException, transient: bool, reason: st
     assert (classify(exc).transient, classify(exc).reason) == (transient, reason)
 
 
-def test_every_reason_a_failure_can_carry_is_documented_in_the_readme() -> None:
-    text = README.read_text()
+def test_every_reason_a_failure_can_carry_is_documented() -> None:
+    text = STREAMING_MD.read_text()
     table = text[text.index("| reason | meaning |") :]
     documented = re.findall(r"^\| `([a-z_0-9]+)` \| ", table[: table.index("\n\n")], re.M)
     assert documented == list(REASONS)

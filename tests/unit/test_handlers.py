@@ -1,10 +1,8 @@
-"""``HopHandler`` with no broker: consumed Kafka records in, the records to produce out.
+"""The hops' handlers with no broker: consumed Kafka records in, the records to produce out.
 
-The handlers are built as ``pipelines/streaming/app.py`` builds them (one per hop of
-``tidegraph.pipelines.chain``, the steps built once from ``Components``) over the in-memory store,
-with the CRM mapping (README "Streaming topology", "At-least-once with idempotent effects", "Retries
-and dead
-letters")."""
+The handlers are built as ``pipelines/streaming/app.py`` builds them (the extraction hop and the
+write hop over one group runner) over the in-memory store, with the CRM mapping (docs:
+"Streaming topology", "At-least-once with idempotent effects", "Retries and dead letters")."""
 
 from __future__ import annotations
 
@@ -18,9 +16,15 @@ import orjson
 from tests.support.crm_feed import crm_feed, crm_mappings
 from tests.support.memory_store import MemoryStore
 from tidegraph.embed.hashing import HashingEmbedder
-from tidegraph.pipelines.chain import CHAIN, build_steps, hops
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.pipelines.streaming.config import WorkerSettings
-from tidegraph.pipelines.streaming.handlers import Consumed, Emit, HopHandler
+from tidegraph.pipelines.streaming.handlers import (
+    Consumed,
+    Emit,
+    ExtractionHandler,
+    RecordHandler,
+    WriteHandler,
+)
 from tidegraph.processors.steps import Components
 from tidegraph.records.episode import parse_episode
 from tidegraph.records.graph import EpisodeWrite
@@ -41,12 +45,12 @@ OFFSETS = itertools.count()
 
 @dataclass
 class Worker:
-    """The handlers of one worker process, by hop: ``extraction`` and ``resolution`` (the
-    write hop: resolution, temporal, invalidation)."""
+    """The handlers of one worker process, by hop: ``extraction`` and ``write`` (resolution,
+    temporal, invalidation)."""
 
     store: MemoryStore
-    extraction: HopHandler
-    write: HopHandler
+    extraction: ExtractionHandler
+    write: WriteHandler
 
 
 async def worker(store: MemoryStore | None = None, *, record_timeout: float = 60.0) -> Worker:
@@ -54,12 +58,18 @@ async def worker(store: MemoryStore | None = None, *, record_timeout: float = 60
     embedder = HashingEmbedder()
     await store.setup(embedder.dim)
     components = Components.of(store=store, embedder=embedder, llm=None, mappings=crm_mappings())
-    steps = dict(zip((stage.name for stage in CHAIN), build_steps(components), strict=True))
-    handlers = [
-        HopHandler(hop, [steps[stage.name] for stage in hop.stages], NAMES, WORKER, record_timeout)
-        for hop in hops(CHAIN)
-    ]
-    return Worker(store, *handlers)
+    runner = GroupRunner(components, policy=WORKER.retry_policy(), record_timeout=record_timeout)
+    return Worker(
+        store,
+        ExtractionHandler(runner, NAMES, WORKER, record_timeout),
+        WriteHandler(runner, NAMES, WORKER, record_timeout),
+    )
+
+
+async def handle(handler: RecordHandler, record: Consumed) -> list[Emit]:
+    """One record's outputs (a job of one record)."""
+    [outputs] = await handler.handle_group([record])
+    return outputs
 
 
 def consumed(topic: str, value: bytes | None, key: bytes | None) -> Consumed:
@@ -84,7 +94,7 @@ def dead_letter(emits: list[Emit]) -> DeadLetter:
 
 
 async def extracted(worker: Worker, record: dict[str, Any]) -> Consumed:
-    [emit] = await worker.extraction.handle(envelope(record))
+    [emit] = await handle(worker.extraction, envelope(record))
     return hop_record(emit)
 
 
@@ -93,7 +103,7 @@ async def test_a_mapped_envelope_becomes_one_extracted_record_with_its_origin() 
     w = await worker()
     record = envelope(FEED[0])
 
-    [emit] = await w.extraction.handle(record)
+    [emit] = await handle(w.extraction, record)
     assert (emit.topic, emit.key) == (NAMES.extracted, GROUP.encode())
     out = decode(ExtractedRecord, emit.value)
     assert out.origin == record.ref  # the episode's place on the input topic
@@ -107,7 +117,7 @@ async def test_the_write_hop_writes_the_episode_and_announces_each_new_entity() 
     announced: list[set[str]] = []
     for record in FEED[:2]:
         before = {e.uuid for e in await w.store.list_entities(GROUP)}
-        emits = await w.write.handle(await extracted(w, record))
+        emits = await handle(w.write, await extracted(w, record))
         assert {(e.topic, e.key) for e in emits} <= {(NAMES.entities_new, GROUP.encode())}
         events = [decode(NewEntityRecord, e.value) for e in emits]
         after = {e.uuid for e in await w.store.list_entities(GROUP)}
@@ -126,13 +136,13 @@ def record_uuid(record: dict[str, Any]) -> str:
 async def test_a_redelivered_record_writes_nothing_again() -> None:
     w = await worker()
     first = await extracted(w, FEED[0])
-    await w.write.handle(first)
+    await handle(w.write, first)
     facts = await w.store.query_facts(GROUP, include_invalid=True)
     counts = await w.store.counts(GROUP)
 
     again = await extracted(w, FEED[0])  # a mapped episode is mapped again and forwarded
     for record in (first, again):
-        emits = await w.write.handle(record)
+        emits = await handle(w.write, record)
         assert all(e.topic == NAMES.entities_new for e in emits)  # no dead letter
     assert await w.store.query_facts(GROUP, include_invalid=True) == facts  # created_at too
     assert await w.store.counts(GROUP) == counts
@@ -141,10 +151,10 @@ async def test_a_redelivered_record_writes_nothing_again() -> None:
 async def test_a_redelivered_record_sends_its_new_entity_events_again() -> None:
     w = await worker()
     record = await extracted(w, FEED[0])
-    sent = await w.write.handle(record)  # then the worker dies before producing them
+    sent = await handle(w.write, record)  # then the worker dies before producing them
     assert sent
 
-    assert await w.write.handle(record) == sent
+    assert await handle(w.write, record) == sent
 
 
 # ----------------------------------------------------------------------------- dead letters
@@ -153,7 +163,7 @@ async def test_an_invalid_envelope_is_dead_lettered_at_validation() -> None:
     broken = {k: v for k, v in FEED[0].items() if k != "content"}
     record = envelope(broken)
 
-    letter = dead_letter(await w.extraction.handle(record))
+    letter = dead_letter(await handle(w.extraction, record))
     assert (letter.stage, letter.reason, letter.attempts) == ("validation", "missing_field", 1)
     assert letter.origin == letter.consumed == record.ref
     assert (letter.record, letter.record_encoding) == (broken, "json")  # replayable as sent
@@ -161,7 +171,7 @@ async def test_an_invalid_envelope_is_dead_lettered_at_validation() -> None:
 
 async def test_a_key_that_is_not_the_group_is_refused() -> None:
     w = await worker()
-    letter = dead_letter(await w.extraction.handle(envelope(FEED[0], key="another-group")))
+    letter = dead_letter(await handle(w.extraction, envelope(FEED[0], key="another-group")))
     assert (letter.stage, letter.reason) == ("validation", "key_mismatch")
     assert letter.original_bytes() == orjson.dumps(FEED[0])
 
@@ -171,7 +181,7 @@ async def test_an_unreadable_hop_record_is_dead_lettered() -> None:
     valid = orjson.loads((await extracted(w, FEED[0])).value or b"")
     valid["extraction"]["facts"][0]["object"] = 99  # names an entity the record does not have
     for value in (b"not a hop record", orjson.dumps(valid)):
-        letter = dead_letter(await w.write.handle(consumed(NAMES.extracted, value, b"k")))
+        letter = dead_letter(await handle(w.write, consumed(NAMES.extracted, value, b"k")))
         assert (letter.stage, letter.reason) == ("resolution", "bad_hop_record")
     assert await w.store.counts(GROUP) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
 
@@ -192,10 +202,10 @@ async def test_a_transient_failure_is_retried_then_dead_lettered_by_its_stage() 
     store = FailingWrites()
     w = await worker(store)
     first = envelope(FEED[0])
-    [emit] = await w.extraction.handle(first)
+    [emit] = await handle(w.extraction, first)
     record = hop_record(emit)
 
-    letter = dead_letter(await w.write.handle(record))
+    letter = dead_letter(await handle(w.write, record))
     assert (letter.stage, letter.reason) == ("invalidation", "io")
     assert letter.attempts == store.attempts == WORKER.stage_max_attempts
     assert (letter.group_id, letter.episode_id) == (GROUP, FEED[0]["id"])
@@ -213,7 +223,7 @@ class HangingWrites(MemoryStore):
 
 async def test_a_stage_slower_than_the_record_budget_times_out() -> None:
     w = await worker(HangingWrites(), record_timeout=0.2)
-    letter = dead_letter(await w.write.handle(await extracted(w, FEED[0])))
+    letter = dead_letter(await handle(w.write, await extracted(w, FEED[0])))
     assert (letter.stage, letter.reason, letter.episode_id) == (
         "invalidation",
         "timeout",

@@ -1,4 +1,4 @@
-"""Declared mappings: JSON records -> entities and facts with no LLM (README "Declared
+"""Declared mappings: JSON records -> entities and facts with no LLM (docs/mappings.md "Declared
 mappings")."""
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ async def test_mapped_records_skip_the_llm(mappings: MappingSet) -> None:
 
 
 def test_a_key_spells_one_id_one_way():
-    """README "Declared mappings": integers by their digits (never through a float), integral
+    """docs/mappings.md "Keys": integers by their digits (never through a float), integral
     numbers as integers, strings without surrounding whitespace."""
     from tidegraph.processors.mapping import key_text
 

@@ -1,5 +1,5 @@
 """The contract of ``GraphStore`` (tidegraph/stores/base.py) on ``MemoryStore``: the rules the
-steps rely on, so that unit tests built on the in-memory store can be trusted (README
+steps rely on, so that unit tests built on the in-memory store can be trusted (docs/streaming.md
 "At-least-once with idempotent effects", "Two timelines")."""
 
 from __future__ import annotations

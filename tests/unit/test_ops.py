@@ -4,7 +4,7 @@
   health server over the real registry) or is a known external metric (``up``, kafka-exporter).
 - Dashboards have the Grafana dashboard shape; alert rules have the Prometheus rules shape.
 - ``deploy/compose/docker-compose.yml`` passes the compose-spec JSON schema (vendored in
-  check-jsonschema) and its workers use only settings the README documents.
+  check-jsonschema) and its workers use only settings docs/configuration.md documents.
 - ``deploy/k8s`` manifests pass the Kubernetes OpenAPI schemas bundled in kubernetes-validate
   (strict: unknown fields rejected). Both validators run with no network.
 """
@@ -35,15 +35,9 @@ COMPOSE = COMPOSE_DIR / "docker-compose.yml"
 K8S = ROOT / "deploy" / "k8s"
 
 
-def operations_doc() -> Path:
-    """The Operations section: README's once merged there, else docs/operations.md."""
-    readme = ROOT / "README.md"
-    if re.search(r"^## Operations\s*$", readme.read_text(), re.M):
-        return readme
-    return ROOT / "docs" / "operations.md"
-
-
-OPERATIONS_MD = operations_doc()
+DOCS = ROOT / "docs"
+OPERATIONS_MD = DOCS / "operations.md"
+CONFIGURATION_MD = DOCS / "configuration.md"
 K8S_VERSION = "1.30.0"
 
 # Metrics tidegraph does not export itself: Prometheus' scrape health and kafka-exporter's lag.
@@ -68,10 +62,11 @@ def settings_table(path: Path, heading: str, *, required: bool = True) -> set[st
     return names
 
 
-def readme_settings() -> set[str]:
-    """Every setting the README documents: the Configuration and Worker settings tables."""
-    readme = ROOT / "README.md"
-    return settings_table(readme, "Configuration") | settings_table(readme, "Worker settings")
+def documented_settings() -> set[str]:
+    """Every setting the docs document: the Configuration and Worker settings tables."""
+    return settings_table(CONFIGURATION_MD, "Configuration") | settings_table(
+        CONFIGURATION_MD, "Worker settings"
+    )
 
 
 def real_settings() -> set[str]:
@@ -91,10 +86,10 @@ def real_settings() -> set[str]:
     return {f"TIDEGRAPH_{name.upper()}" for name in fields}
 
 
-def test_the_readme_documents_exactly_the_real_settings():
-    documented, real = readme_settings(), real_settings()
-    assert real - documented == set(), "settings missing from the README tables"
-    assert documented - real == set(), "README documents settings tidegraph does not read"
+def test_the_docs_document_exactly_the_real_settings():
+    documented, real = documented_settings(), real_settings()
+    assert real - documented == set(), "settings missing from the docs/configuration.md tables"
+    assert documented - real == set(), "docs/configuration.md documents settings not read"
 
 
 def strip_promql(expr: str) -> str:
@@ -436,7 +431,7 @@ def test_compose_runs_the_whole_stack():
 
 
 def test_compose_workers_use_only_documented_settings():
-    documented = readme_settings()
+    documented = documented_settings()
     assert {"TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS", "TIDEGRAPH_METRICS_PORT"} <= documented
     doc = yaml.safe_load(interpolate(COMPOSE.read_text()))
     env = doc["services"]["worker"]["environment"]
@@ -548,7 +543,7 @@ def test_k8s_worker_deployment():
 
 
 def test_k8s_settings_are_documented():
-    known = readme_settings()
+    known = documented_settings()
     config = set(by_kind("ConfigMap")["data"])
     secret = set(by_kind("Secret")["stringData"])
     assert config | secret <= known, (config | secret) - known
@@ -578,7 +573,7 @@ def test_k8s_serve_deployment():
     refs = {next(iter(r.values()))["name"] for r in container["envFrom"]}
     keys = by_kind("Secret", "serve")
     assert refs == {"tidegraph-config", "tidegraph-secrets", keys["metadata"]["name"]}
-    assert set(keys["stringData"]) == {"TIDEGRAPH_API_KEYS"} <= readme_settings()
+    assert set(keys["stringData"]) == {"TIDEGRAPH_API_KEYS"} <= documented_settings()
     # the workers never see the API keys
     (worker,) = by_kind("Deployment")["spec"]["template"]["spec"]["containers"]
     assert keys["metadata"]["name"] not in {
@@ -594,7 +589,7 @@ def test_compose_serves_the_memory_with_keys_and_is_scraped():
     serve = doc["services"]["serve"]
     env = serve["environment"]
     assert serve["command"] == ["serve"] and env["TIDEGRAPH_SERVE_VIA"] == "kafka"
-    assert set(env) <= readme_settings()
+    assert set(env) <= documented_settings()
     (mount,) = serve["volumes"]
     source, target, _ = mount.split(":")
     assert target == env["TIDEGRAPH_API_KEYS_FILE"]

@@ -1,4 +1,5 @@
-"""Episodes stored without extraction (README "Episodes without an LLM"): rebuilding their
+"""Episodes stored without extraction (docs/architecture.md "Episodes without an LLM"): rebuilding
+their
 envelope exactly, the chain's fallback, and which worker sweeps which group."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from tidegraph.llm.client import LLMError
 from tidegraph.pipelines.pending import partition_of, rebuild_episode
 from tidegraph.pipelines.retry import RetryPolicy
-from tidegraph.pipelines.step_runner import run_steps
+from tidegraph.pipelines.step_runner import run_step
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.times import utc
@@ -82,24 +83,22 @@ class FailingStep:
         return self.value
 
 
-class Doubler:
-    stage = "next"
-
-    async def run(self, item: Any) -> Any:
-        return item * 2
+EPISODE = Episode(
+    id="e-1", group_id="g", source="message", content="hi", reference_time=datetime.now(UTC)
+)
 
 
 async def test_the_chain_goes_on_with_a_steps_fallback_after_every_retry() -> None:
     step = FailingStep(fallback_value=21)
     policy = RetryPolicy(max_attempts=2, backoff=0.0, backoff_max=0.0)
-    result = await run_steps([step, Doubler()], "episode", policy=policy, budget=10)
-    assert result.failure is None and result.value == 42
+    result = await run_step(step, "episode", EPISODE, policy=policy, budget=10)
+    assert result.failure is None and result.value == 21
     assert step.fallbacks == ["llm_server"]
 
 
 async def test_without_a_fallback_the_failure_stops_the_record() -> None:
     step = FailingStep(fallback_value=None)
     policy = RetryPolicy(max_attempts=2, backoff=0.0, backoff_max=0.0)
-    result = await run_steps([step, Doubler()], "episode", policy=policy, budget=10)
+    result = await run_step(step, "episode", EPISODE, policy=policy, budget=10)
     assert result.failure is not None and result.failure.reason == "llm_server"
     assert result.failure.attempts == 2

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from tidegraph.pipelines.speculation import SharedCalls, Speculated, Starting
+from tidegraph.pipelines.speculation import SharedCalls
+from tidegraph.processors.prompts import LLMRequest
 
 
 class Recorded:
@@ -41,8 +42,7 @@ def request(user: str) -> dict[str, Any]:
 async def test_a_call_started_ahead_answers_the_same_request_once() -> None:
     llm = Recorded()
     shared = SharedCalls(llm)
-    with pytest.raises(Speculated):
-        await Starting(shared).structured(**request("q1"))
+    shared.start(LLMRequest(**request("q1")))
     await llm.arrived.wait()  # the started call is made
     assert llm.asked == ["q1"]
     used = ahead("used")
@@ -57,8 +57,8 @@ async def test_a_call_started_ahead_answers_the_same_request_once() -> None:
 async def test_another_request_is_asked_and_an_unused_call_is_cancelled() -> None:
     llm = Recorded()
     shared = SharedCalls(llm)
-    shared.start(**request("guess"))
-    shared.start(**request("guess"))  # started once
+    shared.start(LLMRequest(**request("guess")))
+    shared.start(LLMRequest(**request("guess")))  # started once
     await llm.arrived.wait()
     llm.gate.set()
     assert await shared.structured(**request("real")) == "answer to real"
@@ -72,7 +72,7 @@ async def test_another_request_is_asked_and_an_unused_call_is_cancelled() -> Non
 async def test_a_failed_call_started_ahead_is_asked_again() -> None:
     llm = Recorded(fail_first=True)
     shared = SharedCalls(llm)
-    shared.start(**request("q"))
+    shared.start(LLMRequest(**request("q")))
     await llm.arrived.wait()
     failed = ahead("failed")
     llm.gate.set()
@@ -83,7 +83,7 @@ async def test_a_failed_call_started_ahead_is_asked_again() -> None:
 async def test_closing_cancels_a_call_still_running() -> None:
     llm = Recorded()
     shared = SharedCalls(llm)
-    shared.start(**request("slow"))
+    shared.start(LLMRequest(**request("slow")))
     await llm.arrived.wait()
     [task] = shared._started.values()
     shared.close()

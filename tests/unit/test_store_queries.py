@@ -1,7 +1,7 @@
 """The Neo4j store's query text, read as text (tidegraph/store/*_queries.py, asof_cypher.py):
 every query is a parameterised string, reads are scoped by group and nothing is left to format
-(README "Architecture": all Cypher is parameterised; names, labels and relation types are
-data, never query text). The embedded store's SQL is checked by tracing what it runs
+(docs/architecture.md "Architecture": all Cypher is parameterised; names, labels and relation types
+are data, never query text). The embedded store's SQL is checked by tracing what it runs
 (tests/integration/test_store_contract.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Temporal stamping: stated times resolved against the episode's reference time (README "Two
+"""Temporal stamping: stated times resolved against the episode's reference time
+(docs/architecture.md "Two
 timelines")."""
 
 from __future__ import annotations

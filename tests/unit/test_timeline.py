@@ -1,4 +1,5 @@
-"""plan_facts: dedupe and contradiction on both timelines, as pure logic (README "Two timelines").
+"""plan_facts: dedupe and contradiction on both timelines, as pure logic (docs/architecture.md "Two
+timelines").
 
 Each scenario keeps a small in-memory "store" (uuid -> FactRecord) and applies every plan to
 it the way the graph store does (upsert full state; closures set invalid_at, expired_at only

@@ -9,7 +9,7 @@ answer printed afterwards is read back from the graph, and the demo ends with an
 recall: a search and the context string it would put in its prompt.
 
 ``python -m tidegraph.app.demo scale N`` writes a larger copy of the sample feed (N records) to
-stdout, for measuring the ingest speed (see docs/demo.md).
+stdout, for measuring the ingest speed (docs/performance.md, "The embedded store").
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tidegraph.embed import MiniLMEmbedder
-from tidegraph.pipelines.inprocess import Failure, IngestReport, ingest, read_jsonl
+from tidegraph.pipelines.ingest import FailedRecord, IngestReport, ingest, read_jsonl
 from tidegraph.pipelines.runtime import Runtime, open_runtime
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EntityRecord, FactView
@@ -132,13 +132,13 @@ async def _load_embedder(runtime: Runtime, console: Console) -> None:
 def _read_episodes(path: Path) -> list[Episode]:
     episodes, failures = read_jsonl(path.read_bytes().splitlines())
     if failures:  # the bundled samples are valid; anything else is a packaging error
-        raise ValueError(f"{path.name}: {failures[0].message}")
+        raise ValueError(f"{path.name}: {failures[0].failure.message}")
     return episodes
 
 
 def _rate(report: IngestReport) -> str:
     """Events per second over the episodes actually processed (not the already-stored ones)."""
-    processed = report.episodes - report.skipped
+    processed = report.written
     if processed == 0 or report.seconds <= 0:
         return "nothing new to ingest"
     return f"{processed / report.seconds:,.0f} events/s"
@@ -153,7 +153,7 @@ async def _ingest_feed(runtime: Runtime, console: Console) -> None:
         f"  {len(episodes)} JSON records from {len(groups)} tenants ({', '.join(groups)}), "
         f"mapped by {MAPPING_FILE.name} (no LLM)",
     )
-    report = await ingest(runtime.chain(), episodes)
+    report = await ingest(runtime.runner(), episodes)
     _say(console, f"  {report.line()}, {_rate(report)}")
     _print_failures(console, report.failures)
 
@@ -162,10 +162,10 @@ async def _ingest_messages(runtime: Runtime, console: Console) -> None:
     episodes = _read_episodes(MESSAGES_FILE)
     _heading(console, "Support-ticket messages")
     if runtime.llm is None:
-        report = await ingest(runtime.chain(), episodes)
+        report = await ingest(runtime.runner(), episodes)
         _say(
             console,
-            f"  Stored {report.episodes - report.skipped} ticket messages ({MESSAGES_FILE.name}) "
+            f"  Stored {report.written} ticket messages ({MESSAGES_FILE.name}) "
             "without extraction: no LLM is configured. They are searchable now; "
             "`tidegraph extract --pending` extracts them once an LLM is.",
         )
@@ -183,19 +183,15 @@ async def _ingest_messages(runtime: Runtime, console: Console) -> None:
         f"  Extracting {len(episodes)} ticket messages live with {settings.llm_model} at "
         f"{settings.llm_base_url}",
     )
-    report = await ingest(runtime.chain(), episodes)
+    report = await ingest(runtime.runner(), episodes)
     _say(console, f"  {report.line()}, {_rate(report)}")
     _print_failures(console, report.failures)
     await _show_extracted(runtime, console, episodes)
 
 
-def _print_failures(console: Console, failures: list[Failure]) -> None:
-    for failure in failures[:10]:
-        _say(
-            console,
-            f"  failed {failure.episode_id or '?'} at {failure.stage}: "
-            f"{failure.error_class}: {failure.message}",
-        )
+def _print_failures(console: Console, failures: list[FailedRecord]) -> None:
+    for failed in failures[:10]:
+        _say(console, f"  failed {failed.episode_id or '?'} at {failed.failure.line()}")
 
 
 async def _show_extracted(runtime: Runtime, console: Console, episodes: list[Episode]) -> None:
@@ -217,7 +213,8 @@ RECALL_QUERY = "Why can Acme Corp not sign in, and which plan are they on?"
 
 
 async def _show_recall(runtime: Runtime, console: Console) -> None:
-    """What an agent answering Acme Corp's ticket would recall (README "Memory retrieval")."""
+    """What an agent answering Acme Corp's ticket would recall (docs/retrieval.md "Memory
+    retrieval")."""
     from tidegraph.recall.context import build_context
     from tidegraph.recall.search import Searcher
     from tidegraph.records.search import SearchRequest
@@ -487,5 +484,5 @@ def _main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover - a helper for docs/demo.md's measurements
+if __name__ == "__main__":  # pragma: no cover - a helper for the performance measurements
     raise SystemExit(_main(sys.argv[1:]))

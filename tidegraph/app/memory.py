@@ -1,5 +1,5 @@
-"""The Python API an agent loop uses (README "Memory retrieval"): add episodes, search the
-memory, build a context string, list facts and entities.
+"""The Python API an agent loop uses (docs/retrieval.md "Memory retrieval"): add episodes, search
+the memory, build a context string, list facts and entities.
 
     from tidegraph import Memory, SearchRequest
 
@@ -40,7 +40,7 @@ from tidegraph.settings import Settings, get_settings
 from tidegraph.stores import GraphStore, open_store
 
 if TYPE_CHECKING:
-    from tidegraph.pipelines.inprocess import InProcessChain
+    from tidegraph.pipelines.runner import GroupRunner
     from tidegraph.pipelines.runtime import Runtime
 
 Via = Literal["process", "kafka"]
@@ -163,7 +163,7 @@ class Memory:
         self.store = parts.store
         self.via = via
         self.searcher = Searcher(parts.store, parts.embedder, parts.cross_encoder)
-        self._chain: InProcessChain | None = None
+        self._runner: GroupRunner | None = None
         self._group_locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
@@ -246,35 +246,22 @@ class Memory:
         return await self._write(episode)
 
     async def _write(self, episode: Episode) -> AddResult:
-        from tidegraph.pipelines.inprocess import EpisodeFailed
-
-        if self._chain is None:
-            self._chain = self.runtime.chain()
+        if self._runner is None:
+            self._runner = self.runtime.runner()
         lock = self._group_locks.setdefault(episode.group_id, asyncio.Lock())
         async with lock:  # one group's episodes in the order they were added
-            try:
-                summary = await self._chain.process(episode)
-            except EpisodeFailed as exc:
-                return AddResult(
-                    episode.group_id,
-                    episode.id,
-                    episode.uuid,
-                    "failed",
-                    reason=exc.failure.reason,
-                    message=exc.failure.message,
-                )
-        if summary.skipped:
-            return AddResult(episode.group_id, episode.id, episode.uuid, "skipped")
-        if summary.not_extracted is not None:
+            [outcome] = await self._runner.run([episode])
+        ids = (episode.group_id, episode.id, episode.uuid)
+        if outcome.failure is not None:
+            failure = outcome.failure
+            return AddResult(*ids, "failed", reason=failure.reason, message=failure.message)
+        if outcome.processed:
+            return AddResult(*ids, "skipped")
+        if outcome.not_extracted is not None:
             return AddResult(
-                episode.group_id,
-                episode.id,
-                episode.uuid,
-                "written",
-                not_extracted=summary.not_extracted,
-                message=NOT_EXTRACTED_HINT,
+                *ids, "written", not_extracted=outcome.not_extracted, message=NOT_EXTRACTED_HINT
             )
-        return AddResult(episode.group_id, episode.id, episode.uuid, "written")
+        return AddResult(*ids, "written")
 
     async def _produce(self, episode: Episode) -> AddResult:
         from tidegraph.topics.client import produce_lines
@@ -296,14 +283,14 @@ class Memory:
 
     # ------------------------------------------------------------------------- reading
     async def search(self, request: SearchRequest) -> SearchResults:
-        """Facts, entities, episodes and community summaries that answer the request (README
-        "Memory retrieval" lists the recipes)."""
+        """Facts, entities, episodes and community summaries that answer the request
+        (docs/retrieval.md "Memory retrieval" lists the recipes)."""
         return await self.searcher.search(request)
 
     async def context(
         self, request: SearchRequest, *, max_chars: int = 4000, episodes: bool = True
     ) -> str:
-        """The context string for the agent's prompt (README "Memory retrieval": the
+        """The context string for the agent's prompt (docs/retrieval.md "Memory retrieval": the
         template), within ``max_chars``; ``episodes``: with episode excerpts."""
         results = await self.search(request)
         return build_context(results, max_chars=max_chars, episodes=episodes)

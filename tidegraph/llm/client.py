@@ -1,4 +1,4 @@
-"""The one LLM client of tidegraph: structured outputs from pydantic schemas (README
+"""The one LLM client of tidegraph: structured outputs from pydantic schemas (docs/configuration.md
 "Configuration": the LLM settings).
 
 ``LLMClient.structured`` sends one chat completion with ``response_format`` of type

@@ -1,4 +1,5 @@
-"""Memory retrieval (README "Memory retrieval"): ``f = builder(rerank(search(query)))`` as in
+"""Memory retrieval (docs/retrieval.md "Memory retrieval"): ``f = builder(rerank(search(query)))``
+as in
 the Zep paper.
 
 - ``source``: what the stores answer (``SearchSource``: BM25, cosine, BFS, recent mentions,

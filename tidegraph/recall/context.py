@@ -1,5 +1,5 @@
 """The context builder: ``SearchResults`` -> the text an agent reads, within a budget
-(README "Memory retrieval").
+(docs/retrieval.md "Memory retrieval").
 
 Template (sections without lines are left out; times UTC, a date alone at midnight)::
 

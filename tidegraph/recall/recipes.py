@@ -1,5 +1,5 @@
 """Search recipes: which kinds a search returns, found how, reranked how, how many
-(README "Memory retrieval").
+(docs/retrieval.md "Memory retrieval").
 
 A ``Recipe`` is one ``KindSearch`` per kind it returns. For each kind, every method finds at
 most ``candidates`` hits:

@@ -1,4 +1,5 @@
-"""Rerankers: reorder the candidates the search methods found (README "Memory retrieval").
+"""Rerankers: reorder the candidates the search methods found (docs/retrieval.md "Memory
+retrieval").
 
 Each is pure and deterministic: it never changes the hits it is given (it answers copies with
 the reranker's own ``score``), and equal scores are ordered by (kind, uuid), except where a

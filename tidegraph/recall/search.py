@@ -1,4 +1,5 @@
-"""``Searcher``: one memory search, ``rerank(search(query))`` (README "Memory retrieval").
+"""``Searcher``: one memory search, ``rerank(search(query))`` (docs/retrieval.md "Memory
+retrieval").
 
 A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a graph store):
 

@@ -1,4 +1,4 @@
-"""What memory retrieval reads from a graph store (README "Memory retrieval").
+"""What memory retrieval reads from a graph store (docs/retrieval.md "Memory retrieval").
 
 The Neo4j and embedded stores implement these five reads; the recall package only ever sees this
 protocol, so the search logic is tested over an exact in-memory implementation.

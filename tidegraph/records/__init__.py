@@ -1,4 +1,5 @@
-"""The records every layer shares (README "Architecture": layers). Plain data and the rules that
+"""The records every layer shares (docs/architecture.md "Architecture": layers). Plain data and the
+rules that
 belong to it, no I/O, importing nothing of tidegraph's but each other:
 
 - ``ids``: deterministic uuids, normal forms of names, relation types and labels;

@@ -1,4 +1,5 @@
-"""The as-of rules (README "Two timelines"): which facts are valid at T as believed at K.
+"""The as-of rules (docs/architecture.md "Two timelines"): which facts are valid at T as believed at
+K.
 
 A fact is believed at K once created by then (``created_at <= K``); its end counts only once
 learned by then (``expired_at <= K``), and when the end or the start moved later (a late fact,

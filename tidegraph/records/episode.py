@@ -1,4 +1,5 @@
-"""The input envelope (README "Topics") and its validation: ``parse_episode`` turns raw bytes
+"""The input envelope (docs/streaming.md "Topics") and its validation: ``parse_episode`` turns raw
+bytes
 into an ``Episode`` or raises ``InvalidEpisode`` with the dead-letter reason of the first
 problem found."""
 
@@ -81,7 +82,7 @@ def json_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
 
 # ----------------------------------------------------------------------------- episodes
 class Episode(BaseModel):
-    """The input envelope (README "Topics"). Kafka key = group_id.
+    """The input envelope (docs/streaming.md "Topics"). Kafka key = group_id.
 
     ``id`` (also read as ``episode_id``, the name the HTTP API and MCP use) and ``group_id``
     are kept exactly as sent: padding or control characters are refused, never trimmed
@@ -176,7 +177,7 @@ class Episode(BaseModel):
     def _content_fits(cls, v: Any, info: ValidationInfo) -> Any:
         # A json episode's content is an object whatever else it is (a list is not "the
         # wrong type" of a json episode's content but no json episode at all); an empty
-        # object is empty content, like "" (README "Retries and dead letters").
+        # object is empty content, like "" (docs/streaming.md "Retries and dead letters").
         if info.data.get("source") == "json" and not isinstance(v, dict):
             raise PydanticCustomError(
                 "invalid_content", "a json episode's content must be an object"

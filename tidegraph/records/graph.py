@@ -1,5 +1,5 @@
-"""The graph's records as the store reads and writes them (README "Architecture": data
-model), and what one episode changes in one transaction."""
+"""The graph's records as the store reads and writes them (docs/architecture.md "Data
+model"), and what one episode changes in one transaction."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class EpisodeRecord(BaseModel):
     created_at: datetime | None = None
     producer_id: str = ""
     content_hash: str = ""  # Episode.content_hash; "" on episodes stored before it existed
-    content_embedding: list[float] | None = None  # for episode search (README "Memory retrieval")
+    content_embedding: list[float] | None = None  # for episode search (docs/retrieval.md)
     # Why the episode is stored without extraction (Extraction.not_extracted); None: extracted.
     not_extracted: str | None = None
 

@@ -1,4 +1,4 @@
-"""JSON text in and out with integers kept exact (README "Declared mappings": keys).
+"""JSON text in and out with integers kept exact (docs/mappings.md "Declared mappings": keys).
 
 orjson is the codec of the wire, but it reads an integer over 64 bits as a float
 (``2**64`` -> ``1.8446744073709552e+19``, so ids ``2**64`` and ``2**64 + 1`` became one

@@ -1,4 +1,4 @@
-"""What memory retrieval reads and answers (README "Memory retrieval"): the request
+"""What memory retrieval reads and answers (docs/retrieval.md "Memory retrieval"): the request
 (``SearchRequest``, the one value a search travels as from the CLI, HTTP and MCP through the
 service and ``Memory`` to ``tidegraph.recall.search.Searcher``), the question the stores answer
 (``SearchScope``), one scored candidate (``Hit``) and the JSON line a result prints as.
@@ -37,9 +37,7 @@ class SearchQuery(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="What to recall.")
-    recipe: str = Field(
-        DEFAULT_RECIPE, description='Search recipe (README "Memory retrieval" lists them).'
-    )
+    recipe: str = Field(DEFAULT_RECIPE, description="Search recipe (docs/retrieval.md: Recipes).")
     limit: int | None = Field(
         None, ge=1, le=MAX_LIMIT, description="Results per kind (default: the recipe's)."
     )
@@ -119,7 +117,7 @@ class Hit:
         return record.name_embedding
 
     def as_json(self, rank: int, query_id: str | None = None) -> dict[str, Any]:
-        """The JSON line of ``tidegraph search --json`` (README "Memory retrieval")."""
+        """The JSON line of ``tidegraph search --json`` (docs/retrieval.md "Memory retrieval")."""
         line: dict[str, Any] = {}
         if query_id is not None:
             line["query_id"] = query_id

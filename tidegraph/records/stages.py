@@ -49,8 +49,8 @@ class Extraction(BaseModel):
     facts: list[FactDraft] = Field(default_factory=list)
     mapped: bool = False  # produced by a declared mapping (no LLM)
     llm_calls: int = 0
-    # Why nothing was extracted yet (README "Episodes without an LLM"): the episode is stored
-    # with its content, searchable, and `tidegraph extract --pending` extracts it later.
+    # Why nothing was extracted yet (docs/architecture.md "Episodes without an LLM"): the episode is
+    # stored with its content, searchable, and `tidegraph extract --pending` extracts it later.
     # None: extracted (possibly into nothing).
     not_extracted: str | None = None
 
@@ -94,10 +94,13 @@ class ResolvedEpisode(BaseModel):
 class Processed(BaseModel):
     """A step's answer for an episode that is already processed (a redelivery or a replay):
     the chain stops here. ``created_entities``: the entities its write created, when known,
-    so that their new-entity events can be sent again (consumers treat them idempotently)."""
+    so that their new-entity events can be sent again (consumers treat them idempotently).
+    ``not_extracted``: the episode is stored without extraction and still is (a re-sent
+    episode nothing could extract again), and why."""
 
     episode: Episode
     created_entities: list[str] = Field(default_factory=list)
+    not_extracted: str | None = None
 
 
 class StampedFact(BaseModel):
@@ -131,7 +134,6 @@ class WriteSummary(BaseModel):
     group_id: str
     episode_uuid: str
     episode_id: str
-    skipped: bool = False  # already processed (a redelivery or replay)
     facts_new: int = 0
     facts_merged: int = 0
     facts_closed: int = 0

@@ -133,7 +133,7 @@ class GraphStore(abc.ABC):
     @abc.abstractmethod
     async def episode_status(self, group_id: str, episode_uuid: str) -> str:
         """``missing`` (not stored in the group), ``not_extracted`` (stored, searchable, not
-        extracted yet: README "Episodes without an LLM") or ``processed``."""
+        extracted yet: docs/architecture.md "Episodes without an LLM") or ``processed``."""
 
     async def episode_statuses(self, group_id: str, episode_uuids: list[str]) -> dict[str, str]:
         """``episode_status`` of each uuid, in one read where the store can."""
@@ -174,6 +174,10 @@ class GraphStore(abc.ABC):
 
     @abc.abstractmethod
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]: ...
+
+    async def entity_names(self, group_id: str, uuids: list[str]) -> dict[str, str]:
+        """{uuid: name} of the group's entities among ``uuids``."""
+        return {e.uuid: e.name for e in await self.entities_by_uuids(group_id, uuids)}
 
     @abc.abstractmethod
     async def fulltext_entities(
@@ -330,7 +334,8 @@ class GraphStore(abc.ABC):
         include_invalid: bool = False,
         entity_uuid: str | None = None,
     ) -> list[FactView]:
-        """Facts as README "Two timelines" defines them (the rules: ``tidegraph.records.asof``):
+        """Facts as docs/architecture.md "Two timelines" defines them (the rules:
+        ``tidegraph.records.asof``):
         - believed at ``known_at`` (None = now): only facts with ``created_at <= known_at``,
           and ``invalid_at`` counts only when ``expired_at <= known_at``;
         - valid at ``valid_at`` (None = now): ``valid_at <= t < invalid_at`` (open end when
@@ -345,10 +350,10 @@ class GraphStore(abc.ABC):
         """``query_facts`` of a resolved question."""
 
     # ---------------------------------------------------------------- search
-    # README "Memory retrieval". Every search reads only ``scope.group_ids`` (each hit is of
-    # one of them, and so is everything it carries); facts are those ``query_facts`` answers
-    # for ``scope.asof``, each as believed then; entities and communities those created by
-    # its known-at time, episodes also happened by its valid-at time (``store.hits``).
+    # docs/retrieval.md "Memory retrieval". Every search reads only ``scope.group_ids`` (each hit is
+    # of one of them, and so is everything it carries); facts are those ``query_facts`` answers for
+    # ``scope.asof``, each as believed then; entities and communities those created by its known-at
+    # time, episodes also happened by its valid-at time (``store.hits``).
     @abc.abstractmethod
     async def fulltext_search(
         self, scope: SearchScope, kind: Kind, text: str, limit: int

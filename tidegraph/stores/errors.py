@@ -104,7 +104,7 @@ def skips_write(
     """Whether an episode write changes nothing because the episode is stored already: a
     processed episode is never written again (EpisodeConflictError when its id comes back
     with other content); one stored without extraction (``not_extracted``) is written again
-    only by its extraction (README "Episodes without an LLM")."""
+    only by its extraction (docs/architecture.md "Episodes without an LLM")."""
     if stored_group != group_id:
         return False
     check_same_episode(write.episode.uuid, stored_hash, write.episode.content_hash)

@@ -1,6 +1,6 @@
 """What the shared store core (``tidegraph.stores.neo4j.core``) needs of an engine: run a query and
 get its rows, run a write transaction, count failures and time writes. One executor per
-engine: ``neo4j_executor.Neo4jExecutor`` (the embedded store runs its SQL on its own
+engine: ``neo4j.executor.Neo4jExecutor`` (the embedded store runs its SQL on its own
 thread: ``sqlite_db``)."""
 
 from __future__ import annotations

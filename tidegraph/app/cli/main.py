@@ -148,7 +148,7 @@ def ingest(
     if via != "process":
         raise typer.BadParameter("--via must be 'process' or 'kafka'")
     _setup_logging()
-    from tidegraph.pipelines.inprocess import read_jsonl
+    from tidegraph.pipelines.ingest import read_jsonl
 
     episodes, failures = read_jsonl(path.read_bytes().splitlines())
     report = asyncio.run(_ingest(episodes, mapping or settings.mappings, settings, concurrency))
@@ -166,30 +166,21 @@ def _report_failures(failures: list, path: Path | None) -> None:
     """The first failures on stderr, a count per reason, and every one of them in ``path``."""
     from collections import Counter
 
-    for failure in failures[:SHOWN_FAILURES]:
-        where = f"line {failure.line}" if failure.line else (failure.episode_id or "")
+    for failed in failures[:SHOWN_FAILURES]:
+        where = f"line {failed.line}" if failed.line else (failed.episode_id or "")
+        f = failed.failure
         err.print(
-            f"[red]failed[/red] {where} at {failure.stage} ({failure.reason}): "
-            f"{failure.error_class}: {failure.message[:300]}"
+            f"[red]failed[/red] {where} at {f.stage} ({f.reason}): "
+            f"{f.error_class}: {f.message[:300]}"
         )
     if not failures:
         return
-    counts = Counter(f.reason for f in failures)
+    counts = Counter(f.failure.reason for f in failures)
     err.print("failures by reason: " + ", ".join(f"{r}: {n}" for r, n in counts.most_common()))
     if path is not None:
         with path.open("wb") as out:
-            for f in failures:
-                row = {
-                    "line": f.line,
-                    "stage": f.stage,
-                    "reason": f.reason,
-                    "group_id": f.group_id,
-                    "episode_id": f.episode_id,
-                    "error_class": f.error_class,
-                    "message": f.message,
-                    "record": f.record,
-                }
-                out.write(orjson.dumps(row) + b"\n")
+            for failed in failures:
+                out.write(orjson.dumps(failed.as_json()) + b"\n")
         err.print(f"all {len(failures)} failures written to {path}")
     elif len(failures) > SHOWN_FAILURES:
         err.print(
@@ -201,7 +192,7 @@ def _report_failures(failures: list, path: Path | None) -> None:
 async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrency: int):
     from rich.progress import Progress
 
-    from tidegraph.pipelines.inprocess import ingest as run_ingest
+    from tidegraph.pipelines.ingest import ingest as run_ingest
     from tidegraph.pipelines.runtime import open_runtime
 
     runtime = await open_runtime(settings, mapping_path=mapping)
@@ -209,7 +200,7 @@ async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrenc
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task("ingesting", total=len(episodes))
             report = await run_ingest(
-                runtime.chain(),
+                runtime.runner(),
                 episodes,
                 concurrency=concurrency,
                 on_done=lambda _: progress.advance(task),
@@ -259,7 +250,7 @@ def facts(
     as_json: bool = json_option(),
     data_dir: Path | None = data_dir_option(),
 ) -> None:
-    """Facts valid at T as believed at K (README "Two timelines")."""
+    """Facts valid at T as believed at K (docs/architecture.md "Two timelines")."""
     use_data_dir(data_dir)
     valid, known = _when(valid_at, "--valid-at"), _when(known_at, "--known-at")
 

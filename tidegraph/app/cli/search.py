@@ -1,4 +1,4 @@
-"""``tidegraph search``: recall from the memory (README "Memory retrieval").
+"""``tidegraph search``: recall from the memory (docs/retrieval.md "Memory retrieval").
 
 One query as a table, JSON lines (``--json``) or the agent's context string (``--context``);
 or a batch (``--queries FILE``: JSON lines ``{"id", "query", "valid_at"?, "known_at"?}``)
@@ -37,7 +37,9 @@ def search(
     ),
     valid_at: str | None = typer.Option(None, "--valid-at", help="Valid at T (default: now)."),
     known_at: str | None = typer.Option(None, "--known-at", help="As known at K (default: now)."),
-    recipe: str = typer.Option(DEFAULT_RECIPE, "--recipe", help="Search recipe (see README)."),
+    recipe: str = typer.Option(
+        DEFAULT_RECIPE, "--recipe", help="Search recipe (see docs/retrieval.md)."
+    ),
     limit: int | None = typer.Option(
         None, "--limit", min=1, max=MAX_LIMIT, help="Results per kind."
     ),
@@ -168,7 +170,8 @@ def extract(
     concurrency: int = typer.Option(8, help="Groups processed at once."),
 ) -> None:
     """Extract episodes stored without extraction (no LLM was configured, no mapping rule
-    matched, or the LLM failed on them), in event order per group (README "Episodes without
+    matched, or the LLM failed on them), in event order per group (docs/architecture.md "Episodes
+    without
     an LLM"). Configure the LLM (TIDEGRAPH_LLM_*) or the mapping first."""
     if not pending:
         raise typer.BadParameter("say what to extract: --pending")
@@ -189,7 +192,7 @@ async def _extract_pending(groups: list[str], concurrency: int) -> Any:
     try:
         targets = groups or await runtime.store.pending_groups()
         return await extract_pending(
-            runtime.chain(), runtime.store, targets, concurrency=concurrency
+            runtime.runner(), runtime.store, targets, concurrency=concurrency
         )
     finally:
         await runtime.close()

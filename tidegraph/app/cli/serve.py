@@ -1,5 +1,5 @@
 """``tidegraph serve`` (HTTP) and ``tidegraph mcp`` (Model Context Protocol): the memory for
-agents (README "Serving memory to agents")."""
+agents (docs/serving.md "Serving memory to agents")."""
 
 from __future__ import annotations
 

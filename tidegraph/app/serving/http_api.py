@@ -1,4 +1,5 @@
-"""``tidegraph serve``: the memory over HTTP for agents (README "Serving memory to agents").
+"""``tidegraph serve``: the memory over HTTP for agents (docs/serving.md "Serving memory to
+agents").
 
 A FastAPI app over one ``MemoryService``: add episodes, search, context, facts as of a time,
 entities, an episode's status, dead-letter counts; ``/healthz``, ``/readyz``, ``/metrics`` and

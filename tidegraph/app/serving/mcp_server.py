@@ -1,4 +1,4 @@
-"""``tidegraph mcp``: the memory as Model Context Protocol tools (README "Serving memory to
+"""``tidegraph mcp``: the memory as Model Context Protocol tools (docs/serving.md "Serving memory to
 agents"), on the official SDK's FastMCP, over stdio or streamable HTTP.
 
 Tools: add_memory, search_facts, search_entities, search_episodes, get_context, facts_as_of,

@@ -1,5 +1,5 @@
-"""Request and response bodies of ``tidegraph serve`` and the MCP tools (README "Serving memory
-to agents").
+"""Request and response bodies of ``tidegraph serve`` and the MCP tools (docs/serving.md
+"Serving memory to agents").
 
 A search travels as ``SearchIn`` (the caller's words: time text, groups optional) until the
 service resolves it into the one ``SearchRequest`` the searcher takes. Times are strings: ISO
@@ -31,8 +31,9 @@ class Body(BaseModel):
 
 
 class AddEpisodeIn(Body):
-    """One episode to remember: the envelope of ``tidegraph ingest`` and the input topic (README
-    "Topics"), with ``group_id`` defaulting to the key's group and the id optional."""
+    """One episode to remember: the envelope of ``tidegraph ingest`` and the input topic
+    (docs/streaming.md "Topics"), with ``group_id`` defaulting to the key's group and the id
+    optional."""
 
     content: str | dict[str, Any] = Field(
         description="What happened: text (source message/text) or a JSON object (source json)."

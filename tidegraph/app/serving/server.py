@@ -1,7 +1,8 @@
 """How ``tidegraph serve`` and ``tidegraph mcp --transport http`` meet slow or oversized
-clients (README "Serving memory to agents"): uvicorn with a deadline for a request's headers
-(``TimedH11Protocol``), and ``BodyGuard``, which receives a request's body, within a size and
-a deadline, before the app sees it. Both answer in the one error shape (``ErrorOut``).
+clients (docs/serving.md "Serving memory to agents"): uvicorn with a deadline for a request's
+headers (``TimedH11Protocol``), and ``BodyGuard``, which receives a request's body, within a
+size and a deadline, before the app sees it. Both answer in the one error shape
+(``ErrorOut``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the HTTP server and the MCP server both do, each call scoped to the caller's groups
-(README "Serving memory to agents").
+(docs/serving.md "Serving memory to agents").
 
 Every method takes the ``Principal`` (the groups its API key may use) first and refuses any
 other group with ``Forbidden`` naming the group. Errors are ``ServiceError``s carrying the HTTP

@@ -2,7 +2,7 @@
 like Settings), and the API keys they accept.
 
 Kept apart from ``tidegraph.settings.Settings`` because only the servers read them; they are
-listed in the README Configuration table.
+listed in docs/configuration.md.
 
 API keys bind a key to the group ids (tenants) it may read and write:
 ``TIDEGRAPH_API_KEYS='{"key-1": ["acme"], "key-2": ["globex", "initech"]}'`` and/or

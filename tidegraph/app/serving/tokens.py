@@ -1,4 +1,5 @@
-"""Read-your-writes (README "Serving memory to agents"): the token an add returns, the state of
+"""Read-your-writes (docs/serving.md "Serving memory to agents"): the token an add returns, the
+state of
 an added episode, and the bounded wait until added episodes are queryable.
 
 An episode is queryable once its processed marker is in the store
@@ -175,7 +176,7 @@ class Tracker:
 
     async def written(self, tokens: list[Token]) -> list[bool]:
         """Whether each episode is in the store: processed, or stored without extraction
-        (searchable either way, README "Episodes without an LLM")."""
+        (searchable either way, docs/architecture.md "Episodes without an LLM")."""
         statuses = await asyncio.gather(
             *(self.store.episode_status(t.group_id, t.episode_uuid) for t in tokens)
         )

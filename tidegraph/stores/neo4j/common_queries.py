@@ -4,7 +4,7 @@ parameterised; answers with the column names ``tidegraph.stores.neo4j.core`` rea
 
 from __future__ import annotations
 
-# ---- episodes stored without extraction (README "Episodes without an LLM")
+# ---- episodes stored without extraction (docs/architecture.md "Episodes without an LLM")
 EPISODE_STATUSES = """
 UNWIND $uuids AS uuid
 MATCH (ep:Episodic) WHERE ep.uuid = uuid AND ep.group_id = $group_id

@@ -1,10 +1,10 @@
-"""The Cypher store's operations: ``StoreCore`` runs a dialect's queries (``neo4j_queries``,
-``common_queries``, ``asof_cypher``) on an executor (``executor.Executor``) and turns the rows
-into records. The queries answer with fixed column names (an entity ``e`` with
-``community_uuid``, a fact ``r`` with ``source_uuid`` and ``target_uuid``, an episode ``ep``),
-so reading, checking, folding, sorting and the exact as-of filter (``AsOf.believed``) happen
-here; ``neo4j_store.Neo4jStore`` adds what its engine does its own way (the hooks below, the
-batched reads and the group commit). The embedded store speaks SQL: ``sqlite_store``.
+"""The Cypher store's operations: ``StoreCore`` runs a dialect's queries (``queries``,
+``common_queries``, ``asof_cypher``) on an executor (``executor.Executor``) and turns the rows into
+records. The queries answer with fixed column names (an entity ``e`` with ``community_uuid``, a fact
+``r`` with ``source_uuid`` and ``target_uuid``, an episode ``ep``), so reading, checking, folding,
+sorting and the exact as-of filter (``AsOf.believed``) happen here; ``store.Neo4jStore`` adds what
+its engine does its own way (the hooks below, the batched reads and the group commit). The embedded
+store speaks SQL: ``tidegraph.stores.sqlite.store``.
 """
 
 from __future__ import annotations

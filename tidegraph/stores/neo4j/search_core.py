@@ -1,4 +1,5 @@
-"""The search methods of the Cypher store (README "Memory retrieval"; the embedded store's:
+"""The search methods of the Cypher store (docs/retrieval.md "Memory retrieval"; the embedded
+store's:
 ``sqlite_search``): ``SearchCore`` asks a dialect's search queries (``neo4j_search_queries``)
 for scored candidates of one group at a time, reads their records,
 keeps those the scope sees (``store.hits``) and turns them into hits.

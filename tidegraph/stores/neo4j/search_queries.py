@@ -1,6 +1,6 @@
 """The Neo4j dialect of search (``tidegraph.stores.neo4j.search_core``): fulltext and vector
 candidates of each kind, and the reads that turn them into hits. Parameterised like
-``neo4j_queries``; index names are our constants.
+``queries``; index names are our constants.
 
 Fulltext: Lucene indexes with the English analyzer, queried with ``search_text.lucene_query``.
 Vector: HNSW indexes (cosine); the index's top candidates are rescored exactly on the stored

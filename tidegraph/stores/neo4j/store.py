@@ -1,5 +1,5 @@
 """The Neo4j graph store: ``StoreCore`` on a ``Neo4jExecutor`` with the Neo4j dialect
-(``neo4j_queries``), and what Neo4j does its own way: the schema, writes of many rows in one
+(``queries``), and what Neo4j does its own way: the schema, writes of many rows in one
 UNWIND statement, the one-round-trip resolution lookup, and the group commit of episode writes
 (``batching.GroupCommit``: writes that arrive while a transaction runs share the next one).
 """

@@ -1,5 +1,5 @@
-"""The embedded store's database (``sqlite_store.SqliteStore``): one SQLite file in WAL mode
-and one connection, used from one thread of its own. Every call runs there, one at a time, so
+"""The embedded store's database (``store.SqliteStore``): one SQLite file in WAL mode and one
+connection, used from one thread of its own. Every call runs there, one at a time, so
 the event loop never waits on the disk and one call's transaction never interleaves with
 another's.
 

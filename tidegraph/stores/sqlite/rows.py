@@ -1,5 +1,5 @@
-"""The embedded store's reads shared by its methods (``sqlite_store``) and its search
-(``sqlite_search``): the columns each record is read with, the records built from rows (by
+"""The embedded store's reads shared by its methods (``store``) and its search (``search``):
+the columns each record is read with, the records built from rows (by
 ``store.rows``, as for Neo4j) and the as-of read of facts."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The search methods of the embedded store (``sqlite_store.SqliteStore``; README "Memory
-retrieval"), with the rules every store keeps (``store.hits``: what a scope sees, the hits and
-their order, the breadth-first walk).
+"""The search methods of the embedded store (``store.SqliteStore``;
+docs/retrieval.md), with the rules every store keeps (``store.hits``: what a scope sees, the hits
+and their order, the breadth-first walk).
 
 Fulltext: SQLite's FTS5 (BM25 over Porter-stemmed words), the text's words from
 ``search_text.search_terms`` as quoted strings, the group's rows only (the group is a column

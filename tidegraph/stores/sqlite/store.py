@@ -1,6 +1,6 @@
 """The embedded graph store: the whole ``GraphStore`` on one SQLite file (no server, nothing
 to install: SQLite ships with Python). The default store, for trying tidegraph, for tests and
-for feeds one machine holds (README "Embedded store"); Neo4j is the production store.
+for feeds one machine holds (docs/operations.md "Embedded store"); Neo4j is the production store.
 
 The same graph as Neo4j (the tables: ``sqlite_db``), the same rules (``store.rows`` builds
 every write's parameters and every record read back, ``store.errors`` checks every write
