@@ -67,10 +67,16 @@ def test_commands_without_their_kafka_or_neo4j_say_which_in_one_line(tmp_path: P
     kafka = {"TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS": nowhere}
     for args in (("dlq", "list"), ("dlq", "replay"), ("produce", str(episodes))):
         one_line_error(run(tmp_path, *args, **kafka), nowhere, "TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["episodes.jsonl"]  # nothing created
     neo4j = {"TIDEGRAPH_STORE": "neo4j", "TIDEGRAPH_NEO4J_URI": f"bolt://{nowhere}"}
-    for args in (("facts", "--group", "g"), ("search", "x", "--group", "g")):
+    for args in (
+        ("facts", "--group", "g"),
+        ("search", "x", "--group", "g"),
+        ("ingest", str(episodes)),
+        ("extract", "--pending"),
+        ("communities", "refresh", "--group", "g"),
+    ):
         one_line_error(run(tmp_path, *args, **neo4j), nowhere, "TIDEGRAPH_NEO4J_URI")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["episodes.jsonl"]  # nothing created
 
 
 def test_ingest_takes_the_episode_as_the_http_api_takes_it(tmp_path: Path):

@@ -187,6 +187,7 @@ class Neo4jStore(StoreCore):
     async def setup(self, embedding_dim: int) -> None:
         if embedding_dim < 1:
             raise ValueError("embedding_dim must be positive")
+        await self.neo4j.reachable()  # at once, not after the driver's 30 s of retries
         self._check_dims(await self._vector_dims(), embedding_dim)
         params = {"dim": embedding_dim, "analyzer": q.FULLTEXT_ANALYZER}
         for statement in q.SCHEMA:
