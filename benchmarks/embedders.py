@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tidegraph.embed.base import Embedder, cosine
+from tidegraph.embed.base import Embedder
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.embed.minilm import MiniLMEmbedder
+from tidegraph.records.vectors import cosine
 
 RESULTS = Path(__file__).parent / "results" / "embedders.json"
 

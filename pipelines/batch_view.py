@@ -22,19 +22,18 @@ episode whose resolution searches (``ResolutionStep.searches``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 from tidegraph.processors.resolution import lookup_terms
+from tidegraph.records.changes import entity_changes, fact_changes
 from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
 from tidegraph.records.ids import normalize_name
 from tidegraph.records.stages import Extraction
 from tidegraph.records.times import utcnow
 from tidegraph.stores.base import BatchWriteError, GraphStore
 from tidegraph.stores.errors import check_same_episode
-from tidegraph.stores.rows import sort_entities, sort_facts, unique
+from tidegraph.stores.rows import copied, sort_entities, sort_facts, unique
 from tidegraph.stores.write_rules import closed_fact, merged_entity, merged_fact
-
-_Record = TypeVar("_Record", EntityRecord, FactRecord)
 
 
 class BatchView:
@@ -42,10 +41,14 @@ class BatchView:
     answers from the unit's read plus its held writes, reads through to the store for the
     rest, holds the writes until ``flush``."""
 
-    def __init__(self, store: GraphStore, group_id: str, *, judged: bool = False) -> None:
+    def __init__(
+        self, store: GraphStore, group_id: str, *, judged: bool = False, record_changes: bool = True
+    ) -> None:
         """``judged``: the unit's episodes are judged by the LLM against stored facts, so
-        facts are read with their embeddings."""
+        facts are read with their embeddings; ``record_changes``: each held write carries
+        what it changes (the change stream)."""
         self.store = store
+        self.record_changes = record_changes
         self.group_id = group_id
         self.judged = judged
         self.entities: dict[str, EntityRecord] = {}  # without name embeddings once read
@@ -60,8 +63,10 @@ class BatchView:
         self.processed: dict[str, tuple[str | None, list[str]]] = {}  # uuid -> (hash, created)
         self._markers_read: set[str] = set()
         self.writes: list[EpisodeWrite] = []  # held
-        # Episodes whose entity upserts are applied ahead of their write (``hold_entities``).
+        # Episodes whose entity upserts are applied ahead of their write (``hold_entities``),
+        # and the states those entities had before (what the write changes).
         self.ahead: set[str] = set()
+        self._held_before: dict[str, dict[str, EntityRecord | None]] = {}
         self.written: list[bool] = []  # what the flushed writes gave, in order
         self._by_key: dict[str, set[str]] = {}
         self._by_name: dict[str, set[str]] = {}  # normalised name or alias -> entity uuids
@@ -69,7 +74,9 @@ class BatchView:
         self._by_end: dict[str, set[str]] = {}  # entity uuid -> uuids of facts touching it
 
     @classmethod
-    async def read(cls, store: GraphStore, extractions: list[Extraction]) -> BatchView:
+    async def read(
+        cls, store: GraphStore, extractions: list[Extraction], *, record_changes: bool = True
+    ) -> BatchView:
         """The view of a unit (one group's episodes, all mapped or all not), with what every
         one of its episodes looks up read in one round trip (``GraphStore.read_batch``)."""
         group = extractions[0].episode.group_id
@@ -90,7 +97,7 @@ class BatchView:
         read = await store.read_batch(
             group, sorted(keys), sorted(names), sorted(relations), episodes
         )
-        view = cls(store, group, judged=judged)
+        view = cls(store, group, judged=judged, record_changes=record_changes)
         view._keys, view._names = keys, names
         found = [*read.lookup.by_key, *read.lookup.by_name]
         for entity in found:
@@ -158,8 +165,8 @@ class BatchView:
         }
         found.update((u, self.facts[u]) for end in ends for u in self._by_end.get(end, ()))
         if embeddings:
-            return sort_facts(_copy(f) for f in found.values())
-        return sort_facts(_copy(f, fact_embedding=None) for f in found.values())
+            return sort_facts(copied(f) for f in found.values())
+        return sort_facts(copied(f, fact_embedding=None) for f in found.values())
 
     async def entity_names(self, group_id: str, uuids: list[str]) -> dict[str, str]:
         self._same_group(group_id)
@@ -189,15 +196,24 @@ class BatchView:
         return answers
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
-        """Held for ``flush``; what it writes is applied to the view at once. False when the
-        episode is processed (as the store answers)."""
+        """Held for ``flush``; what it writes is applied to the view at once, and what that
+        changes recorded on the write (``EpisodeWrite.changes``, for the change stream).
+        False when the episode is processed (as the store answers)."""
         self._same_group(group_id)
         episode = write.episode
+        held_before = self._held_before.pop(episode.uuid, {})
         self.ahead.discard(episode.uuid)
         await self._read_marker(episode.uuid, episode.content_hash or None)
         if episode.uuid in self.processed:
             return False
         now = utcnow()
+        entities_before = {
+            e.uuid: held_before.get(e.uuid, self.entities.get(e.uuid)) for e in write.entities
+        }
+        facts_before = {
+            u: self.facts.get(u)
+            for u in [*(f.uuid for f in write.facts), *(c.uuid for c in write.closures)]
+        }
         for entity in write.entities:
             self._apply_entity(entity, now)
         for fact in write.facts:
@@ -207,6 +223,28 @@ class BatchView:
             if stored is None:
                 raise RuntimeError(f"closure of fact {closure.uuid}, which no step read")
             self._put_fact(closed_fact(stored, closure))
+        at = episode.extracted_at or episode.created_at or now
+        cause, producer = episode.uuid, episode.producer_id
+        write.changes = (
+            []
+            if not self.record_changes
+            else [
+                *(
+                    change
+                    for uuid, before in entities_before.items()
+                    for change in entity_changes(
+                        group_id, cause, producer, before, self.entities[uuid], at
+                    )
+                ),
+                *(
+                    change
+                    for uuid, before in facts_before.items()
+                    for change in fact_changes(
+                        group_id, cause, producer, before, self.facts[uuid], at
+                    )
+                ),
+            ]
+        )
         if episode.not_extracted is None:  # an episode stored unextracted is not processed
             self.processed[episode.uuid] = (episode.content_hash or None, list(write.created))
         self.writes.append(write)
@@ -219,7 +257,9 @@ class BatchView:
         one are still being judged. Until the episode is written, the store does not hold
         them: an entity search then is refused (``entity_candidates``)."""
         now = utcnow()
+        before = self._held_before.setdefault(episode_uuid, {})
         for entity in entities:
+            before.setdefault(entity.uuid, self.entities.get(entity.uuid))
             self._apply_entity(entity, now)
         self.ahead.add(episode_uuid)
 
@@ -287,7 +327,7 @@ class BatchView:
             self._touching.add(entity.uuid)
 
     def _put_entity(self, entity: EntityRecord) -> None:
-        entity = _copy(entity, name_embedding=None, community_uuid=None)
+        entity = copied(entity, name_embedding=None, community_uuid=None)
         self.entities[entity.uuid] = entity
         if entity.key is not None:
             self._by_key.setdefault(entity.key, set()).add(entity.uuid)
@@ -309,15 +349,5 @@ class BatchView:
             raise ValueError(f"the view of group {self.group_id!r} was asked about {group_id!r}")
 
 
-def _copy(record: _Record, **update: Any) -> _Record:
-    """A copy that shares nothing a step may change: the records' fields are immutable
-    values or lists of them, so fresh lists make it as good as a deep copy (and several times
-    cheaper than one, for a 384-number embedding)."""
-    lists = {
-        k: list(v) for k, v in record.__dict__.items() if isinstance(v, list) and k not in update
-    }
-    return record.model_copy(update=lists | update)
-
-
 def _entity_copies(entities: Iterable[EntityRecord]) -> list[EntityRecord]:
-    return sort_entities(_copy(e) for e in entities)
+    return sort_entities(copied(e) for e in entities)

@@ -73,6 +73,7 @@ async def open_runtime(
         episodes_per_call=settings.llm_episodes_per_call,
         embed_mapped_content=settings.embed_mapped_content,
     )
+    components.record_changes = settings.changes_enabled
     return Runtime(
         settings, store, embedder, llm, mappings, components, cross_encoder_from_settings(settings)
     )

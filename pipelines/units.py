@@ -115,7 +115,9 @@ class UnitWriter:
         at = progress or Progress()
         at.stage = "resolution"
         try:
-            view = await BatchView.read(components.store, list(extractions))
+            view = await BatchView.read(
+                components.store, list(extractions), record_changes=components.record_changes
+            )
         except Exception as exc:
             return UnitResult(stop=Stop(0, "resolution", exc, own=len(extractions) == 1))
         shared = SharedCalls(components.llm) if view.judged and components.llm else None
@@ -153,13 +155,14 @@ class UnitWriter:
     def _steps(self, view: BatchView, llm: StructuredLLM | None) -> _Steps:
         c = self.components
         return _Steps(
-            ResolutionStep(store=view, embedder=c.embedder, llm=llm),
+            ResolutionStep(store=view, embedder=c.embedder, llm=llm, clock=c.clock),
             TemporalStep(),
             InvalidationStep(
                 store=view,
                 embedder=c.embedder,
                 llm=llm,
                 embed_mapped_content=c.embed_mapped_content,
+                clock=c.clock,
             ),
         )
 

@@ -60,6 +60,8 @@ REASONS: dict[str, str] = {
     "invalid_episode": "the envelope failed a check not listed above (the message says which)",
     "key_mismatch": "the Kafka key is not the episode's group_id (dlq replay re-sends it "
     "with the right key)",
+    "invalid_forget": "a forget request names no group, or not exactly one of episode_ids, "
+    'subject or group (docs/architecture.md "Forgetting")',
     # -- extraction
     "no_extractor": "no mapping rule matches the json record and no LLM is configured (a "
     "text or message episode without an LLM is stored unextracted instead: docs/"
@@ -85,6 +87,8 @@ REASONS: dict[str, str] = {
     "store_error": "Neo4j refused the write or read (a client error)",
     "store_integrity": "the write would cross groups or point at missing nodes",
     "store_schema": "the store's schema does not fit this configuration",
+    "forget_failed": "a forget could not be done (its message says why: e.g. the LLM a group's "
+    "text episodes need to be replayed is not configured); nothing was forgotten",
     # -- any stage
     "too_large": "the stage's output for this record is over Kafka's record size",
     "bad_hop_record": "a record between two stages cannot be read (a producer bug)",

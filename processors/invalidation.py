@@ -14,6 +14,7 @@ meanwhile (a stale worker that lost its partition). The rules themselves are pur
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 
 from tidegraph.embed.base import Embedder
@@ -37,8 +38,14 @@ from tidegraph.processors.steps import UnitStore
 from tidegraph.processors.timeline import FactDecision, plan_facts
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord, EpisodeWrite, FactRecord
-from tidegraph.records.stages import Processed, StampedEpisode, StampedFact, WriteSummary
-from tidegraph.records.times import utcnow
+from tidegraph.records.stages import (
+    Processed,
+    StampedEpisode,
+    StampedFact,
+    WriteSummary,
+    stored_extraction,
+)
+from tidegraph.records.times import now_for
 from tidegraph.stores.hits import EPISODE_EMBED_CHARS
 
 log = logging.getLogger(__name__)
@@ -57,13 +64,16 @@ class InvalidationStep:
         embedder: Embedder,
         llm: StructuredLLM | None,
         embed_mapped_content: bool = False,
+        clock: Callable[[Episode], datetime] = now_for,
     ) -> None:
         """``embed_mapped_content``: also embed the content of an episode a declared mapping
-        extracted (docs/configuration.md "Configuration", ``TIDEGRAPH_EMBED_MAPPED_CONTENT``)."""
+        extracted (docs/configuration.md, ``TIDEGRAPH_EMBED_MAPPED_CONTENT``); ``clock``: the
+        ingestion time of its write (now)."""
         self.store = store
         self.embedder = embedder
         self.llm = llm
         self.embed_mapped_content = embed_mapped_content
+        self.clock = clock
 
     async def run(
         self, stamped: StampedEpisode, joint: Judgement | None = None
@@ -90,7 +100,7 @@ class InvalidationStep:
         if judged:
             decisions, calls = await self._judge(episode, facts, candidates, embeddings, joint)
             llm_calls += calls
-        now = utcnow()
+        now = self.clock(episode)
         plan = plan_facts(
             group_id=group,
             episode_uuid=episode.uuid,
@@ -284,4 +294,8 @@ def episode_record(
         producer_id=episode.id,
         content_hash=episode.content_hash,
         not_extracted=stamped.not_extracted,
+        extraction=None
+        if stamped.extraction is None or stamped.not_extracted is not None
+        else stored_extraction(stamped.extraction),
+        extracted_at=None if stamped.not_extracted is not None else now,
     )

@@ -15,7 +15,9 @@ or close (read here so that the write need not read them again).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import ENTITIES_RESOLVED
@@ -27,10 +29,11 @@ from tidegraph.processors.prompts import (
     entity_resolution_user,
 )
 from tidegraph.processors.steps import UnitStore
+from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EntityLookup, EntityRecord
 from tidegraph.records.ids import normalize_name, stable_uuid
 from tidegraph.records.stages import Extraction, PendingWrite, Processed, ResolvedEpisode
-from tidegraph.records.times import utcnow
+from tidegraph.records.times import now_for
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +119,19 @@ class ResolutionStep:
 
     stage = "resolution"
 
-    def __init__(self, *, store: UnitStore, embedder: Embedder, llm: StructuredLLM | None) -> None:
+    def __init__(
+        self,
+        *,
+        store: UnitStore,
+        embedder: Embedder,
+        llm: StructuredLLM | None,
+        clock: Callable[[Episode], datetime] = now_for,
+    ) -> None:
+        """``clock``: the ingestion time of an episode's new entities (now)."""
         self.store = store
         self.embedder = embedder
         self.llm = llm
+        self.clock = clock
 
     async def run(self, extraction: Extraction) -> ResolvedEpisode | Processed:
         return await self.resolved_from(extraction, await self.lookup(extraction))
@@ -183,7 +195,7 @@ class ResolutionStep:
                 for i, record in decided.items():
                     found.matched[i], found.methods[i] = record, "llm"
 
-        now = utcnow()
+        now = self.clock(extraction.episode)
         uuids: list[str] = [""] * len(drafts)
         writes: dict[str, EntityRecord] = {}
         for i, draft in enumerate(drafts):

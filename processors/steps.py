@@ -11,6 +11,7 @@ where it costs the least. Steps know nothing of Kafka or of how they are run: th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, TypeVar
@@ -20,6 +21,7 @@ from tidegraph.embed.cache import CachingEmbedder
 from tidegraph.processors.context import RecentEpisodes
 from tidegraph.processors.mapping import MappingSet
 from tidegraph.processors.prompts import StructuredLLM
+from tidegraph.records.episode import Episode
 from tidegraph.records.graph import (
     EntityLookup,
     EntityRecord,
@@ -28,6 +30,7 @@ from tidegraph.records.graph import (
     FactRecord,
 )
 from tidegraph.records.stages import Processed
+from tidegraph.records.times import now_for
 from tidegraph.stores.base import GraphStore
 
 In = TypeVar("In", contravariant=True)
@@ -109,6 +112,11 @@ class Components:
     context_episodes: int = 4
     episodes_per_call: int = 4
     embed_mapped_content: bool = False
+    # The ingestion time (T') the write of an episode is stamped with: now, except in a
+    # forget's replay (each episode's original time).
+    clock: Callable[[Episode], datetime] = now_for
+    # Record what each write changes for the change stream (``TIDEGRAPH_CHANGES_ENABLED``).
+    record_changes: bool = True
 
     @classmethod
     def of(

@@ -221,4 +221,5 @@ def stamp(resolved: ResolvedEpisode) -> StampedEpisode:
         entities_new=resolved.entities_new,
         pending=resolved.pending,
         not_extracted=extraction.not_extracted,
+        extraction=extraction,
     )

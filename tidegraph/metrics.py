@@ -213,3 +213,30 @@ ASSIGNED_PARTITIONS = Gauge(
     "Partitions of each consumed topic currently assigned to this worker.",
     ["topic"],
 )
+
+# ---- memory lifecycle: forgetting and the change stream ------------------------------------
+FORGOTTEN = Counter(
+    "tidegraph_forgotten_total",
+    "Episodes forgotten (erased, kept only as tombstones), by how they were named: episode, "
+    "subject, group.",
+    ["by"],
+)
+FORGET_REQUESTS = Counter(
+    "tidegraph_forget_requests_total",
+    "Forget requests the workers took from the input topic (taken), ran (done) or dead-lettered "
+    "(failed).",
+    ["outcome"],
+)
+FORGET_SECONDS = Histogram(
+    "tidegraph_forget_seconds",
+    "Time a forget took to replay its group's remaining episodes and work out the difference.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+)
+CHANGES_PUBLISHED = Counter(
+    "tidegraph_changes_published_total",
+    "Changes the relay produced to {prefix}.changes and Kafka acknowledged.",
+)
+CHANGES_BEHIND = Gauge(
+    "tidegraph_changes_unpublished",
+    "Changes committed to the outbox of the groups this worker relays and not published yet.",
+)

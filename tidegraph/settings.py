@@ -123,6 +123,12 @@ class Settings(BaseSettings):
         "the records, either way). Off, a mapped record's write costs Neo4j about half.",
     )
 
+    changes_enabled: bool = Field(
+        True,
+        description="Record every committed change of the graph in the store's outbox (the "
+        "change stream: GET /v1/changes, {prefix}.changes); off, writes skip it.",
+    )
+
     # --- records ---------------------------------------------------------------------
     record_timeout_seconds: float = Field(
         600.0,

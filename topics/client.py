@@ -16,8 +16,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from tidegraph.connections import KafkaConnection
-from tidegraph.records.episode import parse_episode
+from tidegraph.records.changes import Change
 from tidegraph.records.errors import InvalidEpisode
+from tidegraph.records.forget import ForgetRequest, parse_record
 from tidegraph.records.times import utc
 from tidegraph.settings import Settings
 from tidegraph.stores import GraphStore, open_store
@@ -39,6 +40,7 @@ class Produced:
     group_id: str | None
     episode_uuid: str | None  # set for valid episodes
     problem: str | None = None  # why the line is not a valid episode (it is sent anyway)
+    forget: bool = False  # a forget request (docs/architecture.md "Forgetting"), not an episode
     partition: int = -1
     offset: int = -1
     timestamp_ms: int | None = None  # the record's Kafka timestamp
@@ -60,7 +62,7 @@ class ProduceReport:
 def describe_line(line: int, raw: bytes) -> Produced:
     """Key (group_id) and episode uuid of a line, as the pipeline will see it."""
     try:
-        episode = parse_episode(raw)
+        parsed = parse_record(raw)
     except InvalidEpisode as exc:
         group = None
         try:
@@ -70,7 +72,9 @@ def describe_line(line: int, raw: bytes) -> Produced:
         except orjson.JSONDecodeError:
             pass
         return Produced(line, group, None, problem=f"{exc.reason}: {exc}")
-    return Produced(line, episode.group_id, episode.uuid)
+    if isinstance(parsed, ForgetRequest):
+        return Produced(line, parsed.group_id, None, forget=True)
+    return Produced(line, parsed.group_id, parsed.uuid)
 
 
 def producer_for(settings: Settings) -> AIOKafkaProducer:
@@ -278,6 +282,26 @@ def _replay_key(raw: bytes, letter: DeadLetter) -> bytes | None:
     return letter.group_id.encode() if letter.group_id else None
 
 
+async def _forgotten(
+    settings: Settings, chosen: dict[bytes, tuple[StoredLetter, bytes]]
+) -> list[bytes]:
+    """The records among ``chosen`` whose episode has been forgotten since (its tombstone is
+    in the configured store)."""
+    named = [(raw, s.letter) for raw, (s, _) in chosen.items() if s.letter.episode_uuid]
+    if not named:
+        return []
+    store = open_store(settings)
+    try:
+        gone = []
+        for raw, letter in named:
+            assert letter.group_id is not None and letter.episode_uuid is not None
+            if await store.episode_status(letter.group_id, letter.episode_uuid) == "forgotten":
+                gone.append(raw)
+        return gone
+    finally:
+        await store.close()
+
+
 async def replay_dead_letters(
     settings: Settings,
     *,
@@ -307,6 +331,9 @@ async def replay_dead_letters(
         if raw in chosen:
             report.duplicates += 1
         chosen[raw] = (stored, raw)
+    for raw in await _forgotten(settings, chosen):
+        # erased: it never comes back (docs/architecture.md "Forgetting")
+        report.not_replayable.append((chosen.pop(raw)[0], "its episode was forgotten"))
     if dry_run:
         report.replayed = len(chosen)
         return report
@@ -369,7 +396,8 @@ async def wait_until_reflected(
     Raises StalledError when nothing changes for ``stall_seconds``."""
     started = time.perf_counter()
     result = WaitReport()
-    by_position = {(p.partition, p.offset): p for p in report.sent}
+    # A forget request is not waited for: it leaves nothing to see but what it erased.
+    by_position = {(p.partition, p.offset): p for p in report.sent if not p.forget}
     valid = {pos for pos, p in by_position.items() if p.episode_uuid is not None}
     pending = set(by_position)
     store = open_store(settings)
@@ -441,3 +469,35 @@ async def _newly_processed(
 
     results = await asyncio.gather(*(front(g) for g in by_group.values()))
     return [pos for group_done in results for pos in group_done]
+
+
+async def read_changes(settings: Settings, groups: list[str] | None = None) -> list[Change]:
+    """Every change on ``{prefix}.changes`` (of ``groups``), as consumed: per partition in
+    offset order, duplicates included (a relay that died after producing publishes again;
+    consumers drop what they have seen by ``change_id``)."""
+    topic = TopicNames(settings.topic_prefix).changes
+    consumer = dlq_consumer(settings)
+    await consumer.start()
+    found: list[Change] = []
+    try:
+        tps = await _assign_all(settings, consumer, topic)
+        if not tps:
+            return []
+        ends = await consumer.end_offsets(tps)
+        for tp in tps:
+            await consumer.seek_to_beginning(tp)
+        remaining = {tp for tp in tps if ends[tp] > 0}
+        while remaining:
+            batch = await consumer.getmany(*remaining, timeout_ms=1000)
+            for tp, messages in batch.items():
+                for message in messages:
+                    if message.offset < ends[tp] and message.value is not None:
+                        change = Change.model_validate_json(message.value)
+                        if groups is None or change.group_id in groups:
+                            found.append(change)
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+    finally:
+        await consumer.stop()
+    return found

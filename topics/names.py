@@ -34,10 +34,16 @@ class TopicNames:
         """Dead letters of every stage."""
         return f"{self.prefix}.dlq"
 
+    @property
+    def changes(self) -> str:
+        """What changed in the graph, in commit order per group (the change stream)."""
+        return f"{self.prefix}.changes"
+
     def all(self) -> list[str]:
-        return [self.episodes, self.extracted, self.entities_new, self.dlq]
+        return [self.episodes, self.extracted, self.entities_new, self.dlq, self.changes]
 
     def named(self, topic: str) -> str:
         """A topic's full name from its short one (``extracted``: ``<prefix>.extracted``)."""
         return {"episodes": self.episodes, "extracted": self.extracted,
-                "entities.new": self.entities_new, "dlq": self.dlq}[topic]  # fmt: skip
+                "entities.new": self.entities_new, "dlq": self.dlq,
+                "changes": self.changes}[topic]  # fmt: skip

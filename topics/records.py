@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from tidegraph.records import jsontext
 from tidegraph.records.episode import MAX_JSON_DEPTH, json_too_deep
+from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.stages import Extraction
 
 M = TypeVar("M", bound=BaseModel)
@@ -47,6 +48,23 @@ class ExtractedRecord(BaseModel):
     v: Literal[1] = SCHEMA_VERSION
     origin: RecordRef
     extraction: Extraction
+
+
+class ForgetRecord(BaseModel):
+    """``{prefix}.extracted``: a forget request from the input topic, handed on in its
+    group's order (the write hop runs it between the episodes before and after it)."""
+
+    v: Literal[1] = SCHEMA_VERSION
+    origin: RecordRef
+    forget: ForgetRequest
+
+
+def decode_extracted(value: bytes) -> ExtractedRecord | ForgetRecord:
+    """A record of ``{prefix}.extracted``: an extraction, or a forget."""
+    data = jsontext.loads(value)  # the episode's integers exact
+    if isinstance(data, dict) and "forget" in data:
+        return ForgetRecord.model_validate(data)
+    return ExtractedRecord.model_validate(data)
 
 
 class NewEntityRecord(BaseModel):

@@ -41,6 +41,7 @@ from tidegraph.pipelines.streaming.handlers import (
 )
 from tidegraph.pipelines.streaming.health import HealthState
 from tidegraph.pipelines.streaming.lanes import KeyedBacklog, KeyedLanes
+from tidegraph.pipelines.streaming.relay import relay_changes
 from tidegraph.settings import Settings
 from tidegraph.topics.names import TopicNames
 
@@ -263,6 +264,21 @@ def _timers(
                 return
             if envelopes:
                 log.info("pending_sweep resent=%d", len(envelopes))
+
+    if not runtime.settings.changes_enabled:
+        return
+
+    async def send_change(key: bytes, value: bytes) -> Awaitable[object]:
+        return await topics[names.changes].send(key=key, value=value, force=True)
+
+    @app.timer(interval=worker.changes_relay_seconds, name="tidegraph.changes_relay")
+    async def relay() -> None:
+        # The outbox's committed changes to {prefix}.changes (docs/streaming.md "Change
+        # stream"); a failed round is tried again by the next one.
+        try:
+            await relay_changes(runtime.store, send_change, set(owned), partitions)
+        except Exception:
+            log.exception("change relay failed; the next round tries again")
 
 
 def _short(names: TopicNames, topic: str) -> str:

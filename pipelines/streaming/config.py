@@ -64,6 +64,12 @@ class WorkerSettings(BaseSettings):
         0.5, gt=0, description="First backoff between attempts (doubles, with jitter)."
     )
     retry_backoff_max_seconds: float = Field(8.0, gt=0, description="Longest backoff.")
+    changes_relay_seconds: float = Field(
+        0.2,
+        gt=0,
+        description="How often a worker publishes the changes its groups committed to "
+        "{prefix}.changes (the change stream's relay).",
+    )
     max_record_bytes: int = Field(
         1_000_000, ge=1024, description="Input records larger than this are dead-lettered."
     )

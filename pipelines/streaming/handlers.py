@@ -15,16 +15,19 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
-from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, STAGE_EVENTS
+from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, FORGET_REQUESTS, STAGE_EVENTS
+from tidegraph.pipelines.forget import ForgetError, forget
 from tidegraph.pipelines.runner import WRITE_STAGES, GroupRunner
 from tidegraph.pipelines.streaming.config import WorkerSettings
+from tidegraph.processors.failures import classify
 from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
+from tidegraph.records.forget import ForgetRequest, parse_record
 from tidegraph.records.outcome import Failure, Outcome
 from tidegraph.records.stages import WriteSummary
 from tidegraph.records.times import utcnow
@@ -33,9 +36,11 @@ from tidegraph.topics.records import (
     MAX_RECORD_VALUE_BYTES,
     DeadLetter,
     ExtractedRecord,
+    ForgetRecord,
     NewEntityRecord,
     RecordRef,
     decode,
+    decode_extracted,
     encode,
     encode_key,
     original_record,
@@ -209,30 +214,40 @@ class ExtractionHandler(RecordHandler):
         for record, read in zip(records, taken, strict=True):
             if isinstance(read, Emit):
                 outputs.append([read])
-                continue
-            outcome = next(outcomes)
-            if outcome.failure is not None:
-                outputs.append([self.failed(record, outcome.failure, read)])
-            elif outcome.processed or outcome.value is None:
-                outputs.append([])  # already in the graph: nothing to hand on
+            elif isinstance(read, ForgetRecord):  # handed on, in its group's order
+                outputs.append([self._hop_record(read, record, read.forget.group_id)])
+                FORGET_REQUESTS.labels("taken").inc()
             else:
-                hop = ExtractedRecord(origin=read.origin, extraction=outcome.value)
-                outputs.append([self._hop_record(hop, record, read)])
+                outcome = next(outcomes)
+                if outcome.failure is not None:
+                    outputs.append([self.failed(record, outcome.failure, read)])
+                elif outcome.processed or outcome.value is None:
+                    outputs.append([])  # already in the graph: nothing to hand on
+                else:
+                    hop = ExtractedRecord(origin=read.origin, extraction=outcome.value)
+                    outputs.append([self._hop_record(hop, record, read.episode.group_id, read)])
         return outputs
 
-    def _hop_record(self, hop: ExtractedRecord, record: Consumed, read: Taken) -> Emit:
-        """The extraction's record, or a dead letter when it is too large for Kafka."""
+    def _hop_record(
+        self,
+        hop: ExtractedRecord | ForgetRecord,
+        record: Consumed,
+        group_id: str,
+        read: Taken | None = None,
+    ) -> Emit:
+        """The hop record, or a dead letter when an extraction's is too large for Kafka."""
         data = encode(hop)
-        if len(data) > MAX_RECORD_VALUE_BYTES:
+        if read is not None and len(data) > MAX_RECORD_VALUE_BYTES:
             error = ValueError(
                 f"the {self.names.extracted} record of this episode would be {len(data)} "
                 f"bytes; Kafka takes at most {MAX_RECORD_VALUE_BYTES}"
             )
             return self.failed(record, Failure.of(self.stage, error, "too_large"), read)
-        return Emit(self.names.extracted, encode_key(read.episode.group_id), data)
+        return Emit(self.names.extracted, encode_key(group_id), data)
 
-    def _read_episode(self, record: Consumed) -> Taken | Emit:
-        """The input topic: an envelope as produced, checked (size, validity, key)."""
+    def _read_episode(self, record: Consumed) -> Taken | ForgetRecord | Emit:
+        """The input topic: an envelope (or a forget request) as produced, checked (size,
+        validity, key)."""
         raw = record.value or b""
         if len(raw) > self.worker.max_record_bytes:
             error = ValueError(
@@ -241,17 +256,19 @@ class ExtractionHandler(RecordHandler):
             )
             return self._invalid(record, "oversized", error)
         try:
-            episode = parse_episode(raw)
+            parsed = parse_record(raw)
         except InvalidEpisode as exc:
             return self._invalid(record, exc.reason, exc)
-        if record.key != encode_key(episode.group_id):
+        if record.key != encode_key(parsed.group_id):
             error = ValueError(
-                f"record key {record.key!r} is not the episode's group_id "
-                f"{episode.group_id!r}: per-group order needs key = group_id "
+                f"record key {record.key!r} is not the record's group_id "
+                f"{parsed.group_id!r}: per-group order needs key = group_id "
                 "(`tidegraph dlq replay` re-sends it with the right key)"
             )
             return self._invalid(record, "key_mismatch", error)
-        return Taken(episode, record.ref)
+        if isinstance(parsed, ForgetRequest):
+            return ForgetRecord(origin=record.ref, forget=parsed)
+        return Taken(parsed, record.ref)
 
     def _invalid(self, record: Consumed, reason: str, exc: Exception) -> Emit:
         failure = Failure.of("validation", exc, reason)
@@ -276,21 +293,54 @@ class WriteHandler(RecordHandler):
         return min(super().group_take, self.runner.unit_episodes)
 
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
-        taken = [self.decode_hop(ExtractedRecord, record) for record in records]
-        extractions = [t.extraction for t in taken if isinstance(t, ExtractedRecord)]
-        outcomes = iter(await self.runner.write(extractions))
+        taken = [self._read_hop(record) for record in records]
         outputs: list[list[Emit]] = []
-        for record, read in zip(records, taken, strict=True):
+        at = 0
+        while at < len(records):  # runs of extractions, and the forgets between them
+            read = taken[at]
             if isinstance(read, Emit):
                 outputs.append([read])
-                continue
-            outcome = next(outcomes)
-            hop = Taken(read.extraction.episode, read.origin)
-            if outcome.failure is not None:
-                outputs.append([self.failed(record, outcome.failure, hop)])
+                at += 1
+            elif isinstance(read, ForgetRecord):
+                outputs.append(await self._forget(records[at], read))
+                at += 1
             else:
-                outputs.append(self._new_entities(outcome, hop))
+                end = at
+                while end < len(records) and isinstance(taken[end], ExtractedRecord):
+                    end += 1
+                run = cast(list[ExtractedRecord], taken[at:end])
+                outcomes = await self.runner.write([hop.extraction for hop in run])
+                for record, hop, outcome in zip(records[at:end], run, outcomes, strict=True):
+                    read_hop = Taken(hop.extraction.episode, hop.origin)
+                    if outcome.failure is not None:
+                        outputs.append([self.failed(record, outcome.failure, read_hop)])
+                    else:
+                        outputs.append(self._new_entities(outcome, read_hop))
+                at = end
         return outputs
+
+    def _read_hop(self, record: Consumed) -> ExtractedRecord | ForgetRecord | Emit:
+        """The hop record, or a dead letter when it cannot be read (a producer bug)."""
+        try:
+            return decode_extracted(record.value or b"")
+        except (ValueError, ValidationError) as exc:
+            return self.dead(
+                record, Failure.of(self.stage, exc, "bad_hop_record"), raw=record.value
+            )
+
+    async def _forget(self, record: Consumed, hop: ForgetRecord) -> list[Emit]:
+        """A forget request, run in its group's order; a dead letter when it cannot be done
+        (nothing was forgotten then: replaying the letter tries again)."""
+        try:
+            report = await forget(self.runner, hop.forget)
+        except Exception as exc:
+            FORGET_REQUESTS.labels("failed").inc()
+            reason = "forget_failed" if isinstance(exc, ForgetError) else classify(exc).reason
+            letter = self.dead(record, Failure.of("forget", exc, reason), origin=hop.origin)
+            return [letter]
+        FORGET_REQUESTS.labels("done").inc()
+        log.info("forget request done: %s", report.line())
+        return []
 
     def _new_entities(self, outcome: Outcome[WriteSummary], hop: Taken) -> list[Emit]:
         """The episode's new-entity events, after its write committed. Also sent again for

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.integration.topology_harness import Topology
-from tests.support.memory_store import MemoryStore
 from tidegraph.stores.base import GraphStore
+from tidegraph.stores.memory.store import MemoryStore
 from tidegraph.stores.neo4j.store import Neo4jStore
 from tidegraph.stores.sqlite.store import SqliteStore
 

@@ -22,7 +22,6 @@ import httpx
 import uvicorn
 
 from tests.support.crm_feed import CRM_MAPPING
-from tests.support.memory_store import MemoryStore
 from tests.support.metrics import free_port
 from tests.support.processes import terminate_with_parent
 from tests.unit.recall_fixtures import RecallGraph
@@ -36,6 +35,7 @@ from tidegraph.pipelines.runtime import open_runtime
 from tidegraph.records.graph import CommunityRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.settings import Settings
+from tidegraph.stores.memory.store import MemoryStore
 
 REPO = Path(__file__).resolve().parents[2]
 TIDEGRAPH = str(Path(sys.executable).with_name("tidegraph"))

@@ -286,7 +286,7 @@ class Topology:
             if worker.alive():
                 worker.process.kill()
                 worker.process.wait(10)
-        for label in ("Episodic", "Community", "Entity"):
+        for label in ("Episodic", "Community", "Entity", "Change", "ChangeLog"):
             await driver.execute_query(
                 f"MATCH (n:{label}) WHERE n.group_id STARTS WITH $run DETACH DELETE n",
                 run=self.run,

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tidegraph.embed.base import cosine
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.recall.rerank import CrossEncoder
 from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, Record, SearchScope
+from tidegraph.records.vectors import cosine
 
 G = "g"
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 
 from tests.support.crm_feed import crm_feed, crm_mappings
-from tests.support.memory_store import MemoryStore
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.pipelines.streaming.config import WorkerSettings
@@ -28,6 +27,7 @@ from tidegraph.pipelines.streaming.handlers import (
 from tidegraph.processors.steps import Components
 from tidegraph.records.episode import parse_episode
 from tidegraph.records.graph import EpisodeWrite
+from tidegraph.stores.memory.store import MemoryStore
 from tidegraph.topics.names import TopicNames
 from tidegraph.topics.records import DeadLetter, ExtractedRecord, NewEntityRecord, decode
 

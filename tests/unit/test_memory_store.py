@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from tests.support.memory_store import MemoryStore
 from tidegraph.records.asof import AsOf, end_known_at
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -21,6 +20,7 @@ from tidegraph.records.graph import (
 )
 from tidegraph.records.times import iso
 from tidegraph.stores import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
+from tidegraph.stores.memory.store import MemoryStore
 
 DIM = 4
 G, OTHER = "g", "other"

@@ -15,7 +15,6 @@ import pytest
 from pydantic import BaseModel
 
 from tests.support.crm_feed import crm_mappings, owner_record, plan_record
-from tests.support.memory_store import MemoryStore
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.context import RecentEpisodes
@@ -41,6 +40,7 @@ from tidegraph.records.stages import (
 )
 from tidegraph.records.times import iso
 from tidegraph.stores import EpisodeConflictError, GraphStore
+from tidegraph.stores.memory.store import MemoryStore
 
 G = "tenant-1"
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tidegraph.embed.base import Embedder, EmbeddingThresholds, cosine
+from tidegraph.embed.base import Embedder, EmbeddingThresholds
 from tidegraph.embed.hashing import HASHING_THRESHOLDS, HashingEmbedder
 from tidegraph.embed.minilm import MINILM_THRESHOLDS, MiniLMEmbedder
+from tidegraph.records.vectors import cosine
 
 if TYPE_CHECKING:
     from tidegraph.embed.openai_embedder import OPENAI_THRESHOLDS, OpenAIEmbedder

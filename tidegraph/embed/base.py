@@ -59,13 +59,6 @@ class Embedder(abc.ABC):
         return f"{type(self).__name__}(model_name={self.model_name!r}, dim={self.dim})"
 
 
-def cosine(a: Sequence[float], b: Sequence[float]) -> float:
-    """Cosine of two vectors (for normalised vectors this is their dot product)."""
-    dot = math.fsum(x * y for x, y in zip(a, b, strict=True))
-    norm = math.sqrt(math.fsum(x * x for x in a)) * math.sqrt(math.fsum(y * y for y in b))
-    return dot / norm if norm else 0.0
-
-
 def l2_normalise(vector: Sequence[float]) -> list[float]:
     """The vector scaled to unit length (a zero vector is returned unchanged)."""
     norm = math.sqrt(math.fsum(x * x for x in vector))

@@ -48,6 +48,12 @@ class CachingEmbedder(Embedder):
             for text, vector in zip(missing, await self.inner.embed(missing), strict=True):
                 self._remember(text, vector)
 
+    def prime(self, vectors: dict[str, list[float]]) -> None:
+        """Remember embeddings made before (a forget's replay primes the group's stored
+        ones: the same text, the same model, the same vector)."""
+        for text, vector in vectors.items():
+            self._remember(text, vector)
+
     def _remember(self, text: str, vector: list[float]) -> None:
         self._vectors[text] = array("d", vector)
         while len(self._vectors) > self.max_texts:

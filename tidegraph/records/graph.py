@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from tidegraph.records.changes import Change
 
 
 # ----------------------------------------------------------------------------- graph records
@@ -90,6 +93,11 @@ class EpisodeRecord(BaseModel):
     content_embedding: list[float] | None = None  # for episode search (docs/retrieval.md)
     # Why the episode is stored without extraction (Extraction.not_extracted); None: extracted.
     not_extracted: str | None = None
+    # What its extraction gave (entities and facts as drafts, JSON), and when its effects were
+    # written (T'): a forget replays the group's remaining episodes from these
+    # (docs/architecture.md "Forgetting").
+    extraction: str | None = None
+    extracted_at: datetime | None = None
 
 
 class FactView(BaseModel):
@@ -149,6 +157,9 @@ class EpisodeWrite:
     # The uuids of the entities this episode creates (``PendingWrite.created``), kept on its
     # marker so that a redelivery of the processed episode can send their events again.
     created: list[str] = field(default_factory=list)
+    # What the write changes, for the change stream (``tidegraph.records.changes``): recorded
+    # in the same transaction when the write is admitted, numbered in the group's order.
+    changes: list[Change] = field(default_factory=list)
 
 
 @dataclass
@@ -189,3 +200,71 @@ class WeightedEdge:
     source: str
     target: str
     weight: int
+
+
+@dataclass
+class ChangeLog:
+    """A group's change outbox: its last change's ``seq``, the last one the relay
+    published, and the group's write version (moved by every committed write)."""
+
+    group_id: str
+    seq: int = 0
+    published: int = 0
+    version: int = 0
+
+
+@dataclass
+class GroupHistory:
+    """What a rebuild of a group starts from (``GraphStore.group_history``): its episodes
+    that are not forgotten, in the order their effects were written, with their stored
+    extractions; its entities and facts with their embeddings; each episode's mentions and
+    the entities it created; the group's write version."""
+
+    episodes: list[EpisodeRecord] = field(default_factory=list)
+    entities: dict[str, EntityRecord] = field(default_factory=dict)
+    facts: dict[str, FactRecord] = field(default_factory=dict)
+    mentions: dict[str, list[str]] = field(default_factory=dict)
+    created: dict[str, list[str]] = field(default_factory=dict)
+    version: int = 0
+
+
+@dataclass
+class Rebuild:
+    """What a forget changes, written in one transaction (``GraphStore.apply_rebuild``): the
+    difference between the group's graph and the one its remaining episodes give.
+
+    The store refuses it (``RebuildConflict``) when the group's write version is no longer
+    ``version`` (a write came in meanwhile: compute again)."""
+
+    version: int
+    forgotten: list[str]  # episode uuids: become tombstones (no content, no mentions)
+    forgotten_at: datetime
+    delete_entities: list[str] = field(default_factory=list)
+    delete_facts: list[str] = field(default_factory=list)
+    entities: list[EntityRecord] = field(default_factory=list)  # full state, created or not
+    facts: list[FactRecord] = field(default_factory=list)  # full state, created or not
+    mentions: dict[str, list[str]] = field(default_factory=dict)  # episode -> all its mentions
+    created: dict[str, list[str]] = field(default_factory=dict)  # episode -> created entities
+    changes: list[Change] = field(default_factory=list)
+    # Records whose earlier changes leave the outbox (they carry erased content).
+    purged: list[str] = field(default_factory=list)
+
+
+EpisodeState = Literal["written", "not_extracted", "forgotten"]
+
+
+@dataclass(frozen=True)
+class EpisodeEntry:
+    """One stored episode as a listing shows it (``GraphStore.list_episodes``); a forgotten
+    one is its tombstone: uuid and when, nothing else."""
+
+    uuid: str
+    producer_id: str
+    name: str
+    source: str
+    valid_at: datetime | None
+    created_at: datetime | None
+    status: EpisodeState
+    not_extracted: str | None = None
+    content: str = ""
+    forgotten_at: datetime | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tidegraph.records.episode import MAX_NAME_CHARS, Episode
@@ -128,6 +129,7 @@ class StampedEpisode(BaseModel):
     entities_new: int = 0
     pending: PendingWrite = Field(default_factory=PendingWrite)
     not_extracted: str | None = None  # Extraction.not_extracted
+    extraction: Extraction | None = None  # what was extracted, stored with the episode
 
 
 class WriteSummary(BaseModel):
@@ -143,3 +145,15 @@ class WriteSummary(BaseModel):
     created_entities: list[str] = Field(default_factory=list)  # their uuids (entities.new)
     llm_calls: int = 0
     not_extracted: str | None = None  # stored without extraction, and why (Extraction)
+
+
+def stored_extraction(extraction: Extraction) -> str:
+    """An extraction as the episode keeps it (JSON: its drafts and whether a mapping made
+    them), so that the group can be replayed without extracting again."""
+    return extraction.model_dump_json(include={"entities", "facts", "mapped"})
+
+
+def extraction_of(episode: Episode, stored: str) -> Extraction:
+    """The extraction ``stored_extraction`` kept, for ``episode``."""
+    data = orjson.loads(stored)
+    return Extraction.model_validate({**data, "episode": episode})

@@ -18,3 +18,9 @@ def utcnow() -> datetime:
 
 def iso(dt: datetime | None) -> str | None:
     return None if dt is None else utc(dt).isoformat().replace("+00:00", "Z")
+
+
+def now_for(_: object) -> datetime:
+    """The ingestion time (T') of a write about anything: now. A forget's replay writes at
+    each episode's original time instead (``Components.clock``)."""
+    return utcnow()

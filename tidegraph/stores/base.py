@@ -18,14 +18,19 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tidegraph.records.asof import AsOf
+from tidegraph.records.changes import Change
 from tidegraph.records.graph import (
+    ChangeLog,
     CommunityRecord,
     EntityLookup,
     EntityRecord,
+    EpisodeEntry,
     EpisodeRecord,
     EpisodeWrite,
     FactRecord,
     FactView,
+    GroupHistory,
+    Rebuild,
     WeightedEdge,
 )
 from tidegraph.records.search import Hit, Kind, SearchScope
@@ -133,7 +138,8 @@ class GraphStore(abc.ABC):
     @abc.abstractmethod
     async def episode_status(self, group_id: str, episode_uuid: str) -> str:
         """``missing`` (not stored in the group), ``not_extracted`` (stored, searchable, not
-        extracted yet: docs/architecture.md "Episodes without an LLM") or ``processed``."""
+        extracted yet: docs/architecture.md "Episodes without an LLM"), ``processed`` or
+        ``forgotten`` (a tombstone)."""
 
     async def episode_statuses(self, group_id: str, episode_uuids: list[str]) -> dict[str, str]:
         """``episode_status`` of each uuid, in one read where the store can."""
@@ -388,6 +394,79 @@ class GraphStore(abc.ABC):
     ) -> dict[str, int]:
         """Hops from ``centre`` to each of ``uuids`` over the scope's facts (0 for the centre
         itself); a uuid farther than ``max_hops`` or unreachable is left out."""
+
+    # ---------------------------------------------------------------- the change stream
+    # docs/streaming.md "Change stream". A committed episode write appends its changes
+    # (``EpisodeWrite.changes``) to its group's outbox in the same transaction, numbered in
+    # commit order (``Change.seq``), and bumps the group's write version.
+    @abc.abstractmethod
+    async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
+        """The group's changes with ``seq > after``, in ``seq`` order, at most ``limit``."""
+
+    @abc.abstractmethod
+    async def change_logs(
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+    ) -> list[ChangeLog]:
+        """The outbox state of these groups (None: of every group with a log), by group;
+        ``unpublished``: only those with changes the relay has not published."""
+
+    @abc.abstractmethod
+    async def mark_published(self, group_id: str, seq: int) -> None:
+        """The relay published the group's changes up to ``seq`` (the cursor never moves
+        back, nor past the last change)."""
+
+    @abc.abstractmethod
+    async def prune_changes(self, group_id: str, upto: int) -> int:
+        """Drop the group's published changes with ``seq <= upto``; how many went."""
+
+    # ---------------------------------------------------------------- forgetting
+    # docs/architecture.md "Forgetting": a forget replays the group's remaining episodes into a
+    # scratch store and writes the difference.
+    @abc.abstractmethod
+    async def group_history(self, group_id: str) -> GroupHistory:
+        """What a rebuild starts from (``GroupHistory``): the group's episodes but the
+        forgotten ones, in the order their effects were written (``extracted_at``, else
+        ``created_at``, then uuid), its entities and facts with their embeddings, each
+        episode's mentions and created entities, and its write version."""
+
+    @abc.abstractmethod
+    async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
+        """One transaction: RebuildConflict when the group's write version moved; else the
+        forgotten episodes become tombstones (uuid and group only: no content, name,
+        embedding or mentions; a write of them is skipped from then on, as of a processed
+        episode), the deleted facts and entities go (entities with their mentions and
+        memberships), the entities and facts given are written in full (created or
+        overwritten, including ends set back to null), the episodes named in ``mentions`` get
+        exactly those mentions and those in ``created`` those created entities, the outbox
+        loses the changes of ``purged`` records and gains ``changes``, and the version
+        moves."""
+
+    @abc.abstractmethod
+    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
+        """Every record of the group goes: its entities, facts, mentions, communities and
+        their index entries, and its episodes' content: each episode stays a tombstone (so
+        that a replay of its records never brings it back) unless ``purge``, which takes the
+        tombstones and the change log too. The outbox keeps one ``group.forgotten`` change
+        (none with ``purge``). Returns how many episodes were forgotten. No other group is
+        touched. Re-running it finishes one that was cut off."""
+
+    # ---------------------------------------------------------------- browsing
+    @abc.abstractmethod
+    async def list_episodes(
+        self,
+        group_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 100,
+    ) -> list[EpisodeEntry]:
+        """The group's episodes by ``valid_at`` then uuid, from after the ``after`` position
+        (the last entry's (valid_at, uuid) of the previous page), ``since <= valid_at <
+        until``, of one ``status`` (written, not_extracted) or both, at most ``limit``.
+        ``status="forgotten"`` lists the tombstones instead, by when they were forgotten
+        (their ``forgotten_at`` stands for ``valid_at`` in the range and the position)."""
 
     # ---------------------------------------------------------------- maintenance
     @abc.abstractmethod

@@ -1,6 +1,6 @@
 """What a store refuses, and the checks that refuse it before anything is written.
 
-Every store (Neo4j, the embedded SQLite store, ``tests.support.memory_store``) reads what
+Every store (Neo4j, the embedded SQLite store, ``tidegraph.stores.memory.store``) reads what
 a write touches, then runs these checks, then writes: a refused write changes nothing."""
 
 from __future__ import annotations
@@ -20,6 +20,15 @@ class StoreSchemaError(RuntimeError):
 class StoreIntegrityError(ValueError):
     """A write would cross groups or reference something that does not exist; nothing was
     written (the transaction was rolled back)."""
+
+
+class RebuildConflict(RuntimeError):
+    """A rebuild was computed from a state of the group that moved since (a write came in):
+    compute it again from the group as it is now."""
+
+    def __init__(self, group_id: str) -> None:
+        super().__init__(f"group {group_id!r} was written while its rebuild was computed")
+        self.group_id = group_id
 
 
 class EpisodeConflictError(StoreIntegrityError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 EPISODE_STATUSES = """
 UNWIND $uuids AS uuid
 MATCH (ep:Episodic) WHERE ep.uuid = uuid AND ep.group_id = $group_id
-RETURN ep.uuid AS uuid, ep.not_extracted AS not_extracted
+RETURN ep.uuid AS uuid, ep.not_extracted AS not_extracted, ep.forgotten_at AS forgotten_at
 """
 PENDING_GROUPS = """
 MATCH (ep:Episodic) WHERE ep.not_extracted IS NOT NULL

@@ -120,7 +120,11 @@ class StoreCore(SearchCore):
     async def episode_statuses(self, group_id: str, episode_uuids: list[str]) -> dict[str, str]:
         params = {"group_id": group_id, "uuids": list(episode_uuids)}
         found = {
-            row["uuid"]: "processed" if row["not_extracted"] is None else "not_extracted"
+            row["uuid"]: "forgotten"
+            if row["forgotten_at"] is not None
+            else "processed"
+            if row["not_extracted"] is None
+            else "not_extracted"
             for row in await self.ex.rows(cq.EPISODE_STATUSES, params)
         }
         return {uuid: found.get(uuid, "missing") for uuid in episode_uuids}

@@ -56,6 +56,12 @@ SCHEMA = (
     "CREATE CONSTRAINT community_uuid IF NOT EXISTS FOR (n:Community) REQUIRE n.uuid IS UNIQUE",
     "CREATE CONSTRAINT relates_to_uuid IF NOT EXISTS "
     "FOR ()-[r:RELATES_TO]-() REQUIRE r.uuid IS UNIQUE",
+    # the change stream's outbox: one log per group (its last seq, what is published, the
+    # group's write version), its changes by (group, seq)
+    "CREATE CONSTRAINT change_log_group IF NOT EXISTS "
+    "FOR (n:ChangeLog) REQUIRE n.group_id IS UNIQUE",
+    "CREATE INDEX change_group_seq IF NOT EXISTS FOR (n:Change) ON (n.group_id, n.seq)",
+    "CREATE INDEX change_uuid IF NOT EXISTS FOR (n:Change) ON (n.uuid)",
     # range
     "CREATE INDEX episodic_group_id IF NOT EXISTS FOR (n:Episodic) ON (n.group_id)",
     "CREATE INDEX episodic_valid_at IF NOT EXISTS FOR (n:Episodic) ON (n.valid_at)",
@@ -539,6 +545,20 @@ CALL () {
 RETURN episodes, entities, facts
 """
 
+# The changes of one write appended to its group's outbox in commit order (``seq``), the
+# group's write version bumped (a rebuild checks it did not move while it computed).
+_RECORD_CHANGES = """
+    MERGE (log:ChangeLog {{group_id: {group}}})
+    ON CREATE SET log.seq = 0, log.published = 0, log.version = 0
+    WITH log, log.seq AS base
+    SET log.seq = base + size({changes}), log.version = log.version + 1
+    WITH base
+    UNWIND range(0, size({changes}) - 1) AS i
+    WITH {changes}[i] AS c, base + i + 1 AS seq
+    CREATE (:Change {{group_id: {group}, seq: seq, change_id: c.change_id, kind: c.kind,
+                      uuid: c.uuid, body: c.body}})
+"""
+
 # Every episode write of a transaction in one statement, in order: each write is one run of
 # the subquery, and a run sees what the runs before it wrote (Cypher's CALL semantics), so
 # the result is that of one statement per write. Per write: entities first (mentions and
@@ -566,7 +586,11 @@ CALL (w) {
       ep.content_hash = w.ep.content_hash,
       ep.created_entities = w.ep.created_entities,
       ep.not_extracted = w.ep.not_extracted,
-      ep.content_embedding = w.ep.content_embedding
+      ep.content_embedding = w.ep.content_embedding,
+      ep.extraction = w.ep.extraction,
+      ep.extracted_at = """
+    + at("w.ep.extracted_at")
+    + """
   WITH ep
   CALL (ep, w) {
     UNWIND w.mentions AS mention
@@ -579,6 +603,9 @@ CALL (w) {
     + """  }
   CALL (w) {"""
     + _CLOSE_FACT_ROWS.format(rows="w.closures", group="w.group_id")
+    + """  }
+  CALL (w) {"""
+    + _RECORD_CHANGES.format(changes="w.changes", group="w.group_id")
     + """  }
 }
 """
@@ -620,7 +647,10 @@ FACT_VIEW_RETURN = (
 # ---- maintenance
 COUNTS = (
     """
-CALL () { MATCH (ep:Episodic) WHERE ep.group_id = $group_id RETURN count(ep) AS episodes }
+CALL () {
+  MATCH (ep:Episodic) WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL
+  RETURN count(ep) AS episodes
+}
 CALL () { MATCH (e:Entity) WHERE e.group_id = $group_id RETURN count(e) AS entities }
 CALL () {
   MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id RETURN count(r) AS facts
@@ -651,7 +681,7 @@ WITH n LIMIT $batch
 DETACH DELETE n
 RETURN count(*) AS deleted
 """
-        for label in ("Episodic", "Community", "Entity")
+        for label in ("Episodic", "Community", "Entity", "Change", "ChangeLog")
     ),
 )
 

@@ -33,7 +33,9 @@ from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, anchored_query, as_
 from tidegraph.stores.neo4j.batching import GroupCommit
 from tidegraph.stores.neo4j.core import StoreCore
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
+from tidegraph.stores.neo4j.lifecycle import Lifecycle
 from tidegraph.stores.rows import (
+    change_row,
     check_embedding,
     closure_row,
     entity_record,
@@ -90,6 +92,7 @@ def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -
         "mentions": unique(write.mentions),
         "facts": [with_epoch_times(fact_row(group_id, f, dim, now)) for f in write.facts],
         "closures": [with_epoch_times(closure_row(c)) for c in write.closures],
+        "changes": [change_row(c) for c in write.changes],
     }
 
 
@@ -129,7 +132,7 @@ class _BatchAsk:
     episodes: list[str]
 
 
-class Neo4jStore(StoreCore):
+class Neo4jStore(Lifecycle, StoreCore):
     """``GraphStore`` on a Neo4j 5.26+ server (Community edition is enough)."""
 
     name = "neo4j"

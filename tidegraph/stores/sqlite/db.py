@@ -62,7 +62,10 @@ SCHEMA = (
         content_hash TEXT,
         created_entities TEXT NOT NULL,
         not_extracted TEXT,
-        content_embedding BLOB)""",
+        content_embedding BLOB,
+        extraction TEXT,
+        extracted_at INTEGER,
+        forgotten_at INTEGER)""",
     "CREATE INDEX IF NOT EXISTS episode_group_valid ON episode (group_id, valid_at)",
     "CREATE INDEX IF NOT EXISTS episode_pending ON episode (group_id, valid_at, producer_id) "
     "WHERE not_extracted IS NOT NULL",
@@ -130,6 +133,22 @@ SCHEMA = (
         group_id TEXT NOT NULL,
         PRIMARY KEY (community_uuid, entity_uuid)) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS member_entity ON member (entity_uuid)",
+    # the change stream's outbox: per group the last seq, what is published and the write
+    # version; the changes by (group, seq)
+    """CREATE TABLE IF NOT EXISTS change_log (
+        group_id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        published INTEGER NOT NULL,
+        version INTEGER NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS change (
+        group_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        change_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        uuid TEXT NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (group_id, seq)) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS change_uuid ON change (uuid)",
     "CREATE INDEX IF NOT EXISTS member_group ON member (group_id)",
     *(
         f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5("
@@ -137,6 +156,13 @@ SCHEMA = (
         for table, _ in FULLTEXT.values()
     ),
 )
+
+
+# Columns added to tables of older files (``ADDED_COLUMNS``: table -> column definitions),
+# added by setup when missing.
+ADDED_COLUMNS = {
+    "episode": ("extraction TEXT", "extracted_at INTEGER", "forgotten_at INTEGER"),
+}
 
 
 # ----------------------------------------------------------------------------- values

@@ -22,30 +22,32 @@ from typing import Any
 
 from tidegraph.metrics import STORE_BATCH_SIZE
 from tidegraph.records.asof import AsOf
+from tidegraph.records.changes import Change
 from tidegraph.records.graph import (
+    ChangeLog,
     CommunityRecord,
     EntityLookup,
     EntityRecord,
+    EpisodeEntry,
     EpisodeRecord,
     EpisodeWrite,
     FactRecord,
     FactView,
+    GroupHistory,
+    Rebuild,
     WeightedEdge,
 )
 from tidegraph.stores import errors
-from tidegraph.stores.base import BatchRead, BatchWriteError, LookupRequest
+from tidegraph.stores.base import BatchRead, LookupRequest
 from tidegraph.stores.executor import observe_write
 from tidegraph.stores.rows import (
-    EntityState,
-    closure_row,
+    change_of,
     community_rows,
     entity_row,
-    episode_row,
     fact_row,
     fact_view,
     fold_communities,
     fold_edges,
-    fold_entity_rows,
     neighbour_weights_of,
     now_utc,
     sort_entities,
@@ -54,6 +56,7 @@ from tidegraph.stores.rows import (
     unique,
 )
 from tidegraph.stores.sqlite.db import (
+    ADDED_COLUMNS,
     DB_FILE,
     SCHEMA,
     SCHEMA_VERSION,
@@ -63,8 +66,13 @@ from tidegraph.stores.sqlite.db import (
     json_list,
     json_text,
     micros,
-    micros_list,
     vector_blob,
+)
+from tidegraph.stores.sqlite.lifecycle import (
+    apply_rebuild,
+    forget_group,
+    group_history,
+    list_episodes,
 )
 from tidegraph.stores.sqlite.rows import (
     COMMUNITY_OF,
@@ -82,6 +90,12 @@ from tidegraph.stores.sqlite.rows import (
     producers_of,
 )
 from tidegraph.stores.sqlite.search import GroupVectors, SqliteSearch
+from tidegraph.stores.sqlite.writes import (
+    index_text,
+    stored_owners,
+    upsert_entities,
+    write_episodes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -188,273 +202,6 @@ def _lookup(conn: sqlite3.Connection, group_id: str, ask: LookupRequest) -> Enti
 
 
 # ----------------------------------------------------------------------------- writes
-def _index_text(
-    conn: sqlite3.Connection, table: str, row_id: int, group_id: str, text: str
-) -> None:
-    """(Re)index one record's text in the fulltext table ``table`` (a constant)."""
-    conn.execute(f"DELETE FROM {table} WHERE rowid = ?", (row_id,))
-    conn.execute(
-        f"INSERT INTO {table} (rowid, group_id, text) VALUES (?, ?, ?)", (row_id, group_id, text)
-    )
-
-
-def _entity_text(name: str, summary: str | None) -> str:
-    return f"{name} {summary or ''}".strip()
-
-
-def _owners(conn: sqlite3.Connection, uuids: Sequence[str]) -> dict[str, str]:
-    query = f"SELECT uuid, group_id FROM entity WHERE uuid {IN_LIST}"
-    return dict(conn.execute(query, (json_text(uuids),)).fetchall())
-
-
-def _upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[str, Any]]) -> None:
-    """Entity rows (``rows.entity_row``) applied as a sequence of MERGEs (checked before)."""
-    if not rows:
-        return
-    query = f"SELECT id, uuid, name, labels, aliases, summary, key FROM entity WHERE uuid {IN_LIST}"
-    stored_rows = conn.execute(query, (json_text(unique(r["uuid"] for r in rows)),)).fetchall()
-    stored = {
-        r["uuid"]: EntityState(
-            json_list(r["labels"]), json_list(r["aliases"]), r["summary"] or "", r["key"]
-        )
-        for r in stored_rows
-    }
-    row_ids = {r["uuid"]: (r["id"], r["name"]) for r in stored_rows}
-    creates, updates = fold_entity_rows(rows, stored)
-    for row in creates:
-        [row_id] = conn.execute(
-            "INSERT INTO entity (uuid, group_id, name, labels, summary, key, aliases, "
-            "name_embedding, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-            (
-                row["uuid"],
-                group_id,
-                row["name"],
-                json_text(row["labels"]),
-                row["summary"] or None,
-                row["key"],
-                json_text(row["aliases"]),
-                vector_blob(row["name_embedding"]),
-                micros(row["created_at"]),
-            ),
-        ).fetchone()
-        _index_text(
-            conn, "entity_text", row_id, group_id, _entity_text(row["name"], row["summary"])
-        )
-        names = unique([row["name_norm"], *row["aliases"]])
-        conn.executemany(
-            "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
-            [(group_id, name, row["uuid"]) for name in names],
-        )
-    for uuid, state in updates.items():
-        before = stored[uuid]
-        if vars(state) == vars(before):
-            continue
-        conn.execute(
-            "UPDATE entity SET labels = ?, aliases = ?, summary = ?, key = ? WHERE uuid = ?",
-            (
-                json_text(state.labels),
-                json_text(state.aliases),
-                state.summary or None,
-                state.key,
-                uuid,
-            ),
-        )
-        if state.summary != before.summary:
-            row_id, name = row_ids[uuid]
-            _index_text(conn, "entity_text", row_id, group_id, _entity_text(name, state.summary))
-        added = [a for a in state.aliases if a not in before.aliases]
-        conn.executemany(
-            "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
-            [(group_id, alias, uuid) for alias in added],
-        )
-
-
-_MERGE_FACT = """
-INSERT INTO fact (uuid, group_id, source_uuid, target_uuid, name, fact, fact_embedding, episodes,
-                  valid_at, invalid_at, created_at, expired_at, cardinality, prior_ends,
-                  prior_ends_learned_at, end_learned_at, prior_starts, prior_starts_learned_at,
-                  start_learned_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (uuid) DO UPDATE SET
-  name = excluded.name,
-  fact = excluded.fact,
-  fact_embedding = coalesce(excluded.fact_embedding, fact.fact_embedding),
-  episodes = excluded.episodes,
-  valid_at = excluded.valid_at,
-  invalid_at = excluded.invalid_at,
-  cardinality = excluded.cardinality,
-  prior_ends = coalesce(excluded.prior_ends, fact.prior_ends),
-  prior_ends_learned_at = coalesce(excluded.prior_ends_learned_at, fact.prior_ends_learned_at),
-  end_learned_at = coalesce(excluded.end_learned_at, fact.end_learned_at),
-  prior_starts = coalesce(excluded.prior_starts, fact.prior_starts),
-  prior_starts_learned_at =
-    coalesce(excluded.prior_starts_learned_at, fact.prior_starts_learned_at),
-  start_learned_at = coalesce(excluded.start_learned_at, fact.start_learned_at),
-  expired_at = coalesce(fact.expired_at, excluded.expired_at)
-RETURNING id
-"""
-
-_CLOSE_FACT = """
-UPDATE fact SET
-  invalid_at = ?,
-  prior_ends = coalesce(?, prior_ends),
-  prior_ends_learned_at = coalesce(?, prior_ends_learned_at),
-  end_learned_at = coalesce(?, end_learned_at),
-  expired_at = coalesce(expired_at, ?)
-WHERE uuid = ? AND group_id = ?
-"""
-
-_MERGE_EPISODE = """
-INSERT INTO episode (uuid, group_id, name, source, source_description, content, valid_at,
-                     created_at, producer_id, content_hash, created_entities, not_extracted,
-                     content_embedding)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (uuid) DO UPDATE SET
-  name = excluded.name,
-  source = excluded.source,
-  source_description = excluded.source_description,
-  content = excluded.content,
-  valid_at = excluded.valid_at,
-  producer_id = excluded.producer_id,
-  content_hash = excluded.content_hash,
-  created_entities = excluded.created_entities,
-  not_extracted = excluded.not_extracted,
-  content_embedding = excluded.content_embedding
-RETURNING id
-"""
-
-
-def _merge_fact(
-    conn: sqlite3.Connection, group_id: str, row: dict[str, Any], text: str | None
-) -> None:
-    """MERGE one fact row (``rows.fact_row``); ``text``: its stored sentence (None: new)."""
-    [row_id] = conn.execute(
-        _MERGE_FACT,
-        (
-            row["uuid"],
-            group_id,
-            row["source_uuid"],
-            row["target_uuid"],
-            row["name"],
-            row["fact"],
-            vector_blob(row["fact_embedding"]),
-            json_text(row["episodes"]),
-            micros(row["valid_at"]),
-            micros(row["invalid_at"]),
-            micros(row["created_at"]),
-            micros(row["expired_at"]),
-            row["cardinality"],
-            micros_list(row["prior_ends"]),
-            micros_list(row["prior_ends_learned_at"]),
-            micros(row["end_learned_at"]),
-            micros_list(row["prior_starts"]),
-            micros_list(row["prior_starts_learned_at"]),
-            micros(row["start_learned_at"]),
-        ),
-    ).fetchone()
-    if text != row["fact"]:
-        _index_text(conn, "fact_text", row_id, group_id, row["fact"])
-
-
-def _close_fact(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
-    conn.execute(
-        _CLOSE_FACT,
-        (
-            micros(row["invalid_at"]),
-            micros_list(row["prior_ends"]),
-            micros_list(row["prior_ends_learned_at"]),
-            micros(row["end_learned_at"]),
-            micros(row["expired_at"]),
-            row["uuid"],
-            group_id,
-        ),
-    )
-
-
-def _write_episode(
-    conn: sqlite3.Connection, group_id: str, write: EpisodeWrite, dim: int, now: datetime
-) -> bool:
-    """One episode's write inside the caller's transaction: read what it touches, check it
-    (``errors``), then write it; False when its episode is processed already."""
-    entities = [entity_row(group_id, e, dim, now) for e in write.entities]
-    episode = episode_row(group_id, write.episode, dim, now, write.created)
-    facts = [fact_row(group_id, f, dim, now) for f in write.facts]
-    closures = [closure_row(c) for c in write.closures]
-    stored = conn.execute(
-        "SELECT id, group_id, content_hash, not_extracted, content FROM episode WHERE uuid = ?",
-        (episode["uuid"],),
-    ).fetchone()
-    if stored is not None and errors.skips_write(
-        group_id, write, stored["group_id"], stored["content_hash"], stored["not_extracted"]
-    ):
-        return False
-    owners = _owners(conn, errors.written_entity_uuids(write)[1])
-    query = f"SELECT uuid, group_id, source_uuid, target_uuid, fact FROM fact WHERE uuid {IN_LIST}"
-    fact_rows = conn.execute(query, (json_text(errors.written_fact_uuids(write)),)).fetchall()
-    facts_stored = {r[0]: errors.StoredFact(r[1], r[2], r[3]) for r in fact_rows}
-    errors.check_write(
-        group_id, write, None if stored is None else stored["group_id"], owners, facts_stored
-    )
-    # Checked: what follows writes.
-    _upsert_entities(conn, group_id, entities)
-    [row_id] = conn.execute(
-        _MERGE_EPISODE,
-        (
-            episode["uuid"],
-            group_id,
-            episode["name"],
-            episode["source"],
-            episode["source_description"],
-            episode["content"],
-            micros(episode["valid_at"]),
-            micros(episode["created_at"]),
-            episode["producer_id"],
-            episode["content_hash"],
-            json_text(episode["created_entities"]),
-            episode["not_extracted"],
-            vector_blob(episode["content_embedding"]),
-        ),
-    ).fetchone()
-    if stored is None or stored["content"] != episode["content"]:
-        _index_text(conn, "episode_text", row_id, group_id, episode["content"])
-    conn.executemany(
-        "INSERT OR IGNORE INTO mention (episode_uuid, entity_uuid, group_id) VALUES (?, ?, ?)",
-        [(episode["uuid"], uuid, group_id) for uuid in unique(write.mentions)],
-    )
-    texts = {r[0]: r[4] for r in fact_rows}
-    for row in facts:
-        _merge_fact(conn, group_id, row, texts.get(row["uuid"]))
-        texts[row["uuid"]] = row["fact"]
-    for row in closures:
-        _close_fact(conn, group_id, row)
-    return True
-
-
-def _write_episodes(
-    conn: sqlite3.Connection, group_id: str, writes: list[EpisodeWrite], dim: int
-) -> list[bool]:
-    """The writes in order, in one transaction; each in a savepoint of its own, so that on a
-    failure the writes before it are committed and BatchWriteError says which they were."""
-    now = now_utc()
-    written: list[bool] = []
-    with Transaction(conn):
-        for write in writes:
-            conn.execute("SAVEPOINT episode")
-            try:
-                written.append(_write_episode(conn, group_id, write, dim, now))
-            except Exception as exc:
-                conn.execute("ROLLBACK TO episode")
-                conn.execute("RELEASE episode")
-                failure: Exception = exc
-                break
-            conn.execute("RELEASE episode")
-        else:
-            return written
-    if len(writes) == 1:
-        raise failure
-    raise BatchWriteError(written) from failure
-
-
 # ----------------------------------------------------------------------------- the store
 class SqliteStore(SqliteSearch):
     """``GraphStore`` on the SQLite file ``DB_FILE`` in the folder ``path``."""
@@ -501,6 +248,11 @@ class SqliteStore(SqliteSearch):
         with Transaction(conn):
             for statement in SCHEMA:
                 conn.execute(statement)
+            for table, columns in ADDED_COLUMNS.items():
+                have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+                for column in columns:
+                    if column.split()[0] not in have:
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
             meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
             if "embedding_dim" in meta:
                 errors.check_dimensions(
@@ -555,16 +307,13 @@ class SqliteStore(SqliteSearch):
 
     async def episode_statuses(self, group_id: str, episode_uuids: list[str]) -> dict[str, str]:
         def read(conn: sqlite3.Connection) -> dict[str, str]:
-            query = f"SELECT uuid, not_extracted FROM episode WHERE group_id = ? AND uuid {IN_LIST}"
+            query = (
+                "SELECT uuid, CASE WHEN forgotten_at IS NOT NULL THEN 'forgotten' "
+                "WHEN not_extracted IS NOT NULL THEN 'not_extracted' ELSE 'processed' END "
+                f"FROM episode WHERE group_id = ? AND uuid {IN_LIST}"
+            )
             found = dict(conn.execute(query, (group_id, json_text(episode_uuids))).fetchall())
-            return {
-                uuid: "missing"
-                if uuid not in found
-                else "processed"
-                if found[uuid] is None
-                else "not_extracted"
-                for uuid in episode_uuids
-            }
+            return {uuid: found.get(uuid, "missing") for uuid in episode_uuids}
 
         return await self.db.run(read)
 
@@ -589,7 +338,7 @@ class SqliteStore(SqliteSearch):
         def read(conn: sqlite3.Connection) -> list[EpisodeRecord]:
             query = (
                 f"SELECT {EPISODE}, ep.content_embedding FROM episode ep "
-                "WHERE ep.group_id = ? AND ep.valid_at < ? "
+                "WHERE ep.group_id = ? AND ep.valid_at < ? AND ep.forgotten_at IS NULL "
                 "ORDER BY ep.valid_at DESC, ep.uuid DESC LIMIT ?"
             )
             rows = conn.execute(query, (group_id, micros(before), max(limit, 0)))
@@ -620,9 +369,9 @@ class SqliteStore(SqliteSearch):
 
         def write(conn: sqlite3.Connection) -> None:
             with Transaction(conn):
-                owners = _owners(conn, unique(r["uuid"] for r in rows))
+                owners = stored_owners(conn, unique(r["uuid"] for r in rows))
                 errors.check_entity_owners(group_id, owners)
-                _upsert_entities(conn, group_id, rows)
+                upsert_entities(conn, group_id, rows)
 
         with observe_write("upsert_entities", len(rows)):
             await self.db.run(write)
@@ -654,7 +403,7 @@ class SqliteStore(SqliteSearch):
         STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(writes))
         rows = sum(1 + len(w.entities) + len(w.facts) + len(w.closures) for w in writes)
         with observe_write("write_episode", rows):
-            return await self.db.run(_write_episodes, group_id, writes, dim)
+            return await self.db.run(write_episodes, group_id, writes, dim)
 
     async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
         def read(conn: sqlite3.Connection) -> list[FactView]:
@@ -678,12 +427,18 @@ class SqliteStore(SqliteSearch):
                 "facts": "fact",
                 "mentions": "mention",
             }
-            return {
+            counts = {
                 name: conn.execute(
                     f"SELECT count(*) FROM {table} WHERE group_id = ?", (group_id,)
                 ).fetchone()[0]
                 for name, table in tables.items()
             }
+            [tombstones] = conn.execute(
+                "SELECT count(*) FROM episode WHERE group_id = ? AND forgotten_at IS NOT NULL",
+                (group_id,),
+            ).fetchone()
+            counts["episodes"] -= tombstones  # a forgotten episode's tombstone is not one
+            return counts
 
         return await self.db.run(read)
 
@@ -709,11 +464,105 @@ class SqliteStore(SqliteSearch):
                     "entity",
                     "episode",
                     "community",
+                    "change",
+                    "change_log",
                 ):
                     conn.execute(f"DELETE FROM {table} WHERE group_id = ?", (group_id,))
 
         with observe_write("delete_group", 1):
             await self.db.run(delete)
+
+    # ------------------------------------------------------------------ browsing
+    async def list_episodes(
+        self,
+        group_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 100,
+    ) -> list[EpisodeEntry]:
+        return await self.db.run(
+            list_episodes, group_id, since, until, status, after, max(limit, 0)
+        )
+
+    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
+        def write(conn: sqlite3.Connection) -> int:
+            with Transaction(conn):
+                return forget_group(conn, group_id, at, purge)
+
+        with observe_write("forget_group", 1):
+            return await self.db.run(write)
+
+    # ------------------------------------------------------------------ the change stream
+    async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
+        def read(conn: sqlite3.Connection) -> list[Change]:
+            rows = conn.execute(
+                "SELECT body, seq FROM change WHERE group_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (group_id, after, max(limit, 0)),
+            )
+            return [change_of(body, seq) for body, seq in rows]
+
+        return await self.db.run(read)
+
+    async def change_logs(
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+    ) -> list[ChangeLog]:
+        def read(conn: sqlite3.Connection) -> list[ChangeLog]:
+            query = "SELECT group_id, seq, published, version FROM change_log"
+            if unpublished:
+                query += " WHERE seq > published"
+            if group_ids is None:
+                rows = conn.execute(query + " ORDER BY group_id")
+            else:
+                joint = " AND" if unpublished else " WHERE"
+                rows = conn.execute(
+                    query + f"{joint} group_id {IN_LIST} ORDER BY group_id",
+                    (json_text(group_ids),),
+                )
+            return [ChangeLog(*row) for row in rows]
+
+        return await self.db.run(read)
+
+    async def mark_published(self, group_id: str, seq: int) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            with Transaction(conn):
+                conn.execute(
+                    "UPDATE change_log SET published = max(published, min(?, seq)) "
+                    "WHERE group_id = ?",
+                    (seq, group_id),
+                )
+
+        await self.db.run(write)
+
+    async def prune_changes(self, group_id: str, upto: int) -> int:
+        def write(conn: sqlite3.Connection) -> int:
+            with Transaction(conn):
+                return conn.execute(
+                    "DELETE FROM change WHERE group_id = ? AND seq <= min(?, "
+                    "(SELECT published FROM change_log WHERE group_id = ?))",
+                    (group_id, upto, group_id),
+                ).rowcount
+
+        return await self.db.run(write)
+
+    # ------------------------------------------------------------------ forgetting
+    async def group_history(self, group_id: str) -> GroupHistory:
+        return await self.db.run(group_history, group_id)
+
+    async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
+        dim = self._dimension()
+        now = now_utc()
+        entities = [entity_row(group_id, e, dim, now) for e in rebuild.entities]
+        facts = [fact_row(group_id, f, dim, now) for f in rebuild.facts]
+
+        def write(conn: sqlite3.Connection) -> None:
+            with Transaction(conn):
+                apply_rebuild(conn, group_id, rebuild, entities, facts)
+
+        with observe_write("apply_rebuild", len(entities) + len(facts) + len(rebuild.forgotten)):
+            await self.db.run(write)
 
     # ------------------------------------------------------------------ communities
     async def entity_graph(
@@ -804,7 +653,7 @@ class SqliteStore(SqliteSearch):
                         f"OR entity_uuid {IN_LIST})",
                         (group_id, json_text(r["uuid"] for r in rows), json_text(members)),
                     )
-                owned = set(_owners(conn, members).items())
+                owned = set(stored_owners(conn, members).items())
                 conn.executemany(
                     "INSERT OR IGNORE INTO member (community_uuid, entity_uuid, group_id) "
                     "VALUES (?, ?, ?)",
@@ -877,7 +726,7 @@ def _upsert_community(conn: sqlite3.Connection, group_id: str, row: dict[str, An
             micros(row["created_at"]),
         ),
     ).fetchone()
-    _index_text(conn, "community_text", row_id, group_id, f"{row['name']} {row['summary']}")
+    index_text(conn, "community_text", row_id, group_id, f"{row['name']} {row['summary']}")
 
 
 def _stored_dimension(conn: sqlite3.Connection) -> int | None:

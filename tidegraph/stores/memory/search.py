@@ -1,8 +1,8 @@
-"""The search methods of the in-memory store (``memory_store.MemoryStore``): exact, by brute
+"""The search methods of the in-memory store (``store.MemoryStore``): exact, by brute
 force over the dictionaries, with the rules every store keeps (``tidegraph.stores.hits``:
 what a scope sees, the hits and their order, the breadth-first walk).
 
-Fulltext is the approximation ``fulltext_entities`` makes (see memory_store's docstring): a
+Fulltext is the approximation ``fulltext_entities`` makes (see the store module's docstring): a
 record matches when it shares a word with the text (split like a search), scored by the number
 of the text's words it has; no stemming, no term weights. Vector scores are exact cosine,
 ``(1 + cos) / 2``, like both stores.
@@ -11,14 +11,16 @@ of the text's words it has; no stemming, no term weights. Vector scores are exac
 from __future__ import annotations
 
 import abc
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from tidegraph.embed.base import cosine
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
+from tidegraph.records.ids import normalize_name
 from tidegraph.records.search import Hit, Kind, SearchScope
+from tidegraph.records.vectors import cosine
 from tidegraph.stores import hits as rules
 from tidegraph.stores.base import GraphStore
 from tidegraph.stores.rows import check_embedding, cosine_score, unique
@@ -28,6 +30,69 @@ from tidegraph.stores.search_text import search_terms, text_words
 Candidate = tuple[
     FactRecord | EntityRecord | EpisodeRecord | CommunityRecord, str, list[float] | None
 ]
+
+
+class Facts(dict[str, FactRecord]):
+    """The stored facts by uuid, indexed by group, by source and by either end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_group: dict[str, set[str]] = defaultdict(set)
+        self.by_source: dict[str, set[str]] = defaultdict(set)
+        self.by_end: dict[str, set[str]] = defaultdict(set)
+
+    def __setitem__(self, uuid: str, fact: FactRecord) -> None:
+        if uuid in self:
+            self._unindex(self[uuid])
+        super().__setitem__(uuid, fact)
+        self.by_group[fact.group_id].add(uuid)
+        self.by_source[fact.source_uuid].add(uuid)
+        self.by_end[fact.source_uuid].add(uuid)
+        self.by_end[fact.target_uuid].add(uuid)
+
+    def __delitem__(self, uuid: str) -> None:
+        self._unindex(self[uuid])
+        super().__delitem__(uuid)
+
+    def _unindex(self, fact: FactRecord) -> None:
+        self.by_group[fact.group_id].discard(fact.uuid)
+        self.by_source[fact.source_uuid].discard(fact.uuid)
+        self.by_end[fact.source_uuid].discard(fact.uuid)
+        self.by_end[fact.target_uuid].discard(fact.uuid)
+
+
+class Entities(dict[str, EntityRecord]):
+    """The stored entities by uuid, indexed by group, by (group, normalised name or alias)
+    and by (group, key)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_group: dict[str, set[str]] = defaultdict(set)
+        self.by_name: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self.by_key: dict[tuple[str, str], set[str]] = defaultdict(set)
+
+    def __setitem__(self, uuid: str, entity: EntityRecord) -> None:
+        if uuid in self:
+            self._unindex(self[uuid])
+        super().__setitem__(uuid, entity)
+        group = entity.group_id
+        self.by_group[group].add(uuid)
+        for name in {normalize_name(entity.name), *entity.aliases}:
+            self.by_name[(group, name)].add(uuid)
+        if entity.key is not None:
+            self.by_key[(group, entity.key)].add(uuid)
+
+    def __delitem__(self, uuid: str) -> None:
+        self._unindex(self[uuid])
+        super().__delitem__(uuid)
+
+    def _unindex(self, entity: EntityRecord) -> None:
+        group = entity.group_id
+        self.by_group[group].discard(entity.uuid)
+        for name in {normalize_name(entity.name), *entity.aliases}:
+            self.by_name[(group, name)].discard(entity.uuid)
+        if entity.key is not None:
+            self.by_key[(group, entity.key)].discard(entity.uuid)
 
 
 @dataclass
@@ -43,8 +108,8 @@ class MemorySearch(GraphStore):
     """The search methods over ``MemoryStore``'s dictionaries."""
 
     _episodes: dict[str, EpisodeRecord]
-    _entities: dict[str, EntityRecord]
-    _facts: dict[str, FactRecord]
+    _entities: Entities
+    _facts: Facts
     _mentions: set[tuple[str, str]]  # (episode uuid, entity uuid)
     _communities: dict[str, StoredCommunity]
     _members: set[tuple[str, str]]  # (community uuid, entity uuid)

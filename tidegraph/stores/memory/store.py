@@ -1,8 +1,9 @@
-"""An in-memory ``GraphStore`` for unit tests: the whole interface of ``tidegraph/stores/base.py``,
-faithful to its docstrings, with no server.
+"""An in-memory ``GraphStore``: the whole interface of ``tidegraph/stores/base.py``, faithful to
+its docstrings, with no server. It is the scratch store a forget replays a group's remaining
+episodes into (``tidegraph.pipelines.forget``), and the store of the unit tests.
 
-It is a test double, but a real store: it keeps the rules the steps rely on, with the helpers
-the Neo4j and embedded stores use themselves (``tidegraph/stores/rows.py``, ``errors.py``,
+It keeps the rules the steps rely on, with the helpers the Neo4j and embedded stores use
+themselves (``tidegraph/stores/rows.py``, ``errors.py``,
 ``search_text.py``):
 
 - every call is scoped by ``group_id``; uuids are unique across groups (the stores' uniqueness
@@ -24,7 +25,7 @@ the Neo4j and embedded stores use themselves (``tidegraph/stores/rows.py``, ``er
 - vector searches are exact cosine, scored ``(1 + cos) / 2`` like both stores.
 
 Writes and vector searches need ``setup(dim)`` first, as in the real stores. The search methods
-(exact, brute force) are in ``memory_search``.
+(exact, brute force) are in ``search``.
 
 One approximation: ``fulltext_entities`` finds the entities sharing a word with the text (split
 and stop-word filtered by ``search_terms``, as both stores split it) in their name or summary,
@@ -38,24 +39,30 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
-from tests.support.memory_search import MemorySearch, StoredCommunity
-from tidegraph.embed.base import cosine
 from tidegraph.records.asof import AsOf
+from tidegraph.records.changes import Change, group_forgotten
 from tidegraph.records.graph import (
+    ChangeLog,
     CommunityRecord,
     EntityRecord,
+    EpisodeEntry,
     EpisodeRecord,
+    EpisodeState,
     EpisodeWrite,
     FactRecord,
     FactView,
+    GroupHistory,
+    Rebuild,
     WeightedEdge,
 )
-from tidegraph.records.ids import normalize_name
 from tidegraph.records.times import utc
+from tidegraph.records.vectors import cosine
 from tidegraph.stores import errors
+from tidegraph.stores.memory.search import Entities, Facts, MemorySearch, StoredCommunity
 from tidegraph.stores.rows import (
     check_embedding,
     community_rows,
+    copied,
     cosine_score,
     entity_row,
     episode_record,
@@ -66,6 +73,7 @@ from tidegraph.stores.rows import (
     fold_edges,
     neighbour_weights_of,
     now_utc,
+    page_of,
     rank,
     sort_entities,
     sort_facts,
@@ -85,11 +93,15 @@ class MemoryStore(MemorySearch):
         self._dim: int | None = None
         self._episodes: dict[str, EpisodeRecord] = {}
         self._created: dict[str, list[str]] = {}  # episode uuid -> the entities it created
-        self._entities: dict[str, EntityRecord] = {}
-        self._facts: dict[str, FactRecord] = {}
+        self._entities = Entities()
+        self._facts = Facts()
         self._mentions: set[tuple[str, str]] = set()  # (episode uuid, entity uuid)
         self._communities: dict[str, StoredCommunity] = {}
         self._members: set[tuple[str, str]] = set()  # HAS_MEMBER: (community uuid, entity uuid)
+        # Forgotten episodes' tombstones: uuid -> (group, when); what stays of them.
+        self._forgotten: dict[str, tuple[str, datetime]] = {}
+        self._logs: dict[str, ChangeLog] = {}
+        self._changes: dict[str, list[Change]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def setup(self, embedding_dim: int) -> None:
@@ -114,6 +126,8 @@ class MemoryStore(MemorySearch):
     async def episode_marker(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> list[str] | None:
+        if self._forgotten.get(episode_uuid, ("", None))[0] == group_id:
+            return []  # a tombstone: processed, nothing to send again
         stored = self._episodes.get(episode_uuid)
         if stored is None or stored.group_id != group_id or stored.not_extracted is not None:
             return None
@@ -121,6 +135,8 @@ class MemoryStore(MemorySearch):
         return list(self._created.get(episode_uuid, []))
 
     async def episode_status(self, group_id: str, episode_uuid: str) -> str:
+        if self._forgotten.get(episode_uuid, ("", None))[0] == group_id:
+            return "forgotten"
         stored = self._episodes.get(episode_uuid)
         if stored is None or stored.group_id != group_id:
             return "missing"
@@ -154,31 +170,33 @@ class MemoryStore(MemorySearch):
             if e == entity.uuid and self._communities[c].group_id == entity.group_id
         )
         community = communities[0] if communities else None
-        return entity.model_copy(deep=True, update={"community_uuid": community})
+        return copied(entity, community_uuid=community)
 
     def _group_entities(
-        self, group_id: str, keep: Callable[[EntityRecord], bool] = lambda e: True
+        self,
+        group_id: str,
+        keep: Callable[[EntityRecord], bool] = lambda e: True,
+        among: Iterable[str] | None = None,
     ) -> list[EntityRecord]:
-        """Copies of the group's entities that ``keep`` accepts, by name then uuid."""
+        """Copies of the group's entities (``among`` these uuids) that ``keep`` accepts, by
+        name then uuid."""
+        uuids = self._entities.by_group.get(group_id, set())
+        if among is not None:
+            uuids = uuids & set(among)
         return sort_entities(
-            self._entity_out(e)
-            for e in self._entities.values()
-            if e.group_id == group_id and keep(e)
+            self._entity_out(e) for e in (self._entities[u] for u in uuids) if keep(e)
         )
 
     async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
-        wanted = set(names)
-        return self._group_entities(
-            group_id, lambda e: normalize_name(e.name) in wanted or bool(wanted & set(e.aliases))
-        )
+        found = (u for n in set(names) for u in self._entities.by_name.get((group_id, n), ()))
+        return self._group_entities(group_id, among=found)
 
     async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
-        wanted = set(keys)
-        return self._group_entities(group_id, lambda e: e.key is not None and e.key in wanted)
+        found = (u for k in set(keys) for u in self._entities.by_key.get((group_id, k), ()))
+        return self._group_entities(group_id, among=found)
 
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
-        wanted = set(uuids)
-        return self._group_entities(group_id, lambda e: e.uuid in wanted)
+        return self._group_entities(group_id, among=uuids)
 
     async def list_entities(self, group_id: str) -> list[EntityRecord]:
         return self._group_entities(group_id)
@@ -232,15 +250,31 @@ class MemoryStore(MemorySearch):
 
     # ------------------------------------------------------------------ facts
     def _group_facts(self, group_id: str) -> Iterator[FactRecord]:
-        return (f for f in self._facts.values() if f.group_id == group_id)
+        return (self._facts[u] for u in self._facts.by_group.get(group_id, ()))
 
     async def facts_touching(self, group_id: str, entity_uuids: list[str]) -> list[FactRecord]:
-        wanted = set(entity_uuids)
+        found = {u for e in entity_uuids for u in self._facts.by_end.get(e, ())}
         return sort_facts(
-            f.model_copy(deep=True)
-            for f in self._group_facts(group_id)
-            if f.source_uuid in wanted or f.target_uuid in wanted
+            copied(f) for f in (self._facts[u] for u in found) if f.group_id == group_id
         )
+
+    async def _fact_candidates(
+        self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
+    ) -> list[FactRecord]:
+        """``GraphStore.fact_candidates`` from the indexes: the facts of each (source,
+        relation) pair and those touching ``ends``."""
+        wanted = set(pairs)
+        found = {
+            u
+            for source, _ in wanted
+            for u in self._facts.by_source.get(source, ())
+            if (source, self._facts[u].name) in wanted
+        }
+        found.update(u for e in ends for u in self._facts.by_end.get(e, ()))
+        facts = (self._facts[u] for u in found)
+        if embeddings:
+            return sort_facts(copied(f) for f in facts if f.group_id == group_id)
+        return sort_facts(copied(f, fact_embedding=None) for f in facts if f.group_id == group_id)
 
     async def vector_facts(
         self, group_id: str, embedding: list[float], limit: int
@@ -263,6 +297,8 @@ class MemoryStore(MemorySearch):
         episode = episode_row(group_id, write.episode, dim, now, write.created)
         for fact in write.facts:
             fact_row(group_id, fact, dim, now)  # checked: group, embedding, histories
+        if write.episode.uuid in self._forgotten:
+            return False  # forgotten: it stays forgotten
         stored = self._episodes.get(write.episode.uuid)
         if stored is not None and errors.skips_write(
             group_id, write, stored.group_id, stored.content_hash, stored.not_extracted
@@ -279,7 +315,148 @@ class MemoryStore(MemorySearch):
         for closure in write.closures:
             # checked: stored in the group, or written just now
             self._facts[closure.uuid] = closed_fact(self._facts[closure.uuid], closure)
+        self._record(group_id, write.changes)
         return True
+
+    def _record(self, group_id: str, changes: list[Change]) -> None:
+        """Append to the group's outbox in commit order, bump its write version."""
+        log = self._logs.setdefault(group_id, ChangeLog(group_id))
+        outbox = self._changes.setdefault(group_id, [])
+        for change in changes:
+            log.seq += 1
+            outbox.append(change.model_copy(update={"seq": log.seq}))
+        log.version += 1
+
+    # ------------------------------------------------------------------ browsing
+    async def list_episodes(
+        self,
+        group_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 100,
+    ) -> list[EpisodeEntry]:
+        entries: list[EpisodeEntry] = []
+        if status == "forgotten":
+            for uuid, (group, at) in self._forgotten.items():
+                if group == group_id:
+                    entries.append(
+                        EpisodeEntry(uuid, "", "", "", at, None, "forgotten", forgotten_at=at)
+                    )
+        else:
+            for e in self._episodes.values():
+                state: EpisodeState = "written" if e.not_extracted is None else "not_extracted"
+                if e.group_id != group_id or status not in (None, state):
+                    continue
+                entries.append(
+                    EpisodeEntry(
+                        e.uuid, e.producer_id, e.name, e.source, utc(e.valid_at), e.created_at,
+                        state, e.not_extracted, e.content,
+                    )
+                )  # fmt: skip
+        return page_of(entries, since, until, after, limit)
+
+    # ------------------------------------------------------------------ the change stream
+    async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
+        found = [c for c in self._changes.get(group_id, []) if c.seq > after]
+        return [c.model_copy(deep=True) for c in found[: max(limit, 0)]]
+
+    async def change_logs(
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+    ) -> list[ChangeLog]:
+        wanted = {
+            g: log
+            for g, log in self._logs.items()
+            if (group_ids is None or g in group_ids)
+            and (not unpublished or log.seq > log.published)
+        }
+        return [ChangeLog(**vars(log)) for _, log in sorted(wanted.items())]
+
+    async def mark_published(self, group_id: str, seq: int) -> None:
+        log = self._logs.get(group_id)
+        if log is not None:
+            log.published = max(log.published, min(seq, log.seq))
+
+    async def prune_changes(self, group_id: str, upto: int) -> int:
+        log = self._logs.get(group_id)
+        limit = min(upto, log.published) if log is not None else 0
+        kept = [c for c in self._changes.get(group_id, []) if c.seq > limit]
+        pruned = len(self._changes.get(group_id, [])) - len(kept)
+        self._changes[group_id] = kept
+        return pruned
+
+    # ------------------------------------------------------------------ forgetting
+    async def group_history(self, group_id: str) -> GroupHistory:
+        episodes = sorted(
+            (e for e in self._episodes.values() if e.group_id == group_id),
+            key=lambda e: (utc(e.extracted_at or e.created_at or e.valid_at), e.uuid),
+        )
+        uuids = {e.uuid for e in episodes}
+        mentions: dict[str, list[str]] = {}
+        for episode, entity in sorted(self._mentions):
+            if episode in uuids:
+                mentions.setdefault(episode, []).append(entity)
+        log = self._logs.get(group_id)
+        return GroupHistory(
+            episodes=[e.model_copy(deep=True) for e in episodes],
+            entities={
+                u: copied(self._entities[u], community_uuid=None)
+                for u in self._entities.by_group.get(group_id, ())
+            },
+            facts={f.uuid: copied(f) for f in self._group_facts(group_id)},
+            mentions=mentions,
+            created={u: list(self._created.get(u, [])) for u in uuids},
+            version=log.version if log is not None else 0,
+        )
+
+    async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
+        log = self._logs.get(group_id)
+        if (log.version if log is not None else 0) != rebuild.version:
+            raise errors.RebuildConflict(group_id)
+        dim = self._dimension()
+        now = now_utc()
+        for entity in rebuild.entities:
+            entity_row(group_id, entity, dim, now)  # checked: group, embedding
+        for fact in rebuild.facts:
+            fact_row(group_id, fact, dim, now)
+        errors.check_entity_owners(group_id, self._owners(e.uuid for e in rebuild.entities))
+        gone_episodes = set(rebuild.forgotten)
+        gone_entities = set(rebuild.delete_entities)
+        for uuid in gone_episodes:
+            if self._episodes.get(uuid) is not None and self._episodes[uuid].group_id == group_id:
+                del self._episodes[uuid]
+                self._created.pop(uuid, None)
+            self._forgotten[uuid] = (group_id, rebuild.forgotten_at)
+        for uuid in rebuild.delete_facts:
+            gone = self._facts.get(uuid)
+            if gone is not None and gone.group_id == group_id:
+                del self._facts[uuid]
+        for uuid in gone_entities:
+            if uuid in self._entities and self._entities[uuid].group_id == group_id:
+                del self._entities[uuid]
+        self._mentions = {
+            (p, e)
+            for p, e in self._mentions
+            if p not in gone_episodes and e not in gone_entities and p not in rebuild.mentions
+        }
+        self._members = {(c, e) for c, e in self._members if e not in gone_entities}
+        for entity in rebuild.entities:
+            self._entities[entity.uuid] = entity.model_copy(
+                deep=True, update={"group_id": group_id, "community_uuid": None}
+            )
+        for fact in rebuild.facts:
+            self._facts[fact.uuid] = fact.model_copy(deep=True, update={"group_id": group_id})
+        for episode, entities in rebuild.mentions.items():
+            self._mentions.update((episode, e) for e in entities)
+        for episode, created in rebuild.created.items():
+            self._created[episode] = list(created)
+        purged = set(rebuild.purged)
+        self._changes[group_id] = [
+            c for c in self._changes.get(group_id, []) if c.uuid not in purged
+        ]
+        self._record(group_id, rebuild.changes)
 
     def _check_write(self, group_id: str, write: EpisodeWrite, episode_group: str | None) -> None:
         """Refuse a write that would cross groups or dangle, exactly as both stores check it."""
@@ -310,24 +487,37 @@ class MemoryStore(MemorySearch):
         ]
 
     # ------------------------------------------------------------------ maintenance
+    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
+        episodes = [u for u, e in self._episodes.items() if e.group_id == group_id]
+        tombstones = {u: f for u, f in self._forgotten.items() if f[0] == group_id}
+        log = self._logs.get(group_id)
+        await self.delete_group(group_id)
+        if not purge:
+            self._forgotten.update(tombstones)
+            self._forgotten.update((u, (group_id, at)) for u in episodes)
+            self._logs[group_id] = log or ChangeLog(group_id)
+            self._record(group_id, [group_forgotten(group_id, at)])
+        return len(episodes)
+
     async def counts(self, group_id: str) -> dict[str, int]:
         episodes = {u for u, e in self._episodes.items() if e.group_id == group_id}
         return {
             "episodes": len(episodes),
-            "entities": sum(1 for e in self._entities.values() if e.group_id == group_id),
+            "entities": len(self._entities.by_group.get(group_id, ())),
             "facts": sum(1 for _ in self._group_facts(group_id)),
             "mentions": sum(1 for episode, _ in self._mentions if episode in episodes),
         }
 
     async def delete_group(self, group_id: str) -> None:
         episodes = {u for u, e in self._episodes.items() if e.group_id == group_id}
-        entities = {u for u, e in self._entities.items() if e.group_id == group_id}
+        entities = set(self._entities.by_group.get(group_id, ()))
         communities = {u for u, c in self._communities.items() if c.group_id == group_id}
-        self._facts = {
-            u: f
+        for uuid in [
+            u
             for u, f in self._facts.items()
-            if f.group_id != group_id and not {f.source_uuid, f.target_uuid} & entities
-        }
+            if f.group_id == group_id or {f.source_uuid, f.target_uuid} & entities
+        ]:
+            del self._facts[uuid]
         # DETACH DELETE: the relationships of every node removed go with it.
         self._mentions = {
             (p, e) for p, e in self._mentions if p not in episodes and e not in entities
@@ -338,6 +528,9 @@ class MemoryStore(MemorySearch):
         for uuid in episodes:
             del self._episodes[uuid]
             self._created.pop(uuid, None)
+        self._forgotten = {u: f for u, f in self._forgotten.items() if f[0] != group_id}
+        self._logs.pop(group_id, None)
+        self._changes.pop(group_id, None)
         for uuid in entities:
             del self._entities[uuid]
         for uuid in communities:

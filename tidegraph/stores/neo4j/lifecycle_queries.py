@@ -1,0 +1,298 @@
+"""The Neo4j store's Cypher for the memory lifecycle: the change stream's outbox and what a
+forget reads and writes (docs/architecture.md "Forgetting"). Fully parameterised, every match
+scoped by its group."""
+
+from __future__ import annotations
+
+from tidegraph.stores.neo4j.queries import at, ats
+
+# ---- the change stream
+CHANGES = """
+MATCH (c:Change)
+WHERE c.group_id = $group_id AND c.seq > $after
+RETURN c.body AS body, c.seq AS seq
+ORDER BY c.seq
+LIMIT $limit
+"""
+
+CHANGE_LOGS = """
+MATCH (log:ChangeLog)
+WHERE ($groups IS NULL OR log.group_id IN $groups)
+  AND (NOT $unpublished OR log.seq > log.published)
+RETURN log.group_id AS group_id, log.seq AS seq, log.published AS published,
+       log.version AS version
+ORDER BY group_id
+"""
+
+MARK_PUBLISHED = """
+MATCH (log:ChangeLog {group_id: $group_id})
+SET log.published = CASE WHEN $seq > log.published
+                         THEN CASE WHEN $seq < log.seq THEN $seq ELSE log.seq END
+                         ELSE log.published END
+"""
+
+PRUNE_CHANGES = """
+MATCH (log:ChangeLog {group_id: $group_id})
+MATCH (c:Change)
+WHERE c.group_id = $group_id AND c.seq <= $upto AND c.seq <= log.published
+WITH c LIMIT $batch
+DELETE c
+RETURN count(*) AS deleted
+"""
+
+# ---- what a forget reads (the version first: a write after it makes the rebuild refused)
+GROUP_VERSION = """
+OPTIONAL MATCH (log:ChangeLog {group_id: $group_id})
+RETURN coalesce(log.version, 0) AS version
+"""
+
+HISTORY_EPISODES = """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL
+RETURN ep {.*} AS ep,
+       [(ep)-[:MENTIONS]->(e:Entity) WHERE e.group_id = $group_id | e.uuid] AS mentions
+ORDER BY coalesce(ep.extracted_at, ep.created_at), ep.uuid
+"""
+
+HISTORY_ENTITIES = """
+MATCH (e:Entity)
+WHERE e.group_id = $group_id
+RETURN e {.*} AS e
+"""
+
+HISTORY_FACTS = """
+MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)
+WHERE r.group_id = $group_id
+RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
+"""
+
+# ---- what a forget writes, in one transaction, in this order
+REBUILD_VERSION = """
+OPTIONAL MATCH (log:ChangeLog {group_id: $group_id})
+RETURN coalesce(log.version, 0) AS version
+"""
+
+# The forgotten episodes become tombstones: uuid, group and when; nothing else of them stays.
+TOMBSTONES = (
+    """
+UNWIND $uuids AS uuid
+MATCH (ep:Episodic {uuid: uuid})
+WHERE ep.group_id = $group_id
+OPTIONAL MATCH (ep)-[m:MENTIONS]->()
+DELETE m
+WITH DISTINCT ep
+SET ep = {uuid: ep.uuid, group_id: ep.group_id, forgotten_at: """
+    + at("$forgotten_at")
+    + """}
+"""
+)
+
+DELETE_FACTS = """
+UNWIND $uuids AS uuid
+MATCH ()-[r:RELATES_TO {uuid: uuid}]->()
+WHERE r.group_id = $group_id
+DELETE r
+"""
+
+DELETE_ENTITIES = """
+UNWIND $uuids AS uuid
+MATCH (e:Entity {uuid: uuid})
+WHERE e.group_id = $group_id
+DETACH DELETE e
+"""
+
+# Entities in full: created, or every property replaced; type labels become node labels as
+# in the usual upsert (checked names, ``rows.clean_labels``).
+OVERWRITE_ENTITIES = (
+    """
+UNWIND $rows AS row
+MERGE (e:Entity {uuid: row.uuid})
+ON CREATE SET e.group_id = $group_id
+SET e.name = row.name,
+    e.name_norm = row.name_norm,
+    e.labels = row.labels,
+    e.summary = coalesce(row.summary, ''),
+    e.key = row.key,
+    e.aliases = row.aliases,
+    e.name_embedding = coalesce(row.name_embedding, e.name_embedding),
+    e.created_at = """
+    + at("row.created_at")
+    + """
+SET e:$(row.labels)
+"""
+)
+
+# Facts in full: created between their ends, or every property replaced (ends, histories and
+# their nulls included: a comprehension over a null list is null).
+OVERWRITE_FACTS = (
+    """
+UNWIND $rows AS row
+MATCH (s:Entity {uuid: row.source_uuid}) WHERE s.group_id = $group_id
+MATCH (t:Entity {uuid: row.target_uuid}) WHERE t.group_id = $group_id
+MERGE (s)-[r:RELATES_TO {uuid: row.uuid}]->(t)
+SET r.group_id = $group_id,
+    r.name = row.name,
+    r.fact = row.fact,
+    r.fact_embedding = coalesce(row.fact_embedding, r.fact_embedding),
+    r.episodes = row.episodes,
+    r.valid_at = """
+    + at("row.valid_at")
+    + """,
+    r.invalid_at = """
+    + at("row.invalid_at")
+    + """,
+    r.created_at = """
+    + at("row.created_at")
+    + """,
+    r.expired_at = """
+    + at("row.expired_at")
+    + """,
+    r.cardinality = row.cardinality,
+    r.prior_ends = CASE WHEN row.prior_ends IS NULL THEN null ELSE """
+    + ats("row.prior_ends")
+    + """ END,
+    r.prior_ends_learned_at = CASE WHEN row.prior_ends_learned_at IS NULL THEN null
+                              ELSE """
+    + ats("row.prior_ends_learned_at")
+    + """ END,
+    r.end_learned_at = """
+    + at("row.end_learned_at")
+    + """,
+    r.prior_starts = CASE WHEN row.prior_starts IS NULL THEN null ELSE """
+    + ats("row.prior_starts")
+    + """ END,
+    r.prior_starts_learned_at = CASE WHEN row.prior_starts_learned_at IS NULL THEN null
+                                ELSE """
+    + ats("row.prior_starts_learned_at")
+    + """ END,
+    r.start_learned_at = """
+    + at("row.start_learned_at")
+    + """
+"""
+)
+
+REPLACE_MENTIONS = """
+UNWIND $rows AS row
+MATCH (ep:Episodic {uuid: row.episode})
+WHERE ep.group_id = $group_id
+OPTIONAL MATCH (ep)-[m:MENTIONS]->()
+DELETE m
+WITH DISTINCT ep, row
+UNWIND row.entities AS uuid
+MATCH (e:Entity {uuid: uuid}) WHERE e.group_id = $group_id
+MERGE (ep)-[n:MENTIONS]->(e)
+ON CREATE SET n.group_id = $group_id
+"""
+
+SET_CREATED = """
+UNWIND $rows AS row
+MATCH (ep:Episodic {uuid: row.episode})
+WHERE ep.group_id = $group_id
+SET ep.created_entities = row.created
+"""
+
+PURGE_CHANGES = """
+UNWIND $uuids AS uuid
+MATCH (c:Change {uuid: uuid})
+WHERE c.group_id = $group_id
+DELETE c
+"""
+
+RECORD_CHANGES = """
+MERGE (log:ChangeLog {group_id: $group_id})
+ON CREATE SET log.seq = 0, log.published = 0, log.version = 0
+WITH log, log.seq AS base
+SET log.seq = base + size($changes), log.version = log.version + 1
+WITH base
+UNWIND range(0, size($changes) - 1) AS i
+WITH $changes[i] AS c, base + i + 1 AS seq
+CREATE (:Change {group_id: $group_id, seq: seq, change_id: c.change_id, kind: c.kind,
+                 uuid: c.uuid, body: c.body})
+"""
+
+# Not episodes: the tombstones of forgotten ones.
+LIVE_EPISODE = "ep.forgotten_at IS NULL"
+
+# ---- a whole group (re-runnable in batches: what is done is not done again)
+GROUP_LIVE_EPISODES = """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL
+RETURN count(ep) AS episodes
+"""
+
+TOMBSTONE_GROUP_BATCH = (
+    """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL
+WITH ep LIMIT $batch
+OPTIONAL MATCH (ep)-[m:MENTIONS]->()
+DELETE m
+WITH DISTINCT ep
+SET ep = {uuid: ep.uuid, group_id: ep.group_id, forgotten_at: """
+    + at("$forgotten_at")
+    + """}
+RETURN count(*) AS deleted
+"""
+)
+
+
+DELETE_GROUP_FACTS = """
+MATCH (s:Entity)-[r:RELATES_TO]->()
+WHERE s.group_id = $group_id
+WITH r LIMIT $batch
+DELETE r
+RETURN count(*) AS deleted
+"""
+
+
+def delete_group_nodes(label: str) -> str:
+    """One batch of a group's nodes of ``label`` (one of ours, a constant) deleted."""
+    return f"""
+MATCH (n:{label})
+WHERE n.group_id = $group_id
+WITH n LIMIT $batch
+DETACH DELETE n
+RETURN count(*) AS deleted
+"""
+
+
+# What forgetting a whole group runs, each statement in batches until it deletes no more.
+FORGET_GROUP = (
+    TOMBSTONE_GROUP_BATCH,
+    DELETE_GROUP_FACTS,
+    *(delete_group_nodes(label) for label in ("Community", "Entity", "Change")),
+)
+PURGE_GROUP = (
+    DELETE_GROUP_FACTS,
+    *(delete_group_nodes(label) for label in ("Episodic", "Community", "Entity", "Change")),
+    delete_group_nodes("ChangeLog"),
+)
+
+
+# Episode listings: one statement per filter shape, the values all parameters.
+def list_episodes_query(
+    *, forgotten: bool, status: str | None, ranged: tuple[bool, bool], paged: bool
+) -> str:
+    """The listing of ``GraphStore.list_episodes`` for one combination of filters (the
+    statement is made of constant fragments; every value is a parameter)."""
+    at = "ep.forgotten_at" if forgotten else "ep.valid_at"
+    where = ["ep.group_id = $group_id"]
+    where.append("ep.forgotten_at IS NOT NULL" if forgotten else "ep.forgotten_at IS NULL")
+    if status == "written":
+        where.append("ep.not_extracted IS NULL")
+    elif status == "not_extracted":
+        where.append("ep.not_extracted IS NOT NULL")
+    if ranged[0]:
+        where.append(f"{at} >= $since")
+    if ranged[1]:
+        where.append(f"{at} < $until")
+    if paged:
+        where.append(f"({at} > $after_at OR ({at} = $after_at AND ep.uuid > $after_uuid))")
+    return (
+        "MATCH (ep:Episodic) WHERE "
+        + " AND ".join(where)
+        + " RETURN ep.uuid AS uuid, ep.producer_id AS producer_id, ep.name AS name, "
+        "ep.source AS source, ep.valid_at AS valid_at, ep.created_at AS created_at, "
+        "ep.not_extracted AS not_extracted, ep.content AS content, "
+        f"ep.forgotten_at AS forgotten_at ORDER BY {at}, ep.uuid LIMIT $limit"
+    )

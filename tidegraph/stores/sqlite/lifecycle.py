@@ -1,0 +1,285 @@
+"""The embedded store's memory lifecycle (``store.SqliteStore``): what a forget reads of a
+group (``group_history``) and the difference it writes (``apply_rebuild``), inside the
+caller's transaction (docs/architecture.md "Forgetting").
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+from typing import Any
+
+from tidegraph.records.changes import group_forgotten
+from tidegraph.records.graph import EpisodeEntry, EpisodeState, GroupHistory, Rebuild
+from tidegraph.stores import errors
+from tidegraph.stores.rows import change_row, to_utc, unique
+from tidegraph.stores.sqlite.db import FULLTEXT, json_list, json_text, micros, vector_blob
+from tidegraph.stores.sqlite.rows import (
+    ENTITY_FULL,
+    EPISODE,
+    FACT_FULL,
+    IN_LIST,
+    entity_of,
+    episode_of,
+    fact_of,
+)
+from tidegraph.stores.sqlite.writes import (
+    entity_text,
+    index_text,
+    merge_fact,
+    record_changes,
+    stored_owners,
+)
+
+
+def group_history(conn: sqlite3.Connection, group_id: str) -> GroupHistory:
+    """``GraphStore.group_history`` in one read transaction."""
+    episodes = [
+        episode_of(row)
+        for row in conn.execute(
+            f"SELECT {EPISODE}, ep.content_embedding, ep.extraction, ep.extracted_at "
+            "FROM episode ep WHERE ep.group_id = ? AND ep.forgotten_at IS NULL "
+            "ORDER BY coalesce(ep.extracted_at, ep.created_at), ep.uuid",
+            (group_id,),
+        )
+    ]
+    entities = {
+        e.uuid: e
+        for e in map(
+            entity_of,
+            conn.execute(f"SELECT {ENTITY_FULL} FROM entity e WHERE e.group_id = ?", (group_id,)),
+        )
+    }
+    facts = {
+        f.uuid: f
+        for f in map(
+            fact_of,
+            conn.execute(f"SELECT {FACT_FULL} FROM fact f WHERE f.group_id = ?", (group_id,)),
+        )
+    }
+    mentions: dict[str, list[str]] = {}
+    for episode, entity in conn.execute(
+        "SELECT episode_uuid, entity_uuid FROM mention WHERE group_id = ? ORDER BY 1, 2",
+        (group_id,),
+    ):
+        mentions.setdefault(episode, []).append(entity)
+    created = {
+        uuid: json_list(text)
+        for uuid, text in conn.execute(
+            "SELECT uuid, created_entities FROM episode "
+            "WHERE group_id = ? AND forgotten_at IS NULL",
+            (group_id,),
+        )
+    }
+    row = conn.execute("SELECT version FROM change_log WHERE group_id = ?", (group_id,)).fetchone()
+    return GroupHistory(episodes, entities, facts, mentions, created, row[0] if row else 0)
+
+
+def apply_rebuild(
+    conn: sqlite3.Connection,
+    group_id: str,
+    rebuild: Rebuild,
+    entities: list[dict[str, Any]],
+    facts: list[dict[str, Any]],
+) -> None:
+    """``GraphStore.apply_rebuild`` inside the caller's transaction."""
+    row = conn.execute("SELECT version FROM change_log WHERE group_id = ?", (group_id,)).fetchone()
+    if (row[0] if row else 0) != rebuild.version:
+        raise errors.RebuildConflict(group_id)
+    errors.check_entity_owners(group_id, stored_owners(conn, [r["uuid"] for r in entities]))
+    forgotten = json_text(rebuild.forgotten)
+    # The forgotten episodes: their index entries, mentions and content go; a tombstone stays.
+    conn.execute(
+        f"DELETE FROM episode_text WHERE rowid IN (SELECT id FROM episode WHERE group_id = ? "
+        f"AND uuid {IN_LIST})",
+        (group_id, forgotten),
+    )
+    conn.execute(
+        f"DELETE FROM mention WHERE group_id = ? AND episode_uuid {IN_LIST}", (group_id, forgotten)
+    )
+    conn.execute(
+        "UPDATE episode SET name = '', source_description = '', content = '', valid_at = 0, "
+        "producer_id = NULL, content_hash = NULL, created_entities = '[]', not_extracted = NULL, "
+        "content_embedding = NULL, extraction = NULL, extracted_at = NULL, forgotten_at = ? "
+        f"WHERE group_id = ? AND uuid {IN_LIST}",
+        (micros(rebuild.forgotten_at), group_id, forgotten),
+    )
+    gone_facts = json_text(rebuild.delete_facts)
+    conn.execute(
+        f"DELETE FROM fact_text WHERE rowid IN (SELECT id FROM fact WHERE group_id = ? "
+        f"AND uuid {IN_LIST})",
+        (group_id, gone_facts),
+    )
+    conn.execute(f"DELETE FROM fact WHERE group_id = ? AND uuid {IN_LIST}", (group_id, gone_facts))
+    gone = json_text(rebuild.delete_entities)
+    conn.execute(
+        f"DELETE FROM entity_text WHERE rowid IN (SELECT id FROM entity WHERE group_id = ? "
+        f"AND uuid {IN_LIST})",
+        (group_id, gone),
+    )
+    for table, column in (
+        ("mention", "entity_uuid"),
+        ("member", "entity_uuid"),
+        ("entity_name", "uuid"),
+        ("entity", "uuid"),
+    ):
+        conn.execute(
+            f"DELETE FROM {table} WHERE group_id = ? AND {column} {IN_LIST}", (group_id, gone)
+        )
+    for entity in entities:
+        _overwrite_entity(conn, group_id, entity)
+    texts = dict(
+        conn.execute(
+            f"SELECT uuid, fact FROM fact WHERE group_id = ? AND uuid {IN_LIST}",
+            (group_id, json_text(r["uuid"] for r in facts)),
+        ).fetchall()
+    )
+    for fact in facts:
+        _overwrite_fact(conn, group_id, fact, texts.get(fact["uuid"]))
+    for episode, mentioned in rebuild.mentions.items():
+        conn.execute(
+            "DELETE FROM mention WHERE group_id = ? AND episode_uuid = ?", (group_id, episode)
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO mention (episode_uuid, entity_uuid, group_id) VALUES (?, ?, ?)",
+            [(episode, entity, group_id) for entity in mentioned],
+        )
+    conn.executemany(
+        "UPDATE episode SET created_entities = ? WHERE group_id = ? AND uuid = ?",
+        [(json_text(created), group_id, uuid) for uuid, created in rebuild.created.items()],
+    )
+    conn.execute(
+        f"DELETE FROM change WHERE group_id = ? AND uuid {IN_LIST}",
+        (group_id, json_text(rebuild.purged)),
+    )
+    record_changes(conn, group_id, [change_row(c) for c in rebuild.changes])
+
+
+def _overwrite_entity(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
+    """An entity written in full (created, or its stored state replaced)."""
+    stored = conn.execute("SELECT id FROM entity WHERE uuid = ?", (row["uuid"],)).fetchone()
+    values = (
+        row["name"],
+        json_text(row["labels"]),
+        row["summary"],
+        row["key"],
+        json_text(row["aliases"]),
+        vector_blob(row["name_embedding"]),
+        micros(row["created_at"]),
+    )
+    if stored is None:
+        [row_id] = conn.execute(
+            "INSERT INTO entity (name, labels, summary, key, aliases, name_embedding, created_at, "
+            "uuid, group_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (*values, row["uuid"], group_id),
+        ).fetchone()
+    else:
+        row_id = stored[0]
+        conn.execute(
+            "UPDATE entity SET name = ?, labels = ?, summary = ?, key = ?, aliases = ?, "
+            "name_embedding = coalesce(?, name_embedding), created_at = ? WHERE id = ?",
+            (*values, row_id),
+        )
+        conn.execute("DELETE FROM entity_name WHERE uuid = ?", (row["uuid"],))
+    index_text(conn, "entity_text", row_id, group_id, entity_text(row["name"], row["summary"]))
+    conn.executemany(
+        "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
+        [(group_id, name, row["uuid"]) for name in unique([row["name_norm"], *row["aliases"]])],
+    )
+
+
+def _overwrite_fact(
+    conn: sqlite3.Connection, group_id: str, row: dict[str, Any], text: str | None
+) -> None:
+    """A fact written in full (created, or its stored state replaced: ends and histories set
+    back to what the row says, null included)."""
+    stored = conn.execute(
+        "SELECT id FROM fact WHERE uuid = ? AND group_id = ?", (row["uuid"], group_id)
+    ).fetchone()
+    if stored is not None:
+        conn.execute("DELETE FROM fact_text WHERE rowid = ?", (stored[0],))
+        conn.execute("DELETE FROM fact WHERE id = ?", (stored[0],))
+    merge_fact(conn, group_id, row, None)
+
+
+# ----------------------------------------------------------------------------- a whole group
+def forget_group(conn: sqlite3.Connection, group_id: str, at: datetime, purge: bool) -> int:
+    """``GraphStore.forget_group`` inside the caller's transaction."""
+    [forgotten] = conn.execute(
+        "SELECT count(*) FROM episode WHERE group_id = ? AND forgotten_at IS NULL", (group_id,)
+    ).fetchone()
+    for table, kind in FULLTEXT.values():
+        conn.execute(
+            f"DELETE FROM {table} WHERE rowid IN (SELECT id FROM {kind} WHERE group_id = ?)",
+            (group_id,),
+        )
+    for table in ("fact", "mention", "member", "entity_name", "entity", "community", "change"):
+        conn.execute(f"DELETE FROM {table} WHERE group_id = ?", (group_id,))
+    if purge:
+        conn.execute("DELETE FROM episode WHERE group_id = ?", (group_id,))
+        conn.execute("DELETE FROM change_log WHERE group_id = ?", (group_id,))
+        return int(forgotten)
+    conn.execute(
+        "UPDATE episode SET name = '', source_description = '', content = '', valid_at = 0, "
+        "producer_id = NULL, content_hash = NULL, created_entities = '[]', not_extracted = NULL, "
+        "content_embedding = NULL, extraction = NULL, extracted_at = NULL, forgotten_at = ? "
+        "WHERE group_id = ? AND forgotten_at IS NULL",
+        (micros(at), group_id),
+    )
+    record_changes(conn, group_id, [change_row(group_forgotten(group_id, at))])
+    return int(forgotten)
+
+
+def list_episodes(
+    conn: sqlite3.Connection,
+    group_id: str,
+    since: datetime | None,
+    until: datetime | None,
+    status: str | None,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> list[EpisodeEntry]:
+    """``GraphStore.list_episodes`` in one read."""
+    forgotten = status == "forgotten"
+    at = "forgotten_at" if forgotten else "valid_at"
+    where = ["group_id = ?", "forgotten_at IS NOT NULL" if forgotten else "forgotten_at IS NULL"]
+    params: list[Any] = [group_id]
+    if status == "written":
+        where.append("not_extracted IS NULL")
+    elif status == "not_extracted":
+        where.append("not_extracted IS NOT NULL")
+    if since is not None:
+        where.append(f"{at} >= ?")
+        params.append(micros(since))
+    if until is not None:
+        where.append(f"{at} < ?")
+        params.append(micros(until))
+    if after is not None:
+        where.append(f"({at}, uuid) > (?, ?)")
+        params += [micros(after[0]), after[1]]
+    rows = conn.execute(
+        "SELECT uuid, producer_id, name, source, valid_at, created_at, not_extracted, content, "
+        f"forgotten_at FROM episode WHERE {' AND '.join(where)} ORDER BY {at}, uuid LIMIT ?",
+        (*params, limit),
+    )
+    entries = []
+    for uuid, producer, name, source, valid, created, pending, content, gone in rows:
+        gone_at = to_utc(gone)
+        state: EpisodeState = (
+            "forgotten" if forgotten else "written" if pending is None else "not_extracted"
+        )
+        entries.append(
+            EpisodeEntry(
+                uuid=uuid,
+                producer_id=producer or "",
+                name=name,
+                source=source,
+                valid_at=gone_at if forgotten else to_utc(valid),
+                created_at=to_utc(created),
+                status=state,
+                not_extracted=pending,
+                content=content,
+                forgotten_at=gone_at,
+            )
+        )
+    return entries

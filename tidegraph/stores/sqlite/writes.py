@@ -1,0 +1,325 @@
+"""The embedded store's write path (``store.SqliteStore``): an episode's write, with the checks
+of ``tidegraph.stores.errors`` before anything changes, its fulltext index entries and its
+changes appended to the group's outbox, all inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from tidegraph.records.graph import EpisodeWrite
+from tidegraph.stores import errors
+from tidegraph.stores.base import BatchWriteError
+from tidegraph.stores.rows import (
+    EntityState,
+    change_row,
+    closure_row,
+    entity_row,
+    episode_row,
+    fact_row,
+    fold_entity_rows,
+    now_utc,
+    unique,
+)
+from tidegraph.stores.sqlite.db import (
+    Transaction,
+    json_list,
+    json_text,
+    micros,
+    micros_list,
+    vector_blob,
+)
+from tidegraph.stores.sqlite.rows import IN_LIST
+
+
+def index_text(conn: sqlite3.Connection, table: str, row_id: int, group_id: str, text: str) -> None:
+    """(Re)index one record's text in the fulltext table ``table`` (a constant)."""
+    conn.execute(f"DELETE FROM {table} WHERE rowid = ?", (row_id,))
+    conn.execute(
+        f"INSERT INTO {table} (rowid, group_id, text) VALUES (?, ?, ?)", (row_id, group_id, text)
+    )
+
+
+def entity_text(name: str, summary: str | None) -> str:
+    return f"{name} {summary or ''}".strip()
+
+
+def stored_owners(conn: sqlite3.Connection, uuids: Sequence[str]) -> dict[str, str]:
+    query = f"SELECT uuid, group_id FROM entity WHERE uuid {IN_LIST}"
+    return dict(conn.execute(query, (json_text(uuids),)).fetchall())
+
+
+def upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[str, Any]]) -> None:
+    """Entity rows (``rows.entity_row``) applied as a sequence of MERGEs (checked before)."""
+    if not rows:
+        return
+    query = f"SELECT id, uuid, name, labels, aliases, summary, key FROM entity WHERE uuid {IN_LIST}"
+    stored_rows = conn.execute(query, (json_text(unique(r["uuid"] for r in rows)),)).fetchall()
+    stored = {
+        r["uuid"]: EntityState(
+            json_list(r["labels"]), json_list(r["aliases"]), r["summary"] or "", r["key"]
+        )
+        for r in stored_rows
+    }
+    row_ids = {r["uuid"]: (r["id"], r["name"]) for r in stored_rows}
+    creates, updates = fold_entity_rows(rows, stored)
+    for row in creates:
+        [row_id] = conn.execute(
+            "INSERT INTO entity (uuid, group_id, name, labels, summary, key, aliases, "
+            "name_embedding, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (
+                row["uuid"],
+                group_id,
+                row["name"],
+                json_text(row["labels"]),
+                row["summary"] or None,
+                row["key"],
+                json_text(row["aliases"]),
+                vector_blob(row["name_embedding"]),
+                micros(row["created_at"]),
+            ),
+        ).fetchone()
+        index_text(conn, "entity_text", row_id, group_id, entity_text(row["name"], row["summary"]))
+        names = unique([row["name_norm"], *row["aliases"]])
+        conn.executemany(
+            "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
+            [(group_id, name, row["uuid"]) for name in names],
+        )
+    for uuid, state in updates.items():
+        before = stored[uuid]
+        if vars(state) == vars(before):
+            continue
+        conn.execute(
+            "UPDATE entity SET labels = ?, aliases = ?, summary = ?, key = ? WHERE uuid = ?",
+            (
+                json_text(state.labels),
+                json_text(state.aliases),
+                state.summary or None,
+                state.key,
+                uuid,
+            ),
+        )
+        if state.summary != before.summary:
+            row_id, name = row_ids[uuid]
+            index_text(conn, "entity_text", row_id, group_id, entity_text(name, state.summary))
+        added = [a for a in state.aliases if a not in before.aliases]
+        conn.executemany(
+            "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
+            [(group_id, alias, uuid) for alias in added],
+        )
+
+
+_MERGE_FACT = """
+INSERT INTO fact (uuid, group_id, source_uuid, target_uuid, name, fact, fact_embedding, episodes,
+                  valid_at, invalid_at, created_at, expired_at, cardinality, prior_ends,
+                  prior_ends_learned_at, end_learned_at, prior_starts, prior_starts_learned_at,
+                  start_learned_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (uuid) DO UPDATE SET
+  name = excluded.name,
+  fact = excluded.fact,
+  fact_embedding = coalesce(excluded.fact_embedding, fact.fact_embedding),
+  episodes = excluded.episodes,
+  valid_at = excluded.valid_at,
+  invalid_at = excluded.invalid_at,
+  cardinality = excluded.cardinality,
+  prior_ends = coalesce(excluded.prior_ends, fact.prior_ends),
+  prior_ends_learned_at = coalesce(excluded.prior_ends_learned_at, fact.prior_ends_learned_at),
+  end_learned_at = coalesce(excluded.end_learned_at, fact.end_learned_at),
+  prior_starts = coalesce(excluded.prior_starts, fact.prior_starts),
+  prior_starts_learned_at =
+    coalesce(excluded.prior_starts_learned_at, fact.prior_starts_learned_at),
+  start_learned_at = coalesce(excluded.start_learned_at, fact.start_learned_at),
+  expired_at = coalesce(fact.expired_at, excluded.expired_at)
+RETURNING id
+"""
+
+_CLOSE_FACT = """
+UPDATE fact SET
+  invalid_at = ?,
+  prior_ends = coalesce(?, prior_ends),
+  prior_ends_learned_at = coalesce(?, prior_ends_learned_at),
+  end_learned_at = coalesce(?, end_learned_at),
+  expired_at = coalesce(expired_at, ?)
+WHERE uuid = ? AND group_id = ?
+"""
+
+_MERGE_EPISODE = """
+INSERT INTO episode (uuid, group_id, name, source, source_description, content, valid_at,
+                     created_at, producer_id, content_hash, created_entities, not_extracted,
+                     content_embedding, extraction, extracted_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (uuid) DO UPDATE SET
+  extraction = excluded.extraction,
+  extracted_at = excluded.extracted_at,
+  name = excluded.name,
+  source = excluded.source,
+  source_description = excluded.source_description,
+  content = excluded.content,
+  valid_at = excluded.valid_at,
+  producer_id = excluded.producer_id,
+  content_hash = excluded.content_hash,
+  created_entities = excluded.created_entities,
+  not_extracted = excluded.not_extracted,
+  content_embedding = excluded.content_embedding
+RETURNING id
+"""
+
+
+def merge_fact(
+    conn: sqlite3.Connection, group_id: str, row: dict[str, Any], text: str | None
+) -> None:
+    """MERGE one fact row (``rows.fact_row``); ``text``: its stored sentence (None: new)."""
+    [row_id] = conn.execute(
+        _MERGE_FACT,
+        (
+            row["uuid"],
+            group_id,
+            row["source_uuid"],
+            row["target_uuid"],
+            row["name"],
+            row["fact"],
+            vector_blob(row["fact_embedding"]),
+            json_text(row["episodes"]),
+            micros(row["valid_at"]),
+            micros(row["invalid_at"]),
+            micros(row["created_at"]),
+            micros(row["expired_at"]),
+            row["cardinality"],
+            micros_list(row["prior_ends"]),
+            micros_list(row["prior_ends_learned_at"]),
+            micros(row["end_learned_at"]),
+            micros_list(row["prior_starts"]),
+            micros_list(row["prior_starts_learned_at"]),
+            micros(row["start_learned_at"]),
+        ),
+    ).fetchone()
+    if text != row["fact"]:
+        index_text(conn, "fact_text", row_id, group_id, row["fact"])
+
+
+def close_fact(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
+    conn.execute(
+        _CLOSE_FACT,
+        (
+            micros(row["invalid_at"]),
+            micros_list(row["prior_ends"]),
+            micros_list(row["prior_ends_learned_at"]),
+            micros(row["end_learned_at"]),
+            micros(row["expired_at"]),
+            row["uuid"],
+            group_id,
+        ),
+    )
+
+
+def write_episode(
+    conn: sqlite3.Connection, group_id: str, write: EpisodeWrite, dim: int, now: datetime
+) -> bool:
+    """One episode's write inside the caller's transaction: read what it touches, check it
+    (``errors``), then write it; False when its episode is processed already."""
+    entities = [entity_row(group_id, e, dim, now) for e in write.entities]
+    episode = episode_row(group_id, write.episode, dim, now, write.created)
+    facts = [fact_row(group_id, f, dim, now) for f in write.facts]
+    closures = [closure_row(c) for c in write.closures]
+    stored = conn.execute(
+        "SELECT id, group_id, content_hash, not_extracted, content FROM episode WHERE uuid = ?",
+        (episode["uuid"],),
+    ).fetchone()
+    if stored is not None and errors.skips_write(
+        group_id, write, stored["group_id"], stored["content_hash"], stored["not_extracted"]
+    ):
+        return False
+    owners = stored_owners(conn, errors.written_entity_uuids(write)[1])
+    query = f"SELECT uuid, group_id, source_uuid, target_uuid, fact FROM fact WHERE uuid {IN_LIST}"
+    fact_rows = conn.execute(query, (json_text(errors.written_fact_uuids(write)),)).fetchall()
+    facts_stored = {r[0]: errors.StoredFact(r[1], r[2], r[3]) for r in fact_rows}
+    errors.check_write(
+        group_id, write, None if stored is None else stored["group_id"], owners, facts_stored
+    )
+    # Checked: what follows writes.
+    upsert_entities(conn, group_id, entities)
+    [row_id] = conn.execute(
+        _MERGE_EPISODE,
+        (
+            episode["uuid"],
+            group_id,
+            episode["name"],
+            episode["source"],
+            episode["source_description"],
+            episode["content"],
+            micros(episode["valid_at"]),
+            micros(episode["created_at"]),
+            episode["producer_id"],
+            episode["content_hash"],
+            json_text(episode["created_entities"]),
+            episode["not_extracted"],
+            vector_blob(episode["content_embedding"]),
+            episode["extraction"],
+            micros(episode["extracted_at"]),
+        ),
+    ).fetchone()
+    if stored is None or stored["content"] != episode["content"]:
+        index_text(conn, "episode_text", row_id, group_id, episode["content"])
+    conn.executemany(
+        "INSERT OR IGNORE INTO mention (episode_uuid, entity_uuid, group_id) VALUES (?, ?, ?)",
+        [(episode["uuid"], uuid, group_id) for uuid in unique(write.mentions)],
+    )
+    texts = {r[0]: r[4] for r in fact_rows}
+    for row in facts:
+        merge_fact(conn, group_id, row, texts.get(row["uuid"]))
+        texts[row["uuid"]] = row["fact"]
+    for row in closures:
+        close_fact(conn, group_id, row)
+    record_changes(conn, group_id, [change_row(c) for c in write.changes])
+    return True
+
+
+def record_changes(conn: sqlite3.Connection, group_id: str, changes: list[dict[str, Any]]) -> None:
+    """Append changes to the group's outbox in commit order and bump its write version (a
+    rebuild checks that it did not move while it computed)."""
+    conn.execute(
+        "INSERT INTO change_log (group_id, seq, published, version) VALUES (?, 0, 0, 0) "
+        "ON CONFLICT (group_id) DO NOTHING",
+        (group_id,),
+    )
+    [base] = conn.execute(
+        "UPDATE change_log SET seq = seq + ?, version = version + 1 WHERE group_id = ? "
+        "RETURNING seq - ?",
+        (len(changes), group_id, len(changes)),
+    ).fetchone()
+    conn.executemany(
+        "INSERT INTO change (group_id, seq, change_id, kind, uuid, body) VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            (group_id, base + n, c["change_id"], c["kind"], c["uuid"], c["body"])
+            for n, c in enumerate(changes, 1)
+        ],
+    )
+
+
+def write_episodes(
+    conn: sqlite3.Connection, group_id: str, writes: list[EpisodeWrite], dim: int
+) -> list[bool]:
+    """The writes in order, in one transaction; each in a savepoint of its own, so that on a
+    failure the writes before it are committed and BatchWriteError says which they were."""
+    now = now_utc()
+    written: list[bool] = []
+    with Transaction(conn):
+        for write in writes:
+            conn.execute("SAVEPOINT episode")
+            try:
+                written.append(write_episode(conn, group_id, write, dim, now))
+            except Exception as exc:
+                conn.execute("ROLLBACK TO episode")
+                conn.execute("RELEASE episode")
+                failure: Exception = exc
+                break
+            conn.execute("RELEASE episode")
+        else:
+            return written
+    if len(writes) == 1:
+        raise failure
+    raise BatchWriteError(written) from failure
