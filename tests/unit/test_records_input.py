@@ -104,3 +104,23 @@ def test_control_bytes_in_search_text_are_separators_on_every_store():
     assert search_terms("acme\x00corp \x1brenewal\x7f") == ["acme", "corp", "renewal"]
     assert lucene_query("acme\x00corp") == "acme corp"
     assert search_terms("\x00\x01\x02") == []
+
+
+def test_a_hop_record_keeps_the_episodes_integers_exact():
+    """The worker's hops (the extracted topic) carry the episode: its integers stay exact, so
+    its content hash and a mapped key are those of the envelope."""
+    from tidegraph.records.stages import Extraction
+    from tidegraph.topics.records import ExtractedRecord, RecordRef, decode_extracted, encode
+
+    episode = parse_episode(
+        b'{"id": "e", "group_id": "g", "content": {"account": {"id": 18446744073709551617}}, '
+        b'"reference_time": "2025-01-01"}'
+    )
+    record = ExtractedRecord(
+        origin=RecordRef(topic="t.episodes", partition=0, offset=7),
+        extraction=Extraction(episode=episode),
+    )
+    read = decode_extracted(encode(record))
+    assert isinstance(read, ExtractedRecord)
+    assert read.extraction.episode.content == {"account": {"id": BIG}}
+    assert read.extraction.episode.content_hash == episode.content_hash
