@@ -25,6 +25,7 @@ from tests.integration.test_delivery_order_stores import DIM, Record, deliveries
 from tests.support import crm_feed as crm
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.pipelines.forget import forget_episodes, forget_subject
+from tidegraph.pipelines.pending import extract_pending
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.steps import Components
 from tidegraph.records.asof import AsOf
@@ -237,5 +238,36 @@ async def test_a_groups_episodes_are_listed_by_time_in_pages(any_store: GraphSto
         [tombstone] = await any_store.list_episodes(group, status="forgotten")
         assert tombstone.status == "forgotten" and tombstone.content == ""
         assert tombstone.producer_id == "" and tombstone.forgotten_at is not None
+    finally:
+        await any_store.delete_group(group)
+
+
+async def test_a_forgotten_unextracted_episode_is_not_extracted_later(
+    any_store: GraphStore,
+) -> None:
+    """A text episode stored without extraction (no LLM) and then forgotten is no longer
+    pending: ``extract --pending`` does not bring it back."""
+    at = crm.START + timedelta(days=1)
+    records = [Record("rec-0", crm.START, crm.plan_record((1, "Acme Corp"), "Basic", crm.START))]
+    note = Episode(
+        id="note-1",
+        group_id=f"forget-{uuidlib.uuid4().hex[:12]}",
+        source="text",
+        content="Dana from Acme Corp asked about the renewal.",
+        reference_time=at,
+    )
+    group = note.group_id
+    times = {**clock_of(records), note.id: T0 + timedelta(hours=1)}
+    try:
+        pipeline = await feed(any_store, group, records, times)
+        [outcome] = await pipeline.run([note])
+        assert outcome.not_extracted == "no_llm"
+        assert [e.producer_id for e in await any_store.pending_episodes(group, 10)] == ["note-1"]
+        await forget_episodes(pipeline, group, ["note-1"])
+        assert group not in await any_store.pending_groups()
+        assert await any_store.pending_episodes(group, 10) == []
+        report = await extract_pending(pipeline, any_store, [group])
+        assert (report.extracted, report.still_pending, report.failed) == (0, {}, {})
+        assert await any_store.episode_status(group, note.uuid) == "forgotten"
     finally:
         await any_store.delete_group(group)
