@@ -8,9 +8,11 @@ BIN    := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# setuptools' note on every editable install ("Editable installation ... folders with the same
+# name as your package"), a box before the demo, says nothing to act on: it is filtered out.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,docs]'
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[test,docs]'
 	touch $@
 
 install: $(VENV)/.installed

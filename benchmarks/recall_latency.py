@@ -27,6 +27,7 @@ from typing import Any
 
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.records.graph import EntityRecord, EpisodeRecord, EpisodeWrite, FactRecord
+from tidegraph.records.search import SearchRequest
 
 FACTS_PER_EPISODE = 10
 DIM = 384
@@ -167,13 +168,17 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
         words = vocabulary(random.Random(args.seed))
         queries = [" ".join(rng.sample(words, rng.randint(2, 4))) for _ in range(args.queries)]
         for recipe in args.recipes:
-            await searcher.search(queries[0], [group_id], recipe=recipe)  # warm-up
+            await searcher.search(
+                SearchRequest(query=queries[0], group_ids=[group_id], recipe=recipe)
+            )  # warm-up
             search_ms: list[float] = []
             context_ms: list[float] = []
             cpu = time.process_time()
             for query in queries:
                 started = time.perf_counter()
-                results = await searcher.search(query, [group_id], recipe=recipe)
+                results = await searcher.search(
+                    SearchRequest(query=query, group_ids=[group_id], recipe=recipe)
+                )
                 searched = time.perf_counter()
                 build_context(results, max_chars=4000)
                 done = time.perf_counter()

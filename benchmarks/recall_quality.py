@@ -43,7 +43,7 @@ from typing import Any
 import orjson
 
 from benchmarks.text_feed import ONE_VALUED, FeedEpisode, text_feed
-from tidegraph.records.search import Hit
+from tidegraph.records.search import Hit, SearchRequest
 
 KS = (5, 10, 20)
 
@@ -186,11 +186,13 @@ async def score(
         for probe in probes:
             started = time.perf_counter()
             results = await memory.search(
-                probe.query,
-                group_ids=[probe.group_id],
-                valid_at=probe.valid_at,
-                recipe=recipe,
-                limit=limit,
+                SearchRequest(
+                    query=probe.query,
+                    group_ids=[probe.group_id],
+                    valid_at=probe.valid_at,
+                    recipe=recipe,
+                    limit=limit,
+                )
             )
             elapsed = time.perf_counter() - started
             hits = results.all()

@@ -13,6 +13,14 @@ records, mapped without an LLM, and chat messages), then each concurrency level 
     python -m benchmarks.serve_load --in-memory --requests 2000
     python -m benchmarks.serve_load --route facts          # the HTTP layer over one store read
     TIDEGRAPH_STORE=neo4j python -m benchmarks.serve_load
+    python -m benchmarks.serve_load --noisy                # one tenant slowing the others?
+    python -m benchmarks.serve_load --noisy --server-path /tmp/old-tree   # another checkout
+
+``--noisy`` measures what one tenant's load does to another's: tenant B reads ``GET
+/v1/facts`` one after another (and ``/healthz`` is probed) while tenant A sends, in turn,
+searches with a 100-character time phrase (40 clients), reads waiting on tokens never
+written (100 clients, one read each) and slow-header connections (300, one byte a second).
+``--server-path`` runs the server from another source tree (PYTHONPATH), for before/after.
 
 With ``--facts N`` (and ``--episodes M``) the group is instead the synthetic one of
 benchmarks/recall_latency.py (N facts between N/5 entities, M episodes; written straight
@@ -42,6 +50,8 @@ import httpx
 
 KEY = "bench-key-0123456789"
 GROUP = "bench"
+KEY_B = "bench-key-b-0123456789"  # the other tenant of --noisy
+GROUP_B = "bench-b"
 PLANS = ["Free", "Basic", "Pro", "Business", "Enterprise"]
 QUERIES = [
     "which plan is {a} on?",
@@ -62,8 +72,13 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return values["VmRSS"], values["VmHWM"]
 
 
-def start_server(port: int, data: Path, in_memory: bool) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TIDEGRAPH_API_KEYS": f'{{"{KEY}": ["{GROUP}"]}}'}
+def start_server(
+    port: int, data: Path, in_memory: bool, server_path: str | None = None
+) -> subprocess.Popen[bytes]:
+    keys = f'{{"{KEY}": ["{GROUP}"], "{KEY_B}": ["{GROUP_B}"]}}'
+    env = {**os.environ, "TIDEGRAPH_API_KEYS": keys}
+    if server_path:
+        env["PYTHONPATH"] = server_path
     env.setdefault("TIDEGRAPH_DATA_DIR", str(data))
     env.setdefault("TIDEGRAPH_EMBEDDER", "hashing")
     env.setdefault("TIDEGRAPH_LOG_LEVEL", "ERROR")
@@ -191,9 +206,17 @@ async def run(args: argparse.Namespace) -> None:
         if synthetic:
             os.environ.setdefault("TIDEGRAPH_DATA_DIR", tmp)
             names = await seed_synthetic(Path(tmp), args.facts, args.episodes, args.keep)
-        process = start_server(port, Path(tmp), args.in_memory)
+        process = start_server(port, Path(tmp), args.in_memory, args.server_path)
         try:
             await wait_ready(url, process)
+            if args.noisy:
+                for key, accounts in ((KEY, 20), (KEY_B, 5)):
+                    headers = {"Authorization": f"Bearer {key}"}
+                    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+                        await seed(http, accounts)
+                print(f"server: {args.server_path or 'this tree'}; {args.seconds:.0f} s a phase")
+                await noisy(url, port, args.seconds)
+                return
             idle = rss_kib(process.pid)[0]
             headers = {"Authorization": f"Bearer {KEY}"}
             async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
@@ -229,6 +252,151 @@ async def run(args: argparse.Namespace) -> None:
             if not args.in_memory and os.environ.get("TIDEGRAPH_STORE") == "neo4j":
                 if not args.keep:
                     await _delete_seeded_group()
+
+
+# ----------------------------------------------------------------------------- --noisy
+PHRASE = (
+    "since the first monday of the second quarter of the fiscal year two thousand and twenty "
+    "three, march"
+)[:100]
+# Letters beyond ASCII: dateparser's language detection reads it (processors/temporal.py).
+PHRASE_ES = (
+    "desde el primer lunes del segundo trimestre del año fiscal dos mil veintitrés, en marzo"
+)
+
+
+async def probe(url: str, path: str, key: str | None, until: float) -> list[float]:
+    """Latencies of ``GET path`` sent one after another until the monotonic time ``until``."""
+    headers = {"X-API-Key": key} if key else {}
+    latencies = []
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
+        while time.monotonic() < until:
+            started = time.perf_counter()
+            (await http.get(path)).raise_for_status()
+            latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+async def phrases(url: str, until: float, phrase: str, clients: int = 40) -> int:
+    """Searches with a 100-character time phrase, ``clients`` at once, until ``until``."""
+    sent = 0
+    limits = httpx.Limits(max_connections=clients)
+    headers = {"X-API-Key": KEY}
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:
+
+        async def client() -> None:
+            nonlocal sent
+            while time.monotonic() < until:
+                await http.post("/v1/search", json={"query": "Account plan", "valid_at": phrase})
+                sent += 1
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+    return sent
+
+
+async def waits(url: str, seconds: float, clients: int = 100) -> dict[int, int]:
+    """``clients`` reads at once, each waiting on a token never written; their statuses."""
+    import base64
+    import uuid
+
+    def token() -> str:
+        data = {"g": GROUP, "u": str(uuid.uuid4())}
+        return "rw1." + base64.urlsafe_b64encode(orjson_dumps(data)).decode().rstrip("=")
+
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(
+        base_url=url, headers={"X-API-Key": KEY}, limits=limits, timeout=seconds + 30
+    ) as http:
+        params = {"wait_timeout_seconds": seconds}
+        answers = await asyncio.gather(
+            *(http.get("/v1/facts", params={**params, "wait_for": token()}) for _ in range(clients))
+        )
+    statuses: dict[int, int] = {}
+    for answer in answers:
+        statuses[answer.status_code] = statuses.get(answer.status_code, 0) + 1
+    return statuses
+
+
+def orjson_dumps(value: Any) -> bytes:
+    import orjson
+
+    return orjson.dumps(value)
+
+
+async def slow_headers(port: int, seconds: float, connections: int = 300) -> tuple[int, int]:
+    """``connections`` sending one header byte a second for ``seconds``: (still open at the
+    end, answered 408)."""
+    until = time.monotonic() + seconds
+
+    async def one() -> tuple[bool, bool]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /v1/facts HTTP/1.1\r\nHost: bench\r\nX-Slow: ")
+
+        async def trickle() -> None:
+            while True:
+                writer.write(b"a")
+                await writer.drain()
+                await asyncio.sleep(1.0)  # the load's pace: one byte a second
+
+        sending = asyncio.create_task(trickle())
+        try:
+            answer = await asyncio.wait_for(reader.read(), max(until - time.monotonic(), 0))
+            return False, answer.startswith(b"HTTP/1.1 408")
+        except (TimeoutError, ConnectionError):
+            return True, False
+        finally:
+            sending.cancel()
+            writer.close()
+
+    results = await asyncio.gather(*(one() for _ in range(connections)))
+    return sum(still for still, _ in results), sum(answered for _, answered in results)
+
+
+def _ms(latencies: list[float]) -> str:
+    if not latencies:
+        return "-"
+    ordered = sorted(latencies)
+    return f"{statistics.median(ordered) * 1000:7.1f} {ordered[-1] * 1000:8.1f}"
+
+
+async def noisy(url: str, port: int, seconds: float) -> None:
+    """Tenant B's reads (and /healthz) while tenant A loads the server (see the docstring)."""
+
+    async def measured(load: Any) -> tuple[list[float], list[float], Any]:
+        until = time.monotonic() + seconds
+        facts, health, result = await asyncio.gather(
+            probe(url, "/v1/facts", KEY_B, until), probe(url, "/healthz", None, until), load(until)
+        )
+        return facts, health, result
+
+    async def idle(until: float) -> str:
+        await asyncio.sleep(max(until - time.monotonic(), 0))
+        return ""
+
+    async def phrase_load(until: float) -> str:
+        return f"{await phrases(url, until, PHRASE)} searches"
+
+    async def foreign_phrase_load(until: float) -> str:
+        return f"{await phrases(url, until, PHRASE_ES)} searches"
+
+    async def wait_load(until: float) -> str:
+        statuses = await waits(url, seconds)
+        return ", ".join(f"{n}x{code}" for code, n in sorted(statuses.items()))
+
+    async def slow_load(until: float) -> str:
+        still, answered = await slow_headers(port, seconds)
+        return f"{still} of 300 still open after {seconds:.0f} s, {answered} answered 408"
+
+    print(f"{'tenant A load':<42} {'B facts p50/max ms':>18} {'/healthz p50/max ms':>19}  A")
+    for name, load in (
+        ("none", idle),
+        ("40 searches with a 100-char time phrase", phrase_load),
+        ("40 searches, a 90-char non-ASCII phrase", foreign_phrase_load),
+        ("100 reads waiting on unwritten tokens", wait_load),
+        ("300 connections sending 1 header byte/s", slow_load),
+    ):
+        facts, health, result = await measured(load)
+        print(f"{name:<42} {_ms(facts):>18} {_ms(health):>19}  {result}")
 
 
 async def _delete_seeded_group() -> None:
@@ -268,6 +436,9 @@ def main() -> None:
     parser.add_argument("--facts", type=int, help="Seed the synthetic group of N facts.")
     parser.add_argument("--episodes", type=int, help="... with M episodes (default N/10).")
     parser.add_argument("--keep", action="store_true", help="Neo4j: keep and reuse the group.")
+    parser.add_argument("--noisy", action="store_true", help="One tenant's load, another's reads.")
+    parser.add_argument("--seconds", type=float, default=15.0, help="--noisy: each phase.")
+    parser.add_argument("--server-path", help="Run the server from this source tree.")
     parser.add_argument("--serve-in-memory", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_in_memory:

@@ -16,9 +16,8 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-import orjson
-
 from tidegraph.pipelines.runner import GroupRunner
+from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.stores.base import GraphStore
@@ -47,7 +46,7 @@ def rebuild_episode(record: EpisodeRecord) -> Episode:
     write would take it for another episode with the same id)."""
     content: str | dict = record.content
     if record.source == "json":
-        content = orjson.loads(record.content)
+        content = jsontext.loads(record.content)
     names = [record.name] if record.name != record.producer_id else ["", record.name]
     for name in names:
         episode = Episode(
@@ -121,7 +120,7 @@ async def pending_envelopes(
             continue
         for record in await store.pending_episodes(group_id, limit - len(out)):
             episode = rebuild_episode(record)
-            out.append((group_id, orjson.dumps(episode.model_dump(mode="json"))))
+            out.append((group_id, jsontext.dumps(episode.model_dump(mode="json"))))
         if len(out) >= limit:
             break
     return out

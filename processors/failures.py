@@ -40,11 +40,11 @@ REASONS: dict[str, str] = {
     "and `ingest` skip blank lines)",
     "oversized": "the record is over TIDEGRAPH_MAX_RECORD_BYTES, or its content over "
     "200,000 characters",
-    "invalid_utf8": "the record is not UTF-8 text",
+    "invalid_utf8": "the record is not UTF-8 text, or a text field holds a lone UTF-16 surrogate",
     "invalid_json": "the record is not JSON",
     "too_deep": "the record or its content nests objects/arrays more than 64 levels deep",
     "not_an_object": "the record is JSON but not an object",
-    "missing_field": "a required envelope field (id, group_id, source, content, "
+    "missing_field": "a required envelope field (id or episode_id, group_id, content, "
     "reference_time) is missing",
     "unknown_field": "the envelope has a field it does not define",
     "wrong_type": "an envelope field has the wrong JSON type",

@@ -30,6 +30,7 @@ letters with that reason).
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -155,10 +156,10 @@ def _lookup(record: Any, path: str, default: Any = _MISSING) -> Any:
     return value
 
 
-def render(template: str, record: dict[str, Any], *, allow_empty: bool = True) -> str:
-    """Fill ``{dotted.path}`` fields of a template from the record. ``allow_empty=False``
-    refuses fields whose value is blank (a key ``crm:account:{id}`` with an empty id would
-    merge every such record into one entity)."""
+def render(template: str, record: dict[str, Any], *, key: bool = False) -> str:
+    """Fill ``{dotted.path}`` fields of a template from the record. A ``key`` template's
+    values are ``key_text`` and may not be blank (a key ``crm:account:{id}`` with an empty id
+    would merge every such record into one entity)."""
 
     def field(match: re.Match[str]) -> str:
         if match.group(0) == "{{":
@@ -168,11 +169,32 @@ def render(template: str, record: dict[str, Any], *, allow_empty: bool = True) -
         value = _lookup(record, match.group(1).strip())
         if value is None or isinstance(value, dict | list):
             raise MappingError(f"field {match.group(1)!r} must be a non-null scalar")
-        if not allow_empty and not str(value).strip():
+        text = key_text(value) if key else str(value)
+        if key and not text:
             raise MappingError(f"field {match.group(1)!r} is empty")
-        return str(value)
+        return text
 
     return _TEMPLATE_FIELD.sub(field, template)
+
+
+def key_text(value: str | int | float | bool) -> str:
+    """A value as it stands in a key (docs/mappings.md "Keys"): an integer by its exact
+    digits (never through a float), a number with an integral value as that integer (7.0 is
+    7), another number by its shortest form, a string as written without surrounding
+    whitespace, a boolean as true/false. So 7, 7.0, "7" and "7 " name one entity; "07" and
+    "7" two."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        try:
+            return str(value)
+        except ValueError:  # more digits than Python writes (4,300)
+            raise ValueTooLong("a key field is an integer of more than 4,300 digits") from None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise MappingError(f"a key field is the number {value}, not a value")
+        return str(int(value)) if value.is_integer() else repr(value)
+    return str(value).strip()
 
 
 def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:
@@ -186,7 +208,7 @@ def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:
         if not name:
             raise MappingError(f"rule {rule.name!r}: entity {alias!r} has an empty name")
         labels = [spec.label] if isinstance(spec.label, str) else list(spec.label or [])
-        key = render(spec.key, record, allow_empty=False) if spec.key else None
+        key = render(spec.key, record, key=True) if spec.key else None
         summary = render(spec.summary, record) if spec.summary else ""
         what = f"rule {rule.name!r}: entity {alias!r}"
         _fits(f"{what} name", name, MAX_NAME_CHARS)

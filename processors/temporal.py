@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import UTC, datetime
+from typing import Any
 
 import dateparser
 
@@ -107,17 +108,20 @@ def _read(raw: str, reference: datetime) -> datetime | None:
         return datetime(year, month, 1, tzinfo=UTC)
     if phrase.casefold() in _NO_DATE or not _DATE_SHAPE.search(phrase):
         return None
-    parsed = dateparser.parse(
-        phrase,
-        settings={
-            "RELATIVE_BASE": utc(reference).replace(tzinfo=None),
-            "PREFER_DATES_FROM": "past",
-            "PREFER_DAY_OF_MONTH": "first",
-            "PREFER_MONTH_OF_YEAR": "first",
-            "TIMEZONE": "UTC",
-            "RETURN_AS_TIMEZONE_AWARE": False,
-        },
-    )
+    settings: Any = {
+        "RELATIVE_BASE": utc(reference).replace(tzinfo=None),
+        "PREFER_DATES_FROM": "past",
+        "PREFER_DAY_OF_MONTH": "first",
+        "PREFER_MONTH_OF_YEAR": "first",
+        "TIMEZONE": "UTC",
+        "RETURN_AS_TIMEZONE_AWARE": False,
+    }
+    # English: detecting the language among all of dateparser's loads their data (a phrase
+    # English does not read took 2 s, each process once). Only a phrase with letters beyond
+    # ASCII ("hace 3 días") is worth that detection.
+    parsed = dateparser.parse(phrase, languages=["en"], settings=settings)
+    if parsed is None and not phrase.isascii():
+        parsed = dateparser.parse(phrase, settings=settings)
     return None if parsed is None else parsed.replace(tzinfo=UTC)
 
 

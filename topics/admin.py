@@ -47,8 +47,8 @@ async def ensure_topics(
     leader. Returns the names of the topics this call created."""
     wanted = names.all() if isinstance(names, TopicNames) else list(names)
     admin = admin_client(kafka)
-    await admin.start()
     try:
+        await admin.start()  # inside: a failed start still closes the client
         # list_topics, not describe_topics: a metadata request naming a missing topic makes
         # a broker with auto.create.topics.enable create it with the broker's defaults.
         existing = set(await admin.list_topics())
@@ -121,8 +121,8 @@ def _problems(
 async def partitions_of(kafka: str | KafkaConnection, topic: str) -> list[int]:
     """The partition numbers of an existing topic; empty when the topic does not exist."""
     admin = admin_client(kafka)
-    await admin.start()
     try:
+        await admin.start()  # inside: a failed start still closes the client
         if topic not in set(await admin.list_topics()):  # never auto-create it
             return []
         described = await admin.describe_topics([topic])
@@ -133,8 +133,8 @@ async def partitions_of(kafka: str | KafkaConnection, topic: str) -> list[int]:
 
 async def delete_topics(kafka: str | KafkaConnection, names: Iterable[str]) -> None:
     admin = admin_client(kafka)
-    await admin.start()
     try:
+        await admin.start()  # inside: a failed start still closes the client
         await admin.delete_topics(list(names))
     finally:
         await admin.close()

@@ -112,8 +112,8 @@ async def produce_lines(
     report = ProduceReport(topic=names.episodes)
     started = time.perf_counter()
     producer = producer_for(settings)
-    await producer.start()
     try:
+        await producer.start()  # inside: a failed start still closes the client
         pending: list[tuple[Produced, asyncio.Future]] = []
         clock = time.monotonic()
         for n, raw in enumerate(lines, 1):
@@ -183,8 +183,8 @@ async def dlq_end_offsets(settings: Settings) -> dict[int, int]:
     """The dead-letter topic's current end offset per partition."""
     topic = TopicNames(settings.topic_prefix).dlq
     consumer = dlq_consumer(settings)
-    await consumer.start()
     try:
+        await consumer.start()  # inside: a failed start still closes the client
         tps = await _assign_all(settings, consumer, topic)
         if not tps:
             return {}
@@ -224,9 +224,9 @@ async def read_dead_letters(
     call."""
     topic = TopicNames(settings.topic_prefix).dlq
     consumer = dlq_consumer(settings)
-    await consumer.start()
     letters: list[StoredLetter] = []
     try:
+        await consumer.start()  # inside: a failed start still closes the consumer
         tps = await _assign_all(settings, consumer, topic)
         if not tps:
             return []
@@ -339,8 +339,8 @@ async def replay_dead_letters(
         return report
     names = TopicNames(settings.topic_prefix)
     producer = producer_for(settings)
-    await producer.start()
     try:
+        await producer.start()  # inside: a failed start still closes the client
         futures = []
         for stored, raw in chosen.values():
             origin = f"{stored.at.partition}:{stored.at.offset}".encode()
@@ -402,8 +402,8 @@ async def wait_until_reflected(
     pending = set(by_position)
     store = open_store(settings)
     consumer = dlq_consumer(settings)
-    await consumer.start()
     try:
+        await consumer.start()  # inside: a failed start still closes the client
         tps = await _assign_all(settings, consumer, TopicNames(settings.topic_prefix).dlq)
         if not tps:
             raise RuntimeError(f"topic {TopicNames(settings.topic_prefix).dlq} does not exist")

@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 import orjson
 from pydantic import BaseModel
 
+from tidegraph.records import jsontext
 from tidegraph.records.episode import MAX_JSON_DEPTH, json_too_deep
 from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.stages import Extraction
@@ -60,7 +61,7 @@ class ForgetRecord(BaseModel):
 
 def decode_extracted(value: bytes) -> ExtractedRecord | ForgetRecord:
     """A record of ``{prefix}.extracted``: an extraction, or a forget."""
-    data = orjson.loads(value)
+    data = jsontext.loads(value)  # the episode's integers exact
     if isinstance(data, dict) and "forget" in data:
         return ForgetRecord.model_validate(data)
     return ExtractedRecord.model_validate(data)
@@ -98,7 +99,7 @@ class DeadLetter(BaseModel):
     def original_bytes(self) -> bytes:
         """The original record as bytes, for replay onto the input topic."""
         if self.record_encoding == "json":
-            return orjson.dumps(self.record)
+            return jsontext.dumps(self.record)
         if self.record_encoding == "text":
             return str(self.record).encode()
         return base64.b64decode(str(self.record))
@@ -113,7 +114,7 @@ def original_record(raw: bytes | None) -> tuple[Any, Literal["json", "text", "ba
     truncated = len(raw) > MAX_DEAD_RECORD_BYTES
     if not truncated:
         try:
-            parsed = orjson.loads(raw)
+            parsed = jsontext.loads(raw)
         except orjson.JSONDecodeError:
             pass
         else:
@@ -139,11 +140,11 @@ def short_message(text: str) -> str:
 
 # ----------------------------------------------------------------------------- serde
 def encode(record: BaseModel) -> bytes:
-    return orjson.dumps(record.model_dump(mode="json"))
+    return jsontext.dumps(record.model_dump(mode="json"))  # an episode's integers exact
 
 
 def decode(model: type[M], data: bytes) -> M:
-    return model.model_validate(orjson.loads(data))
+    return model.model_validate(jsontext.loads(data))
 
 
 def encode_key(group_id: str | None) -> bytes | None:

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-import orjson
 from pydantic import BaseModel, ValidationError
 
 from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, FORGET_REQUESTS, STAGE_EVENTS
@@ -25,6 +24,7 @@ from tidegraph.pipelines.forget import ForgetError, forget
 from tidegraph.pipelines.runner import WRITE_STAGES, GroupRunner
 from tidegraph.pipelines.streaming.config import WorkerSettings
 from tidegraph.processors.failures import classify
+from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.forget import ForgetRequest, parse_record
@@ -401,7 +401,7 @@ def _episode_in(value: bytes | None) -> tuple[Episode | None, RecordRef | None]:
     topic, or inside a hop record), so that its dead letter replays; (None, None) when it
     cannot be read."""
     try:
-        data = orjson.loads(value or b"")
+        data = jsontext.loads(value or b"")
         if not isinstance(data, dict):
             return None, None
         origin = RecordRef.model_validate(data["origin"]) if "origin" in data else None
@@ -420,6 +420,6 @@ def _episode_bytes(episode: Episode, *, fallback: bytes | None) -> bytes | None:
     """The episode as JSON for a dead letter, or ``fallback`` (the consumed bytes) when it
     cannot be serialised."""
     try:
-        return orjson.dumps(episode.model_dump(mode="json"))
+        return jsontext.dumps(episode.model_dump(mode="json"))
     except Exception:
         return fallback

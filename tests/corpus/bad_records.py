@@ -270,10 +270,16 @@ def _not_objects(b: _Builder) -> None:
 
 
 def _fields(b: _Builder) -> None:
-    for name in ("id", "group_id", "source", "content", "reference_time"):
+    # source is optional (json for an object, message for text: docs/streaming.md "Topics")
+    for name in ("id", "group_id", "content", "reference_time"):
         b.invalid(
             f"missing {name}", b.envelope(f"missing {name}", **{name: _DROP}), "missing_field"
         )
+    b.invalid(
+        "id and episode_id both",
+        b.envelope("id twice", episode_id="another-name"),
+        "invalid_id",
+    )
     b.invalid("empty object", b"{}", "missing_field")
     b.invalid("unknown field", b.envelope("unknown field", priority="high"), "unknown_field")
     b.invalid(

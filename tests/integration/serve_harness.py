@@ -27,8 +27,9 @@ from tests.support.processes import terminate_with_parent
 from tests.unit.recall_fixtures import RecallGraph
 from tidegraph.app.memory import Memory
 from tidegraph.app.serving.http_api import create_app
+from tidegraph.app.serving.server import uvicorn_config
 from tidegraph.app.serving.service import MemoryService
-from tidegraph.app.serving.settings import KeyRing
+from tidegraph.app.serving.settings import KeyRing, ServeSettings
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.pipelines.runtime import open_runtime
 from tidegraph.records.graph import CommunityRecord
@@ -94,8 +95,11 @@ def memory_settings(tmp: Path, **overrides: Any) -> Settings:
     return Settings(**{**values, **overrides})
 
 
-def in_memory_service(settings: Settings) -> Callable[[], Awaitable[MemoryService]]:
+def in_memory_service(
+    settings: Settings, serve: ServeSettings | None = None
+) -> Callable[[], Awaitable[MemoryService]]:
     """Opens a Memory over a fresh SearchableMemoryStore (in the server's event loop)."""
+    serve = serve or ServeSettings()
 
     async def opened() -> MemoryService:
         runtime = await open_runtime(
@@ -105,21 +109,25 @@ def in_memory_service(settings: Settings) -> Callable[[], Awaitable[MemoryServic
             embedder=HashingEmbedder(dim=64),
             use_llm=False,
         )
-        return MemoryService(Memory(runtime), wait_seconds=5.0)
+        return MemoryService(
+            Memory(runtime), wait_seconds=5.0, waits_per_key=serve.serve_waits_per_key
+        )
 
     return opened
 
 
 @dataclass
 class ThreadServer:
-    """A real uvicorn server in a thread of this process, on a free loopback port."""
+    """A real uvicorn server in a thread of this process, on a free loopback port, configured
+    as ``tidegraph serve`` configures it (``uvicorn_config``: the header deadline)."""
 
     app: Any
     port: int = field(default_factory=free_port)
+    settings: ServeSettings = field(default_factory=ServeSettings)
 
     def __post_init__(self) -> None:
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        config = uvicorn_config(
+            self.app, "127.0.0.1", self.port, self.settings, log_level="warning", lifespan="on"
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -142,13 +150,20 @@ class ThreadServer:
         self.thread.join(30)
 
 
-def thread_server(tmp: Path, keys: dict[str, list[str]], **settings: Any) -> ThreadServer:
+def thread_server(
+    tmp: Path,
+    keys: dict[str, list[str]],
+    serve: ServeSettings | None = None,
+    **settings: Any,
+) -> ThreadServer:
+    serve = serve or ServeSettings(serve_max_body_bytes=64 * 1024)
     app = create_app(
-        in_memory_service(memory_settings(tmp, **settings)),
+        in_memory_service(memory_settings(tmp, **settings), serve),
         KeyRing(keys),
-        max_body_bytes=64 * 1024,
+        max_body_bytes=serve.serve_max_body_bytes,
+        body_timeout_seconds=serve.serve_body_timeout_seconds,
     )
-    return ThreadServer(app).start()
+    return ThreadServer(app, settings=serve).start()
 
 
 @dataclass

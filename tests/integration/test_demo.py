@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -195,6 +196,14 @@ def test_demo_prints_the_graph_and_as_of_answers_matching_the_feed(tmp_path: Pat
     assert "sign in with SSO" in recall
     assert re.search(r"Acme Corp .*Enterprise", recall), recall
     assert "crm:account:nw-a-001" in out  # keys are printed as data, never as emoji codes
+    # the closing hint is a command that runs as printed (tidegraph is not on PATH here)
+    hint = flat(out).split("Query it yourself: ")[1].split(" (also")[0]
+    assert hint.split()[0] != "tidegraph", hint
+    ran = subprocess.run(
+        shlex.split(hint), cwd=tmp_path, env=demo_env(), capture_output=True, text=True,
+        timeout=DEMO_TIMEOUT, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0 and "HAS_PLAN" in ran.stdout, (hint, ran.stdout, ran.stderr)
 
 
 def test_demo_runs_with_the_network_off(tmp_path: Path) -> None:

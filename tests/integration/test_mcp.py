@@ -6,6 +6,7 @@ The search tools run on the embedded store and on the in-memory store with exact
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -45,6 +46,11 @@ def payload(result: Any) -> Any:
     if data is None:
         return json.loads(result.content[0].text)
     return data["result"] if set(data) == {"result"} else data
+
+
+def hits(result: Any) -> list[dict[str, Any]]:
+    """The hits a search tool found."""
+    return list(payload(result)["results"])
 
 
 def error_text(result: Any) -> str:
@@ -117,6 +123,28 @@ async def test_stdio_tools_on_the_embedded_default_are_scoped_to_the_groups(tmp_
         ):
             text = error_text(await session.call_tool(tool, args))
             assert "forbidden" in text and other in text, (tool, text)
+            # there is no key over stdio: the refusal names the server's own scope
+            assert "API key" not in text and f"scoped to '{mine}'" in text, (tool, text)
+
+
+async def test_stdio_search_without_an_llm_says_why_no_facts_come(tmp_path: Path):
+    group = f"mcp-{uuid.uuid4().hex[:8]}"
+    async with stdio_session(tmp_path, group) as session:
+        added = payload(
+            await session.call_tool(
+                "add_memory",
+                {"content": "Dana: Acme wants SSO", "reference_time": "2025-02-01T00:00:00Z"},
+            )
+        )
+        assert added["status"] == "written" and added["not_extracted"] == "no_llm"
+        found = payload(
+            await session.call_tool(
+                "search_facts", {"query": "Acme SSO", "wait_for": [added["token"]]}
+            )
+        )
+        assert found["results"] == [] and "no LLM is configured" in found["note"]
+        context = payload(await session.call_tool("get_context", {"query": "Acme SSO"}))
+        assert "no LLM is configured" in context
 
 
 async def test_stdio_needs_groups(tmp_path: Path):
@@ -132,7 +160,7 @@ async def test_stdio_search_tools_on_the_embedded_default(tmp_path: Path):
         added = payload(
             await session.call_tool("add_memory", plan_args("Pro", "2025-01-10T00:00:00+00:00"))
         )
-        found = payload(
+        found = hits(
             await session.call_tool(
                 "search_facts", {"query": "Acme Corp plan", "wait_for": [added["token"]]}
             )
@@ -174,15 +202,15 @@ async def test_http_tools_answer_each_key_from_its_own_groups(mcp_http: ThreadSe
                  "reference_time": "2025-02-01T09:00:00Z", "episode_id": "chat-9"},
             )
         )  # fmt: skip
-        facts = payload(
+        facts = hits(
             await session.call_tool(
                 "search_facts", {"query": "Acme Corp plan", "wait_for": [first["token"]]}
             )
         )
         assert facts[0]["text"] == "Acme Corp is on the Pro plan" and facts[0]["kind"] == "fact"
-        entities = payload(await session.call_tool("search_entities", {"query": "Acme Corp"}))
+        entities = hits(await session.call_tool("search_entities", {"query": "Acme Corp"}))
         assert "Acme Corp" in [e["name"] for e in entities]
-        episodes = payload(
+        episodes = hits(
             await session.call_tool(
                 "search_episodes", {"query": "SSO renewal", "wait_for": [added["token"]]}
             )
@@ -202,12 +230,51 @@ async def test_http_tools_answer_each_key_from_its_own_groups(mcp_http: ThreadSe
         ):
             text = error_text(await session.call_tool(tool, args))
             assert "forbidden" in text and a in text and KEY_A not in text, (tool, text)
-        assert payload(await session.call_tool("search_facts", {"query": "Acme Corp"})) == []
+        assert hits(await session.call_tool("search_facts", {"query": "Acme Corp"})) == []
         assert payload(await session.call_tool("facts_as_of", {})) == []
     async with httpx.AsyncClient(base_url=mcp_http.url) as http:
-        for headers in ({}, {"Authorization": "Bearer nope-nope-nope"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer nope-nope-nope"},
+            {"X-API-Key": b"\xff\xfe\xfd-not-utf-8"},  # bytes that are no text: still a 401
+            {"Authorization": b"Bearer \xc3\x28\xa0"},
+            {"X-Anything": b"\x80\x81", "X-API-Key": b"\xe9t\xe9-key"},
+        ):
             refused = await http.post("/mcp", headers=headers, json={})
-            assert refused.status_code == 401
+            assert refused.status_code == 401, refused.text
+            assert refused.json()["error"] == "unauthorized"
+
+
+async def test_http_tools_answer_hostile_arguments_with_errors_not_crashes(
+    mcp_http: ThreadServer, groups, caplog: pytest.LogCaptureFixture
+):
+    a, _ = groups
+    caplog.set_level(logging.WARNING)
+    forged = (
+        "rw1." + __import__("base64").urlsafe_b64encode(b'{"g": "x", "u": "y", "t": [1]}').decode()
+    )
+    async with http_session(mcp_http.url, KEY_A) as session:
+        for tool, args in (
+            ("search_facts", {"query": "Acme\x00Corp 'OR 1=1 --"}),
+            ("search_episodes", {"query": "*:* NEAR( \"", "limit": 10**30}),
+            ("search_facts", {"query": "Acme", "wait_for": [forged]}),
+            ("search_facts", {"query": "Acme", "group_ids": [""]}),
+            ("search_facts", {"query": "Acme", "group_ids": [f" {a}"]}),
+            ("get_context", {"query": "x" * 3000}),
+            ("facts_as_of", {"valid_at": "x" * 500}),
+            ("add_memory", {"content": "{not json", "source": "json", "reference_time": "2025"}),
+            ("add_memory", {"content": {"n": 10**30}, "source": "json",
+                            "reference_time": "2025-01-01"}),
+            ("add_memory", {"content": "x", "reference_time": "2025-01-01", "group_id": " x"}),
+            ("episode_status", {"episode_id": "e" * 5000}),
+        ):  # fmt: skip
+            result = await session.call_tool(tool, args)
+            text = result.content[0].text if result.content else ""
+            assert "Traceback" not in text and "Internal" not in text, (tool, text)
+        # the server still answers, and logged no traceback
+        assert isinstance(hits(await session.call_tool("search_facts", {"query": "Acme"})), list)
+    tracebacks = [r.getMessage() for r in caplog.records if r.exc_info]
+    assert tracebacks == []
 
 
 async def test_http_command_with_api_keys(tmp_path: Path, groups):
@@ -235,5 +302,6 @@ async def test_http_command_with_api_keys(tmp_path: Path, groups):
             text = error_text(await session.call_tool("facts_as_of", {"group_id": a}))
             assert "forbidden" in text and a in text
         assert KEY_A not in server.log.read_text()
+        assert "Traceback" not in server.log.read_text(), server.log_tail()
     finally:
         server.stop()

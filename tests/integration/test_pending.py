@@ -21,6 +21,7 @@ from tidegraph.pipelines.retry import RetryPolicy
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode
+from tidegraph.records.search import SearchRequest
 from tidegraph.stores.base import GraphStore
 
 T0 = datetime(2025, 2, 3, 9, 0, tzinfo=UTC)
@@ -98,7 +99,9 @@ async def test_without_an_llm_episodes_are_stored_searchable_and_pending(
 
     searcher = Searcher(store, HashingEmbedder(dim=STORE_DIM))
     for recipe in ("episodes_bm25", "episodes_vector", "combined"):
-        found = await searcher.search("invoices shown twice", [group_id], recipe=recipe)
+        found = await searcher.search(
+            SearchRequest(query="invoices shown twice", group_ids=[group_id], recipe=recipe)
+        )
         assert [h.record.producer_id for h in found.episodes][:1] == ["chat-1"], recipe  # type: ignore[union-attr]
 
     # Ingesting them again (a replay) changes nothing and does not extract them.

@@ -17,6 +17,7 @@ from tidegraph.recall.context import build_context
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import FactRecord
+from tidegraph.records.search import SearchRequest
 from tidegraph.stores.base import GraphStore
 
 JAN, MAR = datetime(2025, 1, 10, tzinfo=UTC), datetime(2025, 3, 5, tzinfo=UTC)
@@ -45,23 +46,35 @@ async def test_the_current_plan_ranks_first_and_the_old_one_only_when_asked(
     assert first.failures == second.failures == []
     searcher = Searcher(store, embedder)
 
-    now = await searcher.search(QUERY, [group_id], recipe="facts_rrf")
+    now = await searcher.search(
+        SearchRequest(query=QUERY, group_ids=[group_id], recipe="facts_rrf")
+    )
     assert plan_objects(now.facts)[:1] == ["Pro"] and "Basic" not in plan_objects(now.facts)
     assert now.facts[0].episodes == ["plan-1"]  # traced to the record that stated it
 
-    history = await searcher.search(QUERY, [group_id], recipe="facts_rrf", include_invalid=True)
+    history = await searcher.search(
+        SearchRequest(query=QUERY, group_ids=[group_id], recipe="facts_rrf", include_invalid=True)
+    )
     assert {"Pro", "Basic"} <= set(plan_objects(history.facts))
     february = await searcher.search(
-        QUERY, [group_id], recipe="facts_rrf", valid_at=MAR - timedelta(days=20)
+        SearchRequest(
+            query=QUERY, group_ids=[group_id], recipe="facts_rrf", valid_at=MAR - timedelta(days=20)
+        )
     )
     assert plan_objects(february.facts)[:1] == ["Basic"]
-    believed = await searcher.search(QUERY, [group_id], recipe="facts_rrf", known_at=between)
+    believed = await searcher.search(
+        SearchRequest(query=QUERY, group_ids=[group_id], recipe="facts_rrf", known_at=between)
+    )
     assert plan_objects(believed.facts)[:1] == ["Basic"]
 
-    context = build_context(await searcher.search(QUERY, [group_id]), max_chars=1500)
+    context = build_context(
+        await searcher.search(SearchRequest(query=QUERY, group_ids=[group_id])), max_chars=1500
+    )
     assert "FACTS (when each was true):" in context and "Pro" in context
 
     other = f"test-{uuid.uuid4().hex[:12]}"
     for recipe in ("combined", "facts_rrf", "episodes_rrf", "entities_rrf"):
-        crossed = await searcher.search(QUERY, [other], recipe=recipe, include_invalid=True)
+        crossed = await searcher.search(
+            SearchRequest(query=QUERY, group_ids=[other], recipe=recipe, include_invalid=True)
+        )
         assert len(crossed) == 0, recipe

@@ -12,6 +12,7 @@ from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.recall.context import build_context
 from tidegraph.recall.search import Searcher
 from tidegraph.records.episode import Episode
+from tidegraph.records.search import SearchRequest
 from tidegraph.stores.base import GraphStore
 
 
@@ -38,7 +39,9 @@ async def test_the_first_episode_about_a_subject_is_its_latest_statement_then(
 
     wrong = []
     for q in questions:
-        results = await searcher.search(q.query, [group_id], valid_at=q.valid_at)
+        results = await searcher.search(
+            SearchRequest(query=q.query, group_ids=[group_id], valid_at=q.valid_at)
+        )
         line = first_episode_about(build_context(results), q.subject)
         if line is None or q.answer.text not in line:
             wrong.append((q.query, q.valid_at, q.answer.text, line))

@@ -169,13 +169,13 @@ def test_another_tenants_key_gets_nothing_through_any_endpoint(
                                               "reference_time": "2025-01-01"}),
             http_b.post("/v1/search", json={"query": "Acme", "group_ids": [a]}),
             http_b.post("/v1/search", json={"query": "Acme", "group_ids": [b, a]}),
-            http_b.get("/v1/search", params={"query": "Acme", "group_id": a}),
+            http_b.get("/v1/search", params={"query": "Acme", "group_ids": a}),
             http_b.post("/v1/context", json={"query": "Acme", "group_ids": [a]}),
             http_b.post("/v1/search", json={"query": "Acme", "wait_for": [token]}),
             http_b.get("/v1/facts", params={"group_id": a}),
             http_b.get("/v1/entities", params={"group_id": a}),
             http_b.get("/v1/episodes/secret-1/status", params={"group_id": a}),
-            http_b.get("/v1/dlq", params={"group_id": a}),
+            http_b.get("/v1/dlq", params={"group_ids": a}),
         ]  # fmt: skip
         for response in attempts:
             assert response.status_code == 403, (response.request.url, response.text)

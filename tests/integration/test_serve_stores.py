@@ -162,7 +162,7 @@ async def test_via_kafka_a_read_waits_for_its_write(
             await http.get("/v1/facts", params={"group_id": group}),
             await http.get("/v1/facts", params={"wait_for": body["token"]}),
             await http.get("/v1/episodes/k1/status", params={"group_id": group}),
-            await http.get("/v1/dlq", params={"group_id": group}),
+            await http.get("/v1/dlq", params={"group_ids": group}),
         ):
             assert response.status_code == 403 and response.json()["group_id"] == group
         assert (await http.get("/v1/facts")).json()["facts"] == []

@@ -611,6 +611,7 @@ def _up(
 ) -> None:
     """Fetch (once) and start Kafka and Neo4j on loopback; a no-op for what already runs."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    _quiet_clients()
     names = tuple(n for n, on in (("kafka", kafka), ("neo4j", neo4j)) if on)
     services = LocalServices()
     try:
@@ -633,7 +634,15 @@ def _down() -> None:
 @cli.command("status")
 def _status() -> None:
     """Whether this checkout's services run and answer their probes."""
+    _quiet_clients()
     _print_status(LocalServices())
+
+
+def _quiet_clients() -> None:
+    """The probes expect refusals while a service starts: the clients' own error logs of them
+    ("Unable connect to ...") would only be noise on the terminal."""
+    for name in ("aiokafka", "neo4j"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def _print_status(services: LocalServices) -> None:

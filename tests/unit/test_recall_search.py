@@ -20,7 +20,7 @@ from tidegraph.recall.recipes import (
     recipes_help,
 )
 from tidegraph.recall.search import Searcher, SearchResults
-from tidegraph.records.search import Hit
+from tidegraph.records.search import Hit, SearchRequest
 
 NOW = datetime(2024, 6, 1, tzinfo=UTC)  # day 152: Alice at Globex since day 100
 
@@ -69,7 +69,9 @@ def test_recipes_refuse_what_cannot_run():
 
 # ---- the combined search ---------------------------------------------------------------------
 async def test_combined_finds_every_kind_valid_now_and_only_in_the_group():
-    found = await searcher().search("Where does Alice Smith work?", ["g"], known_at=NOW)
+    found = await searcher().search(
+        SearchRequest(query="Where does Alice Smith work?", group_ids=["g"], known_at=NOW)
+    )
     assert found.recipe == "combined" and found.time_words is None
     assert uuids(found.facts)[0] == "f_globex"  # found by BM25, vector and the walk
     assert "f_acme" not in uuids(found.facts)  # ended on day 100
@@ -83,24 +85,40 @@ async def test_combined_finds_every_kind_valid_now_and_only_in_the_group():
 
 async def test_valid_at_and_include_invalid_choose_the_facts():
     s = searcher()
-    then = await s.search("Alice Smith works at", ["g"], valid_at=day(50), known_at=NOW)
+    then = await s.search(
+        SearchRequest(query="Alice Smith works at", group_ids=["g"], valid_at=day(50), known_at=NOW)
+    )
     assert "f_acme" in uuids(then.facts) and "f_globex" not in uuids(then.facts)
     assert [h.uuid for h in then.episodes] == ["e1"]  # e2, e3 happened later
-    ever = await s.search("Alice Smith works at", ["g"], include_invalid=True, known_at=NOW)
+    ever = await s.search(
+        SearchRequest(
+            query="Alice Smith works at", group_ids=["g"], include_invalid=True, known_at=NOW
+        )
+    )
     assert {"f_acme", "f_globex"} <= set(uuids(ever.facts))
 
 
 async def test_a_time_phrase_sets_valid_at_unless_one_is_given():
     s = searcher()
-    found = await s.search("Where did Alice Smith work in February 2024?", ["g"], known_at=NOW)
+    found = await s.search(
+        SearchRequest(
+            query="Where did Alice Smith work in February 2024?", group_ids=["g"], known_at=NOW
+        )
+    )
     assert found.time_words is not None and found.time_words.phrase == "in February 2024"
     assert found.scope.asof.valid_at == datetime(2024, 2, 29, 23, 59, 59, 999999, tzinfo=UTC)
     assert "f_acme" in uuids(found.facts) and "f_globex" not in uuids(found.facts)
     assert found.query == "Where did Alice Smith work in February 2024?"  # the words are kept
-    given = await s.search("Alice Smith in February 2024", ["g"], valid_at=NOW, known_at=NOW)
+    given = await s.search(
+        SearchRequest(
+            query="Alice Smith in February 2024", group_ids=["g"], valid_at=NOW, known_at=NOW
+        )
+    )
     assert given.time_words is None and given.scope.asof.valid_at == NOW
     off = searcher(time_words=False)
-    plain = await off.search("Alice Smith in February 2024", ["g"], known_at=NOW)
+    plain = await off.search(
+        SearchRequest(query="Alice Smith in February 2024", group_ids=["g"], known_at=NOW)
+    )
     assert plain.time_words is None and "f_globex" in uuids(plain.facts)
 
 
@@ -108,12 +126,18 @@ async def test_a_time_phrase_limits_facts_and_episodes_to_what_held_and_was_said
     # "in February 2024" asks about the state then: e3 (day 120, said in May) is not of it,
     # exactly as with a valid-at the caller gives (docs/retrieval.md "Now and as of").
     s = searcher()
-    found = await s.search("Alice's new job in February 2024", ["g"], known_at=NOW)
+    found = await s.search(
+        SearchRequest(query="Alice's new job in February 2024", group_ids=["g"], known_at=NOW)
+    )
     assert found.time_words is not None
     assert "e3" not in uuids(found.episodes)
-    later = await s.search("Alice's new job in June 2024", ["g"], known_at=NOW)
+    later = await s.search(
+        SearchRequest(query="Alice's new job in June 2024", group_ids=["g"], known_at=NOW)
+    )
     assert "e3" in uuids(later.episodes)
-    given = await s.search("Alice's new job", ["g"], valid_at=day(50), known_at=NOW)
+    given = await s.search(
+        SearchRequest(query="Alice's new job", group_ids=["g"], valid_at=day(50), known_at=NOW)
+    )
     assert "e3" not in uuids(given.episodes) and "e2" not in uuids(given.episodes)
 
 
@@ -121,8 +145,9 @@ async def test_the_fusion_depth_does_not_follow_the_limit():
     # Each method finds the recipe's candidates whatever the limit (up to them): asking for
     # more results never reorders the first ones.
     s = searcher()
-    few = await s.search("Alice Smith job", ["g"], recipe="combined", known_at=NOW, limit=2)
-    many = await s.search("Alice Smith job", ["g"], recipe="combined", known_at=NOW, limit=20)
+    ask = SearchRequest(query="Alice Smith job", group_ids=["g"], recipe="combined", known_at=NOW)
+    few = await s.search(ask.model_copy(update={"limit": 2}))
+    many = await s.search(ask.model_copy(update={"limit": 20}))
     for kind in ("fact", "entity", "episode"):
         assert uuids(few.of(kind)) == uuids(many.of(kind))[: len(few.of(kind))]
 
@@ -168,7 +193,7 @@ async def test_the_query_is_embedded_once_and_the_searches_run_together():
     graph.fulltext_search = slow(graph.fulltext_search)  # type: ignore[method-assign]
     graph.vector_search = slow(graph.vector_search)  # type: ignore[method-assign]
     s = searcher(graph)
-    await s.search("Alice Smith", ["g"], known_at=NOW)
+    await s.search(SearchRequest(query="Alice Smith", group_ids=["g"], known_at=NOW))
     assert s.embedder.texts == ["Alice Smith"]  # type: ignore[attr-defined]
     assert most == 8  # BM25 and vector of four kinds at once
 
@@ -176,7 +201,9 @@ async def test_the_query_is_embedded_once_and_the_searches_run_together():
 async def test_the_walk_starts_at_the_query_entities_recent_ones_and_the_centre():
     graph = people_graph()
     found = await searcher(graph).search(
-        "Globex", ["g"], recipe="facts_rrf", known_at=NOW, centre="paris"
+        SearchRequest(
+            query="Globex", group_ids=["g"], recipe="facts_rrf", known_at=NOW, centre="paris"
+        )
     )
     seeds = graph.seeds[0]
     assert seeds[:2] == ["paris", "globex"]  # the centre, then the best entity found
@@ -189,7 +216,9 @@ async def test_the_walk_starts_at_the_query_entities_recent_ones_and_the_centre(
 
 async def test_a_walk_without_anything_to_start_from_is_skipped():
     graph = RecallGraph()
-    found = await searcher(graph).search("anything", ["g"], recipe="facts_rrf", known_at=NOW)
+    found = await searcher(graph).search(
+        SearchRequest(query="anything", group_ids=["g"], recipe="facts_rrf", known_at=NOW)
+    )
     assert found.facts == [] and graph.seeds == []
 
 
@@ -197,8 +226,12 @@ async def test_a_walk_without_anything_to_start_from_is_skipped():
 async def test_facts_distance_ranks_by_hops_from_the_centre():
     s = searcher()
     with pytest.raises(ValueError, match="give its uuid as the centre"):
-        await s.search("Bob Jones", ["g"], recipe="facts_distance")
-    found = await s.search("Bob Jones", ["g"], recipe="facts_distance", centre="tea", known_at=NOW)
+        await s.search(SearchRequest(query="Bob Jones", group_ids=["g"], recipe="facts_distance"))
+    found = await s.search(
+        SearchRequest(
+            query="Bob Jones", group_ids=["g"], recipe="facts_distance", centre="tea", known_at=NOW
+        )
+    )
     # tea -bob- alice -globex; Acme is only reached through the ended f_acme: unreached
     assert [(h.uuid, h.distance) for h in found.facts] == [
         ("f_tea", 0),
@@ -210,9 +243,14 @@ async def test_facts_distance_ranks_by_hops_from_the_centre():
 
 async def test_entities_distance_ranks_entities_by_hops_from_the_centre():
     found = await searcher().search(
-        "Alice Smith Bob Jones Globex", ["g"], recipe="entities_distance", centre="bob",
-        known_at=NOW,
-    )  # fmt: skip
+        SearchRequest(
+            query="Alice Smith Bob Jones Globex",
+            group_ids=["g"],
+            recipe="entities_distance",
+            centre="bob",
+            known_at=NOW,
+        )
+    )
     # Acme and Paris are reached only through the ended f_acme: unreached, last
     assert [(h.uuid, h.distance) for h in found.entities] == [
         ("bob", 0),
@@ -226,12 +264,20 @@ async def test_entities_distance_ranks_entities_by_hops_from_the_centre():
 
 async def test_single_method_recipes_keep_their_method_order_and_limit_cuts():
     s = searcher()
-    bm25 = await s.search("green tea", ["g"], recipe="facts_bm25", known_at=NOW)
+    bm25 = await s.search(
+        SearchRequest(query="green tea", group_ids=["g"], recipe="facts_bm25", known_at=NOW)
+    )
     assert uuids(bm25.facts) == ["f_tea"]  # BM25 finds only the words
-    vector = await s.search("green tea", ["g"], recipe="facts_vector", known_at=NOW, limit=2)
+    vector = await s.search(
+        SearchRequest(
+            query="green tea", group_ids=["g"], recipe="facts_vector", known_at=NOW, limit=2
+        )
+    )
     assert len(vector.facts) == 2 and vector.facts[0].uuid == "f_tea"
     assert vector.facts[0].score >= vector.facts[1].score
-    episodes = await s.search("green tea", ["g"], recipe="episodes_bm25", known_at=NOW)
+    episodes = await s.search(
+        SearchRequest(query="green tea", group_ids=["g"], recipe="episodes_bm25", known_at=NOW)
+    )
     assert uuids(episodes.episodes) == ["e3"] and episodes.facts == []
 
 
@@ -240,18 +286,26 @@ async def test_mmr_and_mentions_recipes():
     # The closest facts to the query (hashing cosines): f_friend 0.60, f_globex 0.55,
     # f_paris 0.21. f_globex says much what f_friend says ("Alice Smith"), so MMR puts the
     # different f_paris before it.
-    diverse = await s.search("Alice Smith works", ["g"], recipe="facts_mmr", known_at=NOW)
+    diverse = await s.search(
+        SearchRequest(query="Alice Smith works", group_ids=["g"], recipe="facts_mmr", known_at=NOW)
+    )
     assert uuids(diverse.facts)[:3] == ["f_friend", "f_paris", "f_globex"]
-    mentioned = await s.search("Alice Bob", ["g"], recipe="entities_mentions", known_at=NOW)
+    mentioned = await s.search(
+        SearchRequest(query="Alice Bob", group_ids=["g"], recipe="entities_mentions", known_at=NOW)
+    )
     assert uuids(mentioned.entities)[:2] == ["alice", "bob"]  # 3 episodes, then 1
     assert mentioned.entities[0].score == 3.0
 
 
 async def test_the_cross_encoder_recipe_needs_an_encoder():
     with pytest.raises(ValueError, match="TIDEGRAPH_RERANK_BASE_URL"):
-        await searcher().search("tea", ["g"], recipe="facts_cross_encoder")
+        await searcher().search(
+            SearchRequest(query="tea", group_ids=["g"], recipe="facts_cross_encoder")
+        )
     s = searcher(cross_encoder=LengthEncoder())
-    found = await s.search("Alice", ["g"], recipe="facts_cross_encoder", known_at=NOW)
+    found = await s.search(
+        SearchRequest(query="Alice", group_ids=["g"], recipe="facts_cross_encoder", known_at=NOW)
+    )
     texts = [h.text for h in found.facts]
     assert texts == sorted(texts, key=len, reverse=True)
 
@@ -259,13 +313,13 @@ async def test_the_cross_encoder_recipe_needs_an_encoder():
 async def test_bad_questions_are_explained():
     s = searcher()
     with pytest.raises(ValueError, match="the query is empty"):
-        await s.search("  ", ["g"])
-    with pytest.raises(ValueError, match="at least one group"):
-        await s.search("tea", [])
-    with pytest.raises(ValueError, match="limit must be at least 1"):
-        await s.search("tea", ["g"], limit=0)
+        await s.search(SearchRequest(query="  ", group_ids=["g"]))
+    with pytest.raises(ValueError, match="group_ids\n.*at least 1 item"):
+        SearchRequest(query="tea", group_ids=[])  # the request itself refuses it
+    with pytest.raises(ValueError, match="limit\n.*greater than or equal to 1"):
+        SearchRequest(query="tea", group_ids=["g"], limit=0)
     with pytest.raises(ValueError, match="unknown search recipe"):
-        await s.search("tea", ["g"], recipe="best")
+        await s.search(SearchRequest(query="tea", group_ids=["g"], recipe="best"))
 
 
 async def test_a_failing_store_is_counted_and_raised():
@@ -278,14 +332,18 @@ async def test_a_failing_store_is_counted_and_raised():
     labels = {"recipe": "episodes_rrf", "outcome": "error"}
     before = REGISTRY.get_sample_value("tidegraph_searches_total", labels) or 0.0
     with pytest.raises(ConnectionError):
-        await searcher(graph).search("tea", ["g"], recipe="episodes_rrf")
+        await searcher(graph).search(
+            SearchRequest(query="tea", group_ids=["g"], recipe="episodes_rrf")
+        )
     assert REGISTRY.get_sample_value("tidegraph_searches_total", labels) == before + 1
 
 
 async def test_searches_are_timed_per_recipe():
     labels = {"recipe": "communities_rrf"}
     before = REGISTRY.get_sample_value("tidegraph_search_latency_seconds_count", labels) or 0.0
-    found = await searcher().search("Acme people", ["g"], recipe="communities_rrf")
+    found = await searcher().search(
+        SearchRequest(query="Acme people", group_ids=["g"], recipe="communities_rrf")
+    )
     assert uuids(found.communities) == ["c_acme"]
     after = REGISTRY.get_sample_value("tidegraph_search_latency_seconds_count", labels)
     assert after == before + 1

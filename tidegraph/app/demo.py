@@ -14,6 +14,7 @@ stdout, for measuring the ingest speed (docs/performance.md, "The embedded store
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -216,9 +217,10 @@ async def _show_recall(runtime: Runtime, console: Console) -> None:
     retrieval")."""
     from tidegraph.recall.context import build_context
     from tidegraph.recall.search import Searcher
+    from tidegraph.records.search import SearchRequest
 
     searcher = Searcher(runtime.store, runtime.embedder, runtime.cross_encoder)
-    results = await searcher.search(RECALL_QUERY, [RECALL_GROUP])
+    results = await searcher.search(SearchRequest(query=RECALL_QUERY, group_ids=[RECALL_GROUP]))
     _heading(console, "Recall: what an agent answering the ticket puts in its prompt")
     _say(console, f"  tidegraph search --group {RECALL_GROUP} --context {RECALL_QUERY!r}")
     for line in build_context(results, max_chars=1400, episode_chars=160).splitlines():
@@ -400,19 +402,35 @@ async def _show_known_at(
 
 def _print_outro(console: Console, data_dir: Path, temporary: bool) -> None:
     console.print()
+    tidegraph = command_name()
     if temporary:
         _say(
             console,
-            "Keep the graph and query it yourself: tidegraph demo --data-dir ./demo-graph, then "
-            "TIDEGRAPH_DATA_DIR=./demo-graph tidegraph facts --group northwind "
+            f"Keep the graph and query it yourself: {tidegraph} demo --data-dir ./demo-graph, "
+            f"then {tidegraph} facts --data-dir ./demo-graph --group northwind "
             "--valid-at 2025-03-01",
         )
         return
     _say(
         console,
-        f"Query it yourself: TIDEGRAPH_DATA_DIR={data_dir} tidegraph facts --group northwind "
-        "--valid-at 2025-03-01 (also --history, --known-at; tidegraph entities --group ...)",
+        f"Query it yourself: {tidegraph} facts --data-dir {data_dir} --group northwind "
+        f"--valid-at 2025-03-01 (also --history, --known-at; {tidegraph} entities, "
+        f"{tidegraph} search)",
     )
+
+
+def command_name() -> str:
+    """How to run ``tidegraph`` from here: its name when that is the command on PATH, else
+    its path (``.venv/bin/tidegraph`` after ``make install``)."""
+    running = Path(sys.argv[0]) if Path(sys.argv[0]).name == "tidegraph" else None
+    running = running or Path(sys.executable).with_name("tidegraph")
+    on_path = shutil.which("tidegraph")
+    if on_path is not None and Path(on_path).resolve() == running.resolve():
+        return "tidegraph"
+    try:
+        return str(running.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(running.resolve())
 
 
 # ----------------------------------------------------------------------------- formatting

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from tidegraph.records.search import Kind
+from tidegraph.records.search import DEFAULT_RECIPE, Kind
 
 Method = Literal["bm25", "vector", "bfs"]
 Reranker = Literal["none", "rrf", "mmr", "mentions", "distance", "cross_encoder"]
@@ -208,7 +208,7 @@ _ALL = (
 )
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in _ALL}
-DEFAULT_RECIPE = "combined"
+assert DEFAULT_RECIPE in RECIPES  # the default of SearchRequest
 
 
 def recipe_problem(

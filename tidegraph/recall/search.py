@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import SEARCH_LATENCY, SEARCHES
 from tidegraph.recall.recency import asks_current, supersede
 from tidegraph.recall.recipes import (
-    DEFAULT_RECIPE,
     KindSearch,
     Recipe,
     recipe_named,
@@ -47,7 +45,7 @@ from tidegraph.recall.source import SearchSource
 from tidegraph.recall.timewords import TimeWords, find_time
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, FactRecord
-from tidegraph.records.search import KINDS, Hit, Kind, SearchScope
+from tidegraph.records.search import KINDS, Hit, Kind, SearchRequest, SearchScope
 from tidegraph.records.times import utc, utcnow
 
 SEED_ENTITIES = 5  # best entities of the query that seed the walk
@@ -108,23 +106,19 @@ class Searcher:
         self.cross_encoder = cross_encoder
         self.time_words = time_words
 
-    async def search(
-        self,
-        query: str,
-        group_ids: Sequence[str],
-        *,
-        valid_at: datetime | None = None,
-        known_at: datetime | None = None,
-        include_invalid: bool = False,
-        recipe: str = DEFAULT_RECIPE,
-        limit: int | None = None,
-        centre: str | None = None,
-    ) -> SearchResults:
-        """Search the memory of ``group_ids`` for ``query``: valid at ``valid_at`` (default:
-        the moment a time phrase in the query names, relative to ``known_at``, else now) as
-        believed at ``known_at`` (default now).
+    async def search(self, request: SearchRequest) -> SearchResults:
+        """Search the memory of ``request.group_ids`` for ``request.query``: valid at
+        ``valid_at`` (default: the moment a time phrase in the query names, relative to
+        ``known_at``, else now) as believed at ``known_at`` (default now).
         ``limit`` replaces every kind's limit of the recipe; ``centre`` (an entity uuid)
         seeds the walk, and the distance recipes rank by hops from it."""
+        query, group_ids, recipe = request.query, request.group_ids, request.recipe
+        valid_at, known_at, include_invalid = (
+            request.valid_at,
+            request.known_at,
+            request.include_invalid,
+        )
+        limit, centre = request.limit, request.centre
         problem = recipe_problem(
             recipe, centre=centre, cross_encoder=self.cross_encoder is not None
         )
@@ -136,7 +130,7 @@ class Searcher:
             raise ValueError("the query is empty: ask a question or name what to recall")
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
-        groups = (group_ids,) if isinstance(group_ids, str) else tuple(dict.fromkeys(group_ids))
+        groups = tuple(dict.fromkeys(group_ids))
         found_time = None
         if valid_at is None and self.time_words:
             # Off the event loop: a written date goes through dateparser (a few words only).

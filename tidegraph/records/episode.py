@@ -10,14 +10,25 @@ import re
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
+from tidegraph.records import jsontext
 from tidegraph.records.errors import InvalidEpisode
-from tidegraph.records.ids import _CONTROL, stable_uuid
+from tidegraph.records.ids import SURROGATE, id_problem, stable_uuid
 from tidegraph.records.times import iso, utc
 
 MAX_CONTENT_CHARS = 200_000
@@ -30,6 +41,20 @@ MAX_ID_CHARS = 512
 
 
 MAX_GROUP_ID_CHARS = 256
+
+
+def _exact_group_id(value: str) -> str:
+    problem = id_problem(value)
+    if problem is not None:
+        raise ValueError(f"group id {value[:80]!r} {problem}; send it exactly, without them")
+    return value
+
+
+# A group id (tenant) as every way in takes it: 1-256 characters, kept exactly as sent (the
+# worker's rule: ``id_problem``).
+GroupId = Annotated[
+    str, Field(min_length=1, max_length=MAX_GROUP_ID_CHARS), AfterValidator(_exact_group_id)
+]
 
 
 # Objects and arrays nested deeper than this are refused before anything recursive (pydantic,
@@ -59,16 +84,20 @@ def json_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
 class Episode(BaseModel):
     """The input envelope (docs/streaming.md "Topics"). Kafka key = group_id.
 
-    ``id`` and ``group_id`` are kept exactly as sent: padding or control characters are
-    refused, never trimmed (trimming would merge tenant "X " into "X"). A numeric
-    ``reference_time`` is epoch seconds. Validation never raises anything but pydantic's
-    ValidationError; custom problems carry their dead-letter reason as the error type."""
+    ``id`` (also read as ``episode_id``, the name the HTTP API and MCP use) and ``group_id``
+    are kept exactly as sent: padding or control characters are refused, never trimmed
+    (trimming would merge tenant "X " into "X"). ``source`` may be left out: ``json`` for an
+    object, ``message`` for text. A numeric ``reference_time`` is epoch seconds. Validation
+    never raises anything but pydantic's ValidationError; custom problems carry their
+    dead-letter reason as the error type."""
 
     # Frozen: its uuid and content hash are computed once (an episode passes through every
     # stage, each asking for them).
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
 
-    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    id: str = Field(
+        min_length=1, max_length=MAX_ID_CHARS, validation_alias=AliasChoices("id", "episode_id")
+    )
     group_id: str = Field(min_length=1, max_length=MAX_GROUP_ID_CHARS)
     source: Literal["message", "text", "json"]
     name: str = Field("", max_length=MAX_NAME_CHARS)
@@ -76,17 +105,42 @@ class Episode(BaseModel):
     content: str | dict[str, Any]
     reference_time: datetime
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_each(cls, data: Any) -> Any:
+        """``episode_id`` is another name of ``id`` (never both); ``source`` follows from the
+        content when left out."""
+        if not isinstance(data, dict):
+            return data
+        if "id" in data and "episode_id" in data:
+            raise PydanticCustomError(
+                "invalid_id", "give the episode's id once: id or episode_id, not both"
+            )
+        if "source" not in data and "content" in data:
+            data = {**data, "source": "json" if isinstance(data["content"], dict) else "message"}
+        return data
+
     @field_validator("id", "group_id", mode="before")
     @classmethod
     def _exact_id(cls, v: Any, info: Any) -> Any:
-        if isinstance(v, str) and (v != v.strip() or _CONTROL.search(v)):
+        problem = id_problem(v) if isinstance(v, str) else None
+        if problem is not None:
             reason = "invalid_id" if info.field_name == "id" else "invalid_group_id"
             raise PydanticCustomError(
                 reason,
-                "{field} {value} has leading/trailing spaces or control characters; it is "
-                "kept exactly as sent, so send it without them",
-                {"field": info.field_name, "value": repr(v[:80])},
+                "{field} {value} {problem}; it is kept exactly as sent, so send it without them",
+                {"field": info.field_name, "value": repr(v[:80]), "problem": problem},
             )
+        return v
+
+    @field_validator("name", "source_description", mode="before")
+    @classmethod
+    def _text(cls, v: Any, info: Any) -> Any:
+        if isinstance(v, str) and SURROGATE.search(v):
+            raise PydanticCustomError(
+                "invalid_utf8", "{field} has a lone UTF-16 surrogate (not text)",
+                {"field": info.field_name},
+            )  # fmt: skip
         return v
 
     @field_validator("reference_time", mode="before")
@@ -135,10 +189,20 @@ class Episode(BaseModel):
                 raise PydanticCustomError(
                     "too_deep", "content nests more than {limit} levels", {"limit": MAX_JSON_DEPTH}
                 )
-            size = len(_canonical_json(v))
+            try:
+                size = len(_canonical_json(v))
+            except (TypeError, ValueError) as exc:  # a surrogate, a 5,000-digit integer
+                raise PydanticCustomError(
+                    "invalid_content", "content cannot be written as JSON: {error}",
+                    {"error": str(exc)[:200]},
+                ) from None  # fmt: skip
         elif isinstance(v, str):
             if not v.strip():
                 raise PydanticCustomError("invalid_content", "content is empty")
+            if SURROGATE.search(v):
+                raise PydanticCustomError(
+                    "invalid_utf8", "content has a lone UTF-16 surrogate (not text)"
+                )
             size = len(v)
         else:
             return v  # pydantic refuses it with its own type error
@@ -190,7 +254,7 @@ _NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
 
 
 def _canonical_json(value: Any) -> str:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    return jsontext.dumps(value, sort_keys=True).decode()
 
 
 # pydantic's error types that name a reason by themselves (Episode's own checks raise their
@@ -198,7 +262,15 @@ def _canonical_json(value: Any) -> str:
 _PYDANTIC_REASONS = {"missing": "missing_field", "extra_forbidden": "unknown_field"}
 # The error types Episode's own checks raise: each is its dead-letter reason.
 CUSTOM_REASONS = frozenset(
-    {"invalid_id", "invalid_group_id", "bad_timestamp", "too_deep", "oversized", "invalid_content"}
+    {
+        "invalid_id",
+        "invalid_group_id",
+        "bad_timestamp",
+        "too_deep",
+        "oversized",
+        "invalid_content",
+        "invalid_utf8",
+    }
 )
 
 
@@ -232,7 +304,7 @@ def _parse_episode(raw: bytes | str | dict[str, Any]) -> Episode:
         if not raw.strip():
             raise InvalidEpisode("the record is empty", reason="empty_record")
         try:
-            data = orjson.loads(raw)
+            data = jsontext.loads(raw)
         except orjson.JSONDecodeError as exc:
             reason = "invalid_json"
             # orjson says "str is not valid UTF-8" for bytes that are not UTF-8; a leading

@@ -21,6 +21,20 @@ LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
 
 # Control characters (C0, DEL, C1): never part of an id or a group id.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# A lone UTF-16 surrogate (Python text decoded from "\\ud800" by a lenient JSON parser): not
+# text, it cannot be written as UTF-8.
+SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def id_problem(value: str) -> str | None:
+    """What makes ``value`` unfit as an id or a group id, kept exactly as sent (None: fit):
+    padding or control characters (trimming would merge tenant "X " into "X") or a lone
+    surrogate. The one rule of every way in (the worker, ``ingest``, HTTP, MCP, Python)."""
+    if value != value.strip() or _CONTROL.search(value):
+        return "has leading/trailing spaces or control characters"
+    if SURROGATE.search(value):
+        return "has a lone UTF-16 surrogate (not text)"
+    return None
 
 
 @functools.lru_cache(maxsize=1 << 16)

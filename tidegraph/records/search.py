@@ -1,4 +1,6 @@
-"""What memory retrieval reads and answers (docs/retrieval.md "Memory retrieval"): the question
+"""What memory retrieval reads and answers (docs/retrieval.md "Memory retrieval"): the request
+(``SearchRequest``, the one value a search travels as from the CLI, HTTP and MCP through the
+service and ``Memory`` to ``tidegraph.recall.search.Searcher``), the question the stores answer
 (``SearchScope``), one scored candidate (``Hit``) and the JSON line a result prints as.
 
 Search methods (the stores) return hits; rerankers reorder them; the context builder turns
@@ -11,13 +13,50 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from tidegraph.records.asof import AsOf
+from tidegraph.records.episode import GroupId
 from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
 
 Kind = Literal["fact", "entity", "episode", "community"]
 KINDS: tuple[Kind, ...] = ("fact", "entity", "episode", "community")
 
 Record = FactRecord | EntityRecord | EpisodeRecord | CommunityRecord
+
+DEFAULT_RECIPE = "combined"  # the recipes are tidegraph/recall/recipes.py
+MAX_QUERY_CHARS = 2000
+MAX_LIMIT = 100
+MAX_GROUPS = 64
+
+
+class SearchQuery(BaseModel):
+    """What to recall and how to rank it: the part of a search every caller spells the same
+    way (the HTTP and MCP bodies extend it with their own scope and times)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="What to recall.")
+    recipe: str = Field(DEFAULT_RECIPE, description="Search recipe (docs/retrieval.md: Recipes).")
+    limit: int | None = Field(
+        None, ge=1, le=MAX_LIMIT, description="Results per kind (default: the recipe's)."
+    )
+    include_invalid: bool = Field(False, description="Also facts that have ended.")
+    centre: str | None = Field(
+        None, max_length=256, description="Entity uuid the distance recipes rank from."
+    )
+
+
+class SearchRequest(SearchQuery):
+    """One memory search: ``query`` in the memory of ``group_ids``, valid at ``valid_at`` as
+    believed at ``known_at`` (both default to now; with no ``valid_at`` a time phrase in the
+    query sets it)."""
+
+    group_ids: tuple[GroupId, ...] = Field(
+        min_length=1, max_length=MAX_GROUPS, description="Whose memory (tenants) to search."
+    )
+    valid_at: datetime | None = Field(None, description="Valid at this time (default: now).")
+    known_at: datetime | None = Field(None, description="As known at this time (default: now).")
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,13 @@ class GraphStore(abc.ABC):
 
         Raises a clear error if existing vector indexes have another dimension."""
 
+    async def open_existing(self, embedding_dim: int) -> bool:
+        """Use the graph already there, to read it: False when there is none (nothing is
+        created or changed), True when there is one (its vectors checked to have
+        ``embedding_dim``). Stores without a place of their own set themselves up."""
+        await self.setup(embedding_dim)
+        return True
+
     @abc.abstractmethod
     async def close(self) -> None: ...
 

@@ -11,9 +11,12 @@ import re
 
 # Search text is cut to this many words (Lucene refuses queries of more than 1024 clauses).
 MAX_SEARCH_WORDS = 64
-# Where search text is split (digits and ASCII punctuation never match), the same for every
-# store.
-_SEARCH_SEPARATORS = re.compile(r"""[0-9!@#$%^&*()_+={}\[\]:;<>,.?~\\/|'"`\-\s]+""")
+# Where search text is split (digits, ASCII punctuation and control characters never match),
+# the same for every store: a NUL or another control byte is a separator, never part of a
+# word (SQLite's FTS5 refused a query holding one).
+_SEARCH_SEPARATORS = re.compile(
+    r"""[0-9!@#$%^&*()_+={}\[\]:;<>,.?~\\/|'"`\-\s\x00-\x1f\x7f-\x9f]+"""
+)
 _LUCENE_SPECIAL = re.compile(r'([+\-!(){}\[\]^"~*?:\\/&|])')
 # English stop words, dropped from every search (a superset of Lucene's English stop set, the
 # list the first embedded store's fulltext index used): a search matches on the words that

@@ -6,13 +6,14 @@
 With ``--json`` one object per line: ``{"uuid", "name", "summary", "members": [names],
 "size"}``, largest community first.
 
-Registered by ``tidegraph.app.cli.main`` as ``app.add_typer(communities_app, name="communities")``.
+Importing this module registers ``communities`` on ``tidegraph.app.cli.main.app``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -20,13 +21,23 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tidegraph.settings import get_settings
+from tidegraph.app.cli.main import (
+    app,
+    data_dir_option,
+    get_settings,
+    group_option,
+    json_option,
+    open_reading,
+    use_data_dir,
+)
 
 communities_app = typer.Typer(
     help="Communities of entities (label propagation + neighbour-majority assignment).",
     no_args_is_help=True,
     invoke_without_command=True,
+    rich_markup_mode=None,
 )
+app.add_typer(communities_app, name="communities")
 console = Console()
 
 
@@ -36,29 +47,33 @@ def communities(
     group: str | None = typer.Option(
         None, "--group", help="Group id (tenant): list its communities."
     ),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+    as_json: bool = json_option(),
+    data_dir: Path | None = data_dir_option(),
 ) -> None:
     """Communities of entities: `tidegraph communities --group G [--json]` lists a group's
     communities (as the `list` command does)."""
     if ctx.invoked_subcommand is not None:
-        if group is not None or as_json:
+        if group is not None or as_json or data_dir is not None:
             raise typer.BadParameter(
-                f"give --group/--json after the command: tidegraph communities "
+                f"give --group/--json/--data-dir after the command: tidegraph communities "
                 f"{ctx.invoked_subcommand} --group G"
             )
         return
     if group is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(2)
+    use_data_dir(data_dir)
     _print(group, as_json)
 
 
 @communities_app.command("list")
 def list_communities(
-    group: str = typer.Option(..., "--group", help="Group id (tenant)."),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+    group: str = group_option(),
+    as_json: bool = json_option(),
+    data_dir: Path | None = data_dir_option(),
 ) -> None:
     """The group's communities with their members' names, largest first."""
+    use_data_dir(data_dir)
     _print(group, as_json)
 
 
@@ -75,15 +90,11 @@ def _print(group: str, as_json: bool) -> None:
 
 
 async def _rows(group: str) -> list[dict[str, Any]]:
-    from tidegraph.stores import open_store
-
-    store = open_store(get_settings())
-    try:
-        communities = await store.communities(group)
+    async with await open_reading() as memory:
+        communities = await memory.store.communities(group)
         members = sorted({m for c in communities for m in c.members})
-        names = {e.uuid: e.name for e in await store.entities_by_uuids(group, members)}
-    finally:
-        await store.close()
+        found = await memory.store.entities_by_uuids(group, members)
+    names = {e.uuid: e.name for e in found}
     rows = [
         {
             "uuid": c.uuid,
@@ -99,7 +110,7 @@ async def _rows(group: str) -> list[dict[str, Any]]:
 
 @communities_app.command("refresh")
 def refresh(
-    group: str = typer.Option(..., "--group", help="Group id (tenant)."),
+    group: str = group_option(),
     seed: int = typer.Option(0, help="Label propagation seed."),
     max_iterations: int = typer.Option(30, help="Label propagation sweep cap."),
 ) -> None:

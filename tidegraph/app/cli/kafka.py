@@ -20,13 +20,16 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tidegraph.app.cli.main import _when, app, console, err
-from tidegraph.settings import Settings, get_settings
+from tidegraph.app.cli.main import _when, app, console, err, get_settings
+from tidegraph.settings import Settings
 
 if TYPE_CHECKING:
     from tidegraph.topics.client import ProduceReport
 
-dlq_app = typer.Typer(help="Dead letters: records the pipeline gave up on, and their replay.")
+dlq_app = typer.Typer(
+    help="Dead letters: records the pipeline gave up on, and their replay.",
+    rich_markup_mode=None,
+)
 app.add_typer(dlq_app, name="dlq")
 
 

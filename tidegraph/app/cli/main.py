@@ -1,27 +1,103 @@
-"""The ``tidegraph`` command."""
+"""The ``tidegraph`` command. ``main`` is its entry point: a failure it cannot go on from is one
+line on stderr (``tidegraph.app.cli.errors``), never a traceback."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import sys
+import traceback
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import orjson
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tidegraph.settings import Settings, get_settings
+from tidegraph.settings import Settings
+from tidegraph.settings import get_settings as _environment_settings
 
 app = typer.Typer(
     help="tidegraph: event feeds -> bi-temporal knowledge graph (Kafka, Faust, Neo4j).",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # plain help: no "<bool>" after flags, docstrings rewrapped
 )
 console = Console()
 err = Console(stderr=True)
+
+# The data folder a command was given (--data-dir), over TIDEGRAPH_DATA_DIR.
+_data_dir: Path | None = None
+
+
+def get_settings() -> Settings:
+    """The environment's settings, with the command's ``--data-dir`` when it has one."""
+    settings = _environment_settings()
+    if _data_dir is not None:
+        return settings.model_copy(update={"data_dir": _data_dir})
+    return settings
+
+
+def group_option() -> Any:
+    return typer.Option(..., "--group", help="Group id (tenant).")
+
+
+def json_option() -> Any:
+    return typer.Option(False, "--json", help="JSON lines.")
+
+
+def data_dir_option() -> Any:
+    return typer.Option(
+        None,
+        "--data-dir",
+        file_okay=False,
+        help="Folder of the embedded store (default: TIDEGRAPH_DATA_DIR, else .tidegraph).",
+    )
+
+
+def use_data_dir(folder: Path | None) -> None:
+    global _data_dir
+    _data_dir = folder
+
+
+def _version(show: bool) -> None:
+    if show:
+        try:
+            typer.echo(f"tidegraph {version('tidegraph')}")
+        except PackageNotFoundError:  # pragma: no cover - running from a source tree
+            typer.echo("tidegraph (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """tidegraph: event feeds -> bi-temporal knowledge graph (Kafka, Faust, Neo4j)."""
+
+
+def main() -> None:
+    """The console entry point: the command, and one line instead of a traceback."""
+    for name in ("aiokafka", "neo4j"):  # unconfigured, their errors would print as they occur
+        logging.getLogger(name).addHandler(logging.NullHandler())
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:
+        from tidegraph.app.cli.errors import explain
+
+        settings = get_settings()
+        if settings.log_level.upper() == "DEBUG":
+            traceback.print_exc()
+        sys.stderr.write(f"error: {explain(exc, settings)}\n")  # one line, never wrapped
+        sys.exit(1)
 
 
 def _setup_logging() -> None:
@@ -146,50 +222,72 @@ def _when(value: str | None, option: str) -> datetime | None:
     return parsed
 
 
+async def open_reading() -> Any:
+    """The configured memory, read-only: no LLM client, no mapping, nothing created."""
+    from tidegraph.app.memory import Memory
+
+    return await Memory.open(get_settings(), read_only=True)
+
+
+def when_text(value: str | None) -> str:
+    """A stored time as a table shows it: the day, and the minute when it is not midnight."""
+    if not value:
+        return ""
+    at = datetime.fromisoformat(value).astimezone(UTC)
+    return at.strftime("%Y-%m-%d" if at.time() == datetime.min.time() else "%Y-%m-%d %H:%MZ")
+
+
+def interval(valid_at: str | None, invalid_at: str | None) -> str:
+    return f"{when_text(valid_at)} – {when_text(invalid_at) or 'now'}"
+
+
 @app.command()
 def facts(
-    group: str = typer.Option(..., "--group", help="Group id (tenant)."),
+    group: str = group_option(),
     valid_at: str | None = typer.Option(None, "--valid-at", help="Valid at T (default: now)."),
     known_at: str | None = typer.Option(None, "--known-at", help="As believed at K."),
     history: bool = typer.Option(False, "--history", help="Every fact, valid or not."),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+    as_json: bool = json_option(),
+    data_dir: Path | None = data_dir_option(),
 ) -> None:
     """Facts valid at T as believed at K (docs/architecture.md "Two timelines")."""
-    views = asyncio.run(
-        _query_facts(group, _when(valid_at, "--valid-at"), _when(known_at, "--known-at"), history)
-    )
+    use_data_dir(data_dir)
+    valid, known = _when(valid_at, "--valid-at"), _when(known_at, "--known-at")
+
+    async def read() -> Any:
+        async with await open_reading() as memory:
+            return await memory.facts(
+                group, valid_at=valid, known_at=known, include_invalid=history
+            )
+
+    views = asyncio.run(read())
     if as_json:
         for view in views:
             sys.stdout.write(orjson.dumps(view.model_dump()).decode() + "\n")
         return
-    table = Table("subject", "relation", "object", "valid", "invalid", "fact")
+    table = Table("subject", "relation", "object", "valid", "fact")
+    table.columns[3].no_wrap = True
     for v in views:
-        table.add_row(v.subject, v.relation, v.object, v.valid_at or "", v.invalid_at or "", v.fact)
+        table.add_row(v.subject, v.relation, v.object, interval(v.valid_at, v.invalid_at), v.fact)
     console.print(table)
-
-
-async def _query_facts(group: str, valid_at, known_at, history: bool):
-    from tidegraph.stores import open_store
-
-    store = open_store(get_settings())
-    try:
-        return await store.query_facts(
-            group, valid_at=valid_at, known_at=known_at, include_invalid=history
-        )
-    finally:
-        await store.close()
 
 
 @app.command()
 def entities(
-    group: str = typer.Option(..., "--group", help="Group id (tenant)."),
-    as_json: bool = typer.Option(False, "--json", help="JSON lines."),
+    group: str = group_option(),
+    as_json: bool = json_option(),
+    data_dir: Path | None = data_dir_option(),
 ) -> None:
     """The group's entities."""
-    records = asyncio.run(_list_entities(group))
+    use_data_dir(data_dir)
+
+    async def read() -> Any:
+        async with await open_reading() as memory:
+            return await memory.entities(group)
+
     rows = [
         {"uuid": r.uuid, "name": r.name, "labels": r.labels, "summary": r.summary, "key": r.key}
-        for r in records
+        for r in asyncio.run(read())
     ]
     if as_json:
         for row in rows:
@@ -201,29 +299,13 @@ def entities(
     console.print(table)
 
 
-async def _list_entities(group: str):
-    from tidegraph.stores import open_store
-
-    store = open_store(get_settings())
-    try:
-        return await store.list_entities(group)
-    finally:
-        await store.close()
-
-
-from tidegraph.app.cli.communities import communities_app  # noqa: E402
-
-app.add_typer(communities_app, name="communities")
+# The other commands live in their own modules; importing one registers its commands on `app`.
+from tidegraph.app.cli import communities as _cli_communities  # noqa: E402,F401
 
 # Kafka commands (worker, produce, dlq) live in their own module.
 from tidegraph.app.cli import kafka as _cli_kafka  # noqa: E402,F401  (registers commands on `app`)
 from tidegraph.app.cli import search as _cli_memory  # noqa: E402,F401  (search, extract)
 from tidegraph.app.cli import serve as _cli_serve  # noqa: E402,F401  (serve, mcp)
-
-
-def main() -> None:  # pragma: no cover - console entry point
-    app()
-
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,18 @@ import orjson
 import typer
 from rich.table import Table
 
-from tidegraph.app.cli.main import app, console, err, get_settings
+from tidegraph.app.cli.main import (
+    app,
+    console,
+    data_dir_option,
+    err,
+    get_settings,
+    interval,
+    open_reading,
+    use_data_dir,
+)
 from tidegraph.recall.recipes import recipe_problem, recipes_help
+from tidegraph.records.search import DEFAULT_RECIPE, MAX_LIMIT, SearchRequest
 
 _RECIPES_HELP = "Recipes (--recipe; the first is the default):\n\n" + "\n\n".join(
     recipes_help().splitlines()
@@ -34,12 +43,14 @@ def search(
     valid_at: str | None = typer.Option(None, "--valid-at", help="Valid at T (default: now)."),
     known_at: str | None = typer.Option(None, "--known-at", help="As known at K (default: now)."),
     recipe: str = typer.Option(
-        "combined", "--recipe", help="Search recipe (listed below; docs/retrieval.md)."
+        DEFAULT_RECIPE, "--recipe", help="Search recipe (listed below; docs/retrieval.md)."
     ),
     centre: str | None = typer.Option(
         None, "--centre", help="Entity uuid the distance recipes rank from."
     ),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Results per kind."),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, max=MAX_LIMIT, help="Results per kind."
+    ),
     history: bool = typer.Option(False, "--history", help="Also facts that have ended."),
     as_json: bool = typer.Option(False, "--json", help="JSON lines, one per result."),
     context: bool = typer.Option(False, "--context", help="Print the agent's context string."),
@@ -51,11 +62,15 @@ def search(
         dir_okay=False,
         help='JSON lines {"id", "query", "valid_at"?, "known_at"?}: each answered, JSON out.',
     ),
+    data_dir: Path | None = data_dir_option(),
 ) -> None:
     """Search the memory of the given groups: facts (valid at T as known at K), entities,
     episodes and community summaries, fused and reranked by the recipe."""
+    from pydantic import ValidationError
+
     from tidegraph.app.cli.main import _when
 
+    use_data_dir(data_dir)
     if (query is None) == (queries is None):
         raise typer.BadParameter("give a query or --queries FILE (one of the two)")
     settings = get_settings()
@@ -66,34 +81,35 @@ def search(
     )
     if problem is not None:  # said before anything is opened
         raise typer.BadParameter(problem, param_hint="--recipe")
-    options = {
-        "group_ids": group,
-        "recipe": recipe,
-        "centre": centre,
-        "limit": limit,
-        "include_invalid": history,
-    }
-    if queries is not None:
-        batch = _read_queries(queries)
-        asyncio.run(_run_batch(batch, options))
-        return
-    assert query is not None
-    asyncio.run(
-        _run_one(
-            query,
-            {
-                **options,
-                "valid_at": _when(valid_at, "--valid-at"),
-                "known_at": _when(known_at, "--known-at"),
-            },
-            as_json=as_json,
-            context=context,
-            max_chars=max_chars,
+    try:
+        request = SearchRequest(
+            query=query or "(each of --queries)",
+            group_ids=group,
+            valid_at=_when(valid_at, "--valid-at"),
+            known_at=_when(known_at, "--known-at"),
+            include_invalid=history,
+            recipe=recipe,
+            limit=limit,
+            centre=centre,
         )
-    )
+    except ValidationError as exc:
+        raise typer.BadParameter(_first_problem(exc)) from None
+    if queries is not None:
+        asyncio.run(_run_batch(_read_queries(queries, request)))
+        return
+    asyncio.run(_run_one(request, as_json=as_json, context=context, max_chars=max_chars))
 
 
-def _read_queries(path: Path) -> list[dict[str, Any]]:
+def _first_problem(exc: Any) -> str:
+    error = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in error["loc"])
+    return f"{where}: {error['msg']}" if where else str(error["msg"])
+
+
+def _read_queries(path: Path, base: SearchRequest) -> list[tuple[str, SearchRequest]]:
+    """Each line's id and request: ``base`` with the line's query and times."""
+    from pydantic import ValidationError
+
     from tidegraph.app.cli.main import _when
 
     batch = []
@@ -106,33 +122,27 @@ def _read_queries(path: Path) -> list[dict[str, Any]]:
             raise typer.BadParameter(f"{path}:{n}: not JSON ({exc})") from None
         if not isinstance(item, dict) or not isinstance(item.get("query"), str):
             raise typer.BadParameter(f'{path}:{n}: needs {{"id", "query"}}')
-        batch.append(
-            {
-                "id": str(item.get("id", n)),
-                "query": item["query"],
-                "valid_at": _when(item.get("valid_at"), f"{path}:{n} valid_at"),
-                "known_at": _when(item.get("known_at"), f"{path}:{n} known_at"),
-            }
-        )
+        asked = {
+            "query": item["query"],
+            "valid_at": _when(item.get("valid_at"), f"{path}:{n} valid_at"),
+            "known_at": _when(item.get("known_at"), f"{path}:{n} known_at"),
+        }
+        try:
+            request = SearchRequest.model_validate({**base.model_dump(), **asked})
+        except ValidationError as exc:
+            raise typer.BadParameter(f"{path}:{n}: {_first_problem(exc)}") from None
+        batch.append((str(item.get("id", n)), request))
     return batch
 
 
-async def _open_memory() -> Any:
-    from tidegraph.app.memory import Memory
-
-    return await Memory.open(get_settings())
-
-
-async def _run_one(
-    query: str, options: dict[str, Any], *, as_json: bool, context: bool, max_chars: int
-) -> None:
+async def _run_one(request: SearchRequest, *, as_json: bool, context: bool, max_chars: int) -> None:
     from tidegraph.recall.context import build_context
 
-    memory = await _open_memory()
-    try:
-        results = await memory.search(query, **options)
-    finally:
-        await memory.close()
+    async with await open_reading() as memory:
+        results = await memory.search(request)
+        note = await memory.missing_facts_note(results)
+    if note:
+        err.print(f"note: {note}", highlight=False)
     if context:
         sys.stdout.write(build_context(results, max_chars=max_chars) + "\n")
         return
@@ -145,11 +155,10 @@ async def _run_one(
         err.print("nothing found")
         return
     table = Table("rank", "kind", "score", "text", "valid", "episodes")
+    table.columns[4].no_wrap = True
     for rank, hit in enumerate(hits, 1):
         line = hit.as_json(rank)
-        valid = ""
-        if hit.kind == "fact":
-            valid = f"{_day(line['valid_at'])} – {_day(line['invalid_at']) or 'now'}"
+        valid = interval(line["valid_at"], line["invalid_at"]) if hit.kind == "fact" else ""
         sources = line.get("episodes") or [line.get("episode_id", "")]
         table.add_row(
             str(rank), hit.kind, f"{hit.score:.3f}", hit.text[:120], valid, ", ".join(sources[:3])
@@ -157,24 +166,13 @@ async def _run_one(
     console.print(table)
 
 
-async def _run_batch(batch: list[dict[str, Any]], options: dict[str, Any]) -> None:
-    memory = await _open_memory()
-    try:
-        for item in batch:
-            results = await memory.search(
-                item["query"], valid_at=item["valid_at"], known_at=item["known_at"], **options
-            )
+async def _run_batch(batch: list[tuple[str, SearchRequest]]) -> None:
+    async with await open_reading() as memory:
+        for query_id, request in batch:
+            results = await memory.search(request)
             for rank, hit in enumerate(results.all(), 1):
-                line = hit.as_json(rank, query_id=item["id"])
+                line = hit.as_json(rank, query_id=query_id)
                 sys.stdout.write(orjson.dumps(line).decode() + "\n")
-    finally:
-        await memory.close()
-
-
-def _day(value: str | None) -> str:
-    if not value:
-        return ""
-    return datetime.fromisoformat(value).astimezone(UTC).date().isoformat()
 
 
 # ----------------------------------------------------------------------------- extract

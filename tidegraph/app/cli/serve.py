@@ -49,7 +49,7 @@ def _announce(keys: KeyRing, host: str, port: int, what: str) -> None:
         )
 
 
-async def open_service(via: str, mapping: Path | None, wait_seconds: float) -> Any:
+async def open_service(via: str, mapping: Path | None, serve_settings: ServeSettings) -> Any:
     from tidegraph.app.memory import Memory
     from tidegraph.app.serving.service import MemoryService
 
@@ -59,7 +59,11 @@ async def open_service(via: str, mapping: Path | None, wait_seconds: float) -> A
         via="kafka" if via == "kafka" else "process",
         mapping_path=str(mapping) if mapping else None,
     )
-    return MemoryService(memory, wait_seconds=wait_seconds)
+    return MemoryService(
+        memory,
+        wait_seconds=serve_settings.serve_wait_seconds,
+        waits_per_key=serve_settings.serve_waits_per_key,
+    )
 
 
 @app.command()
@@ -80,6 +84,7 @@ def serve(
     import uvicorn
 
     from tidegraph.app.serving.http_api import create_app
+    from tidegraph.app.serving.server import uvicorn_config
 
     _setup_logging()
     serve_settings = ServeSettings()
@@ -93,17 +98,23 @@ def serve(
     _announce(keys, bind, the_port, f"tidegraph serve (via {chosen_via})")
 
     async def opened() -> Any:
-        return await open_service(chosen_via, mapping, serve_settings.serve_wait_seconds)
+        return await open_service(chosen_via, mapping, serve_settings)
 
-    web = create_app(opened, keys, max_body_bytes=serve_settings.serve_max_body_bytes)
-    uvicorn.run(
+    web = create_app(
+        opened,
+        keys,
+        max_body_bytes=serve_settings.serve_max_body_bytes,
+        body_timeout_seconds=serve_settings.serve_body_timeout_seconds,
+    )
+    config = uvicorn_config(
         web,
-        host=bind,
-        port=the_port,
+        bind,
+        the_port,
+        serve_settings,
         log_level=get_settings().log_level.lower(),
         access_log=False,  # the server logs each request itself (route, status, key id)
-        server_header=False,
     )
+    uvicorn.Server(config).run()
 
 
 @app.command()
@@ -145,7 +156,7 @@ def mcp(
         raise typer.BadParameter("name the groups the tools may use: --group ID (repeat)")
 
     async def opened() -> Any:
-        return await open_service(chosen_via, mapping, serve_settings.serve_wait_seconds)
+        return await open_service(chosen_via, mapping, serve_settings)
 
     holder = Holder(opened)
     scoping = Scoping(keys if transport == "http" else KeyRing({}), group or None)
@@ -154,7 +165,10 @@ def mcp(
         return
     import uvicorn
 
+    from tidegraph.app.serving.server import uvicorn_config
+
     bind = _bind_host(host, keys, "tidegraph mcp")
     _announce(keys, bind, port, "tidegraph mcp (streamable HTTP at /mcp)")
     server = build_mcp(holder, scoping, stdio=False, host=bind, port=port)
-    uvicorn.run(http_app(server, keys, holder), host=bind, port=port, log_level="warning")
+    app = http_app(server, keys, holder, serve_settings)
+    uvicorn.Server(uvicorn_config(app, bind, port, serve_settings, log_level="warning")).run()

@@ -11,19 +11,33 @@ for another group fails with an error naming the group.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, TypeVar
 
+import anyio
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
+from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tidegraph.app.serving.models import AddEpisodeIn, ContextIn, SearchIn, send_error
+from tidegraph.app.serving.models import (
+    AddEpisodeIn,
+    ContextIn,
+    FactsIn,
+    SearchIn,
+    send_error,
+)
+from tidegraph.app.serving.server import BodyGuard
 from tidegraph.app.serving.service import MemoryService, ServiceError
-from tidegraph.app.serving.settings import KeyRing, Principal, bearer_or_header
+from tidegraph.app.serving.settings import KeyRing, Principal, ServeSettings, bearer_or_header
 from tidegraph.metrics import MCP_TOOL_CALLS
+from tidegraph.records import jsontext
+
+M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
 
 log = logging.getLogger("tidegraph.mcp")
 
@@ -33,6 +47,22 @@ when it was learned. Add what happens with add_memory, always with its reference
 happened, ISO 8601). Recall with get_context (a ready-to-read summary) or search_facts /
 search_entities / search_episodes; facts_as_of lists what was true at a moment. To read your
 own write, pass the token add_memory returned as wait_for."""
+
+
+class ClosedStreamIsNoError(logging.Filter):
+    """The SDK (mcp 1.30, ``streamable_http.standalone_sse_writer``) logs a traceback when a
+    client ends its session while its notification stream is open (anyio's
+    ClosedResourceError): an ordinary close, logged here as one DEBUG line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, anyio.ClosedResourceError):
+            log.debug("an MCP client closed its stream: %s", record.getMessage())
+            return False
+        return True
+
+
+logging.getLogger("mcp.server.streamable_http").addFilter(ClosedStreamIsNoError())
 
 
 class Scoping:
@@ -48,7 +78,7 @@ class Scoping:
         if request is None or not self.keys.enabled:  # stdio, or HTTP on loopback without keys
             if self.groups is None:
                 raise ToolError("this MCP server was started without --group: it serves none")
-            return Principal(self.groups, "mcp")
+            return Principal(self.groups, "mcp", server_scope=True)
         headers = getattr(request, "headers", {})
         found = self.keys.principal(
             bearer_or_header(headers.get("authorization"), headers.get("x-api-key"))
@@ -116,131 +146,88 @@ def build_mcp(
         MCP_TOOL_CALLS.labels(tool, "ok").inc()
         return result
 
-    @mcp.tool()
-    async def add_memory(
-        content: str,
-        reference_time: str,
-        ctx: Context[Any, Any, Any],
-        group_id: str | None = None,
-        source: Literal["message", "text", "json"] = "message",
-        name: str = "",
-        episode_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Remember an episode (a message, a note, or a JSON record as text with
-        source=json). reference_time: when it happened (ISO 8601), required. Returns its
-        status and a token: pass the token as wait_for to read this write."""
+    def add(tool: str, model: type[M], run: Callable[[MemoryService, Principal, M], Awaitable[R]],
+            returns: Any, description: str, **fixed: Any) -> None:  # fmt: skip
+        """A tool whose arguments are ``model``'s fields (those not ``fixed``): the request
+        models of the HTTP API, so a tool and its route take the same words."""
 
-        async def run(svc: MemoryService, who: Principal) -> dict[str, Any]:
-            body: Any = content
-            if source == "json":
-                import orjson
+        async def handler(ctx: Context[Any, Any, Any], **arguments: Any) -> Any:
+            async def run_one(svc: MemoryService, who: Principal) -> Any:
+                return await run(svc, who, model.model_validate({**arguments, **fixed}))
 
-                try:
-                    body = orjson.loads(content)
-                except orjson.JSONDecodeError as exc:
-                    raise ToolError(f"content is not JSON (source=json): {exc}") from None
-            request = AddEpisodeIn(
-                content=body,
-                reference_time=reference_time,
-                group_id=group_id,
-                source=source,
-                name=name,
-                episode_id=episode_id,
-            )
-            result, token = await svc.add(who, request)
-            return {**result.as_json(), "token": token}
+            return await call(tool, ctx, run_one)
 
-        return await call("add_memory", ctx, run)
+        handler.__name__ = tool
+        handler.__signature__ = _signature(model, fixed, returns)  # type: ignore[attr-defined]
+        handler.__annotations__ = {
+            **{p.name: p.annotation for p in handler.__signature__.parameters.values()},  # type: ignore[attr-defined]
+            "return": returns,
+        }
+        mcp.tool(name=tool, description=description)(handler)
 
-    def searcher(tool: str, recipe: str) -> Callable[..., Awaitable[list[dict[str, Any]]]]:
-        async def search(
-            query: str,
-            ctx: Context[Any, Any, Any],
-            group_ids: list[str] | None = None,
-            valid_at: str | None = None,
-            known_at: str | None = None,
-            limit: int = 10,
-            include_invalid: bool = False,
-            wait_for: list[str] | None = None,
-        ) -> list[dict[str, Any]]:
-            async def run(svc: MemoryService, who: Principal) -> list[dict[str, Any]]:
-                body = SearchIn(
-                    query=query,
-                    group_ids=group_ids,
-                    valid_at=valid_at,
-                    known_at=known_at,
-                    recipe=recipe,
-                    limit=limit,
-                    include_invalid=include_invalid,
-                    wait_for=wait_for or [],
-                )
-                return list((await svc.search(who, body))["results"])
+    async def add_memory(svc: MemoryService, who: Principal, body: AddEpisodeIn) -> dict[str, Any]:
+        if body.source == "json" and isinstance(body.content, str):
+            try:  # an MCP client may send the object as JSON text
+                body = body.model_copy(update={"content": jsontext.loads(body.content)})
+            except ValueError as exc:
+                raise ToolError(f"content is not JSON (source=json): {exc}") from None
+        result, token = await svc.add(who, body)
+        return {**result.as_json(), "token": token}
 
-            return await call(tool, ctx, run)
+    add(
+        "add_memory",
+        AddEpisodeIn,
+        add_memory,
+        dict[str, Any],
+        "Remember an episode (a message, a note, or a JSON record with source=json). "
+        "reference_time: when it happened (ISO 8601), required. Returns its status and a "
+        "token: pass the token as wait_for to read this write.",
+    )
 
-        return search
+    async def search(svc: MemoryService, who: Principal, body: SearchIn) -> dict[str, Any]:
+        return await svc.search(who, body)
 
-    mcp.tool(
-        name="search_facts",
-        description="Facts (subject, relation, object, with when each was true) that answer "
-        "the query, valid at valid_at as known at known_at (default now). wait_for: tokens "
-        "of add_memory to wait for.",
-    )(searcher("search_facts", "facts_rrf"))
-    mcp.tool(
-        name="search_entities",
-        description="Entities (people, companies, things) that match the query.",
-    )(searcher("search_entities", "entities_rrf"))
-    mcp.tool(
-        name="search_episodes",
-        description="Raw episodes (messages, notes, records) that match the query.",
-    )(searcher("search_episodes", "episodes_rrf"))
+    for tool, recipe, what in (
+        ("search_facts", "facts_rrf", "Facts (subject, relation, object, with when each was "
+         "true) that answer the query, valid at valid_at as known at known_at (default now)."),
+        ("search_entities", "entities_rrf", "Entities (people, companies, things) that match "
+         "the query."),
+        ("search_episodes", "episodes_rrf", "Raw episodes (messages, notes, records) that "
+         "match the query."),
+    ):  # fmt: skip
+        add(
+            tool,
+            SearchIn,
+            search,
+            dict[str, Any],
+            f"{what} Answers the hits (results) and the moment searched; note says why facts "
+            "may be missing. wait_for: tokens of add_memory to wait for.",
+            recipe=recipe,
+            centre=None,
+        )
 
-    @mcp.tool()
-    async def get_context(
-        query: str,
-        ctx: Context[Any, Any, Any],
-        group_ids: list[str] | None = None,
-        valid_at: str | None = None,
-        known_at: str | None = None,
-        max_chars: int = 4000,
-        wait_for: list[str] | None = None,
-    ) -> str:
-        """The memory relevant to the query as text to read: facts with their dates,
-        entities, communities and episode excerpts, within max_chars."""
+    async def context(svc: MemoryService, who: Principal, body: ContextIn) -> str:
+        return str((await svc.context(who, body))["context"])
 
-        async def run(svc: MemoryService, who: Principal) -> str:
-            body = ContextIn(
-                query=query,
-                group_ids=group_ids,
-                valid_at=valid_at,
-                known_at=known_at,
-                max_chars=max_chars,
-                wait_for=wait_for or [],
-            )
-            return str((await svc.context(who, body))["context"])
+    add(
+        "get_context",
+        ContextIn,
+        context,
+        str,
+        "The memory relevant to the query as text to read: facts with their dates, entities, "
+        "communities and episode excerpts, within max_chars.",
+    )
 
-        return await call("get_context", ctx, run)
+    async def facts(svc: MemoryService, who: Principal, body: FactsIn) -> list[dict[str, Any]]:
+        return await svc.facts(who, body)
 
-    @mcp.tool()
-    async def facts_as_of(
-        ctx: Context[Any, Any, Any],
-        group_id: str | None = None,
-        valid_at: str | None = None,
-        known_at: str | None = None,
-        include_invalid: bool = False,
-    ) -> list[dict[str, Any]]:
-        """Every fact of the group valid at valid_at as believed at known_at (default now)."""
-
-        async def run(svc: MemoryService, who: Principal) -> list[dict[str, Any]]:
-            return await svc.facts(
-                who,
-                group_id,
-                valid_at=valid_at,
-                known_at=known_at,
-                include_invalid=include_invalid,
-            )
-
-        return await call("facts_as_of", ctx, run)
+    add(
+        "facts_as_of",
+        FactsIn,
+        facts,
+        list[dict[str, Any]],
+        "Every fact of the group valid at valid_at as believed at known_at (default now).",
+    )
 
     @mcp.tool()
     async def episode_status(
@@ -257,6 +244,29 @@ def build_mcp(
     return mcp
 
 
+def _signature(model: type[BaseModel], fixed: dict[str, Any], returns: Any) -> inspect.Signature:
+    """``(ctx, *, <model's fields but the fixed ones>)`` with each field's type, default and
+    description: what FastMCP reads to describe and check a tool's arguments."""
+    parameters = [
+        inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context)
+    ]
+    for name, field in model.model_fields.items():
+        if name in fixed:
+            continue
+        annotation = Annotated[field.annotation, Field(description=field.description)]  # type: ignore[name-defined]
+        default = (
+            inspect.Parameter.empty
+            if field.is_required()
+            else field.get_default(call_default_factory=True)
+        )
+        parameters.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default
+            )
+        )
+    return inspect.Signature(parameters, return_annotation=returns)
+
+
 class RequireKey:
     """401 for an HTTP request without a known API key (when keys are configured)."""
 
@@ -266,7 +276,11 @@ class RequireKey:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.keys.enabled:
-            headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+            # Header values are bytes of any value: read as Latin-1 like Starlette (never a
+            # decoding error); a key with other bytes is simply unknown.
+            headers = {
+                k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+            }
             key = bearer_or_header(headers.get("authorization"), headers.get("x-api-key"))
             if self.keys.principal(key) is None:
                 message = "missing or unknown API key"
@@ -297,6 +311,14 @@ class ClosesMemory:
         await self.app(scope, receive, sending)
 
 
-def http_app(mcp: FastMCP, keys: KeyRing, holder: Holder) -> ASGIApp:
-    """The streamable HTTP app (path /mcp) behind the API-key check."""
-    return ClosesMemory(RequireKey(mcp.streamable_http_app(), keys), holder)
+def http_app(
+    mcp: FastMCP, keys: KeyRing, holder: Holder, settings: ServeSettings | None = None
+) -> ASGIApp:
+    """The streamable HTTP app (path /mcp) behind the API-key check and the body guard."""
+    settings = settings or ServeSettings()
+    guarded = BodyGuard(
+        mcp.streamable_http_app(),
+        max_bytes=settings.serve_max_body_bytes,
+        timeout=settings.serve_body_timeout_seconds,
+    )
+    return ClosesMemory(RequireKey(guarded, keys), holder)

@@ -1,23 +1,29 @@
-"""Request and response bodies of ``tidegraph serve`` (docs/serving.md "Serving memory to agents").
+"""Request and response bodies of ``tidegraph serve`` and the MCP tools (docs/serving.md
+"Serving memory to agents").
 
-Times are strings: ISO 8601 (a time without an offset is UTC), epoch seconds, or a phrase
-read relative to now ("2024-03-01", "yesterday"); a time that cannot be read is a 400 naming
-the field. Group ids default to the caller's: a key bound to one group needs none.
+A search travels as ``SearchIn`` (the caller's words: time text, groups optional) until the
+service resolves it into the one ``SearchRequest`` the searcher takes. Times are strings: ISO
+8601 (a time without an offset is UTC), epoch seconds, or a phrase read relative to now
+("2024-03-01", "yesterday"); a time that cannot be read is a 400 naming the field. Group ids
+default to the caller's: a key bound to one group needs none. Errors have one shape,
+``ErrorOut``.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from tidegraph.app.serving.settings import MAX_WAIT_SECONDS
-from tidegraph.recall.recipes import DEFAULT_RECIPE, RECIPES
+from tidegraph.recall.recipes import RECIPES
+from tidegraph.records.episode import GroupId
+from tidegraph.records.search import DEFAULT_RECIPE, MAX_GROUPS, SearchQuery, SearchRequest
 
-MAX_QUERY_CHARS = 2000
-MAX_LIMIT = 100
 MAX_TOKENS = 32
+MAX_TIME_CHARS = 100  # a longer text is no time (processors/temporal.py: MAX_TIME_TEXT)
 
 
 class Body(BaseModel):
@@ -25,7 +31,9 @@ class Body(BaseModel):
 
 
 class AddEpisodeIn(Body):
-    """One episode to remember."""
+    """One episode to remember: the envelope of ``tidegraph ingest`` and the input topic
+    (docs/streaming.md "Topics"), with ``group_id`` defaulting to the key's group and the id
+    optional."""
 
     content: str | dict[str, Any] = Field(
         description="What happened: text (source message/text) or a JSON object (source json)."
@@ -34,24 +42,33 @@ class AddEpisodeIn(Body):
         description="When it happened (ISO 8601, e.g. 2024-06-01T12:30:00Z). Required: facts "
         "are dated by it, so a missing time would silently date them to their arrival.",
         min_length=1,
-        max_length=100,
+        max_length=MAX_TIME_CHARS,
     )
-    group_id: str | None = Field(
-        None, description="Whose memory (tenant); default: the key's group when it has one."
+    group_id: GroupId | None = Field(
+        None,
+        description="Whose memory (tenant), exactly as sent; default: the key's group when it "
+        "has one.",
     )
-    source: Literal["message", "text", "json"] = Field(
-        "message", description="message (a chat turn), text or json."
-    )
+    source: Literal["message", "text", "json"] | None = Field(
+        None, description="message (a chat turn), text or json; default: json for an object, "
+        "message for text.",
+    )  # fmt: skip
     name: str = Field("", max_length=256, description="A short name for the episode.")
     source_description: str = Field("", max_length=1024, description="Where it came from.")
     episode_id: str | None = Field(
         None,
         max_length=256,
-        description="Your id for it; adding the same id again is a no-op (safe retries).",
+        validation_alias=AliasChoices("episode_id", "id"),
+        description="Your id for it (also accepted as `id`, the envelope's name); adding the "
+        "same id again is a no-op (safe retries). Default: a new one.",
     )
 
 
 class AddEpisodeOut(BaseModel):
+    """An add's answer; a failed one (422) is also the error shape (``error``,
+    ``message``)."""
+
+    error: str | None = Field(None, description="episode_failed when status is failed.")
     status: Literal["written", "skipped", "queued", "failed"]
     group_id: str
     episode_id: str
@@ -60,34 +77,67 @@ class AddEpisodeOut(BaseModel):
     topic: str | None = None
     partition: int | None = None
     offset: int | None = None
-    reason: str | None = None
+    reason: str | None = Field(None, description="Why it failed (its dead-letter reason).")
+    not_extracted: str | None = Field(
+        None,
+        description="Written as an episode (searchable) but no entities or facts come from "
+        "it yet, and why (no_llm: text needs an LLM); message says what to do.",
+    )
     message: str | None = None
 
 
-class ReadIn(Body):
-    """What every read may carry: whose memory, and the writes it must see."""
+class Waits(Body):
+    """The writes a read must see first."""
 
-    group_ids: list[str] | None = Field(
-        None, max_length=64, description="Groups to read; default: every group of the key."
-    )
     wait_for: list[str] = Field(
         default_factory=list,
         max_length=MAX_TOKENS,
-        description="Tokens of added episodes: the read waits until they are queryable.",
+        description="Tokens of added episodes (repeat the parameter in a query string): the "
+        "read waits until they are queryable.",
     )
     wait_timeout_seconds: float | None = Field(
         None, gt=0, le=MAX_WAIT_SECONDS, description="Longest wait for wait_for (default 10)."
     )
 
 
-class SearchIn(ReadIn):
-    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="What to recall.")
-    valid_at: str | None = Field(None, description="Valid at this time (default: now).")
-    known_at: str | None = Field(None, description="As known at this time (default: now).")
+class Times(Body):
+    """The moment of a read, as text (ISO 8601, epoch seconds or a phrase)."""
+
+    valid_at: str | None = Field(
+        None, max_length=MAX_TIME_CHARS, description="Valid at this time (default: now)."
+    )
+    known_at: str | None = Field(
+        None, max_length=MAX_TIME_CHARS, description="As known at this time (default: now)."
+    )
+
+
+class GroupIn(Body):
+    """A read of one group."""
+
+    group_id: GroupId | None = Field(None, description="Whose memory; default: the key's group.")
+
+
+class GroupsIn(Body):
+    """A read of several groups."""
+
+    group_ids: list[GroupId] | None = Field(
+        None,
+        max_length=MAX_GROUPS,
+        description="Groups to read (repeat the parameter in a query string); default: every "
+        "group of the key.",
+    )
+
+
+class FactsIn(GroupIn, Waits, Times):
+    """Facts of one group as of a time."""
+
+    include_invalid: bool = Field(False, description="Every fact, valid or not.")
+
+
+class SearchIn(GroupsIn, Waits, Times, SearchQuery):
+    """A search as the caller sends it: ``SearchQuery`` with time text and optional groups."""
+
     recipe: str = Field(DEFAULT_RECIPE, description="Search recipe: " + ", ".join(RECIPES))
-    limit: int | None = Field(None, ge=1, le=MAX_LIMIT, description="Results per kind.")
-    include_invalid: bool = Field(False, description="Also facts that have ended.")
-    centre: str | None = Field(None, description="Entity uuid the distance recipes rank from.")
 
     @field_validator("recipe")
     @classmethod
@@ -96,10 +146,20 @@ class SearchIn(ReadIn):
             raise ValueError(f"unknown recipe {value!r}; choose one of: {', '.join(RECIPES)}")
         return value
 
+    def request(
+        self, group_ids: list[str], valid_at: datetime | None, known_at: datetime | None
+    ) -> SearchRequest:
+        """The ``SearchRequest`` of this search, once its groups and times are resolved."""
+        asked = self.model_dump(include=set(SearchQuery.model_fields))
+        return SearchRequest(**asked, group_ids=group_ids, valid_at=valid_at, known_at=known_at)
+
 
 class ContextIn(SearchIn):
     max_chars: int = Field(4000, ge=200, le=100_000, description="Budget of the context text.")
-    episodes: bool = Field(True, description="Include episode excerpts.")
+    episodes: bool = Field(
+        True, description="Include episode excerpts (true or false; false: facts, entities "
+        "and communities only).",
+    )  # fmt: skip
 
 
 class SearchOut(BaseModel):
@@ -110,6 +170,9 @@ class SearchOut(BaseModel):
     known_at: str
     time_phrase: str | None = Field(None, description="The time phrase that set valid_at.")
     results: list[dict[str, Any]]
+    note: str | None = Field(
+        None, description="Why facts may be missing (episodes waiting for an LLM)."
+    )
 
 
 class ContextOut(BaseModel):
@@ -128,20 +191,45 @@ class EpisodeStatusOut(BaseModel):
     stage: str | None = None
 
 
-class ErrorOut(BaseModel):
-    error: str
+class Problem(BaseModel):
+    field: str
     message: str
-    field: str | None = None
-    group_id: str | None = None
-    episodes: list[dict[str, Any]] | None = None
+
+
+class ErrorOut(BaseModel):
+    """Every 4xx and 5xx answer has this shape, the server's own (malformed HTTP, a body over
+    the limit or too slow, an unknown route, invalid JSON or UTF-8) included: 400 a time that
+    cannot be read or a damaged token, 401 no known key, 403 another tenant's group (named,
+    never the key), 404, 405, 408 headers or body too slow, 409 read-your-writes, 413 a body
+    over TIDEGRAPH_SERVE_MAX_BODY_BYTES, 422 a field that is not valid (or a failed add:
+    error episode_failed with the episode's fields), 429 too many waiting reads of one key."""
+
+    error: str = Field(description="A stable code: invalid, forbidden, too_large, ...")
+    message: str = Field(description="What is wrong and what to do, for a person.")
+    field: str | None = Field(None, description="The request field at fault (dotted).")
+    problems: list[Problem] | None = Field(None, description="A 422's every field problem.")
+    group_id: str | None = Field(None, description="The group a 403 refused.")
+    episodes: list[dict[str, Any]] | None = Field(
+        None, description="A 409's episodes and their states (queued, dead_lettered, failed)."
+    )
+
+
+def error_body(error: str, message: str, **extra: Any) -> bytes:
+    """The JSON of an ``ErrorOut``."""
+    return orjson.dumps(
+        {"error": error, "message": message, **{k: v for k, v in extra.items() if v is not None}}
+    )
 
 
 async def send_error(
     send: Any, status: int, error: str, message: str, headers: list[tuple[bytes, bytes]]
 ) -> None:
-    """A JSON error answered straight from ASGI middleware (before any route runs): the same
-    ``{"error", "message"}`` body the routes answer with."""
-    body = orjson.dumps({"error": error, "message": message})
-    start = [(b"content-type", b"application/json"), *headers]
+    """An ``ErrorOut`` answered straight from ASGI middleware (before any route runs)."""
+    body = error_body(error, message)
+    start = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *headers,
+    ]
     await send({"type": "http.response.start", "status": status, "headers": start})
     await send({"type": "http.response.body", "body": body})

@@ -9,18 +9,24 @@ into JSON bodies, the MCP layer into tool errors.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-from tidegraph.app.memory import AddResult, Memory
-from tidegraph.app.serving.models import AddEpisodeIn, ContextIn, SearchIn
+from tidegraph.app.memory import AddResult, Memory, new_episode_id
+from tidegraph.app.serving.models import AddEpisodeIn, ContextIn, FactsIn, SearchIn
 from tidegraph.app.serving.settings import MAX_WAIT_SECONDS, Principal
 from tidegraph.app.serving.tokens import BadToken, EpisodeState, Token, Tracker, episode_uuid_of
+from tidegraph.recall.search import SearchResults
+from tidegraph.records.episode import parse_episode
 from tidegraph.records.errors import BadTime, InvalidEpisode
-from tidegraph.records.times import utcnow
+from tidegraph.records.ids import id_problem
+from tidegraph.records.search import SearchRequest
+from tidegraph.records.times import utc, utcnow
 
 log = logging.getLogger("tidegraph.serve")
 
@@ -56,25 +62,36 @@ class NotFound(ServiceError):
     status, code = 404, "not_found"
 
 
+class TooManyWaits(ServiceError):
+    status, code = 429, "too_many_waits"
+
+
 class NotQueryable(ServiceError):
     """A read's wait_for episodes are not all queryable (still queued, or never will be)."""
 
     status = 409
 
-    def __init__(self, states: list[EpisodeState], waited: float) -> None:
+    def __init__(self, states: list[EpisodeState], waited: float, *, kafka: bool) -> None:
         dead = [s for s in states if s.state in ("dead_lettered", "failed")]
         self.code = "episode_dead_lettered" if dead else "episode_pending"
+        pending = sum(s.state == "queued" for s in states)
         if dead:
             first = dead[0]
             message = (
                 f"episode {first.token.episode_uuid} of group {first.token.group_id} will not "
                 f"be queryable: it failed at {first.stage} ({first.reason}): {first.message}"
             )
+        elif kafka:
+            message = (
+                f"{pending} episode(s) not queryable after waiting {waited:.1f}s: still "
+                "queued for the workers; retry the read, or wait longer "
+                "(wait_timeout_seconds, at most 60)"
+            )
         else:
             message = (
-                f"{sum(s.state == 'queued' for s in states)} episode(s) not queryable after "
-                f"waiting {waited:.1f}s: still queued for the workers; retry the read, or "
-                "wait longer (wait_timeout_seconds, at most 60)"
+                f"{pending} episode(s) are not in the store: this server writes in-process "
+                "and its adds are queryable as soon as they answer, so these tokens are of "
+                "episodes never added here (or of another store)"
             )
         super().__init__(message, episodes=[s.as_json() for s in states])
 
@@ -82,30 +99,39 @@ class NotQueryable(ServiceError):
 class MemoryService:
     """The memory of one store, served to many callers (see the module docstring)."""
 
-    def __init__(self, memory: Memory, *, wait_seconds: float = 10.0) -> None:
+    def __init__(
+        self, memory: Memory, *, wait_seconds: float = 10.0, waits_per_key: int = 8
+    ) -> None:
         self.memory = memory
-        self.store = memory.runtime.store
-        self.settings = memory.runtime.settings
+        self.store = memory.store
+        self.settings = memory.settings
         self.wait_seconds = wait_seconds
+        self.waits_per_key = waits_per_key
         self.tracker = Tracker(self.store, self.settings, kafka=memory.via == "kafka")
+        self._waiting: Counter[str] = Counter()  # reads waiting for tokens, by key
 
     # ------------------------------------------------------------------ scope
-    def groups(self, principal: Principal, asked: list[str] | None) -> list[str]:
-        """The groups a read uses: those asked, each allowed; default every group of the key."""
+    def groups(
+        self, principal: Principal, asked: list[str] | None, field: str = "group_ids"
+    ) -> list[str]:
+        """The groups a read uses: those asked (each a valid group id, allowed to the
+        caller), kept exactly as sent; default every group of the key."""
         if asked:
-            wanted = list(dict.fromkeys(g.strip() for g in asked))
+            wanted = list(dict.fromkeys(asked))
+            for group_id in wanted:
+                problem = id_problem(group_id) if group_id else "is empty"
+                if problem is not None:
+                    raise Invalid(f"{field}: group id {group_id[:80]!r} {problem}", field=field)
             if refused := principal.refused(wanted):
-                raise Forbidden(
-                    f"this API key may not use group {refused!r}", group_id=refused, field=None
-                )
+                raise Forbidden(principal.refusal(refused), group_id=refused)
             return wanted
         if principal.groups is None:
-            raise Invalid("name the group ids to read (group_ids)", field="group_ids")
+            raise Invalid(f"name the group ids to read ({field})", field=field)
         return sorted(principal.groups)
 
     def group(self, principal: Principal, asked: str | None, field: str = "group_id") -> str:
         if asked is not None:
-            return self.groups(principal, [asked])[0]
+            return self.groups(principal, [asked], field)[0]
         if principal.groups is not None and len(principal.groups) == 1:
             return next(iter(principal.groups))
         if principal.groups is None:
@@ -116,20 +142,19 @@ class MemoryService:
     # ------------------------------------------------------------------ writing
     async def add(self, principal: Principal, body: AddEpisodeIn) -> tuple[AddResult, str]:
         group_id = self.group(principal, body.group_id)
-        reference_time = when(body.reference_time, "reference_time")
+        reference_time = await when(body.reference_time, "reference_time")
         if reference_time is None:
             raise Invalid("reference_time: say when it happened (ISO 8601)", field="reference_time")
         sent_at = utcnow()
+        fields = body.model_dump(exclude_none=True, exclude={"episode_id"})
+        record = {
+            **fields,
+            "id": body.episode_id or new_episode_id(),
+            "group_id": group_id,
+            "reference_time": reference_time.isoformat(),
+        }
         try:
-            result = await self.memory.add_episode(
-                group_id=group_id,
-                content=body.content,
-                reference_time=reference_time,
-                source=body.source,
-                name=body.name,
-                source_description=body.source_description,
-                episode_id=body.episode_id,
-            )
+            result = await self.memory.add(parse_episode(record))
         except InvalidEpisode as exc:
             raise Invalid(f"not a valid episode ({exc.reason}): {exc}", field=_field(exc)) from None
         except RuntimeError as exc:  # Kafka refused it (too large, not authorised, ...)
@@ -173,21 +198,29 @@ class MemoryService:
             except BadToken as exc:
                 raise BadRequest(f"wait_for: {exc}", field="wait_for") from None
             if not principal.may_use(token.group_id):
-                raise Forbidden(
-                    f"this API key may not use group {token.group_id!r}", group_id=token.group_id
-                )
+                raise Forbidden(principal.refusal(token.group_id), group_id=token.group_id)
             decoded.append(token)
+        if all(await self.tracker.written(decoded)):  # the usual case: no wait, no slot
+            return [EpisodeState(token, "written") for token in dict.fromkeys(decoded)]
+        key = principal.key_id
+        if self._waiting[key] >= self.waits_per_key:
+            raise TooManyWaits(
+                f"{self._waiting[key]} reads of this caller already wait for their wait_for "
+                "episodes (TIDEGRAPH_SERVE_WAITS_PER_KEY): retry once one has answered"
+            )
         limit = min(timeout or self.wait_seconds, MAX_WAIT_SECONDS)
         started = time.monotonic()
-        states = await self.tracker.wait(decoded, limit)
+        self._waiting[key] += 1
+        try:
+            states = await self.tracker.wait(decoded, limit)
+        finally:
+            self._waiting[key] -= 1
         if any(s.state != "written" for s in states):
-            raise NotQueryable(states, time.monotonic() - started)
+            raise NotQueryable(states, time.monotonic() - started, kafka=self.tracker.kafka)
         return states
 
     async def search(self, principal: Principal, body: SearchIn) -> dict[str, Any]:
-        groups = self.groups(principal, body.group_ids)
-        await self.await_tokens(principal, body.wait_for, body.wait_timeout_seconds)
-        results = await self._search(groups, body)
+        results = await self._search(principal, body)
         asof = results.scope.asof
         return {
             "query": results.query,
@@ -197,56 +230,46 @@ class MemoryService:
             "known_at": asof.known_at.isoformat(),
             "time_phrase": results.time_words.phrase if results.time_words else None,
             "results": [hit.as_json(rank) for rank, hit in enumerate(results.all(), 1)],
+            "note": await self.memory.missing_facts_note(results),
         }
 
     async def context(self, principal: Principal, body: ContextIn) -> dict[str, Any]:
         from tidegraph.recall.context import build_context
 
-        groups = self.groups(principal, body.group_ids)
-        await self.await_tokens(principal, body.wait_for, body.wait_timeout_seconds)
-        results = await self._search(groups, body)
+        results = await self._search(principal, body)
         text = build_context(results, max_chars=body.max_chars, episodes=body.episodes)
+        if note := await self.memory.missing_facts_note(results):
+            text = f"{text}\nNOTE: {note}"
         return {"context": text, "results": len(results)}
 
-    async def _search(self, groups: list[str], body: SearchIn) -> Any:
+    async def _search(self, principal: Principal, body: SearchIn) -> SearchResults:
+        request = await self.request(principal, body)
+        await self.await_tokens(principal, body.wait_for, body.wait_timeout_seconds)
         try:
-            return await self.memory.search(
-                body.query,
-                group_ids=groups,
-                valid_at=when(body.valid_at, "valid_at"),
-                known_at=when(body.known_at, "known_at"),
-                include_invalid=body.include_invalid,
-                recipe=body.recipe,
-                limit=body.limit,
-                centre=body.centre,
-            )
-        except ValueError as exc:  # empty query, a recipe needing a centre or a cross-encoder
+            return await self.memory.search(request)
+        except ValueError as exc:  # a blank query, a recipe needing a centre or a cross-encoder
             raise BadRequest(str(exc)) from None
 
-    async def facts(
-        self,
-        principal: Principal,
-        group_id: str | None,
-        *,
-        valid_at: str | None = None,
-        known_at: str | None = None,
-        include_invalid: bool = False,
-        wait_for: list[str] | None = None,
-        wait_timeout_seconds: float | None = None,
-    ) -> list[dict[str, Any]]:
-        group = self.group(principal, group_id)
-        await self.await_tokens(principal, wait_for or [], wait_timeout_seconds)
-        views = await self.store.query_facts(
-            group,
-            valid_at=when(valid_at, "valid_at"),
-            known_at=when(known_at, "known_at"),
-            include_invalid=include_invalid,
+    async def request(self, principal: Principal, body: SearchIn) -> SearchRequest:
+        """The ``SearchRequest`` of a search body: its groups checked, its times read."""
+        groups = self.groups(principal, body.group_ids)
+        valid_at = await when(body.valid_at, "valid_at")
+        known_at = await when(body.known_at, "known_at")
+        return body.request(groups, valid_at, known_at)
+
+    async def facts(self, principal: Principal, body: FactsIn) -> list[dict[str, Any]]:
+        group = self.group(principal, body.group_id)
+        valid_at = await when(body.valid_at, "valid_at")
+        known_at = await when(body.known_at, "known_at")
+        await self.await_tokens(principal, body.wait_for, body.wait_timeout_seconds)
+        views = await self.memory.facts(
+            group, valid_at=valid_at, known_at=known_at, include_invalid=body.include_invalid
         )
         return [view.model_dump() for view in views]
 
     async def entities(self, principal: Principal, group_id: str | None) -> list[dict[str, Any]]:
         group = self.group(principal, group_id)
-        records = await self.store.list_entities(group)
+        records = await self.memory.entities(group)
         return [
             {
                 "uuid": r.uuid,
@@ -352,18 +375,44 @@ class ServiceUnavailable(ServiceError):
     status, code = 503, "unavailable"
 
 
-def when(value: str | None, field: str) -> datetime | None:
-    """A time field of a request, or a 400 naming the field."""
+# Time phrases are read by dateparser (~50 ms for 100 characters) one at a time, off the event
+# loop: a tenant sending many never holds the loop (/healthz, other tenants' reads).
+_TIME_PHRASES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegraph-times")
+
+
+async def when(value: str | None, field: str) -> datetime | None:
+    """A time field of a request (ISO 8601 read at once, a phrase off the event loop), or a
+    400 naming the field."""
     from tidegraph.processors.temporal import read_when
 
     if value is None:
         return None
     try:
-        return read_when(value, utcnow())
+        return utc(datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
+    except (ValueError, OverflowError):
+        pass  # not ISO 8601: epoch seconds or a phrase
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(_TIME_PHRASES, read_when, value, utcnow())
     except BadTime as exc:
         raise BadRequest(
             f"{field}: {exc} (use ISO 8601, e.g. 2024-06-01T12:30:00Z)", field=field
         ) from None
+
+
+async def warm_time_phrases() -> None:
+    """Read phrases now (English, then one that needs dateparser's language detection), off
+    the event loop, so that a first request's phrase does not load dateparser's data."""
+    await when("yesterday", "warm-up")
+    asyncio.get_running_loop().run_in_executor(
+        _TIME_PHRASES, _read_quietly, "hace 3 días"
+    )  # not awaited: the server answers meanwhile
+
+
+def _read_quietly(text: str) -> None:
+    from tidegraph.processors.temporal import parse_when
+
+    parse_when(text, utcnow())
 
 
 def _failed(state: EpisodeState) -> dict[str, Any]:

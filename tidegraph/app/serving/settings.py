@@ -60,6 +60,21 @@ class ServeSettings(BaseSettings):
         description="Default wait of a read with wait_for until the episodes are queryable "
         "(a request may ask for up to 60 s).",
     )
+    serve_waits_per_key: int = Field(
+        8,
+        ge=1,
+        description="Reads of one API key that may wait for wait_for tokens at once; more "
+        "answer 429 at once (one tenant's waits never slow the others).",
+    )
+    serve_header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="A connection that has not sent a request's headers within this is "
+        "answered 408 and closed (slow clients hold no connection).",
+    )
+    serve_body_timeout_seconds: float = Field(
+        30.0, gt=0, description="Longest time to receive a request body (else 408)."
+    )
 
 
 # ----------------------------------------------------------------------------- keys
@@ -70,13 +85,25 @@ class KeyFileError(ValueError):
 @dataclass(frozen=True)
 class Principal:
     """Who is calling: the group ids it may use (``None``: any, only without API keys) and a
-    fingerprint of its key for logs (never the key)."""
+    fingerprint of its key for logs (never the key). ``server_scope``: the groups are the
+    server's own (``tidegraph mcp --group``), not an API key's."""
 
     groups: frozenset[str] | None
     key_id: str = "anonymous"
+    server_scope: bool = False
 
     def may_use(self, group_id: str) -> bool:
         return self.groups is None or group_id in self.groups
+
+    def refusal(self, group_id: str) -> str:
+        """Why ``group_id`` is refused, in the caller's terms."""
+        if self.server_scope:
+            served = ", ".join(repr(g) for g in sorted(self.groups or ()))
+            return (
+                f"group {group_id!r} is not served here: this server is scoped to {served} "
+                "(its --group)"
+            )
+        return f"this API key may not use group {group_id!r}"
 
     def refused(self, group_ids: list[str]) -> str | None:
         """The first of ``group_ids`` this caller may not use, if any."""

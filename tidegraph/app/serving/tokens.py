@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import orjson
 
-from tidegraph.records.ids import stable_uuid
+from tidegraph.records.ids import id_problem, stable_uuid
 from tidegraph.records.times import utcnow
 from tidegraph.settings import Settings
 from tidegraph.stores.base import GraphStore
@@ -59,26 +59,37 @@ class Token:
         if not isinstance(text, str) or not text.startswith(TOKEN_PREFIX):
             raise BadToken("not a token returned by POST /v1/episodes (they start with rw1.)")
         body = text[len(TOKEN_PREFIX) :]
+        damaged = BadToken("a damaged token: pass it exactly as POST /v1/episodes returned it")
         try:
             data = orjson.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-            return cls(
-                group_id=str(data["g"]),
-                episode_uuid=str(data["u"]),
-                topic=data.get("t"),
-                partition=data.get("p"),
-                offset=data.get("o"),
-                sent_at_ms=data.get("s"),
-            )
-        except (ValueError, KeyError, TypeError):
-            raise BadToken(
-                "a damaged token: pass it exactly as POST /v1/episodes returned it"
-            ) from None
+        except (ValueError, TypeError):
+            raise damaged from None
+        # A token is read back from the caller: every field is checked for its type (a
+        # forged {"t": [1]} is as damaged as bad base64).
+        if not isinstance(data, dict) or set(data) - {"g", "u", "t", "p", "o", "s"}:
+            raise damaged
+        group_id, uuid = data.get("g"), data.get("u")
+        if not (isinstance(group_id, str) and isinstance(uuid, str)):
+            raise damaged
+        if not (_text(group_id) and _text(uuid)) or id_problem(group_id) is not None:
+            raise damaged
+        topic = data.get("t")
+        numbers = [data.get(k) for k in ("p", "o", "s")]
+        if topic is not None and not _text(topic):
+            raise damaged
+        if not all(n is None or (type(n) is int and 0 <= n < 2**63) for n in numbers):
+            raise damaged
+        return cls(group_id, uuid, topic, *numbers)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"group_id": self.group_id, "episode_uuid": self.episode_uuid}
         if self.topic is not None:
             out.update(topic=self.topic, partition=self.partition, offset=self.offset)
         return out
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= 512
 
 
 def episode_uuid_of(group_id: str, episode_id: str) -> str:

@@ -51,6 +51,11 @@ class Neo4jExecutor:
         self._database = database
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_QUERIES)
 
+    async def reachable(self) -> None:
+        """Raises at once (ServiceUnavailable) when the server does not answer: a query would
+        retry for the driver's retry time first (30 s)."""
+        await self._driver.verify_connectivity()
+
     async def rows(self, query: str, params: Params | None = None) -> list[Row]:
         with count_errors(_TRANSIENT):
             async with self._slots:

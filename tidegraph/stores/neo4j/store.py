@@ -208,6 +208,7 @@ class Neo4jStore(Lifecycle, StoreCore):
     async def setup(self, embedding_dim: int) -> None:
         if embedding_dim < 1:
             raise ValueError("embedding_dim must be positive")
+        await self.neo4j.reachable()  # at once, not after the driver's 30 s of retries
         self._check_dims(await self._vector_dims(), embedding_dim)
         params = {"dim": embedding_dim, "analyzer": q.FULLTEXT_ANALYZER}
         for statement in q.SCHEMA:
@@ -254,6 +255,15 @@ class Neo4jStore(Lifecycle, StoreCore):
             pass
         if indexed:
             log.info("indexed %d stored episodes for conversation search", indexed)
+
+    async def open_existing(self, embedding_dim: int) -> bool:
+        await self.neo4j.reachable()
+        dims = await self._vector_dims()
+        if not dims:
+            return False  # no tidegraph schema in this database: nothing was written
+        self._check_dims(dims, embedding_dim)
+        self._dim = embedding_dim
+        return True
 
     @staticmethod
     def _check_dims(dims: dict[str, int], wanted: int) -> None:

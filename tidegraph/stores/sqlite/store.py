@@ -231,6 +231,21 @@ class SqliteStore(SqliteSearch):
         await self.db.run(self._setup, embedding_dim)
         self._dim = embedding_dim
 
+    async def open_existing(self, embedding_dim: int) -> bool:
+        if not self.db.path.is_file():
+            return False  # never written: opening the file would create it
+        stored = await self.db.run(_stored_dimension)
+        if stored is None:
+            return False
+        errors.check_dimensions(
+            {"embeddings": stored},
+            embedding_dim,
+            lambda _: f"the embedded store at {self.db.path}",
+            lambda _: "read it with the embedder it was written with (TIDEGRAPH_EMBEDDER)",
+        )
+        self._dim = embedding_dim
+        return True
+
     def _setup(self, conn: sqlite3.Connection, dim: int) -> None:
         with Transaction(conn):
             for statement in SCHEMA:
@@ -735,3 +750,12 @@ def _upsert_community(conn: sqlite3.Connection, group_id: str, row: dict[str, An
         ),
     ).fetchone()
     index_text(conn, "community_text", row_id, group_id, f"{row['name']} {row['summary']}")
+
+
+def _stored_dimension(conn: sqlite3.Connection) -> int | None:
+    """The embedding dimension the file was set up with (None: no schema in it)."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE name = 'embedding_dim'").fetchone()
+    except sqlite3.OperationalError:  # no meta table: not a tidegraph store (yet)
+        return None
+    return None if row is None else int(row[0])
