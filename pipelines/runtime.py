@@ -57,12 +57,14 @@ async def open_runtime(
     llm: LLMClient | None = None,
     use_llm: bool = True,
 ) -> Runtime:
-    """Open and set up everything; ``store``/``embedder``/``llm`` override the settings."""
+    """Open and set up everything; ``mapping_path``, ``store``, ``embedder`` and ``llm``
+    override the settings (the mapping file defaults to ``TIDEGRAPH_MAPPINGS``)."""
     embedder = embedder or make_embedder(settings)
     store = store or open_store(settings)
     await store.setup(embedder.dim)
     if llm is None and use_llm:
         llm = LLMClient.from_settings(settings)
+    mapping_path = mapping_path or settings.mappings
     mappings = MappingSet.load(mapping_path) if mapping_path else None
     components = Components.of(
         store=store,

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from tests.integration.test_delivery_order_stores import DIM, Record, deliveries
 from tests.support import crm_feed as crm
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.pipelines.community_service import CommunityService
 from tidegraph.pipelines.forget import forget_episodes, forget_subject
 from tidegraph.pipelines.pending import extract_pending
 from tidegraph.pipelines.runner import GroupRunner
@@ -146,6 +147,9 @@ async def test_a_forgotten_subjects_episodes_go_and_the_changes_say_what_changed
     group = f"forget-{uuidlib.uuid4().hex[:12]}"
     try:
         pipeline = await feed(any_store, group, records, clock_of(records))
+        await CommunityService(any_store, None, HashingEmbedder(dim=DIM)).refresh(group)
+        grouped = await any_store.communities(group)
+        assert any("Dana" in c.name + c.summary for c in grouped), grouped
         [dana] = [e for e in await any_store.list_entities(group) if e.name == "Dana Reyes"]
         seq = (await any_store.change_logs([group]))[0].seq
         dry = await forget_subject(pipeline, group, dana.uuid, dry_run=True)
@@ -155,6 +159,8 @@ async def test_a_forgotten_subjects_episodes_go_and_the_changes_say_what_changed
         assert sorted(report.episodes) == ["rec-1", "rec-2"] and report.entities_removed >= 1
         names = {e.name for e in await any_store.list_entities(group)}
         assert "Dana Reyes" not in names and {"Acme Corp", "Globex"} <= names
+        # The community she was in goes at once (its name and summary carried her name).
+        assert all("Dana" not in c.name + c.summary for c in await any_store.communities(group))
         assert all(
             "Dana" not in f.fact for f in await any_store.query_facts(group, include_invalid=True)
         )

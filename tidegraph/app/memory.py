@@ -20,11 +20,25 @@ the group ids the caller passes.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid as uuid_module
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from tidegraph.app.browse import (
+    EPISODE_STATUSES,
+    MAX_PAGE,
+    ChangePage,
+    EpisodeDetailView,
+    EpisodePage,
+    EpisodeView,
+    ForgetResult,
+    GroupView,
+    episode_cursor,
+    read_episode_cursor,
+)
 from tidegraph.embed import make_embedder
 from tidegraph.embed.base import Embedder
 from tidegraph.recall.context import build_context
@@ -33,9 +47,10 @@ from tidegraph.recall.rerank import CrossEncoder
 from tidegraph.recall.search import Searcher, SearchResults
 from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode, parse_episode
+from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.graph import EntityRecord, FactView
 from tidegraph.records.search import SearchRequest
-from tidegraph.records.times import utcnow
+from tidegraph.records.times import utc, utcnow
 from tidegraph.settings import Settings, get_settings
 from tidegraph.stores import GraphStore, open_store
 
@@ -44,6 +59,7 @@ if TYPE_CHECKING:
     from tidegraph.pipelines.runtime import Runtime
 
 Via = Literal["process", "kafka"]
+CHANGE_POLL_SECONDS = 0.1  # a long poll's first look again; doubles up to a second
 
 
 def new_episode_id() -> str:
@@ -327,3 +343,234 @@ class Memory:
             if await self.store.pending_episodes(group_id, 1):
                 return NO_FACTS_NOTE
         return None
+
+    # ------------------------------------------------------------------------- lifecycle
+    async def forget(self, request: ForgetRequest, *, dry_run: bool = False) -> ForgetResult:
+        """Take episodes out of the memory (docs/architecture.md "Forgetting"): the named
+        episodes, every episode mentioning a subject (an entity uuid, key or exact name: see
+        ``find_subject``), or the whole group. In this process the graph afterwards is the one
+        the remaining episodes give; ``via="kafka"`` puts a forget record on the input topic
+        (the worker that owns the group runs it in the group's order). ``dry_run`` says what
+        would go and writes nothing. Raises ``ForgetError`` when it cannot be done."""
+        from tidegraph.pipelines.forget import forget as forget_in_store
+
+        if request.subject is not None:
+            request = request.model_copy(
+                update={"subject": await self.find_subject(request.group_id, request.subject)}
+            )
+        if self.via == "kafka" and not dry_run:
+            return await self._produce_forget(request)
+        if self._runner is None:
+            self._runner = self.runtime.runner()
+        lock = self._group_locks.setdefault(request.group_id, asyncio.Lock())
+        async with lock:  # after the group's adds in this process, before the next ones
+            grouped = not dry_run and bool(await self.store.communities(request.group_id))
+            report = await forget_in_store(self._runner, request, dry_run=dry_run)
+            if grouped and (report.entities_removed or report.entities_changed):
+                await self._regroup(request.group_id)
+        return ForgetResult(
+            request.group_id,
+            "dry_run" if dry_run else "forgotten",
+            report.episodes,
+            report.forgotten,
+            report.facts_removed,
+            report.facts_changed,
+            report.entities_removed,
+            report.entities_changed,
+        )
+
+    async def find_subject(self, group_id: str, subject: str) -> str:
+        """The uuid of the group's entity ``subject`` names: its uuid, its key (a mapping's
+        ``key``, e.g. ``crm:contact:7``) or its exact name (letter case and spacing aside);
+        ``ForgetError`` when none or several match."""
+        from tidegraph.pipelines.forget import ForgetError
+        from tidegraph.records.ids import normalize_name
+
+        entities = await self.store.list_entities(group_id)
+        for rule in (
+            lambda e: e.uuid == subject,
+            lambda e: e.key is not None and e.key == subject,
+            lambda e: normalize_name(e.name) == normalize_name(subject),
+        ):
+            found = [e for e in entities if rule(e)]
+            if len(found) == 1:
+                return found[0].uuid
+            if len(found) > 1:
+                named = ", ".join(f"{e.name} ({e.uuid})" for e in found[:5])
+                raise ForgetError(
+                    f"{subject!r} names {len(found)} entities of group {group_id!r}: {named}; "
+                    "give the uuid of the one to forget"
+                )
+        raise ForgetError(f"group {group_id!r} has no entity {subject!r} (uuid, key or name)")
+
+    async def _regroup(self, group_id: str) -> None:
+        """The group's communities again, once a forget removed the ones whose members it
+        changed (their names and summaries may have carried what was forgotten)."""
+        from tidegraph.pipelines.community_service import CommunityService
+
+        runtime = self.runtime
+        await CommunityService(runtime.store, runtime.llm, runtime.embedder).refresh(
+            group_id, trigger="forget"
+        )
+
+    async def _produce_forget(self, request: ForgetRequest) -> ForgetResult:
+        from tidegraph.topics.client import produce_lines
+
+        body = request.model_dump(mode="json", exclude_defaults=True)
+        report = await produce_lines(self.settings, [jsontext.dumps({"forget": body})])
+        if report.refused:
+            raise RuntimeError(f"Kafka refused the forget request: {report.refused[0][1]}")
+        sent = report.sent[0]
+        return ForgetResult(
+            request.group_id,
+            "queued",
+            list(request.episode_ids),
+            topic=report.topic,
+            partition=sent.partition,
+            offset=sent.offset,
+        )
+
+    async def episodes(
+        self,
+        group_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        status: str | None = None,
+        cursor: str | None = None,
+        limit: int = 100,
+        content: bool = False,
+    ) -> EpisodePage:
+        """The group's episodes by event time (``reference_time``; a tombstone by when it was
+        forgotten), a page at a time: ``status`` one of written, not_extracted, forgotten,
+        dead_lettered (read from the Kafka dead-letter topic) or None (the stored ones);
+        ``cursor`` the previous page's ``next_cursor``. ``BadCursor`` or ``ValueError``
+        for a cursor or status not of this listing."""
+        if status is not None and status not in EPISODE_STATUSES:
+            raise ValueError(f"status: one of {', '.join(EPISODE_STATUSES)}, not {status!r}")
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit: 1 to {MAX_PAGE}, not {limit}")
+        after = read_episode_cursor(cursor, group_id) if cursor else None
+        if status == "dead_lettered":
+            return await self._dead_lettered(group_id, since, until, after, limit)
+        entries = await self.store.list_episodes(
+            group_id, since=since, until=until, status=status, after=after, limit=limit + 1
+        )
+        page = entries[:limit]
+        more = len(entries) > limit
+        return EpisodePage(
+            group_id,
+            status,
+            [EpisodeView.of(e, content=content) for e in page],
+            episode_cursor(group_id, page[-1]) if more else None,
+        )
+
+    async def _dead_lettered(
+        self,
+        group_id: str,
+        since: datetime | None,
+        until: datetime | None,
+        after: tuple[datetime, str] | None,
+        limit: int,
+    ) -> EpisodePage:
+        """The group's dead letters whose episode is not in the store (written or forgotten
+        since), by when they failed."""
+        from tidegraph.records.graph import EpisodeEntry
+        from tidegraph.topics.client import read_dead_letters
+
+        letters = [s.letter for s in await read_dead_letters(self.settings, groups=[group_id])]
+        uuids = sorted({x.episode_uuid for x in letters if x.episode_uuid})
+        statuses = await self.store.episode_statuses(group_id, uuids) if uuids else {}
+        views: dict[str, tuple[datetime, EpisodeEntry, EpisodeView]] = {}
+        for letter in letters:
+            uuid = letter.episode_uuid or ""
+            if statuses.get(uuid, "missing") != "missing":
+                continue
+            at = utc(letter.failed_at)
+            if (since and at < since) or (until and at >= until) or (after and (at, uuid) <= after):
+                continue
+            entry = EpisodeEntry(uuid, letter.episode_id or "", "", "", at, at, "written")
+            view = EpisodeView(
+                uuid=uuid,
+                episode_id=letter.episode_id or "",
+                status="dead_lettered",
+                created_at=at.isoformat(),
+                reason=letter.reason,
+                stage=letter.stage,
+                message=letter.message,
+            )
+            views[uuid or f"{at.isoformat()}:{len(views)}"] = (at, entry, view)  # its latest
+        ordered = sorted(views.values(), key=lambda row: (row[0], row[1].uuid))
+        page = ordered[:limit]
+        more = len(ordered) > limit
+        return EpisodePage(
+            group_id,
+            "dead_lettered",
+            [view for _, _, view in page],
+            episode_cursor(group_id, page[-1][1]) if more else None,
+            source=f"Kafka topic {self.settings.topic_prefix}.dlq",
+        )
+
+    async def episode(self, group_id: str, episode_id: str) -> EpisodeDetailView | None:
+        """One episode of the group (by your id, or its uuid) and what it produced: the
+        entities it mentions and the facts it supports; None when the group has none such."""
+        from tidegraph.records.ids import stable_uuid
+
+        for uuid in dict.fromkeys([stable_uuid("episode", group_id, episode_id), episode_id]):
+            detail = await self.store.episode_detail(group_id, uuid)
+            if detail is None:
+                continue
+            entities = await self.store.entities_by_uuids(group_id, detail.mentions)
+            touching = await self.store.facts_touching(group_id, detail.mentions)
+            facts = sorted(
+                (f for f in touching if uuid in f.episodes),
+                key=lambda f: (f.valid_at is None, f.valid_at, f.uuid),
+            )
+            return EpisodeDetailView(
+                EpisodeView.of(detail.entry, content=True),
+                sorted(entities, key=lambda e: (e.name, e.uuid)),
+                facts,
+            )
+        return None
+
+    async def groups(self, allowed: Iterable[str] | None = None) -> list[GroupView]:
+        """The groups a caller may read (``allowed``; None: every group the store has
+        written) with what each holds."""
+        logs = {log.group_id: log for log in await self.store.change_logs(
+            None if allowed is None else sorted(set(allowed))
+        )}  # fmt: skip
+        names = sorted(logs) if allowed is None else sorted(set(allowed))
+        views = []
+        for group_id in names:
+            counts = await self.store.counts(group_id)
+            log = logs.get(group_id)
+            views.append(
+                GroupView(
+                    group_id,
+                    counts.get("episodes", 0),
+                    counts.get("entities", 0),
+                    counts.get("facts", 0),
+                    log.seq if log else 0,
+                )
+            )
+        return views
+
+    async def changes(
+        self, group_id: str, *, after: int = 0, limit: int = 100, wait_seconds: float = 0.0
+    ) -> ChangePage:
+        """The group's changes after the cursor ``after`` (a seq), in commit order, at most
+        ``limit``; with ``wait_seconds``, waits up to that long for the first one (a long
+        poll: the answer comes as soon as a change is committed)."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit: 1 to {MAX_PAGE}, not {limit}")
+        if after < 0:
+            raise ValueError(f"after: a cursor is a change's seq (0 or more), not {after}")
+        deadline = time.monotonic() + max(0.0, wait_seconds)
+        pause = CHANGE_POLL_SECONDS
+        while True:
+            found = await self.store.changes(group_id, after, limit)
+            left = deadline - time.monotonic()
+            if found or left <= 0:
+                return ChangePage(group_id, found, found[-1].seq if found else after)
+            await asyncio.sleep(min(pause, left))  # the store is the only source of truth
+            pause = min(pause * 2, 1.0)

@@ -268,3 +268,12 @@ class EpisodeEntry:
     not_extracted: str | None = None
     content: str = ""
     forgotten_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class EpisodeDetail:
+    """One episode and the entities it mentions (``GraphStore.episode_detail``); a
+    tombstone's mentions are gone with it."""
+
+    entry: EpisodeEntry
+    mentions: list[str] = field(default_factory=list)  # entity uuids

@@ -25,6 +25,7 @@ from tidegraph.records.graph import (
     CommunityRecord,
     EntityLookup,
     EntityRecord,
+    EpisodeDetail,
     EpisodeEntry,
     EpisodeRecord,
     EpisodeWrite,
@@ -475,6 +476,11 @@ class GraphStore(abc.ABC):
         (their ``forgotten_at`` stands for ``valid_at`` in the range and the position)."""
 
     # ---------------------------------------------------------------- maintenance
+    @abc.abstractmethod
+    async def episode_detail(self, group_id: str, episode_uuid: str) -> EpisodeDetail | None:
+        """The group's episode (or its tombstone) and the entities it mentions; None when the
+        group holds no such episode."""
+
     @abc.abstractmethod
     async def counts(self, group_id: str) -> dict[str, int]:
         """{"episodes", "entities", "facts", "mentions"} for the group."""

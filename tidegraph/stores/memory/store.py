@@ -45,6 +45,7 @@ from tidegraph.records.graph import (
     ChangeLog,
     CommunityRecord,
     EntityRecord,
+    EpisodeDetail,
     EpisodeEntry,
     EpisodeRecord,
     EpisodeState,
@@ -327,6 +328,22 @@ class MemoryStore(MemorySearch):
             outbox.append(change.model_copy(update={"seq": log.seq}))
         log.version += 1
 
+    async def episode_detail(self, group_id: str, episode_uuid: str) -> EpisodeDetail | None:
+        if self._forgotten.get(episode_uuid, ("", None))[0] == group_id:
+            at = self._forgotten[episode_uuid][1]
+            entry = EpisodeEntry(episode_uuid, "", "", "", at, None, "forgotten", forgotten_at=at)
+            return EpisodeDetail(entry)
+        e = self._episodes.get(episode_uuid)
+        if e is None or e.group_id != group_id:
+            return None
+        state: EpisodeState = "written" if e.not_extracted is None else "not_extracted"
+        entry = EpisodeEntry(
+            e.uuid, e.producer_id, e.name, e.source, utc(e.valid_at), e.created_at, state,
+            e.not_extracted, e.content,
+        )  # fmt: skip
+        mentions = sorted(entity for ep, entity in self._mentions if ep == episode_uuid)
+        return EpisodeDetail(entry, mentions)
+
     # ------------------------------------------------------------------ browsing
     async def list_episodes(
         self,
@@ -450,7 +467,18 @@ class MemoryStore(MemorySearch):
             for p, e in self._mentions
             if p not in gone_episodes and e not in gone_entities and p not in rebuild.mentions
         }
-        self._members = {(c, e) for c, e in self._members if e not in gone_entities}
+        # Communities with a member removed or changed go (see the SQLite store's).
+        touched = gone_entities | {e.uuid for e in rebuild.entities}
+        stale = {
+            c
+            for c, e in self._members
+            if e in touched and self._communities[c].group_id == group_id
+        }
+        for uuid in stale:
+            del self._communities[uuid]
+        self._members = {
+            (c, e) for c, e in self._members if e not in gone_entities and c not in stale
+        }
         for entity in rebuild.entities:
             self._entities[entity.uuid] = entity.model_copy(
                 deep=True, update={"group_id": group_id, "community_uuid": None}

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from tidegraph.records.changes import Change, group_forgotten
 from tidegraph.records.graph import (
     ChangeLog,
+    EpisodeDetail,
     EpisodeEntry,
     EpisodeState,
     GroupHistory,
@@ -145,6 +146,8 @@ class Lifecycle:
             await tx.rows(lq.REINDEX_THREADS, {**g, "followers": followers, **q.thread_params()})
             words = sorted({w for ws in threads["words"] for w in ws or []})
             await tx.rows(lq.DROP_SPEAKER_WORDS, {**g, "words": words})
+            touched = [*rebuild.delete_entities, *(e["uuid"] for e in entities)]
+            await tx.rows(lq.DELETE_STALE_COMMUNITIES, {**g, "uuids": touched})
             await tx.rows(lq.DELETE_FACTS, {**g, "uuids": rebuild.delete_facts})
             await tx.rows(lq.DELETE_ENTITIES, {**g, "uuids": rebuild.delete_entities})
             await tx.rows(lq.OVERWRITE_ENTITIES, {**g, "rows": entities})
@@ -208,28 +211,32 @@ class Lifecycle:
             params["until"] = utc(until)
         if after is not None:
             params["after_at"], params["after_uuid"] = utc(after[0]), after[1]
-        entries = []
-        for r in await self.ex.rows(query, params):
-            gone = to_utc(r["forgotten_at"])
-            state: EpisodeState = (
-                "forgotten"
-                if forgotten
-                else "written"
-                if r["not_extracted"] is None
-                else "not_extracted"
-            )
-            entries.append(
-                EpisodeEntry(
-                    uuid=r["uuid"],
-                    producer_id=r["producer_id"] or "",
-                    name=r["name"] or "",
-                    source=r["source"] or "",
-                    valid_at=gone if forgotten else to_utc(r["valid_at"]),
-                    created_at=to_utc(r["created_at"]),
-                    status=state,
-                    not_extracted=r["not_extracted"],
-                    content=r["content"] or "",
-                    forgotten_at=gone,
-                )
-            )
-        return entries
+        return [_entry(r) for r in await self.ex.rows(query, params)]
+
+    async def episode_detail(self, group_id: str, episode_uuid: str) -> EpisodeDetail | None:
+        params = {"group_id": group_id, "uuid": episode_uuid}
+        rows = await self.ex.rows(lq.EPISODE_DETAIL, params)
+        if not rows:
+            return None
+        return EpisodeDetail(_entry(rows[0]), sorted(rows[0]["mentions"]))
+
+
+def _entry(r: dict[str, Any]) -> EpisodeEntry:
+    """A listing's row: the episode, or its tombstone (then its time is when it was
+    forgotten)."""
+    gone = to_utc(r["forgotten_at"])
+    state: EpisodeState = (
+        "forgotten" if gone else "written" if r["not_extracted"] is None else "not_extracted"
+    )
+    return EpisodeEntry(
+        uuid=r["uuid"],
+        producer_id=r["producer_id"] or "",
+        name=r["name"] or "",
+        source=r["source"] or "",
+        valid_at=gone or to_utc(r["valid_at"]),
+        created_at=to_utc(r["created_at"]),
+        status=state,
+        not_extracted=r["not_extracted"],
+        content=r["content"] or "",
+        forgotten_at=gone,
+    )

@@ -343,3 +343,24 @@ def list_episodes_query(
         "ep.not_extracted AS not_extracted, ep.content AS content, "
         f"ep.forgotten_at AS forgotten_at ORDER BY {at}, ep.uuid LIMIT $limit"
     )
+
+
+EPISODE_DETAIL = """
+MATCH (ep:Episodic {uuid: $uuid})
+WHERE ep.group_id = $group_id
+RETURN ep.uuid AS uuid, ep.producer_id AS producer_id, ep.name AS name,
+       ep.source AS source, ep.valid_at AS valid_at, ep.created_at AS created_at,
+       ep.not_extracted AS not_extracted, ep.content AS content,
+       ep.forgotten_at AS forgotten_at,
+       [(ep)-[:MENTIONS]->(e:Entity) WHERE e.group_id = $group_id | e.uuid] AS mentions
+"""
+
+
+# Communities with a member removed or changed go (their names and summaries may carry what
+# was forgotten); the next refresh groups the remaining members again.
+DELETE_STALE_COMMUNITIES = """
+MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
+WHERE c.group_id = $group_id AND e.group_id = $group_id AND e.uuid IN $uuids
+WITH DISTINCT c
+DETACH DELETE c
+"""

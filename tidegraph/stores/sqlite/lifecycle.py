@@ -11,7 +11,7 @@ from typing import Any
 
 from tidegraph.records.changes import group_forgotten
 from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN, split_speaker
-from tidegraph.records.graph import EpisodeEntry, EpisodeState, GroupHistory, Rebuild
+from tidegraph.records.graph import EpisodeDetail, EpisodeEntry, EpisodeState, GroupHistory, Rebuild
 from tidegraph.stores import errors
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.rows import change_row, to_utc, unique
@@ -26,6 +26,7 @@ from tidegraph.stores.sqlite.rows import (
     fact_of,
 )
 from tidegraph.stores.sqlite.writes import (
+    delete_communities,
     entity_text,
     index_episode,
     index_text,
@@ -121,6 +122,14 @@ def apply_rebuild(
         (group_id, gone_facts),
     )
     conn.execute(f"DELETE FROM fact WHERE group_id = ? AND uuid {IN_LIST}", (group_id, gone_facts))
+    # Communities with a member removed or changed go (their names and summaries may carry
+    # what was forgotten); the next refresh groups the remaining members again.
+    touched = json_text([*rebuild.delete_entities, *(e["uuid"] for e in entities)])
+    stale = conn.execute(
+        f"SELECT DISTINCT community_uuid FROM member WHERE group_id = ? AND entity_uuid {IN_LIST}",
+        (group_id, touched),
+    ).fetchall()
+    delete_communities(conn, group_id, sorted(c for (c,) in stale))
     gone = json_text(rebuild.delete_entities)
     conn.execute(
         f"DELETE FROM entity_text WHERE rowid IN (SELECT id FROM entity WHERE group_id = ? "
@@ -338,3 +347,42 @@ def list_episodes(
             )
         )
     return entries
+
+
+def episode_detail(
+    conn: sqlite3.Connection, group_id: str, episode_uuid: str
+) -> EpisodeDetail | None:
+    """``GraphStore.episode_detail`` in one read."""
+    row = conn.execute(
+        "SELECT uuid, producer_id, name, source, valid_at, created_at, not_extracted, content, "
+        "forgotten_at FROM episode WHERE uuid = ? AND +group_id = ?",
+        (episode_uuid, group_id),
+    ).fetchone()
+    if row is None:
+        return None
+    uuid, producer, name, source, valid, created, pending, content, gone = row
+    gone_at = to_utc(gone)
+    state: EpisodeState = (
+        "forgotten" if gone_at else "written" if pending is None else "not_extracted"
+    )
+    entry = EpisodeEntry(
+        uuid=uuid,
+        producer_id=producer or "",
+        name=name,
+        source=source,
+        valid_at=gone_at or to_utc(valid),
+        created_at=to_utc(created),
+        status=state,
+        not_extracted=pending,
+        content=content,
+        forgotten_at=gone_at,
+    )
+    mentions = [
+        entity
+        for (entity,) in conn.execute(
+            "SELECT entity_uuid FROM mention WHERE episode_uuid = ? AND group_id = ? "
+            "ORDER BY entity_uuid",
+            (episode_uuid, group_id),
+        )
+    ]
+    return EpisodeDetail(entry, mentions)

@@ -28,6 +28,7 @@ from tidegraph.records.graph import (
     CommunityRecord,
     EntityLookup,
     EntityRecord,
+    EpisodeDetail,
     EpisodeEntry,
     EpisodeRecord,
     EpisodeWrite,
@@ -71,6 +72,7 @@ from tidegraph.stores.sqlite.db import (
 )
 from tidegraph.stores.sqlite.lifecycle import (
     apply_rebuild,
+    episode_detail,
     forget_group,
     group_history,
     list_episodes,
@@ -92,6 +94,7 @@ from tidegraph.stores.sqlite.rows import (
 )
 from tidegraph.stores.sqlite.search import GroupVectors, SqliteSearch
 from tidegraph.stores.sqlite.writes import (
+    delete_communities,
     index_text,
     reindex_episodes,
     stored_owners,
@@ -495,6 +498,9 @@ class SqliteStore(SqliteSearch):
             list_episodes, group_id, since, until, status, after, max(limit, 0)
         )
 
+    async def episode_detail(self, group_id: str, episode_uuid: str) -> EpisodeDetail | None:
+        return await self.db.run(episode_detail, group_id, episode_uuid)
+
     async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
         def write(conn: sqlite3.Connection) -> int:
             with Transaction(conn):
@@ -667,7 +673,7 @@ class SqliteStore(SqliteSearch):
                 errors.check_community_owners(
                     group_id, dict(conn.execute(query, (json_text(named),)).fetchall())
                 )
-                _delete_communities(conn, group_id, unique(deletes))
+                delete_communities(conn, group_id, unique(deletes))
                 for row in rows:
                     _upsert_community(conn, group_id, row)
                 if rows:  # the upserted communities' members are replaced, and leave others
@@ -716,19 +722,6 @@ class SqliteStore(SqliteSearch):
 
         with observe_write("assign_member", len(assignments)):
             await self.db.run(write)
-
-
-def _delete_communities(conn: sqlite3.Connection, group_id: str, uuids: list[str]) -> None:
-    if not uuids:
-        return
-    param = (group_id, json_text(uuids))
-    conn.execute(
-        f"DELETE FROM community_text WHERE rowid IN "
-        f"(SELECT id FROM community WHERE +group_id = ? AND uuid {IN_LIST})",
-        param,
-    )
-    conn.execute(f"DELETE FROM member WHERE group_id = ? AND community_uuid {IN_LIST}", param)
-    conn.execute(f"DELETE FROM community WHERE group_id = ? AND uuid {IN_LIST}", param)
 
 
 def _upsert_community(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:

@@ -426,3 +426,17 @@ def write_episodes(
     if len(writes) == 1:
         raise failure
     raise BatchWriteError(written) from failure
+
+
+def delete_communities(conn: sqlite3.Connection, group_id: str, uuids: list[str]) -> None:
+    """The group's communities ``uuids``, their search text and memberships."""
+    if not uuids:
+        return
+    param = (group_id, json_text(uuids))
+    conn.execute(
+        f"DELETE FROM community_text WHERE rowid IN "
+        f"(SELECT id FROM community WHERE +group_id = ? AND uuid {IN_LIST})",
+        param,
+    )
+    conn.execute(f"DELETE FROM member WHERE group_id = ? AND community_uuid {IN_LIST}", param)
+    conn.execute(f"DELETE FROM community WHERE group_id = ? AND uuid {IN_LIST}", param)
