@@ -26,7 +26,8 @@ import faust
 
 from tidegraph.connections import KafkaConnection
 from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
-from tidegraph.pipelines.pending import pending_envelopes
+from tidegraph.pipelines.outbox import PRUNE_EVERY_SECONDS, prune_outbox
+from tidegraph.pipelines.pending import partition_of, pending_envelopes
 from tidegraph.pipelines.runtime import Runtime
 from tidegraph.pipelines.streaming.commits import guard_commits
 from tidegraph.pipelines.streaming.community_agent import install_community_agent
@@ -289,6 +290,24 @@ def _timers(
                 published = 0
             if published < RELAY_BATCH:
                 await app.sleep(worker.changes_relay_seconds)
+
+    @app.timer(interval=PRUNE_EVERY_SECONDS, name="tidegraph.outbox_retention")
+    async def prune() -> None:
+        # The outbox's published changes past their retention go (pipelines/outbox.py).
+        try:
+            groups = [
+                log_.group_id
+                for log_ in await runtime.store.change_logs()
+                if partition_of(log_.group_id, partitions) in owned
+            ]
+            await prune_outbox(
+                runtime.store,
+                groups,
+                runtime.settings.changes_retention_hours,
+                published_only=True,
+            )
+        except Exception:
+            log.exception("outbox retention failed; the next round tries again")
 
 
 def _short(names: TopicNames, topic: str) -> str:

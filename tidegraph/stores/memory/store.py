@@ -405,10 +405,17 @@ class MemoryStore(MemorySearch):
             if log is not None:
                 log.published = max(log.published, min(seq, log.seq))
 
-    async def prune_changes(self, group_id: str, upto: int) -> int:
+    async def prune_changes(
+        self, group_id: str, before: datetime, *, published_only: bool = True
+    ) -> int:
         log = self._logs.get(group_id)
-        limit = min(upto, log.published) if log is not None else 0
-        kept = [c for c in self._changes.get(group_id, []) if c.seq > limit]
+        published = log.published if log is not None else 0
+        kept = [
+            c
+            for c in self._changes.get(group_id, [])
+            if (published_only and c.seq > published)
+            or (c.committed_at is not None and utc(c.committed_at) >= utc(before))
+        ]
         pruned = len(self._changes.get(group_id, [])) - len(kept)
         self._changes[group_id] = kept
         return pruned

@@ -28,6 +28,7 @@ from tidegraph.stores.rows import (
     entity_record,
     entity_row,
     episode_record,
+    epoch_micros,
     fact_record,
     fact_row,
     now_utc,
@@ -81,8 +82,15 @@ class Lifecycle:
         if rows:
             await self.ex.write("mark_published", len(rows), work)
 
-    async def prune_changes(self, group_id: str, upto: int) -> int:
-        params = {"group_id": group_id, "upto": upto, "batch": PRUNE_BATCH}
+    async def prune_changes(
+        self, group_id: str, before: datetime, *, published_only: bool = True
+    ) -> int:
+        params = {
+            "group_id": group_id,
+            "before": epoch_micros(before),
+            "published_only": published_only,
+            "batch": PRUNE_BATCH,
+        }
         pruned = 0
         while True:
 

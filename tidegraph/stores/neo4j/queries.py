@@ -658,7 +658,7 @@ _RECORD_CHANGES = """
     UNWIND range(0, size({changes}) - 1) AS i
     WITH {changes}[i] AS c, base + i + 1 AS seq
     CREATE (:Change {{group_id: {group}, seq: seq, change_id: c.change_id, kind: c.kind,
-                      uuid: c.uuid, body: c.body}})
+                      uuid: c.uuid, body: c.body, committed_at: c.committed_at}})
 """
 # The same for one group's changes alone (a forget's rebuild).
 RECORD_CHANGES = _RECORD_CHANGES.format(changes="$changes", group="$group_id")

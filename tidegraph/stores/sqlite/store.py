@@ -565,13 +565,15 @@ class SqliteStore(SqliteSearch):
         if cursors:
             await self.db.run(write)
 
-    async def prune_changes(self, group_id: str, upto: int) -> int:
+    async def prune_changes(
+        self, group_id: str, before: datetime, *, published_only: bool = True
+    ) -> int:
         def write(conn: sqlite3.Connection) -> int:
             with Transaction(conn):
                 return conn.execute(
-                    "DELETE FROM change WHERE group_id = ? AND seq <= min(?, "
-                    "(SELECT published FROM change_log WHERE group_id = ?))",
-                    (group_id, upto, group_id),
+                    "DELETE FROM change WHERE group_id = ? AND coalesce(committed_at, 0) < ? "
+                    "AND (NOT ? OR seq <= (SELECT published FROM change_log WHERE group_id = ?))",
+                    (group_id, micros(before), published_only, group_id),
                 ).rowcount
 
         return await self.db.run(write)
