@@ -236,6 +236,10 @@ CHANGES_PUBLISHED = Counter(
     "tidegraph_changes_published_total",
     "Changes the relay produced to {prefix}.changes and Kafka acknowledged.",
 )
+CHANGES_PRUNED = Counter(
+    "tidegraph_changes_pruned_total",
+    "Changes dropped from the store's outbox once older than TIDEGRAPH_CHANGES_RETENTION_HOURS.",
+)
 CHANGES_BEHIND = Gauge(
     "tidegraph_changes_unpublished",
     "Changes committed to the outbox of the groups this worker relays and not published yet.",

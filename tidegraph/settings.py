@@ -128,6 +128,13 @@ class Settings(BaseSettings):
         description="Record every committed change of the graph in the store's outbox (the "
         "change stream: GET /v1/changes, {prefix}.changes); off, writes skip it.",
     )
+    changes_retention_hours: float = Field(
+        168.0,
+        ge=0,
+        description="How long the store's outbox keeps a committed change (a reader of GET "
+        "/v1/changes can catch up that far back; 0: for good). Through Kafka, a change is "
+        "also kept until the relay has published it.",
+    )
 
     # --- records ---------------------------------------------------------------------
     record_timeout_seconds: float = Field(

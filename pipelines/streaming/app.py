@@ -26,7 +26,8 @@ import faust
 
 from tidegraph.connections import KafkaConnection
 from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
-from tidegraph.pipelines.pending import pending_envelopes
+from tidegraph.pipelines.outbox import PRUNE_EVERY_SECONDS, prune_outbox
+from tidegraph.pipelines.pending import partition_of, pending_envelopes
 from tidegraph.pipelines.runtime import Runtime
 from tidegraph.pipelines.streaming.commits import guard_commits
 from tidegraph.pipelines.streaming.community_agent import install_community_agent
@@ -143,6 +144,8 @@ def create_app(
         )  # fmt: skip
     owned = _on_rebalance(app, runtime, names, [topic for topic, _ in hops], lanes, health)
     _timers(app, runtime, worker, names, topics, owned, settings.partitions, health)
+    if settings.changes_enabled:
+        _change_stream(app, runtime, worker, topics[names.changes], owned, settings.partitions)
     app.add_closer(runtime.close)
     return app
 
@@ -268,11 +271,19 @@ def _timers(
             if envelopes:
                 log.info("pending_sweep resent=%d", len(envelopes))
 
-    if not runtime.settings.changes_enabled:
-        return
+
+def _change_stream(
+    app: TidegraphApp,
+    runtime: Runtime,
+    worker: WorkerSettings,
+    changes_topic: faust.TopicT,
+    owned: set[int],
+    partitions: int,
+) -> None:
+    """The relay of the owned groups' outboxes to {prefix}.changes, and their retention."""
 
     async def send_change(key: bytes, value: bytes) -> Awaitable[object]:
-        return await topics[names.changes].send(key=key, value=value, force=True)
+        return await changes_topic.send(key=key, value=value, force=True)
 
     @app.task
     async def relay() -> None:
@@ -289,6 +300,24 @@ def _timers(
                 published = 0
             if published < RELAY_BATCH:
                 await app.sleep(worker.changes_relay_seconds)
+
+    @app.timer(interval=PRUNE_EVERY_SECONDS, name="tidegraph.outbox_retention")
+    async def prune() -> None:
+        # The outbox's published changes past their retention go (pipelines/outbox.py).
+        try:
+            groups = [
+                log_.group_id
+                for log_ in await runtime.store.change_logs()
+                if partition_of(log_.group_id, partitions) in owned
+            ]
+            await prune_outbox(
+                runtime.store,
+                groups,
+                runtime.settings.changes_retention_hours,
+                published_only=True,
+            )
+        except Exception:
+            log.exception("outbox retention failed; the next round tries again")
 
 
 def _short(names: TopicNames, topic: str) -> str:

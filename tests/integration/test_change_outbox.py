@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from tests.integration.test_delivery_order_stores import Record
-from tests.integration.test_forget import clock_of, feed
+from tests.integration.test_forget import T0, clock_of, feed
 from tests.support import crm_feed as crm
 from tidegraph.stores.base import GraphStore
 
@@ -50,3 +50,32 @@ async def test_the_relay_reads_each_groups_changes_after_its_cursor(any_store: G
     finally:
         for group in groups:
             await any_store.delete_group(group)
+
+
+async def test_the_outbox_keeps_a_change_for_its_retention(any_store: GraphStore) -> None:
+    """Changes committed before the cutoff go; through a relay only the published ones."""
+    at = [crm.START + timedelta(days=d) for d in range(4)]
+    records = [
+        Record(f"rec-{i}", at[i], crm.plan_record((1, "Acme Corp"), plan, at[i]))
+        for i, plan in enumerate(["Basic", "Pro", "Enterprise", "Basic"])
+    ]
+    times = {r.id: T0 + timedelta(days=10 * i) for i, r in enumerate(records)}
+    group = f"outbox-{uuidlib.uuid4().hex[:12]}"
+    try:
+        await feed(any_store, group, records, times)
+        outbox = await any_store.changes(group, 0, 1000)
+        cutoff = times["rec-2"]  # the changes of rec-0 and rec-1 are older
+        older = [c for c in outbox if c.committed_at is not None and c.committed_at < cutoff]
+        assert older and len(older) < len(outbox)
+        # Through a relay: nothing unpublished goes.
+        assert await any_store.prune_changes(group, cutoff, published_only=True) == 0
+        await any_store.mark_published({group: older[0].seq})
+        assert await any_store.prune_changes(group, cutoff, published_only=True) == 1
+        # Without one (the embedded store served in-process): every older change goes.
+        assert await any_store.prune_changes(group, cutoff, published_only=False) == len(older) - 1
+        kept = await any_store.changes(group, 0, 1000)
+        assert [c.seq for c in kept] == [c.seq for c in outbox if c not in older]
+        [log] = await any_store.change_logs([group])
+        assert log.seq == outbox[-1].seq  # the cursor's numbering goes on
+    finally:
+        await any_store.delete_group(group)

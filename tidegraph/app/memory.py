@@ -574,3 +574,16 @@ class Memory:
                 return ChangePage(group_id, found, found[-1].seq if found else after)
             await asyncio.sleep(min(pause, left))  # the store is the only source of truth
             pause = min(pause * 2, 1.0)
+
+    async def prune_changes(self) -> int:
+        """Drop the outbox's changes past their retention (TIDEGRAPH_CHANGES_RETENTION_HOURS);
+        through Kafka only those the workers' relay has published. How many went."""
+        from tidegraph.pipelines.outbox import prune_outbox
+
+        groups = [log.group_id for log in await self.store.change_logs()]
+        return await prune_outbox(
+            self.store,
+            groups,
+            self.settings.changes_retention_hours,
+            published_only=self.via == "kafka",
+        )

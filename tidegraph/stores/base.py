@@ -423,8 +423,11 @@ class GraphStore(abc.ABC):
         never moves back, nor past the group's last change)."""
 
     @abc.abstractmethod
-    async def prune_changes(self, group_id: str, upto: int) -> int:
-        """Drop the group's published changes with ``seq <= upto``; how many went."""
+    async def prune_changes(
+        self, group_id: str, before: datetime, *, published_only: bool = True
+    ) -> int:
+        """Drop the group's changes committed before ``before`` (the outbox's retention);
+        ``published_only``: only those the relay has published. How many went."""
 
     # ---------------------------------------------------------------- forgetting
     # docs/architecture.md "Forgetting": a forget replays the group's remaining episodes into a

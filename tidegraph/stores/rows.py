@@ -219,7 +219,16 @@ def change_row(change: Change) -> dict[str, Any]:
         "kind": change.kind,
         "uuid": change.uuid,
         "body": change.model_dump_json(exclude={"seq"}),
+        # microseconds since the epoch, what the outbox's retention compares (0: unknown)
+        "committed_at": epoch_micros(change.committed_at),
     }
+
+
+def epoch_micros(value: datetime | None) -> int:
+    if value is None:
+        return 0
+    since = utc(value) - datetime(1970, 1, 1, tzinfo=UTC)
+    return (since.days * 86_400 + since.seconds) * 1_000_000 + since.microseconds
 
 
 def change_of(body: str, seq: int) -> Change:

@@ -32,6 +32,10 @@ and stop-word filtered by ``search_terms``, as both stores split it) in their na
 scored by the number of the text's words found. Neo4j (Lucene's English analyzer) and the
 embedded store (FTS5, BM25) also stem words and weigh them, so "companies" finds "Company"
 there and not here, and scores and ties may rank differently.
+
+Size: about 650 lines because it is the whole ``GraphStore`` (episodes, entities, facts,
+communities, the outbox, forgetting) over one set of dicts that every method reads together;
+only the search methods, which share nothing else, are apart.
 """
 
 from __future__ import annotations
@@ -405,10 +409,17 @@ class MemoryStore(MemorySearch):
             if log is not None:
                 log.published = max(log.published, min(seq, log.seq))
 
-    async def prune_changes(self, group_id: str, upto: int) -> int:
+    async def prune_changes(
+        self, group_id: str, before: datetime, *, published_only: bool = True
+    ) -> int:
         log = self._logs.get(group_id)
-        limit = min(upto, log.published) if log is not None else 0
-        kept = [c for c in self._changes.get(group_id, []) if c.seq > limit]
+        published = log.published if log is not None else 0
+        kept = [
+            c
+            for c in self._changes.get(group_id, [])
+            if (published_only and c.seq > published)
+            or (c.committed_at is not None and utc(c.committed_at) >= utc(before))
+        ]
         pruned = len(self._changes.get(group_id, [])) - len(kept)
         self._changes[group_id] = kept
         return pruned

@@ -28,6 +28,7 @@ from tidegraph.stores.rows import (
     entity_record,
     entity_row,
     episode_record,
+    epoch_micros,
     fact_record,
     fact_row,
     now_utc,
@@ -36,7 +37,7 @@ from tidegraph.stores.rows import (
 )
 
 if TYPE_CHECKING:
-    from tidegraph.stores.executor import Executor
+    from tidegraph.stores.neo4j.executor import Neo4jExecutor
 
 PRUNE_BATCH = 5_000
 
@@ -44,7 +45,7 @@ PRUNE_BATCH = 5_000
 class Lifecycle:
     """The lifecycle methods of ``GraphStore`` on Neo4j (mixed into ``Neo4jStore``)."""
 
-    ex: Executor
+    ex: Neo4jExecutor
 
     if TYPE_CHECKING:
 
@@ -81,8 +82,15 @@ class Lifecycle:
         if rows:
             await self.ex.write("mark_published", len(rows), work)
 
-    async def prune_changes(self, group_id: str, upto: int) -> int:
-        params = {"group_id": group_id, "upto": upto, "batch": PRUNE_BATCH}
+    async def prune_changes(
+        self, group_id: str, before: datetime, *, published_only: bool = True
+    ) -> int:
+        params = {
+            "group_id": group_id,
+            "before": epoch_micros(before),
+            "published_only": published_only,
+            "batch": PRUNE_BATCH,
+        }
         pruned = 0
         while True:
 

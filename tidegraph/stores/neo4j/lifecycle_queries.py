@@ -57,9 +57,11 @@ SET cursor.published = CASE WHEN row.seq > cursor.published
 """
 
 PRUNE_CHANGES = """
-MATCH (cursor:ChangeCursor {group_id: $group_id})
+OPTIONAL MATCH (cursor:ChangeCursor {group_id: $group_id})
+WITH coalesce(cursor.published, 0) AS published
 MATCH (c:Change)
-WHERE c.group_id = $group_id AND c.seq <= $upto AND c.seq <= cursor.published
+WHERE c.group_id = $group_id AND coalesce(c.committed_at, 0) < $before
+  AND (NOT $published_only OR c.seq <= published)
 WITH c LIMIT $batch
 DELETE c
 RETURN count(*) AS deleted

@@ -8,6 +8,10 @@ text is our own constants (index names, field lists).
 Reads answer with the column names ``tidegraph.stores.neo4j.core`` reads: an entity is ``e`` (a
 property map) with ``community_uuid``; a fact ``r`` with ``source_uuid`` and ``target_uuid``;
 an episode ``ep``.
+
+Size: about 800 lines of Cypher text, one constant per operation; the episode write is one
+statement built from the fragments above it, which is why they stay in one module (the
+search, community and lifecycle queries are in their own).
 """
 
 from __future__ import annotations
@@ -658,7 +662,7 @@ _RECORD_CHANGES = """
     UNWIND range(0, size({changes}) - 1) AS i
     WITH {changes}[i] AS c, base + i + 1 AS seq
     CREATE (:Change {{group_id: {group}, seq: seq, change_id: c.change_id, kind: c.kind,
-                      uuid: c.uuid, body: c.body}})
+                      uuid: c.uuid, body: c.body, committed_at: c.committed_at}})
 """
 # The same for one group's changes alone (a forget's rebuild).
 RECORD_CHANGES = _RECORD_CHANGES.format(changes="$changes", group="$group_id")

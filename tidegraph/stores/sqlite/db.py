@@ -160,6 +160,7 @@ SCHEMA = (
         kind TEXT NOT NULL,
         uuid TEXT NOT NULL,
         body TEXT NOT NULL,
+        committed_at INTEGER,
         PRIMARY KEY (group_id, seq)) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS change_uuid ON change (uuid)",
     "CREATE INDEX IF NOT EXISTS member_group ON member (group_id)",
@@ -187,6 +188,7 @@ DROPPED = ("DROP TABLE IF EXISTS episode_text",)
 # added by setup when missing.
 ADDED_COLUMNS = {
     "episode": ("extraction TEXT", "extracted_at INTEGER", "forgotten_at INTEGER"),
+    "change": ("committed_at INTEGER",),
 }
 
 

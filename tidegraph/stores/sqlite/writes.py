@@ -395,9 +395,10 @@ def record_changes(conn: sqlite3.Connection, group_id: str, changes: list[dict[s
         (len(changes), group_id, len(changes)),
     ).fetchone()
     conn.executemany(
-        "INSERT INTO change (group_id, seq, change_id, kind, uuid, body) VALUES (?, ?, ?, ?, ?, ?)",
+        "INSERT INTO change (group_id, seq, change_id, kind, uuid, body, committed_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
         [
-            (group_id, base + n, c["change_id"], c["kind"], c["uuid"], c["body"])
+            (group_id, base + n, c["change_id"], c["kind"], c["uuid"], c["body"], c["committed_at"])
             for n, c in enumerate(changes, 1)
         ],
     )
