@@ -1,10 +1,11 @@
 """``tidegraph changes``: a group's change stream (docs/streaming.md "Change stream").
 
-    tidegraph changes --group G [--after N] [--limit N] [--follow] [--via kafka] [--brief]
+    tidegraph changes --group G [--after N] [--limit N] [--follow] [--via kafka] [--json]
 
-One JSON line per change (the envelope of ``tidegraph/records/changes.py``), in commit order,
-then ``{"cursor": N}``: the last change's ``seq``, to give back as ``--after N``. ``--follow``
-keeps waiting for new changes until Ctrl-C (then prints the cursor line and exits 0). The
+One short line per change in commit order (``--json``: its envelope, as in
+``tidegraph/records/changes.py``), then the cursor: the last change's ``seq``, to give back as
+``--after N`` (``--json``: ``{"cursor": N}``). ``--follow`` keeps waiting for new changes
+until Ctrl-C (then prints the cursor line and exits 0). The
 changes are read from the store's outbox (``Memory.changes``, opened read-only), or with
 ``--via kafka`` from the ``{prefix}.changes`` topic (``stream_changes``), where a change the
 relay published again after a restart is printed once.
@@ -73,7 +74,7 @@ def changes(
         help="store (the store's outbox, read-only) or kafka (the {prefix}.changes topic).",
     ),
     as_json: bool = typer.Option(
-        True, "--json/--brief", help="One JSON line per change (default), or a short line."
+        False, "--json", help="One JSON line per change (its envelope), then the cursor's."
     ),
     data_dir: Path | None = data_dir_option(),
 ) -> None:

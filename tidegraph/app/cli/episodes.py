@@ -84,26 +84,9 @@ def episodes(
         listing = {"--since": since, "--until": until, "--status": status, "--cursor": cursor}
         given = [name for name, value in listing.items() if value is not None]
         given += ["--all-pages"] * all_pages + ["--content"] * content
-        if given:
-            raise typer.BadParameter(
-                f"--show shows one episode: leave out {', '.join(given)}", param_hint="--show"
-            )
-        problem = id_problem(show)
-        if problem is not None:
-            raise typer.BadParameter(f"episode id {show[:80]!r} {problem}", param_hint="--show")
-        _show(group, show, as_json)
+        _show(group, show, given, as_json)
         return
-    if status is not None and status not in EPISODE_STATUSES:
-        raise typer.BadParameter(
-            f"one of {', '.join(EPISODE_STATUSES)}, not {status[:80]!r}", param_hint="--status"
-        )
-    if cursor is not None:
-        try:
-            read_episode_cursor(cursor, group)  # refused before anything is opened
-        except BadCursor as exc:
-            raise typer.BadParameter(
-                str(exc).removeprefix("cursor: "), param_hint="--cursor"
-            ) from None
+    _check_listing(group, status, cursor)
     asked = {
         "since": _when(since, "--since"),
         "until": _when(until, "--until"),
@@ -125,18 +108,38 @@ def episodes(
         json_line({"next_cursor": last.next_cursor})
         return
     _table(rows)
-    counted = f"{len(rows)} episode{'' if len(rows) == 1 else 's'}"
-    if last.source != "store":
-        counted += f" (from {last.source})"
-    if last.next_cursor is None:
-        console.print(counted, highlight=False, markup=False)
-        return
     again = ["tidegraph", "episodes", "--group", group]
     for option, value in (("--since", since), ("--until", until), ("--status", status)):
         if value is not None:
             again += [option, value]
     if limit != DEFAULT_PAGE:
         again += ["--limit", str(limit)]
+    _footer(len(rows), last, again)
+
+
+def _check_listing(group: str, status: str | None, cursor: str | None) -> None:
+    """A status or cursor this listing cannot take, refused before anything is opened."""
+    if status is not None and status not in EPISODE_STATUSES:
+        raise typer.BadParameter(
+            f"one of {', '.join(EPISODE_STATUSES)}, not {status[:80]!r}", param_hint="--status"
+        )
+    if cursor is not None:
+        try:
+            read_episode_cursor(cursor, group)
+        except BadCursor as exc:
+            raise typer.BadParameter(
+                str(exc).removeprefix("cursor: "), param_hint="--cursor"
+            ) from None
+
+
+def _footer(shown: int, last: EpisodePage, again: list[str]) -> None:
+    """Below the table: how many, and the command for the next page when there is one."""
+    counted = f"{shown} episode{'' if shown == 1 else 's'}"
+    if last.source != "store":
+        counted += f" (from {last.source})"
+    if last.next_cursor is None:
+        console.print(counted, highlight=False, markup=False)
+        return
     console.print(
         f"{counted}; next page: {shlex.join([*again, '--cursor', last.next_cursor])}",
         highlight=False,
@@ -182,7 +185,15 @@ def _table(rows: list[EpisodeView]) -> None:
     console.print(table)
 
 
-def _show(group: str, ident: str, as_json: bool) -> None:
+def _show(group: str, ident: str, given: list[str], as_json: bool) -> None:
+    if given:
+        raise typer.BadParameter(
+            f"--show shows one episode: leave out {', '.join(given)}", param_hint="--show"
+        )
+    problem = id_problem(ident)
+    if problem is not None:
+        raise typer.BadParameter(f"episode id {ident[:80]!r} {problem}", param_hint="--show")
+
     async def read() -> EpisodeDetailView | None:
         async with await open_reading() as memory:
             return await memory.episode(group, ident)

@@ -2,14 +2,15 @@
 "Forgetting").
 
     tidegraph forget --group G --episode ID [--episode ID ...]    # these episodes
-    tidegraph forget --group G --subject "Dana Reyes"              # every episode mentioning her
+    tidegraph forget --group G --subject "Dana Reyes" [--yes]      # every episode mentioning her
     tidegraph forget --group G --all [--purge] --yes               # the whole group
     ... [--dry-run] [--via kafka] [--json] [--data-dir DIR]
 
 In this process (the default) the forget is done when the command returns; ``--via kafka``
 puts a forget record on the input topic and the worker that owns the group runs it in the
-group's order. ``--dry-run`` says what would go and writes nothing. A whole group is only
-forgotten after a confirmation on the terminal, or with ``--yes``.
+group's order. ``--dry-run`` says what would go and writes nothing. A subject or a whole
+group is only forgotten after a confirmation on the terminal, or with ``--yes`` (without a
+terminal and without ``--yes`` the command refuses, exit code 2).
 
 Importing this module registers ``forget`` on ``tidegraph.app.cli.main.app``.
 """
@@ -93,7 +94,9 @@ def forget(
         "input topic: the worker that owns the group runs it in the group's order).",
     ),
     yes: bool = typer.Option(
-        False, "--yes", help="Forget a whole group without asking (needed without a terminal)."
+        False,
+        "--yes",
+        help="Forget a subject or a whole group without asking (needed without a terminal).",
     ),
     as_json: bool = json_option(),
     data_dir: Path | None = data_dir_option(),
@@ -105,12 +108,17 @@ def forget(
     request = _request(group, episode, subject, whole_group, purge)
     if via not in ("process", "kafka"):
         raise typer.BadParameter(f"'process' or 'kafka', not {via[:80]!r}", param_hint="--via")
-    confirm = whole_group and not dry_run and not yes
+    confirm = (whole_group or subject is not None) and not dry_run and not yes
     if confirm and not sys.stdin.isatty():
-        raise typer.BadParameter(
-            "forgetting a whole group is confirmed on a terminal: run it in one, or add --yes",
-            param_hint="--all",
+        what = "--all" if whole_group else "--subject"
+        err.print(
+            f"error: forget {what} is confirmed on a terminal and stdin is not one: nothing "
+            "was forgotten; add --yes to forget without asking (--dry-run lists what would go)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
         )
+        raise typer.Exit(2)
     outcome = asyncio.run(_forget(request, dry_run=dry_run, via=via, confirm=confirm))
     if as_json:
         json_line(outcome.as_json())
@@ -152,30 +160,22 @@ def _request(
         raise typer.BadParameter(first_problem(exc)) from None
 
 
-async def _open(via: str, dry_run: bool) -> Memory:
-    """The memory a forget goes through: with its write side (in this process, and for any
+async def _open(via: str, in_process: bool) -> Memory:
+    """The memory a forget goes through: with its write side (in this process, and for a
     dry run), or reading the store only to name the subject and produce the record (Kafka)."""
     from tidegraph.app.memory import Memory, open_reader
 
-    if via == "kafka" and not dry_run:
+    if via == "kafka" and not in_process:
         return Memory(await open_reader(get_settings()), via="kafka")
-    memory: Memory = await open_writing()
+    memory: Memory = await open_writing(via)
     return memory
 
 
 async def _forget(request: ForgetRequest, *, dry_run: bool, via: str, confirm: bool) -> Outcome:
-    async with await _open(via, dry_run) as memory:
-        if confirm:
-            [held] = await memory.groups([request.group_id])
-            asked = (
-                f"Forget everything of group {request.group_id!r} ({held.episodes} episodes, "
-                f"{held.entities} entities, {held.facts} facts)"
-                + (" and its tombstones" if request.purge else "")
-                + "? It cannot be undone"
-            )
-            if not typer.confirm(asked, default=False):
-                err.print("nothing was forgotten", highlight=False)
-                raise typer.Exit(1)
+    async with await _open(via, in_process=dry_run or confirm) as memory:
+        if confirm and not await _confirmed(memory, request):
+            err.print("nothing was forgotten", highlight=False)
+            raise typer.Exit(1)
         outcome = Outcome(await memory.forget(request, dry_run=dry_run))
         if outcome.result.status != "queued":
             for ident in sorted(set(request.episode_ids) - set(outcome.result.episodes)):
@@ -185,6 +185,34 @@ async def _forget(request: ForgetRequest, *, dry_run: bool, via: str, confirm: b
                 else:
                     outcome.not_found.append(ident)
     return outcome
+
+
+SHOWN_BEFORE_ASKING = 20
+
+
+async def _confirmed(memory: Memory, request: ForgetRequest) -> bool:
+    """What would go, and the user's yes on the terminal (a subject with no episode: yes)."""
+    group = request.group_id
+    if request.group:
+        [held] = await memory.groups([group])
+        asked = (
+            f"Forget everything of group {group!r} ({_plural(held.episodes, 'episode')}, "
+            f"{_plural(held.entities, 'entity')}, {_plural(held.facts, 'fact')})"
+            + (" and its tombstones" if request.purge else "")
+        )
+    else:
+        preview = await memory.forget(request, dry_run=True)
+        if not preview.forgotten:
+            return True
+        for ident in preview.episodes[:SHOWN_BEFORE_ASKING]:
+            typer.echo(f"  {ident}")
+        if preview.forgotten > SHOWN_BEFORE_ASKING:
+            typer.echo(f"  ... and {preview.forgotten - SHOWN_BEFORE_ASKING} more")
+        asked = (
+            f"Forget these {_plural(preview.forgotten, 'episode')} of group {group!r} (every "
+            f"one that mentions {request.subject!r}), with what only they support"
+        )
+    return typer.confirm(f"{asked}? It cannot be undone", default=False)
 
 
 _PLURALS = {"episode": "episodes", "fact": "facts", "entity": "entities"}
@@ -225,7 +253,7 @@ def _say(outcome: Outcome, request: ForgetRequest, subject: str | None) -> None:
         )
         for ident in result.episodes:
             out(f"  {ident}")
-        if not request.group:
+        if not request.group and result.forgotten:
             removed = (
                 f"{_plural(result.facts_removed, 'fact')} and "
                 f"{_plural(result.entities_removed, 'entity')}"

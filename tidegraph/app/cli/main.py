@@ -115,7 +115,16 @@ def main() -> None:
     for name in ("aiokafka", "neo4j"):  # unconfigured, their errors would print as they occur
         logging.getLogger(name).addHandler(logging.NullHandler())
     try:
-        app()
+        sys.exit(app(standalone_mode=False) or 0)  # an int: the code a command exited with
+    except typer.Abort:  # Ctrl-D or Ctrl-C at a prompt
+        err.print("aborted: nothing was done")
+        sys.exit(1)
+    except typer.TyperException as exc:  # a refused command line (click's UsageError ...)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `tidegraph` alone: its help
+            typer.echo(exc.format_message(), err=True)
+        else:
+            sys.stderr.write(f"error: {usage_line(exc)}\n")
+        sys.exit(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
@@ -130,6 +139,13 @@ def main() -> None:
             traceback.print_exc()
         sys.stderr.write(f"error: {explain(exc, settings)}\n")  # one line, never wrapped
         sys.exit(1)
+
+
+def usage_line(exc: typer.TyperException) -> str:
+    """A refused command line as one line, with where to read how it is given."""
+    text = " ".join(exc.format_message().split())
+    command = getattr(getattr(exc, "ctx", None), "command_path", None)
+    return f"{text} (see `{command} --help`)" if command else text
 
 
 def _setup_logging() -> None:
