@@ -1,10 +1,11 @@
 """``tidegraph forget``, ``episodes``, ``groups`` and ``changes`` as an operator runs them, the
-installed command on the embedded store (docs/reference/cli.md): a forgotten episode is gone
-from search and from the listing, a subject's dry run writes nothing, a whole group goes and
-the others stay, episodes page with the cursor each page prints, a cursor not given out is
-one line, a forget that would need a confirmation refuses without a terminal, and the change
-stream resumes after a cursor and follows until Ctrl-C. Through Kafka: a forget is a record on
-the input topic, and ``changes --via kafka`` reads what the relay published."""
+installed command on the embedded store (docs/retrieval.md "Browse, forget, follow"): a
+forgotten episode is gone from search and from the listing, a subject's dry run writes
+nothing, a whole group goes and the others stay, episodes page with the cursor each page
+prints, a cursor not given out is one line, a forget that would need a confirmation refuses
+without a terminal, and the change stream resumes after a cursor and follows until Ctrl-C.
+Through Kafka: a forget is a record on the input topic, and ``changes --via kafka`` reads what
+the relay published."""
 
 from __future__ import annotations
 
