@@ -492,8 +492,8 @@ async def stream_changes(
     topic = TopicNames(settings.topic_prefix).changes
     wanted = None if groups is None else set(groups)
     consumer = dlq_consumer(settings)
-    await consumer.start()
     try:
+        await consumer.start()  # inside: a failed start still closes the consumer
         tps = await _assign_all(settings, consumer, topic)
         while follow and not tps:
             await asyncio.sleep(poll_seconds)

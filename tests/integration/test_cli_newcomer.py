@@ -1,8 +1,8 @@
 """The ``tidegraph`` command as a newcomer meets it (issue 31): the installed command, run in a
 fresh folder with none of the project's settings. Reads of a store that does not exist, and
-commands whose Kafka or Neo4j is not there, say so in one line and create nothing; one episode
-shape for ``ingest`` and the HTTP API; mapped keys that keep their integers; ``--version``,
-``--data-dir``, plain help and whole dates.
+commands whose Kafka or Neo4j is not there (the lifecycle commands of issue 34 too), say so in
+one line and create nothing; one episode shape for ``ingest`` and the HTTP API; mapped keys
+that keep their integers; ``--version``, ``--data-dir``, plain help and whole dates.
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ def test_reads_of_a_store_never_written_say_so_and_create_nothing(tmp_path: Path
         ("communities", "--group", "G"),
         ("search", "anything", "--group", "G"),
         ("facts", "--group", "G", "--data-dir", "elsewhere"),
+        ("episodes", "--group", "G"),
+        ("groups",),
+        ("changes", "--group", "G", "--follow"),
+        ("forget", "--group", "G", "--episode", "e1"),
+        ("forget", "--group", "G", "--all", "--yes"),
     ):
         line = one_line_error(run(tmp_path, *args), "no tidegraph store in")
         assert str(tmp_path) in line, line
@@ -65,7 +70,12 @@ def test_commands_without_their_kafka_or_neo4j_say_which_in_one_line(tmp_path: P
     episodes = tmp_path / "episodes.jsonl"
     episodes.write_text('{"id": "e1", "group_id": "g", "content": "x", "reference_time": "2025"}\n')
     kafka = {"TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS": nowhere}
-    for args in (("dlq", "list"), ("dlq", "replay"), ("produce", str(episodes))):
+    for args in (
+        ("dlq", "list"),
+        ("dlq", "replay"),
+        ("produce", str(episodes)),
+        ("changes", "--group", "g", "--via", "kafka"),
+    ):
         one_line_error(run(tmp_path, *args, **kafka), nowhere, "TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS")
     neo4j = {"TIDEGRAPH_STORE": "neo4j", "TIDEGRAPH_NEO4J_URI": f"bolt://{nowhere}"}
     for args in (
@@ -74,6 +84,9 @@ def test_commands_without_their_kafka_or_neo4j_say_which_in_one_line(tmp_path: P
         ("ingest", str(episodes)),
         ("extract", "--pending"),
         ("communities", "refresh", "--group", "g"),
+        ("episodes", "--group", "g"),
+        ("changes", "--group", "g"),
+        ("forget", "--group", "g", "--episode", "e1"),
     ):
         one_line_error(run(tmp_path, *args, **neo4j), nowhere, "TIDEGRAPH_NEO4J_URI")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["episodes.jsonl"]  # nothing created
@@ -120,7 +133,9 @@ def test_mapped_keys_keep_big_integers_and_spell_one_id_one_way(tmp_path: Path):
 def test_version_data_dir_plain_help_and_whole_dates(tmp_path: Path):
     version = run(tmp_path, "--version")
     assert version.returncode == 0 and version.stdout.startswith("tidegraph "), version
-    for command in ("facts", "search", "entities", "ingest", "dlq list"):
+    listed = run(tmp_path, "--help").stdout
+    assert all(f" {c} " in listed for c in ("forget", "episodes", "groups", "changes")), listed
+    for command in ("facts", "search", "entities", "ingest", "dlq list", "forget", "episodes"):
         helped = run(tmp_path, *command.split(), "--help")
         assert helped.returncode == 0 and "<bool>" not in helped.stdout, helped.stdout
     assert "--data-dir" in run(tmp_path, "search", "--help").stdout

@@ -13,9 +13,11 @@ def explain(exc: BaseException, settings: Settings) -> str:
     from aiokafka.errors import KafkaConnectionError, KafkaError
     from neo4j.exceptions import AuthError, DriverError, Neo4jError, ServiceUnavailable
 
+    from tidegraph.app.browse import BadCursor
     from tidegraph.app.memory import NoStore
     from tidegraph.connections import ConnectionSettingsError
     from tidegraph.embed import EmbedderConfigError
+    from tidegraph.pipelines.forget import ForgetError
     from tidegraph.stores.errors import StoreSchemaError
 
     detail = " ".join(str(exc).split()) or type(exc).__name__
@@ -41,7 +43,9 @@ def explain(exc: BaseException, settings: Settings) -> str:
         )
     if isinstance(exc, DriverError | Neo4jError):
         return f"{neo4j}: {type(exc).__name__}: {detail}"
-    if isinstance(exc, NoStore | ConnectionSettingsError | EmbedderConfigError):
+    if isinstance(
+        exc, NoStore | ConnectionSettingsError | EmbedderConfigError | ForgetError | BadCursor
+    ):
         return detail
     if isinstance(exc, StoreSchemaError):
         return f"the store cannot be used as it is: {detail}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import traceback
 from datetime import UTC, datetime
@@ -41,8 +42,36 @@ def get_settings() -> Settings:
     return settings
 
 
+def group_id(value: str | None) -> str | None:
+    """``--group`` as every way in takes a group id (``GroupId``: kept exactly as written, so
+    padding, control characters or a lone surrogate are refused, never trimmed)."""
+    if value is None:
+        return None
+    from pydantic import TypeAdapter, ValidationError
+
+    from tidegraph.records.episode import GroupId
+
+    try:
+        return str(TypeAdapter(GroupId).validate_python(value))
+    except ValidationError as exc:
+        raise typer.BadParameter(first_problem(exc), param_hint="--group") from None
+
+
+def group_ids(values: list[str]) -> list[str]:
+    """A repeated ``--group``, each as ``group_id`` takes it."""
+    return [str(group_id(v)) for v in values]
+
+
+def first_problem(exc: Any) -> str:
+    """The first problem of a pydantic ``ValidationError``, as one line."""
+    error = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
 def group_option() -> Any:
-    return typer.Option(..., "--group", help="Group id (tenant).")
+    return typer.Option(..., "--group", callback=group_id, help="Group id (tenant).")
 
 
 def json_option() -> Any:
@@ -86,10 +115,22 @@ def main() -> None:
     for name in ("aiokafka", "neo4j"):  # unconfigured, their errors would print as they occur
         logging.getLogger(name).addHandler(logging.NullHandler())
     try:
-        app()
+        sys.exit(app(standalone_mode=False) or 0)  # an int: the code a command exited with
+    except typer.Abort:  # Ctrl-D or Ctrl-C at a prompt
+        err.print("aborted: nothing was done")
+        sys.exit(1)
+    except typer.TyperException as exc:  # a refused command line (click's UsageError ...)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `tidegraph` alone: its help
+            typer.echo(exc.format_message(), err=True)
+        else:
+            sys.stderr.write(f"error: {usage_line(exc)}\n")
+        sys.exit(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except BrokenPipeError:  # the reader went away (`... | head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
     except Exception as exc:
         from tidegraph.app.cli.errors import explain
 
@@ -98,6 +139,13 @@ def main() -> None:
             traceback.print_exc()
         sys.stderr.write(f"error: {explain(exc, settings)}\n")  # one line, never wrapped
         sys.exit(1)
+
+
+def usage_line(exc: typer.TyperException) -> str:
+    """A refused command line as one line, with where to read how it is given."""
+    text = " ".join(exc.format_message().split())
+    command = getattr(getattr(exc, "ctx", None), "command_path", None)
+    return f"{text} (see `{command} --help`)" if command else text
 
 
 def _setup_logging() -> None:
@@ -229,6 +277,32 @@ async def open_reading() -> Any:
     return await Memory.open(get_settings(), read_only=True)
 
 
+async def open_writing(via: str = "process") -> Any:
+    """The configured memory with its write side, over a store that exists: like
+    ``open_reading``, a store nothing was added to is ``NoStore`` (one line), never created."""
+    from tidegraph.app.memory import Memory, open_reader
+    from tidegraph.pipelines.runtime import open_runtime
+
+    settings = get_settings()
+    reader = await open_reader(settings)
+    if reader.cross_encoder is not None:  # the runtime opens its own
+        await reader.cross_encoder.close()
+    try:
+        runtime = await open_runtime(settings, store=reader.store, embedder=reader.embedder)
+    except BaseException:
+        await reader.embedder.close()
+        await reader.store.close()
+        raise
+    return Memory(runtime, via="kafka" if via == "kafka" else "process")
+
+
+def json_line(row: Any, *, flush: bool = False) -> None:
+    """One JSON line on stdout (``flush``: now, for a reader waiting on a pipe)."""
+    sys.stdout.write(orjson.dumps(row).decode() + "\n")
+    if flush:
+        sys.stdout.flush()
+
+
 def when_text(value: str | None) -> str:
     """A stored time as a table shows it: the day, and the minute when it is not midnight."""
     if not value:
@@ -300,7 +374,10 @@ def entities(
 
 
 # The other commands live in their own modules; importing one registers its commands on `app`.
+from tidegraph.app.cli import changes as _cli_changes  # noqa: E402,F401
 from tidegraph.app.cli import communities as _cli_communities  # noqa: E402,F401
+from tidegraph.app.cli import episodes as _cli_episodes  # noqa: E402,F401  (episodes, groups)
+from tidegraph.app.cli import forget as _cli_forget  # noqa: E402,F401
 
 # Kafka commands (worker, produce, dlq) live in their own module.
 from tidegraph.app.cli import kafka as _cli_kafka  # noqa: E402,F401  (registers commands on `app`)

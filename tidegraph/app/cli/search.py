@@ -21,6 +21,7 @@ from tidegraph.app.cli.main import (
     console,
     data_dir_option,
     err,
+    first_problem,
     get_settings,
     interval,
     open_reading,
@@ -93,17 +94,11 @@ def search(
             centre=centre,
         )
     except ValidationError as exc:
-        raise typer.BadParameter(_first_problem(exc)) from None
+        raise typer.BadParameter(first_problem(exc)) from None
     if queries is not None:
         asyncio.run(_run_batch(_read_queries(queries, request)))
         return
     asyncio.run(_run_one(request, as_json=as_json, context=context, max_chars=max_chars))
-
-
-def _first_problem(exc: Any) -> str:
-    error = exc.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in error["loc"])
-    return f"{where}: {error['msg']}" if where else str(error["msg"])
 
 
 def _read_queries(path: Path, base: SearchRequest) -> list[tuple[str, SearchRequest]]:
@@ -130,7 +125,7 @@ def _read_queries(path: Path, base: SearchRequest) -> list[tuple[str, SearchRequ
         try:
             request = SearchRequest.model_validate({**base.model_dump(), **asked})
         except ValidationError as exc:
-            raise typer.BadParameter(f"{path}:{n}: {_first_problem(exc)}") from None
+            raise typer.BadParameter(f"{path}:{n}: {first_problem(exc)}") from None
         batch.append((str(item.get("id", n)), request))
     return batch
 
