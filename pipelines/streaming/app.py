@@ -144,6 +144,8 @@ def create_app(
         )  # fmt: skip
     owned = _on_rebalance(app, runtime, names, [topic for topic, _ in hops], lanes, health)
     _timers(app, runtime, worker, names, topics, owned, settings.partitions, health)
+    if settings.changes_enabled:
+        _change_stream(app, runtime, worker, topics[names.changes], owned, settings.partitions)
     app.add_closer(runtime.close)
     return app
 
@@ -269,11 +271,19 @@ def _timers(
             if envelopes:
                 log.info("pending_sweep resent=%d", len(envelopes))
 
-    if not runtime.settings.changes_enabled:
-        return
+
+def _change_stream(
+    app: TidegraphApp,
+    runtime: Runtime,
+    worker: WorkerSettings,
+    changes_topic: faust.TopicT,
+    owned: set[int],
+    partitions: int,
+) -> None:
+    """The relay of the owned groups' outboxes to {prefix}.changes, and their retention."""
 
     async def send_change(key: bytes, value: bytes) -> Awaitable[object]:
-        return await topics[names.changes].send(key=key, value=value, force=True)
+        return await changes_topic.send(key=key, value=value, force=True)
 
     @app.task
     async def relay() -> None:

@@ -32,6 +32,10 @@ and stop-word filtered by ``search_terms``, as both stores split it) in their na
 scored by the number of the text's words found. Neo4j (Lucene's English analyzer) and the
 embedded store (FTS5, BM25) also stem words and weigh them, so "companies" finds "Company"
 there and not here, and scores and ties may rank differently.
+
+Size: about 650 lines because it is the whole ``GraphStore`` (episodes, entities, facts,
+communities, the outbox, forgetting) over one set of dicts that every method reads together;
+only the search methods, which share nothing else, are apart.
 """
 
 from __future__ import annotations

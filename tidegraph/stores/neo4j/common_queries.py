@@ -64,13 +64,6 @@ ON CREATE SET m.group_id = $group_id
 """
 
 # ---- search (tidegraph.stores.neo4j.search_core)
-# The producers of the episodes known by $known_at that mention each entity.
-ENTITY_MENTIONS = """
-MATCH (ep:Episodic)-[:MENTIONS]->(e:Entity)
-WHERE e.uuid IN $uuids AND e.group_id = $group_id AND ep.group_id = $group_id
-  AND ep.created_at <= $known_at
-RETURN e.uuid AS uuid, ep.producer_id AS producer_id, ep.valid_at AS valid_at
-"""
 COMMUNITIES_BY_UUIDS = """
 MATCH (c:Community) WHERE c.uuid IN $uuids AND c.group_id = $group_id
 RETURN c.uuid AS uuid, c.name AS name, c.summary AS summary,

@@ -1,10 +1,12 @@
-"""The Cypher store's operations: ``StoreCore`` runs a dialect's queries (``queries``,
-``common_queries``, ``asof_cypher``) on an executor (``executor.Executor``) and turns the rows into
-records. The queries answer with fixed column names (an entity ``e`` with ``community_uuid``, a fact
-``r`` with ``source_uuid`` and ``target_uuid``, an episode ``ep``), so reading, checking, folding,
-sorting and the exact as-of filter (``AsOf.believed``) happen here; ``store.Neo4jStore`` adds what
-its engine does its own way (the hooks below, the batched reads and the group commit). The embedded
-store speaks SQL: ``tidegraph.stores.sqlite.store``.
+"""The Neo4j store's common operations: ``StoreCore`` runs the queries (``queries``,
+``common_queries``, ``asof``) on the executor (``executor.Neo4jExecutor``) and turns the rows
+into records. The queries answer with fixed column names (an entity ``e`` with
+``community_uuid``, a fact ``r`` with ``source_uuid`` and ``target_uuid``, an episode ``ep``),
+so reading, checking, folding, sorting and the exact as-of filter (``AsOf.believed``) happen
+here. The store is split by concern, one class each, mixed into ``store.Neo4jStore``: these
+operations, the searches (``search_core.SearchCore``), the memory lifecycle
+(``lifecycle.Lifecycle``), and in ``store`` the schema, the batched reads and the group
+commit. The embedded store speaks SQL: ``tidegraph.stores.sqlite.store``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable
 from datetime import datetime
-from types import ModuleType
 from typing import Any
 
 from tidegraph.records.asof import AsOf
@@ -26,9 +27,12 @@ from tidegraph.records.graph import (
 )
 from tidegraph.records.times import utc
 from tidegraph.stores.errors import StoreSchemaError, check_community_owners, check_same_episode
-from tidegraph.stores.executor import Executor, Row, Tx
+from tidegraph.stores.executor import Row, Tx
 from tidegraph.stores.neo4j import common_queries as cq
+from tidegraph.stores.neo4j import queries as q
+from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
+from tidegraph.stores.neo4j.executor import Neo4jExecutor
 from tidegraph.stores.neo4j.search_core import SearchCore
 from tidegraph.stores.rows import (
     community_rows,
@@ -52,16 +56,14 @@ DELETE_BATCH = 2000
 
 
 class StoreCore(SearchCore):
-    """``GraphStore`` over an executor and a dialect's query modules (see the module
-    docstring; the search methods: ``search_core.SearchCore``)."""
+    """``GraphStore``'s common operations over the executor (see the module docstring; the
+    search methods: ``search_core.SearchCore``)."""
 
-    def __init__(self, executor: Executor, queries: ModuleType, search: ModuleType) -> None:
+    def __init__(self, executor: Neo4jExecutor) -> None:
         self.ex = executor
-        self.q = queries
-        self.sq = search
         self._dim: int | None = None
 
-    # ------------------------------------------------------------------ engine hooks
+    # ------------------------------------------------------------------ Neo4jStore's hooks
     @abc.abstractmethod
     async def _declared_dim(self) -> int | None:
         """The embedding dimension the schema declares, None before ``setup``."""
@@ -73,12 +75,12 @@ class StoreCore(SearchCore):
     async def _with_fact_embeddings(
         self, group_id: str, facts: list[FactRecord]
     ) -> list[FactRecord]:
-        """The facts with their stored embeddings (the dialect's fact rows carry them)."""
+        """The facts with their stored embeddings (the fact rows carry them)."""
         return facts
 
     async def _facts_by_uuids(self, group_id: str, uuids: list[str]) -> list[FactRecord]:
         """The group's facts of these uuids, with their embeddings."""
-        rows = await self.ex.rows(self.q.FACTS_BY_UUIDS, {"group_id": group_id, "uuids": uuids})
+        rows = await self.ex.rows(q.FACTS_BY_UUIDS, {"group_id": group_id, "uuids": uuids})
         return [fact_of(r) for r in rows]
 
     @abc.abstractmethod
@@ -108,7 +110,7 @@ class StoreCore(SearchCore):
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> list[str] | None:
         params = {"group_id": group_id, "uuid": episode_uuid}
-        rows = await self.ex.rows(self.q.EPISODE_PROCESSED, params)
+        rows = await self.ex.rows(q.EPISODE_PROCESSED, params)
         if not rows:
             return None
         check_same_episode(episode_uuid, rows[0]["content_hash"], content_hash)
@@ -133,7 +135,7 @@ class StoreCore(SearchCore):
         if limit <= 0:
             return []
         params = {"group_id": group_id, "limit": limit}
-        rows = await self.ex.rows(self.q.PENDING_EPISODES, params)
+        rows = await self.ex.rows(q.PENDING_EPISODES, params)
         return [episode_record(r["ep"]) for r in rows]
 
     async def pending_groups(self) -> list[str]:
@@ -145,7 +147,7 @@ class StoreCore(SearchCore):
         if limit <= 0:
             return []
         params = {"group_id": group_id, "before": utc(before), "limit": limit}
-        rows = await self.ex.rows(self.q.RECENT_EPISODES, params)
+        rows = await self.ex.rows(q.RECENT_EPISODES, params)
         return [episode_record(r["ep"]) for r in reversed(rows)]
 
     async def _producers(self, group_id: str, episode_uuids: Iterable[str]) -> dict[str, str]:
@@ -153,7 +155,7 @@ class StoreCore(SearchCore):
         uuids = unique(episode_uuids)
         if not uuids:
             return {}
-        rows = await self.ex.rows(self.q.PRODUCER_IDS, {"group_id": group_id, "uuids": uuids})
+        rows = await self.ex.rows(q.PRODUCER_IDS, {"group_id": group_id, "uuids": uuids})
         return {r["uuid"]: r["producer_id"] or "" for r in rows}
 
     # ------------------------------------------------------------------ entities
@@ -164,29 +166,29 @@ class StoreCore(SearchCore):
     async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
         if not names:
             return []
-        return await self._entities(group_id, self.q.ENTITIES_BY_NAMES, names=unique(names))
+        return await self._entities(group_id, q.ENTITIES_BY_NAMES, names=unique(names))
 
     async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
         if not keys:
             return []
-        return await self._entities(group_id, self.q.ENTITIES_BY_KEYS, keys=unique(keys))
+        return await self._entities(group_id, q.ENTITIES_BY_KEYS, keys=unique(keys))
 
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         if not uuids:
             return []
-        return await self._entities(group_id, self.q.ENTITIES_BY_UUIDS, uuids=unique(uuids))
+        return await self._entities(group_id, q.ENTITIES_BY_UUIDS, uuids=unique(uuids))
 
     async def list_entities(self, group_id: str) -> list[EntityRecord]:
-        return await self._entities(group_id, self.q.LIST_ENTITIES)
+        return await self._entities(group_id, q.LIST_ENTITIES)
 
     async def fulltext_entities(
         self, group_id: str, text: str, limit: int
     ) -> list[tuple[EntityRecord, float]]:
-        query = self.sq.fulltext_query(text)
+        query = sq.fulltext_query(text)
         if query is None or limit <= 0:
             return []
         params = {"group_id": group_id, "query": query, "limit": limit}
-        rows = await self.ex.rows(self.q.FULLTEXT_ENTITIES, params)
+        rows = await self.ex.rows(q.FULLTEXT_ENTITIES, params)
         entities = await self._entities_of(group_id, rows)
         scores = {r["e"]["uuid"]: float(r["score"]) for r in rows}
         return rank(((e, scores[e.uuid]) for e in entities), limit)
@@ -194,8 +196,8 @@ class StoreCore(SearchCore):
     async def vector_entities(
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[EntityRecord, float]]:
-        candidates, scan = self.sq.VECTOR["entity"]
-        small = self.sq.SMALL_SCAN["entity"]
+        candidates, scan = sq.VECTOR["entity"]
+        small = sq.SMALL_SCAN["entity"]
         hits = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
         found = {e.uuid: e for e in await self.entities_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
@@ -205,15 +207,15 @@ class StoreCore(SearchCore):
         if not entity_uuids:
             return []
         params = {"group_id": group_id, "uuids": unique(entity_uuids)}
-        rows = [row for query in self.q.FACTS_TOUCHING for row in await self.ex.rows(query, params)]
+        rows = [row for query in q.FACTS_TOUCHING for row in await self.ex.rows(query, params)]
         facts = sort_facts({f.uuid: f for f in map(fact_of, rows)}.values())  # each once
         return await self._with_fact_embeddings(group_id, facts)
 
     async def vector_facts(
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[FactRecord, float]]:
-        candidates, scan = self.sq.VECTOR["fact"]
-        small = self.sq.SMALL_SCAN["fact"]
+        candidates, scan = sq.VECTOR["fact"]
+        small = sq.SMALL_SCAN["fact"]
         hits = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
         found = {f.uuid: f for f in await self._facts_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
@@ -221,7 +223,7 @@ class StoreCore(SearchCore):
     async def _believed(self, group_id: str, asof: AsOf) -> list[Row]:
         """The rows (``FACT_VIEW_RETURN``) of the facts ``asof`` believes: the Cypher filter's
         superset, decided fact by fact by ``AsOf.believed``; each row's ``fact`` added."""
-        query = as_of_query(asof, self.q.FACT_VIEW_RETURN, self.q.ANCHOR_HINTS)
+        query = as_of_query(asof, q.FACT_VIEW_RETURN, q.ANCHOR_HINTS)
         rows = await self.ex.rows(query, as_of_params(group_id, asof))
         kept = []
         for row in rows:
@@ -240,7 +242,7 @@ class StoreCore(SearchCore):
 
     # ------------------------------------------------------------------ communities
     async def _edge_rows(self, group_id: str, asof: AsOf) -> list[tuple[str, str, int]]:
-        query = as_of_query(asof, ENTITY_GRAPH_RETURN, self.q.ANCHOR_HINTS)
+        query = as_of_query(asof, ENTITY_GRAPH_RETURN, q.ANCHOR_HINTS)
         rows = await self.ex.rows(query, as_of_params(group_id, asof))
         return [(r["source"], r["target"], int(r["weight"])) for r in rows]
 
@@ -316,14 +318,14 @@ class StoreCore(SearchCore):
     # ------------------------------------------------------------------ maintenance
     async def counts(self, group_id: str) -> dict[str, int]:
         found: dict[str, int] = {}
-        for query in self.q.COUNTS:
+        for query in q.COUNTS:
             [row] = await self.ex.rows(query, {"group_id": group_id})
             found.update({name: int(value) for name, value in row.items()})
         return {name: found[name] for name in ("episodes", "entities", "facts", "mentions")}
 
     async def delete_group(self, group_id: str) -> None:
         params = {"group_id": group_id, "batch": DELETE_BATCH}
-        for query in self.q.DELETE_GROUP:
+        for query in q.DELETE_GROUP:
 
             async def batch(tx: Tx, query: str = query) -> int:
                 return int((await tx.rows(query, params))[0]["deleted"])

@@ -37,7 +37,7 @@ from tidegraph.stores.rows import (
 )
 
 if TYPE_CHECKING:
-    from tidegraph.stores.executor import Executor
+    from tidegraph.stores.neo4j.executor import Neo4jExecutor
 
 PRUNE_BATCH = 5_000
 
@@ -45,7 +45,7 @@ PRUNE_BATCH = 5_000
 class Lifecycle:
     """The lifecycle methods of ``GraphStore`` on Neo4j (mixed into ``Neo4jStore``)."""
 
-    ex: Executor
+    ex: Neo4jExecutor
 
     if TYPE_CHECKING:
 

@@ -8,6 +8,10 @@ text is our own constants (index names, field lists).
 Reads answer with the column names ``tidegraph.stores.neo4j.core`` reads: an entity is ``e`` (a
 property map) with ``community_uuid``; a fact ``r`` with ``source_uuid`` and ``target_uuid``;
 an episode ``ep``.
+
+Size: about 800 lines of Cypher text, one constant per operation; the episode write is one
+statement built from the fragments above it, which is why they stay in one module (the
+search, community and lifecycle queries are in their own).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The search methods of the Cypher store (docs/retrieval.md "Memory retrieval"; the embedded
 store's:
-``sqlite_search``): ``SearchCore`` asks a dialect's search queries (``neo4j_search_queries``)
+``sqlite/search.py``): ``SearchCore`` asks the search queries (``search_queries``)
 for scored candidates of one group at a time, reads their records,
 keeps those the scope sees (``store.hits``) and turns them into hits.
 
@@ -15,16 +15,13 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import UTC, datetime
-from types import ModuleType
 from typing import Any
 
 from tidegraph.records.asof import AsOf
-from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
+from tidegraph.records.graph import CommunityRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.stores.base import GraphStore
 from tidegraph.stores.episode_search import episode_query, lucene_episode_query
-from tidegraph.stores.executor import Executor
 from tidegraph.stores.hits import (
     best,
     check_kind,
@@ -36,10 +33,11 @@ from tidegraph.stores.hits import (
     expanded,
     fact_hit,
     known_by,
-    latest_first,
 )
 from tidegraph.stores.neo4j import common_queries as cq
 from tidegraph.stores.neo4j import queries as q
+from tidegraph.stores.neo4j import search_queries as sq
+from tidegraph.stores.neo4j.executor import Neo4jExecutor
 from tidegraph.stores.rows import (
     check_embedding,
     entity_record,
@@ -68,8 +66,7 @@ Found = Callable[[int], Awaitable[list[tuple[str, float]]]]
 class SearchCore(GraphStore):
     """The search methods over an executor, given the hooks ``StoreCore`` implements."""
 
-    ex: Executor
-    sq: ModuleType  # the dialect's search queries
+    ex: Neo4jExecutor
     scan_below = SCAN_BELOW  # see SCAN_BELOW (an attribute, so that tests can move it)
 
     @abc.abstractmethod
@@ -86,11 +83,12 @@ class SearchCore(GraphStore):
         self, scope: SearchScope, kind: Kind, text: str, limit: int
     ) -> list[Hit]:
         kind = check_kind(kind)
-        query = self.sq.fulltext_query(text)
-        if query is None or limit <= 0:
+        words = sq.fulltext_query(text)
+        if words is None or limit <= 0:
             return []
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
+            query = words
             if kind == "episode":
                 query = await self._episode_query(group_id, text)
 
@@ -98,7 +96,7 @@ class SearchCore(GraphStore):
                 k: int, group_id: str = group_id, query: str = query
             ) -> list[tuple[str, float]]:
                 params = {"group_id": group_id, "query": query, "limit": k}
-                rows = await self.ex.rows(self.sq.FULLTEXT[kind], params)
+                rows = await self.ex.rows(sq.FULLTEXT[kind], params)
                 return [(r["uuid"], float(r["score"])) for r in rows]
 
             hits += await self._seen(group_id, kind, scope.asof, found, limit, scope.embeddings)
@@ -116,8 +114,8 @@ class SearchCore(GraphStore):
     async def vector_search(
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
     ) -> list[Hit]:
-        candidates, scan = self.sq.VECTOR[check_kind(kind)]
-        small = self.sq.SMALL_SCAN[kind]
+        candidates, scan = sq.VECTOR[check_kind(kind)]
+        small = sq.SMALL_SCAN[kind]
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
 
@@ -178,11 +176,11 @@ class SearchCore(GraphStore):
         small_scan: str | None = None,
     ) -> list[tuple[str, float]]:
         """(uuid, score) of the groups' nearest neighbours, best first: by an exact scan when
-        the groups hold fewer than ``scan_below`` embeddings (``small_scan``, where the
-        dialect has one); else from the engine's global vector index (``candidates``: its top
+        the groups hold fewer than ``scan_below`` embeddings (``small_scan``); else from
+        Neo4j's global vector index (``candidates``: its top
         k neighbours, rescored exactly on the stored vectors; k grows while too few are of
         the groups), or by an exact ``scan`` of the groups when more than ``MAX_VECTOR_K``
-        neighbours would be needed (a small group among many) or the engine indexes none."""
+        neighbours would be needed (a small group among many) or no index holds the kind."""
         vector = check_embedding(embedding, await self._embedding_dim(), "query embedding")
         if limit <= 0 or vector is None:
             return []
@@ -216,9 +214,7 @@ class SearchCore(GraphStore):
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
             params = {"group_id": group_id, "uuids": unique(entity_uuids)}
-            rows = [
-                row for query in self.sq.FACTS_NEAR for row in await self.ex.rows(query, params)
-            ]
+            rows = [row for query in sq.FACTS_NEAR for row in await self.ex.rows(query, params)]
             return [f for f in map(fact_of, rows) if asof.believed(f)]
 
         return facts_of
@@ -267,7 +263,7 @@ class SearchCore(GraphStore):
             return await self._entity_hits(group_id, asof, scores, embeddings)
         params = {"group_id": group_id, "uuids": uuids, "embeddings": embeddings}
         if kind == "episode":
-            rows = await self.ex.rows(self.sq.EPISODES_BY_UUIDS, params)
+            rows = await self.ex.rows(sq.EPISODES_BY_UUIDS, params)
             episodes = (episode_record(r["ep"]) for r in rows)
             return [episode_hit(e, scores[e.uuid]) for e in episodes if episode_seen(e, asof)]
         return [
@@ -280,15 +276,10 @@ class SearchCore(GraphStore):
         self, group_id: str, asof: AsOf, scores: dict[str, float], embeddings: bool = True
     ) -> list[Hit]:
         """The hits of the scored fact uuids the scope sees, with their embeddings (MMR)."""
-        if self.sq.FACT_HITS is None:
-            facts = [f for f in await self._facts_by_uuids(group_id, list(scores))]
-            return await self._fact_hits(
-                group_id, asof, [(f, scores[f.uuid], None) for f in facts if asof.believed(f)]
-            )
         # One read: the facts, their ends' names and their episodes' producer ids.
         params = {"group_id": group_id, "uuids": list(scores), "embeddings": embeddings}
         hits = []
-        for row in await self.ex.rows(self.sq.FACT_HITS, params):
+        for row in await self.ex.rows(sq.FACT_HITS, params):
             fact = fact_of(row)
             if asof.believed(fact):
                 names = {fact.source_uuid: row["source_name"], fact.target_uuid: row["target_name"]}
@@ -309,7 +300,7 @@ class SearchCore(GraphStore):
             return []
         names: dict[str, str] = {}
         producers: dict[str, str] = {}
-        for row in await self.ex.rows(self.sq.FACT_CONTEXT, params):
+        for row in await self.ex.rows(sq.FACT_CONTEXT, params):
             (names if row["kind"] == "entity" else producers)[row["uuid"]] = row["text"] or ""
         return [fact_hit(f, s, asof, names, producers, d) for f, s, d in facts]
 
@@ -317,33 +308,19 @@ class SearchCore(GraphStore):
         self, group_id: str, asof: AsOf, scores: dict[str, float], embeddings: bool = True
     ) -> list[Hit]:
         """The hits of the scored entity uuids the scope sees, with the producer ids of the
-        episodes that mention each (one read where the dialect has ``ENTITY_HITS``)."""
+        episodes that mention each, in one read."""
         params = {
             "group_id": group_id,
             "uuids": list(scores),
             "known_at": asof.known_at,
             "embeddings": embeddings,
         }
-        if self.sq.ENTITY_HITS is not None:
-            rows = await self.ex.rows(self.sq.ENTITY_HITS, params)
-            found = [(entity_record(r["e"], r["community_uuid"]), r["producers"]) for r in rows]
-            return [
-                entity_hit(e, scores[e.uuid], [p or "" for p in producers])
-                for e, producers in found
-                if known_by(e.created_at, asof)
-            ]
-        entities: list[EntityRecord] = [
-            e
-            for e in await self.entities_by_uuids(group_id, list(scores))
-            if known_by(e.created_at, asof)
-        ]
-        params["uuids"] = [e.uuid for e in entities]
-        mentioned: dict[str, list[tuple[datetime, str]]] = {}
-        for row in await self.ex.rows(cq.ENTITY_MENTIONS, params) if entities else []:
-            at = to_utc(row["valid_at"]) or datetime.min.replace(tzinfo=UTC)  # never null
-            mentioned.setdefault(row["uuid"], []).append((at, row["producer_id"] or ""))
+        rows = await self.ex.rows(sq.ENTITY_HITS, params)
+        found = [(entity_record(r["e"], r["community_uuid"]), r["producers"]) for r in rows]
         return [
-            entity_hit(e, scores[e.uuid], latest_first(mentioned.get(e.uuid, []))) for e in entities
+            entity_hit(e, scores[e.uuid], [p or "" for p in producers])
+            for e, producers in found
+            if known_by(e.created_at, asof)
         ]
 
     async def _communities_by_uuids(self, params: dict[str, Any]) -> list[CommunityRecord]:

@@ -1,4 +1,4 @@
-"""The Neo4j dialect of search (``tidegraph.stores.neo4j.search_core``): fulltext and vector
+"""The Neo4j store's search queries (``tidegraph.stores.neo4j.search_core``): fulltext and vector
 candidates of each kind, and the reads that turn them into hits. Parameterised like
 ``queries``; index names are our constants.
 

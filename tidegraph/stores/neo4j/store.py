@@ -1,7 +1,8 @@
-"""The Neo4j graph store: ``StoreCore`` on a ``Neo4jExecutor`` with the Neo4j dialect
-(``queries``), and what Neo4j does its own way: the schema, writes of many rows in one
-UNWIND statement, the one-round-trip resolution lookup, and the group commit of episode writes
-(``batching.GroupCommit``: writes that arrive while a transaction runs share the next one).
+"""The Neo4j graph store: ``StoreCore``, ``SearchCore`` and ``Lifecycle`` on a
+``Neo4jExecutor`` (``core`` says how the store is split), and what Neo4j does its own way:
+the schema, writes of many rows in one UNWIND statement, the one-round-trip resolution
+lookup, and the group commit of episode writes (``batching.GroupCommit``: writes that arrive
+while a transaction runs share the next one).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tidegraph.stores.base import BatchRead, BatchWriteError, LookupRequest
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.executor import Row, Tx, observe_write
 from tidegraph.stores.neo4j import queries as q
-from tidegraph.stores.neo4j import search_queries as neo4j_search_queries
+from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, anchored_query, as_of_params
 from tidegraph.stores.neo4j.batching import GroupCommit
 from tidegraph.stores.neo4j.core import StoreCore
@@ -165,8 +166,7 @@ class Neo4jStore(Lifecycle, StoreCore):
     ) -> None:
         auth = None if user is None else basic_auth(user, password or "")
         driver = AsyncGraphDatabase.driver(uri, auth=auth, **(driver_options or {}))
-        self.neo4j = Neo4jExecutor(driver, database)
-        super().__init__(self.neo4j, q, neo4j_search_queries)
+        super().__init__(Neo4jExecutor(driver, database))
         # An item is the writes of one call: one episode, or a group's micro-batch.
         self._episodes: GroupCommit[list[_EpisodeJob], list[bool]] = GroupCommit(
             self._commit_batches,
@@ -208,17 +208,17 @@ class Neo4jStore(Lifecycle, StoreCore):
     async def setup(self, embedding_dim: int) -> None:
         if embedding_dim < 1:
             raise ValueError("embedding_dim must be positive")
-        await self.neo4j.reachable()  # at once, not after the driver's 30 s of retries
+        await self.ex.reachable()  # at once, not after the driver's 30 s of retries
         self._check_dims(await self._vector_dims(), embedding_dim)
         params = {"dim": embedding_dim, "analyzer": q.FULLTEXT_ANALYZER}
         for statement in q.SCHEMA:
-            await self.neo4j.execute(statement, params, schema=True)
+            await self.ex.execute(statement, params, schema=True)
         for statement in q.DROPPED:
-            await self.neo4j.execute(statement, {}, schema=True)
+            await self.ex.execute(statement, {}, schema=True)
         # A concurrent setup with another dimension may have won the race.
         self._check_dims(await self._vector_dims(), embedding_dim)
         await self._index_stored_episodes()
-        await self.neo4j.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
+        await self.ex.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
 
     async def _index_stored_episodes(self, batch: int = 2000) -> None:
@@ -244,20 +244,20 @@ class Neo4jStore(Lifecycle, StoreCore):
                 }
                 for r in rows
             ]
-            await self.neo4j.execute(q.SET_EPISODE_INDEX, {"rows": params})
+            await self.ex.execute(q.SET_EPISODE_INDEX, {"rows": params})
             indexed += len(rows)
 
         async def contexts(tx: Tx) -> int:
             [row] = await tx.rows(q.THREADS_TO_INDEX, {"limit": batch, **q.thread_params()})
             return int(row["indexed"])
 
-        while await self.neo4j.transaction(contexts):
+        while await self.ex.transaction(contexts):
             pass
         if indexed:
             log.info("indexed %d stored episodes for conversation search", indexed)
 
     async def open_existing(self, embedding_dim: int) -> bool:
-        await self.neo4j.reachable()
+        await self.ex.reachable()
         dims = await self._vector_dims()
         if not dims:
             return False  # no tidegraph schema in this database: nothing was written
@@ -335,7 +335,7 @@ class Neo4jStore(Lifecycle, StoreCore):
         if not searches or limit <= 0 or any(v is None for v in vectors):
             return await super().entity_candidates(group_id, searches, limit)
         drafts = [
-            {"query": self.sq.fulltext_query(name), "embedding": vector}
+            {"query": sq.fulltext_query(name), "embedding": vector}
             for (name, _), vector in zip(searches, vectors, strict=True)
         ]
         params = {
@@ -453,7 +453,7 @@ class Neo4jStore(Lifecycle, StoreCore):
         async def work(tx: Tx) -> None:
             await tx.rows(q.ASSIGN_MEMBERS, {"rows": rows})
 
-        await self.neo4j.transaction(work)
+        await self.ex.transaction(work)
         return [None] * len(items)
 
     async def _upsert_communities(
@@ -523,4 +523,4 @@ class Neo4jStore(Lifecycle, StoreCore):
             return written
 
         STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(jobs))
-        return await self.neo4j.transaction(work)
+        return await self.ex.transaction(work)

@@ -91,6 +91,40 @@ def apply_rebuild(
     if (row[0] if row else 0) != rebuild.version:
         raise errors.RebuildConflict(group_id)
     errors.check_entity_owners(group_id, stored_owners(conn, [r["uuid"] for r in entities]))
+    _tombstone(conn, group_id, rebuild)
+    _drop_removed(conn, group_id, rebuild, entities)
+    for entity in entities:
+        _overwrite_entity(conn, group_id, entity)
+    texts = dict(
+        conn.execute(
+            f"SELECT uuid, fact FROM fact WHERE group_id = ? AND uuid {IN_LIST}",
+            (group_id, json_text(r["uuid"] for r in facts)),
+        ).fetchall()
+    )
+    for fact in facts:
+        _overwrite_fact(conn, group_id, fact, texts.get(fact["uuid"]))
+    for episode, mentioned in rebuild.mentions.items():
+        conn.execute(
+            "DELETE FROM mention WHERE group_id = ? AND episode_uuid = ?", (group_id, episode)
+        )
+        conn.executemany(
+            "INSERT OR IGNORE INTO mention (episode_uuid, entity_uuid, group_id) VALUES (?, ?, ?)",
+            [(episode, entity, group_id) for entity in mentioned],
+        )
+    conn.executemany(
+        "UPDATE episode SET created_entities = ? WHERE group_id = ? AND uuid = ?",
+        [(json_text(created), group_id, uuid) for uuid, created in rebuild.created.items()],
+    )
+    conn.execute(
+        f"DELETE FROM change WHERE group_id = ? AND uuid {IN_LIST}",
+        (group_id, json_text(rebuild.purged)),
+    )
+    record_changes(conn, group_id, [change_row(c) for c in rebuild.changes])
+
+
+def _tombstone(conn: sqlite3.Connection, group_id: str, rebuild: Rebuild) -> None:
+    """The forgotten episodes become tombstones: their index entries, mentions and content go
+    (and the replies whose context one was are indexed again)."""
     forgotten = json_text(rebuild.forgotten)
     # The messages whose context a forgotten one was (re-indexed once it is gone).
     said = conn.execute(
@@ -115,6 +149,13 @@ def apply_rebuild(
         (micros(rebuild.forgotten_at), group_id, forgotten),
     )
     _forget_in_threads(conn, group_id, said)
+
+
+def _drop_removed(
+    conn: sqlite3.Connection, group_id: str, rebuild: Rebuild, entities: list[dict[str, Any]]
+) -> None:
+    """The facts and entities no remaining episode gives, and the communities whose members
+    the rebuild removes or changes."""
     gone_facts = json_text(rebuild.delete_facts)
     conn.execute(
         f"DELETE FROM fact_text WHERE rowid IN (SELECT id FROM fact WHERE group_id = ? "
@@ -145,33 +186,6 @@ def apply_rebuild(
         conn.execute(
             f"DELETE FROM {table} WHERE group_id = ? AND {column} {IN_LIST}", (group_id, gone)
         )
-    for entity in entities:
-        _overwrite_entity(conn, group_id, entity)
-    texts = dict(
-        conn.execute(
-            f"SELECT uuid, fact FROM fact WHERE group_id = ? AND uuid {IN_LIST}",
-            (group_id, json_text(r["uuid"] for r in facts)),
-        ).fetchall()
-    )
-    for fact in facts:
-        _overwrite_fact(conn, group_id, fact, texts.get(fact["uuid"]))
-    for episode, mentioned in rebuild.mentions.items():
-        conn.execute(
-            "DELETE FROM mention WHERE group_id = ? AND episode_uuid = ?", (group_id, episode)
-        )
-        conn.executemany(
-            "INSERT OR IGNORE INTO mention (episode_uuid, entity_uuid, group_id) VALUES (?, ?, ?)",
-            [(episode, entity, group_id) for entity in mentioned],
-        )
-    conn.executemany(
-        "UPDATE episode SET created_entities = ? WHERE group_id = ? AND uuid = ?",
-        [(json_text(created), group_id, uuid) for uuid, created in rebuild.created.items()],
-    )
-    conn.execute(
-        f"DELETE FROM change WHERE group_id = ? AND uuid {IN_LIST}",
-        (group_id, json_text(rebuild.purged)),
-    )
-    record_changes(conn, group_id, [change_row(c) for c in rebuild.changes])
 
 
 def _overwrite_entity(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:

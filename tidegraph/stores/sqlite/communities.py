@@ -1,0 +1,194 @@
+"""The embedded store's communities (docs/communities.md "Communities"): the valid-fact graph
+the label propagation reads, neighbour weights for a new entity's assignment, and the
+communities with their memberships, written in one transaction each. Mixed into
+``SqliteStore``, over its database."""
+
+from __future__ import annotations
+
+import abc
+import sqlite3
+from datetime import datetime
+from typing import Any
+
+from tidegraph.records.asof import AsOf
+from tidegraph.records.graph import CommunityRecord, WeightedEdge
+from tidegraph.stores import errors
+from tidegraph.stores.base import GraphStore
+from tidegraph.stores.executor import observe_write
+from tidegraph.stores.rows import (
+    community_rows,
+    fold_communities,
+    fold_edges,
+    neighbour_weights_of,
+    now_utc,
+    unique,
+)
+from tidegraph.stores.sqlite.db import (
+    SqliteDatabase,
+    Transaction,
+    ids,
+    json_text,
+    micros,
+    vector_blob,
+)
+from tidegraph.stores.sqlite.rows import COMMUNITY_OF, IN_LIST, believed_facts
+from tidegraph.stores.sqlite.writes import delete_communities, index_text, stored_owners
+
+
+class SqliteCommunities(GraphStore):
+    """The community methods of ``SqliteStore``."""
+
+    db: SqliteDatabase
+
+    @abc.abstractmethod
+    def _dimension(self) -> int: ...
+
+    async def entity_graph(
+        self, group_id: str, at: datetime | None = None
+    ) -> tuple[list[str], list[WeightedEdge]]:
+        asof = AsOf.resolve(at, None, False, None)
+
+        def read(conn: sqlite3.Connection) -> tuple[list[str], list[WeightedEdge]]:
+            nodes = ids(conn, "SELECT uuid FROM entity WHERE group_id = ? ORDER BY uuid", group_id)
+            facts = believed_facts(conn, group_id, asof, None)
+            edges = fold_edges((f.source_uuid, f.target_uuid, 1) for f in facts)
+            return nodes, [WeightedEdge(a, b, w) for a, b, w in edges]
+
+        return await self.db.run(read)
+
+    async def neighbour_weights(
+        self, group_id: str, entity_uuid: str, at: datetime | None = None
+    ) -> dict[str, int]:
+        [weights] = await self.neighbour_weights_many(group_id, [entity_uuid], at)
+        return weights
+
+    async def neighbour_weights_many(
+        self, group_id: str, entity_uuids: list[str], at: datetime | None = None
+    ) -> list[dict[str, int]]:
+        if not entity_uuids:
+            return []
+        asof = AsOf.resolve(at, None, False, None)
+
+        def read(conn: sqlite3.Connection) -> list[dict[str, int]]:
+            facts = believed_facts(conn, group_id, asof, unique(entity_uuids))
+            return [
+                neighbour_weights_of(
+                    uuid,
+                    (
+                        (f.source_uuid, f.target_uuid, 1)
+                        for f in facts
+                        if uuid in (f.source_uuid, f.target_uuid)
+                    ),
+                )
+                for uuid in entity_uuids
+            ]
+
+        return await self.db.run(read)
+
+    async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
+        def read(conn: sqlite3.Connection) -> dict[str, str | None]:
+            query = (
+                f"SELECT e.uuid, {COMMUNITY_OF} FROM entity e "
+                f"WHERE +e.group_id = ? AND e.uuid {IN_LIST}"
+            )
+            return dict(conn.execute(query, (group_id, json_text(entity_uuids))).fetchall())
+
+        return await self.db.run(read) if entity_uuids else {}
+
+    async def communities(self, group_id: str) -> list[CommunityRecord]:
+        def read(conn: sqlite3.Connection) -> list[CommunityRecord]:
+            heads = conn.execute(
+                "SELECT uuid, name, summary FROM community WHERE group_id = ?", (group_id,)
+            )
+            members = conn.execute(
+                "SELECT community_uuid, entity_uuid FROM member WHERE group_id = ?", (group_id,)
+            )
+            folded = fold_communities(list(heads), list(members))
+            return [CommunityRecord(u, n, s, m) for u, n, s, m in folded]
+
+        return await self.db.run(read)
+
+    async def write_communities(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
+    ) -> None:
+        if not upserts and not deletes:
+            return
+        rows, memberships, members = community_rows(upserts, self._dimension(), now_utc())
+
+        def write(conn: sqlite3.Connection) -> None:
+            with Transaction(conn):
+                named = unique([*(r["uuid"] for r in rows), *deletes])
+                query = f"SELECT uuid, group_id FROM community WHERE uuid {IN_LIST}"
+                errors.check_community_owners(
+                    group_id, dict(conn.execute(query, (json_text(named),)).fetchall())
+                )
+                delete_communities(conn, group_id, unique(deletes))
+                for row in rows:
+                    _upsert_community(conn, group_id, row)
+                if rows:  # the upserted communities' members are replaced, and leave others
+                    conn.execute(
+                        f"DELETE FROM member WHERE group_id = ? AND (community_uuid {IN_LIST} "
+                        f"OR entity_uuid {IN_LIST})",
+                        (group_id, json_text(r["uuid"] for r in rows), json_text(members)),
+                    )
+                owned = set(stored_owners(conn, members).items())
+                conn.executemany(
+                    "INSERT OR IGNORE INTO member (community_uuid, entity_uuid, group_id) "
+                    "VALUES (?, ?, ?)",
+                    [
+                        (m["community"], m["entity"], group_id)
+                        for m in memberships
+                        if (m["entity"], group_id) in owned
+                    ],
+                )
+
+        with observe_write("write_communities", len(rows) + len(memberships)):
+            await self.db.run(write)
+
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
+        if not assignments:
+            return
+
+        def write(conn: sqlite3.Connection) -> None:
+            with Transaction(conn):
+                for community_uuid, entity_uuid in assignments:
+                    found = conn.execute(
+                        "SELECT (SELECT count(*) FROM community WHERE uuid = ? AND group_id = ?) "
+                        "* (SELECT count(*) FROM entity WHERE uuid = ? AND group_id = ?)",
+                        (community_uuid, group_id, entity_uuid, group_id),
+                    ).fetchone()[0]
+                    if not found:
+                        continue
+                    conn.execute(
+                        "DELETE FROM member WHERE entity_uuid = ? AND group_id = ?",
+                        (entity_uuid, group_id),
+                    )
+                    conn.execute(
+                        "INSERT INTO member (community_uuid, entity_uuid, group_id) "
+                        "VALUES (?, ?, ?)",
+                        (community_uuid, entity_uuid, group_id),
+                    )
+
+        with observe_write("assign_member", len(assignments)):
+            await self.db.run(write)
+
+
+def _upsert_community(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
+    """MERGE one community row (``rows.community_rows``): name and summary set, the embedding
+    when given, ``created_at`` on create only."""
+    [row_id] = conn.execute(
+        "INSERT INTO community (uuid, group_id, name, summary, name_embedding, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (uuid) DO UPDATE SET name = excluded.name, "
+        "summary = excluded.summary, "
+        "name_embedding = coalesce(excluded.name_embedding, community.name_embedding) "
+        "RETURNING id",
+        (
+            row["uuid"],
+            group_id,
+            row["name"],
+            row["summary"],
+            vector_blob(row["name_embedding"]),
+            micros(row["created_at"]),
+        ),
+    ).fetchone()
+    index_text(conn, "community_text", row_id, group_id, f"{row['name']} {row['summary']}")
