@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -283,7 +284,8 @@ async def test_every_lifecycle_route_refuses_another_tenants_group_and_shows_non
         changes = ok(await theirs.get("/v1/changes", params={"after": 0}))["changes"]
         assert changes and {c["group_id"] for c in changes} == {other}
         assert ok(await theirs.get("/v1/groups"))["groups"] == [
-            {"group_id": other, "episodes": 1, "entities": 1, "facts": 1, "changes": their_seq}
+            # the account and its plan, and the fact between them
+            {"group_id": other, "episodes": 1, "entities": 2, "facts": 1, "changes": their_seq}
         ]
         # and this tenant's memory is as it was
         after = ok(await mine.get("/v1/groups"))
@@ -318,23 +320,29 @@ async def test_a_long_poll_answers_as_soon_as_a_change_is_committed(served: Serv
         assert "fact.invalidated" in {c["kind"] for c in page["changes"]}
 
 
-async def events(response: httpx.Response, count: int) -> list[dict[str, Any]]:
-    """The next ``count`` server-sent events of ``response`` (id, event and data)."""
-    found: list[dict[str, Any]] = []
-    event: dict[str, Any] = {}
-    async for line in response.aiter_lines():
-        if line.startswith(":"):  # a ping
-            continue
-        if not line:
-            if event:
-                found.append(event)
-                event = {}
-                if len(found) == count:
-                    return found
-            continue
-        name, _, value = line.partition(": ")
-        event[name] = orjson.loads(value) if name == "data" else value
-    raise AssertionError(f"the stream ended after {found}")
+class Events:
+    """The server-sent events of one streamed response, read as they come (id, event and
+    data); one reader per response, so that a test can read some, act, and read on."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.lines = response.aiter_lines()
+
+    async def next(self, count: int) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        event: dict[str, Any] = {}
+        async for line in self.lines:
+            if line.startswith(":"):  # a ping
+                continue
+            if not line:
+                if event:
+                    found.append(event)
+                    event = {}
+                    if len(found) == count:
+                        return found
+                continue
+            name, _, value = line.partition(": ")
+            event[name] = orjson.loads(value) if name == "data" else value
+        raise AssertionError(f"the stream ended after {found}")
 
 
 async def test_server_sent_events_stream_changes_and_resume_from_last_event_id(served: Served):
@@ -349,7 +357,7 @@ async def test_server_sent_events_stream_changes_and_resume_from_last_event_id(s
         async with http.stream("GET", "/v1/changes", params=params, headers=stream) as first:
             assert first.status_code == 200
             assert first.headers["content-type"].startswith("text/event-stream")
-            three = await events(first, 3)
+            three = await Events(first).next(3)
         assert [e["event"] for e in three] == ["change"] * 3
         assert [int(e["id"]) for e in three] == [c["seq"] for c in everything[:3]]
         assert [e["data"] for e in three] == everything[:3]
@@ -357,10 +365,11 @@ async def test_server_sent_events_stream_changes_and_resume_from_last_event_id(s
         # a reconnect names the last event it saw: the stream goes on after it
         resume = {**stream, "Last-Event-ID": three[1]["id"]}
         async with http.stream("GET", "/v1/changes", params=params, headers=resume) as again:
-            rest = await events(again, len(everything) - 2)
+            reader = Events(again)
+            rest = await reader.next(len(everything) - 2)
             assert [e["data"] for e in rest] == everything[2:]
             # and it stays open: a change committed now is the next event
-            waiting = asyncio.create_task(events(again, 1))
+            waiting = asyncio.create_task(reader.next(1))
             await add(http, group, 4)
             [live] = await asyncio.wait_for(waiting, 60)
         assert live["data"]["episode_id"] == "rec-4"
@@ -402,24 +411,28 @@ async def test_polls_and_streams_of_changes_count_against_the_keys_wait_limit(
         assert all(a["changes"] and a["changes"][0]["seq"] == 1 for a in answered)
         cursor = answered[0]["cursor"]
 
-        # an open stream holds a slot for as long as it is read
-        async with http.stream(
-            "GET", "/v1/changes", params={"after": cursor}, headers=stream
-        ) as held:
-            assert held.status_code == 200
-            poll = asyncio.create_task(http.get("/v1/changes", params={"after": cursor, **wait}))
+        # an open stream holds a slot from its first answer for as long as it is read
+        opened = {"params": {"after": cursor}, "headers": stream}
+        async with (
+            http.stream("GET", "/v1/changes", **opened) as first,
+            http.stream("GET", "/v1/changes", **opened) as second,
+        ):
+            assert first.status_code == second.status_code == 200
             refused = await http.get("/v1/changes", params={"after": cursor, **wait})
             error(refused, 429, "too_many_waits")
-        ok(await http.post("/v1/episodes", json={**body, "episode_id": "b-2",
-                                                  "reference_time": AT[1].isoformat()}), 201)  # fmt: skip
-        assert ok(await poll)["changes"]
-        # the stream's slot is free again once the server sees it closed
+        # closed by the client: the server frees both slots once it sees them gone
         deadline = time.monotonic() + 30
-        while True:
-            probe = asyncio.create_task(
-                http.get("/v1/changes", params={"after": cursor + 100, "wait_seconds": 0})
-            )
-            answer = await probe
-            if answer.status_code == 400:  # past the end: checked, and no slot needed
-                break
-            assert time.monotonic() < deadline, answer.text
+        while not await slots_free(http, opened, 2):
+            assert time.monotonic() < deadline, "the closed streams still hold their slots"
+            await asyncio.sleep(0.05)  # a poll of a condition with a deadline
+
+
+async def slots_free(http: httpx.AsyncClient, opened: dict[str, Any], count: int) -> bool:
+    """Whether ``count`` change streams can be open at once now."""
+    async with AsyncExitStack() as streams:
+        for _ in range(count):
+            answer = await streams.enter_async_context(http.stream("GET", "/v1/changes", **opened))
+            if answer.status_code == 429:
+                return False
+            assert answer.status_code == 200
+    return True
