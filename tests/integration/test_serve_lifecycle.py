@@ -24,10 +24,18 @@ import orjson
 import pytest
 
 from tests.integration.graph_compare import comparable
-from tests.integration.serve_harness import ProcessServer, ThreadServer, serve_env, thread_server
+from tests.integration.serve_harness import (
+    ProcessServer,
+    ThreadServer,
+    in_memory_service,
+    memory_settings,
+    serve_env,
+    thread_server,
+)
 from tests.support import crm_feed as crm
 from tidegraph.app.memory import Memory
-from tidegraph.app.serving.settings import ServeSettings
+from tidegraph.app.serving.http_api import create_app
+from tidegraph.app.serving.settings import KeyRing, ServeSettings
 from tidegraph.records.forget import ForgetRequest
 from tidegraph.settings import Settings
 
@@ -436,3 +444,31 @@ async def slots_free(http: httpx.AsyncClient, opened: dict[str, Any], count: int
                 return False
             assert answer.status_code == 200
     return True
+
+
+# ----------------------------------------------------------------------------- retention
+async def test_serve_prunes_the_change_outbox_as_it_starts_and_keeps_a_timer(tmp_path: Path):
+    """docs/streaming.md "Change stream": in-process, ``tidegraph serve`` keeps the outbox to
+    TIDEGRAPH_CHANGES_RETENTION_HOURS, once at startup (before the first request) and then
+    every PRUNE_EVERY_SECONDS."""
+    group = f"prune-{uuid.uuid4().hex[:8]}"
+    settings = memory_settings(tmp_path, changes_retention_hours=1e-9)  # 3.6 us: all of it
+    service = await in_memory_service(settings)()
+    added = await service.memory.add_episode(
+        group_id=group, content=RECORDS[0], reference_time=AT[0], episode_id="rec-0"
+    )
+    assert added.status == "written"
+    committed = await service.store.changes(group, 0, 100)
+    assert committed  # the outbox holds the episode's changes
+
+    async def opened() -> Any:
+        return service
+
+    app = create_app(opened, KeyRing({}))
+    async with app.router.lifespan_context(app):
+        assert await service.store.changes(group, 0, 100) == []  # pruned at startup
+        [log] = await service.store.change_logs([group])
+        assert log.seq == committed[-1].seq  # the cursor's numbering goes on
+        timer = service._upkeep
+        assert timer is not None and not timer.done()  # the next rounds are on a timer
+    assert timer.cancelled()  # and stop with the server

@@ -131,7 +131,7 @@ def create_app(
         service = await open_service()
         app.state.service = service
         await warm_time_phrases()
-        service.start()
+        await service.start()  # the outbox pruned once before the first request
         try:
             yield
         finally:

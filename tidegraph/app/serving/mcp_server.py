@@ -126,7 +126,7 @@ class Holder:
         async with self._lock:
             if self.service is None:
                 self.service = await self.open_service()
-                self.service.start()
+                await self.service.start()
             return self.service
 
     async def close(self) -> None:

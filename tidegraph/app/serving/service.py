@@ -136,10 +136,12 @@ class MemoryService:
         self._waiting: Counter[str] = Counter()  # requests waiting (tokens, changes), by key
         self._upkeep: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Begin the server's upkeep: in-process, the outbox kept to its retention (docs/
-        streaming.md "Change stream"; through Kafka the workers do it)."""
+        streaming.md "Change stream"; through Kafka the workers do it), pruned once now and
+        then every ``PRUNE_EVERY_SECONDS``."""
         if self.memory.via == "process" and self._upkeep is None:
+            await self.prune_changes()
             self._upkeep = asyncio.create_task(self._keep_outbox(), name="tidegraph-outbox")
 
     async def close(self) -> None:
@@ -149,15 +151,21 @@ class MemoryService:
             self._upkeep = None
         await self.memory.close()
 
+    async def prune_changes(self) -> int:
+        """One round of the outbox's retention (``Memory.prune_changes``); a store that fails
+        is logged and tried again next round. How many changes went."""
+        try:
+            return await self.memory.prune_changes()
+        except Exception:  # the store is down: the next round tries again
+            log.warning("pruning the change outbox failed", exc_info=True)
+            return 0
+
     async def _keep_outbox(self) -> None:
         from tidegraph.pipelines.outbox import PRUNE_EVERY_SECONDS
 
         while True:
-            try:
-                await self.memory.prune_changes()
-            except Exception:  # the store is down: the next round tries again
-                log.warning("pruning the change outbox failed", exc_info=True)
             await asyncio.sleep(PRUNE_EVERY_SECONDS)  # a timer, not a synchronisation
+            await self.prune_changes()
 
     # ------------------------------------------------------------------ waits
     def hold_wait(self, principal: Principal, kind: WaitKind) -> Callable[[], None]:
