@@ -150,6 +150,21 @@ def create_app(
     app.add_middleware(BodyGuard, max_bytes=max_body_bytes, timeout=body_timeout_seconds)
     app.add_middleware(Measured)
 
+    _add_error_handlers(app)
+    who, svc = _dependencies(keys)
+    _add_write_routes(app, who, svc)
+    _add_read_routes(app, who, svc)
+    _add_forget_routes(app, who, svc)
+    _add_browse_routes(app, who, svc)
+    _add_change_routes(app, who, svc)
+    _add_operation_routes(app)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in the one shape (``ErrorOut``): the service's, a field that is not valid
+    (422, field by field), the framework's own (unknown route, method, ...)."""
+
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> Response:
         request.scope["tidegraph.error"] = exc.code
@@ -180,6 +195,11 @@ def create_app(
         body = orjson.loads(error_body(code, message))
         return ORJSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
+
+def _dependencies(keys: KeyRing) -> tuple[Any, Any]:
+    """The route parameters ``who`` (the caller of the request's API key, or a 401) and
+    ``svc`` (the app's ``MemoryService``)."""
+
     def service(request: Request) -> MemoryService:
         return request.app.state.service
 
@@ -197,10 +217,13 @@ def create_app(
         request.scope["tidegraph.key"] = found.key_id
         return found
 
-    Who = Depends(principal)
-    Svc = Depends(service)
+    return Depends(principal), Depends(service)
 
-    # ---------------------------------------------------------------------- writing
+
+# The route groups below take the dependencies ``Who`` and ``Svc`` as parameter defaults.
+def _add_write_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
+    """Adding an episode."""
+
     added: dict[int | str, dict[str, Any]] = {
         201: {"description": "written"},
         200: {"model": AddEpisodeOut, "description": "skipped (added before)"},
@@ -225,7 +248,11 @@ def create_app(
             out.model_dump(exclude_none=True), status_code=ADD_STATUS[result.status]
         )
 
-    # ---------------------------------------------------------------------- reading
+
+def _add_read_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
+    """Reading the memory: search, context, facts, entities, an episode's status,
+    dead-letter counts."""
+
     @app.post("/v1/search", response_model=SearchOut, tags=["memory"])
     async def search_post(body: SearchIn, who: Principal = Who, svc: MemoryService = Svc):
         """Facts, entities, episodes and communities answering ``query``, valid at
@@ -280,7 +307,10 @@ def create_app(
         """Dead letters of the key's groups, counted by group, stage and reason."""
         return await svc.dead_letter_counts(who, body.group_ids)
 
-    # ---------------------------------------------------------------------- lifecycle
+
+def _add_forget_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
+    """Forgetting (docs/serving.md "Lifecycle"): an episode, a subject, a group."""
+
     forgot: dict[int | str, dict[str, Any]] = {
         200: {"description": "forgotten, or what would go (dry_run)"},
         202: {"description": "queued (via Kafka: a forget record, run in the group's order)"},
@@ -313,6 +343,11 @@ def create_app(
         subject, several entities of that name, the LLM needed to replay)."""
         return forget_answer(await svc.forget(who, body))
 
+
+def _add_browse_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
+    """Browsing (docs/serving.md "Lifecycle"): a group's episodes, one episode, the groups
+    a key may read."""
+
     @app.get("/v1/episodes", tags=["lifecycle"])
     async def episodes(
         body: Annotated[EpisodesIn, Query()], who: Principal = Who, svc: MemoryService = Svc
@@ -340,6 +375,11 @@ def create_app(
         """The groups this key may read, each with its episodes, entities, facts and the
         change stream's last seq (without API keys: every group of the store)."""
         return await svc.readable_groups(who)
+
+
+def _add_change_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
+    """The change stream (docs/streaming.md "Change stream"): a read, a long poll or
+    server-sent events."""
 
     streamed: dict[int | str, dict[str, Any]] = {
         200: {
@@ -372,7 +412,10 @@ def create_app(
         pages = svc.change_stream(who, group, after, body.limit, release)
         return ChangeEvents(_events(pages), release, ping=STREAM_PING_SECONDS)
 
-    # ---------------------------------------------------------------------- operations
+
+def _add_operation_routes(app: FastAPI) -> None:
+    """``/healthz``, ``/readyz``, ``/metrics``."""
+
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
         """Liveness: the process and its event loop answer."""
@@ -397,8 +440,6 @@ def create_app(
         from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
-
-    return app
 
 
 def _event_id(value: str) -> int:
