@@ -252,7 +252,7 @@ async def test_every_lifecycle_route_refuses_another_tenants_group_and_shows_non
         assert my_seq > their_seq > 0
 
         stream = {"Accept": "text/event-stream"}
-        for method, path, params, body, headers in (
+        attempts: list[tuple[str, str, dict[str, Any] | None, Any, dict[str, str]]] = [
             ("DELETE", "/v1/episodes/rec-1", {"group_id": group}, None, {}),
             ("DELETE", "/v1/episodes/rec-1", {"group_id": group, "dry_run": "true"}, None, {}),
             ("POST", "/v1/forget", None, {"group_id": group, "episode_ids": ["rec-1"]}, {}),
@@ -267,7 +267,8 @@ async def test_every_lifecycle_route_refuses_another_tenants_group_and_shows_non
             ("GET", "/v1/changes", {"group_id": group, "wait_seconds": 30}, None, {}),
             ("GET", "/v1/changes", {"group_id": group}, None, stream),
             ("GET", "/v1/changes", {"group_id": group}, None, {**stream, "Last-Event-ID": "1"}),
-        ):  # fmt: skip
+        ]  # fmt: skip
+        for method, path, params, body, headers in attempts:
             answer = await theirs.request(method, path, params=params, json=body, headers=headers)
             refused = error(answer, 403, "forbidden")
             assert refused["group_id"] == group and OTHER_KEY not in answer.text, (path, params)
@@ -277,12 +278,13 @@ async def test_every_lifecycle_route_refuses_another_tenants_group_and_shows_non
         forged = error(await theirs.get("/v1/episodes", params={"cursor": my_cursor}), 400,
                        "bad_request")  # fmt: skip
         assert forged["field"] == "cursor" and "another group" in forged["message"]
-        for headers, params in (
+        forged_cursors: list[tuple[dict[str, str], dict[str, Any]]] = [
             ({}, {"after": my_seq}),
             ({}, {"after": my_seq, "wait_seconds": 30}),
             (stream, {"after": my_seq}),
             ({**stream, "Last-Event-ID": str(my_seq)}, {}),
-        ):
+        ]
+        for headers, params in forged_cursors:
             past = error(await theirs.get("/v1/changes", params=params, headers=headers), 400,
                          "bad_request")  # fmt: skip
             assert "past the last change" in past["message"], past
@@ -300,9 +302,10 @@ async def test_every_lifecycle_route_refuses_another_tenants_group_and_shows_non
         assert after == before
         mine_listed = {g["group_id"] for g in after["groups"]}
         assert mine_listed == set(served.groups.values()) and other not in mine_listed
-        assert ok(await mine.get("/v1/episodes/rec-1", params={"group_id": group}))[
-            "status"
-        ] == "written"
+        assert (
+            ok(await mine.get("/v1/episodes/rec-1", params={"group_id": group}))["status"]
+            == "written"
+        )
 
 
 # ----------------------------------------------------------------------------- changes
@@ -420,7 +423,7 @@ async def test_polls_and_streams_of_changes_count_against_the_keys_wait_limit(
         cursor = answered[0]["cursor"]
 
         # an open stream holds a slot from its first answer for as long as it is read
-        opened = {"params": {"after": cursor}, "headers": stream}
+        opened: dict[str, Any] = {"params": {"after": cursor}, "headers": stream}
         async with (
             http.stream("GET", "/v1/changes", **opened) as first,
             http.stream("GET", "/v1/changes", **opened) as second,

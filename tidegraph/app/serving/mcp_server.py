@@ -262,11 +262,32 @@ def build_mcp(
                 await holder.close()
 
     mcp = FastMCP("tidegraph", instructions=INSTRUCTIONS, lifespan=lifespan, host=host, port=port)
+    tools = Tools(mcp, scoping, holder)
+    _add_write_tools(tools)
+    _add_search_tools(tools)
+    _add_read_tools(tools)
+    _add_lifecycle_tools(tools)
+    _add_change_tools(tools)
+    subscriptions(mcp, scoping, holder, watch)
+    return mcp
 
-    async def call(tool: str, ctx: Context[Any, Any, Any], run: Callable[..., Awaitable[Any]]):
+
+class Tools:
+    """How a tool is added: its call scoped to the caller (``Scoping``), over the holder's
+    service, a ``ServiceError`` answered as a tool error naming the code, and counted in
+    ``tidegraph_mcp_tool_calls_total``."""
+
+    def __init__(self, mcp: FastMCP, scoping: Scoping, holder: Holder) -> None:
+        self.mcp = mcp
+        self.scoping = scoping
+        self.holder = holder
+
+    async def call(
+        self, tool: str, ctx: Context[Any, Any, Any], run: Callable[..., Awaitable[Any]]
+    ) -> Any:
         try:
-            who = scoping.principal(ctx)
-            result = await run(await holder.get(), who)
+            who = self.scoping.principal(ctx)
+            result = await run(await self.holder.get(), who)
         except ServiceError as exc:
             MCP_TOOL_CALLS.labels(tool, "error").inc()
             raise ToolError(f"{exc.code}: {exc.message}") from None
@@ -279,8 +300,9 @@ def build_mcp(
         MCP_TOOL_CALLS.labels(tool, "ok").inc()
         return result
 
-    def add(tool: str, model: type[M], run: Callable[[MemoryService, Principal, M], Awaitable[R]],
-            returns: Any, description: str, defaults: dict[str, Any] | None = None,
+    def add(self, tool: str, model: type[M],
+            run: Callable[[MemoryService, Principal, M], Awaitable[R]], returns: Any,
+            description: str, defaults: dict[str, Any] | None = None,
             **fixed: Any) -> None:  # fmt: skip
         """A tool whose arguments are ``model``'s fields (those not ``fixed``; ``defaults``
         replace the model's): the request models of the HTTP API, so a tool and its route
@@ -290,7 +312,7 @@ def build_mcp(
             async def run_one(svc: MemoryService, who: Principal) -> Any:
                 return await run(svc, who, model.model_validate({**arguments, **fixed}))
 
-            return await call(tool, ctx, run_one)
+            return await self.call(tool, ctx, run_one)
 
         handler.__name__ = tool
         handler.__signature__ = _signature(model, fixed, returns, defaults or {})  # type: ignore[attr-defined]
@@ -298,7 +320,11 @@ def build_mcp(
             **{p.name: p.annotation for p in handler.__signature__.parameters.values()},  # type: ignore[attr-defined]
             "return": returns,
         }
-        mcp.tool(name=tool, description=description)(handler)
+        self.mcp.tool(name=tool, description=description)(handler)
+
+
+def _add_write_tools(tools: Tools) -> None:
+    """add_memory."""
 
     async def add_memory(svc: MemoryService, who: Principal, body: AddEpisodeIn) -> dict[str, Any]:
         if body.source == "json" and isinstance(body.content, str):
@@ -309,7 +335,7 @@ def build_mcp(
         result, token = await svc.add(who, body)
         return {**result.as_json(), "token": token}
 
-    add(
+    tools.add(
         "add_memory",
         AddEpisodeIn,
         add_memory,
@@ -318,6 +344,49 @@ def build_mcp(
         "reference_time: when it happened (ISO 8601), required. Returns its status and a "
         "token: pass the token as wait_for to read this write.",
     )
+
+
+def _add_read_tools(tools: Tools) -> None:
+    """get_context, facts_as_of, episode_status."""
+
+    async def context(svc: MemoryService, who: Principal, body: ContextIn) -> str:
+        return str((await svc.context(who, body))["context"])
+
+    tools.add(
+        "get_context",
+        ContextIn,
+        context,
+        str,
+        "The memory relevant to the query as text to read: facts with their dates, entities, "
+        "communities and episode excerpts, within max_chars.",
+    )
+
+    async def facts(svc: MemoryService, who: Principal, body: FactsIn) -> list[dict[str, Any]]:
+        return await svc.facts(who, body)
+
+    tools.add(
+        "facts_as_of",
+        FactsIn,
+        facts,
+        list[dict[str, Any]],
+        "Every fact of the group valid at valid_at as believed at known_at (default now).",
+    )
+
+    @tools.mcp.tool()
+    async def episode_status(
+        episode_id: str, ctx: Context[Any, Any, Any], group_id: str | None = None
+    ) -> dict[str, Any]:
+        """Where an added episode stands: written, not_extracted, queued, dead_lettered or
+        failed (with the reason)."""
+
+        async def run(svc: MemoryService, who: Principal) -> dict[str, Any]:
+            return await svc.episode_status(who, group_id, episode_id)
+
+        return await tools.call("episode_status", ctx, run)
+
+
+def _add_search_tools(tools: Tools) -> None:
+    """search_facts, search_entities, search_episodes: one recipe each."""
 
     async def search(svc: MemoryService, who: Principal, body: SearchIn) -> dict[str, Any]:
         return await svc.search(who, body)
@@ -330,7 +399,7 @@ def build_mcp(
         ("search_episodes", "episodes_rrf", "Raw episodes (messages, notes, records) that "
          "match the query."),
     ):  # fmt: skip
-        add(
+        tools.add(
             tool,
             SearchIn,
             search,
@@ -341,46 +410,15 @@ def build_mcp(
             centre=None,
         )
 
-    async def context(svc: MemoryService, who: Principal, body: ContextIn) -> str:
-        return str((await svc.context(who, body))["context"])
 
-    add(
-        "get_context",
-        ContextIn,
-        context,
-        str,
-        "The memory relevant to the query as text to read: facts with their dates, entities, "
-        "communities and episode excerpts, within max_chars.",
-    )
+def _add_lifecycle_tools(tools: Tools) -> None:
+    """forget_memory (a dry run unless asked otherwise), list_episodes, get_episode,
+    list_groups."""
 
-    async def facts(svc: MemoryService, who: Principal, body: FactsIn) -> list[dict[str, Any]]:
-        return await svc.facts(who, body)
-
-    add(
-        "facts_as_of",
-        FactsIn,
-        facts,
-        list[dict[str, Any]],
-        "Every fact of the group valid at valid_at as believed at known_at (default now).",
-    )
-
-    @mcp.tool()
-    async def episode_status(
-        episode_id: str, ctx: Context[Any, Any, Any], group_id: str | None = None
-    ) -> dict[str, Any]:
-        """Where an added episode stands: written, not_extracted, queued, dead_lettered or
-        failed (with the reason)."""
-
-        async def run(svc: MemoryService, who: Principal) -> dict[str, Any]:
-            return await svc.episode_status(who, group_id, episode_id)
-
-        return await call("episode_status", ctx, run)
-
-    # ------------------------------------------------------------------ lifecycle
     async def forget(svc: MemoryService, who: Principal, body: ForgetIn) -> dict[str, Any]:
         return (await svc.forget(who, body)).as_json()
 
-    add(
+    tools.add(
         "forget_memory",
         ForgetIn,
         forget,
@@ -396,7 +434,7 @@ def build_mcp(
     async def episodes(svc: MemoryService, who: Principal, body: EpisodesIn) -> dict[str, Any]:
         return await svc.episodes(who, body)
 
-    add(
+    tools.add(
         "list_episodes",
         EpisodesIn,
         episodes,
@@ -408,7 +446,7 @@ def build_mcp(
     async def episode(svc: MemoryService, who: Principal, body: EpisodeIn) -> dict[str, Any]:
         return await svc.episode(who, body.group_id, body.episode_id)
 
-    add(
+    tools.add(
         "get_episode",
         EpisodeIn,
         episode,
@@ -417,7 +455,7 @@ def build_mcp(
         "mentions and the facts it supports.",
     )
 
-    @mcp.tool()
+    @tools.mcp.tool()
     async def list_groups(ctx: Context[Any, Any, Any]) -> dict[str, Any]:
         """The groups this server lets you read, each with its episodes, entities, facts and
         the change stream's last seq (subscribe to tidegraph://changes/<group_id>)."""
@@ -425,12 +463,16 @@ def build_mcp(
         async def run(svc: MemoryService, who: Principal) -> dict[str, Any]:
             return await svc.readable_groups(who)
 
-        return await call("list_groups", ctx, run)
+        return await tools.call("list_groups", ctx, run)
+
+
+def _add_change_tools(tools: Tools) -> None:
+    """list_changes and the resource ``tidegraph://changes/{group_id}``."""
 
     async def changes(svc: MemoryService, who: Principal, body: ChangesIn) -> dict[str, Any]:
         return await svc.changes(who, body)
 
-    add(
+    tools.add(
         "list_changes",
         ChangesIn,
         changes,
@@ -440,7 +482,7 @@ def build_mcp(
         "in commit order, with the cursor to pass next time.",
     )
 
-    @mcp.resource(
+    @tools.mcp.resource(
         CHANGES_URI,
         name="changes",
         mime_type="application/json",
@@ -448,16 +490,13 @@ def build_mcp(
         "(pass it to list_changes as after). Subscribe to it to be told when new changes "
         "are committed. The group id is percent-encoded.",
     )
-    async def changes_resource(group_id: str, ctx: Context) -> str:  # type: ignore[type-arg]
+    async def changes_resource(group_id: str, ctx: Context) -> str:
         # (a bare Context: the SDK checks a template's arguments with pydantic, which would
         # rebuild a Context[...] from the one it is given, without its request)
         async def run(svc: MemoryService, who: Principal) -> dict[str, Any]:
             return await svc.latest_changes(who, unquote(group_id))
 
-        return orjson.dumps(await call("changes resource", ctx, run)).decode()
-
-    subscriptions(mcp, scoping, holder, watch)
-    return mcp
+        return orjson.dumps(await tools.call("changes resource", ctx, run)).decode()
 
 
 def subscriptions(mcp: FastMCP, scoping: Scoping, holder: Holder, watch: ChangeWatch) -> None:
