@@ -13,7 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +22,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import McpError
+from mcp.types import ResourceUpdatedNotification, ServerNotification
+from pydantic import AnyUrl
 
 from tests.integration.graph_compare import comparable
 from tests.integration.serve_harness import (
@@ -35,6 +40,7 @@ from tests.integration.serve_harness import (
 from tests.support import crm_feed as crm
 from tidegraph.app.memory import Memory
 from tidegraph.app.serving.http_api import create_app
+from tidegraph.app.serving.mcp_server import Holder, Scoping, build_mcp, changes_uri, http_app
 from tidegraph.app.serving.settings import KeyRing, ServeSettings
 from tidegraph.records.forget import ForgetRequest
 from tidegraph.settings import Settings
@@ -169,8 +175,8 @@ async def test_forget_over_http_leaves_the_graph_memory_forget_leaves(
             assert added.status == "written"
         try:
             # a dry run says what would go, as the Python API's does, and writes nothing
-            dry = ok(await http.delete("/v1/episodes/rec-1", params={"group_id": group,
-                                                                    "dry_run": "true"}))  # fmt: skip
+            asked = {"group_id": group, "dry_run": "true"}
+            dry = ok(await http.delete("/v1/episodes/rec-1", params=asked))
             expected = await reference.forget(
                 ForgetRequest(group_id=mirror, episode_ids=("rec-1",)), dry_run=True
             )
@@ -205,8 +211,8 @@ async def test_forget_over_http_leaves_the_graph_memory_forget_leaves(
             assert await comparable(server_store.store, group) == await comparable(
                 reference.store, mirror
             )
-            names = {e["name"] for e in ok(await http.get("/v1/entities",
-                                                          params={"group_id": group}))["entities"]}  # fmt: skip
+            entities = ok(await http.get("/v1/entities", params={"group_id": group}))
+            names = {e["name"] for e in entities["entities"]}
             assert "Sam Lee" not in names and "Dana Reyes" in names  # rec-5 still names Dana
         finally:
             await reference.store.delete_group(mirror)
@@ -475,3 +481,149 @@ async def test_serve_prunes_the_change_outbox_as_it_starts_and_keeps_a_timer(tmp
         timer = service._upkeep
         assert timer is not None and not timer.done()  # the next rounds are on a timer
     assert timer.cancelled()  # and stop with the server
+
+
+# ----------------------------------------------------------------------------- MCP
+@dataclass
+class McpServed:
+    server: ThreadServer
+    mine: str  # KEY's group
+    theirs: str  # OTHER_KEY's group
+
+
+@pytest.fixture
+def mcp_served(tmp_path: Path) -> Iterator[McpServed]:
+    """``tidegraph mcp --transport http`` in a thread over the in-memory store, two keys."""
+    run = uuid.uuid4().hex[:8]
+    mine, theirs = f"mcp-life-{run}", f"mcp-life-other-{run}"
+    keys = KeyRing({KEY: [mine], OTHER_KEY: [theirs]})
+    holder = Holder(in_memory_service(memory_settings(tmp_path)))
+    server = ThreadServer(http_app(build_mcp(holder, Scoping(keys, None), stdio=False), keys,
+                                   holder)).start()  # fmt: skip
+    yield McpServed(server, mine, theirs)
+    server.stop()
+
+
+@asynccontextmanager
+async def mcp_session(
+    url: str, key: str, notes: asyncio.Queue[str] | None = None
+) -> AsyncIterator[ClientSession]:
+    """An MCP session over streamable HTTP; ``notes`` receives the uri of each
+    resources/updated notification."""
+
+    async def handle(message: Any) -> None:
+        if notes is not None and isinstance(message, ServerNotification):
+            if isinstance(message.root, ResourceUpdatedNotification):
+                notes.put_nowait(str(message.root.params.uri))
+
+    async with (
+        httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http,
+        streamable_http_client(f"{url}/mcp", http_client=http) as (read, write, _),
+        ClientSession(read, write, message_handler=handle) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def tool_answer(result: Any) -> Any:
+    assert not result.isError, result.content[0].text
+    return orjson.loads(result.content[0].text)
+
+
+def tool_error(result: Any) -> str:
+    assert result.isError, result.content[0].text
+    return str(result.content[0].text)
+
+
+def plan_args(n: int) -> dict[str, Any]:
+    return {"content": orjson.dumps(RECORDS[n]).decode(), "source": "json",
+            "reference_time": AT[n].isoformat(), "episode_id": f"rec-{n}"}  # fmt: skip
+
+
+async def test_mcp_lifecycle_tools_and_a_subscribed_change_resource(mcp_served: McpServed):
+    group = mcp_served.mine
+    uri = AnyUrl(changes_uri(group))
+    notes: asyncio.Queue[str] = asyncio.Queue()
+    async with mcp_session(mcp_served.server.url, KEY, notes) as session:
+        for n in (0, 1):
+            assert tool_answer(await session.call_tool("add_memory", plan_args(n)))["status"] == (
+                "written"
+            )
+        [listed] = tool_answer(await session.call_tool("list_groups", {}))["groups"]
+        assert listed["group_id"] == group and listed["episodes"] == 2
+        page = tool_answer(await session.call_tool("list_episodes", {"limit": 1}))
+        assert [e["episode_id"] for e in page["episodes"]] == ["rec-0"] and page["next_cursor"]
+        rest = tool_answer(
+            await session.call_tool("list_episodes", {"cursor": page["next_cursor"]})
+        )
+        assert [e["episode_id"] for e in rest["episodes"]] == ["rec-1"]
+        assert rest["next_cursor"] is None
+        shown = tool_answer(await session.call_tool("get_episode", {"episode_id": "rec-1"}))
+        assert shown["status"] == "written" and shown["entities"]
+
+        changes = tool_answer(await session.call_tool("list_changes", {"after": 0}))
+        assert changes["changes"] and changes["cursor"] == changes["changes"][-1]["seq"]
+        read = await session.read_resource(uri)
+        resource = orjson.loads(read.contents[0].text)  # type: ignore[union-attr]
+        assert resource == changes  # the latest changes (at most 100) and the same cursor
+
+        # a subscribed session is told when a change is committed, by whoever commits it
+        await session.subscribe_resource(uri)
+        await session.call_tool("add_memory", plan_args(4))
+        assert await asyncio.wait_for(notes.get(), 60) == str(uri)
+        later = tool_answer(await session.call_tool("list_changes", {"after": changes["cursor"]}))
+        assert {c["episode_id"] for c in later["changes"]} == {"rec-4"}
+
+        # forget_memory is a dry run unless told otherwise
+        dry = tool_answer(await session.call_tool("forget_memory", {"episode_ids": ["rec-0"]}))
+        assert dry["status"] == "dry_run" and dry["episodes"] == ["rec-0"]
+        again = tool_answer(await session.call_tool("get_episode", {"episode_id": "rec-0"}))
+        assert again["status"] == "written"
+        done = tool_answer(
+            await session.call_tool("forget_memory", {"episode_ids": ["rec-0"], "dry_run": False})
+        )
+        assert done["status"] == "forgotten" and done["forgotten"] == 1
+        gone = tool_answer(await session.call_tool("get_episode", {"episode_id": "rec-0"}))
+        assert gone["status"] == "forgotten" and "content" not in gone
+        assert await asyncio.wait_for(notes.get(), 60) == str(uri)  # the forget's changes
+        refused = tool_error(await session.call_tool("forget_memory", {}))
+        assert "invalid: " in refused and "exactly one" in refused
+
+
+async def test_mcp_lifecycle_tools_refuse_another_tenants_group(mcp_served: McpServed):
+    group, other = mcp_served.mine, mcp_served.theirs
+    async with mcp_session(mcp_served.server.url, KEY) as mine:
+        for n in (0, 1):
+            tool_answer(await mine.call_tool("add_memory", plan_args(n)))
+        before = tool_answer(await mine.call_tool("list_groups", {}))
+        cursor = tool_answer(await mine.call_tool("list_episodes", {"limit": 1}))["next_cursor"]
+        seq = tool_answer(await mine.call_tool("list_changes", {}))["cursor"]
+    async with mcp_session(mcp_served.server.url, OTHER_KEY) as theirs:
+        for tool, args in (
+            ("forget_memory", {"group_id": group, "episode_ids": ["rec-0"], "dry_run": False}),
+            ("forget_memory", {"group_id": group, "subject": "Acme Corp"}),
+            ("forget_memory", {"group_id": group, "group": True, "dry_run": False}),
+            ("list_episodes", {"group_id": group}),
+            ("list_episodes", {"group_id": group, "cursor": cursor}),
+            ("get_episode", {"group_id": group, "episode_id": "rec-0"}),
+            ("list_changes", {"group_id": group}),
+            ("list_changes", {"group_id": group, "after": 1, "wait_seconds": 30}),
+        ):
+            text = tool_error(await theirs.call_tool(tool, args))
+            assert "forbidden: " in text and group in text, (tool, text)
+            assert KEY not in text and "Acme" not in text, (tool, text)
+        # its own group with the other's cursors: refused, never a page
+        forged = tool_error(await theirs.call_tool("list_episodes", {"cursor": cursor}))
+        assert "another group" in forged
+        past = tool_error(await theirs.call_tool("list_changes", {"after": seq}))
+        assert "past the last change" in past
+        for refused in (theirs.read_resource, theirs.subscribe_resource):
+            with pytest.raises(McpError) as caught:
+                await refused(AnyUrl(changes_uri(group)))
+            assert "forbidden" in str(caught.value) and "Acme" not in str(caught.value)
+        assert tool_answer(await theirs.call_tool("list_groups", {}))["groups"] == [
+            {"group_id": other, "episodes": 0, "entities": 0, "facts": 0, "changes": 0}
+        ]
+        assert tool_answer(await theirs.call_tool("list_episodes", {}))["episodes"] == []
+    async with mcp_session(mcp_served.server.url, KEY) as mine:
+        assert tool_answer(await mine.call_tool("list_groups", {})) == before  # untouched
