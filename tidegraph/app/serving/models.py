@@ -196,10 +196,11 @@ class ForgetIn(GroupIn):
         max_length=MAX_EPISODE_IDS,
         description="The episodes to forget, by the episode_id they were added with.",
     )
-    subject: Annotated[str, AfterValidator(_text_only)] | None = Field(
+    subject: (
+        Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(_text_only)]
+        | None
+    ) = Field(
         None,
-        min_length=1,
-        max_length=MAX_ID_CHARS,
         description="Every episode that mentions this entity (a person asking to be erased): "
         "its uuid, its key (a mapping's, e.g. crm:contact:7) or its exact name (letter case "
         "and spacing aside).",
