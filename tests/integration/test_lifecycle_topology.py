@@ -3,6 +3,8 @@
 - A forget request on the input topic runs in its group's order; replaying the input topic
   from offset 0 into fresh workers (a new consumer group) never brings the forgotten episodes
   back, and a replayed dead letter of one is dropped.
+- A forget interrupted by a killed worker is finished by the next one; the other groups stay
+  as they were.
 - Every change the writes commit reaches ``{prefix}.changes``: none lost when a worker is
   killed mid-stream, none published twice beyond what ``change_id`` lets a consumer drop, in
   the group's commit order (``seq``).
@@ -139,3 +141,46 @@ async def test_no_change_is_lost_when_the_worker_is_killed_mid_stream(topology: 
     committed = await outbox(topology, groups)
     assert all(committed.values())
     check_stream(await published_all(topology, groups), committed)
+
+
+async def test_a_forget_interrupted_by_a_killed_worker_is_finished_by_the_next(
+    topology: Topology,
+) -> None:
+    feed = crm_feed(EPISODES, GROUPS, run=topology.run)
+    groups = sorted({e["group_id"] for e in feed})
+    target, others = groups[0], groups[1:]
+    doomed = [e["id"] for e in feed if e["group_id"] == target][:4]
+    first = topology.start_worker(TIDEGRAPH_COMMUNITIES_ENABLED="false")
+    await topology.wait_assigned([first])
+    await topology.wait_reflected(await topology.produce(feed))
+    store = topology.store()
+    try:
+        before = {g: await store.counts(g) for g in others}
+        uuids = [parse_episode(orjson.dumps(e)).uuid for e in feed if e["id"] in doomed]
+
+        async def statuses() -> dict[str, str]:
+            return await store.episode_statuses(target, uuids)
+
+        # One forget request per episode, so the kill lands between (or inside) them.
+        await topology.produce([forget_record(target, [d]) for d in doomed])
+        await eventually(
+            statuses,
+            lambda got: "forgotten" in got.values(),
+            timeout=90,
+            what="the first forget to run",
+        )
+        first.kill()
+        second = topology.start_worker(TIDEGRAPH_COMMUNITIES_ENABLED="false")
+        await topology.wait_assigned([second])
+        await eventually(
+            statuses,
+            lambda got: set(got.values()) == {"forgotten"},
+            timeout=90,
+            what="the next worker to finish the forgets",
+        )
+        facts = await store.query_facts(target, include_invalid=True)
+        assert not any(set(f.episodes) & set(doomed) for f in facts)
+        assert {g: await store.counts(g) for g in others} == before
+        check_stream(await published_all(topology, groups), await outbox(topology, groups))
+    finally:
+        await store.close()
