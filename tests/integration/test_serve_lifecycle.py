@@ -60,7 +60,7 @@ RECORDS = [
     crm.contact_record("joined", (7, "Dana Reyes"), (1, "Acme Corp"), AT[5]),  # restated
     crm.plan_record((1, "Acme Corp"), "Enterprise", AT[6]),
 ]
-ROLES = ("forget", "browse", "poll", "stream")
+ROLES = ("forget", "leave", "browse", "poll", "stream")
 
 
 @dataclass
@@ -167,7 +167,7 @@ async def test_forget_over_http_leaves_the_graph_memory_forget_leaves(
     group = served.groups["forget"]
     mirror = f"{group}-reference"
     async with client(served) as http:
-        for n in range(6):
+        for n in (0, 1, 2, 5):  # Dana joins, Sam Lee owns, Dana restated
             await add(http, group, n)
             added = await reference.add_episode(
                 group_id=mirror, content=RECORDS[n], reference_time=AT[n], episode_id=f"rec-{n}"
@@ -216,6 +216,27 @@ async def test_forget_over_http_leaves_the_graph_memory_forget_leaves(
             assert "Sam Lee" not in names and "Dana Reyes" in names  # rec-5 still names Dana
         finally:
             await reference.store.delete_group(mirror)
+
+
+async def test_a_tenant_leaving_forgets_its_whole_group_and_no_other(served: Served):
+    group, kept = served.groups["leave"], served.groups["browse"]
+    async with client(served) as http:
+        for n in (0, 1):
+            await add(http, group, n)
+        before = {g["group_id"]: g for g in ok(await http.get("/v1/groups"))["groups"]}
+        assert before[group]["episodes"] == 2 and before[group]["facts"]
+        leave = {"group_id": group, "group": True}
+        dry = ok(await http.post("/v1/forget", json={**leave, "dry_run": True}))
+        assert dry["status"] == "dry_run" and sorted(dry["episodes"]) == ["rec-0", "rec-1"]
+        assert ok(await http.get("/v1/groups"))["groups"] == list(before.values())
+        done = ok(await http.post("/v1/forget", json=leave))
+        assert done["status"] == "forgotten" and done["forgotten"] == 2
+        after = {g["group_id"]: g for g in ok(await http.get("/v1/groups"))["groups"]}
+        assert (after[group]["episodes"], after[group]["entities"], after[group]["facts"]) == (
+            0, 0, 0
+        )  # fmt: skip
+        assert ok(await http.get("/v1/episodes", params={"group_id": group}))["episodes"] == []
+        assert after[kept] == before[kept]  # another group of the same key: untouched
 
 
 async def test_a_forget_that_names_not_one_target_is_a_422_naming_the_rule(served: Served):
