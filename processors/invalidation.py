@@ -100,7 +100,7 @@ class InvalidationStep:
         if judged:
             decisions, calls = await self._judge(episode, facts, candidates, embeddings, joint)
             llm_calls += calls
-        now = self.clock(episode)
+        now = pending.ingested_at or self.clock(episode)
         plan = plan_facts(
             group_id=group,
             episode_uuid=episode.uuid,

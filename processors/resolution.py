@@ -62,6 +62,7 @@ class Resolution:
 
     resolved: ResolvedEpisode
     writes: list[EntityRecord] = field(default_factory=list)
+    at: datetime | None = None  # the ingestion time the new entities carry
 
 
 @dataclass
@@ -175,6 +176,7 @@ class ResolutionStep:
             created=[u for u in dict.fromkeys(resolved.entity_uuids) if u in written - found],
             known_facts=lookup.facts,
             known_sources=sorted(found | written),
+            ingested_at=resolution.at,
         )
         return resolved
 
@@ -234,7 +236,7 @@ class ResolutionStep:
             llm_calls=extraction.llm_calls + llm_calls,
             entities_new=sum(1 for method in found.methods.values() if method == "new"),
         )
-        return Resolution(resolved, list(writes.values()))
+        return Resolution(resolved, list(writes.values()), now)
 
     async def _embed_undecided(
         self, extraction: Extraction, found: Matches

@@ -135,3 +135,15 @@ async def test_a_long_poll_answers_as_soon_as_a_change_is_committed(
     assert page.changes and page.changes[0].seq == log.seq + 1
     assert {c.episode_id for c in page.changes} == {"rec-6"}
     assert "fact.invalidated" in {c.kind for c in page.changes}  # Pro closed by Enterprise
+
+
+async def test_forgetting_an_episode_changes_nothing_it_did_not_touch(
+    memory: Memory, group: str
+) -> None:
+    """Only what rec-3 (Ravi Shah joined Acme) brought goes: its new entity and fact. The
+    replay gives every other entity and fact back exactly, their ingestion times included, so
+    nothing else is rewritten or announced as changed."""
+    request = ForgetRequest(group_id=group, episode_ids=["rec-3"])
+    dry = await memory.forget(request, dry_run=True)
+    assert (dry.entities_removed, dry.facts_removed) == (1, 1)
+    assert (dry.entities_changed, dry.facts_changed) == (0, 0)

@@ -82,6 +82,10 @@ class PendingWrite(BaseModel):
     # lookup (mapped episodes); None: the write reads its candidates itself.
     known_facts: list[FactRecord] | None = None
     known_sources: list[str] = Field(default_factory=list)  # entities known_facts covers
+    # The episode's ingestion time (T'), taken once by resolution: its new entities and its
+    # facts carry the same instant, so a forget's replay (which writes each episode at its
+    # stored time) gives them back exactly. None: the write takes its own.
+    ingested_at: datetime | None = None
 
 
 class ResolvedEpisode(BaseModel):
