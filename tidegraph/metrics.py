@@ -194,6 +194,13 @@ MCP_TOOL_CALLS = Counter(
     "MCP tool calls by tool and outcome (ok, error).",
     ["tool", "outcome"],
 )
+SERVE_WAITS = Gauge(
+    "tidegraph_serve_waits",
+    "Requests of `tidegraph serve` and `tidegraph mcp` held open now, by kind: wait_for (a read "
+    "waiting for its writes), changes (a long poll of GET /v1/changes), stream (a server-sent "
+    "change stream), subscription (an MCP session subscribed to a group's changes).",
+    ["kind"],
+)
 
 # ---- streaming topology (Kafka workers) ----------------------------------------------------
 BATCH_SIZE = Histogram(

@@ -483,9 +483,145 @@ def hostile_requests(own: str, other: str, other_token: str) -> list[Case]:
             expect=frozenset({403}),
         )
     )
+    _lifecycle(cases, own, other)
     add(Case("trailing slash", "GET", "/v1/facts/"))
     add(Case("double slash", "GET", "//v1/facts"))
     return cases
+
+
+def _lifecycle(cases: list[Case], own: str, other: str) -> None:
+    """Forget, browse and the change stream (issue 34): cursors not given out, ids and
+    subjects that are not text, numbers past any seq, another tenant's group."""
+    add = cases.append
+    sse = {"accept": "text/event-stream"}
+    refused = frozenset({400, 409, 413, 422})  # never a page, a forget or a stream
+    theirs = base64.urlsafe_b64encode(jsontext.dumps([other, "2025-01-01T00:00:00Z", "u"]))
+    forged_cursors = {
+        "garbage": "ep1.!!!!",
+        "prefix only": "ep1.",
+        "no prefix": "abc",
+        "not json": "ep1." + base64.urlsafe_b64encode(b"\x00\xff").decode(),
+        "wrong shape": "ep1." + base64.urlsafe_b64encode(b"[1, 2]").decode(),
+        "bad time": "ep1." + base64.urlsafe_b64encode(jsontext.dumps([own, "x", "u"])).decode(),
+        "huge": "ep1." + "A" * 5000,
+        "another group": "ep1." + theirs.decode().rstrip("="),
+    }
+    for name, value in forged_cursors.items():
+        add(Case(f"episodes cursor {name}", "GET", "/v1/episodes", params=[("cursor", value)],
+                 expect=refused))  # fmt: skip
+    add(Case("episodes cursor surrogate", "GET", "/v1/episodes?cursor=ep1.%ED%A0%80",
+             expect=refused))  # fmt: skip
+    for name, params in {
+        "status unknown": [("status", "deleted")],
+        "limit 0": [("limit", "0")],
+        "limit 10**30": [("limit", "1" * 31)],
+        "since garbage": [("since", "whenever-ish")],
+        "until 101 chars": [("until", "x" * 101)],
+        "since NUL": [("since", "2025\x00")],
+        "content maybe": [("content", "maybe")],
+        "unknown param": [("cursour", "x")],
+    }.items():
+        add(Case(f"episodes {name}", "GET", "/v1/episodes", params=params))
+    for name, path in {
+        "id NUL": "/v1/episodes/a%00b",
+        "id invalid utf-8": "/v1/episodes/%FF%FE",
+        "id encoded surrogate": "/v1/episodes/%ED%A0%80",
+        "id long": "/v1/episodes/" + "e" * 600,
+        "id padded": "/v1/episodes/%20e1%20",
+    }.items():
+        add(Case(f"show episode {name}", "GET", path))
+        add(Case(f"forget episode {name}", "DELETE", path))
+    add(Case("forget episode never added", "DELETE", "/v1/episodes/nope", expect=frozenset({404})))
+    add(Case("forget episode dry_run maybe", "DELETE", "/v1/episodes/e1?dry_run=maybe"))
+    for name, body in {
+        "nothing": {},
+        "two targets": {"episode_ids": ["a"], "subject": "x"},
+        "group false": {"group": False},
+        "purge without group": {"subject": "x", "purge": True},
+        "ids not a list": {"episode_ids": "a"},
+        "ids of numbers": {"episode_ids": [1, 2]},
+        "id NUL": {"episode_ids": ["a\x00b"]},
+        "id padded": {"episode_ids": [" a "]},
+        "subject control": {"subject": "Dana\x07"},
+        "subject empty": {"subject": ""},
+        "subject long": {"subject": "s" * 5000},
+        "subject number": {"subject": 10**30},
+        "subject unknown": {"subject": "Nobody At All"},
+        "dry_run text": {"subject": "x", "dry_run": "perhaps"},
+        "typo": {"episode_id": ["a"]},
+    }.items():
+        add(Case(f"forget {name}", "POST", "/v1/forget", json=body, expect=refused))
+    many = {"episode_ids": [f"e{n}" for n in range(10_000)]}  # none of them added
+    add(Case("forget ids 10k", "POST", "/v1/forget", json=many))
+    add(
+        Case(
+            "forget body surrogate",
+            "POST",
+            "/v1/forget",
+            content=b'{"subject": "\\udc00"}',
+            headers=JSON,
+        )
+    )
+    add(
+        Case(
+            "forget body invalid utf-8",
+            "POST",
+            "/v1/forget",
+            content=b'{"subject": "\xff\xfe"}',
+            headers=JSON,
+        )
+    )
+    streams: dict[str, tuple[list[tuple[str, str]], dict[str, Any]]] = {
+        "after negative": ([("after", "-1")], {}),
+        "after 10**30": ([("after", "1" * 31)], {}),
+        "after 2**63": ([("after", str(2**63))], {}),
+        "after float": ([("after", "1.5")], {}),
+        "after text": ([("after", "latest")], {}),
+        "after past the end": ([("after", str(2**62))], {}),
+        "wait negative": ([("wait_seconds", "-1")], {}),
+        "wait huge": ([("wait_seconds", "1e308")], {}),
+        "wait NaN": ([("wait_seconds", "nan")], {}),
+        "limit 0": ([("limit", "0")], {}),
+        "stream after 10**30": ([("after", "1" * 31)], sse),
+        "stream last-event-id text": ([], {**sse, "last-event-id": "abc"}),
+        "stream last-event-id huge": ([], {**sse, "last-event-id": "9" * 30}),
+        "stream last-event-id negative": ([], {**sse, "last-event-id": "-5"}),
+        "stream last-event-id bytes": ([], {**sse, "last-event-id": b"\xff\xfe"}),
+        "stream past the end": ([("after", str(2**62))], sse),
+    }
+    for name, (params, headers) in streams.items():
+        add(
+            Case(
+                f"changes {name}",
+                "GET",
+                "/v1/changes",
+                params=params,
+                headers=headers,
+                expect=refused,
+            )
+        )
+    forbidden = frozenset({403})
+    theirs_asked: list[tuple[str, str, str, list[tuple[str, str]] | None, Any]] = [
+        ("forget episode", "DELETE", "/v1/episodes/e1", [("group_id", other)], None),
+        ("forget", "POST", "/v1/forget", None, {"group_id": other, "subject": "Quillmark"}),
+        ("forget group", "POST", "/v1/forget", None, {"group_id": other, "group": True}),
+        ("episodes", "GET", "/v1/episodes", [("group_id", other)], None),
+        ("show episode", "GET", "/v1/episodes/e1", [("group_id", other)], None),
+        ("changes", "GET", "/v1/changes", [("group_id", other)], None),
+    ]
+    for name, method, path, query, body in theirs_asked:
+        add(Case(f"{name} of another tenant", method, path, params=query, json=body,
+                 expect=forbidden))  # fmt: skip
+    add(
+        Case(
+            "changes stream of another tenant",
+            "GET",
+            "/v1/changes",
+            params=[("group_id", other)],
+            headers=sse,
+            expect=forbidden,
+        )
+    )
 
 
 def iter_names(cases: list[Case]) -> Iterator[str]:

@@ -34,7 +34,8 @@ from tidegraph.app.serving.mcp_server import Holder, Scoping, build_mcp, http_ap
 from tidegraph.app.serving.settings import KeyRing
 
 TOOLS = {"add_memory", "search_facts", "search_entities", "search_episodes", "get_context",
-         "facts_as_of", "episode_status"}  # fmt: skip
+         "facts_as_of", "episode_status", "forget_memory", "list_episodes", "get_episode",
+         "list_groups", "list_changes"}  # fmt: skip
 KEY_A = "mcp-a-" + uuid.uuid4().hex
 KEY_B = "mcp-b-" + uuid.uuid4().hex
 

@@ -2,9 +2,11 @@
 agents").
 
 A FastAPI app over one ``MemoryService``: add episodes, search, context, facts as of a time,
-entities, an episode's status, dead-letter counts; ``/healthz``, ``/readyz``, ``/metrics`` and
-the OpenAPI docs at ``/docs``. Every ``/v1`` route needs an API key (``Authorization: Bearer``
-or ``X-API-Key``) when keys are configured, and is scoped to the key's groups.
+entities, an episode's status, dead-letter counts; the lifecycle (forget, browse episodes and
+groups, the change stream as a long poll or server-sent events); ``/healthz``, ``/readyz``,
+``/metrics`` and the OpenAPI docs at ``/docs``. Every ``/v1`` route needs an API key
+(``Authorization: Bearer`` or ``X-API-Key``) when keys are configured, and is scoped to the
+key's groups.
 
 Every error, the framework's own included (unknown route, method, bad JSON, invalid UTF-8, a
 body too large or too slow), is answered as one JSON shape, ``ErrorOut``; a failure no handler
@@ -21,21 +23,28 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import orjson
-from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tidegraph.app.browse import ChangePage, ForgetResult
 from tidegraph.app.serving.models import (
+    MAX_SEQ,
     AddEpisodeIn,
     AddEpisodeOut,
+    ChangesIn,
     ContextIn,
     ContextOut,
+    EpisodesIn,
     EpisodeStatusOut,
     ErrorOut,
     FactsIn,
+    ForgetEpisodeIn,
+    ForgetIn,
     GroupIn,
     GroupsIn,
     SearchIn,
@@ -44,7 +53,12 @@ from tidegraph.app.serving.models import (
     send_error,
 )
 from tidegraph.app.serving.server import BodyGuard
-from tidegraph.app.serving.service import MemoryService, ServiceError, warm_time_phrases
+from tidegraph.app.serving.service import (
+    BadRequest,
+    MemoryService,
+    ServiceError,
+    warm_time_phrases,
+)
 from tidegraph.app.serving.settings import KeyRing, Principal, bearer_or_header
 from tidegraph.metrics import HTTP_ERRORS, HTTP_LATENCY, HTTP_REQUESTS
 from tidegraph.records import jsontext
@@ -55,8 +69,18 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut} for code in (400, 401, 403, 404, 408, 409, 413, 422, 429)
 }
 ADD_STATUS = {"written": 201, "skipped": 200, "queued": 202, "failed": 422}
+FORGET_STATUS = {"forgotten": 200, "dry_run": 200, "queued": 202}
 # Every field name of a request, for "did you mean" in an unknown field's 422.
-KNOWN_FIELDS = sorted({*ContextIn.model_fields, *AddEpisodeIn.model_fields, "group_id"})
+KNOWN_FIELDS = sorted(
+    {
+        *ContextIn.model_fields,
+        *AddEpisodeIn.model_fields,
+        *ForgetIn.model_fields,
+        *EpisodesIn.model_fields,
+        *ChangesIn.model_fields,
+    }
+)
+STREAM_PING_SECONDS = 15  # a comment line on an idle change stream keeps proxies from closing it
 # The framework's own errors, by status: their error codes.
 HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
@@ -107,10 +131,11 @@ def create_app(
         service = await open_service()
         app.state.service = service
         await warm_time_phrases()
+        await service.start()  # the outbox pruned once before the first request
         try:
             yield
         finally:
-            await service.memory.close()
+            await service.close()
 
     app = FastAPI(
         title="tidegraph memory",
@@ -124,6 +149,21 @@ def create_app(
     app.router.route_class = ExactJSONRoute
     app.add_middleware(BodyGuard, max_bytes=max_body_bytes, timeout=body_timeout_seconds)
     app.add_middleware(Measured)
+
+    _add_error_handlers(app)
+    who, svc = _dependencies(keys)
+    _add_write_routes(app, who, svc)
+    _add_read_routes(app, who, svc)
+    _add_forget_routes(app, who, svc)
+    _add_browse_routes(app, who, svc)
+    _add_change_routes(app, who, svc)
+    _add_operation_routes(app)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in the one shape (``ErrorOut``): the service's, a field that is not valid
+    (422, field by field), the framework's own (unknown route, method, ...)."""
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> Response:
@@ -155,6 +195,11 @@ def create_app(
         body = orjson.loads(error_body(code, message))
         return ORJSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
+
+def _dependencies(keys: KeyRing) -> tuple[Any, Any]:
+    """The route parameters ``who`` (the caller of the request's API key, or a 401) and
+    ``svc`` (the app's ``MemoryService``)."""
+
     def service(request: Request) -> MemoryService:
         return request.app.state.service
 
@@ -172,10 +217,13 @@ def create_app(
         request.scope["tidegraph.key"] = found.key_id
         return found
 
-    Who = Depends(principal)
-    Svc = Depends(service)
+    return Depends(principal), Depends(service)
 
-    # ---------------------------------------------------------------------- writing
+
+# The route groups below take the dependencies ``Who`` and ``Svc`` as parameter defaults.
+def _add_write_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
+    """Adding an episode."""
+
     added: dict[int | str, dict[str, Any]] = {
         201: {"description": "written"},
         200: {"model": AddEpisodeOut, "description": "skipped (added before)"},
@@ -200,7 +248,11 @@ def create_app(
             out.model_dump(exclude_none=True), status_code=ADD_STATUS[result.status]
         )
 
-    # ---------------------------------------------------------------------- reading
+
+def _add_read_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
+    """Reading the memory: search, context, facts, entities, an episode's status,
+    dead-letter counts."""
+
     @app.post("/v1/search", response_model=SearchOut, tags=["memory"])
     async def search_post(body: SearchIn, who: Principal = Who, svc: MemoryService = Svc):
         """Facts, entities, episodes and communities answering ``query``, valid at
@@ -255,7 +307,115 @@ def create_app(
         """Dead letters of the key's groups, counted by group, stage and reason."""
         return await svc.dead_letter_counts(who, body.group_ids)
 
-    # ---------------------------------------------------------------------- operations
+
+def _add_forget_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
+    """Forgetting (docs/serving.md "Lifecycle"): an episode, a subject, a group."""
+
+    forgot: dict[int | str, dict[str, Any]] = {
+        200: {"description": "forgotten, or what would go (dry_run)"},
+        202: {"description": "queued (via Kafka: a forget record, run in the group's order)"},
+    }
+
+    def forget_answer(result: ForgetResult) -> Response:
+        return ORJSONResponse(result.as_json(), status_code=FORGET_STATUS[result.status])
+
+    @app.delete("/v1/episodes/{episode_id}", tags=["lifecycle"], responses=forgot)
+    async def forget_episode(
+        episode_id: Annotated[str, Path(max_length=512)],
+        body: Annotated[ForgetEpisodeIn, Query()],
+        who: Principal = Who,
+        svc: MemoryService = Svc,
+    ) -> Response:
+        """Forget one episode (its episode_id, or its uuid): the graph is then the one the
+        group's other episodes give (docs/architecture.md "Forgetting"). 200 with what went
+        (``dry_run``: what would go, nothing written), 202 queued via Kafka, 404 when the group
+        holds no such episode, 409 forget_refused when it cannot be done (the message says
+        why)."""
+        result = await svc.forget_episode(who, body.group_id, episode_id, dry_run=body.dry_run)
+        return forget_answer(result)
+
+    @app.post("/v1/forget", tags=["lifecycle"], responses=forgot)
+    async def forget(body: ForgetIn, who: Principal = Who, svc: MemoryService = Svc) -> Response:
+        """Forget episodes by id, every episode that mentions a subject (an entity's uuid, key
+        or name: a person asking to be erased), or a whole group (a tenant leaving); exactly
+        one of ``episode_ids``, ``subject``, ``group``. 200 with what went (``dry_run``: what
+        would go), 202 queued via Kafka, 409 forget_refused when it cannot be done (no such
+        subject, several entities of that name, the LLM needed to replay)."""
+        return forget_answer(await svc.forget(who, body))
+
+
+def _add_browse_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
+    """Browsing (docs/serving.md "Lifecycle"): a group's episodes, one episode, the groups
+    a key may read."""
+
+    @app.get("/v1/episodes", tags=["lifecycle"])
+    async def episodes(
+        body: Annotated[EpisodesIn, Query()], who: Principal = Who, svc: MemoryService = Svc
+    ) -> dict[str, Any]:
+        """The group's episodes by event time, a page at a time: pass ``next_cursor`` back as
+        ``cursor`` (null: the last page). ``status`` dead_lettered reads the dead-letter topic
+        (in-process: the adds that failed in this server). 400 for a cursor not of this
+        listing."""
+        return await svc.episodes(who, body)
+
+    @app.get("/v1/episodes/{episode_id}", tags=["lifecycle"])
+    async def episode(
+        episode_id: Annotated[str, Path(max_length=512)],
+        body: Annotated[GroupIn, Query()],
+        who: Principal = Who,
+        svc: MemoryService = Svc,
+    ) -> dict[str, Any]:
+        """One episode (its episode_id, or its uuid) with what it produced: the entities it
+        mentions and the facts it supports; a forgotten one as its tombstone; 404 when the
+        group holds none such."""
+        return await svc.episode(who, body.group_id, episode_id)
+
+    @app.get("/v1/groups", tags=["lifecycle"])
+    async def groups(who: Principal = Who, svc: MemoryService = Svc) -> dict[str, Any]:
+        """The groups this key may read, each with its episodes, entities, facts and the
+        change stream's last seq (without API keys: every group of the store)."""
+        return await svc.readable_groups(who)
+
+
+def _add_change_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
+    """The change stream (docs/streaming.md "Change stream"): a read, a long poll or
+    server-sent events."""
+
+    streamed: dict[int | str, dict[str, Any]] = {
+        200: {
+            "description": "the changes after the cursor; with Accept: text/event-stream a "
+            "stream of them, one event each (id: its seq)",
+            "content": {"text/event-stream": {}},
+        }
+    }
+
+    @app.get("/v1/changes", tags=["lifecycle"], responses=streamed)
+    async def changes(
+        request: Request,
+        body: Annotated[ChangesIn, Query()],
+        last_event_id: Annotated[str | None, Header(max_length=32)] = None,
+        who: Principal = Who,
+        svc: MemoryService = Svc,
+    ) -> Response:
+        """The group's committed changes after ``after``, in commit order, with the cursor to
+        pass back (docs/streaming.md "Change stream"); ``wait_seconds``: a long poll,
+        answered as soon as a change is committed. With ``Accept: text/event-stream``, a
+        stream of server-sent events (``change``, id = its seq; a reconnect's
+        ``Last-Event-ID`` resumes after it) for as long as the client reads. A poll that waits
+        and a stream each hold one of the key's TIDEGRAPH_SERVE_WAITS_PER_KEY slots. 400 for
+        a cursor past the group's last change."""
+        if "text/event-stream" not in request.headers.get("accept", ""):
+            return ORJSONResponse(await svc.changes(who, body))
+        after = body.after if last_event_id is None else _event_id(last_event_id)
+        group = await svc.change_cursor(who, body.group_id, after)
+        release = svc.hold_wait(who, "stream")
+        pages = svc.change_stream(who, group, after, body.limit, release)
+        return ChangeEvents(_events(pages), release, ping=STREAM_PING_SECONDS)
+
+
+def _add_operation_routes(app: FastAPI) -> None:
+    """``/healthz``, ``/readyz``, ``/metrics``."""
+
     @app.get("/healthz", tags=["operations"])
     async def healthz() -> dict[str, str]:
         """Liveness: the process and its event loop answer."""
@@ -281,7 +441,44 @@ def create_app(
 
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+
+def _event_id(value: str) -> int:
+    """The seq of a ``Last-Event-ID`` header (an event id this server sent)."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_SEQ:
+        raise BadRequest(
+            "Last-Event-ID: not an event id of this stream (a change's seq)", field="Last-Event-ID"
+        )
+    return int(text)
+
+
+async def _events(pages: AsyncIterator[ChangePage]) -> AsyncIterator[ServerSentEvent]:
+    """Each change of ``pages`` as an event; a cursor that stops holding ends the stream
+    with an ``error`` event of the error shape."""
+    try:
+        async for page in pages:
+            for change in page.changes:
+                data = orjson.dumps(change.model_dump(mode="json")).decode()
+                yield ServerSentEvent(data, event="change", id=str(change.seq))
+    except ServiceError as exc:
+        yield ServerSentEvent(orjson.dumps(exc.body()).decode(), event="error")
+    finally:
+        await pages.aclose()  # type: ignore[attr-defined]
+
+
+class ChangeEvents(EventSourceResponse):
+    """A change stream that frees its wait slot however it ends (the client gone before the
+    first event, the server stopping, an error)."""
+
+    def __init__(self, content: Any, release: Callable[[], None], **options: Any) -> None:
+        super().__init__(content, **options)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.release()
 
 
 def _problem(error: Any) -> dict[str, str]:

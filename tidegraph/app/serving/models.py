@@ -12,18 +12,23 @@ default to the caller's: a key bound to one group needs none. Errors have one sh
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
+from tidegraph.app.browse import MAX_PAGE, EpisodeStatus
 from tidegraph.app.serving.settings import MAX_WAIT_SECONDS
 from tidegraph.recall.recipes import RECIPES
-from tidegraph.records.episode import GroupId
+from tidegraph.records.episode import MAX_ID_CHARS, GroupId
+from tidegraph.records.forget import MAX_EPISODE_IDS, ForgetRequest
+from tidegraph.records.ids import SURROGATE, id_problem
 from tidegraph.records.search import DEFAULT_RECIPE, MAX_GROUPS, SearchQuery, SearchRequest
 
 MAX_TOKENS = 32
 MAX_TIME_CHARS = 100  # a longer text is no time (processors/temporal.py: MAX_TIME_TEXT)
+MAX_CURSOR_CHARS = 2048  # an episode cursor (tidegraph/app/browse.py) is far shorter
+MAX_SEQ = 2**63 - 1  # a change cursor is a seq: a 64-bit integer in both stores
 
 
 class Body(BaseModel):
@@ -128,6 +133,24 @@ class GroupsIn(Body):
     )
 
 
+def _exact_id(value: str) -> str:
+    problem = id_problem(value)
+    if problem is not None:
+        raise ValueError(f"episode id {value[:80]!r} {problem}; send it exactly as it was added")
+    return value
+
+
+def _text_only(value: str) -> str:
+    if SURROGATE.search(value) or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+        raise ValueError("has control characters or a lone UTF-16 surrogate (not text)")
+    return value
+
+
+# An episode's id (the producer's, or its uuid) as every lifecycle route and tool takes it:
+# 1-512 characters, kept exactly as sent (``id_problem``, the rule of every way in).
+EpisodeId = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(_exact_id)]
+
+
 class FactsIn(GroupIn, Waits, Times):
     """Facts of one group as of a time."""
 
@@ -160,6 +183,107 @@ class ContextIn(SearchIn):
         True, description="Include episode excerpts (true or false; false: facts, entities "
         "and communities only).",
     )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- lifecycle
+class ForgetIn(GroupIn):
+    """What to forget in one group: the fields of ``ForgetRequest`` (the one spelling of the
+    CLI, HTTP, MCP and the input topic; docs/architecture.md "Forgetting"), the group defaulting
+    to the key's, and ``dry_run``. Exactly one of ``episode_ids``, ``subject`` and ``group``."""
+
+    episode_ids: list[EpisodeId] = Field(
+        default_factory=list,
+        max_length=MAX_EPISODE_IDS,
+        description="The episodes to forget, by the episode_id they were added with.",
+    )
+    subject: (
+        Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(_text_only)]
+        | None
+    ) = Field(
+        None,
+        description="Every episode that mentions this entity (a person asking to be erased): "
+        "its uuid, its key (a mapping's, e.g. crm:contact:7) or its exact name (letter case "
+        "and spacing aside).",
+    )
+    group: bool = Field(False, description="The whole group (a tenant leaving).")
+    purge: bool = Field(
+        False,
+        description="With group: the tombstones too (a replay of the group's old records "
+        "would then bring it back).",
+    )
+    dry_run: bool = Field(
+        False,
+        description="Say what would go and write nothing (the MCP tool forget_memory "
+        "defaults to true).",
+    )
+
+    def request(self, group_id: str) -> ForgetRequest:
+        """The ``ForgetRequest`` of this body for ``group_id`` (its rules: ``ValidationError``
+        when it names not exactly one target)."""
+        return ForgetRequest(
+            group_id=group_id,
+            episode_ids=tuple(self.episode_ids),
+            subject=self.subject,
+            group=self.group,
+            purge=self.purge,
+        )
+
+
+class ForgetEpisodeIn(GroupIn):
+    """The query of ``DELETE /v1/episodes/{episode_id}``."""
+
+    dry_run: bool = Field(False, description="Say what would go and write nothing.")
+
+
+class EpisodeIn(GroupIn):
+    """One episode of a group."""
+
+    episode_id: EpisodeId = Field(description="The episode_id it was added with, or its uuid.")
+
+
+class EpisodesIn(GroupIn):
+    """A page of a group's episodes."""
+
+    since: str | None = Field(
+        None, max_length=MAX_TIME_CHARS, description="From this time (its reference_time)."
+    )
+    until: str | None = Field(
+        None, max_length=MAX_TIME_CHARS, description="Before this time (its reference_time)."
+    )
+    status: EpisodeStatus | None = Field(
+        None,
+        description="written, not_extracted (stored, facts pending an LLM), forgotten "
+        "(tombstones) or dead_lettered (read from the dead-letter topic); default: the stored "
+        "ones (written and not_extracted).",
+    )
+    cursor: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CURSOR_CHARS,
+        description="The previous page's next_cursor, unchanged.",
+    )
+    limit: int = Field(100, ge=1, le=MAX_PAGE, description="Episodes per page.")
+    content: bool = Field(False, description="With each episode's content.")
+
+
+class ChangesIn(GroupIn):
+    """A group's changes after a cursor (docs/streaming.md "Change stream")."""
+
+    after: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEQ,
+        description="The cursor: the last seq seen (the previous answer's cursor); 0 from the "
+        "start of what the outbox keeps.",
+    )
+    limit: int = Field(100, ge=1, le=MAX_PAGE, description="Changes per answer.")
+    wait_seconds: float = Field(
+        0.0,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description="A long poll: wait up to this long for the first change after the cursor "
+        "(answered as soon as one is committed).",
+    )
 
 
 class SearchOut(BaseModel):
@@ -199,10 +323,12 @@ class Problem(BaseModel):
 class ErrorOut(BaseModel):
     """Every 4xx and 5xx answer has this shape, the server's own (malformed HTTP, a body over
     the limit or too slow, an unknown route, invalid JSON or UTF-8) included: 400 a time that
-    cannot be read or a damaged token, 401 no known key, 403 another tenant's group (named,
-    never the key), 404, 405, 408 headers or body too slow, 409 read-your-writes, 413 a body
-    over TIDEGRAPH_SERVE_MAX_BODY_BYTES, 422 a field that is not valid (or a failed add:
-    error episode_failed with the episode's fields), 429 too many waiting reads of one key."""
+    cannot be read, a damaged token or a cursor this server did not give out, 401 no known
+    key, 403 another tenant's group (named, never the key), 404, 405, 408 headers or body too
+    slow, 409 read-your-writes (episode_pending, episode_dead_lettered) or a forget the memory
+    cannot do as asked (forget_refused: no such subject, the LLM needed), 413 a body over
+    TIDEGRAPH_SERVE_MAX_BODY_BYTES, 422 a field that is not valid (or a failed add: error
+    episode_failed with the episode's fields), 429 too many waiting requests of one key."""
 
     error: str = Field(description="A stable code: invalid, forbidden, too_large, ...")
     message: str = Field(description="What is wrong and what to do, for a person.")

@@ -13,17 +13,33 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
+from aiokafka.errors import KafkaError
+from pydantic import ValidationError
+
+from tidegraph.app.browse import BadCursor, ChangePage, EpisodePage, EpisodeView, ForgetResult
 from tidegraph.app.memory import AddResult, Memory, new_episode_id
-from tidegraph.app.serving.models import AddEpisodeIn, ContextIn, FactsIn, SearchIn
+from tidegraph.app.serving.models import (
+    AddEpisodeIn,
+    ChangesIn,
+    ContextIn,
+    EpisodesIn,
+    FactsIn,
+    ForgetIn,
+    SearchIn,
+)
 from tidegraph.app.serving.settings import MAX_WAIT_SECONDS, Principal
 from tidegraph.app.serving.tokens import BadToken, EpisodeState, Token, Tracker, episode_uuid_of
+from tidegraph.metrics import SERVE_WAITS
 from tidegraph.recall.search import SearchResults
-from tidegraph.records.episode import parse_episode
+from tidegraph.records.episode import MAX_ID_CHARS, parse_episode
 from tidegraph.records.errors import BadTime, InvalidEpisode
+from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.ids import id_problem
 from tidegraph.records.search import SearchRequest
 from tidegraph.records.times import utc, utcnow
@@ -31,6 +47,8 @@ from tidegraph.records.times import utc, utcnow
 log = logging.getLogger("tidegraph.serve")
 
 PENDING_SCAN = 1000  # not-yet-extracted episodes read to tell one apart
+STREAM_ROUND_SECONDS = 15.0  # a change stream looks again whether its cursor still holds
+WaitKind = Literal["wait_for", "changes", "stream"]
 
 
 class ServiceError(Exception):
@@ -64,6 +82,13 @@ class NotFound(ServiceError):
 
 class TooManyWaits(ServiceError):
     status, code = 429, "too_many_waits"
+
+
+class ForgetRefused(ServiceError):
+    """A forget the memory cannot do as asked (``ForgetError``: no such subject, several
+    entities of that name, the LLM needed to replay, the group kept being written)."""
+
+    status, code = 409, "forget_refused"
 
 
 class NotQueryable(ServiceError):
@@ -108,7 +133,72 @@ class MemoryService:
         self.wait_seconds = wait_seconds
         self.waits_per_key = waits_per_key
         self.tracker = Tracker(self.store, self.settings, kafka=memory.via == "kafka")
-        self._waiting: Counter[str] = Counter()  # reads waiting for tokens, by key
+        self._waiting: Counter[str] = Counter()  # requests waiting (tokens, changes), by key
+        self._upkeep: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Begin the server's upkeep: in-process, the outbox kept to its retention (docs/
+        streaming.md "Change stream"; through Kafka the workers do it), pruned once now and
+        then every ``PRUNE_EVERY_SECONDS``."""
+        if self.memory.via == "process" and self._upkeep is None:
+            await self.prune_changes()
+            self._upkeep = asyncio.create_task(self._keep_outbox(), name="tidegraph-outbox")
+
+    async def close(self) -> None:
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+            await asyncio.gather(self._upkeep, return_exceptions=True)
+            self._upkeep = None
+        await self.memory.close()
+
+    async def prune_changes(self) -> int:
+        """One round of the outbox's retention (``Memory.prune_changes``); a store that fails
+        is logged and tried again next round. How many changes went."""
+        try:
+            return await self.memory.prune_changes()
+        except Exception:  # the store is down: the next round tries again
+            log.warning("pruning the change outbox failed", exc_info=True)
+            return 0
+
+    async def _keep_outbox(self) -> None:
+        from tidegraph.pipelines.outbox import PRUNE_EVERY_SECONDS
+
+        while True:
+            await asyncio.sleep(PRUNE_EVERY_SECONDS)  # a timer, not a synchronisation
+            await self.prune_changes()
+
+    # ------------------------------------------------------------------ waits
+    def hold_wait(self, principal: Principal, kind: WaitKind) -> Callable[[], None]:
+        """One of the caller's ``waits_per_key`` slots (``TooManyWaits`` when all are held),
+        for a read that waits: a ``wait_for``, a long poll, a change stream. Returns its
+        release."""
+        key = principal.key_id
+        if self._waiting[key] >= self.waits_per_key:
+            raise TooManyWaits(
+                f"{self._waiting[key]} requests of this caller already wait (wait_for reads, "
+                "change polls and streams; TIDEGRAPH_SERVE_WAITS_PER_KEY): retry once one "
+                "has answered"
+            )
+        self._waiting[key] += 1
+        SERVE_WAITS.labels(kind).inc()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._waiting[key] -= 1
+                SERVE_WAITS.labels(kind).dec()
+
+        return release
+
+    @asynccontextmanager
+    async def waiting(self, principal: Principal, kind: WaitKind) -> AsyncIterator[None]:
+        release = self.hold_wait(principal, kind)
+        try:
+            yield
+        finally:
+            release()
 
     # ------------------------------------------------------------------ scope
     def groups(
@@ -202,19 +292,10 @@ class MemoryService:
             decoded.append(token)
         if all(await self.tracker.written(decoded)):  # the usual case: no wait, no slot
             return [EpisodeState(token, "written") for token in dict.fromkeys(decoded)]
-        key = principal.key_id
-        if self._waiting[key] >= self.waits_per_key:
-            raise TooManyWaits(
-                f"{self._waiting[key]} reads of this caller already wait for their wait_for "
-                "episodes (TIDEGRAPH_SERVE_WAITS_PER_KEY): retry once one has answered"
-            )
         limit = min(timeout or self.wait_seconds, MAX_WAIT_SECONDS)
         started = time.monotonic()
-        self._waiting[key] += 1
-        try:
+        async with self.waiting(principal, "wait_for"):
             states = await self.tracker.wait(decoded, limit)
-        finally:
-            self._waiting[key] -= 1
         if any(s.state != "written" for s in states):
             raise NotQueryable(states, time.monotonic() - started, kafka=self.tracker.kafka)
         return states
@@ -366,6 +447,185 @@ class MemoryService:
             ],
         }
 
+    # ------------------------------------------------------------------ lifecycle
+    async def forget(self, principal: Principal, body: ForgetIn) -> ForgetResult:
+        """What ``body`` names in one of the caller's groups, forgotten (docs/architecture.md
+        "Forgetting"), or with ``dry_run`` what would go."""
+        group = self.group(principal, body.group_id)
+        try:
+            request = body.request(group)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        return await self._forget(principal, request, dry_run=body.dry_run)
+
+    async def forget_episode(
+        self, principal: Principal, group_id: str | None, episode_id: str, *, dry_run: bool
+    ) -> ForgetResult:
+        """One episode of the group (its id or uuid) forgotten; ``NotFound`` when the group
+        holds no such episode (or only its tombstone). Through Kafka an episode not written
+        yet may still be on its way: its forget is queued behind it, in the group's order."""
+        group = self.group(principal, group_id)
+        _check_episode_id(episode_id)
+        shown = await self.memory.episode(group, episode_id)
+        if shown is not None and shown.episode.status != "forgotten":
+            producer_id = shown.episode.episode_id
+        elif shown is None and self.tracker.kafka and not dry_run:
+            producer_id = episode_id
+        else:
+            when_gone = f" (forgotten at {shown.episode.forgotten_at})" if shown else ""
+            raise NotFound(
+                f"group {group!r} holds no episode {episode_id!r}{when_gone}: list its "
+                "episodes with GET /v1/episodes",
+                group_id=group,
+            )
+        request = ForgetRequest(group_id=group, episode_ids=(producer_id,))
+        return await self._forget(principal, request, dry_run=dry_run)
+
+    async def _forget(
+        self, principal: Principal, request: ForgetRequest, *, dry_run: bool
+    ) -> ForgetResult:
+        from tidegraph.pipelines.forget import ForgetError
+
+        try:
+            result = await self.memory.forget(request, dry_run=dry_run)
+        except ForgetError as exc:
+            raise ForgetRefused(str(exc)) from None
+        except RuntimeError as exc:  # Kafka refused the forget record
+            raise ServiceUnavailable(f"could not queue the forget: {exc}") from exc
+        log.info(
+            "forget group_id=%s status=%s episodes=%d key=%s",
+            request.group_id,
+            result.status,
+            result.forgotten,
+            principal.key_id,
+        )
+        return result
+
+    async def episodes(self, principal: Principal, body: EpisodesIn) -> dict[str, Any]:
+        """A page of the group's episodes (``Memory.episodes``)."""
+        group = self.group(principal, body.group_id)
+        since = await when(body.since, "since")
+        until = await when(body.until, "until")
+        if body.status == "dead_lettered" and not self.tracker.kafka:
+            return self._failed_here(group, body.limit).as_json()
+        try:
+            page = await self.memory.episodes(
+                group,
+                since=since,
+                until=until,
+                status=body.status,
+                cursor=body.cursor,
+                limit=body.limit,
+                content=body.content,
+            )
+        except BadCursor as exc:
+            raise BadRequest(str(exc), field="cursor") from None
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        except KafkaError as exc:
+            raise ServiceUnavailable(f"could not read the dead-letter topic: {exc}") from exc
+        return page.as_json()
+
+    def _failed_here(self, group_id: str, limit: int) -> EpisodePage:
+        """An in-process server's dead letters: the adds of the group that failed in this
+        process since it started (there is no dead-letter topic)."""
+        views = [
+            EpisodeView(uuid, "", "dead_lettered", reason=reason, stage=stage, message=message)
+            for (group, uuid), (stage, reason, message) in self.tracker.failed_adds()
+            if group == group_id
+        ]
+        return EpisodePage(
+            group_id,
+            "dead_lettered",
+            views[-limit:],
+            None,
+            source="episodes that failed in this server process since it started",
+        )
+
+    async def episode(
+        self, principal: Principal, group_id: str | None, episode_id: str
+    ) -> dict[str, Any]:
+        """One episode of the group and what it produced (``Memory.episode``)."""
+        group = self.group(principal, group_id)
+        _check_episode_id(episode_id)
+        shown = await self.memory.episode(group, episode_id)
+        if shown is None:
+            raise NotFound(
+                f"group {group!r} holds no episode {episode_id!r} (one still queued or "
+                "dead-lettered: GET /v1/episodes/{episode_id}/status)",
+                group_id=group,
+            )
+        return {"group_id": group, **shown.as_json()}
+
+    async def readable_groups(self, principal: Principal) -> dict[str, Any]:
+        """The groups the caller may read, with what each holds (a caller of every group:
+        every group the store has written)."""
+        views = await self.memory.groups(principal.groups)
+        return {"groups": [view.as_json() for view in views]}
+
+    async def changes(self, principal: Principal, body: ChangesIn) -> dict[str, Any]:
+        """The group's changes after the cursor; with ``wait_seconds`` a long poll (holding
+        one of the caller's wait slots only when it has to wait)."""
+        group = await self.change_cursor(principal, body.group_id, body.after)
+        page = await self._changes(group, body.after, body.limit, 0.0)
+        if page.changes or body.wait_seconds <= 0:
+            return page.as_json()
+        async with self.waiting(principal, "changes"):
+            page = await self._changes(group, body.after, body.limit, body.wait_seconds)
+        return page.as_json()
+
+    async def latest_changes(
+        self, principal: Principal, group_id: str | None, limit: int = 100
+    ) -> dict[str, Any]:
+        """The group's last ``limit`` changes and the cursor (the MCP changes resource)."""
+        group = self.group(principal, group_id)
+        logs = await self.store.change_logs([group])
+        last = logs[0].seq if logs else 0
+        page = await self._changes(group, max(0, last - limit), limit, 0.0)
+        return page.as_json()
+
+    async def change_cursor(self, principal: Principal, group_id: str | None, after: int) -> str:
+        """The group of a change read, once its cursor is checked: a cursor past the group's
+        last change was not given for this group (another group's, another store's, or the
+        group was purged since), and is a 400 rather than a wait for changes that would
+        never be served."""
+        group = self.group(principal, group_id)
+        if after > 0:
+            logs = await self.store.change_logs([group])
+            last = logs[0].seq if logs else 0
+            if after > last:
+                raise BadRequest(
+                    f"after: {after} is past the last change of group {group!r} (seq {last}): "
+                    "a cursor of another group or store, or the group was purged; read again "
+                    "from 0",
+                    field="after",
+                )
+        return group
+
+    async def _changes(self, group: str, after: int, limit: int, wait: float) -> ChangePage:
+        try:
+            return await self.memory.changes(group, after=after, limit=limit, wait_seconds=wait)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+
+    async def change_stream(
+        self, principal: Principal, group: str, after: int, limit: int, release: Callable[[], None]
+    ) -> AsyncIterator[ChangePage]:
+        """The group's changes after ``after`` as they are committed, a page at a time, until
+        the reader goes away (``release`` frees its wait slot then); a cursor that stops
+        holding (the group purged) ends it with ``BadRequest``."""
+        cursor = after
+        try:
+            while True:
+                page = await self._changes(group, cursor, limit, STREAM_ROUND_SECONDS)
+                if page.changes:
+                    cursor = page.cursor
+                    yield page
+                else:
+                    await self.change_cursor(principal, group, cursor)
+        finally:
+            release()
+
     async def ready(self) -> None:
         """Raises when the store does not answer (``/readyz``)."""
         await self.store.episode_processed("tidegraph-readyz", "00000000-readyz")
@@ -425,6 +685,27 @@ def _failed(state: EpisodeState) -> dict[str, Any]:
         "detail": f"failed at {state.stage} ({state.reason}); it will not be queryable until "
         "the cause is fixed and it is added again (or replayed: tidegraph dlq replay)",
     }
+
+
+def _check_episode_id(episode_id: str) -> None:
+    problem = id_problem(episode_id) if episode_id else "is empty"
+    if problem is None and len(episode_id) > MAX_ID_CHARS:
+        problem = f"is over {MAX_ID_CHARS} characters"
+    if problem is not None:
+        raise Invalid(f"episode id {episode_id[:80]!r} {problem}", field="episode_id")
+
+
+def _invalid(exc: ValidationError) -> Invalid:
+    """A 422 of a request's rules (``ForgetRequest``'s), field by field."""
+    problems = [
+        {
+            "field": ".".join(str(p) for p in e["loc"]) or "body",
+            "message": str(e["msg"]).removeprefix("Value error, "),
+        }
+        for e in exc.errors(include_url=False, include_input=False)
+    ]
+    first = problems[0]
+    return Invalid(f"{first['field']}: {first['message']}", field=first["field"], problems=problems)
 
 
 def _field(exc: InvalidEpisode) -> str:

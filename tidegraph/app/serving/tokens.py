@@ -139,6 +139,11 @@ class Tracker:
         """(group, stage, reason) of every remembered in-process failure of ``groups``."""
         return [(g, s, r) for (g, _), (s, r, _) in self._failures.items() if g in groups]
 
+    def failed_adds(self) -> list[tuple[tuple[str, str], tuple[str, str, str]]]:
+        """((group, episode uuid), (stage, reason, message)) of every remembered in-process
+        failure, oldest first."""
+        return list(self._failures.items())
+
     async def dead_letters(self, tokens: list[Token]) -> dict[Token, EpisodeState]:
         """The tokens a dead letter names (by input position, else group and uuid)."""
         if not self.kafka or not tokens:
