@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidegraph.app.browse import ChangePage, ForgetResult
+from tidegraph.app.serving.errors import BadRequest, ServiceError
 from tidegraph.app.serving.models import (
     MAX_SEQ,
     AddEpisodeIn,
@@ -53,13 +54,9 @@ from tidegraph.app.serving.models import (
     send_error,
 )
 from tidegraph.app.serving.server import BodyGuard
-from tidegraph.app.serving.service import (
-    BadRequest,
-    MemoryService,
-    ServiceError,
-    warm_time_phrases,
-)
+from tidegraph.app.serving.service import MemoryService
 from tidegraph.app.serving.settings import KeyRing, Principal, bearer_or_header
+from tidegraph.app.serving.times import warm_time_phrases
 from tidegraph.metrics import HTTP_ERRORS, HTTP_LATENCY, HTTP_REQUESTS
 from tidegraph.records import jsontext
 

@@ -10,6 +10,10 @@ sent ``notifications/resources/updated`` whenever changes of the group are commi
 server was started with; over HTTP to the caller's API key's groups (and, when given, only
 those of them also in ``--group``), or to ``--group`` when no keys are configured (then
 loopback only). A tool asked for another group fails with an error naming the group.
+
+Size: about 600 lines because it is the whole MCP surface (scoping, tools, the changes
+resource and its subscriptions, the HTTP transport's key check); the work is the shared
+``MemoryService``'s, each tool a few lines around it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from mcp.types import INVALID_PARAMS, ErrorData, ServerCapabilities
 from pydantic import AnyUrl, BaseModel, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tidegraph.app.serving.errors import ServiceError
 from tidegraph.app.serving.models import (
     AddEpisodeIn,
     ChangesIn,
@@ -46,7 +51,7 @@ from tidegraph.app.serving.models import (
     send_error,
 )
 from tidegraph.app.serving.server import BodyGuard
-from tidegraph.app.serving.service import MemoryService, ServiceError
+from tidegraph.app.serving.service import MemoryService
 from tidegraph.app.serving.settings import KeyRing, Principal, ServeSettings, bearer_or_header
 from tidegraph.metrics import MCP_TOOL_CALLS, SERVE_WAITS
 from tidegraph.records import jsontext

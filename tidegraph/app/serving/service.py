@@ -14,9 +14,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from datetime import datetime
 from typing import Any, Literal
 
 from aiokafka.errors import KafkaError
@@ -24,6 +22,19 @@ from pydantic import ValidationError
 
 from tidegraph.app.browse import BadCursor, ChangePage, EpisodePage, EpisodeView, ForgetResult
 from tidegraph.app.memory import AddResult, Memory, new_episode_id
+from tidegraph.app.serving.errors import (
+    BadRequest,
+    Forbidden,
+    ForgetRefused,
+    Invalid,
+    NotFound,
+    NotQueryable,
+    ServiceUnavailable,
+    TooManyWaits,
+    check_episode_id,
+    field_of,
+    invalid_from,
+)
 from tidegraph.app.serving.models import (
     AddEpisodeIn,
     ChangesIn,
@@ -34,91 +45,22 @@ from tidegraph.app.serving.models import (
     SearchIn,
 )
 from tidegraph.app.serving.settings import MAX_WAIT_SECONDS, Principal
+from tidegraph.app.serving.times import when
 from tidegraph.app.serving.tokens import BadToken, EpisodeState, Token, Tracker, episode_uuid_of
 from tidegraph.metrics import SERVE_WAITS
 from tidegraph.recall.search import SearchResults
-from tidegraph.records.episode import MAX_ID_CHARS, parse_episode
-from tidegraph.records.errors import BadTime, InvalidEpisode
+from tidegraph.records.episode import parse_episode
+from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.ids import id_problem
 from tidegraph.records.search import SearchRequest
-from tidegraph.records.times import utc, utcnow
+from tidegraph.records.times import utcnow
 
 log = logging.getLogger("tidegraph.serve")
 
 PENDING_SCAN = 1000  # not-yet-extracted episodes read to tell one apart
 STREAM_ROUND_SECONDS = 15.0  # a change stream looks again whether its cursor still holds
 WaitKind = Literal["wait_for", "changes", "stream"]
-
-
-class ServiceError(Exception):
-    status = 400
-    code = "bad_request"
-
-    def __init__(self, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.extra = {k: v for k, v in extra.items() if v is not None}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": self.code, "message": self.message, **self.extra}
-
-
-class BadRequest(ServiceError):
-    status, code = 400, "bad_request"
-
-
-class Invalid(ServiceError):
-    status, code = 422, "invalid"
-
-
-class Forbidden(ServiceError):
-    status, code = 403, "forbidden"
-
-
-class NotFound(ServiceError):
-    status, code = 404, "not_found"
-
-
-class TooManyWaits(ServiceError):
-    status, code = 429, "too_many_waits"
-
-
-class ForgetRefused(ServiceError):
-    """A forget the memory cannot do as asked (``ForgetError``: no such subject, several
-    entities of that name, the LLM needed to replay, the group kept being written)."""
-
-    status, code = 409, "forget_refused"
-
-
-class NotQueryable(ServiceError):
-    """A read's wait_for episodes are not all queryable (still queued, or never will be)."""
-
-    status = 409
-
-    def __init__(self, states: list[EpisodeState], waited: float, *, kafka: bool) -> None:
-        dead = [s for s in states if s.state in ("dead_lettered", "failed")]
-        self.code = "episode_dead_lettered" if dead else "episode_pending"
-        pending = sum(s.state == "queued" for s in states)
-        if dead:
-            first = dead[0]
-            message = (
-                f"episode {first.token.episode_uuid} of group {first.token.group_id} will not "
-                f"be queryable: it failed at {first.stage} ({first.reason}): {first.message}"
-            )
-        elif kafka:
-            message = (
-                f"{pending} episode(s) not queryable after waiting {waited:.1f}s: still "
-                "queued for the workers; retry the read, or wait longer "
-                "(wait_timeout_seconds, at most 60)"
-            )
-        else:
-            message = (
-                f"{pending} episode(s) are not in the store: this server writes in-process "
-                "and its adds are queryable as soon as they answer, so these tokens are of "
-                "episodes never added here (or of another store)"
-            )
-        super().__init__(message, episodes=[s.as_json() for s in states])
 
 
 class MemoryService:
@@ -246,7 +188,9 @@ class MemoryService:
         try:
             result = await self.memory.add(parse_episode(record))
         except InvalidEpisode as exc:
-            raise Invalid(f"not a valid episode ({exc.reason}): {exc}", field=_field(exc)) from None
+            raise Invalid(
+                f"not a valid episode ({exc.reason}): {exc}", field=field_of(exc)
+            ) from None
         except RuntimeError as exc:  # Kafka refused it (too large, not authorised, ...)
             raise ServiceUnavailable(f"could not queue the episode: {exc}") from exc
         if result.status == "failed":
@@ -455,7 +399,7 @@ class MemoryService:
         try:
             request = body.request(group)
         except ValidationError as exc:
-            raise _invalid(exc) from None
+            raise invalid_from(exc) from None
         return await self._forget(principal, request, dry_run=body.dry_run)
 
     async def forget_episode(
@@ -465,7 +409,7 @@ class MemoryService:
         holds no such episode (or only its tombstone). Through Kafka an episode not written
         yet may still be on its way: its forget is queued behind it, in the group's order."""
         group = self.group(principal, group_id)
-        _check_episode_id(episode_id)
+        check_episode_id(episode_id)
         shown = await self.memory.episode(group, episode_id)
         if shown is not None and shown.episode.status != "forgotten":
             producer_id = shown.episode.episode_id
@@ -547,7 +491,7 @@ class MemoryService:
     ) -> dict[str, Any]:
         """One episode of the group and what it produced (``Memory.episode``)."""
         group = self.group(principal, group_id)
-        _check_episode_id(episode_id)
+        check_episode_id(episode_id)
         shown = await self.memory.episode(group, episode_id)
         if shown is None:
             raise NotFound(
@@ -631,50 +575,6 @@ class MemoryService:
         await self.store.episode_processed("tidegraph-readyz", "00000000-readyz")
 
 
-class ServiceUnavailable(ServiceError):
-    status, code = 503, "unavailable"
-
-
-# Time phrases are read by dateparser (~50 ms for 100 characters) one at a time, off the event
-# loop: a tenant sending many never holds the loop (/healthz, other tenants' reads).
-_TIME_PHRASES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegraph-times")
-
-
-async def when(value: str | None, field: str) -> datetime | None:
-    """A time field of a request (ISO 8601 read at once, a phrase off the event loop), or a
-    400 naming the field."""
-    from tidegraph.processors.temporal import read_when
-
-    if value is None:
-        return None
-    try:
-        return utc(datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
-    except (ValueError, OverflowError):
-        pass  # not ISO 8601: epoch seconds or a phrase
-    loop = asyncio.get_running_loop()
-    try:
-        return await loop.run_in_executor(_TIME_PHRASES, read_when, value, utcnow())
-    except BadTime as exc:
-        raise BadRequest(
-            f"{field}: {exc} (use ISO 8601, e.g. 2024-06-01T12:30:00Z)", field=field
-        ) from None
-
-
-async def warm_time_phrases() -> None:
-    """Read phrases now (English, then one that needs dateparser's language detection), off
-    the event loop, so that a first request's phrase does not load dateparser's data."""
-    await when("yesterday", "warm-up")
-    asyncio.get_running_loop().run_in_executor(
-        _TIME_PHRASES, _read_quietly, "hace 3 días"
-    )  # not awaited: the server answers meanwhile
-
-
-def _read_quietly(text: str) -> None:
-    from tidegraph.processors.temporal import parse_when
-
-    parse_when(text, utcnow())
-
-
 def _failed(state: EpisodeState) -> dict[str, Any]:
     return {
         "episode_uuid": state.token.episode_uuid,
@@ -685,33 +585,3 @@ def _failed(state: EpisodeState) -> dict[str, Any]:
         "detail": f"failed at {state.stage} ({state.reason}); it will not be queryable until "
         "the cause is fixed and it is added again (or replayed: tidegraph dlq replay)",
     }
-
-
-def _check_episode_id(episode_id: str) -> None:
-    problem = id_problem(episode_id) if episode_id else "is empty"
-    if problem is None and len(episode_id) > MAX_ID_CHARS:
-        problem = f"is over {MAX_ID_CHARS} characters"
-    if problem is not None:
-        raise Invalid(f"episode id {episode_id[:80]!r} {problem}", field="episode_id")
-
-
-def _invalid(exc: ValidationError) -> Invalid:
-    """A 422 of a request's rules (``ForgetRequest``'s), field by field."""
-    problems = [
-        {
-            "field": ".".join(str(p) for p in e["loc"]) or "body",
-            "message": str(e["msg"]).removeprefix("Value error, "),
-        }
-        for e in exc.errors(include_url=False, include_input=False)
-    ]
-    first = problems[0]
-    return Invalid(f"{first['field']}: {first['message']}", field=first["field"], problems=problems)
-
-
-def _field(exc: InvalidEpisode) -> str:
-    reason = getattr(exc, "reason", "")
-    return {
-        "invalid_id": "episode_id",
-        "invalid_group_id": "group_id",
-        "bad_timestamp": "reference_time",
-    }.get(reason, "content")
