@@ -56,6 +56,8 @@ _FACT_FIELDS = (
     "created_at", "expired_at", "cardinality",
 )  # fmt: skip
 _ENTITY_FIELDS = ("uuid", "name", "labels", "summary", "key", "aliases", "created_at")
+_FACT_INCLUDE: set[str] = set(_FACT_FIELDS)
+_ENTITY_INCLUDE: set[str] = set(_ENTITY_FIELDS)
 
 
 class Change(BaseModel):
@@ -80,13 +82,13 @@ def change_id(group_id: str, cause: str, kind: str, uuid: str) -> str:
 def fact_state(fact: FactRecord | None) -> dict[str, Any] | None:
     if fact is None:
         return None
-    return fact.model_dump(mode="json", include=set(_FACT_FIELDS))
+    return fact.model_dump(mode="json", include=_FACT_INCLUDE)
 
 
 def entity_state(entity: EntityRecord | None) -> dict[str, Any] | None:
     if entity is None:
         return None
-    return entity.model_dump(mode="json", include=set(_ENTITY_FIELDS))
+    return entity.model_dump(mode="json", include=_ENTITY_INCLUDE)
 
 
 def fact_kinds(before: FactRecord | None, after: FactRecord | None) -> list[ChangeKind]:
@@ -101,7 +103,7 @@ def fact_kinds(before: FactRecord | None, after: FactRecord | None) -> list[Chan
             born.append("fact.expired")
         return born
     kinds: list[ChangeKind] = []
-    if fact_state(before) != fact_state(after) and (
+    if (
         before.fact != after.fact
         or before.episodes != after.episodes
         or before.valid_at != after.valid_at
@@ -145,21 +147,13 @@ def fact_changes(
 ) -> list[Change]:
     """The changes of one fact between two states, caused by ``cause`` (an episode uuid,
     or what a forget names)."""
+    kinds = fact_kinds(before, after)
+    if not kinds:
+        return []
     uuid = (after or before).uuid  # type: ignore[union-attr]
-    return [
-        Change(
-            change_id=change_id(group_id, cause, kind, uuid),
-            group_id=group_id,
-            kind=kind,
-            uuid=uuid,
-            episode_id=episode_id,
-            committed_at=at,
-            # a forgotten record's content is erased: its change names it, nothing more
-            before=fact_state(before) if after is not None else None,
-            after=fact_state(after),
-        )
-        for kind in fact_kinds(before, after)
-    ]
+    # a forgotten record's content is erased: its change names it, nothing more
+    states = (fact_state(before) if after is not None else None, fact_state(after))
+    return [_change(group_id, cause, episode_id, kind, uuid, at, *states) for kind in kinds]
 
 
 def entity_changes(
@@ -170,20 +164,37 @@ def entity_changes(
     after: EntityRecord | None,
     at: datetime,
 ) -> list[Change]:
+    kinds = entity_kinds(before, after)
+    if not kinds:
+        return []
     uuid = (after or before).uuid  # type: ignore[union-attr]
-    return [
-        Change(
-            change_id=change_id(group_id, cause, kind, uuid),
-            group_id=group_id,
-            kind=kind,
-            uuid=uuid,
-            episode_id=episode_id,
-            committed_at=at,
-            before=entity_state(before) if after is not None else None,
-            after=entity_state(after),
-        )
-        for kind in entity_kinds(before, after)
-    ]
+    states = (entity_state(before) if after is not None else None, entity_state(after))
+    return [_change(group_id, cause, episode_id, kind, uuid, at, *states) for kind in kinds]
+
+
+def _change(
+    group_id: str,
+    cause: str,
+    episode_id: str | None,
+    kind: ChangeKind,
+    uuid: str,
+    at: datetime,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> Change:
+    """A change built from values already checked (records' states, a kind from the lists
+    above): constructed without validating again, since every write makes several."""
+    return Change.model_construct(
+        change_id=change_id(group_id, cause, kind, uuid),
+        group_id=group_id,
+        seq=0,
+        kind=kind,
+        uuid=uuid,
+        episode_id=episode_id,
+        committed_at=at,
+        before=before,
+        after=after,
+    )
 
 
 def episode_forgotten(
