@@ -5,6 +5,8 @@
 expired_at values. It keeps the shape of T': whether a fact is expired, and whether it was
 born closed (expired_at == created_at), which is what an out-of-order write would change.
 ``exact`` keeps everything (for replays into the same groups, which must change nothing).
+``timelines`` is ``comparable`` with both timelines exact (for runs with the same clock into
+two groups, e.g. a forget against the feed without the forgotten episodes).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from tidegraph.stores.base import GraphStore
 
 
-async def comparable(store: GraphStore, group: str) -> dict[str, Any]:
+async def comparable(store: GraphStore, group: str, *, exact_times: bool = False) -> dict[str, Any]:
     facts = await store.query_facts(group, include_invalid=True)
     entities = await store.list_entities(group)
     return {
@@ -28,8 +30,14 @@ async def comparable(store: GraphStore, group: str) -> dict[str, Any]:
                 f.valid_at,
                 f.invalid_at,
                 tuple(e.replace(group, "<group>") for e in f.episodes),
-                f.expired_at is not None,
-                f.expired_at is not None and f.expired_at == f.created_at,
+                *(
+                    (f.created_at, f.expired_at)
+                    if exact_times
+                    else (
+                        f.expired_at is not None,
+                        f.expired_at is not None and f.expired_at == f.created_at,
+                    )
+                ),
             )
             for f in facts
         ),
@@ -38,6 +46,10 @@ async def comparable(store: GraphStore, group: str) -> dict[str, Any]:
             for e in entities
         ),
     }
+
+
+async def timelines(store: GraphStore, group: str) -> dict[str, Any]:
+    return await comparable(store, group, exact_times=True)
 
 
 async def exact(store: GraphStore, group: str) -> dict[str, Any]:

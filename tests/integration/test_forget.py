@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.integration.graph_compare import timelines
 from tests.integration.test_delivery_order_stores import DIM, Record, deliveries
 from tests.support import crm_feed as crm
 from tidegraph.embed.hashing import HashingEmbedder
@@ -65,31 +66,13 @@ async def feed(store: GraphStore, group: str, records: list[Record], times: dict
 
 
 async def graph(store: GraphStore, group: str) -> dict[str, Any]:
-    """Everything the group's graph says, by names (uuids derive from the group)."""
+    """Everything the group's graph says, by names (uuids derive from the group), both
+    timelines exact, and what a search finds."""
     names = {e.uuid: e.name for e in await store.list_entities(group)}
-    facts = await store.query_facts(group, include_invalid=True)
     scope = SearchScope((group,), AsOf.resolve(None, None, True, None))
     found = await store.fulltext_search(scope, "fact", "plan Acme status ticket", 20)
     return {
-        "counts": await store.counts(group),
-        "facts": sorted(
-            (
-                f.subject,
-                f.relation,
-                f.object,
-                f.fact,
-                f.valid_at,
-                f.invalid_at,
-                f.created_at,
-                f.expired_at,
-                tuple(e.replace(group, "<g>") for e in f.episodes),
-            )
-            for f in facts
-        ),
-        "entities": sorted(
-            (e.name, tuple(sorted(e.labels)), e.summary, e.key or "", tuple(sorted(e.aliases)))
-            for e in await store.list_entities(group)
-        ),
+        **await timelines(store, group),
         "search": sorted(h.text for h in found),
         "names": sorted(names.values()),
     }
