@@ -21,7 +21,9 @@ from tidegraph.pipelines.pending import partition_of
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.pipelines.streaming.relay import relay_changes
 from tidegraph.processors.steps import Components
+from tidegraph.records.changes import Change, fact_changes, published_form, stored_form
 from tidegraph.records.episode import Episode
+from tidegraph.records.graph import FactRecord
 from tidegraph.stores.memory.store import MemoryStore
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -123,3 +125,34 @@ async def test_relays_only_the_groups_of_owned_partitions() -> None:
     keys = {key.decode() for key, _ in producer.sent}
     assert keys == {g for g in groups if partition_of(g, PARTITIONS) in mine}
     assert keys != set(groups)
+
+
+@pytest.mark.parametrize(
+    "group_id", ["t1", 'quoted ","kind":"fact.created" group', "ünïcödé \\ 日本 \U0001f600"]
+)
+def test_a_stored_change_is_published_byte_for_byte_as_the_change_serializes(
+    group_id: str,
+) -> None:
+    """The relay splices the seq into the stored JSON instead of decoding it: what consumers
+    get is exactly ``Change.model_dump_json()``, whatever the group id or the text holds."""
+    fact = FactRecord(
+        uuid="f1", group_id=group_id, source_uuid="a", target_uuid="b", name="HAS_PLAN",
+        fact='Acme, "kind": on \u2028 the <Pro> plan', episodes=["e1", "e2"], valid_at=T0,
+    )  # fmt: skip
+    closed = fact.model_copy(update={"invalid_at": T0 + timedelta(days=1), "expired_at": T0})
+    changes = fact_changes(group_id, "cause", "crm:1", fact, closed, T0)
+    assert len(changes) == 2  # invalidated, expired
+    for seq, change in enumerate(changes, 41):
+        numbered = change.model_copy(update={"seq": seq})
+        value = published_form(stored_form(change), seq)
+        assert value == numbered.model_dump_json().encode()
+        assert Change.model_validate_json(value) == numbered
+
+
+@pytest.mark.asyncio
+async def test_the_relay_publishes_what_a_reader_of_the_outbox_reads() -> None:
+    store = await fed(["t1"], plans=2)
+    published = await store.unpublished_changes(["t1"], 1000)
+    read = await store.changes("t1", 0, 1000)
+    assert [p.value for p in published] == [c.model_dump_json().encode() for c in read]
+    assert [(p.group_id, p.seq) for p in published] == [(c.group_id, c.seq) for c in read]

@@ -27,6 +27,7 @@ before and after.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -72,6 +73,36 @@ class Change(BaseModel):
     committed_at: datetime | None = None  # ingestion time (T') of the write
     before: dict[str, Any] | None = None
     after: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedChange:
+    """A change as the relay produces it to ``{prefix}.changes``: its group (the record's
+    key), its ``seq`` and ``value``, the JSON consumers get (``Change.model_dump_json()``)."""
+
+    group_id: str
+    seq: int
+    value: bytes
+
+
+# Where the store's outbox form of a change takes its ``seq``: right before ``kind``, as in
+# ``Change.model_dump_json()`` (the fields' order). A quote inside a JSON string is escaped,
+# so the first occurrence is the key's.
+_SEQ_AT = ',"kind":'
+
+
+def stored_form(change: Change) -> str:
+    """A change as the store's outbox keeps it: its JSON without ``seq`` (the store numbers
+    it when it commits)."""
+    return change.model_dump_json(exclude={"seq"})
+
+
+def published_form(stored: str, seq: int) -> bytes:
+    """The change kept as ``stored`` (``stored_form``) numbered ``seq``, byte for byte what
+    ``Change.model_dump_json()`` gives, without decoding it: the relay publishes every
+    change of every write."""
+    at = stored.index(_SEQ_AT)
+    return f'{stored[:at]},"seq":{seq}{stored[at:]}'.encode()
 
 
 def change_id(group_id: str, cause: str, kind: str, uuid: str) -> str:

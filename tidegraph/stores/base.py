@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tidegraph.records.asof import AsOf
-from tidegraph.records.changes import Change
+from tidegraph.records.changes import Change, PublishedChange
 from tidegraph.records.graph import (
     ChangeLog,
     CommunityRecord,
@@ -413,9 +413,12 @@ class GraphStore(abc.ABC):
         ``unpublished``: only those with changes the relay has not published."""
 
     @abc.abstractmethod
-    async def unpublished_changes(self, group_ids: list[str], per_group: int) -> list[Change]:
+    async def unpublished_changes(
+        self, group_ids: list[str], per_group: int
+    ) -> list[PublishedChange]:
         """Each group's changes after its relay cursor (``ChangeLog.published``), at most
-        ``per_group`` of each, by group then ``seq``: one read for a relay round."""
+        ``per_group`` of each, by group then ``seq``, as the relay produces them (the JSON of
+        ``changes`` without decoding it): one read for a relay round."""
 
     @abc.abstractmethod
     async def mark_published(self, cursors: Mapping[str, int]) -> None:

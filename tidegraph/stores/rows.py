@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from tidegraph.records.asof import AsOf, start_known_at
-from tidegraph.records.changes import Change
+from tidegraph.records.changes import Change, PublishedChange, published_form, stored_form
 from tidegraph.records.graph import (
     EntityRecord,
     EpisodeEntry,
@@ -218,7 +218,7 @@ def change_row(change: Change) -> dict[str, Any]:
         "change_id": change.change_id,
         "kind": change.kind,
         "uuid": change.uuid,
-        "body": change.model_dump_json(exclude={"seq"}),
+        "body": stored_form(change),
         # microseconds since the epoch, what the outbox's retention compares (0: unknown)
         "committed_at": epoch_micros(change.committed_at),
     }
@@ -233,6 +233,10 @@ def epoch_micros(value: datetime | None) -> int:
 
 def change_of(body: str, seq: int) -> Change:
     return Change.model_validate_json(body).model_copy(update={"seq": seq})
+
+
+def published_change(group_id: str, body: str, seq: int) -> PublishedChange:
+    return PublishedChange(group_id, seq, published_form(body, seq))
 
 
 def closure_row(closure: FactClosure) -> dict[str, Any]:

@@ -44,7 +44,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 
 from tidegraph.records.asof import AsOf
-from tidegraph.records.changes import Change, group_forgotten
+from tidegraph.records.changes import (
+    Change,
+    PublishedChange,
+    group_forgotten,
+    published_form,
+    stored_form,
+)
 from tidegraph.records.graph import (
     ChangeLog,
     CommunityRecord,
@@ -395,12 +401,17 @@ class MemoryStore(MemorySearch):
         }
         return [ChangeLog(**vars(log)) for _, log in sorted(wanted.items())]
 
-    async def unpublished_changes(self, group_ids: list[str], per_group: int) -> list[Change]:
-        found: list[Change] = []
+    async def unpublished_changes(
+        self, group_ids: list[str], per_group: int
+    ) -> list[PublishedChange]:
+        found: list[PublishedChange] = []
         for group_id in sorted(set(group_ids)):
             log = self._logs.get(group_id)
             if log is not None:
-                found += await self.changes(group_id, log.published, per_group)
+                found += [
+                    PublishedChange(c.group_id, c.seq, published_form(stored_form(c), c.seq))
+                    for c in await self.changes(group_id, log.published, per_group)
+                ]
         return found
 
     async def mark_published(self, cursors: Mapping[str, int]) -> None:

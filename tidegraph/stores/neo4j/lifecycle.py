@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from tidegraph.records.changes import Change, group_forgotten
+from tidegraph.records.changes import Change, PublishedChange, group_forgotten
 from tidegraph.records.graph import (
     ChangeLog,
     EpisodeDetail,
@@ -32,6 +32,7 @@ from tidegraph.stores.rows import (
     fact_record,
     fact_row,
     now_utc,
+    published_change,
     to_utc,
     with_epoch_times,
 )
@@ -68,10 +69,12 @@ class Lifecycle:
             for r in rows
         ]
 
-    async def unpublished_changes(self, group_ids: list[str], per_group: int) -> list[Change]:
+    async def unpublished_changes(
+        self, group_ids: list[str], per_group: int
+    ) -> list[PublishedChange]:
         params = {"groups": sorted(set(group_ids)), "limit": max(per_group, 0)}
         rows = await self.ex.rows(lq.UNPUBLISHED_CHANGES, params)
-        return [change_of(r["body"], int(r["seq"])) for r in rows]
+        return [published_change(r["group_id"], r["body"], int(r["seq"])) for r in rows]
 
     async def mark_published(self, cursors: Mapping[str, int]) -> None:
         rows = [{"group_id": group, "seq": seq} for group, seq in cursors.items()]

@@ -41,7 +41,7 @@ CALL (group_id, published) {
   ORDER BY c.seq
   LIMIT $limit
 }
-RETURN c.body AS body, c.seq AS seq
+RETURN group_id, c.body AS body, c.seq AS seq
 ORDER BY group_id, seq
 """
 

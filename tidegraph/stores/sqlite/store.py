@@ -22,7 +22,7 @@ from typing import Any
 
 from tidegraph.metrics import STORE_BATCH_SIZE
 from tidegraph.records.asof import AsOf
-from tidegraph.records.changes import Change
+from tidegraph.records.changes import Change, PublishedChange
 from tidegraph.records.graph import (
     ChangeLog,
     EntityLookup,
@@ -45,6 +45,7 @@ from tidegraph.stores.rows import (
     fact_row,
     fact_view,
     now_utc,
+    published_change,
     sort_entities,
     sort_facts,
     sort_views,
@@ -530,17 +531,20 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
 
         return await self.db.run(read)
 
-    async def unpublished_changes(self, group_ids: list[str], per_group: int) -> list[Change]:
-        def read(conn: sqlite3.Connection) -> list[Change]:
+    async def unpublished_changes(
+        self, group_ids: list[str], per_group: int
+    ) -> list[PublishedChange]:
+        def read(conn: sqlite3.Connection) -> list[PublishedChange]:
             rows = conn.execute(
-                "SELECT body, seq FROM (SELECT c.body, c.seq, c.group_id, row_number() OVER "
+                "SELECT group_id, body, seq FROM (SELECT c.body, c.seq, c.group_id, "
+                "row_number() OVER "
                 "(PARTITION BY c.group_id ORDER BY c.seq) AS n FROM change c "
                 "JOIN change_log log ON log.group_id = c.group_id "
                 f"WHERE log.group_id {IN_LIST} AND c.seq > log.published) "
                 "WHERE n <= ? ORDER BY group_id, seq",
                 (json_text(sorted(set(group_ids))), max(per_group, 0)),
             )
-            return [change_of(body, seq) for body, seq in rows]
+            return [published_change(group, body, seq) for group, body, seq in rows]
 
         return await self.db.run(read)
 
