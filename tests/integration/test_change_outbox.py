@@ -4,15 +4,19 @@ the group's last change."""
 
 from __future__ import annotations
 
+import sqlite3
 import uuid as uuidlib
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
-from tests.integration.test_delivery_order_stores import Record
+from tests.integration.test_delivery_order_stores import DIM, Record
 from tests.integration.test_forget import T0, clock_of, feed
 from tests.support import crm_feed as crm
 from tidegraph.stores.base import GraphStore
+from tidegraph.stores.sqlite.db import DB_FILE
+from tidegraph.stores.sqlite.store import SqliteStore
 
 pytestmark = pytest.mark.integration
 
@@ -81,3 +85,52 @@ async def test_the_outbox_keeps_a_change_for_its_retention(any_store: GraphStore
         assert log.seq == outbox[-1].seq  # the cursor's numbering goes on
     finally:
         await any_store.delete_group(group)
+
+
+async def test_an_embedded_store_from_before_the_rowid_outbox_keeps_its_changes(
+    tmp_path: Path,
+) -> None:
+    """A file whose outbox is the earlier WITHOUT ROWID table: opening it moves the changes
+    into the current table, the same changes, and the numbering goes on from there."""
+    at = [crm.START + timedelta(days=d) for d in range(3)]
+    records = [
+        Record(f"rec-{i}", at[i], crm.plan_record((1, "Acme Corp"), plan, at[i]))
+        for i, plan in enumerate(["Basic", "Pro", "Enterprise"])
+    ]
+    store = SqliteStore(tmp_path)
+    await store.setup(DIM)
+    await feed(store, "old", records[:2], clock_of(records))
+    before = await store.changes("old", 0, 1000)
+    await store.close()
+    with sqlite3.connect(tmp_path / DB_FILE) as conn:  # the outbox as earlier files have it
+        conn.executescript(
+            """
+            CREATE TABLE change_earlier (
+                group_id TEXT NOT NULL, seq INTEGER NOT NULL, change_id TEXT NOT NULL,
+                kind TEXT NOT NULL, uuid TEXT NOT NULL, body TEXT NOT NULL,
+                committed_at INTEGER, PRIMARY KEY (group_id, seq)) WITHOUT ROWID;
+            INSERT INTO change_earlier SELECT group_id, seq, change_id, kind, uuid, body,
+                committed_at FROM change;
+            DROP TABLE change;
+            ALTER TABLE change_earlier RENAME TO change;
+            CREATE INDEX change_uuid ON change (uuid);
+            """
+        )
+    reopened = SqliteStore(tmp_path)
+    try:
+        await reopened.setup(DIM)
+        assert await reopened.changes("old", 0, 1000) == before
+        await feed(reopened, "old", records[2:], clock_of(records))
+        after = await reopened.changes("old", 0, 1000)
+        assert after[: len(before)] == before
+        assert [c.seq for c in after] == list(range(1, len(after) + 1)) and len(after) > len(before)
+
+        def schema(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE tbl_name = 'change'")
+            return sorted(f"{name}: {sql}" for name, sql in rows)
+
+        tables = await reopened.db.run(schema)
+        assert [t.split(":")[0] for t in tables] == ["change", "change_group_seq", "change_uuid"]
+        assert "WITHOUT ROWID" not in tables[0]
+    finally:
+        await reopened.close()

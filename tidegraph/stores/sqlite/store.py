@@ -64,6 +64,8 @@ from tidegraph.stores.sqlite.db import (
     json_list,
     json_text,
     micros,
+    migrate_outbox,
+    outbox_before_migration,
 )
 from tidegraph.stores.sqlite.lifecycle import (
     apply_rebuild,
@@ -243,8 +245,12 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
 
     def _setup(self, conn: sqlite3.Connection, dim: int) -> None:
         with Transaction(conn):
+            outbox_moves = outbox_before_migration(conn)
             for statement in SCHEMA:
                 conn.execute(statement)
+            if outbox_moves:
+                moved = migrate_outbox(conn)
+                log.info("migrated %s: %d outbox changes into a rowid table", self.db.path, moved)
             for table, columns in ADDED_COLUMNS.items():
                 have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
                 for column in columns:
