@@ -56,13 +56,17 @@ def rrf(
 
 def _fuse(occurrences: list[tuple[int, float, Hit]], k: int) -> Hit:
     """One hit from its occurrences in the fused lists (see ``rrf``)."""
+    score = sum(weight / (k + rank) for rank, weight, _ in occurrences)
+    if len(occurrences) == 1:  # found by one method (most hits): nothing to merge
+        hit = occurrences[0][2]
+        return dataclasses.replace(hit, score=score, episodes=list(hit.episodes))
     hits = [hit for _, _, hit in sorted(occurrences, key=lambda o: o[0])]  # stable: list order
     best = hits[0]
     with_embedding = [h for h in hits if h.embedding is not None]
     distances = [h.distance for h in hits if h.distance is not None]
     return dataclasses.replace(
         best,
-        score=sum(weight / (k + rank) for rank, weight, _ in occurrences),
+        score=score,
         record=(with_embedding[0] if with_embedding else best).record,
         distance=min(distances) if distances else None,
         mentions=max(h.mentions for h in hits),

@@ -77,6 +77,21 @@ class SearchScope:
             raise ValueError("a search needs at least one group id")
 
 
+@dataclass(frozen=True)
+class MethodSearch:
+    """One search of one kind: BM25 for ``text`` or nearest to ``embedding`` (exactly one of
+    them), at most ``limit`` hits (``SearchSource.search_lists``)."""
+
+    kind: Kind
+    limit: int
+    text: str | None = None
+    embedding: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.embedding is None):
+            raise ValueError("a method search has a text (BM25) or an embedding, not both")
+
+
 @dataclass
 class Hit:
     """One candidate: its kind, uuid, score (higher is better; each method's own scale

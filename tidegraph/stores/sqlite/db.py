@@ -82,6 +82,11 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS episode_group_valid ON episode (group_id, valid_at)",
     "CREATE INDEX IF NOT EXISTS episode_pending ON episode (group_id, valid_at, producer_id) "
     "WHERE not_extracted IS NOT NULL",
+    # What a search reads of an episode by its uuid for the entities it mentions and the
+    # producer ids of hits, without reading the row (its content and embedding): the
+    # ``INDEXED BY episode_said`` of search.py and rows.py.
+    "CREATE INDEX IF NOT EXISTS episode_said ON episode "
+    "(uuid, group_id, created_at, valid_at, producer_id)",
     """CREATE TABLE IF NOT EXISTS entity (
         id INTEGER PRIMARY KEY,
         uuid TEXT NOT NULL UNIQUE,
@@ -129,7 +134,10 @@ SCHEMA = (
         entity_uuid TEXT NOT NULL,
         group_id TEXT NOT NULL,
         PRIMARY KEY (episode_uuid, entity_uuid)) WITHOUT ROWID""",
-    "CREATE INDEX IF NOT EXISTS mention_entity ON mention (entity_uuid)",
+    # An entity's mentions with their group (and the key's episode uuid): read without the
+    # table. Replaces ``mention_entity (entity_uuid)`` of earlier stores.
+    "DROP INDEX IF EXISTS mention_entity",
+    "CREATE INDEX IF NOT EXISTS mention_entity_group ON mention (entity_uuid, group_id)",
     "CREATE INDEX IF NOT EXISTS mention_group ON mention (group_id)",
     """CREATE TABLE IF NOT EXISTS community (
         id INTEGER PRIMARY KEY,
