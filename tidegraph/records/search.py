@@ -113,6 +113,23 @@ class Hit:
     subject: str = ""
     object: str = ""
 
+    def with_score(self, score: float) -> Hit:
+        """A copy with another score (what a reranker answers; the hits it was given stay as
+        they were). Built field by field: ``dataclasses.replace`` cost a fusion a tenth of a
+        search's CPU."""
+        return Hit(
+            kind=self.kind,
+            uuid=self.uuid,
+            score=score,
+            record=self.record,
+            group_id=self.group_id,
+            episodes=list(self.episodes),
+            mentions=self.mentions,
+            distance=self.distance,
+            subject=self.subject,
+            object=self.object,
+        )
+
     @property
     def text(self) -> str:
         """The text a person reads for this hit (and a cross-encoder scores)."""

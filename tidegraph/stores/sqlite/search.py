@@ -202,12 +202,14 @@ class GroupVectors:
 
 
 @cache
-def _blas() -> ThreadpoolController:
-    """The BLAS libraries numpy loaded. A search's comparison is one matrix-vector product:
-    BLAS threads make it slower, not faster (they spin waiting for work on a machine whose
-    cores serve other searches: measured at 10,000 vectors, 2.4 ms and 2.5x the CPU with
-    OpenBLAS's threads, 0.5 ms with one), so it runs on one."""
-    return ThreadpoolController()
+def one_blas_thread() -> None:
+    """Run numpy's BLAS on one thread, for the process, from the first vector comparison on.
+    A search's comparison is one matrix-vector product: BLAS threads make it slower, not
+    faster (they spin waiting for work on cores that serve other searches: at 10,000
+    vectors, 2.9 ms with OpenBLAS's two threads against 0.17 ms with one), and setting the
+    thread count around each product cost more than the product (0.8 ms), so it is set once
+    and kept. The store's other numpy work (MMR's small products) runs as well on one."""
+    ThreadpoolController().limit(limits=1, user_api="blas")
 
 
 class VectorScores:
@@ -228,8 +230,8 @@ class VectorScores:
         if self.uuids:
             query = np.asarray(vector, dtype=np.float64)
             unit = (query / (np.linalg.norm(query) or 1.0)).astype(np.float32)
-            with _blas().limit(limits=1, user_api="blas"):
-                cos = (matrix @ unit).astype(np.float64)
+            one_blas_thread()
+            cos = (matrix @ unit).astype(np.float64)
             self.scores = np.clip((1.0 + cos) / 2.0, 0.0, 1.0)
 
     def best(self, k: int) -> Scored:
