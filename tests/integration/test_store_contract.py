@@ -1464,6 +1464,86 @@ async def test_counts(store: GraphStore, new_group: Callable[..., str]) -> None:
     assert await store.counts(group) == {"episodes": 2, "entities": 3, "facts": 2, "mentions": 4}
 
 
+async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group_token(
+    tmp_path: Path,
+) -> None:
+    """A group holding most of a kind's rows is searched without its token in the FTS5
+    query (reading its whole posting list was most of a query's cost); a small group beside
+    a big one with it. Either way a search finds exactly the group's own matches, in the
+    same order, and a write that changes the shares is seen by the next search."""
+    from tidegraph.stores.sqlite import search as sqlite_search
+
+    store = SqliteStore(tmp_path / "graph")
+    try:
+        await store.setup(DIM)
+        big = [entity("big", f"Acme {n} widget", summary="widget maker") for n in range(6)]
+        await store.upsert_entities("big", big)
+        small = [entity("small", "Acme widget shop", summary="widget seller")]
+        await store.upsert_entities("small", small)
+        scope = {
+            g: SearchScope((g,), AsOf.resolve(None, None, False, None)) for g in ("big", "small")
+        }
+
+        def shares(conn: sqlite3.Connection) -> tuple[bool, bool]:
+            held = sqlite_search.group_shares(conn)
+            return held.holds_most(conn, "big", "entity"), held.holds_most(conn, "small", "entity")
+
+        assert await store.db.read(shares) == (True, False)
+        found = {
+            g: await store.fulltext_search(scope[g], "entity", "acme widget", 10) for g in scope
+        }
+        assert {h.uuid for h in found["big"]} == {e.uuid for e in big}
+        assert [h.uuid for h in found["small"]] == [small[0].uuid]
+
+        def forced(conn: sqlite3.Connection, group: str, by_group: bool) -> list[str]:
+            query = sqlite_search.fulltext_query(group, "acme widget", by_group)
+            assert query is not None
+            return [u for u, _ in sqlite_search.fulltext_scored(conn, group, "entity", query, 10)]
+
+        for group in scope:  # the token changes the cost, never the answer
+            with_token = await store.db.read(forced, group, True)
+            assert with_token == await store.db.read(forced, group, False)
+            assert with_token == [h.uuid for h in found[group]]
+
+        more = [entity("small", f"Acme {n} widget depot") for n in range(10)]
+        await store.upsert_entities("small", more)  # now the small group holds most
+        assert await store.db.read(shares) == (False, True)
+        again = await store.fulltext_search(scope["small"], "entity", "acme widget", 20)
+        assert {h.uuid for h in again} == {e.uuid for e in [*small, *more]}
+    finally:
+        await store.close()
+
+
+async def test_the_embedded_stores_searches_read_beside_each_other_and_never_write(
+    tmp_path: Path,
+) -> None:
+    """Searches run on read-only connections of their own threads: two run at once (each
+    waits here for the other to have started), and neither can change the file."""
+    import threading
+
+    store = SqliteStore(tmp_path / "graph")
+    try:
+        await store.setup(DIM)
+        both = threading.Barrier(sqlite_db.READERS, timeout=30)
+
+        def meet(conn: sqlite3.Connection) -> int:
+            both.wait()  # raises BrokenBarrierError if the reads ran one after the other
+            return int(conn.execute("SELECT count(*) FROM entity").fetchone()[0])
+
+        assert (
+            await asyncio.gather(*(store.db.read(meet) for _ in range(sqlite_db.READERS)))
+            == [0] * sqlite_db.READERS
+        )
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM entity")
+
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            await store.db.read(write)
+    finally:
+        await store.close()
+
+
 async def test_the_embedded_stores_vector_search_sees_every_write(tmp_path: Path) -> None:
     """The embedded store keeps a group's vectors as one matrix between searches: a write
     through the same store, or through another one on the same file (another process), is
@@ -1494,7 +1574,7 @@ async def test_the_embedded_store_runs_only_constant_sql(
     (each here hostile and marked) travel only as parameters, through every kind of call."""
     statements: list[str] = []
 
-    class Recording(sqlite3.Connection):
+    class Recording(sqlite_db.Connection):
         def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
             statements.append(sql)
             return super().execute(sql, *args)
@@ -1505,7 +1585,7 @@ async def test_the_embedded_store_runs_only_constant_sql(
 
     connect = sqlite3.connect
     monkeypatch.setattr(
-        sqlite_db.sqlite3, "connect", lambda *a, **kw: connect(*a, factory=Recording, **kw)
+        sqlite_db.sqlite3, "connect", lambda *a, **kw: connect(*a, **{**kw, "factory": Recording})
     )
     mark = "zqxmark"
     texts = [f"{h} {mark}" for h in HOSTILE]

@@ -39,6 +39,7 @@ from tidegraph.stores.sqlite.db import (
     fulltext_phrase,
     ids,
     json_text,
+    kept,
     micros,
     vector_of,
 )
@@ -212,6 +213,15 @@ def one_blas_thread() -> None:
     ThreadpoolController().limit(limits=1, user_api="blas")
 
 
+def group_vectors(conn: sqlite3.Connection) -> GroupVectors:
+    """The connection's ``GroupVectors`` (each connection keeps its own: what it sees)."""
+    return kept(conn, "vectors", GroupVectors)
+
+
+def group_shares(conn: sqlite3.Connection) -> GroupShares:
+    return kept(conn, "shares", GroupShares)
+
+
 class VectorScores:
     """Every record of ``kind`` of the group with an embedding, scored ``(1 + cos) / 2``
     against ``vector``; ``best(k)`` the best k, best first (ties by uuid). Only the best are
@@ -380,8 +390,6 @@ class SqliteSearch(GraphStore):
     """The search methods over ``SqliteStore``'s database."""
 
     db: SqliteDatabase
-    vectors: GroupVectors
-    shares: GroupShares
 
     @abc.abstractmethod
     def _dimension(self) -> int: ...
@@ -397,9 +405,7 @@ class SqliteSearch(GraphStore):
     async def vector_entities(
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[EntityRecord, float]]:
-        return await self.db.run(
-            _entity_vector_hits, self.vectors, group_id, self._vector(embedding), limit
-        )
+        return await self.db.run(_entity_vector_hits, group_id, self._vector(embedding), limit)
 
     async def entity_candidates(
         self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
@@ -410,7 +416,7 @@ class SqliteSearch(GraphStore):
         def read(conn: sqlite3.Connection) -> list[tuple[EntityHits, EntityHits]]:
             return [
                 (
-                    _entity_vector_hits(conn, self.vectors, group_id, vector, limit),
+                    _entity_vector_hits(conn, group_id, vector, limit),
                     _entity_text_hits(conn, group_id, name, limit),
                 )
                 for (name, _), vector in zip(searches, vectors, strict=True)
@@ -426,7 +432,8 @@ class SqliteSearch(GraphStore):
             return []
 
         def read(conn: sqlite3.Connection) -> list[tuple[FactRecord, float]]:
-            best = dict(VectorScores(conn, self.vectors, group_id, "fact", vector).best(limit))
+            scores = VectorScores(conn, group_vectors(conn), group_id, "fact", vector)
+            best = dict(scores.best(limit))
             query = f"SELECT {FACT_FULL} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
             facts = map(fact_of, conn.execute(query, (group_id, json_text(best))))
             return rank(((f, best[f.uuid]) for f in facts), limit)
@@ -439,7 +446,7 @@ class SqliteSearch(GraphStore):
         kind = rules.check_kind(kind)
         if not search_terms(text) or limit <= 0:
             return []
-        return await self.db.run(_fulltext_hits, self.shares, scope, kind, text, limit)
+        return await self.db.read(_fulltext_hits, scope, kind, text, limit)
 
     async def vector_search(
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
@@ -448,7 +455,7 @@ class SqliteSearch(GraphStore):
         vector = self._vector(embedding)
         if vector is None or limit <= 0:
             return []
-        return await self.db.run(_vector_hits, self.vectors, scope, kind, vector, limit)
+        return await self.db.read(_vector_hits, scope, kind, vector, limit)
 
     async def search_lists(
         self, scope: SearchScope, searches: Sequence[MethodSearch]
@@ -467,22 +474,18 @@ class SqliteSearch(GraphStore):
                 elif search.text is not None:
                     terms = search_terms(search.text)
                     found.append(
-                        _fulltext_hits(
-                            conn, self.shares, scope, search.kind, search.text, search.limit
-                        )
+                        _fulltext_hits(conn, scope, search.kind, search.text, search.limit)
                         if terms
                         else []
                     )
                 elif vector is None:
                     found.append([])
                 else:
-                    hits = _vector_hits(
-                        conn, self.vectors, scope, search.kind, vector, search.limit
-                    )
+                    hits = _vector_hits(conn, scope, search.kind, vector, search.limit)
                     found.append(hits)
             return found
 
-        return await self.db.run(read)
+        return await self.db.read(read)
 
     async def expand_facts(
         self, scope: SearchScope, seeds: list[str], hops: int, limit: int
@@ -493,7 +496,7 @@ class SqliteSearch(GraphStore):
         for group_id in unique(scope.group_ids):
             nearest = await rules.expanded(self._touching(group_id, scope.asof), seeds, hops, limit)
             found = [(f, 1 / d, d) for f, d in nearest]
-            hits += await self.db.run(fact_hits, group_id, scope.asof, found)
+            hits += await self.db.read(fact_hits, group_id, scope.asof, found)
         return rules.best(hits, limit)
 
     async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
@@ -522,7 +525,7 @@ class SqliteSearch(GraphStore):
                 found += [e for episode in latest for e in sorted(mentioned.get(episode, []))]
             return unique(found)
 
-        return await self.db.run(read)
+        return await self.db.read(read)
 
     async def entity_distances(
         self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
@@ -535,14 +538,13 @@ class SqliteSearch(GraphStore):
         believes, without their embeddings."""
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
-            return await self.db.run(believed_facts, group_id, asof, unique(entity_uuids))
+            return await self.db.read(believed_facts, group_id, asof, unique(entity_uuids))
 
         return facts_of
 
 
 def _fulltext_hits(
     conn: sqlite3.Connection,
-    shares: GroupShares,
     scope: SearchScope,
     kind: Kind,
     text: str,
@@ -551,7 +553,7 @@ def _fulltext_hits(
     """``fulltext_search`` on the database's thread (``text`` has search terms)."""
     hits: list[Hit] = []
     for group_id in unique(scope.group_ids):
-        by_group = not shares.holds_most(conn, group_id, kind)
+        by_group = not group_shares(conn).holds_most(conn, group_id, kind)
         if kind == "episode":
             query = episode_fulltext_query(conn, group_id, text, by_group)
         else:
@@ -564,7 +566,6 @@ def _fulltext_hits(
 
 def _vector_hits(
     conn: sqlite3.Connection,
-    vectors: GroupVectors,
     scope: SearchScope,
     kind: Kind,
     vector: Sequence[float],
@@ -573,7 +574,7 @@ def _vector_hits(
     """``vector_search`` on the database's thread."""
     hits: list[Hit] = []
     for group_id in unique(scope.group_ids):
-        every = VectorScores(conn, vectors, group_id, kind, vector)
+        every = VectorScores(conn, group_vectors(conn), group_id, kind, vector)
         hits += seen(conn, group_id, kind, scope.asof, every.best, limit, scope.embeddings)
     return rules.best(hits, limit)
 
@@ -590,14 +591,13 @@ def _entity_text_hits(conn: sqlite3.Connection, group_id: str, text: str, limit:
 
 def _entity_vector_hits(
     conn: sqlite3.Connection,
-    vectors: GroupVectors,
     group_id: str,
     vector: Sequence[float] | None,
     limit: int,
 ) -> EntityHits:
     if vector is None or limit <= 0:
         return []
-    scored = VectorScores(conn, vectors, group_id, "entity", vector).best(limit)
+    scored = VectorScores(conn, group_vectors(conn), group_id, "entity", vector).best(limit)
     return _entities_scored(conn, group_id, scored)
 
 
