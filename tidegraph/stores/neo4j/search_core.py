@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import math
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -60,13 +61,20 @@ MAX_VECTOR_K = 1000
 # that finds its top hits returns hundreds of other tenants' (measured on the Graphiti
 # comparison's 16 groups: 22.4 → 32.0 episodes/s, Neo4j's CPU per episode 39 → 25 ms).
 SCAN_BELOW = 1000
+# How long groups found to hold at least SCAN_BELOW embeddings of a kind skip the check (it
+# reads up to SCAN_BELOW nodes' vectors, several megabytes, a search and kind). Groups only
+# shrink by a forget or a delete, and the index path answers a small group correctly too.
+LARGE_FOR_SECONDS = 60.0
 Found = Callable[[int], Awaitable[list[tuple[str, float]]]]
+# When groups were last found large, by (groups, small-scan statement).
+LargeGroups = dict[tuple[tuple[str, ...], str | None], float]
 
 
 class SearchCore(GraphStore):
     """The search methods over an executor, given the hooks ``StoreCore`` implements."""
 
     ex: Neo4jExecutor
+    _large_groups: LargeGroups
     scan_below = SCAN_BELOW  # see SCAN_BELOW (an attribute, so that tests can move it)
 
     @abc.abstractmethod
@@ -185,11 +193,13 @@ class SearchCore(GraphStore):
         if limit <= 0 or vector is None:
             return []
         params = {"group_ids": group_ids, "embedding": vector}
-        if small_scan is not None:
+        large = (tuple(sorted(group_ids)), small_scan)
+        if small_scan is not None and not self._still_large(large):
             bounds = {"limit": limit, "scan_below": self.scan_below}
             [row] = await self.ex.rows(small_scan, {**params, **bounds})
             if row["small"]:
                 return top(((u, min(1.0, max(0.0, float(s)))) for u, s in row["hits"]), limit)
+            self._large_groups[large] = time.monotonic()
         wanted = set(group_ids)
         k = vector_candidates(limit)
         while candidates is not None:
@@ -205,6 +215,10 @@ class SearchCore(GraphStore):
                 break
         scanned = await self.ex.rows(scan, {**params, "limit": limit})
         return top(((r["uuid"], min(1.0, max(0.0, float(r["score"])))) for r in scanned), limit)
+
+    def _still_large(self, key: tuple[tuple[str, ...], str | None]) -> bool:
+        seen = self._large_groups.get(key)
+        return seen is not None and time.monotonic() - seen < LARGE_FOR_SECONDS
 
     def _believed_touching(
         self, group_id: str, asof: AsOf
