@@ -141,8 +141,11 @@ class SearchCore(GraphStore):
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
             facts_of = self._believed_touching(group_id, scope.asof)
-            nearest = await expanded(facts_of, seeds, hops, limit)
-            hits += await self._fact_hits(group_id, scope.asof, [(f, 1 / d, d) for f, d in nearest])
+            hops_of = {f.uuid: d for f, d in await expanded(facts_of, seeds, hops, limit)}
+            scores = {uuid: 1 / d for uuid, d in hops_of.items()}
+            hits += await self._scored_fact_hits(
+                group_id, scope.asof, scores, scope.embeddings, hops_of
+            )
         return best(hits, limit)
 
     async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
@@ -223,8 +226,8 @@ class SearchCore(GraphStore):
     def _believed_touching(
         self, group_id: str, asof: AsOf
     ) -> Callable[[list[str]], Awaitable[list[FactRecord]]]:
-        """The walk's read: the group's facts touching some entities that the scope sees,
-        without their embeddings (a walk may read hundreds)."""
+        """The walk's read: the group's facts touching some entities that the scope sees, as
+        light records (``sq.FACTS_NEAR``: ends and times; a walk may read hundreds)."""
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
             params = {"group_id": group_id, "uuids": unique(entity_uuids)}
@@ -287,9 +290,15 @@ class SearchCore(GraphStore):
         ]
 
     async def _scored_fact_hits(
-        self, group_id: str, asof: AsOf, scores: dict[str, float], embeddings: bool = True
+        self,
+        group_id: str,
+        asof: AsOf,
+        scores: dict[str, float],
+        embeddings: bool = True,
+        distances: dict[str, int] | None = None,
     ) -> list[Hit]:
-        """The hits of the scored fact uuids the scope sees, with their embeddings (MMR)."""
+        """The hits of the scored fact uuids the scope sees, with their embeddings (MMR) and
+        ``distances`` (a walk's hops)."""
         # One read: the facts, their ends' names and their episodes' producer ids.
         params = {"group_id": group_id, "uuids": list(scores), "embeddings": embeddings}
         hits = []
@@ -298,25 +307,9 @@ class SearchCore(GraphStore):
             if asof.believed(fact):
                 names = {fact.source_uuid: row["source_name"], fact.target_uuid: row["target_name"]}
                 producers = dict(row["producers"])
-                hits.append(fact_hit(fact, scores[fact.uuid], asof, names, producers))
+                distance = None if distances is None else distances[fact.uuid]
+                hits.append(fact_hit(fact, scores[fact.uuid], asof, names, producers, distance))
         return hits
-
-    async def _fact_hits(
-        self, group_id: str, asof: AsOf, facts: list[tuple[FactRecord, float, int | None]]
-    ) -> list[Hit]:
-        """Hits of facts already read: with their ends' names and producer ids."""
-        params = {
-            "group_id": group_id,
-            "entities": unique(u for f, _, _ in facts for u in (f.source_uuid, f.target_uuid)),
-            "episodes": unique(u for f, _, _ in facts for u in f.episodes),
-        }
-        if not facts:
-            return []
-        names: dict[str, str] = {}
-        producers: dict[str, str] = {}
-        for row in await self.ex.rows(sq.FACT_CONTEXT, params):
-            (names if row["kind"] == "entity" else producers)[row["uuid"]] = row["text"] or ""
-        return [fact_hit(f, s, asof, names, producers, d) for f, s, d in facts]
 
     async def _entity_hits(
         self, group_id: str, asof: AsOf, scores: dict[str, float], embeddings: bool = True
