@@ -6,8 +6,10 @@ The server is the real ``tidegraph serve`` in its own process on loopback (its R
 folder), or with ``--in-memory`` over the in-memory store with exact search methods
 (tests/integration/serve_harness.py: for comparing the HTTP layer alone, and until the real
 stores have their search methods). It is seeded through ``POST /v1/episodes`` (CRM plan
-records, mapped without an LLM, and chat messages), then each concurrency level sends
-``--requests`` searches (bounded) of varied queries.
+records, mapped without an LLM, and chat messages), then, after ``--warmup`` unmeasured
+searches (the server's first searches fill its caches: each reader connection's matrices of
+the group's vectors), each concurrency level sends ``--requests`` searches (bounded) of
+varied queries.
 
     python -m benchmarks.serve_load                       # embedded default
     python -m benchmarks.serve_load --in-memory --requests 2000
@@ -239,6 +241,9 @@ async def run(args: argparse.Namespace) -> None:
             )
             print(f"{'clients':>8} {'requests':>9} {'errors':>7} {'req/s':>8} "
                   f"{'p50 ms':>8} {'p99 ms':>8}")  # fmt: skip
+            if args.warmup:  # the server's caches filled (each reader's matrices), unmeasured
+                await level(url, names, max(args.clients), args.warmup, args.route, synthetic)
+                print(f"(after {args.warmup} unmeasured searches)")
             for clients in args.clients:
                 r = await level(url, names, clients, args.requests, args.route, synthetic)
                 print(f"{r['clients']:>8} {r['requests']:>9} {r['errors']:>7} {r['rps']:>8.1f} "
@@ -429,6 +434,9 @@ def serve_in_memory(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000, help="Searches per level.")
+    parser.add_argument(
+        "--warmup", type=int, default=200, help="Unmeasured searches first (0: none)."
+    )
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--accounts", type=int, default=100, help="Seeded accounts (x4).")
     parser.add_argument("--in-memory", action="store_true", help="In-memory store, exact search.")

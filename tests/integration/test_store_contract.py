@@ -40,6 +40,7 @@ from tidegraph.stores import (
     open_store,
 )
 from tidegraph.stores.neo4j import queries as neo4j_queries
+from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
 from tidegraph.stores.neo4j.search_core import SearchCore
 from tidegraph.stores.neo4j.store import Neo4jStore
@@ -780,6 +781,41 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
     assert found.uuid == lone.uuid and score == pytest.approx(0.0, abs=0.02)
 
 
+async def test_a_group_found_large_is_not_counted_again_for_a_while(
+    store: GraphStore, new_group: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neo4j: whether a group is small enough for an exact scan is read once (the check reads
+    up to ``scan_below`` vectors); a group found large goes straight to the index for
+    ``LARGE_FOR_SECONDS``, with the same answers, and is checked again after that."""
+    if not isinstance(store, SearchCore):
+        pytest.skip("the embedded store scans its matrices; no index to choose")
+    from tidegraph.stores.neo4j import search_core
+
+    group = new_group()
+    crowd = [entity(group, f"C{i}", embedding=vec(1, i / 10)) for i in range(6)]
+    await store.upsert_entities(group, crowd)
+    ran: list[str] = []
+    rows = store.ex.rows
+
+    async def recording(statement: str, params: dict[str, Any]) -> Any:
+        ran.append(statement)
+        return await rows(statement, params)
+
+    monkeypatch.setattr(store.ex, "rows", recording)
+    monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
+    scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
+    checks = lambda: ran.count(sq.SMALL_SCAN["entity"])  # noqa: E731
+    first = await store.vector_search(scope, "entity", vec(1, 0.2), 3)
+    assert checks() == 1
+    assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
+    assert checks() == 1  # not counted again
+    clock = search_core.time.monotonic() + search_core.LARGE_FOR_SECONDS + 1
+    monkeypatch.setattr(search_core.time, "monotonic", lambda: clock)
+    assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
+    assert checks() == 2  # a while later, checked again
+    assert [h.uuid for h in first] == [crowd[2].uuid, crowd[3].uuid, crowd[1].uuid]
+
+
 async def test_entity_candidates_are_each_drafts_vector_and_fulltext_hits(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:
@@ -1464,6 +1500,86 @@ async def test_counts(store: GraphStore, new_group: Callable[..., str]) -> None:
     assert await store.counts(group) == {"episodes": 2, "entities": 3, "facts": 2, "mentions": 4}
 
 
+async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group_token(
+    tmp_path: Path,
+) -> None:
+    """A group holding most of a kind's rows is searched without its token in the FTS5
+    query (reading its whole posting list was most of a query's cost); a small group beside
+    a big one with it. Either way a search finds exactly the group's own matches, in the
+    same order, and a write that changes the shares is seen by the next search."""
+    from tidegraph.stores.sqlite import search as sqlite_search
+
+    store = SqliteStore(tmp_path / "graph")
+    try:
+        await store.setup(DIM)
+        big = [entity("big", f"Acme {n} widget", summary="widget maker") for n in range(6)]
+        await store.upsert_entities("big", big)
+        small = [entity("small", "Acme widget shop", summary="widget seller")]
+        await store.upsert_entities("small", small)
+        scope = {
+            g: SearchScope((g,), AsOf.resolve(None, None, False, None)) for g in ("big", "small")
+        }
+
+        def shares(conn: sqlite3.Connection) -> tuple[bool, bool]:
+            held = sqlite_search.group_shares(conn)
+            return held.holds_most(conn, "big", "entity"), held.holds_most(conn, "small", "entity")
+
+        assert await store.db.read(shares) == (True, False)
+        found = {
+            g: await store.fulltext_search(scope[g], "entity", "acme widget", 10) for g in scope
+        }
+        assert {h.uuid for h in found["big"]} == {e.uuid for e in big}
+        assert [h.uuid for h in found["small"]] == [small[0].uuid]
+
+        def forced(conn: sqlite3.Connection, group: str, by_group: bool) -> list[str]:
+            query = sqlite_search.fulltext_query(group, "acme widget", by_group)
+            assert query is not None
+            return [u for u, _ in sqlite_search.fulltext_scored(conn, group, "entity", query, 10)]
+
+        for group in scope:  # the token changes the cost, never the answer
+            with_token = await store.db.read(forced, group, True)
+            assert with_token == await store.db.read(forced, group, False)
+            assert with_token == [h.uuid for h in found[group]]
+
+        more = [entity("small", f"Acme {n} widget depot") for n in range(10)]
+        await store.upsert_entities("small", more)  # now the small group holds most
+        assert await store.db.read(shares) == (False, True)
+        again = await store.fulltext_search(scope["small"], "entity", "acme widget", 20)
+        assert {h.uuid for h in again} == {e.uuid for e in [*small, *more]}
+    finally:
+        await store.close()
+
+
+async def test_the_embedded_stores_searches_read_beside_each_other_and_never_write(
+    tmp_path: Path,
+) -> None:
+    """Searches run on read-only connections of their own threads: two run at once (each
+    waits here for the other to have started), and neither can change the file."""
+    import threading
+
+    store = SqliteStore(tmp_path / "graph")
+    try:
+        await store.setup(DIM)
+        both = threading.Barrier(sqlite_db.READERS, timeout=30)
+
+        def meet(conn: sqlite3.Connection) -> int:
+            both.wait()  # raises BrokenBarrierError if the reads ran one after the other
+            return int(conn.execute("SELECT count(*) FROM entity").fetchone()[0])
+
+        assert (
+            await asyncio.gather(*(store.db.read(meet) for _ in range(sqlite_db.READERS)))
+            == [0] * sqlite_db.READERS
+        )
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM entity")
+
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            await store.db.read(write)
+    finally:
+        await store.close()
+
+
 async def test_the_embedded_stores_vector_search_sees_every_write(tmp_path: Path) -> None:
     """The embedded store keeps a group's vectors as one matrix between searches: a write
     through the same store, or through another one on the same file (another process), is
@@ -1494,7 +1610,7 @@ async def test_the_embedded_store_runs_only_constant_sql(
     (each here hostile and marked) travel only as parameters, through every kind of call."""
     statements: list[str] = []
 
-    class Recording(sqlite3.Connection):
+    class Recording(sqlite_db.Connection):
         def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
             statements.append(sql)
             return super().execute(sql, *args)
@@ -1505,7 +1621,7 @@ async def test_the_embedded_store_runs_only_constant_sql(
 
     connect = sqlite3.connect
     monkeypatch.setattr(
-        sqlite_db.sqlite3, "connect", lambda *a, **kw: connect(*a, factory=Recording, **kw)
+        sqlite_db.sqlite3, "connect", lambda *a, **kw: connect(*a, **{**kw, "factory": Recording})
     )
     mark = "zqxmark"
     texts = [f"{h} {mark}" for h in HOSTILE]

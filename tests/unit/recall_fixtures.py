@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.recall.rerank import CrossEncoder
 from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
-from tidegraph.records.search import Hit, Kind, Record, SearchScope
+from tidegraph.records.search import Hit, Kind, MethodSearch, Record, SearchScope
 from tidegraph.records.vectors import cosine
 
 G = "g"
@@ -195,6 +196,22 @@ class RecallGraph:
                 scored.append(((1 + cosine(vector, embedding)) / 2, record))
         scored.sort(key=lambda s: (-s[0], s[1].uuid))
         return [self.hit(kind, r, s, scope) for s, r in scored[:limit]]
+
+    async def search_lists(
+        self, scope: SearchScope, searches: Sequence[MethodSearch]
+    ) -> list[list[Hit]]:
+        found = []
+        for search in searches:
+            if search.text is not None:
+                found.append(
+                    await self.fulltext_search(scope, search.kind, search.text, search.limit)
+                )
+            else:
+                assert search.embedding is not None
+                found.append(
+                    await self.vector_search(scope, search.kind, search.embedding, search.limit)
+                )
+        return found
 
     async def expand_facts(
         self, scope: SearchScope, seeds: list[str], hops: int, limit: int

@@ -175,27 +175,29 @@ def test_each_recipe_has_one_help_line_and_says_what_it_needs_before_running():
     assert "unknown search recipe" in (recipe_problem("nope") or "")
 
 
-async def test_the_query_is_embedded_once_and_the_searches_run_together():
+async def test_the_query_is_embedded_once_and_the_searches_are_asked_together():
     graph = people_graph()
     running, most = 0, 0
+    batches: list[list[tuple[str, str]]] = []
+    search_lists = graph.search_lists
 
-    def slow(method):
-        async def call(*args):
-            nonlocal running, most
-            running += 1
-            most = max(most, running)
-            await asyncio.sleep(0.02)
-            running -= 1
-            return await method(*args)
+    async def slow(scope, searches):
+        nonlocal running, most
+        batches.append([(s.kind, "bm25" if s.text is not None else "vector") for s in searches])
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+        return await search_lists(scope, searches)
 
-        return call
-
-    graph.fulltext_search = slow(graph.fulltext_search)  # type: ignore[method-assign]
-    graph.vector_search = slow(graph.vector_search)  # type: ignore[method-assign]
+    graph.search_lists = slow  # type: ignore[method-assign]
     s = searcher(graph)
     await s.search(SearchRequest(query="Alice Smith", group_ids=["g"], known_at=NOW))
     assert s.embedder.texts == ["Alice Smith"]  # type: ignore[attr-defined]
-    assert most == 8  # BM25 and vector of four kinds at once
+    # BM25 of four kinds in one read, the vector lists of four in another, both at once.
+    kinds = ["fact", "entity", "episode", "community"]
+    assert sorted(batches) == sorted([[(k, "bm25") for k in kinds], [(k, "vector") for k in kinds]])
+    assert most == 2
 
 
 async def test_the_walk_starts_at_the_query_entities_recent_ones_and_the_centre():

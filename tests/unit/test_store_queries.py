@@ -128,9 +128,11 @@ def test_search_text_never_reaches_the_query_unescaped() -> None:
     assert lucene is not None and '"' not in lucene.replace('\\"', "")
     assert ":" not in lucene.replace("\\:", "")
     assert sqlite_search.fulltext_query("g", hostile) == (
-        'group_id : "g" AND text : ("acme" OR "detach" OR "delete")'
+        'group_id : "g" AND (text : ("acme" OR "detach" OR "delete"))'
     )
     assert sqlite_search.fulltext_query('g") OR ("x', "acme") == (
-        'group_id : "g"") OR (""x" AND text : ("acme")'
+        'group_id : "g"") OR (""x" AND (text : ("acme"))'
     )
+    # A group holding most of the rows is left to the join (the token is not matched).
+    assert sqlite_search.fulltext_query("g", "acme", by_group=False) == 'text : ("acme")'
     assert neo4j_search_queries.fulltext_query("the and of") is None

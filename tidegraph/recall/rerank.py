@@ -56,13 +56,16 @@ def rrf(
 
 def _fuse(occurrences: list[tuple[int, float, Hit]], k: int) -> Hit:
     """One hit from its occurrences in the fused lists (see ``rrf``)."""
+    score = sum(weight / (k + rank) for rank, weight, _ in occurrences)
+    if len(occurrences) == 1:  # found by one method (most hits): nothing to merge
+        return occurrences[0][2].with_score(score)
     hits = [hit for _, _, hit in sorted(occurrences, key=lambda o: o[0])]  # stable: list order
     best = hits[0]
     with_embedding = [h for h in hits if h.embedding is not None]
     distances = [h.distance for h in hits if h.distance is not None]
     return dataclasses.replace(
         best,
-        score=sum(weight / (k + rank) for rank, weight, _ in occurrences),
+        score=score,
         record=(with_embedding[0] if with_embedding else best).record,
         distance=min(distances) if distances else None,
         mentions=max(h.mentions for h in hits),
@@ -84,7 +87,7 @@ def mmr(
     judged = [h for h in hits if h.embedding is not None]
     unjudged = [h for h in hits if h.embedding is None]
     if not judged:
-        return [dataclasses.replace(h, score=-2.0) for h in unjudged]
+        return [h.with_score(-2.0) for h in unjudged]
     query = _unit(np.asarray(query_embedding, dtype=np.float64)[np.newaxis, :])[0]
     try:
         vectors = _unit(np.asarray([h.embedding for h in judged], dtype=np.float64))
@@ -108,10 +111,10 @@ def mmr(
             for i in left
         }
         pick = max(left, key=values.__getitem__)
-        chosen.append(dataclasses.replace(judged[pick], score=float(values[pick])))
+        chosen.append(judged[pick].with_score(float(values[pick])))
         left.remove(pick)
         closest = np.maximum(closest, similarity[pick])
-    return chosen + [dataclasses.replace(h, score=-2.0) for h in unjudged]
+    return chosen + [h.with_score(-2.0) for h in unjudged]
 
 
 def _unit(matrix: np.ndarray) -> np.ndarray:
@@ -123,7 +126,7 @@ def by_mentions(hits: Sequence[Hit]) -> list[Hit]:
     """More mentions (episodes that mention the hit) first; ties keep the prior order. The
     score is the number of mentions."""
     ranked = sorted(hits, key=lambda h: -h.mentions)  # stable
-    return [dataclasses.replace(h, score=float(h.mentions)) for h in ranked]
+    return [h.with_score(float(h.mentions)) for h in ranked]
 
 
 def by_distance(
@@ -181,5 +184,5 @@ async def by_cross_encoder(hits: Sequence[Hit], query: str, encoder: CrossEncode
             f"the cross-encoder gave {len(scores)} scores for {len(hits)} texts; check "
             "TIDEGRAPH_RERANK_BASE_URL points at a /rerank endpoint"
         )
-    scored = [dataclasses.replace(h, score=float(s)) for h, s in zip(hits, scores, strict=True)]
+    scored = [h.with_score(float(s)) for h, s in zip(hits, scores, strict=True)]
     return sorted(scored, key=_order)

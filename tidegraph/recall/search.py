@@ -42,10 +42,17 @@ from tidegraph.recall.rerank import (
     rrf,
 )
 from tidegraph.recall.source import SearchSource
-from tidegraph.recall.timewords import TimeWords, find_time
+from tidegraph.recall.timewords import TimeWords, find_time, reads_a_written_day
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, FactRecord
-from tidegraph.records.search import KINDS, Hit, Kind, SearchRequest, SearchScope
+from tidegraph.records.search import (
+    KINDS,
+    Hit,
+    Kind,
+    MethodSearch,
+    SearchRequest,
+    SearchScope,
+)
 from tidegraph.records.times import utc, utcnow
 
 SEED_ENTITIES = 5  # best entities of the query that seed the walk
@@ -133,9 +140,13 @@ class Searcher:
         groups = tuple(dict.fromkeys(group_ids))
         found_time = None
         if valid_at is None and self.time_words:
-            # Off the event loop: a written date goes through dateparser (a few words only).
+            # A written day goes through dateparser (a few words only): off the event loop.
+            # Every other phrase is read by a pattern, at once (a thread's hand-off costs more).
             reference = utc(known_at) if known_at else utcnow()
-            found_time = await asyncio.to_thread(find_time, text, reference)
+            if reads_a_written_day(text):
+                found_time = await asyncio.to_thread(find_time, text, reference)
+            else:
+                found_time = find_time(text, reference)
             valid_at = found_time.valid_at if found_time else None
         mmr = any(s.reranker == "mmr" for s in chosen.searches)
         asof = AsOf.resolve(valid_at, known_at, include_invalid, None)
@@ -171,33 +182,39 @@ class Searcher:
         )
         walk = recipe.uses("bfs")
 
-        async def vector(kind: Kind, count: int) -> list[Hit]:
-            if embedding is None:  # seeds of a walk in a recipe without vector search
-                return []
-            return await self.source.vector_search(scope, kind, await embedding, count)
-
-        # Every first-round search at once, by (kind, method).
-        jobs: dict[tuple[str, str], Awaitable[Any]] = {}
+        # Every first-round search at once, by (kind, method): the BM25 lists in one read, the
+        # vector lists in another once the query is embedded.
+        texts: dict[tuple[Kind, str], int] = {}
+        nearest: dict[tuple[Kind, str], int] = {}
         for search in recipe.searches:
             for method in search.methods:
-                if method == "bm25":
-                    jobs[search.kind, method] = self.source.fulltext_search(
-                        scope, search.kind, text, _candidates(search, limit)
-                    )
-                elif method == "vector":
-                    jobs[search.kind, method] = vector(search.kind, _candidates(search, limit))
+                if method in ("bm25", "vector"):
+                    wanted = texts if method == "bm25" else nearest
+                    wanted[search.kind, method] = _candidates(search, limit)
+        if walk:  # the walk's seeds: the query's best entities by both methods
+            texts.setdefault(("entity", "bm25"), SEED_ENTITIES)
+            nearest.setdefault(("entity", "vector"), SEED_ENTITIES)
+
+        async def vectors() -> list[list[Hit]]:
+            if embedding is None:  # seeds of a walk in a recipe without vector search
+                return [[] for _ in nearest]
+            vector = await embedding
+            asked = [MethodSearch(k, n, embedding=vector) for (k, _), n in nearest.items()]
+            return await self.source.search_lists(scope, asked)
+
+        asked = [MethodSearch(k, n, text=text) for (k, _), n in texts.items()]
+        jobs: list[Awaitable[Any]] = [self.source.search_lists(scope, asked), vectors()]
         if walk:
-            for method in ("bm25", "vector"):
-                if ("entity", method) not in jobs:
-                    jobs["entity", method] = (
-                        self.source.fulltext_search(scope, "entity", text, SEED_ENTITIES)
-                        if method == "bm25"
-                        else vector("entity", SEED_ENTITIES)
-                    )
-            jobs["seed", "recent"] = self.source.recent_episode_entities(scope, RECENT_EPISODES)
+            jobs.append(self.source.recent_episode_entities(scope, RECENT_EPISODES))
         if embedding is not None:
-            jobs["query", "embedding"] = embedding
-        found = dict(zip(jobs, await _all(list(jobs.values())), strict=True))
+            jobs.append(embedding)
+        done = await _all(jobs)
+        found: dict[tuple[str, str], Any] = dict(zip(texts, done[0], strict=True))
+        found |= dict(zip(nearest, done[1], strict=True))
+        if walk:
+            found["seed", "recent"] = done[2]
+        if embedding is not None:
+            found["query", "embedding"] = done[-1]
         query_embedding: list[float] | None = found.get(("query", "embedding"))
 
         fact_search = recipe.search_for("fact")

@@ -1,6 +1,6 @@
 """What memory retrieval reads from a graph store (docs/retrieval.md "Memory retrieval").
 
-The Neo4j and embedded stores implement these five reads; the recall package only ever sees this
+The Neo4j and embedded stores implement these reads; the recall package only ever sees this
 protocol, so the search logic is tested over an exact in-memory implementation.
 
 Scope (every read): only ``scope.group_ids``; facts exactly those ``query_facts`` answers as
@@ -11,9 +11,10 @@ of ``scope.asof`` (``AsOf.believed``); entities and communities those created by
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
-from tidegraph.records.search import Hit, Kind, SearchScope
+from tidegraph.records.search import Hit, Kind, MethodSearch, SearchScope
 
 
 class SearchSource(Protocol):
@@ -30,6 +31,14 @@ class SearchSource(Protocol):
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
     ) -> list[Hit]:
         """Cosine similarity to ``embedding``, scored ``(1 + cos) / 2``."""
+        ...
+
+    async def search_lists(
+        self, scope: SearchScope, searches: Sequence[MethodSearch]
+    ) -> list[list[Hit]]:
+        """Each search's hits, in order: ``fulltext_search`` for a text, ``vector_search``
+        for an embedding. A search's lists are asked for together, so that a store answers
+        them in one read (the embedded store: one hand-off to its thread, not one each)."""
         ...
 
     async def expand_facts(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -35,7 +35,7 @@ from tidegraph.records.graph import (
     Rebuild,
     WeightedEdge,
 )
-from tidegraph.records.search import Hit, Kind, SearchScope
+from tidegraph.records.search import Hit, Kind, MethodSearch, SearchScope
 from tidegraph.stores.rows import unique
 
 
@@ -376,6 +376,21 @@ class GraphStore(abc.ABC):
     ) -> list[Hit]:
         """The nearest ``kind`` records (fact, entity name, episode content, community name
         embeddings), scored ``(1 + cos) / 2``, best first."""
+
+    async def search_lists(
+        self, scope: SearchScope, searches: Sequence[MethodSearch]
+    ) -> list[list[Hit]]:
+        """Each search's hits, in order (``fulltext_search`` for a text, ``vector_search``
+        for an embedding). By default they run side by side; a store that answers several
+        reads at once more cheaply overrides it (the embedded store: one hand-off to its
+        thread)."""
+        return list(await asyncio.gather(*(self._method_search(scope, s) for s in searches)))
+
+    async def _method_search(self, scope: SearchScope, search: MethodSearch) -> list[Hit]:
+        if search.text is not None:
+            return await self.fulltext_search(scope, search.kind, search.text, search.limit)
+        assert search.embedding is not None  # MethodSearch has one or the other
+        return await self.vector_search(scope, search.kind, search.embedding, search.limit)
 
     @abc.abstractmethod
     async def expand_facts(

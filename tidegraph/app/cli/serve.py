@@ -105,6 +105,7 @@ def serve(
         keys,
         max_body_bytes=serve_settings.serve_max_body_bytes,
         body_timeout_seconds=serve_settings.serve_body_timeout_seconds,
+        settle_gc=True,  # this process is the server's
     )
     config = uvicorn_config(
         web,
@@ -170,5 +171,5 @@ def mcp(
     bind = _bind_host(host, keys, "tidegraph mcp")
     _announce(keys, bind, port, "tidegraph mcp (streamable HTTP at /mcp)")
     server = build_mcp(holder, scoping, stdio=False, host=bind, port=port)
-    app = http_app(server, keys, holder, serve_settings)
+    app = http_app(server, keys, holder, serve_settings, settle_gc=True)
     uvicorn.Server(uvicorn_config(app, bind, port, serve_settings, log_level="warning")).run()

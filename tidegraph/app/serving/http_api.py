@@ -53,7 +53,7 @@ from tidegraph.app.serving.models import (
     error_body,
     send_error,
 )
-from tidegraph.app.serving.server import BodyGuard
+from tidegraph.app.serving.server import BodyGuard, settle_collector
 from tidegraph.app.serving.service import MemoryService
 from tidegraph.app.serving.settings import KeyRing, Principal, bearer_or_header
 from tidegraph.app.serving.times import warm_time_phrases
@@ -119,9 +119,11 @@ def create_app(
     *,
     max_body_bytes: int = 1_048_576,
     body_timeout_seconds: float = 30.0,
+    settle_gc: bool = False,
 ) -> FastAPI:
     """The app; ``open_service`` is awaited at startup (in the server's event loop) and the
-    memory closed at shutdown."""
+    memory closed at shutdown. ``settle_gc``: the process is the server's own
+    (``settle_collector`` once started)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -129,6 +131,8 @@ def create_app(
         app.state.service = service
         await warm_time_phrases()
         await service.start()  # the outbox pruned once before the first request
+        if settle_gc:
+            settle_collector()
         try:
             yield
         finally:
@@ -195,12 +199,13 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _dependencies(keys: KeyRing) -> tuple[Any, Any]:
     """The route parameters ``who`` (the caller of the request's API key, or a 401) and
-    ``svc`` (the app's ``MemoryService``)."""
+    ``svc`` (the app's ``MemoryService``). Both are coroutines: FastAPI runs a plain
+    function dependency on a worker thread, a hand-off per request for a dictionary read."""
 
-    def service(request: Request) -> MemoryService:
+    async def service(request: Request) -> MemoryService:
         return request.app.state.service
 
-    def principal(request: Request) -> Principal:
+    async def principal(request: Request) -> Principal:
         key = bearer_or_header(
             request.headers.get("authorization"), request.headers.get("x-api-key")
         )

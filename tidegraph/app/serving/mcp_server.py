@@ -50,7 +50,7 @@ from tidegraph.app.serving.models import (
     SearchIn,
     send_error,
 )
-from tidegraph.app.serving.server import BodyGuard
+from tidegraph.app.serving.server import BodyGuard, settle_collector
 from tidegraph.app.serving.service import MemoryService
 from tidegraph.app.serving.settings import KeyRing, Principal, ServeSettings, bearer_or_header
 from tidegraph.metrics import MCP_TOOL_CALLS, SERVE_WAITS
@@ -599,11 +599,13 @@ class RequireKey:
 
 
 class ClosesMemory:
-    """Closes the holder's memory when the app shuts down (ASGI lifespan)."""
+    """Closes the holder's memory when the app shuts down (ASGI lifespan); with
+    ``settle_gc``, settles the collector once started."""
 
-    def __init__(self, app: ASGIApp, holder: Holder) -> None:
+    def __init__(self, app: ASGIApp, holder: Holder, settle_gc: bool = False) -> None:
         self.app = app
         self.holder = holder
+        self.settle_gc = settle_gc  # the process is the server's own: settle_collector
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "lifespan":
@@ -611,6 +613,8 @@ class ClosesMemory:
             return
 
         async def sending(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete" and self.settle_gc:
+                settle_collector()
             if message["type"] == "lifespan.shutdown.complete":
                 await self.holder.close()
             await send(message)
@@ -619,13 +623,18 @@ class ClosesMemory:
 
 
 def http_app(
-    mcp: FastMCP, keys: KeyRing, holder: Holder, settings: ServeSettings | None = None
+    mcp: FastMCP,
+    keys: KeyRing,
+    holder: Holder,
+    settings: ServeSettings | None = None,
+    settle_gc: bool = False,
 ) -> ASGIApp:
-    """The streamable HTTP app (path /mcp) behind the API-key check and the body guard."""
+    """The streamable HTTP app (path /mcp) behind the API-key check and the body guard
+    (``settle_gc``: see ``ClosesMemory``)."""
     settings = settings or ServeSettings()
     guarded = BodyGuard(
         mcp.streamable_http_app(),
         max_bytes=settings.serve_max_body_bytes,
         timeout=settings.serve_body_timeout_seconds,
     )
-    return ClosesMemory(RequireKey(guarded, keys), holder)
+    return ClosesMemory(RequireKey(guarded, keys), holder, settle_gc)

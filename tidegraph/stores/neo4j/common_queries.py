@@ -82,20 +82,9 @@ RETURN ep.uuid AS uuid
 ORDER BY ep.valid_at DESC, ep.uuid DESC
 LIMIT $limit
 """
+
 EPISODE_MENTIONS = """
 MATCH (ep:Episodic)-[:MENTIONS]->(e:Entity)
 WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
 RETURN ep.uuid AS episode, e.uuid AS entity
-"""
-
-# What fact hits show beside the facts (``SearchCore._fact_hits``): the names of their ends
-# and the producer ids of their episodes, as (kind, uuid, text) rows.
-FACT_CONTEXT = """
-MATCH (e:Entity)
-WHERE e.uuid IN $entities AND e.group_id = $group_id
-RETURN 'entity' AS kind, e.uuid AS uuid, e.name AS text
-UNION ALL
-MATCH (ep:Episodic)
-WHERE ep.uuid IN $episodes AND ep.group_id = $group_id
-RETURN 'episode' AS kind, ep.uuid AS uuid, ep.producer_id AS text
 """

@@ -33,7 +33,7 @@ from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
-from tidegraph.stores.neo4j.search_core import SearchCore
+from tidegraph.stores.neo4j.search_core import LargeGroups, SearchCore
 from tidegraph.stores.rows import (
     community_rows,
     entity_record,
@@ -62,6 +62,7 @@ class StoreCore(SearchCore):
     def __init__(self, executor: Neo4jExecutor) -> None:
         self.ex = executor
         self._dim: int | None = None
+        self._large_groups: LargeGroups = {}
 
     # ------------------------------------------------------------------ Neo4jStore's hooks
     @abc.abstractmethod

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import math
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -60,13 +61,20 @@ MAX_VECTOR_K = 1000
 # that finds its top hits returns hundreds of other tenants' (measured on the Graphiti
 # comparison's 16 groups: 22.4 → 32.0 episodes/s, Neo4j's CPU per episode 39 → 25 ms).
 SCAN_BELOW = 1000
+# How long groups found to hold at least SCAN_BELOW embeddings of a kind skip the check (it
+# reads up to SCAN_BELOW nodes' vectors, several megabytes, a search and kind). Groups only
+# shrink by a forget or a delete, and the index path answers a small group correctly too.
+LARGE_FOR_SECONDS = 60.0
 Found = Callable[[int], Awaitable[list[tuple[str, float]]]]
+# When groups were last found large, by (groups, small-scan statement).
+LargeGroups = dict[tuple[tuple[str, ...], str | None], float]
 
 
 class SearchCore(GraphStore):
     """The search methods over an executor, given the hooks ``StoreCore`` implements."""
 
     ex: Neo4jExecutor
+    _large_groups: LargeGroups
     scan_below = SCAN_BELOW  # see SCAN_BELOW (an attribute, so that tests can move it)
 
     @abc.abstractmethod
@@ -133,8 +141,11 @@ class SearchCore(GraphStore):
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
             facts_of = self._believed_touching(group_id, scope.asof)
-            nearest = await expanded(facts_of, seeds, hops, limit)
-            hits += await self._fact_hits(group_id, scope.asof, [(f, 1 / d, d) for f, d in nearest])
+            hops_of = {f.uuid: d for f, d in await expanded(facts_of, seeds, hops, limit)}
+            scores = {uuid: 1 / d for uuid, d in hops_of.items()}
+            hits += await self._scored_fact_hits(
+                group_id, scope.asof, scores, scope.embeddings, hops_of
+            )
         return best(hits, limit)
 
     async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
@@ -185,11 +196,13 @@ class SearchCore(GraphStore):
         if limit <= 0 or vector is None:
             return []
         params = {"group_ids": group_ids, "embedding": vector}
-        if small_scan is not None:
+        large = (tuple(sorted(group_ids)), small_scan)
+        if small_scan is not None and not self._still_large(large):
             bounds = {"limit": limit, "scan_below": self.scan_below}
             [row] = await self.ex.rows(small_scan, {**params, **bounds})
             if row["small"]:
                 return top(((u, min(1.0, max(0.0, float(s)))) for u, s in row["hits"]), limit)
+            self._large_groups[large] = time.monotonic()
         wanted = set(group_ids)
         k = vector_candidates(limit)
         while candidates is not None:
@@ -206,11 +219,15 @@ class SearchCore(GraphStore):
         scanned = await self.ex.rows(scan, {**params, "limit": limit})
         return top(((r["uuid"], min(1.0, max(0.0, float(r["score"])))) for r in scanned), limit)
 
+    def _still_large(self, key: tuple[tuple[str, ...], str | None]) -> bool:
+        seen = self._large_groups.get(key)
+        return seen is not None and time.monotonic() - seen < LARGE_FOR_SECONDS
+
     def _believed_touching(
         self, group_id: str, asof: AsOf
     ) -> Callable[[list[str]], Awaitable[list[FactRecord]]]:
-        """The walk's read: the group's facts touching some entities that the scope sees,
-        without their embeddings (a walk may read hundreds)."""
+        """The walk's read: the group's facts touching some entities that the scope sees, as
+        light records (``sq.FACTS_NEAR``: ends and times; a walk may read hundreds)."""
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
             params = {"group_id": group_id, "uuids": unique(entity_uuids)}
@@ -273,9 +290,15 @@ class SearchCore(GraphStore):
         ]
 
     async def _scored_fact_hits(
-        self, group_id: str, asof: AsOf, scores: dict[str, float], embeddings: bool = True
+        self,
+        group_id: str,
+        asof: AsOf,
+        scores: dict[str, float],
+        embeddings: bool = True,
+        distances: dict[str, int] | None = None,
     ) -> list[Hit]:
-        """The hits of the scored fact uuids the scope sees, with their embeddings (MMR)."""
+        """The hits of the scored fact uuids the scope sees, with their embeddings (MMR) and
+        ``distances`` (a walk's hops)."""
         # One read: the facts, their ends' names and their episodes' producer ids.
         params = {"group_id": group_id, "uuids": list(scores), "embeddings": embeddings}
         hits = []
@@ -284,25 +307,9 @@ class SearchCore(GraphStore):
             if asof.believed(fact):
                 names = {fact.source_uuid: row["source_name"], fact.target_uuid: row["target_name"]}
                 producers = dict(row["producers"])
-                hits.append(fact_hit(fact, scores[fact.uuid], asof, names, producers))
+                distance = None if distances is None else distances[fact.uuid]
+                hits.append(fact_hit(fact, scores[fact.uuid], asof, names, producers, distance))
         return hits
-
-    async def _fact_hits(
-        self, group_id: str, asof: AsOf, facts: list[tuple[FactRecord, float, int | None]]
-    ) -> list[Hit]:
-        """Hits of facts already read: with their ends' names and producer ids."""
-        params = {
-            "group_id": group_id,
-            "entities": unique(u for f, _, _ in facts for u in (f.source_uuid, f.target_uuid)),
-            "episodes": unique(u for f, _, _ in facts for u in f.episodes),
-        }
-        if not facts:
-            return []
-        names: dict[str, str] = {}
-        producers: dict[str, str] = {}
-        for row in await self.ex.rows(sq.FACT_CONTEXT, params):
-            (names if row["kind"] == "entity" else producers)[row["uuid"]] = row["text"] or ""
-        return [fact_hit(f, s, asof, names, producers, d) for f, s, d in facts]
 
     async def _entity_hits(
         self, group_id: str, asof: AsOf, scores: dict[str, float], embeddings: bool = True

@@ -10,7 +10,6 @@ the candidates hold too few of them (``SearchCore._nearest``).
 
 from __future__ import annotations
 
-from tidegraph.stores.neo4j import common_queries as cq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.search_text import lucene_query
 
@@ -123,6 +122,9 @@ RETURN ep {.*, content_embedding: CASE WHEN $embeddings THEN ep.content_embeddin
 """
 )
 
+# The walk's facts: what it walks on (the ends) and what decides whether the scope believes
+# one (its times and their history), not its sentence, episodes or embedding: a walk reads a
+# few hundred and keeps a few (``SearchCore.expand_facts`` reads those as hits).
 FACTS_NEAR = (  # statements whose rows are concatenated (here one)
     """
 UNWIND $uuids AS uuid
@@ -131,7 +133,8 @@ USING INDEX e:Entity(uuid)
 WHERE e.group_id = $group_id AND r.group_id = $group_id
 WITH DISTINCT r
 MATCH (s:Entity)-[r]->(t:Entity)
-RETURN r {.*, fact_embedding: null, """
+RETURN r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at,
+          .end_learned_at, .prior_starts, .prior_starts_learned_at, .start_learned_at, """
     + q.FACT_TIMES
     + """} AS r,
        s.uuid AS source_uuid, t.uuid AS target_uuid
@@ -169,5 +172,3 @@ RETURN e {{.*, name_embedding: CASE WHEN $embeddings THEN e.name_embedding END,
          RETURN ep.producer_id ORDER BY ep.valid_at DESC, ep.producer_id
        }} AS producers
 """
-
-FACT_CONTEXT = cq.FACT_CONTEXT

@@ -1,7 +1,10 @@
 """The embedded store's database (``store.SqliteStore``): one SQLite file in WAL mode and one
 connection, used from one thread of its own. Every call runs there, one at a time, so
 the event loop never waits on the disk and one call's transaction never interleaves with
-another's.
+another's. Searches (``read``) run instead on ``READERS`` read-only connections of their own
+threads: WAL lets them read beside the writer and beside each other, each seeing what was
+committed when its statement began, and SQLite's own work (FTS5, the b-trees, numpy's
+comparisons) runs without the GIL, so two searches overlap.
 
 How values are stored (and read back by ``rows``' record builders, as for Neo4j):
 - times: INTEGER microseconds since the epoch, UTC (``rows.to_utc`` reads an int that way);
@@ -20,7 +23,9 @@ group's speakers.
 from __future__ import annotations
 
 import asyncio
+import queue
 import sqlite3
+import threading
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +87,11 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS episode_group_valid ON episode (group_id, valid_at)",
     "CREATE INDEX IF NOT EXISTS episode_pending ON episode (group_id, valid_at, producer_id) "
     "WHERE not_extracted IS NOT NULL",
+    # What a search reads of an episode by its uuid for the entities it mentions and the
+    # producer ids of hits, without reading the row (its content and embedding): the
+    # ``INDEXED BY episode_said`` of search.py and rows.py.
+    "CREATE INDEX IF NOT EXISTS episode_said ON episode "
+    "(uuid, group_id, created_at, valid_at, producer_id)",
     """CREATE TABLE IF NOT EXISTS entity (
         id INTEGER PRIMARY KEY,
         uuid TEXT NOT NULL UNIQUE,
@@ -129,7 +139,10 @@ SCHEMA = (
         entity_uuid TEXT NOT NULL,
         group_id TEXT NOT NULL,
         PRIMARY KEY (episode_uuid, entity_uuid)) WITHOUT ROWID""",
-    "CREATE INDEX IF NOT EXISTS mention_entity ON mention (entity_uuid)",
+    # An entity's mentions with their group (and the key's episode uuid): read without the
+    # table. Replaces ``mention_entity (entity_uuid)`` of earlier stores.
+    "DROP INDEX IF EXISTS mention_entity",
+    "CREATE INDEX IF NOT EXISTS mention_entity_group ON mention (entity_uuid, group_id)",
     "CREATE INDEX IF NOT EXISTS mention_group ON mention (group_id)",
     """CREATE TABLE IF NOT EXISTS community (
         id INTEGER PRIMARY KEY,
@@ -263,9 +276,32 @@ def fulltext_phrase(text: str) -> str:
 
 
 # ----------------------------------------------------------------------------- database
+# Read-only connections (and threads) for searches: one per core of the machine this is
+# measured on (docs/performance.md "Serving over HTTP").
+READERS = 2
+
+
+class Connection(sqlite3.Connection):
+    """A connection with ``kept``: what its reads keep between calls (search.py's matrices),
+    valid for what this connection sees."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kept: dict[str, Any] = {}
+
+
+def kept(conn: sqlite3.Connection, name: str, make: Callable[[], T]) -> T:
+    """The connection's ``name`` (made at first use)."""
+    assert isinstance(conn, Connection)  # every connection is opened by ``_open``
+    found = conn.kept.get(name)
+    if found is None:
+        found = conn.kept[name] = make()
+    return found
+
+
 class SqliteDatabase:
     """The file, opened on first use on the database's thread; ``run`` calls a function
-    with the connection there."""
+    with the connection there, ``read`` with one of the read-only connections."""
 
     def __init__(self, folder: Path, cache_mb: int) -> None:
         self.folder = folder
@@ -274,21 +310,62 @@ class SqliteDatabase:
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegraph-sqlite")
+        self._read_threads = ThreadPoolExecutor(
+            max_workers=READERS, thread_name_prefix="tidegraph-sqlite-read"
+        )
+        self._free_readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+
+    def _open(self) -> sqlite3.Connection:
+        # isolation_level None: no implicit transactions; ``transaction`` opens them.
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, factory=Connection
+        )
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")  # durable at each WAL checkpoint
+        conn.execute(f"PRAGMA cache_size = -{self._cache_kib}")
+        conn.execute("PRAGMA busy_timeout = 10000")
+        return conn
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             if self._closed:
                 raise RuntimeError("the embedded store is closed")
             self.folder.mkdir(parents=True, exist_ok=True)
-            # isolation_level None: no implicit transactions; ``transaction`` opens them.
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")  # durable at each WAL checkpoint
-            conn.execute(f"PRAGMA cache_size = -{self._cache_kib}")
-            conn.execute("PRAGMA busy_timeout = 10000")
-            self._conn = conn
+            self._conn = self._open()
         return self._conn
+
+    def _reader(self) -> sqlite3.Connection:
+        """A free read-only connection (there are as many as reading threads)."""
+        try:
+            return self._free_readers.get_nowait()
+        except queue.Empty:
+            pass
+        with self._readers_lock:
+            if self._closed:
+                raise RuntimeError("the embedded store is closed")
+            conn = self._open()
+            conn.execute("PRAGMA query_only = ON")
+            self._readers.append(conn)
+            return conn
+
+    async def read(
+        self, work: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
+    ) -> T:
+        """``work(connection, *args)`` on a reading thread with a read-only connection: it
+        sees what was committed when each of its statements began (a search's reads)."""
+
+        def call() -> T:
+            conn = self._reader()
+            try:
+                with count_errors((sqlite3.OperationalError,)):
+                    return work(conn, *args, **kw)
+            finally:
+                self._free_readers.put(conn)
+
+        return await asyncio.get_running_loop().run_in_executor(self._read_threads, call)
 
     async def run(
         self, work: Callable[Concatenate[sqlite3.Connection, P], T], *args: P.args, **kw: P.kwargs
@@ -311,6 +388,12 @@ class SqliteDatabase:
         if not self._closed:
             await asyncio.get_running_loop().run_in_executor(self._thread, shut)
         self._thread.shutdown(wait=False)
+        await asyncio.to_thread(self._read_threads.shutdown, True)  # reads in flight end
+        with self._readers_lock:
+            self._closed = True
+            for conn in self._readers:
+                conn.close()
+            self._readers.clear()
 
 
 class Transaction:

@@ -108,6 +108,9 @@ def names_of(conn: sqlite3.Connection, uuids: Iterable[str]) -> dict[str, str]:
 
 def producers_of(conn: sqlite3.Connection, group_id: str, uuids: Iterable[str]) -> dict[str, str]:
     """Producer ids of the group's episodes among ``uuids``."""
-    query = f"SELECT uuid, producer_id FROM episode WHERE +group_id = ? AND uuid {IN_LIST}"
+    query = (
+        "SELECT uuid, producer_id FROM episode INDEXED BY episode_said "
+        f"WHERE group_id = ? AND uuid {IN_LIST}"
+    )
     rows = conn.execute(query, (group_id, json_text(unique(uuids))))
     return {uuid: producer or "" for uuid, producer in rows}

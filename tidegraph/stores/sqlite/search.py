@@ -26,7 +26,7 @@ from threadpoolctl import ThreadpoolController
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
-from tidegraph.records.search import Hit, Kind, SearchScope
+from tidegraph.records.search import Hit, Kind, MethodSearch, SearchScope
 from tidegraph.stores import hits as rules
 from tidegraph.stores.base import GraphStore
 from tidegraph.stores.episode_search import episode_query
@@ -39,6 +39,7 @@ from tidegraph.stores.sqlite.db import (
     fulltext_phrase,
     ids,
     json_text,
+    kept,
     micros,
     vector_of,
 )
@@ -68,19 +69,26 @@ Scored = list[tuple[str, float]]  # (uuid, score), best first
 
 
 # ----------------------------------------------------------------------------- candidates
-def fulltext_query(group_id: str, text: str) -> str | None:
+def fulltext_query(group_id: str, text: str, by_group: bool = True) -> str | None:
     """The FTS5 query of ``text``'s words in the group's rows (None: nothing searchable).
-    Every word and the group id are quoted strings, never syntax."""
+    Every word and the group id are quoted strings, never syntax. ``by_group``: the group's
+    token is matched too (``_by_group``); the join keeps only the group's rows either way."""
     terms = search_terms(text)
     if not terms:
         return None
     words = " OR ".join(fulltext_phrase(t) for t in terms)
-    if not any(ch.isalnum() for ch in group_id):  # no token to match: the join filters
-        return f"text : ({words})"
-    return f"group_id : {fulltext_phrase(group_id)} AND text : ({words})"
+    return _in_group(group_id, f"text : ({words})", by_group)
 
 
-def episode_fulltext_query(conn: sqlite3.Connection, group_id: str, text: str) -> str | None:
+def _in_group(group_id: str, match: str, by_group: bool) -> str:
+    if not by_group or not any(ch.isalnum() for ch in group_id):  # no token to match
+        return match
+    return f"group_id : {fulltext_phrase(group_id)} AND ({match})"
+
+
+def episode_fulltext_query(
+    conn: sqlite3.Connection, group_id: str, text: str, by_group: bool = True
+) -> str | None:
     """The FTS5 query of ``text`` over the group's episodes' conversation fields
     (``episode_search``: the words in body, context or date, the names on the speaker)."""
     terms = search_terms(text)
@@ -100,9 +108,7 @@ def episode_fulltext_query(conn: sqlite3.Connection, group_id: str, text: str) -
     if query.names:  # the words again, so that a turn matching by its speaker alone is none
         said_by = " OR ".join(fulltext_phrase(t) for t in query.names)
         match = f"({match}) OR (({match}) AND speaker : ({said_by}))"
-    if not any(ch.isalnum() for ch in group_id):  # no token to match: the join filters
-        return match
-    return f"group_id : {fulltext_phrase(group_id)} AND ({match})"
+    return _in_group(group_id, match, by_group)
 
 
 def fulltext_scored(
@@ -117,6 +123,43 @@ def fulltext_scored(
         (query, group_id, limit),
     )
     return [(uuid, float(score)) for uuid, score in rows]
+
+
+def data_version(conn: sqlite3.Connection) -> tuple[int, int]:
+    """Changes whenever a change is committed, by this connection (``total_changes``) or
+    another process (``PRAGMA data_version``)."""
+    return conn.total_changes, conn.execute("PRAGMA data_version").fetchone()[0]
+
+
+class GroupShares:
+    """Whether a group holds most of a kind's rows (``holds_most``), kept while the
+    database is unchanged (at most ``entries``). The fulltext query then leaves out the
+    group's token: the FTS5 index is shared by every group, and matching the token reads
+    the group's whole posting list (1 ms a query at 10,000 facts), while the words' matches
+    in other groups, which the join drops, are then few."""
+
+    def __init__(self, entries: int = 64) -> None:
+        self.entries = entries
+        self._kept: OrderedDict[tuple[str, str], tuple[tuple[int, int], bool]] = OrderedDict()
+
+    def holds_most(self, conn: sqlite3.Connection, group_id: str, kind: Kind) -> bool:
+        version = data_version(conn)
+        found = self._kept.get((group_id, kind))
+        if found is not None and found[0] == version:
+            return found[1]
+        table = FULLTEXT[kind][1]
+        (mine,) = conn.execute(
+            f"SELECT count(*) FROM {table} WHERE group_id = ?", (group_id,)
+        ).fetchone()
+        # The largest id: never fewer than the rows (ids are distinct positive integers),
+        # so a group is never thought to hold most when it does not.
+        (every,) = conn.execute(f"SELECT coalesce(max(id), 0) FROM {table}").fetchone()
+        most = mine * 2 > every
+        self._kept[(group_id, kind)] = (version, most)
+        self._kept.move_to_end((group_id, kind))
+        while len(self._kept) > self.entries:
+            self._kept.popitem(last=False)
+        return most
 
 
 class GroupVectors:
@@ -134,7 +177,7 @@ class GroupVectors:
 
     def of(self, conn: sqlite3.Connection, group_id: str, kind: Kind) -> tuple[list[str], Any]:
         """(uuids, matrix with one row per uuid whose norms are 1 or 0)."""
-        version = (conn.total_changes, conn.execute("PRAGMA data_version").fetchone()[0])
+        version = data_version(conn)
         found = self._kept.get((group_id, kind))
         if found is not None and found[0] == version:
             self._kept.move_to_end((group_id, kind))
@@ -160,12 +203,23 @@ class GroupVectors:
 
 
 @cache
-def _blas() -> ThreadpoolController:
-    """The BLAS libraries numpy loaded. A search's comparison is one matrix-vector product:
-    BLAS threads make it slower, not faster (they spin waiting for work on a machine whose
-    cores serve other searches: measured at 10,000 vectors, 2.4 ms and 2.5x the CPU with
-    OpenBLAS's threads, 0.5 ms with one), so it runs on one."""
-    return ThreadpoolController()
+def one_blas_thread() -> None:
+    """Run numpy's BLAS on one thread, for the process, from the first vector comparison on.
+    A search's comparison is one matrix-vector product: BLAS threads make it slower, not
+    faster (they spin waiting for work on cores that serve other searches: at 10,000
+    vectors, 2.9 ms with OpenBLAS's two threads against 0.17 ms with one), and setting the
+    thread count around each product cost more than the product (0.8 ms), so it is set once
+    and kept. The store's other numpy work (MMR's small products) runs as well on one."""
+    ThreadpoolController().limit(limits=1, user_api="blas")
+
+
+def group_vectors(conn: sqlite3.Connection) -> GroupVectors:
+    """The connection's ``GroupVectors`` (each connection keeps its own: what it sees)."""
+    return kept(conn, "vectors", GroupVectors)
+
+
+def group_shares(conn: sqlite3.Connection) -> GroupShares:
+    return kept(conn, "shares", GroupShares)
 
 
 class VectorScores:
@@ -186,8 +240,8 @@ class VectorScores:
         if self.uuids:
             query = np.asarray(vector, dtype=np.float64)
             unit = (query / (np.linalg.norm(query) or 1.0)).astype(np.float32)
-            with _blas().limit(limits=1, user_api="blas"):
-                cos = (matrix @ unit).astype(np.float64)
+            one_blas_thread()
+            cos = (matrix @ unit).astype(np.float64)
             self.scores = np.clip((1.0 + cos) / 2.0, 0.0, 1.0)
 
     def best(self, k: int) -> Scored:
@@ -227,21 +281,18 @@ def entity_hits(
     query = f"SELECT {columns} FROM entity e WHERE +e.group_id = ? AND e.uuid {IN_LIST}"
     rows = conn.execute(query, (group_id, json_text(scores)))
     entities = [e for e in map(entity_of, rows) if rules.known_by(e.created_at, asof)]
-    mentioned: dict[str, list[tuple[object, str]]] = {}
-    if entities:
+    mentioned: dict[str, list[str]] = {}
+    if entities:  # the latest episode first, ties by producer id (``rules.latest_first``)
         found = conn.execute(
-            "SELECT m.entity_uuid, ep.valid_at, ep.producer_id FROM mention m "
-            "JOIN episode ep ON ep.uuid = m.episode_uuid "
-            f"WHERE +m.group_id = ? AND +ep.group_id = ? AND ep.created_at <= ? "
-            f"AND m.entity_uuid {IN_LIST}",
+            "SELECT m.entity_uuid, coalesce(ep.producer_id, '') AS producer FROM mention m "
+            "JOIN episode ep INDEXED BY episode_said ON ep.uuid = m.episode_uuid "
+            f"WHERE m.group_id = ? AND ep.group_id = ? AND ep.created_at <= ? "
+            f"AND m.entity_uuid {IN_LIST} ORDER BY ep.valid_at DESC, producer",
             (group_id, group_id, micros(asof.known_at), json_text(e.uuid for e in entities)),
         )
-        for uuid, valid_at, producer in found:
-            mentioned.setdefault(uuid, []).append((to_utc(valid_at), producer or ""))
-    return [
-        rules.entity_hit(e, scores[e.uuid], rules.latest_first(mentioned.get(e.uuid, [])))  # type: ignore[arg-type]
-        for e in entities
-    ]
+        for uuid, producer in found:
+            mentioned.setdefault(uuid, []).append(producer)
+    return [rules.entity_hit(e, scores[e.uuid], mentioned.get(e.uuid, [])) for e in entities]
 
 
 def communities_by_uuids(
@@ -339,7 +390,6 @@ class SqliteSearch(GraphStore):
     """The search methods over ``SqliteStore``'s database."""
 
     db: SqliteDatabase
-    vectors: GroupVectors
 
     @abc.abstractmethod
     def _dimension(self) -> int: ...
@@ -355,9 +405,7 @@ class SqliteSearch(GraphStore):
     async def vector_entities(
         self, group_id: str, embedding: list[float], limit: int
     ) -> list[tuple[EntityRecord, float]]:
-        return await self.db.run(
-            _entity_vector_hits, self.vectors, group_id, self._vector(embedding), limit
-        )
+        return await self.db.run(_entity_vector_hits, group_id, self._vector(embedding), limit)
 
     async def entity_candidates(
         self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
@@ -368,7 +416,7 @@ class SqliteSearch(GraphStore):
         def read(conn: sqlite3.Connection) -> list[tuple[EntityHits, EntityHits]]:
             return [
                 (
-                    _entity_vector_hits(conn, self.vectors, group_id, vector, limit),
+                    _entity_vector_hits(conn, group_id, vector, limit),
                     _entity_text_hits(conn, group_id, name, limit),
                 )
                 for (name, _), vector in zip(searches, vectors, strict=True)
@@ -384,7 +432,8 @@ class SqliteSearch(GraphStore):
             return []
 
         def read(conn: sqlite3.Connection) -> list[tuple[FactRecord, float]]:
-            best = dict(VectorScores(conn, self.vectors, group_id, "fact", vector).best(limit))
+            scores = VectorScores(conn, group_vectors(conn), group_id, "fact", vector)
+            best = dict(scores.best(limit))
             query = f"SELECT {FACT_FULL} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
             facts = map(fact_of, conn.execute(query, (group_id, json_text(best))))
             return rank(((f, best[f.uuid]) for f in facts), limit)
@@ -397,20 +446,7 @@ class SqliteSearch(GraphStore):
         kind = rules.check_kind(kind)
         if not search_terms(text) or limit <= 0:
             return []
-
-        def read(conn: sqlite3.Connection) -> list[Hit]:
-            hits: list[Hit] = []
-            for group_id in unique(scope.group_ids):
-                if kind == "episode":
-                    query = episode_fulltext_query(conn, group_id, text)
-                else:
-                    query = fulltext_query(group_id, text)
-                assert query is not None  # the text has terms
-                scored = partial(fulltext_scored, conn, group_id, kind, query)
-                hits += seen(conn, group_id, kind, scope.asof, scored, limit, scope.embeddings)
-            return rules.best(hits, limit)
-
-        return await self.db.run(read)
+        return await self.db.read(_fulltext_hits, scope, kind, text, limit)
 
     async def vector_search(
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
@@ -419,15 +455,37 @@ class SqliteSearch(GraphStore):
         vector = self._vector(embedding)
         if vector is None or limit <= 0:
             return []
+        return await self.db.read(_vector_hits, scope, kind, vector, limit)
 
-        def read(conn: sqlite3.Connection) -> list[Hit]:
-            hits: list[Hit] = []
-            for group_id in unique(scope.group_ids):
-                every = VectorScores(conn, self.vectors, group_id, kind, vector)
-                hits += seen(conn, group_id, kind, scope.asof, every.best, limit, scope.embeddings)
-            return rules.best(hits, limit)
+    async def search_lists(
+        self, scope: SearchScope, searches: Sequence[MethodSearch]
+    ) -> list[list[Hit]]:
+        """Every search in one call on the database's thread (a hand-off each cost more
+        CPU than most of the reads)."""
+        for search in searches:
+            rules.check_kind(search.kind)
+        vectors = [None if s.embedding is None else self._vector(s.embedding) for s in searches]
 
-        return await self.db.run(read)
+        def read(conn: sqlite3.Connection) -> list[list[Hit]]:
+            found: list[list[Hit]] = []
+            for search, vector in zip(searches, vectors, strict=True):
+                if search.limit <= 0:
+                    found.append([])
+                elif search.text is not None:
+                    terms = search_terms(search.text)
+                    found.append(
+                        _fulltext_hits(conn, scope, search.kind, search.text, search.limit)
+                        if terms
+                        else []
+                    )
+                elif vector is None:
+                    found.append([])
+                else:
+                    hits = _vector_hits(conn, scope, search.kind, vector, search.limit)
+                    found.append(hits)
+            return found
+
+        return await self.db.read(read)
 
     async def expand_facts(
         self, scope: SearchScope, seeds: list[str], hops: int, limit: int
@@ -438,7 +496,7 @@ class SqliteSearch(GraphStore):
         for group_id in unique(scope.group_ids):
             nearest = await rules.expanded(self._touching(group_id, scope.asof), seeds, hops, limit)
             found = [(f, 1 / d, d) for f, d in nearest]
-            hits += await self.db.run(fact_hits, group_id, scope.asof, found)
+            hits += await self.db.read(fact_hits, group_id, scope.asof, found)
         return rules.best(hits, limit)
 
     async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
@@ -467,7 +525,7 @@ class SqliteSearch(GraphStore):
                 found += [e for episode in latest for e in sorted(mentioned.get(episode, []))]
             return unique(found)
 
-        return await self.db.run(read)
+        return await self.db.read(read)
 
     async def entity_distances(
         self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
@@ -480,9 +538,45 @@ class SqliteSearch(GraphStore):
         believes, without their embeddings."""
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
-            return await self.db.run(believed_facts, group_id, asof, unique(entity_uuids))
+            return await self.db.read(believed_facts, group_id, asof, unique(entity_uuids))
 
         return facts_of
+
+
+def _fulltext_hits(
+    conn: sqlite3.Connection,
+    scope: SearchScope,
+    kind: Kind,
+    text: str,
+    limit: int,
+) -> list[Hit]:
+    """``fulltext_search`` on the database's thread (``text`` has search terms)."""
+    hits: list[Hit] = []
+    for group_id in unique(scope.group_ids):
+        by_group = not group_shares(conn).holds_most(conn, group_id, kind)
+        if kind == "episode":
+            query = episode_fulltext_query(conn, group_id, text, by_group)
+        else:
+            query = fulltext_query(group_id, text, by_group)
+        assert query is not None  # the text has terms
+        scored = partial(fulltext_scored, conn, group_id, kind, query)
+        hits += seen(conn, group_id, kind, scope.asof, scored, limit, scope.embeddings)
+    return rules.best(hits, limit)
+
+
+def _vector_hits(
+    conn: sqlite3.Connection,
+    scope: SearchScope,
+    kind: Kind,
+    vector: Sequence[float],
+    limit: int,
+) -> list[Hit]:
+    """``vector_search`` on the database's thread."""
+    hits: list[Hit] = []
+    for group_id in unique(scope.group_ids):
+        every = VectorScores(conn, group_vectors(conn), group_id, kind, vector)
+        hits += seen(conn, group_id, kind, scope.asof, every.best, limit, scope.embeddings)
+    return rules.best(hits, limit)
 
 
 EntityHits = list[tuple[EntityRecord, float]]
@@ -497,14 +591,13 @@ def _entity_text_hits(conn: sqlite3.Connection, group_id: str, text: str, limit:
 
 def _entity_vector_hits(
     conn: sqlite3.Connection,
-    vectors: GroupVectors,
     group_id: str,
     vector: Sequence[float] | None,
     limit: int,
 ) -> EntityHits:
     if vector is None or limit <= 0:
         return []
-    scored = VectorScores(conn, vectors, group_id, "entity", vector).best(limit)
+    scored = VectorScores(conn, group_vectors(conn), group_id, "entity", vector).best(limit)
     return _entities_scored(conn, group_id, scored)
 
 

@@ -88,7 +88,7 @@ from tidegraph.stores.sqlite.rows import (
     names_of,
     producers_of,
 )
-from tidegraph.stores.sqlite.search import GroupVectors, SqliteSearch
+from tidegraph.stores.sqlite.search import SqliteSearch
 from tidegraph.stores.sqlite.writes import (
     reindex_episodes,
     stored_owners,
@@ -209,7 +209,6 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
 
     def __init__(self, path: Path, cache_mb: int = 128) -> None:
         self.db = SqliteDatabase(Path(path), cache_mb)
-        self.vectors = GroupVectors()
         self._dim: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
