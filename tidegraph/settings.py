@@ -32,7 +32,8 @@ class Settings(BaseSettings):
         128,
         ge=1,
         description="Page cache of the embedded store (SQLite), MiB: an upper bound, the "
-        "store's own memory; more keeps more of a large graph's pages in memory.",
+        "store's own memory, for its writes and again, shared, for its searches; more keeps "
+        "more of a large graph's pages in memory.",
     )
     neo4j_uri: str = Field("bolt://127.0.0.1:17687", description="Neo4j Bolt URI.")
     neo4j_user: str = Field("neo4j", description="Neo4j user.")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tidegraph.recall.timewords import MAX_QUERY_SCAN, find_time
+from tidegraph.recall.timewords import MAX_QUERY_SCAN, find_time, reads_a_written_day
 
 NOW = datetime(2024, 6, 15, 12, 30, tzinfo=UTC)  # a Saturday
 
@@ -85,3 +85,22 @@ def test_naive_now_is_utc_and_long_queries_are_read_only_so_far():
     started = time.perf_counter()
     assert find_time("since " * 50_000, NOW) is None
     assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize(
+    ("query", "slow"),
+    [
+        ("where did Alice work on 8 May 2023?", True),
+        ("what happened May 8th, 2023", True),
+        ("where did Alice work in March 2023?", False),
+        ("what changed last week", False),
+        ("as of 2023-05-08 who owned it", False),
+        ("which plan is Acme on?", False),
+    ],
+)
+def test_only_a_written_day_is_read_off_the_event_loop(query: str, slow: bool) -> None:
+    """A search reads its time words at once, except a written day (dateparser's), which
+    it reads on a thread: the answer is the same either way."""
+    assert reads_a_written_day(query) is slow
+    if slow:
+        assert find_time(query, NOW) is not None

@@ -317,7 +317,7 @@ class SqliteDatabase:
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self, cache_kib: int | None = None) -> sqlite3.Connection:
         # isolation_level None: no implicit transactions; ``transaction`` opens them.
         conn = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, factory=Connection
@@ -325,7 +325,7 @@ class SqliteDatabase:
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")  # durable at each WAL checkpoint
-        conn.execute(f"PRAGMA cache_size = -{self._cache_kib}")
+        conn.execute(f"PRAGMA cache_size = -{cache_kib or self._cache_kib}")
         conn.execute("PRAGMA busy_timeout = 10000")
         return conn
 
@@ -346,7 +346,9 @@ class SqliteDatabase:
         with self._readers_lock:
             if self._closed:
                 raise RuntimeError("the embedded store is closed")
-            conn = self._open()
+            # The readers share one page cache's worth (the setting bounds the searches'
+            # pages as it did when they ran on the writer's connection).
+            conn = self._open(max(self._cache_kib // READERS, 1024))
             conn.execute("PRAGMA query_only = ON")
             self._readers.append(conn)
             return conn
