@@ -1507,6 +1507,7 @@ async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group
     query (reading its whole posting list was most of a query's cost); a small group beside
     a big one with it. Either way a search finds exactly the group's own matches, in the
     same order, and a write that changes the shares is seen by the next search."""
+    from tidegraph.stores.sqlite import group_cache
     from tidegraph.stores.sqlite import search as sqlite_search
 
     store = SqliteStore(tmp_path / "graph")
@@ -1521,7 +1522,7 @@ async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group
         }
 
         def shares(conn: sqlite3.Connection) -> tuple[bool, bool]:
-            held = sqlite_search.group_shares(conn)
+            held = group_cache.group_shares(conn)
             return held.holds_most(conn, "big", "entity"), held.holds_most(conn, "small", "entity")
 
         assert await store.db.read(shares) == (True, False)
