@@ -782,38 +782,42 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
 
 
 async def test_a_group_found_large_is_not_counted_again_for_a_while(
-    store: GraphStore, new_group: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+    neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Neo4j: whether a group is small enough for an exact scan is read once (the check reads
     up to ``scan_below`` vectors); a group found large goes straight to the index for
     ``LARGE_FOR_SECONDS``, with the same answers, and is checked again after that."""
-    if not isinstance(store, SearchCore):
-        pytest.skip("the embedded store scans its matrices; no index to choose")
     from tidegraph.stores.neo4j import search_core
 
-    group = new_group()
-    crowd = [entity(group, f"C{i}", embedding=vec(1, i / 10)) for i in range(6)]
-    await store.upsert_entities(group, crowd)
-    ran: list[str] = []
-    rows = store.ex.rows
+    group = f"large-{uuidlib.uuid4().hex[:12]}"
+    store = Neo4jStore(neo4j_uri)
+    try:
+        await store.setup(DIM)
+        crowd = [entity(group, f"C{i}", embedding=vec(1, i / 10)) for i in range(6)]
+        await store.upsert_entities(group, crowd)
+        ran: list[str] = []
+        rows = store.ex.rows
 
-    async def recording(statement: str, params: dict[str, Any]) -> Any:
-        ran.append(statement)
-        return await rows(statement, params)
+        async def recording(statement: str, params: dict[str, Any]) -> Any:
+            ran.append(statement)
+            return await rows(statement, params)
 
-    monkeypatch.setattr(store.ex, "rows", recording)
-    monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
-    scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
-    checks = lambda: ran.count(sq.SMALL_SCAN["entity"])  # noqa: E731
-    first = await store.vector_search(scope, "entity", vec(1, 0.2), 3)
-    assert checks() == 1
-    assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
-    assert checks() == 1  # not counted again
-    clock = search_core.time.monotonic() + search_core.LARGE_FOR_SECONDS + 1
-    monkeypatch.setattr(search_core.time, "monotonic", lambda: clock)
-    assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
-    assert checks() == 2  # a while later, checked again
-    assert [h.uuid for h in first] == [crowd[2].uuid, crowd[3].uuid, crowd[1].uuid]
+        monkeypatch.setattr(store.ex, "rows", recording)
+        monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
+        scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
+        checks = lambda: ran.count(sq.SMALL_SCAN["entity"])  # noqa: E731
+        first = await store.vector_search(scope, "entity", vec(1, 0.2), 3)
+        assert checks() == 1
+        assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
+        assert checks() == 1  # not counted again
+        clock = search_core.time.monotonic() + search_core.LARGE_FOR_SECONDS + 1
+        monkeypatch.setattr(search_core.time, "monotonic", lambda: clock)
+        assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
+        assert checks() == 2  # a while later, checked again
+        assert [h.uuid for h in first] == [crowd[2].uuid, crowd[3].uuid, crowd[1].uuid]
+    finally:
+        await store.delete_group(group)
+        await store.close()
 
 
 async def test_entity_candidates_are_each_drafts_vector_and_fulltext_hits(
