@@ -74,6 +74,12 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return values["VmRSS"], values["VmHWM"]
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) a process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_server(
     port: int, data: Path, in_memory: bool, server_path: str | None = None
 ) -> subprocess.Popen[bytes]:
@@ -155,7 +161,13 @@ def queries_of(names: list[str], synthetic: bool, rng: random.Random) -> str:
 
 
 async def level(
-    url: str, names: list[str], clients: int, total: int, route: str, synthetic: bool = False
+    url: str,
+    names: list[str],
+    clients: int,
+    total: int,
+    route: str,
+    synthetic: bool = False,
+    server_pid: int | None = None,
 ) -> dict[str, Any]:
     rng = random.Random(clients)
     bodies = [{"query": queries_of(names, synthetic, rng), "limit": 10} for _ in range(total)]
@@ -183,8 +195,12 @@ async def level(
                 errors += not ok
 
         started = time.perf_counter()
+        client_cpu = time.process_time()
+        server_cpu = cpu_seconds(server_pid) if server_pid else 0.0
         await asyncio.gather(*(client() for _ in range(clients)))
         seconds = time.perf_counter() - started
+        client_cpu = time.process_time() - client_cpu
+        server_cpu = cpu_seconds(server_pid) - server_cpu if server_pid else 0.0
     latencies.sort()
     quantiles = statistics.quantiles(latencies, n=100)
     return {
@@ -194,6 +210,9 @@ async def level(
         "rps": len(latencies) / seconds,
         "p50_ms": quantiles[49] * 1000,
         "p99_ms": quantiles[98] * 1000,
+        # CPU per request: the server's (every thread) and this load generator's
+        "server_cpu_ms": 1000 * server_cpu / len(latencies),
+        "client_cpu_ms": 1000 * client_cpu / len(latencies),
     }
 
 
@@ -239,15 +258,18 @@ async def run(args: argparse.Namespace) -> None:
                 f"store: {store}; seeded {what} in {seeded:.1f}s; "
                 f"route: {'GET /v1/facts' if args.route == 'facts' else 'POST /v1/search'}"
             )
-            print(f"{'clients':>8} {'requests':>9} {'errors':>7} {'req/s':>8} "
-                  f"{'p50 ms':>8} {'p99 ms':>8}")  # fmt: skip
+            print(f"{'clients':>8} {'requests':>9} {'errors':>7} {'req/s':>8} {'p50 ms':>8} "
+                  f"{'p99 ms':>8} {'server CPU ms':>14} {'client CPU ms':>14}")  # fmt: skip
             if args.warmup:  # the server's caches filled (each reader's matrices), unmeasured
                 await level(url, names, max(args.clients), args.warmup, args.route, synthetic)
                 print(f"(after {args.warmup} unmeasured searches)")
             for clients in args.clients:
-                r = await level(url, names, clients, args.requests, args.route, synthetic)
+                r = await level(
+                    url, names, clients, args.requests, args.route, synthetic, process.pid
+                )
                 print(f"{r['clients']:>8} {r['requests']:>9} {r['errors']:>7} {r['rps']:>8.1f} "
-                      f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f}")  # fmt: skip
+                      f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['server_cpu_ms']:>14.1f} "
+                      f"{r['client_cpu_ms']:>14.1f}")  # fmt: skip
             rss, peak = rss_kib(process.pid)
             print(f"server RSS: {idle / 1024:.0f} MiB idle, {rss / 1024:.0f} MiB after, "
                   f"peak {peak / 1024:.0f} MiB")  # fmt: skip

@@ -6,6 +6,7 @@ fulltext and by vector, ranked as the query says, never across tenants, and fact
 
 from __future__ import annotations
 
+import dataclasses
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -242,6 +243,28 @@ async def test_hits_carry_their_sources(
     assert await any_store.fulltext_search(before, "fact", "copier paper", 5) == []
     [early] = await any_store.fulltext_search(before, "entity", "acme", 5)
     assert (early.episodes, early.mentions) == (["msg-hired"], 1)
+
+
+async def test_hits_read_without_details_are_completed_to_what_a_read_with_them_gives(
+    any_store: GraphStore, new_group: Callable[[], str]
+) -> None:
+    """A search reads its candidates without their details and completes the ones it keeps
+    (``SearchScope.details``, ``GraphStore.complete_hits``)."""
+    c = await corpus(any_store, new_group())
+    await corpus(any_store, other := new_group())
+    for full in (scope(c.group, other), scope(c.group, valid_at=day(1.5), known_at=day(1.5))):
+        bare = dataclasses.replace(full, details=False)
+        for kind in KINDS:
+            for text in ("works", "Acme copier paper", "Alice Globex printing"):
+                detailed = await any_store.fulltext_search(full, kind, text, 5)
+                light = await any_store.fulltext_search(bare, kind, text, 5)
+                assert uuids(light) == uuids(detailed), (kind, text)
+                assert await any_store.complete_hits(bare, light) == detailed, (kind, text)
+        start = [c.entities["alice"].uuid]
+        walked = await any_store.expand_facts(bare, start, 2, 10)
+        detailed = await any_store.expand_facts(full, start, 2, 10)
+        assert walked and await any_store.complete_hits(bare, walked) == detailed
+    assert await any_store.complete_hits(scope(c.group), []) == []
 
 
 async def test_a_search_never_crosses_tenants(

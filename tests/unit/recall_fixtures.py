@@ -8,6 +8,7 @@ exact cosine scored ``(1 + cos) / 2``. Every search is recorded in ``calls``."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter, deque
@@ -150,6 +151,8 @@ class RecallGraph:
     def hit(self, kind: Kind, record: Record, score: float, scope: SearchScope) -> Hit:
         group = getattr(record, "group_id", None) or self.communities[record.uuid][0]
         hit = Hit(kind=kind, uuid=record.uuid, score=score, record=record, group_id=group)
+        if not scope.details:
+            return hit
         if isinstance(record, FactRecord):
             hit.episodes = [self.episodes[e].producer_id for e in record.episodes]
             hit.subject = self.entities[record.source_uuid].name
@@ -162,6 +165,18 @@ class RecallGraph:
         return hit
 
     # ------------------------------------------------------------------ SearchSource
+    async def complete_hits(self, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
+        self.calls.append(("complete", None))
+        if scope.details:
+            return list(hits)
+        detailed = dataclasses.replace(scope, details=True)
+        done = []
+        for hit in hits:
+            full = self.hit(hit.kind, hit.record, hit.score, detailed)
+            full.distance = hit.distance
+            done.append(full)
+        return done
+
     async def fulltext_search(
         self, scope: SearchScope, kind: Kind, text: str, limit: int
     ) -> list[Hit]:

@@ -76,6 +76,15 @@ def test_rrf_keeps_the_best_record_and_what_each_method_knew():
     assert from_bm25.score == 0.0 and from_bm25.embedding is None  # the input is untouched
 
 
+def test_rrf_with_a_limit_builds_only_the_best_and_answers_the_same_first_ones():
+    bm25 = [fh(f"b{i}") for i in range(30)] + [fh("both")]
+    vector = [fh("both"), *(fh(f"v{i}") for i in range(30))]
+    every = rrf([bm25, vector], weights=[1.0, 0.4])
+    for limit in (0, 1, 5, 61, 100):
+        best = rrf([bm25, vector], weights=[1.0, 0.4], limit=limit)
+        assert [(h.uuid, h.score) for h in best] == [(h.uuid, h.score) for h in every[:limit]]
+
+
 def test_rrf_keeps_kinds_apart():
     fused = rrf([[fh("same")], [eh("same")]])
     assert sorted((h.kind, h.uuid) for h in fused) == [("entity", "same"), ("fact", "same")]

@@ -4,6 +4,7 @@ tests/unit/recall_fixtures.py, and the recipes (tidegraph/recall/recipes.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -81,6 +82,38 @@ async def test_combined_finds_every_kind_valid_now_and_only_in_the_group():
     everything = {h.uuid for h in found.all()}
     assert not everything & {"f_other", "initech"}  # the other group's memory
     assert len(found) == len(found.all()) <= 10 + 5 + 3 + 2
+
+
+async def test_candidates_are_read_without_details_and_the_kept_hits_completed():
+    graph = people_graph()
+    scopes = []
+    search_lists = graph.search_lists
+
+    async def watched(scope, searches):
+        scopes.append(scope)
+        return await search_lists(scope, searches)
+
+    graph.search_lists = watched  # type: ignore[method-assign]
+    found = await searcher(graph).search(
+        SearchRequest(query="Where does Alice Smith work?", group_ids=["g"], known_at=NOW)
+    )
+    assert scopes and not any(scope.details for scope in scopes)
+    assert graph.calls.count(("complete", None)) == 1  # every kind's kept hits at once
+    # Each hit as a search with details would have found it.
+    detailed = dataclasses.replace(scopes[0], details=True)
+    for hit in found.facts + found.entities:
+        full = graph.hit(hit.kind, hit.record, hit.score, detailed)
+        assert (hit.episodes, hit.mentions, hit.subject, hit.object) == (
+            full.episodes, full.mentions, full.subject, full.object
+        )  # fmt: skip
+    assert found.facts[0].subject == "Alice Smith" and found.facts[0].episodes
+    assert found.entities[0].mentions == 3
+    # The mentions reranker counts them: its candidates are read with them.
+    scopes.clear()
+    await searcher(graph).search(
+        SearchRequest(query="Alice Bob", group_ids=["g"], recipe="entities_mentions", known_at=NOW)
+    )
+    assert scopes and all(scope.details for scope in scopes)
 
 
 async def test_valid_at_and_include_invalid_choose_the_facts():

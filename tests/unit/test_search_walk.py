@@ -55,6 +55,17 @@ async def test_the_walk_reads_the_best_seeds_first_and_stops_once_the_answer_is_
     ]
 
 
+async def test_a_smaller_first_read_finds_the_same_facts_reading_fewer() -> None:
+    seeds = [f"s{i:02d}" for i in range(40)]
+    facts = [f for i, s in enumerate(seeds) for f in star(s, 3, f"f{i:02d}-")]
+    every = await expanded(Graph(*facts).facts_of, seeds, 2, 10)
+    graph = Graph(*facts)
+    found = await expanded(graph.facts_of, seeds, 2, 10, first_chunk=2)
+    assert found == every
+    # 2 seeds (6 facts), then 4 more (18): the 10 best are known after 6 seeds, not 8
+    assert graph.reads == [seeds[:2], seeds[2:6]]
+
+
 async def test_distances_count_hops_from_the_centre() -> None:
     graph = Graph(fact("f1", "a", "b", "x"), fact("f2", "b", "c", "x"), fact("f3", "c", "d", "x"))
     assert await distances([graph.facts_of], "a", ["b", "c", "d", "zz"], 2) == {"b": 1, "c": 2}

@@ -34,13 +34,17 @@ def _order(hit: Hit) -> tuple[float, str, str]:
 
 
 def rrf(
-    ranked: Sequence[Sequence[Hit]], k: int = RRF_K, weights: Sequence[float] | None = None
+    ranked: Sequence[Sequence[Hit]],
+    k: int = RRF_K,
+    weights: Sequence[float] | None = None,
+    limit: int | None = None,
 ) -> list[Hit]:
     """Fuse ranked lists (each best first): a hit scores ``sum w / (k + rank)`` over the lists
     it is in, ``w`` the list's weight (``weights``, default 1 each). A hit found by several
     methods is kept as found at its best rank (the earlier list on a tie), with a record that
     has an embedding when any occurrence has one (MMR needs it), the smallest distance, the
-    most mentions and the first non-empty episodes and names."""
+    most mentions and the first non-empty episodes and names. With ``limit``, only the best
+    ``limit`` (the same as the first of all of them; the others are never built)."""
     if k < 1:
         raise ValueError(f"the RRF constant k must be at least 1, got {k}")
     weights = [1.0] * len(ranked) if weights is None else list(weights)
@@ -50,13 +54,18 @@ def rrf(
     for hits, weight in zip(ranked, weights, strict=True):
         for rank, hit in enumerate(hits, start=1):
             found.setdefault((hit.kind, hit.uuid), []).append((rank, weight, hit))
-    fused = [_fuse(occurrences, k) for occurrences in found.values()]
-    return sorted(fused, key=_order)
+    scores = {
+        key: sum(weight / (k + rank) for rank, weight, _ in occurrences)
+        for key, occurrences in found.items()
+    }
+    best = sorted(found, key=lambda key: (-scores[key], *key))  # ``_order``
+    if limit is not None:
+        best = best[: max(limit, 0)]
+    return [_fuse(found[key], scores[key]) for key in best]
 
 
-def _fuse(occurrences: list[tuple[int, float, Hit]], k: int) -> Hit:
-    """One hit from its occurrences in the fused lists (see ``rrf``)."""
-    score = sum(weight / (k + rank) for rank, weight, _ in occurrences)
+def _fuse(occurrences: list[tuple[int, float, Hit]], score: float) -> Hit:
+    """One hit from its occurrences in the fused lists (see ``rrf``), scored ``score``."""
     if len(occurrences) == 1:  # found by one method (most hits): nothing to merge
         return occurrences[0][2].with_score(score)
     hits = [hit for _, _, hit in sorted(occurrences, key=lambda o: o[0])]  # stable: list order

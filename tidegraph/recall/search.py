@@ -13,7 +13,9 @@ A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a 
    found, and the centre entity);
 4. each kind reranked as the recipe says and cut to its limit; where the question is about a
    state (now, or at a valid-at), a later episode restating an earlier one comes first
-   (recency.py).
+   (recency.py);
+5. the hits kept completed with their details (a fact's end names and episodes, an entity's
+   mentioning episodes): candidates are read without them, unless a reranker counts mentions.
 """
 
 from __future__ import annotations
@@ -150,7 +152,10 @@ class Searcher:
             valid_at = found_time.valid_at if found_time else None
         mmr = any(s.reranker == "mmr" for s in chosen.searches)
         asof = AsOf.resolve(valid_at, known_at, include_invalid, None)
-        scope = SearchScope(groups, asof, embeddings=mmr)
+        # Candidates are read without their details unless a reranker counts mentions; the
+        # hits kept are completed at the end (``_run``).
+        mentions = any(s.reranker == "mentions" for s in chosen.searches)
+        scope = SearchScope(groups, asof, embeddings=mmr, details=mentions)
         # Episodes are those said by the valid-at (given, or named by the query's time words:
         # the state then is what was said by then), and where the question is about a state
         # (now or then) the newest restatement comes first (recency.py).
@@ -231,14 +236,28 @@ class Searcher:
         results = SearchResults(text, recipe.name, scope)
         ranked = await _all(
             [
-                self._rerank(search, found, text, scope, query_embedding, centre)
+                self._rerank(
+                    search,
+                    found,
+                    text,
+                    scope,
+                    query_embedding,
+                    centre,
+                    # the best ``limit`` are all RRF needs build, unless restatements further
+                    # down may come first (episodes, where the question is about a state)
+                    None if search.kind == "episode" and current else limit or search.limit,
+                )
                 for search in recipe.searches
             ]
         )
+        kept: list[Hit] = []
         for search, hits in zip(recipe.searches, ranked, strict=True):
             if search.kind == "episode" and current:
                 hits = supersede(hits, text)
-            results.of(search.kind).extend(hits[: limit or search.limit])
+            kept += hits[: limit or search.limit]
+        # The kept hits with their details, read once for all (candidates were read without).
+        for hit in await self.source.complete_hits(scope, kept):
+            results.of(hit.kind).append(hit)
         return results
 
     async def _rerank(
@@ -249,11 +268,16 @@ class Searcher:
         scope: SearchScope,
         query_embedding: list[float] | None,
         centre: str | None,
+        kept: int | None,
     ) -> list[Hit]:
+        """``kept``: how many the caller keeps, when it keeps only the best."""
         lists: list[list[Hit]] = [found[search.kind, m] for m in search.methods]
         if search.reranker == "none":
             return list(lists[0])
-        fused = rrf(lists, k=search.rrf_k, weights=[search.weight(m) for m in search.methods])
+        weights = [search.weight(m) for m in search.methods]
+        if search.reranker == "rrf":
+            return rrf(lists, k=search.rrf_k, weights=weights, limit=kept)
+        fused = rrf(lists, k=search.rrf_k, weights=weights)
         if search.reranker == "mmr":
             assert query_embedding is not None  # embedded for every recipe that uses MMR
             return mmr(fused, query_embedding, search.mmr_lambda)
@@ -273,9 +297,9 @@ class Searcher:
 def _seeds(found: dict[tuple[str, str], Any], centre: str | None) -> list[str]:
     """Where the walk starts: the centre, the query's best entities, the ends of its best
     facts and the entities of the most recent episodes, each once."""
-    entities = rrf([found["entity", "bm25"], found["entity", "vector"]])[:SEED_ENTITIES]
+    entities = rrf([found["entity", "bm25"], found["entity", "vector"]], limit=SEED_ENTITIES)
     fact_lists = [found[k] for k in (("fact", "bm25"), ("fact", "vector")) if k in found]
-    facts = rrf(fact_lists)[:SEED_FACTS]
+    facts = rrf(fact_lists, limit=SEED_FACTS)
     seeds = [centre] if centre else []
     seeds += [hit.uuid for hit in entities]
     seeds += [u for hit in facts for u in _entities_of(hit)]

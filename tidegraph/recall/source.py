@@ -41,6 +41,12 @@ class SearchSource(Protocol):
         them in one read (the embedded store: one hand-off to its thread, not one each)."""
         ...
 
+    async def complete_hits(self, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
+        """The hits (read with ``scope.details`` off), in order, with their details: what
+        reading them with it on would have given (``Hit.episodes``, ``mentions``,
+        ``subject``, ``object``)."""
+        ...
+
     async def expand_facts(
         self, scope: SearchScope, seeds: list[str], hops: int, limit: int
     ) -> list[Hit]:

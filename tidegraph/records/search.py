@@ -71,6 +71,11 @@ class SearchScope:
     # Whether hits carry their records' embeddings (only MMR compares them; reading and
     # decoding a 384-number vector per hit is most of what a hit costs otherwise).
     embeddings: bool = True
+    # Whether hits carry their details: a fact's end names and its episodes' producer ids, an
+    # entity's mentioning episodes (``Hit.episodes``, ``mentions``, ``subject``, ``object``).
+    # A search reads its candidates without and completes only the hits it keeps
+    # (``SearchSource.complete_hits``): an entity's mentions are most of what its hit costs.
+    details: bool = True
 
     def __post_init__(self) -> None:
         if not self.group_ids:

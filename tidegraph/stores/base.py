@@ -392,6 +392,13 @@ class GraphStore(abc.ABC):
         assert search.embedding is not None  # MethodSearch has one or the other
         return await self.vector_search(scope, search.kind, search.embedding, search.limit)
 
+    async def complete_hits(self, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
+        """``hits`` read with ``scope.details`` off, with their details (a fact's end names
+        and episodes' producer ids, an entity's mentioning episodes). By default a store's
+        hits always carry them and come back as they are; a store that reads them only when
+        asked (the embedded store) overrides it."""
+        return list(hits)
+
     @abc.abstractmethod
     async def expand_facts(
         self, scope: SearchScope, seeds: list[str], hops: int, limit: int

@@ -9,6 +9,7 @@ episodes once created by then and happened by the scope's valid-at time."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
 
@@ -16,8 +17,9 @@ from tidegraph.records.asof import AsOf, start_known_at
 from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
 from tidegraph.records.search import KINDS, Hit, Kind
 
-# Frontier entities a walk reads at once at first (``walk``).
-_FIRST_CHUNK = 8
+# Frontier entities a walk reads at once at first (``walk``), by default: a store whose reads
+# cost little more than their rows (the embedded store) reads fewer.
+FIRST_CHUNK = 8
 
 
 def check_kind(kind: str) -> Kind:
@@ -48,37 +50,65 @@ def fact_hit(
     fact: FactRecord,
     score: float,
     asof: AsOf,
-    names: dict[str, str],
-    producers: dict[str, str],
+    names: dict[str, str] | None,
+    producers: dict[str, str] | None,
     distance: int | None = None,
 ) -> Hit:
-    """``names``: entity names by uuid; ``producers``: producer ids by episode uuid."""
+    """``names``: entity names by uuid; ``producers``: producer ids by episode uuid (both
+    None: a hit without its details, ``SearchScope.details``)."""
+    episodes, subject, object_ = (
+        _fact_details(fact, names, producers)
+        if names is not None and producers is not None
+        else ([], "", "")
+    )
     return Hit(
         kind="fact",
         uuid=fact.uuid,
         score=score,
         record=believed_fact(fact, asof),
         group_id=fact.group_id,
-        episodes=[producers.get(u) or u for u in fact.episodes],
+        episodes=episodes,
         mentions=len(fact.episodes),
         distance=distance,
-        subject=names.get(fact.source_uuid, ""),
-        object=names.get(fact.target_uuid, ""),
+        subject=subject,
+        object=object_,
     )
 
 
-def entity_hit(entity: EntityRecord, score: float, producers: list[str]) -> Hit:
+def with_fact_details(
+    hit: Hit, fact: FactRecord, names: dict[str, str], producers: dict[str, str]
+) -> Hit:
+    """The fact's hit with its details (``fact_hit``)."""
+    episodes, subject, object_ = _fact_details(fact, names, producers)
+    return dataclasses.replace(hit, episodes=episodes, subject=subject, object=object_)
+
+
+def _fact_details(
+    fact: FactRecord, names: dict[str, str], producers: dict[str, str]
+) -> tuple[list[str], str, str]:
+    """(its episodes' producer ids (an episode without one: its uuid), subject, object)."""
+    episodes = [producers.get(u) or u for u in fact.episodes]
+    return episodes, names.get(fact.source_uuid, ""), names.get(fact.target_uuid, "")
+
+
+def entity_hit(entity: EntityRecord, score: float, producers: list[str] | None) -> Hit:
     """``producers``: the producer ids of the episodes that mention it, the latest first
-    (``latest_first``): what was said of it most recently leads."""
+    (``latest_first``): what was said of it most recently leads (None: a hit without its
+    details, ``SearchScope.details``)."""
     return Hit(
         kind="entity",
         uuid=entity.uuid,
         score=score,
         record=entity,
         group_id=entity.group_id,
-        episodes=list(producers),
-        mentions=len(producers),
+        episodes=list(producers or []),
+        mentions=len(producers or []),
     )
+
+
+def with_mentions(hit: Hit, producers: list[str]) -> Hit:
+    """The entity's hit with the producer ids of the episodes that mention it."""
+    return dataclasses.replace(hit, episodes=list(producers), mentions=len(producers))
 
 
 def latest_first(mentions: Iterable[tuple[datetime, str]]) -> list[str]:
@@ -123,6 +153,7 @@ async def walk(
     seeds: list[str],
     hops: int,
     done: Callable[[dict[str, tuple[FactRecord, int, int]], dict[str, int]], bool] | None = None,
+    first_chunk: int = FIRST_CHUNK,
 ) -> tuple[dict[str, tuple[FactRecord, int, int]], dict[str, int]]:
     """Breadth first from ``seeds`` (most relevant first) over the facts ``facts_of(entity
     uuids)`` gives (those touching them, already filtered by the caller's scope).
@@ -131,7 +162,8 @@ async def walk(
     with its distance (seeds: 0). A fact's hop is 1 when it touches a seed; its origin is the
     rank (0 first) of the most relevant seed it was reached from.
 
-    Each hop reads its frontier in origin order, a chunk at a time (the chunks doubling), so
+    Each hop reads its frontier in origin order, a chunk at a time (``first_chunk`` entities
+    first, the chunks doubling), so
     a walk from a few dozen seeds reads the best seeds' facts first. ``done(reached,
     distances)`` is asked after each chunk and stops the walk once nothing further can change
     the caller's answer: what has been read then is every fact of an earlier hop, or of this
@@ -144,7 +176,7 @@ async def walk(
     frontier = sorted(origins, key=lambda e: origins[e])
     for hop in range(1, hops + 1):
         found: set[str] = set()
-        size, start = _FIRST_CHUNK, 0
+        size, start = max(first_chunk, 1), 0
         while start < len(frontier):
             part = frontier[start : start + size]
             start, size = start + size, size * 2
@@ -169,13 +201,15 @@ async def walk(
 
 
 async def expanded(
-    facts_of: FactsOf, seeds: list[str], hops: int, limit: int
+    facts_of: FactsOf, seeds: list[str], hops: int, limit: int, first_chunk: int = FIRST_CHUNK
 ) -> list[tuple[FactRecord, int]]:
     """``expand_facts`` of one group: the facts reached within ``hops`` of the seeds (most
     relevant first) with the hop each was reached at: nearest first, then from the more
     relevant seed, then by uuid; at most ``limit``."""
     # Once ``limit`` facts are read, no fact read later would rank among them (``walk``).
-    reached, _ = await walk(facts_of, seeds, hops, lambda found, _: len(found) >= limit)
+    reached, _ = await walk(
+        facts_of, seeds, hops, lambda found, _: len(found) >= limit, first_chunk
+    )
     ordered = sorted(reached.values(), key=lambda f: (f[1], f[2], f[0].uuid))
     return [(fact, hop) for fact, hop, _ in ordered[: max(limit, 0)]]
 

@@ -116,44 +116,84 @@ def fulltext_scored(
     return [(uuid, float(score)) for uuid, score in rows]
 
 
+# The walk's first read: the best two seeds' facts (each a few, and a read here costs little
+# more than its rows, so reading the next ones only when these are too few saves building
+# facts never kept; the answer is the same, ``rules.walk``).
+WALK_FIRST_CHUNK = 2
+
+
 # ----------------------------------------------------------------------------- hits
 def fact_hits(
     conn: sqlite3.Connection,
     group_id: str,
-    asof: AsOf,
+    scope: SearchScope,
     facts: Sequence[tuple[FactRecord, float, int | None]],
 ) -> list[Hit]:
-    """Hits of facts already read and believed: with their ends' names and producer ids."""
+    """Hits of facts already read and believed (with their ends' names and producer ids
+    when ``scope.details``)."""
     if not facts:
         return []
+    if not scope.details:
+        return [rules.fact_hit(f, s, scope.asof, None, None, d) for f, s, d in facts]
     names = names_of(conn, (u for f, _, _ in facts for u in (f.source_uuid, f.target_uuid)))
     producers = producers_of(conn, group_id, (u for f, _, _ in facts for u in f.episodes))
-    return [rules.fact_hit(f, s, asof, names, producers, d) for f, s, d in facts]
+    return [rules.fact_hit(f, s, scope.asof, names, producers, d) for f, s, d in facts]
 
 
 def entity_hits(
     conn: sqlite3.Connection,
     group_id: str,
-    asof: AsOf,
+    scope: SearchScope,
     scores: dict[str, float],
-    embeddings: bool = True,
 ) -> list[Hit]:
-    columns = ENTITY_FULL if embeddings else ENTITY_HIT
+    columns = ENTITY_FULL if scope.embeddings else ENTITY_HIT
     query = f"SELECT {columns} FROM entity e WHERE +e.group_id = ? AND e.uuid {IN_LIST}"
     rows = conn.execute(query, (group_id, json_text(scores)))
-    entities = [e for e in map(entity_of, rows) if rules.known_by(e.created_at, asof)]
-    mentioned: dict[str, list[str]] = {}
-    if entities:  # the latest episode first, ties by producer id (``rules.latest_first``)
-        found = conn.execute(
-            "SELECT m.entity_uuid, coalesce(ep.producer_id, '') AS producer FROM mention m "
-            "JOIN episode ep INDEXED BY episode_said ON ep.uuid = m.episode_uuid "
-            f"WHERE m.group_id = ? AND ep.group_id = ? AND ep.created_at <= ? "
-            f"AND m.entity_uuid {IN_LIST} ORDER BY ep.valid_at DESC, producer",
-            (group_id, group_id, micros(asof.known_at), json_text(e.uuid for e in entities)),
-        )
-        for uuid, producer in found:
-            mentioned.setdefault(uuid, []).append(producer)
+    entities = [e for e in map(entity_of, rows) if rules.known_by(e.created_at, scope.asof)]
+    if not scope.details:
+        return [rules.entity_hit(e, scores[e.uuid], None) for e in entities]
+    mentioned = mentioning(conn, group_id, scope.asof, [e.uuid for e in entities])
     return [rules.entity_hit(e, scores[e.uuid], mentioned.get(e.uuid, [])) for e in entities]
+
+
+def mentioning(
+    conn: sqlite3.Connection, group_id: str, asof: AsOf, entity_uuids: Sequence[str]
+) -> dict[str, list[str]]:
+    """The producer ids of the episodes (stored by the known-at time) that mention each
+    entity: the latest episode first, ties by producer id (``rules.latest_first``)."""
+    mentioned: dict[str, list[str]] = {}
+    if not entity_uuids:
+        return mentioned
+    found = conn.execute(
+        "SELECT m.entity_uuid, coalesce(ep.producer_id, '') AS producer FROM mention m "
+        "JOIN episode ep INDEXED BY episode_said ON ep.uuid = m.episode_uuid "
+        f"WHERE m.group_id = ? AND ep.group_id = ? AND ep.created_at <= ? "
+        f"AND m.entity_uuid {IN_LIST} ORDER BY ep.valid_at DESC, producer",
+        (group_id, group_id, micros(asof.known_at), json_text(entity_uuids)),
+    )
+    for uuid, producer in found:
+        mentioned.setdefault(uuid, []).append(producer)
+    return mentioned
+
+
+def completed(conn: sqlite3.Connection, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
+    """``SqliteSearch.complete_hits`` on the database's thread: each group's facts and
+    entities read once more for their details (episodes and communities carry theirs)."""
+    done: dict[tuple[str, str], Hit] = {}
+    for group_id in unique(h.group_id for h in hits):
+        facts = [h for h in hits if h.group_id == group_id and h.kind == "fact"]
+        if facts:
+            records = [h.record for h in facts if isinstance(h.record, FactRecord)]
+            names = names_of(conn, (u for f in records for u in (f.source_uuid, f.target_uuid)))
+            producers = producers_of(conn, group_id, (u for f in records for u in f.episodes))
+            for hit, fact in zip(facts, records, strict=True):
+                done["fact", hit.uuid] = rules.with_fact_details(hit, fact, names, producers)
+        entities = [h.uuid for h in hits if h.group_id == group_id and h.kind == "entity"]
+        mentioned = mentioning(conn, group_id, scope.asof, entities)
+        for hit in hits:
+            if hit.group_id == group_id and hit.kind == "entity":
+                done["entity", hit.uuid] = rules.with_mentions(hit, mentioned.get(hit.uuid, []))
+    return [done.get((h.kind, h.uuid), h) for h in hits]
 
 
 def communities_by_uuids(
@@ -189,24 +229,24 @@ def hits_of(
     conn: sqlite3.Connection,
     group_id: str,
     kind: Kind,
-    asof: AsOf,
+    scope: SearchScope,
     scores: dict[str, float],
-    embeddings: bool = True,
 ) -> list[Hit]:
-    """The hits of the scored uuids of the group that the scope sees (``embeddings``: with
-    their records' embeddings)."""
+    """The hits of the scored uuids of the group that the scope sees (with their records'
+    embeddings when ``scope.embeddings``, their details when ``scope.details``)."""
     if not scores:
         return []
+    asof = scope.asof
     param = (group_id, json_text(scores))
     if kind == "fact":
-        columns = FACT_FULL if embeddings else FACT
+        columns = FACT_FULL if scope.embeddings else FACT
         query = f"SELECT {columns} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
         facts = [f for f in map(fact_of, conn.execute(query, param)) if asof.believed(f)]
-        return fact_hits(conn, group_id, asof, [(f, scores[f.uuid], None) for f in facts])
+        return fact_hits(conn, group_id, scope, [(f, scores[f.uuid], None) for f in facts])
     if kind == "entity":
-        return entity_hits(conn, group_id, asof, scores, embeddings)
+        return entity_hits(conn, group_id, scope, scores)
     if kind == "episode":
-        embedding = "ep.content_embedding" if embeddings else "NULL AS content_embedding"
+        embedding = "ep.content_embedding" if scope.embeddings else "NULL AS content_embedding"
         query = (
             f"SELECT {EPISODE}, {embedding} FROM episode ep "
             f"WHERE +ep.group_id = ? AND ep.uuid {IN_LIST}"
@@ -226,10 +266,9 @@ def seen(
     conn: sqlite3.Connection,
     group_id: str,
     kind: Kind,
-    asof: AsOf,
+    scope: SearchScope,
     scored: Callable[[int], Scored],
     limit: int,
-    embeddings: bool = True,
 ) -> list[Hit]:
     """The best ``limit`` hits the scope sees among the candidates ``scored(k)`` gives (the
     group's best k, best first): k doubles until enough are seen or there are no more."""
@@ -239,7 +278,7 @@ def seen(
     while True:
         candidates = scored(k)
         fresh = dict(candidates[judged:])
-        hits += hits_of(conn, group_id, kind, asof, fresh, embeddings)
+        hits += hits_of(conn, group_id, kind, scope, fresh)
         judged = len(candidates)
         if len(hits) >= limit or len(candidates) < k:
             return rules.best(hits, limit)
@@ -348,6 +387,11 @@ class SqliteSearch(GraphStore):
 
         return await self.db.read(read)
 
+    async def complete_hits(self, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
+        if scope.details or not hits:
+            return list(hits)
+        return await self.db.read(completed, scope, hits)
+
     async def expand_facts(
         self, scope: SearchScope, seeds: list[str], hops: int, limit: int
     ) -> list[Hit]:
@@ -355,9 +399,10 @@ class SqliteSearch(GraphStore):
             return []
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
-            nearest = await rules.expanded(self._touching(group_id, scope.asof), seeds, hops, limit)
+            facts_of = self._touching(group_id, scope.asof)
+            nearest = await rules.expanded(facts_of, seeds, hops, limit, WALK_FIRST_CHUNK)
             found = [(f, 1 / d, d) for f, d in nearest]
-            hits += await self.db.read(fact_hits, group_id, scope.asof, found)
+            hits += await self.db.read(fact_hits, group_id, scope, found)
         return rules.best(hits, limit)
 
     async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
@@ -421,7 +466,7 @@ def _fulltext_hits(
             query = fulltext_query(group_id, text, by_group)
         assert query is not None  # the text has terms
         scored = partial(fulltext_scored, conn, group_id, kind, query)
-        hits += seen(conn, group_id, kind, scope.asof, scored, limit, scope.embeddings)
+        hits += seen(conn, group_id, kind, scope, scored, limit)
     return rules.best(hits, limit)
 
 
@@ -436,7 +481,7 @@ def _vector_hits(
     hits: list[Hit] = []
     for group_id in unique(scope.group_ids):
         every = VectorScores(conn, group_vectors(conn), group_id, kind, vector)
-        hits += seen(conn, group_id, kind, scope.asof, every.best, limit, scope.embeddings)
+        hits += seen(conn, group_id, kind, scope, every.best, limit)
     return rules.best(hits, limit)
 
 
