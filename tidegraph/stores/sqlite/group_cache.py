@@ -155,5 +155,6 @@ class VectorScores:
         # Every score at least the k-th best (so ties at the cut are ordered by uuid too).
         kth = -np.partition(-self.scores, k - 1)[k - 1]
         candidates = np.flatnonzero(self.scores >= kth)
-        order = sorted(candidates.tolist(), key=lambda i: (-self.scores[i], i))[:k]
-        return [(self.uuids[i], float(self.scores[i])) for i in order]
+        best = self.scores[candidates]
+        order = candidates[np.lexsort((candidates, -best))][:k]  # best first, ties by uuid
+        return list(zip([self.uuids[i] for i in order.tolist()], self.scores[order].tolist()))
