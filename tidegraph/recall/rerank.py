@@ -51,17 +51,16 @@ def rrf(
     if len(weights) != len(ranked) or any(w <= 0 for w in weights):
         raise ValueError("give RRF one positive weight per ranked list")
     found: dict[tuple[str, str], list[tuple[int, float, Hit]]] = {}
+    scores: dict[tuple[str, str], float] = {}
     for hits, weight in zip(ranked, weights, strict=True):
         for rank, hit in enumerate(hits, start=1):
-            found.setdefault((hit.kind, hit.uuid), []).append((rank, weight, hit))
-    scores = {
-        key: sum(weight / (k + rank) for rank, weight, _ in occurrences)
-        for key, occurrences in found.items()
-    }
-    best = sorted(found, key=lambda key: (-scores[key], *key))  # ``_order``
+            key = (hit.kind, hit.uuid)
+            found.setdefault(key, []).append((rank, weight, hit))
+            scores[key] = scores.get(key, 0.0) + weight / (k + rank)
+    best = sorted(scores.items(), key=lambda item: (-item[1], *item[0]))  # ``_order``
     if limit is not None:
         best = best[: max(limit, 0)]
-    return [_fuse(found[key], scores[key]) for key in best]
+    return [_fuse(found[key], score) for key, score in best]
 
 
 def _fuse(occurrences: list[tuple[int, float, Hit]], score: float) -> Hit:

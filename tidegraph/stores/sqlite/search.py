@@ -364,7 +364,12 @@ class SqliteSearch(GraphStore):
         CPU than most of the reads)."""
         for search in searches:
             rules.check_kind(search.kind)
-        vectors = [None if s.embedding is None else self._vector(s.embedding) for s in searches]
+        # The lists of a search share the query's embedding: it is checked once.
+        checked: dict[int, list[float] | None] = {}
+        for search in searches:
+            if search.embedding is not None and id(search.embedding) not in checked:
+                checked[id(search.embedding)] = self._vector(search.embedding)
+        vectors = [None if s.embedding is None else checked[id(s.embedding)] for s in searches]
 
         def read(conn: sqlite3.Connection) -> list[list[Hit]]:
             found: list[list[Hit]] = []
