@@ -520,3 +520,44 @@ async def test_entity_distances_and_recent_episode_entities(
         [a.uuid, b.uuid]
     )
     assert await any_store.recent_episode_entities(scope(new_group()), 5) == []
+
+
+async def test_the_latest_episodes_are_ordered_by_time_then_uuid(
+    any_store: GraphStore, new_group: Callable[[], str]
+) -> None:
+    """``recent_episode_entities``: of episodes said at the same time the larger uuid counts
+    as the later; one stored after the known-at time is not seen."""
+    group = new_group()
+    people = [
+        EntityRecord(uuid=stable_uuid("entity", group, n), group_id=group, name=n) for n in "pqrst"
+    ]
+    await any_store.upsert_entities(group, people)
+    said = [
+        (day(3), day(3)),
+        (day(3), day(3)),
+        (day(3), day(3)),
+        (day(2), day(2)),
+        (day(4), day(9)),
+    ]
+    episodes = []
+    for n, (at, stored) in enumerate(said):
+        ep = EpisodeRecord(
+            uuid=stable_uuid("episode", group, str(n)),
+            group_id=group,
+            name=str(n),
+            source="text",
+            source_description="",
+            content=f"turn {n}",
+            valid_at=at,
+            created_at=stored,
+        )
+        episodes.append(ep)
+        await any_store.write_episode(group, EpisodeWrite(episode=ep, mentions=[people[n].uuid]))
+    tied = sorted(range(3), key=lambda n: episodes[n].uuid, reverse=True)
+    then = scope(group, known_at=day(5))
+    assert await any_store.recent_episode_entities(then, 2) == [people[n].uuid for n in tied[:2]]
+    # the latest, said on day 4, was stored on day 9: not seen on day 5
+    assert await any_store.recent_episode_entities(then, 4) == [
+        *(people[n].uuid for n in tied),
+        people[3].uuid,
+    ]
