@@ -41,6 +41,8 @@ def believed_fact(fact: FactRecord, asof: AsOf) -> FactRecord:
     """The fact as believed at ``asof.known_at`` (what ``rows.fact_view`` shows)."""
     invalid_at, expired_at = asof.known_end(fact)
     start = start_known_at(fact, asof.known_at)
+    if (start, invalid_at, expired_at) == (fact.valid_at, fact.invalid_at, fact.expired_at):
+        return fact  # believed as stored (most facts): no copy
     return fact.model_copy(
         update={"valid_at": start, "invalid_at": invalid_at, "expired_at": expired_at}
     )
