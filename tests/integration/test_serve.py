@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.serve_harness import ThreadServer, thread_server
 from tests.support.crm_feed import plan_record
+from tidegraph.app.serving.models import SearchOut
 
 KEY_A = "key-a-" + uuid.uuid4().hex
 KEY_B = "key-b-" + uuid.uuid4().hex
@@ -115,6 +116,9 @@ def test_facts_as_of_and_context(server: ThreadServer, groups):
         by_post = http.post("/v1/search", json={"query": "Acme Corp plan", "limit": 3})
         assert by_get.status_code == 200, by_get.text
         assert by_get.json()["results"] == by_post.json()["results"]
+        # the answer is exactly the documented model (sent as built, not validated again)
+        for answer in (by_get.json(), by_post.json()):
+            assert SearchOut.model_validate(answer).model_dump() == answer
         facts = [r for r in by_get.json()["results"] if r["kind"] == "fact"]
         assert facts[0]["text"] == "Acme Corp is on the Enterprise plan"
 

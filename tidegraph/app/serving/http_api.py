@@ -260,7 +260,7 @@ def _add_read_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
         """Facts, entities, episodes and communities answering ``query``, valid at
         ``valid_at`` as known at ``known_at``; ``wait_for`` tokens first (409 when not
         queryable within the wait)."""
-        return await svc.search(who, body)
+        return ORJSONResponse(await svc.search(who, body))  # built as SearchOut says
 
     @app.get("/v1/search", response_model=SearchOut, tags=["memory"])
     async def search_get(
@@ -268,7 +268,7 @@ def _add_read_routes(app: FastAPI, Who: Any, Svc: Any) -> None:
     ):
         """``POST /v1/search`` with query parameters (repeat ``group_ids`` and ``wait_for``
         for several)."""
-        return await svc.search(who, body)
+        return ORJSONResponse(await svc.search(who, body))
 
     @app.post("/v1/context", response_model=ContextOut, tags=["memory"])
     async def context(body: ContextIn, who: Principal = Who, svc: MemoryService = Svc):

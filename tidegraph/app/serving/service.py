@@ -245,6 +245,9 @@ class MemoryService:
         return states
 
     async def search(self, principal: Principal, body: SearchIn) -> dict[str, Any]:
+        """The answer of ``POST /v1/search``, exactly as ``SearchOut`` describes it (the route
+        sends it as it is: validating it again against the model was a twentieth of the
+        HTTP layer's CPU)."""
         results = await self._search(principal, body)
         asof = results.scope.asof
         return {

@@ -157,4 +157,5 @@ class VectorScores:
         candidates = np.flatnonzero(self.scores >= kth)
         best = self.scores[candidates]
         order = candidates[np.lexsort((candidates, -best))][:k]  # best first, ties by uuid
-        return list(zip([self.uuids[i] for i in order.tolist()], self.scores[order].tolist()))
+        uuids = [self.uuids[i] for i in order.tolist()]
+        return list(zip(uuids, self.scores[order].tolist(), strict=True))

@@ -5,8 +5,8 @@ the columns each record is read with, the records built from rows (by
 from __future__ import annotations
 
 import sqlite3
-from datetime import UTC, datetime, timedelta
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
