@@ -417,6 +417,21 @@ async def test_facts_are_found_exactly_as_query_facts_answers(
 
 
 # ----------------------------------------------------------------------------- the graph
+def _episode(group: str, n: int, at: datetime, stored: datetime, **fields: str) -> EpisodeRecord:
+    """Episode ``n`` of the group, said ``at``, stored ``stored``."""
+    return EpisodeRecord(
+        uuid=stable_uuid("episode", group, str(n)),
+        group_id=group,
+        name=str(n),
+        source="text",
+        source_description="",
+        content=f"episode {n}",
+        valid_at=at,
+        created_at=stored,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
 async def _chain(store: GraphStore, group: str) -> list[EntityRecord]:
     """a - b - c - d in a line (facts valid from day 1), e alone; and an a - d fact that
     ended on day 2."""
@@ -442,17 +457,7 @@ async def _chain(store: GraphStore, group: str) -> list[EntityRecord]:
 
     episodes = []
     for n, (i, j) in enumerate([(0, 1), (1, 2), (2, 3)]):
-        ep = EpisodeRecord(
-            uuid=stable_uuid("episode", group, str(n)),
-            group_id=group,
-            name=str(n),
-            source="text",
-            source_description="",
-            content=f"episode {n}",
-            valid_at=day(1 + n),
-            created_at=day(1 + n),
-            producer_id=f"p{n}",
-        )
+        ep = _episode(group, n, day(1 + n), day(1 + n), producer_id=f"p{n}")
         episodes.append(ep)
         await store.write_episode(
             group,
@@ -541,16 +546,7 @@ async def test_the_latest_episodes_are_ordered_by_time_then_uuid(
     ]
     episodes = []
     for n, (at, stored) in enumerate(said):
-        ep = EpisodeRecord(
-            uuid=stable_uuid("episode", group, str(n)),
-            group_id=group,
-            name=str(n),
-            source="text",
-            source_description="",
-            content=f"turn {n}",
-            valid_at=at,
-            created_at=stored,
-        )
+        ep = _episode(group, n, at, stored)
         episodes.append(ep)
         await any_store.write_episode(group, EpisodeWrite(episode=ep, mentions=[people[n].uuid]))
     tied = sorted(range(3), key=lambda n: episodes[n].uuid, reverse=True)

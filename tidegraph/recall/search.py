@@ -181,14 +181,58 @@ class Searcher:
         current: bool,
     ) -> SearchResults:
         """``current``: the question asks about a state (``search``): episodes superseded."""
+        found = await self._first_round(recipe, text, scope, limit)
+        query_embedding: list[float] | None = found.get(("query", "embedding"))
+        fact_search = recipe.search_for("fact")
+        if fact_search is not None and "bfs" in fact_search.methods:
+            seeds = _seeds(found, centre)
+            found["fact", "bfs"] = (
+                await self.source.expand_facts(
+                    scope, seeds, fact_search.hops, _candidates(fact_search, limit)
+                )
+                if seeds
+                else []
+            )
+
+        ranked = await _all(
+            [
+                self._rerank(
+                    search,
+                    found,
+                    text,
+                    scope,
+                    query_embedding,
+                    centre,
+                    # the best ``limit`` are all RRF needs build, unless restatements further
+                    # down may come first (episodes, where the question is about a state)
+                    None if search.kind == "episode" and current else limit or search.limit,
+                )
+                for search in recipe.searches
+            ]
+        )
+        kept: list[Hit] = []
+        for search, hits in zip(recipe.searches, ranked, strict=True):
+            if search.kind == "episode" and current:
+                hits = supersede(hits, text)
+            kept += hits[: limit or search.limit]
+        # The kept hits with their details, read once for all (candidates were read without).
+        results = SearchResults(text, recipe.name, scope)
+        for hit in await self.source.complete_hits(scope, kept):
+            results.of(hit.kind).append(hit)
+        return results
+
+    async def _first_round(
+        self, recipe: Recipe, text: str, scope: SearchScope, limit: int | None
+    ) -> dict[tuple[str, str], Any]:
+        """Every first-round search at once, by (kind, method): the BM25 lists in one read, the
+        vector lists in another once the query is embedded; with a walk, its seeds (the
+        query's best entities by both methods, the recent episodes' entities), and the query's
+        embedding as ("query", "embedding") when it was embedded."""
         needs_embedding = recipe.uses("vector") or any(s.reranker == "mmr" for s in recipe.searches)
         embedding = (
             asyncio.ensure_future(self.embedder.embed_one(text)) if needs_embedding else None
         )
         walk = recipe.uses("bfs")
-
-        # Every first-round search at once, by (kind, method): the BM25 lists in one read, the
-        # vector lists in another once the query is embedded.
         texts: dict[tuple[Kind, str], int] = {}
         nearest: dict[tuple[Kind, str], int] = {}
         for search in recipe.searches:
@@ -220,45 +264,7 @@ class Searcher:
             found["seed", "recent"] = done[2]
         if embedding is not None:
             found["query", "embedding"] = done[-1]
-        query_embedding: list[float] | None = found.get(("query", "embedding"))
-
-        fact_search = recipe.search_for("fact")
-        if fact_search is not None and "bfs" in fact_search.methods:
-            seeds = _seeds(found, centre)
-            found["fact", "bfs"] = (
-                await self.source.expand_facts(
-                    scope, seeds, fact_search.hops, _candidates(fact_search, limit)
-                )
-                if seeds
-                else []
-            )
-
-        results = SearchResults(text, recipe.name, scope)
-        ranked = await _all(
-            [
-                self._rerank(
-                    search,
-                    found,
-                    text,
-                    scope,
-                    query_embedding,
-                    centre,
-                    # the best ``limit`` are all RRF needs build, unless restatements further
-                    # down may come first (episodes, where the question is about a state)
-                    None if search.kind == "episode" and current else limit or search.limit,
-                )
-                for search in recipe.searches
-            ]
-        )
-        kept: list[Hit] = []
-        for search, hits in zip(recipe.searches, ranked, strict=True):
-            if search.kind == "episode" and current:
-                hits = supersede(hits, text)
-            kept += hits[: limit or search.limit]
-        # The kept hits with their details, read once for all (candidates were read without).
-        for hit in await self.source.complete_hits(scope, kept):
-            results.of(hit.kind).append(hit)
-        return results
+        return found
 
     async def _rerank(
         self,
