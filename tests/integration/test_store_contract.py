@@ -820,6 +820,51 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
         await store.close()
 
 
+@pytest.mark.parametrize("widen_above", [4, 10])
+async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_scanned(
+    neo4j_uri: str, monkeypatch: pytest.MonkeyPatch, widen_above: int
+) -> None:
+    """Neo4j: a query whose nearest records are all another tenant's finds none of a large
+    group's among its first candidates. Groups holding more than ``widen_above`` records of
+    the kind are asked for ``MAX_VECTOR_K`` neighbours before a scan (a scan of them costs
+    more), smaller ones are scanned at once; the answer is the same."""
+    from tidegraph.stores.neo4j import search_core
+
+    group, other = (f"{name}-{uuidlib.uuid4().hex[:12]}" for name in ("mine", "theirs"))
+    store = Neo4jStore(neo4j_uri)
+    try:
+        await store.setup(DIM)
+        mine = [entity(group, f"M{i}", embedding=vec(1, i / 10)) for i in range(6)]
+        await store.upsert_entities(group, mine)
+        crowd = [entity(other, f"T{i}", embedding=vec(i / 100, 1)) for i in range(60)]
+        await store.upsert_entities(other, crowd)
+        ran: list[tuple[str, Any]] = []
+        rows = store.ex.rows
+
+        async def recording(statement: str, params: dict[str, Any]) -> Any:
+            ran.append((statement, params.get("k")))
+            return await rows(statement, params)
+
+        monkeypatch.setattr(store.ex, "rows", recording)
+        monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
+        monkeypatch.setattr(store, "widen_above", widen_above)
+        monkeypatch.setattr(search_core, "MAX_VECTOR_K", 100)
+        scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
+        found = await store.vector_search(scope, "entity", vec(0, 1), 3)
+        candidates, scan = sq.VECTOR["entity"]
+        asked = [k for statement, k in ran if statement == candidates]
+        scanned = sum(statement == scan for statement, _ in ran)
+        if widen_above == 4:  # six is more: the index is asked for the most before a scan
+            assert asked == [40, 100]  # (scanned only if the index's 100 hold too few)
+        else:  # six is fewer: scanned at once
+            assert (asked, scanned) == ([40], 1)
+        assert [h.uuid for h in found] == [mine[5].uuid, mine[4].uuid, mine[3].uuid]
+    finally:
+        for name in (group, other):
+            await store.delete_group(name)
+        await store.close()
+
+
 async def test_entity_candidates_are_each_drafts_vector_and_fulltext_hits(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:

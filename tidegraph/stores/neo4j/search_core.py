@@ -66,8 +66,13 @@ SCAN_BELOW = 1000
 # shrink by a forget or a delete, and the index path answers a small group correctly too.
 LARGE_FOR_SECONDS = 60.0
 Found = Callable[[int], Awaitable[list[tuple[str, float]]]]
-# When groups were last found large, by (groups, small-scan statement).
-LargeGroups = dict[tuple[tuple[str, ...], str | None], float]
+# Groups holding more records of a kind than this are too large to scan cheaply: rather than
+# scan them, the index is asked for MAX_VECTOR_K neighbours first (an exact scan of 100,000
+# facts took 1.07 s, an index query of k = 1,000 44-75 ms).
+WIDEN_ABOVE = 10_000
+# When groups were last found large and how many records of the kind they held then, by
+# (groups, small-scan statement).
+LargeGroups = dict[tuple[tuple[str, ...], str | None], tuple[float, int]]
 
 
 class SearchCore(GraphStore):
@@ -76,6 +81,7 @@ class SearchCore(GraphStore):
     ex: Neo4jExecutor
     _large_groups: LargeGroups
     scan_below = SCAN_BELOW  # see SCAN_BELOW (an attribute, so that tests can move it)
+    widen_above = WIDEN_ABOVE  # see WIDEN_ABOVE (the same)
 
     @abc.abstractmethod
     async def _embedding_dim(self) -> int: ...
@@ -190,20 +196,22 @@ class SearchCore(GraphStore):
         the groups hold fewer than ``scan_below`` embeddings (``small_scan``); else from
         Neo4j's global vector index (``candidates``: its top
         k neighbours, rescored exactly on the stored vectors; k grows while too few are of
-        the groups, up to ``MAX_VECTOR_K``), or by an exact ``scan`` of the groups when even
-        ``MAX_VECTOR_K`` neighbours hold too few of them (a small group among many) or no
-        index holds the kind."""
+        the groups), or by an exact ``scan`` of the groups when more than ``MAX_VECTOR_K``
+        neighbours would be needed (a small group among many; groups too large to scan
+        cheaply are first asked for ``MAX_VECTOR_K``) or no index holds the kind."""
         vector = check_embedding(embedding, await self._embedding_dim(), "query embedding")
         if limit <= 0 or vector is None:
             return []
         params = {"group_ids": group_ids, "embedding": vector}
         large = (tuple(sorted(group_ids)), small_scan)
-        if small_scan is not None and not self._still_large(large):
+        held = self._still_large(large)  # the groups' records of the kind, when large
+        if small_scan is not None and held is None:
             bounds = {"limit": limit, "scan_below": self.scan_below}
             [row] = await self.ex.rows(small_scan, {**params, **bounds})
             if row["small"]:
                 return top(((u, min(1.0, max(0.0, float(s)))) for u, s in row["hits"]), limit)
-            self._large_groups[large] = time.monotonic()
+            held = int(row["held"])
+            self._large_groups[large] = (time.monotonic(), held)
         wanted = set(group_ids)
         k = vector_candidates(limit)
         while candidates is not None:
@@ -211,22 +219,32 @@ class SearchCore(GraphStore):
             hits = [(r["uuid"], float(r["score"])) for r in found if r["group_id"] in wanted]
             if len(hits) >= limit or len(found) < k:
                 return top(((u, min(1.0, max(0.0, s))) for u, s in hits), limit)
-            # Enough for ``limit`` at the share of the groups seen so far, with a margin, at
-            # most MAX_VECTOR_K; a group too small a share of the index even for that is
-            # scanned. A group is asked for the most once before its scan: a query near
-            # other tenants' records finds few of a large group's among its first candidates
-            # (and the scan of 100,000 facts took a second, the index query 50 ms).
-            if k >= MAX_VECTOR_K:
-                break
+            # Enough for ``limit`` at the share of the groups seen so far, with a margin; a
+            # group too small a share of the index for that is scanned, unless the groups are
+            # too large to scan cheaply (``widen_above``): a query near other tenants' records
+            # finds few of a large group's among its first candidates, so the index is asked
+            # for four times as many, up to MAX_VECTOR_K, before the scan.
+            large_enough = held is not None and held > self.widen_above
             share = len(hits) / len(found)
-            needed = max(2 * k, math.ceil(1.5 * limit / share)) if share else MAX_VECTOR_K
-            k = min(needed, MAX_VECTOR_K)
+            if share:
+                needed = max(2 * k, math.ceil(1.5 * limit / share))
+            else:
+                needed = 4 * k if large_enough else MAX_VECTOR_K + 1
+            if needed > MAX_VECTOR_K:
+                if k >= MAX_VECTOR_K or not large_enough:
+                    break
+                needed = MAX_VECTOR_K
+            k = needed
         scanned = await self.ex.rows(scan, {**params, "limit": limit})
         return top(((r["uuid"], min(1.0, max(0.0, float(r["score"])))) for r in scanned), limit)
 
-    def _still_large(self, key: tuple[tuple[str, ...], str | None]) -> bool:
+    def _still_large(self, key: tuple[tuple[str, ...], str | None]) -> int | None:
+        """How many records of the kind the groups held when found large, if that was within
+        LARGE_FOR_SECONDS."""
         seen = self._large_groups.get(key)
-        return seen is not None and time.monotonic() - seen < LARGE_FOR_SECONDS
+        if seen is None or time.monotonic() - seen[0] >= LARGE_FOR_SECONDS:
+            return None
+        return seen[1]
 
     def _believed_touching(
         self, group_id: str, asof: AsOf

@@ -76,7 +76,8 @@ RETURN x.uuid AS uuid, score
 
 def _small_scan(match: str, prop: str) -> str:
     """The exact scan when the groups hold fewer than $scan_below embeddings, in one round
-    trip: one row, ``small`` and, when small, ``hits`` ([uuid, score] pairs, best first)."""
+    trip: one row, ``small`` and, when small, ``hits`` ([uuid, score] pairs, best first),
+    else ``held``, how many records of the kind the groups hold (from the group index)."""
     return f"""
 CALL () {{
   MATCH {match}
@@ -92,7 +93,9 @@ CALL (xs) {{
   LIMIT $limit
   RETURN collect([x.uuid, score]) AS hits
 }}
-RETURN size(xs) < $scan_below AS small, hits
+RETURN size(xs) < $scan_below AS small, hits,
+       CASE WHEN size(xs) >= $scan_below
+       THEN COUNT {{ MATCH {match} WHERE x.group_id IN $group_ids }} END AS held
 """
 
 
