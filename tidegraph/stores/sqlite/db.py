@@ -29,7 +29,7 @@ import threading
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -241,6 +241,16 @@ def micros(value: datetime | None) -> int | None:
         return None
     since = utc(value) - _EPOCH
     return (since.days * 86_400 + since.seconds) * 1_000_000 + since.microseconds
+
+
+def time_of(value: int | None) -> datetime | None:
+    """A stored time (``micros``) as an aware UTC datetime (None stays None)."""
+    return None if value is None else _EPOCH + timedelta(microseconds=value)
+
+
+def times_of(text: str | None) -> list[datetime]:
+    """A stored list of times (``micros_list``; NULL: none)."""
+    return [] if text is None else [_EPOCH + timedelta(microseconds=v) for v in orjson.loads(text)]
 
 
 def micros_list(values: Sequence[datetime] | None) -> str | None:
