@@ -44,6 +44,7 @@ from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
 from tidegraph.stores.neo4j.search_core import SearchCore
 from tidegraph.stores.neo4j.store import Neo4jStore
+from tidegraph.stores.rows import vector_candidates
 from tidegraph.stores.sqlite import db as sqlite_db
 from tidegraph.stores.sqlite.store import SqliteStore
 
@@ -836,7 +837,7 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
         await store.setup(DIM)
         mine = [entity(group, f"M{i}", embedding=vec(1, i / 10)) for i in range(6)]
         await store.upsert_entities(group, mine)
-        crowd = [entity(other, f"T{i}", embedding=vec(i / 100, 1)) for i in range(60)]
+        crowd = [entity(other, f"T{i}", embedding=vec(i / 1000, 1)) for i in range(120)]
         await store.upsert_entities(other, crowd)
         ran: list[tuple[str, Any]] = []
         rows = store.ex.rows
@@ -848,16 +849,17 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
         monkeypatch.setattr(store.ex, "rows", recording)
         monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
         monkeypatch.setattr(store, "widen_above", widen_above)
-        monkeypatch.setattr(search_core, "MAX_VECTOR_K", 100)
+        monkeypatch.setattr(search_core, "MAX_VECTOR_K", 200)
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
         found = await store.vector_search(scope, "entity", vec(0, 1), 3)
+        first = vector_candidates(3)  # fewer than the crowd: none of mine among them
         candidates, scan = sq.VECTOR["entity"]
         asked = [k for statement, k in ran if statement == candidates]
         scanned = sum(statement == scan for statement, _ in ran)
         if widen_above == 4:  # six is more: the index is asked for the most before a scan
-            assert asked == [40, 100]  # (scanned only if the index's 100 hold too few)
+            assert asked == [first, 200]  # (scanned only if the index's 200 hold too few)
         else:  # six is fewer: scanned at once
-            assert (asked, scanned) == ([40], 1)
+            assert (asked, scanned) == ([first], 1)
         assert [h.uuid for h in found] == [mine[5].uuid, mine[4].uuid, mine[3].uuid]
     finally:
         for name in (group, other):

@@ -398,6 +398,9 @@ class LocalServices:
                     "dbms.usage_report.enabled=false",
                     "dbms.security.auth_enabled=false",
                     "server.memory.pagecache.size=256m",
+                    # no recv-timeout hint for the driver (docs/operations.md "Neo4j for
+                    # searches")
+                    "server.bolt.connection_keep_alive_for_requests=STREAMING",
                     "db.tx_log.rotation.retention_policy=2 files",
                     f"server.directories.data={home / 'data'}",
                     f"server.directories.logs={home / 'logs'}",

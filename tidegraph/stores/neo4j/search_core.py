@@ -212,24 +212,24 @@ class SearchCore(GraphStore):
                 return top(((u, min(1.0, max(0.0, float(s)))) for u, s in row["hits"]), limit)
             held = int(row["held"])
             self._large_groups[large] = (time.monotonic(), held)
-        wanted = set(group_ids)
         k = vector_candidates(limit)
         while candidates is not None:
-            found = await self.ex.rows(candidates, {**params, "k": k})
-            hits = [(r["uuid"], float(r["score"])) for r in found if r["group_id"] in wanted]
-            if len(hits) >= limit or len(found) < k:
+            [row] = await self.ex.rows(candidates, {**params, "k": k})
+            hits = [(uuid, float(score)) for uuid, score in row["hits"]]
+            if len(hits) >= limit or row["found"] < k:
                 return top(((u, min(1.0, max(0.0, s))) for u, s in hits), limit)
-            # Enough for ``limit`` at the share of the groups seen so far, with a margin; a
-            # group too small a share of the index for that is scanned, unless the groups are
-            # too large to scan cheaply (``widen_above``): a query near other tenants' records
-            # finds few of a large group's among its first candidates, so the index is asked
-            # for four times as many, up to MAX_VECTOR_K, before the scan.
+            # Each round trip costs more than a larger k (an HNSW query's cost grows slowly
+            # with k), so k grows in few large steps: fourfold, or enough for ``limit`` at the
+            # share of the groups seen so far with a margin. A group too small a share of the
+            # index for that is scanned, unless the groups are too large to scan cheaply
+            # (``widen_above``): a query near other tenants' records finds none of a large
+            # group's among its first candidates, so the index is asked for MAX_VECTOR_K.
             large_enough = held is not None and held > self.widen_above
-            share = len(hits) / len(found)
+            share = len(hits) / row["found"]
             if share:
-                needed = max(2 * k, math.ceil(1.5 * limit / share))
+                needed = max(4 * k, math.ceil(2 * limit / share))
             else:
-                needed = 4 * k if large_enough else MAX_VECTOR_K + 1
+                needed = MAX_VECTOR_K if large_enough else MAX_VECTOR_K + 1
             if needed > MAX_VECTOR_K:
                 if k >= MAX_VECTOR_K or not large_enough:
                     break

@@ -55,11 +55,14 @@ LIMIT $limit
 
 
 def _candidates(call: str, index: str, prop: str) -> str:
+    """The index's top $k neighbours in one row: ``found``, how many the index gave (fewer
+    than $k: it has no more), and ``hits``, those of the groups as [uuid, score] pairs."""
     return f"""
 CALL db.index.vector.{call}('{index}', $k, $embedding) YIELD {_yielded(call)} AS x
-RETURN x.uuid AS uuid, x.group_id AS group_id,
-       CASE WHEN x.group_id IN $group_ids
-       THEN vector.similarity.cosine(x.{prop}, $embedding) END AS score
+WITH collect(x) AS xs
+RETURN size(xs) AS found,
+       [x IN xs WHERE x.group_id IN $group_ids
+        | [x.uuid, vector.similarity.cosine(x.{prop}, $embedding)]] AS hits
 """
 
 
@@ -101,7 +104,7 @@ RETURN size(xs) < $scan_below AS small, hits,
 
 # The best $limit of the group's matches: (uuid, score).
 FULLTEXT = {kind: _fulltext(*how) for kind, how in _FULLTEXT.items()}
-# (candidates of the global index: uuid, group_id, score or null; exact scan: uuid, score)
+# (candidates of the global index: one row, found and hits; exact scan: uuid, score)
 VECTOR = {
     kind: (_candidates(call, index, prop), _scan(_MATCH[kind], prop))
     for kind, (call, index, prop) in _VECTOR.items()
