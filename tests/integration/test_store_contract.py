@@ -821,6 +821,53 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
         await store.close()
 
 
+async def test_a_fulltext_list_and_the_recent_episodes_entities_are_one_read_each(
+    neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neo4j: a fulltext list of facts, entities or episodes is read with its hits in one
+    round trip (episodes: one more for the speakers' words), and the latest episodes with
+    the entities they mention in one; the answers are those of the separate reads."""
+    group = f"reads-{uuidlib.uuid4().hex[:12]}"
+    store = Neo4jStore(neo4j_uri)
+    try:
+        await store.setup(DIM)
+        acme, bob = entity(group, "Acme Corp"), entity(group, "Bob Stone")
+        said = episode(group, "msg-1", day(1), "Bob Stone: Acme Corp renewed the gold plan")
+        plan = fact(
+            group, acme, bob, "OWNS", "Acme Corp is run by Bob Stone", episodes=[said.uuid]
+        )
+        await store.write_episode(
+            group,
+            EpisodeWrite(episode=said, entities=[acme, bob], facts=[plan], mentions=[acme.uuid]),
+        )
+        ran: list[str] = []
+        rows = store.ex.rows
+
+        async def recording(statement: str, params: dict[str, Any]) -> Any:
+            ran.append(statement)
+            return await rows(statement, params)
+
+        monkeypatch.setattr(store.ex, "rows", recording)
+        scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
+        found = {}
+        for kind, reads in (("fact", 1), ("entity", 1), ("episode", 2)):
+            ran.clear()
+            found[kind] = await store.fulltext_search(scope, kind, "Acme Corp", 5)
+            assert len(ran) == reads, kind
+            assert ran[-1] == sq.FULLTEXT_HITS[kind]
+        assert [h.uuid for h in found["fact"]] == [plan.uuid]
+        assert found["fact"][0].episodes == ["msg-1"]  # the details came with the candidates
+        assert [h.uuid for h in found["entity"]] == [acme.uuid]
+        assert found["entity"][0].episodes == ["msg-1"]
+        assert [h.uuid for h in found["episode"]] == [said.uuid]
+        ran.clear()
+        assert await store.recent_episode_entities(scope, 3) == [acme.uuid]
+        assert len(ran) == 1
+    finally:
+        await store.delete_group(group)
+        await store.close()
+
+
 @pytest.mark.parametrize("widen_above", [4, 10])
 async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_scanned(
     neo4j_uri: str, monkeypatch: pytest.MonkeyPatch, widen_above: int

@@ -74,13 +74,13 @@ MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
 WHERE c.uuid IN $uuids AND c.group_id = $group_id AND e.group_id = $group_id
 RETURN c.uuid AS community, e.uuid AS entity
 """
-# The group's latest episodes as of a scope (happened by $valid_at, stored by $known_at).
-# The group's $limit latest episodes (valid_at, then uuid, descending). The first part reads
-# the (group_id, valid_at) index backwards, stopping at the $limit-th latest time (ordering by
-# both properties is what lets the planner read the index in order: a plain ORDER BY valid_at
-# read and sorted all the group's episodes, 13 ms at 10,000); the second reads the episodes
-# from that time on, ties included, and orders them exactly.
-RECENT_EPISODE_UUIDS = """
+# The group's $limit latest episodes as of a scope (happened by $valid_at, stored by
+# $known_at; valid_at, then uuid, descending), each with the entities it mentions. The first
+# part reads the (group_id, valid_at) index backwards, stopping at the $limit-th latest time
+# (ordering by both properties is what lets the planner read the index in order: a plain ORDER
+# BY valid_at read and sorted all the group's episodes, 13 ms at 10,000); the second reads the
+# episodes from that time on, ties included, and orders them exactly.
+RECENT_EPISODE_ENTITIES = """
 MATCH (ep:Episodic)
 WHERE ep.group_id = $group_id AND ep.valid_at <= $valid_at
 WITH ep ORDER BY ep.group_id DESC, ep.valid_at DESC
@@ -90,13 +90,8 @@ WITH min(at) AS since
 MATCH (ep:Episodic)
 WHERE ep.group_id = $group_id AND since <= ep.valid_at <= $valid_at
   AND ep.created_at <= $known_at
-RETURN ep.uuid AS uuid
+RETURN ep.uuid AS uuid,
+       COLLECT { MATCH (ep)-[:MENTIONS]->(e:Entity) RETURN e.uuid ORDER BY e.uuid } AS entities
 ORDER BY ep.valid_at DESC, ep.uuid DESC
 LIMIT $limit
-"""
-
-EPISODE_MENTIONS = """
-MATCH (ep:Episodic)-[:MENTIONS]->(e:Entity)
-WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
-RETURN ep.uuid AS episode, e.uuid AS entity
 """

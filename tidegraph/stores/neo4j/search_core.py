@@ -65,7 +65,10 @@ SCAN_BELOW = 1000
 # reads up to SCAN_BELOW nodes' vectors, several megabytes, a search and kind). Groups only
 # shrink by a forget or a delete, and the index path answers a small group correctly too.
 LARGE_FOR_SECONDS = 60.0
-Found = Callable[[int], Awaitable[list[tuple[str, float]]]]
+# The best k candidates of a group, best first, as (uuid, score), with their hits' rows
+# (``sq.HITS_BY_UUIDS``) when read with them, else None.
+Candidates = tuple[list[tuple[str, float]], list[dict[str, Any]] | None]
+Found = Callable[[int], Awaitable[Candidates]]
 # Groups holding more records of a kind than this are too large to scan cheaply: rather than
 # scan them, the index is asked for MAX_VECTOR_K neighbours first (an exact scan of 100,000
 # facts took 1.07 s, an index query of k = 1,000 44-75 ms).
@@ -105,13 +108,20 @@ class SearchCore(GraphStore):
             query = words
             if kind == "episode":
                 query = await self._episode_query(group_id, text)
+            params = {
+                "group_id": group_id,
+                "query": query,
+                "embeddings": scope.embeddings,
+                "known_at": scope.asof.known_at,
+            }
 
-            async def found(
-                k: int, group_id: str = group_id, query: str = query
-            ) -> list[tuple[str, float]]:
-                params = {"group_id": group_id, "query": query, "limit": k}
-                rows = await self.ex.rows(sq.FULLTEXT[kind], params)
-                return [(r["uuid"], float(r["score"])) for r in rows]
+            async def found(k: int, params: dict[str, Any] = params) -> Candidates:
+                if kind == "community":  # read as hits apart (``_hits``)
+                    rows = await self.ex.rows(sq.FULLTEXT[kind], {**params, "limit": k})
+                    return [(r["uuid"], float(r["score"])) for r in rows], None
+                # the candidates with their hits' rows, in one round trip
+                rows = await self.ex.rows(sq.FULLTEXT_HITS[kind], {**params, "limit": k})
+                return [(r["uuid"], float(r["score"])) for r in rows], rows
 
             hits += await self._seen(group_id, kind, scope.asof, found, limit, scope.embeddings)
         return best(hits, limit)
@@ -133,8 +143,8 @@ class SearchCore(GraphStore):
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
 
-            async def found(k: int, group_id: str = group_id) -> list[tuple[str, float]]:
-                return await self._nearest(candidates, scan, [group_id], embedding, k, small)
+            async def found(k: int, group_id: str = group_id) -> Candidates:
+                return await self._nearest(candidates, scan, [group_id], embedding, k, small), None
 
             hits += await self._seen(group_id, kind, scope.asof, found, limit, scope.embeddings)
         return best(hits, limit)
@@ -149,8 +159,8 @@ class SearchCore(GraphStore):
             facts_of = self._believed_touching(group_id, scope.asof)
             hops_of = {f.uuid: d for f, d in await expanded(facts_of, seeds, hops, limit)}
             scores = {uuid: 1 / d for uuid, d in hops_of.items()}
-            hits += await self._scored_fact_hits(
-                group_id, scope.asof, scores, scope.embeddings, hops_of
+            hits += await self._hits(
+                group_id, "fact", scope.asof, scores, scope.embeddings, hops_of
             )
         return best(hits, limit)
 
@@ -166,14 +176,8 @@ class SearchCore(GraphStore):
                 "known_at": asof.known_at,
                 "limit": episodes,
             }
-            latest = [r["uuid"] for r in await self.ex.rows(cq.RECENT_EPISODE_UUIDS, params)]
-            if not latest:
-                continue
-            params = {"group_id": group_id, "uuids": latest}
-            mentioned: dict[str, list[str]] = {}
-            for row in await self.ex.rows(cq.EPISODE_MENTIONS, params):
-                mentioned.setdefault(row["episode"], []).append(row["entity"])
-            found += [e for episode in latest for e in sorted(mentioned.get(episode, []))]
+            rows = await self.ex.rows(cq.RECENT_EPISODE_ENTITIES, params)
+            found += [entity for row in rows for entity in row["entities"]]
         return unique(found)
 
     async def entity_distances(
@@ -275,9 +279,13 @@ class SearchCore(GraphStore):
         hits: list[Hit] = []
         judged: set[str] = set()
         while True:
-            scored = await found(k)
+            scored, rows = await found(k)
             fresh = {uuid: score for uuid, score in scored if uuid not in judged}
-            hits += await self._hits(group_id, kind, asof, fresh, embeddings)
+            if rows is None:
+                hits += await self._hits(group_id, kind, asof, fresh, embeddings)
+            else:
+                rows = [r for r in rows if r["uuid"] in fresh]
+                hits += _hits_of_rows(kind, asof, rows, fresh)
             judged.update(fresh)
             if len(hits) >= limit or len(scored) < k or k >= MAX_CANDIDATES:
                 return best(hits, limit)
@@ -291,66 +299,26 @@ class SearchCore(GraphStore):
         asof: AsOf,
         scores: dict[str, float],
         embeddings: bool = True,
+        distances: dict[str, int] | None = None,
     ) -> list[Hit]:
         """The hits of the scored uuids of the group that the scope sees (``embeddings``:
-        with their records' embeddings)."""
+        with their records' embeddings; ``distances``: a walk's hops, of facts)."""
         uuids = list(scores)
         if not uuids:
             return []
-        if kind == "fact":
-            return await self._scored_fact_hits(group_id, asof, scores, embeddings)
-        if kind == "entity":
-            return await self._entity_hits(group_id, asof, scores, embeddings)
-        params = {"group_id": group_id, "uuids": uuids, "embeddings": embeddings}
-        if kind == "episode":
-            rows = await self.ex.rows(sq.EPISODES_BY_UUIDS, params)
-            episodes = (episode_record(r["ep"]) for r in rows)
-            return [episode_hit(e, scores[e.uuid]) for e in episodes if episode_seen(e, asof)]
+        params = {
+            "group_id": group_id,
+            "uuids": uuids,
+            "embeddings": embeddings,
+            "known_at": asof.known_at,
+        }
+        if kind != "community":
+            rows = await self.ex.rows(sq.HITS_BY_UUIDS[kind], params)
+            return _hits_of_rows(kind, asof, rows, scores, distances)
         return [
             community_hit(c, group_id, scores[c.uuid])
             for c in await self._communities_by_uuids(params)
             if known_by(c.created_at, asof)
-        ]
-
-    async def _scored_fact_hits(
-        self,
-        group_id: str,
-        asof: AsOf,
-        scores: dict[str, float],
-        embeddings: bool = True,
-        distances: dict[str, int] | None = None,
-    ) -> list[Hit]:
-        """The hits of the scored fact uuids the scope sees, with their embeddings (MMR) and
-        ``distances`` (a walk's hops)."""
-        # One read: the facts, their ends' names and their episodes' producer ids.
-        params = {"group_id": group_id, "uuids": list(scores), "embeddings": embeddings}
-        hits = []
-        for row in await self.ex.rows(sq.FACT_HITS, params):
-            fact = fact_of(row)
-            if asof.believed(fact):
-                names = {fact.source_uuid: row["source_name"], fact.target_uuid: row["target_name"]}
-                producers = dict(row["producers"])
-                distance = None if distances is None else distances[fact.uuid]
-                hits.append(fact_hit(fact, scores[fact.uuid], asof, names, producers, distance))
-        return hits
-
-    async def _entity_hits(
-        self, group_id: str, asof: AsOf, scores: dict[str, float], embeddings: bool = True
-    ) -> list[Hit]:
-        """The hits of the scored entity uuids the scope sees, with the producer ids of the
-        episodes that mention each, in one read."""
-        params = {
-            "group_id": group_id,
-            "uuids": list(scores),
-            "known_at": asof.known_at,
-            "embeddings": embeddings,
-        }
-        rows = await self.ex.rows(sq.ENTITY_HITS, params)
-        found = [(entity_record(r["e"], r["community_uuid"]), r["producers"]) for r in rows]
-        return [
-            entity_hit(e, scores[e.uuid], [p or "" for p in producers])
-            for e, producers in found
-            if known_by(e.created_at, asof)
         ]
 
     async def _communities_by_uuids(self, params: dict[str, Any]) -> list[CommunityRecord]:
@@ -369,3 +337,41 @@ class SearchCore(GraphStore):
             )
             for r in heads
         ]
+
+
+def _hits_of_rows(
+    kind: Kind,
+    asof: AsOf,
+    rows: list[dict[str, Any]],
+    scores: dict[str, float],
+    distances: dict[str, int] | None = None,
+) -> list[Hit]:
+    """The hits of the rows of ``sq.HITS_BY_UUIDS[kind]`` (a fact, an entity or an episode)
+    that the scope sees, scored by ``scores``."""
+    if kind == "fact":
+        return [hit for hit in (_fact_hit(row, asof, scores, distances) for row in rows) if hit]
+    if kind == "entity":
+        found = [(entity_record(r["e"], r["community_uuid"]), r["producers"]) for r in rows]
+        return [
+            entity_hit(e, scores[e.uuid], [p or "" for p in producers])
+            for e, producers in found
+            if known_by(e.created_at, asof)
+        ]
+    episodes = (episode_record(r["ep"]) for r in rows)
+    return [episode_hit(e, scores[e.uuid]) for e in episodes if episode_seen(e, asof)]
+
+
+def _fact_hit(
+    row: dict[str, Any],
+    asof: AsOf,
+    scores: dict[str, float],
+    distances: dict[str, int] | None,
+) -> Hit | None:
+    """A fact's hit, with its ends' names and its episodes' producer ids, if the scope
+    believes it."""
+    fact = fact_of(row)
+    if not asof.believed(fact):
+        return None
+    names = {fact.source_uuid: row["source_name"], fact.target_uuid: row["target_name"]}
+    distance = None if distances is None else distances[fact.uuid]
+    return fact_hit(fact, scores[fact.uuid], asof, names, dict(row["producers"]), distance)

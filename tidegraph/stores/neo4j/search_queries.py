@@ -44,14 +44,19 @@ def _yielded(call: str) -> str:
     return "relationship" if call == "queryRelationships" else "node"
 
 
-def _fulltext(call: str, index: str) -> str:
+def _fulltext_best(call: str, index: str) -> str:
+    """The best $limit of the group's matches, as ``uuid`` and ``score``."""
     return f"""
 CALL db.index.fulltext.{call}('{index}', $query) YIELD {_yielded(call)} AS x, score
 WITH x, score WHERE x.group_id = $group_id
-RETURN x.uuid AS uuid, score
+WITH x.uuid AS uuid, score
 ORDER BY score DESC, uuid
 LIMIT $limit
 """
+
+
+def _fulltext(call: str, index: str) -> str:
+    return _fulltext_best(call, index) + "RETURN uuid, score\n"
 
 
 def _candidates(call: str, index: str, prop: str) -> str:
@@ -114,20 +119,6 @@ SMALL_SCAN: dict[str, str | None] = {
     kind: _small_scan(_MATCH[kind], prop) for kind, (_, _, prop) in _VECTOR.items()
 }
 
-# Hits are read in one round trip each (``SearchCore._hits``), times as epoch microseconds
-# (the driver builds its own DateTime objects slowly). Hits carry their embeddings (MMR
-# compares them), except the facts a walk reads: it may read hundreds.
-EPISODES_BY_UUIDS = (
-    """
-UNWIND $uuids AS uuid
-MATCH (ep:Episodic {uuid: uuid})
-WHERE ep.group_id = $group_id
-RETURN ep {.*, content_embedding: CASE WHEN $embeddings THEN ep.content_embedding END, """
-    + q.times_as_micros("ep", ("valid_at", "created_at"))
-    + """} AS ep
-"""
-)
-
 # The walk's facts: what it walks on (the ends) and what decides whether the scope believes
 # one (its times and their history), not its sentence, episodes or embedding: a walk reads a
 # few hundred and keeps a few (``SearchCore.expand_facts`` reads those as hits).
@@ -147,9 +138,25 @@ RETURN r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at
 """,
 )
 
-FACT_HITS = (
+# Hits are read in one round trip each (``SearchCore._hits``), times as epoch microseconds
+# (the driver builds its own DateTime objects slowly). Hits carry their embeddings (MMR
+# compares them), except the facts a walk reads: it may read hundreds. Each read is a body
+# after the uuids it reads (``_BY_UUIDS``, or a fulltext query's best: ``FULLTEXT_HITS``),
+# whose ``{score}`` is where the candidate's score is returned beside the record.
+_BY_UUIDS = "UNWIND $uuids AS uuid\n"
+
+_EPISODE_HITS = (
     """
-UNWIND $uuids AS uuid
+MATCH (ep:Episodic {uuid: uuid})
+WHERE ep.group_id = $group_id
+RETURN ep {.*, content_embedding: CASE WHEN $embeddings THEN ep.content_embedding END, """
+    + q.times_as_micros("ep", ("valid_at", "created_at"))
+    + """} AS ep{score}
+"""
+)
+
+_FACT_HITS = (
+    """
 MATCH (s:Entity)-[r:RELATES_TO {uuid: uuid}]->(t:Entity)
 WHERE r.group_id = $group_id
 RETURN r {.*, fact_embedding: CASE WHEN $embeddings THEN r.fact_embedding END, """
@@ -161,12 +168,11 @@ RETURN r {.*, fact_embedding: CASE WHEN $embeddings THEN r.fact_embedding END, "
          MATCH (ep:Episodic {uuid: episode})
          WHERE ep.group_id = $group_id
          RETURN [ep.uuid, ep.producer_id]
-       } AS producers
+       } AS producers{score}
 """
 )
 
-ENTITY_HITS = f"""
-UNWIND $uuids AS uuid
+_ENTITY_HITS = f"""
 MATCH (e:Entity {{uuid: uuid}})
 WHERE e.group_id = $group_id
 RETURN e {{.*, name_embedding: CASE WHEN $embeddings THEN e.name_embedding END,
@@ -176,5 +182,15 @@ RETURN e {{.*, name_embedding: CASE WHEN $embeddings THEN e.name_embedding END,
          MATCH (ep:Episodic)-[:MENTIONS]->(e)
          WHERE ep.group_id = $group_id AND ep.created_at <= $known_at
          RETURN ep.producer_id ORDER BY ep.valid_at DESC, ep.producer_id
-       }} AS producers
+       }} AS producers{{score}}
 """
+
+_HITS = {"fact": _FACT_HITS, "entity": _ENTITY_HITS, "episode": _EPISODE_HITS}
+# The hits' rows of $uuids, by kind.
+HITS_BY_UUIDS = {kind: _BY_UUIDS + body.replace("{score}", "") for kind, body in _HITS.items()}
+# The best $limit of the group's fulltext matches with their hits' rows, in one round trip
+# (the rows of ``*_HITS``, with ``uuid`` and ``score``); communities are read as hits apart.
+FULLTEXT_HITS = {
+    kind: _fulltext_best(*_FULLTEXT[kind]) + body.replace("{score}", ", uuid, score")
+    for kind, body in _HITS.items()
+}
