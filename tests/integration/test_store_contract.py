@@ -833,9 +833,7 @@ async def test_a_fulltext_list_and_the_recent_episodes_entities_are_one_read_eac
         await store.setup(DIM)
         acme, bob = entity(group, "Acme Corp"), entity(group, "Bob Stone")
         said = episode(group, "msg-1", day(1), "Bob Stone: Acme Corp renewed the gold plan")
-        plan = fact(
-            group, acme, bob, "OWNS", "Acme Corp is run by Bob Stone", episodes=[said.uuid]
-        )
+        plan = fact(group, acme, bob, "OWNS", "Acme Corp is run by Bob Stone", episodes=[said.uuid])
         await store.write_episode(
             group,
             EpisodeWrite(episode=said, entities=[acme, bob], facts=[plan], mentions=[acme.uuid]),
