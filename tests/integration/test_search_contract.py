@@ -252,7 +252,9 @@ async def test_hits_read_without_details_are_completed_to_what_a_read_with_them_
     (``SearchScope.details``, ``GraphStore.complete_hits``)."""
     c = await corpus(any_store, new_group())
     await corpus(any_store, other := new_group())
-    for full in (scope(c.group, other), scope(c.group, valid_at=day(1.5), known_at=day(1.5))):
+    scopes = (scope(c.group, other), scope(c.group, valid_at=day(1.5), known_at=day(1.5)))
+    # without embeddings too: a store may then read the candidates' records in part
+    for full in (*scopes, *(dataclasses.replace(s, embeddings=False) for s in scopes)):
         bare = dataclasses.replace(full, details=False)
         for kind in KINDS:
             for text in ("works", "Acme copier paper", "Alice Globex printing"):
@@ -404,7 +406,14 @@ async def test_facts_are_found_exactly_as_query_facts_answers(
             )
             by_text = await any_store.fulltext_search(where, "fact", "acme plan", 10)
             by_vector = await any_store.vector_search(where, "fact", vec(1), 10)
-            for hits in (by_text, by_vector):
+            # as a search reads them (no details, no embeddings), then completed
+            bare = dataclasses.replace(where, details=False, embeddings=False)
+            light = await any_store.fulltext_search(bare, "fact", "acme plan", 10)
+            walked = await any_store.expand_facts(
+                bare, [stable_uuid("entity", group, "Acme")], 1, 10
+            )
+            completed = [await any_store.complete_hits(bare, hits) for hits in (light, walked)]
+            for hits in (by_text, by_vector, *completed):
                 got = sorted((view(h) for h in hits), key=lambda v: v.uuid)
                 assert got == sorted(expected, key=lambda v: v.uuid), (valid_at, known_at)
             asked += bool(expected)

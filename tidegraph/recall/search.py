@@ -15,7 +15,8 @@ A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a 
    state (now, or at a valid-at), a later episode restating an earlier one comes first
    (recency.py);
 5. the hits kept completed with their details (a fact's end names and episodes, an entity's
-   mentioning episodes): candidates are read without them, unless a reranker counts mentions.
+   mentioning episodes) and whole records: candidates are read without them (a store may
+   read their records in part), unless a reranker counts mentions or reads their text.
 """
 
 from __future__ import annotations
@@ -152,10 +153,11 @@ class Searcher:
             valid_at = found_time.valid_at if found_time else None
         mmr = any(s.reranker == "mmr" for s in chosen.searches)
         asof = AsOf.resolve(valid_at, known_at, include_invalid, None)
-        # Candidates are read without their details unless a reranker counts mentions; the
-        # hits kept are completed at the end (``_run``).
-        mentions = any(s.reranker == "mentions" for s in chosen.searches)
-        scope = SearchScope(groups, asof, embeddings=mmr, details=mentions)
+        # Candidates are read without their details (a store may then read their records in
+        # part: ``SearchScope.details``) unless a reranker counts mentions or reads their text;
+        # the hits kept are completed at the end (``_run``).
+        details = any(s.reranker in ("mentions", "cross_encoder") for s in chosen.searches)
+        scope = SearchScope(groups, asof, embeddings=mmr, details=details)
         # Episodes are those said by the valid-at (given, or named by the query's time words:
         # the state then is what was said by then), and where the question is about a state
         # (now or then) the newest restatement comes first (recency.py).

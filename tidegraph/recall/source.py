@@ -42,9 +42,9 @@ class SearchSource(Protocol):
         ...
 
     async def complete_hits(self, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
-        """The hits (read with ``scope.details`` off), in order, with their details: what
-        reading them with it on would have given (``Hit.episodes``, ``mentions``,
-        ``subject``, ``object``)."""
+        """The hits (read with ``scope.details`` off), in order, with their details and whole
+        records: what reading them with it on would have given (``Hit.episodes``,
+        ``mentions``, ``subject``, ``object``, ``record``)."""
         ...
 
     async def expand_facts(

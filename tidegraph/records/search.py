@@ -75,6 +75,8 @@ class SearchScope:
     # entity's mentioning episodes (``Hit.episodes``, ``mentions``, ``subject``, ``object``).
     # A search reads its candidates without and completes only the hits it keeps
     # (``SearchSource.complete_hits``): an entity's mentions are most of what its hit costs.
+    # Without details and embeddings, a store may also read a fact's or an entity's record in
+    # part (the embedded store: a fact's ends, an entity's uuid), made whole by completion.
     details: bool = True
 
     def __post_init__(self) -> None:

@@ -50,7 +50,7 @@ class SqliteCommunities(GraphStore):
 
         def read(conn: sqlite3.Connection) -> tuple[list[str], list[WeightedEdge]]:
             nodes = ids(conn, "SELECT uuid FROM entity WHERE group_id = ? ORDER BY uuid", group_id)
-            facts = believed_facts(conn, group_id, asof, None)
+            facts = believed_facts(conn, group_id, asof, None, ends_only=True)
             edges = fold_edges((f.source_uuid, f.target_uuid, 1) for f in facts)
             return nodes, [WeightedEdge(a, b, w) for a, b, w in edges]
 
@@ -70,7 +70,7 @@ class SqliteCommunities(GraphStore):
         asof = AsOf.resolve(at, None, False, None)
 
         def read(conn: sqlite3.Connection) -> list[dict[str, int]]:
-            facts = believed_facts(conn, group_id, asof, unique(entity_uuids))
+            facts = believed_facts(conn, group_id, asof, unique(entity_uuids), ends_only=True)
             return [
                 neighbour_weights_of(
                     uuid,

@@ -29,6 +29,7 @@ FACT = (
     "f.start_learned_at"
 )
 FACT_FULL = f"{FACT}, f.fact_embedding"
+FACT_ENDS = "f.uuid, f.group_id, f.source_uuid, f.target_uuid"  # ``ends_of``
 EPISODE = (
     "ep.uuid, ep.group_id, ep.name, ep.source, ep.source_description, ep.content, ep.valid_at, "
     "ep.created_at, ep.producer_id, ep.content_hash, ep.not_extracted"
@@ -120,25 +121,75 @@ def believed_sql(asof: AsOf) -> tuple[str, list[Any]]:
     )
 
 
+# A fact that ever had its start or end moved: only for those does ``believed_sql`` let
+# through more than ``AsOf.believed`` (see there).
+HISTORY = (
+    "(f.prior_ends IS NOT NULL OR f.prior_starts IS NOT NULL OR f.end_learned_at IS NOT NULL "
+    "OR f.start_learned_at IS NOT NULL)"
+)
+
+
 def believed_facts(
-    conn: sqlite3.Connection, group_id: str, asof: AsOf, touching: Sequence[str] | None
+    conn: sqlite3.Connection,
+    group_id: str,
+    asof: AsOf,
+    touching: Sequence[str] | None,
+    ends_only: bool = False,
 ) -> list[FactRecord]:
     """The group's facts ``asof`` believes (without embeddings); with ``touching``, only
-    those with an end among these entities."""
+    those with an end among these entities; ``ends_only``: partial records (``ends_of``)."""
+    ends = json_text(touching or [])
+    matches = (
+        [("f.group_id = ?", [group_id])]
+        if touching is None
+        else [
+            (f"f.group_id = ? AND f.source_uuid {IN_LIST}", [group_id, ends]),
+            (f"f.group_id = ? AND f.target_uuid {IN_LIST}", [group_id, ends]),
+        ]
+    )
+    return believed_where(conn, asof, matches, ends_only)
+
+
+def believed_where(
+    conn: sqlite3.Connection,
+    asof: AsOf,
+    matches: Sequence[tuple[str, Sequence[Any]]],
+    ends_only: bool = False,
+) -> list[FactRecord]:
+    """The facts matching any of ``matches`` (a condition on ``fact f`` and its parameters)
+    that ``asof`` believes, without embeddings. ``ends_only``: partial records of the facts
+    without a history (``ends_of``), which ``believed_sql`` decides exactly, so that their
+    times are never converted; those with one are read whole and decided by ``AsOf``."""
     where, params = believed_sql(asof)
-    if touching is None:
-        query = f"SELECT {FACT} FROM fact f WHERE f.group_id = ? AND {where}"
-        rows = conn.execute(query, [group_id, *params])
-    else:
-        ends = json_text(touching)
-        query = (
-            f"SELECT {FACT} FROM fact f WHERE f.group_id = ? AND f.source_uuid {IN_LIST} "
-            f"AND {where} UNION "
-            f"SELECT {FACT} FROM fact f WHERE f.group_id = ? AND f.target_uuid {IN_LIST} "
-            f"AND {where}"
-        )
-        rows = conn.execute(query, [group_id, ends, *params, group_id, ends, *params])
-    return [fact for fact in map(fact_of, rows) if asof.believed(fact)]
+    columns = f"{FACT_ENDS}, {HISTORY}" if ends_only else FACT
+    selects = (f"SELECT {columns} FROM fact f WHERE {match} AND {where}" for match, _ in matches)
+    query = " UNION ".join(selects)
+    rows = conn.execute(query, [p for _, given in matches for p in (*given, *params)])
+    if not ends_only:
+        return [fact for fact in map(fact_of, rows) if asof.believed(fact)]
+    plain: list[FactRecord] = []
+    moved: list[str] = []
+    for uuid, group_id, source, target, history in rows:
+        if history:
+            moved.append(uuid)
+        else:
+            plain.append(ends_of(uuid, group_id, source, target))
+    if moved:
+        plain += believed_where(conn, asof, [(f"f.uuid {IN_LIST}", [json_text(moved)])])
+    return plain
+
+
+def ends_of(uuid: str, group_id: str, source_uuid: str, target_uuid: str) -> FactRecord:
+    """A partial fact record: its ends only (what a walk and a fusion use; a search's
+    candidates are read so, ``SearchScope.details``, and the hits kept read whole)."""
+    return FactRecord(
+        uuid=uuid,
+        group_id=group_id,
+        source_uuid=source_uuid,
+        target_uuid=target_uuid,
+        name="",
+        fact="",
+    )
 
 
 def names_of(conn: sqlite3.Connection, uuids: Iterable[str]) -> dict[str, str]:

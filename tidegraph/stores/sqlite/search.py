@@ -51,6 +51,7 @@ from tidegraph.stores.sqlite.rows import (
     FACT_FULL,
     IN_LIST,
     believed_facts,
+    believed_where,
     entity_of,
     episode_of,
     fact_of,
@@ -178,22 +179,46 @@ def mentioning(
 
 def completed(conn: sqlite3.Connection, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
     """``SqliteSearch.complete_hits`` on the database's thread: each group's facts and
-    entities read once more for their details (episodes and communities carry theirs)."""
+    entities read once more for their details, and whole where they were read partially
+    (``partial_records``; episodes and communities carry theirs)."""
     done: dict[tuple[str, str], Hit] = {}
     for group_id in unique(h.group_id for h in hits):
         facts = [h for h in hits if h.group_id == group_id and h.kind == "fact"]
-        if facts:
-            records = [h.record for h in facts if isinstance(h.record, FactRecord)]
-            names = names_of(conn, (u for f in records for u in (f.source_uuid, f.target_uuid)))
-            producers = producers_of(conn, group_id, (u for f in records for u in f.episodes))
-            for hit, fact in zip(facts, records, strict=True):
-                done["fact", hit.uuid] = rules.with_fact_details(hit, fact, names, producers)
-        entities = [h.uuid for h in hits if h.group_id == group_id and h.kind == "entity"]
-        mentioned = mentioning(conn, group_id, scope.asof, entities)
-        for hit in hits:
-            if hit.group_id == group_id and hit.kind == "entity":
-                done["entity", hit.uuid] = rules.with_mentions(hit, mentioned.get(hit.uuid, []))
+        done |= {("fact", h.uuid): h for h in _completed_facts(conn, group_id, scope, facts)}
+        entities = [h for h in hits if h.group_id == group_id and h.kind == "entity"]
+        if partial_records(scope) and entities:
+            scores = {h.uuid: h.score for h in entities}
+            entities = entity_hits(conn, group_id, scope, scores)
+        mentioned = mentioning(conn, group_id, scope.asof, [h.uuid for h in entities])
+        for hit in entities:
+            done["entity", hit.uuid] = rules.with_mentions(hit, mentioned.get(hit.uuid, []))
     return [done.get((h.kind, h.uuid), h) for h in hits]
+
+
+def _completed_facts(
+    conn: sqlite3.Connection, group_id: str, scope: SearchScope, hits: Sequence[Hit]
+) -> list[Hit]:
+    """The group's fact hits with their details (and whole records, where partial)."""
+    if not hits:
+        return []
+    if partial_records(scope):
+        query = f"SELECT {FACT} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
+        rows = conn.execute(query, (group_id, json_text([h.uuid for h in hits])))
+        whole = {f.uuid: f for f in map(fact_of, rows)}
+        records = [whole[h.uuid] for h in hits]
+    else:
+        records = [h.record for h in hits if isinstance(h.record, FactRecord)]
+    names = names_of(conn, (u for f in records for u in (f.source_uuid, f.target_uuid)))
+    producers = producers_of(conn, group_id, (u for f in records for u in f.episodes))
+    if not partial_records(scope):
+        return [
+            rules.with_fact_details(hit, fact, names, producers)
+            for hit, fact in zip(hits, records, strict=True)
+        ]
+    return [
+        rules.fact_hit(fact, hit.score, scope.asof, names, producers, hit.distance)
+        for hit, fact in zip(hits, records, strict=True)
+    ]
 
 
 def communities_by_uuids(
@@ -238,6 +263,8 @@ def hits_of(
         return []
     asof = scope.asof
     param = (group_id, json_text(scores))
+    if kind in ("fact", "entity") and partial_records(scope):
+        return _partial_hits(conn, group_id, kind, asof, scores)
     if kind == "fact":
         columns = FACT_FULL if scope.embeddings else FACT
         query = f"SELECT {columns} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
@@ -259,6 +286,39 @@ def hits_of(
         rules.community_hit(c, group_id, scores[c.uuid])
         for c in communities_by_uuids(conn, group_id, list(scores))
         if rules.known_by(c.created_at, asof)
+    ]
+
+
+def partial_records(scope: SearchScope) -> bool:
+    """Whether the scope's fact and entity hits are read with partial records: a fact's ends
+    (``rows.ends_of``), an entity's uuid and group. Read so when neither details nor
+    embeddings are wanted (a search's candidates: their records are built for the hits kept
+    only, by ``completed``; most candidates are never kept)."""
+    return not scope.details and not scope.embeddings
+
+
+def _partial_hits(
+    conn: sqlite3.Connection,
+    group_id: str,
+    kind: Kind,
+    asof: AsOf,
+    scores: dict[str, float],
+) -> list[Hit]:
+    """The hits of the scored facts or entities of the group that the scope sees, with
+    partial records (``partial_records``)."""
+    uuids = json_text(scores)
+    if kind == "fact":
+        matches = [(f"+f.group_id = ? AND f.uuid {IN_LIST}", [group_id, uuids])]
+        facts = believed_where(conn, asof, matches, ends_only=True)
+        return [rules.fact_hit(f, scores[f.uuid], asof, None, None) for f in facts]
+    rows = conn.execute(
+        f"SELECT uuid FROM entity e WHERE +e.group_id = ? AND e.uuid {IN_LIST} "
+        "AND (e.created_at IS NULL OR e.created_at <= ?)",
+        (group_id, uuids, micros(asof.known_at)),
+    )
+    return [
+        rules.entity_hit(EntityRecord(uuid=uuid, group_id=group_id, name=""), scores[uuid], None)
+        for (uuid,) in rows
     ]
 
 
@@ -404,7 +464,7 @@ class SqliteSearch(GraphStore):
             return []
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
-            facts_of = self._touching(group_id, scope.asof)
+            facts_of = self._touching(group_id, scope.asof, partial_records(scope))
             nearest = await rules.expanded(facts_of, seeds, hops, limit, WALK_FIRST_CHUNK)
             found = [(f, 1 / d, d) for f, d in nearest]
             hits += await self.db.read(fact_hits, group_id, scope, found)
@@ -441,15 +501,16 @@ class SqliteSearch(GraphStore):
     async def entity_distances(
         self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
     ) -> dict[str, int]:
-        walks = [self._touching(g, scope.asof) for g in unique(scope.group_ids)]
+        walks = [self._touching(g, scope.asof, True) for g in unique(scope.group_ids)]
         return await rules.distances(walks, centre, uuids, max_hops)
 
-    def _touching(self, group_id: str, asof: AsOf) -> rules.FactsOf:
+    def _touching(self, group_id: str, asof: AsOf, ends_only: bool) -> rules.FactsOf:
         """The walk's read: the group's facts touching some entities that the scope
-        believes, without their embeddings."""
+        believes, without their embeddings (``ends_only``: partial, ``rows.ends_of``)."""
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
-            return await self.db.read(believed_facts, group_id, asof, unique(entity_uuids))
+            uuids = unique(entity_uuids)
+            return await self.db.read(believed_facts, group_id, asof, uuids, ends_only)
 
         return facts_of
 
