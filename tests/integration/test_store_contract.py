@@ -7,6 +7,7 @@ scenario on both and compares the answers. Any difference between the stores is 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Callable
@@ -806,7 +807,7 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
         monkeypatch.setattr(store.ex, "rows", recording)
         monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
-        checks = lambda: ran.count(sq.SMALL_SCAN["entity"])  # noqa: E731
+        checks = lambda: ran.count(sq.SMALL_SCAN_HITS["entity"])  # noqa: E731
         first = await store.vector_search(scope, "entity", vec(1, 0.2), 3)
         assert checks() == 1
         assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
@@ -821,19 +822,22 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
         await store.close()
 
 
-async def test_a_fulltext_list_and_the_recent_episodes_entities_are_one_read_each(
+async def test_a_search_list_and_the_recent_episodes_entities_are_one_read_each(
     neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Neo4j: a fulltext list of facts, entities or episodes is read with its hits in one
-    round trip (episodes: one more for the speakers' words), and the latest episodes with
-    the entities they mention in one; the answers are those of the separate reads."""
+    """Neo4j: a fulltext or vector list of facts, entities or episodes is read with its hits
+    in one round trip (fulltext episodes: one more for the speakers' words), and the latest
+    episodes with the entities they mention in one; the hits are those of separate reads."""
     group = f"reads-{uuidlib.uuid4().hex[:12]}"
     store = Neo4jStore(neo4j_uri)
     try:
         await store.setup(DIM)
-        acme, bob = entity(group, "Acme Corp"), entity(group, "Bob Stone")
+        acme = entity(group, "Acme Corp", embedding=vec(1))
+        bob = entity(group, "Bob Stone", embedding=vec(0, 1))
         said = episode(group, "msg-1", day(1), "Bob Stone: Acme Corp renewed the gold plan")
-        plan = fact(group, acme, bob, "OWNS", "Acme Corp is run by Bob Stone", episodes=[said.uuid])
+        said = said.model_copy(update={"content_embedding": vec(1)})
+        text = "Acme Corp is run by Bob Stone"
+        plan = fact(group, acme, bob, "OWNS", text, episodes=[said.uuid], embedding=vec(1))
         await store.write_episode(
             group,
             EpisodeWrite(episode=said, entities=[acme, bob], facts=[plan], mentions=[acme.uuid]),
@@ -847,17 +851,19 @@ async def test_a_fulltext_list_and_the_recent_episodes_entities_are_one_read_eac
 
         monkeypatch.setattr(store.ex, "rows", recording)
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
-        found = {}
         for kind, reads in (("fact", 1), ("entity", 1), ("episode", 2)):
             ran.clear()
-            found[kind] = await store.fulltext_search(scope, kind, "Acme Corp", 5)
-            assert len(ran) == reads, kind
-            assert ran[-1] == sq.FULLTEXT_HITS[kind]
-        assert [h.uuid for h in found["fact"]] == [plan.uuid]
-        assert found["fact"][0].episodes == ["msg-1"]  # the details came with the candidates
-        assert [h.uuid for h in found["entity"]] == [acme.uuid]
-        assert found["entity"][0].episodes == ["msg-1"]
-        assert [h.uuid for h in found["episode"]] == [said.uuid]
+            by_text = await store.fulltext_search(scope, kind, "Acme Corp", 5)
+            assert (len(ran), ran[-1]) == (reads, sq.FULLTEXT_HITS[kind])
+            ran.clear()
+            by_vector = await store.vector_search(scope, kind, vec(1), 1)
+            assert ran == [sq.SMALL_SCAN_HITS[kind]]  # a small group: scanned, with its hits
+            assert [h.uuid for h in by_text] == [h.uuid for h in by_vector]
+            separately = await store._hits(group, kind, scope.asof, {by_text[0].uuid: 1.0})
+            assert [dataclasses.replace(h, score=1.0) for h in by_text] == separately
+        assert by_text[0].uuid == said.uuid
+        [found] = await store.fulltext_search(scope, "fact", "Acme Corp", 5)
+        assert (found.uuid, found.episodes) == (plan.uuid, ["msg-1"])  # details came too
         ran.clear()
         assert await store.recent_episode_entities(scope, 3) == [acme.uuid]
         assert len(ran) == 1
@@ -898,7 +904,7 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
         found = await store.vector_search(scope, "entity", vec(0, 1), 3)
         first = vector_candidates(3)  # fewer than the crowd: none of mine among them
-        candidates, scan = sq.VECTOR["entity"]
+        candidates, (_, scan) = sq.VECTOR_HITS["entity"], sq.VECTOR["entity"]
         asked = [k for statement, k in ran if statement == candidates]
         scanned = sum(statement == scan for statement, _ in ran)
         if widen_above == 4:  # six is more: the index is asked for the most before a scan

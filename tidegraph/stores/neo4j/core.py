@@ -199,7 +199,7 @@ class StoreCore(SearchCore):
     ) -> list[tuple[EntityRecord, float]]:
         candidates, scan = sq.VECTOR["entity"]
         small = sq.SMALL_SCAN["entity"]
-        hits = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
+        hits, _ = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
         found = {e.uuid: e for e in await self.entities_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 
@@ -217,7 +217,7 @@ class StoreCore(SearchCore):
     ) -> list[tuple[FactRecord, float]]:
         candidates, scan = sq.VECTOR["fact"]
         small = sq.SMALL_SCAN["fact"]
-        hits = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
+        hits, _ = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
         found = {f.uuid: f for f in await self._facts_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 

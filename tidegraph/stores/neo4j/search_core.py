@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from tidegraph.records.asof import AsOf
@@ -23,6 +23,7 @@ from tidegraph.records.graph import CommunityRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.stores.base import GraphStore
 from tidegraph.stores.episode_search import episode_query, lucene_episode_query
+from tidegraph.stores.executor import Params
 from tidegraph.stores.hits import (
     best,
     check_kind,
@@ -138,13 +139,21 @@ class SearchCore(GraphStore):
     async def vector_search(
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
     ) -> list[Hit]:
-        candidates, scan = sq.VECTOR[check_kind(kind)]
+        kind = check_kind(kind)
+        candidates, scan = sq.VECTOR[kind]
         small = sq.SMALL_SCAN[kind]
+        if kind in sq.VECTOR_HITS:  # the candidates with their hits' rows, in one round trip
+            candidates, small = sq.VECTOR_HITS[kind], sq.SMALL_SCAN_HITS[kind]
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
+            reads = {
+                "group_id": group_id,
+                "embeddings": scope.embeddings,
+                "known_at": scope.asof.known_at,
+            }
 
-            async def found(k: int, group_id: str = group_id) -> Candidates:
-                return await self._nearest(candidates, scan, [group_id], embedding, k, small), None
+            async def found(k: int, group_id: str = group_id, reads: Params = reads) -> Candidates:
+                return await self._nearest(candidates, scan, [group_id], embedding, k, small, reads)
 
             hits += await self._seen(group_id, kind, scope.asof, found, limit, scope.embeddings)
         return best(hits, limit)
@@ -195,33 +204,36 @@ class SearchCore(GraphStore):
         embedding: list[float] | None,
         limit: int,
         small_scan: str | None = None,
-    ) -> list[tuple[str, float]]:
+        reads: Params | None = None,
+    ) -> Candidates:
         """(uuid, score) of the groups' nearest neighbours, best first: by an exact scan when
         the groups hold fewer than ``scan_below`` embeddings (``small_scan``); else from
         Neo4j's global vector index (``candidates``: its top
         k neighbours, rescored exactly on the stored vectors; k grows while too few are of
         the groups), or by an exact ``scan`` of the groups when more than ``MAX_VECTOR_K``
         neighbours would be needed (a small group among many; groups too large to scan
-        cheaply are first asked for ``MAX_VECTOR_K``) or no index holds the kind."""
+        cheaply are first asked for ``MAX_VECTOR_K``) or no index holds the kind. With the
+        statements of ``sq.VECTOR_HITS`` and ``sq.SMALL_SCAN_HITS`` (and their ``reads``
+        parameters), the hits' rows come with the best, else None."""
         vector = check_embedding(embedding, await self._embedding_dim(), "query embedding")
         if limit <= 0 or vector is None:
-            return []
-        params = {"group_ids": group_ids, "embedding": vector}
+            return [], None
+        params = {**(reads or {}), "group_ids": group_ids, "embedding": vector, "limit": limit}
         large = (tuple(sorted(group_ids)), small_scan)
         held = self._still_large(large)  # the groups' records of the kind, when large
         if small_scan is not None and held is None:
             bounds = {"limit": limit, "scan_below": self.scan_below}
             [row] = await self.ex.rows(small_scan, {**params, **bounds})
             if row["small"]:
-                return top(((u, min(1.0, max(0.0, float(s)))) for u, s in row["hits"]), limit)
+                return _best(row["hits"], limit), row.get("records")
             held = int(row["held"])
             self._large_groups[large] = (time.monotonic(), held)
         k = vector_candidates(limit)
         while candidates is not None:
             [row] = await self.ex.rows(candidates, {**params, "k": k})
-            hits = [(uuid, float(score)) for uuid, score in row["hits"]]
+            hits = row["hits"]
             if len(hits) >= limit or row["found"] < k:
-                return top(((u, min(1.0, max(0.0, s))) for u, s in hits), limit)
+                return _best(hits, limit), row.get("records")
             # Each round trip costs more than a larger k (an HNSW query's cost grows slowly
             # with k), so k grows in few large steps: fourfold, or enough for ``limit`` at the
             # share of the groups seen so far with a margin. A group too small a share of the
@@ -239,8 +251,8 @@ class SearchCore(GraphStore):
                     break
                 needed = MAX_VECTOR_K
             k = needed
-        scanned = await self.ex.rows(scan, {**params, "limit": limit})
-        return top(((r["uuid"], min(1.0, max(0.0, float(r["score"])))) for r in scanned), limit)
+        scanned = await self.ex.rows(scan, params)
+        return _best(((r["uuid"], r["score"]) for r in scanned), limit), None
 
     def _still_large(self, key: tuple[tuple[str, ...], str | None]) -> int | None:
         """How many records of the kind the groups held when found large, if that was within
@@ -281,11 +293,10 @@ class SearchCore(GraphStore):
         while True:
             scored, rows = await found(k)
             fresh = {uuid: score for uuid, score in scored if uuid not in judged}
-            if rows is None:
-                hits += await self._hits(group_id, kind, asof, fresh, embeddings)
-            else:
-                rows = [r for r in rows if r["uuid"] in fresh]
-                hits += _hits_of_rows(kind, asof, rows, fresh)
+            read = [r for r in rows or [] if r["uuid"] in fresh]
+            hits += _hits_of_rows(kind, asof, read, fresh)
+            unread = {uuid: fresh[uuid] for uuid in fresh.keys() - {r["uuid"] for r in read}}
+            hits += await self._hits(group_id, kind, asof, unread, embeddings)
             judged.update(fresh)
             if len(hits) >= limit or len(scored) < k or k >= MAX_CANDIDATES:
                 return best(hits, limit)
@@ -375,3 +386,9 @@ def _fact_hit(
     names = {fact.source_uuid: row["source_name"], fact.target_uuid: row["target_name"]}
     distance = None if distances is None else distances[fact.uuid]
     return fact_hit(fact, scores[fact.uuid], asof, names, dict(row["producers"]), distance)
+
+
+def _best(pairs: Iterable[Sequence[Any]], limit: int) -> list[tuple[str, float]]:
+    """The best ``limit`` (uuid, score) pairs, scores kept within [0, 1] (a cosine's
+    rounding may leave them just outside)."""
+    return top(((uuid, min(1.0, max(0.0, float(score)))) for uuid, score in pairs), limit)

@@ -59,15 +59,17 @@ def _fulltext(call: str, index: str) -> str:
     return _fulltext_best(call, index) + "RETURN uuid, score\n"
 
 
-def _candidates(call: str, index: str, prop: str) -> str:
+def _candidates(call: str, index: str, prop: str, records: str | None = None) -> str:
     """The index's top $k neighbours in one row: ``found``, how many the index gave (fewer
-    than $k: it has no more), and ``hits``, those of the groups as [uuid, score] pairs."""
+    than $k: it has no more), and ``hits``, those of the groups as [uuid, score] pairs
+    (``records``: a column read from them, ``_hit_maps``)."""
     return f"""
 CALL db.index.vector.{call}('{index}', $k, $embedding) YIELD {_yielded(call)} AS x
 WITH collect(x) AS xs
-RETURN size(xs) AS found,
-       [x IN xs WHERE x.group_id IN $group_ids
-        | [x.uuid, vector.similarity.cosine(x.{prop}, $embedding)]] AS hits
+WITH size(xs) AS found,
+     [x IN xs WHERE x.group_id IN $group_ids
+      | [x.uuid, vector.similarity.cosine(x.{prop}, $embedding)]] AS hits
+RETURN found, hits{"" if records is None else ", " + records + " AS records"}
 """
 
 
@@ -82,10 +84,11 @@ RETURN x.uuid AS uuid, score
 """
 
 
-def _small_scan(match: str, prop: str) -> str:
+def _small_scan(match: str, prop: str, records: str | None = None) -> str:
     """The exact scan when the groups hold fewer than $scan_below embeddings, in one round
     trip: one row, ``small`` and, when small, ``hits`` ([uuid, score] pairs, best first),
-    else ``held``, how many records of the kind the groups hold (from the group index)."""
+    else ``held``, how many records of the kind the groups hold (from the group index);
+    ``records``: a column read from the hits (``_hit_maps``)."""
     return f"""
 CALL () {{
   MATCH {match}
@@ -101,9 +104,10 @@ CALL (xs) {{
   LIMIT $limit
   RETURN collect([x.uuid, score]) AS hits
 }}
-RETURN size(xs) < $scan_below AS small, hits,
-       CASE WHEN size(xs) >= $scan_below
-       THEN COUNT {{ MATCH {match} WHERE x.group_id IN $group_ids }} END AS held
+WITH size(xs) < $scan_below AS small, hits,
+     CASE WHEN size(xs) >= $scan_below
+     THEN COUNT {{ MATCH {match} WHERE x.group_id IN $group_ids }} END AS held
+RETURN small, hits, held{"" if records is None else ", " + records + " AS records"}
 """
 
 
@@ -140,57 +144,102 @@ RETURN r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at
 
 # Hits are read in one round trip each (``SearchCore._hits``), times as epoch microseconds
 # (the driver builds its own DateTime objects slowly). Hits carry their embeddings (MMR
-# compares them), except the facts a walk reads: it may read hundreds. Each read is a body
-# after the uuids it reads (``_BY_UUIDS``, or a fulltext query's best: ``FULLTEXT_HITS``),
-# whose ``{score}`` is where the candidate's score is returned beside the record.
-_BY_UUIDS = "UNWIND $uuids AS uuid\n"
-
-_EPISODE_HITS = (
-    """
-MATCH (ep:Episodic {uuid: uuid})
-WHERE ep.group_id = $group_id
-RETURN ep {.*, content_embedding: CASE WHEN $embeddings THEN ep.content_embedding END, """
-    + q.times_as_micros("ep", ("valid_at", "created_at"))
-    + """} AS ep{score}
-"""
-)
-
-_FACT_HITS = (
-    """
-MATCH (s:Entity)-[r:RELATES_TO {uuid: uuid}]->(t:Entity)
-WHERE r.group_id = $group_id
-RETURN r {.*, fact_embedding: CASE WHEN $embeddings THEN r.fact_embedding END, """
-    + q.FACT_TIMES
-    + """} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid,
-       s.name AS source_name, t.name AS target_name,
-       COLLECT {
+# compares them), except the facts a walk reads: it may read hundreds. Each kind's read is a
+# match on ``uuid`` and its columns, read after the uuids it reads: $uuids
+# (``HITS_BY_UUIDS``), a fulltext query's best (``FULLTEXT_HITS``) or a vector search's
+# (``VECTOR_HITS``, ``SMALL_SCAN_HITS``), the latter two with the candidate's ``score``.
+_HIT_READS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "episode": (
+        "MATCH (ep:Episodic {uuid: uuid}) WHERE ep.group_id = $group_id",
+        (
+            (
+                "ep",
+                "ep {.*, content_embedding: CASE WHEN $embeddings THEN ep.content_embedding END, "
+                + q.times_as_micros("ep", ("valid_at", "created_at"))
+                + "}",
+            ),
+        ),
+    ),
+    "fact": (
+        "MATCH (s:Entity)-[r:RELATES_TO {uuid: uuid}]->(t:Entity) WHERE r.group_id = $group_id",
+        (
+            (
+                "r",
+                "r {.*, fact_embedding: CASE WHEN $embeddings THEN r.fact_embedding END, "
+                + q.FACT_TIMES
+                + "}",
+            ),
+            ("source_uuid", "s.uuid"),
+            ("target_uuid", "t.uuid"),
+            ("source_name", "s.name"),
+            ("target_name", "t.name"),
+            (
+                "producers",
+                """COLLECT {
          UNWIND r.episodes AS episode
          MATCH (ep:Episodic {uuid: episode})
          WHERE ep.group_id = $group_id
          RETURN [ep.uuid, ep.producer_id]
-       } AS producers{score}
-"""
-)
-
-_ENTITY_HITS = f"""
-MATCH (e:Entity {{uuid: uuid}})
-WHERE e.group_id = $group_id
-RETURN e {{.*, name_embedding: CASE WHEN $embeddings THEN e.name_embedding END,
-          {q.times_as_micros("e", ("created_at",))}}} AS e,
-       {q.COMMUNITY_OF_E} AS community_uuid,
-       COLLECT {{
+       }""",
+            ),
+        ),
+    ),
+    "entity": (
+        "MATCH (e:Entity {uuid: uuid}) WHERE e.group_id = $group_id",
+        (
+            (
+                "e",
+                "e {.*, name_embedding: CASE WHEN $embeddings THEN e.name_embedding END, "
+                + q.times_as_micros("e", ("created_at",))
+                + "}",
+            ),
+            ("community_uuid", q.COMMUNITY_OF_E),
+            (
+                "producers",
+                """COLLECT {
          MATCH (ep:Episodic)-[:MENTIONS]->(e)
          WHERE ep.group_id = $group_id AND ep.created_at <= $known_at
          RETURN ep.producer_id ORDER BY ep.valid_at DESC, ep.producer_id
-       }} AS producers{{score}}
-"""
+       }""",
+            ),
+        ),
+    ),
+}
 
-_HITS = {"fact": _FACT_HITS, "entity": _ENTITY_HITS, "episode": _EPISODE_HITS}
+
+def _hit_rows(kind: str, *extra: str) -> str:
+    """The read of ``kind``'s hits as rows: its columns, and the ``extra`` ones in scope."""
+    match, columns = _HIT_READS[kind]
+    returned = [f"{expr} AS {name}" for name, expr in columns] + list(extra)
+    return f"{match}\nRETURN " + ",\n       ".join(returned) + "\n"
+
+
+def _hit_maps(kind: str) -> str:
+    """The hits of $limit best [uuid, score] pairs of ``hits`` (best first) as a list of maps
+    (the columns of ``_hit_rows`` with ``uuid`` and ``score``), for one row's column."""
+    match, columns = _HIT_READS[kind]
+    fields = [f"{name}: {expr}" for name, expr in columns] + ["uuid: uuid", "score: score"]
+    return (
+        "COLLECT {\n  UNWIND hits AS h\n  WITH h[0] AS uuid, h[1] AS score\n"
+        "  ORDER BY score DESC, uuid LIMIT $limit\n"
+        f"  {match}\n  RETURN {{" + ", ".join(fields) + "}\n}"
+    )
+
+
+_READ_KINDS = ("fact", "entity", "episode")
 # The hits' rows of $uuids, by kind.
-HITS_BY_UUIDS = {kind: _BY_UUIDS + body.replace("{score}", "") for kind, body in _HITS.items()}
+HITS_BY_UUIDS = {kind: "UNWIND $uuids AS uuid\n" + _hit_rows(kind) for kind in _READ_KINDS}
 # The best $limit of the group's fulltext matches with their hits' rows, in one round trip
-# (the rows of ``*_HITS``, with ``uuid`` and ``score``); communities are read as hits apart.
+# (the rows of ``HITS_BY_UUIDS``, with ``uuid`` and ``score``); communities are read apart.
 FULLTEXT_HITS = {
-    kind: _fulltext_best(*_FULLTEXT[kind]) + body.replace("{score}", ", uuid, score")
-    for kind, body in _HITS.items()
+    kind: _fulltext_best(*_FULLTEXT[kind]) + _hit_rows(kind, "uuid", "score")
+    for kind in _READ_KINDS
+}
+# The vector reads with the hits of their best $limit, in the same round trip (``records``:
+# maps of the columns of ``HITS_BY_UUIDS`` with ``uuid`` and ``score``; the candidates' and
+# the small scan's other columns as in ``VECTOR`` and ``SMALL_SCAN``).
+VECTOR_HITS = {kind: _candidates(*_VECTOR[kind], records=_hit_maps(kind)) for kind in _READ_KINDS}
+SMALL_SCAN_HITS = {
+    kind: _small_scan(_MATCH[kind], _VECTOR[kind][2], records=_hit_maps(kind))
+    for kind in _READ_KINDS
 }
