@@ -783,6 +783,23 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
     assert found.uuid == lone.uuid and score == pytest.approx(0.0, abs=0.02)
 
 
+def recorded(store: Neo4jStore, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """Each statement the store reads with from now on, with its parameters, in order."""
+    ran: list[tuple[str, Any]] = []
+    rows = store.ex.rows
+
+    async def recording(statement: str, params: dict[str, Any]) -> Any:
+        ran.append((statement, params))
+        return await rows(statement, params)
+
+    monkeypatch.setattr(store.ex, "rows", recording)
+    return ran
+
+
+def statements(ran: list[tuple[str, Any]]) -> list[str]:
+    return [statement for statement, _ in ran]
+
+
 async def test_a_group_found_large_is_not_counted_again_for_a_while(
     neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -797,17 +814,10 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
         await store.setup(DIM)
         crowd = [entity(group, f"C{i}", embedding=vec(1, i / 10)) for i in range(6)]
         await store.upsert_entities(group, crowd)
-        ran: list[str] = []
-        rows = store.ex.rows
-
-        async def recording(statement: str, params: dict[str, Any]) -> Any:
-            ran.append(statement)
-            return await rows(statement, params)
-
-        monkeypatch.setattr(store.ex, "rows", recording)
+        ran = recorded(store, monkeypatch)
         monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
-        checks = lambda: ran.count(sq.SMALL_SCAN_HITS["entity"])  # noqa: E731
+        checks = lambda: statements(ran).count(sq.SMALL_SCAN_HITS["entity"])  # noqa: E731
         first = await store.vector_search(scope, "entity", vec(1, 0.2), 3)
         assert checks() == 1
         assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
@@ -842,22 +852,15 @@ async def test_a_search_list_and_the_recent_episodes_entities_are_one_read_each(
             group,
             EpisodeWrite(episode=said, entities=[acme, bob], facts=[plan], mentions=[acme.uuid]),
         )
-        ran: list[str] = []
-        rows = store.ex.rows
-
-        async def recording(statement: str, params: dict[str, Any]) -> Any:
-            ran.append(statement)
-            return await rows(statement, params)
-
-        monkeypatch.setattr(store.ex, "rows", recording)
+        ran = recorded(store, monkeypatch)
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
         for kind, reads in (("fact", 1), ("entity", 1), ("episode", 2)):
             ran.clear()
             by_text = await store.fulltext_search(scope, kind, "Acme Corp", 5)
-            assert (len(ran), ran[-1]) == (reads, sq.FULLTEXT_HITS[kind])
+            assert (len(ran), statements(ran)[-1]) == (reads, sq.FULLTEXT_HITS[kind])
             ran.clear()
             by_vector = await store.vector_search(scope, kind, vec(1), 1)
-            assert ran == [sq.SMALL_SCAN_HITS[kind]]  # a small group: scanned, with its hits
+            assert statements(ran) == [sq.SMALL_SCAN_HITS[kind]]  # scanned, with its hits
             assert [h.uuid for h in by_text] == [h.uuid for h in by_vector]
             separately = await store._hits(group, kind, scope.asof, {by_text[0].uuid: 1.0})
             assert [dataclasses.replace(h, score=1.0) for h in by_text] == separately
@@ -890,14 +893,7 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
         await store.upsert_entities(group, mine)
         crowd = [entity(other, f"T{i}", embedding=vec(i / 1000, 1)) for i in range(120)]
         await store.upsert_entities(other, crowd)
-        ran: list[tuple[str, Any]] = []
-        rows = store.ex.rows
-
-        async def recording(statement: str, params: dict[str, Any]) -> Any:
-            ran.append((statement, params.get("k")))
-            return await rows(statement, params)
-
-        monkeypatch.setattr(store.ex, "rows", recording)
+        ran = recorded(store, monkeypatch)
         monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
         monkeypatch.setattr(store, "widen_above", widen_above)
         monkeypatch.setattr(search_core, "MAX_VECTOR_K", 200)
@@ -905,7 +901,7 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
         found = await store.vector_search(scope, "entity", vec(0, 1), 3)
         first = vector_candidates(3)  # fewer than the crowd: none of mine among them
         candidates, (_, scan) = sq.VECTOR_HITS["entity"], sq.VECTOR["entity"]
-        asked = [k for statement, k in ran if statement == candidates]
+        asked = [params["k"] for statement, params in ran if statement == candidates]
         scanned = sum(statement == scan for statement, _ in ran)
         if widen_above == 4:  # six is more: the index is asked for the most before a scan
             assert asked == [first, 200]  # (scanned only if the index's 200 hold too few)
