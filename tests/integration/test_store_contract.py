@@ -1989,3 +1989,41 @@ async def test_assignments_of_several_groups_at_once_stay_in_their_groups(
     got = {g: {c.uuid: c.members for c in await store.communities(g)} for g in (first, second)}
     assert got[first] == {one1.uuid: sorted([u1["A"], u1["C"], u1["E"]]), two1.uuid: [u1["B"]]}
     assert got[second] == {one2.uuid: sorted([u2["A"], u2["E"]]), two2.uuid: [u2["B"]]}
+
+
+async def test_a_partial_hit_whose_record_was_deleted_since_is_left_out(tmp_path: Path) -> None:
+    """Embedded store: a search's candidates are read with partial records and completed in
+    a later read; a fact or entity deleted in between (a forget) is left out of the answer,
+    never answered partially nor failing the search."""
+    store = SqliteStore(tmp_path / "graph")
+    try:
+        await store.setup(DIM)
+        acme, bob = entity("g", "Acme Corp", embedding=vec(1)), entity("g", "Bob", embedding=vec(1))
+        owns = fact("g", acme, bob, "OWNS", "Acme Corp is run by Bob", embedding=vec(1))
+        said = episode("g", "msg-1", day(1), "Acme Corp and Bob")
+        await store.write_episode(
+            "g", EpisodeWrite(episode=said, entities=[acme, bob], facts=[owns])
+        )
+        full = SearchScope(("g",), AsOf.resolve(None, None, False, None), embeddings=False)
+        bare = dataclasses.replace(full, details=False)
+        found = [
+            *await store.fulltext_search(bare, "fact", "Acme", 5),
+            *await store.fulltext_search(bare, "entity", "Acme", 5),
+            *await store.fulltext_search(bare, "episode", "Acme", 5),
+        ]
+        assert {h.kind for h in found} == {"fact", "entity", "episode"}
+        assert [h.record.fact for h in found if isinstance(h.record, FactRecord)] == [""]  # partial
+        completed = await store.complete_hits(bare, found)
+        assert [h.record for h in completed if h.kind == "fact"] == [
+            h.record for h in await store.fulltext_search(full, "fact", "Acme", 5)
+        ]
+
+        def forget(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM fact WHERE group_id = 'g'")
+            conn.execute("DELETE FROM entity WHERE uuid = ?", (acme.uuid,))
+
+        await store.db.run(forget)
+        left = await store.complete_hits(bare, found)
+        assert [h.kind for h in left] == ["episode"]
+    finally:
+        await store.close()

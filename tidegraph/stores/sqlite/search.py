@@ -192,7 +192,14 @@ def completed(conn: sqlite3.Connection, scope: SearchScope, hits: Sequence[Hit])
         mentioned = mentioning(conn, group_id, scope.asof, [h.uuid for h in entities])
         for hit in entities:
             done["entity", hit.uuid] = rules.with_mentions(hit, mentioned.get(hit.uuid, []))
-    return [done.get((h.kind, h.uuid), h) for h in hits]
+    # A fact or entity deleted since its candidate was read (a forget between the reads) is
+    # left out, not answered partially.
+    completes = ("fact", "entity")
+    return [
+        done.get((h.kind, h.uuid), h)
+        for h in hits
+        if h.kind not in completes or (h.kind, h.uuid) in done
+    ]
 
 
 def _completed_facts(
@@ -205,6 +212,7 @@ def _completed_facts(
         query = f"SELECT {FACT} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
         rows = conn.execute(query, (group_id, json_text([h.uuid for h in hits])))
         whole = {f.uuid: f for f in map(fact_of, rows)}
+        hits = [h for h in hits if h.uuid in whole]  # one deleted since is left out
         records = [whole[h.uuid] for h in hits]
     else:
         records = [h.record for h in hits if isinstance(h.record, FactRecord)]
