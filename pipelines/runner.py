@@ -32,6 +32,7 @@ from typing import Any, cast
 
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import RETRIES, STAGE_EVENTS, STAGE_LATENCY
+from tidegraph.pipelines.outage import StoreOutage, store_outage
 from tidegraph.pipelines.retry import RetryPolicy
 from tidegraph.pipelines.step_runner import run_step
 from tidegraph.pipelines.units import Progress, Stop, UnitResult, UnitWriter
@@ -41,7 +42,7 @@ from tidegraph.processors.extraction import (
     Prepared,
     prepared_steps,
 )
-from tidegraph.processors.failures import classify
+from tidegraph.processors.failures import STORE_MAY_BE_DOWN, classify
 from tidegraph.processors.mapping import MappingSet
 from tidegraph.processors.prompts import StructuredLLM
 from tidegraph.processors.steps import Components
@@ -76,10 +77,16 @@ class GroupRunner:
         record_timeout: float = DEFAULT_RECORD_TIMEOUT,
         unit_episodes: int = DEFAULT_UNIT_EPISODES,
         extract_ahead: int = DEFAULT_EXTRACT_AHEAD,
+        outage: StoreOutage | None = None,
     ) -> None:
         self.components = components
         self.policy = policy or RetryPolicy()
         self.record_timeout = record_timeout
+        # A store that does not answer holds the group's record instead of failing it
+        # (tidegraph.pipelines.outage); by default waiting as long as a record's budget.
+        self.outage = outage or store_outage(
+            components.store, hold_seconds=record_timeout * WRITE_STAGES
+        )
         self.unit_episodes = unit_episodes
         self.extract_ahead = extract_ahead
         self.extraction = ExtractionStep(
@@ -197,10 +204,9 @@ class GroupRunner:
     async def _attempt(self, unit: list[Extraction]) -> UnitResult:
         """One attempt at a unit, within the budget of its episodes' write."""
         budget = self.record_timeout * WRITE_STAGES
-        limit = asyncio.timeout(budget)
         progress = Progress()
         try:
-            async with limit:
+            async with self.outage.budget(budget) as limit:
                 return await self.units.attempt(unit, progress)
         except TimeoutError as exc:
             if not limit.expired():
@@ -210,16 +216,30 @@ class GroupRunner:
             return UnitResult(stop=Stop(0, progress.stage, exc, own=False))
 
     async def _alone(self, extraction: Extraction, first: Stop | None) -> Outcome[WriteSummary]:
+        """``extraction`` as a unit of one (``_alone_once``); when it fails for a reason the
+        store may be behind and the store does not answer, it waits for the store and goes
+        again from the start (``StoreOutage.held``)."""
+        while True:
+            outcome = await self._alone_once(extraction, first)
+            failure = outcome.failure
+            if failure is None or failure.reason not in STORE_MAY_BE_DOWN:
+                return outcome
+            if not await self.outage.held():
+                return outcome
+            first = None
+
+    async def _alone_once(
+        self, extraction: Extraction, first: Stop | None
+    ) -> Outcome[WriteSummary]:
         """``extraction`` as a unit of one, retried with backoff while its failures are
         transient (``first``: the failed attempt already made), all within its budget."""
         episode = extraction.episode
         budget = self.record_timeout * WRITE_STAGES
-        limit = asyncio.timeout(budget)
         attempt = 0
         stop = first
         progress = Progress(first.stage if first is not None else "resolution")
         try:
-            async with limit:
+            async with self.outage.budget(budget) as limit:
                 while True:
                     if stop is None:
                         result = await self.units.attempt([extraction], progress)
@@ -275,7 +295,12 @@ class GroupRunner:
             STAGE_LATENCY.labels(step.stage).observe(loop.time() - started)
             return Outcome(episode, mapped)
         return await run_step(
-            step, episode, episode, policy=self.policy, budget=self.record_timeout
+            step,
+            episode,
+            episode,
+            policy=self.policy,
+            budget=self.record_timeout,
+            outage=self.outage,
         )
 
 
@@ -398,7 +423,14 @@ class Extractions:
         for (episode, future), one in zip(chunk, prepared, strict=True):
             run = next(step_of) if one is not None else step
             task = asyncio.create_task(
-                run_step(run, episode, episode, policy=runner.policy, budget=runner.record_timeout)
+                run_step(
+                    run,
+                    episode,
+                    episode,
+                    policy=runner.policy,
+                    budget=runner.record_timeout,
+                    outage=runner.outage,
+                )
             )
             task.add_done_callback(self._settle(future))
             self._tasks.add(task)

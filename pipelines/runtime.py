@@ -13,6 +13,7 @@ from pathlib import Path
 from tidegraph.embed import make_embedder
 from tidegraph.embed.base import Embedder
 from tidegraph.llm import LLMClient
+from tidegraph.pipelines.outage import StoreOutage, store_outage
 from tidegraph.pipelines.retry import RetryPolicy
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.mapping import MappingSet
@@ -30,16 +31,23 @@ class Runtime:
     llm: LLMClient | None
     mappings: MappingSet | None
     components: Components
+    # Whether the store answers, for every runner, hop and timer of the process
+    # (tidegraph.pipelines.outage): records wait for it up to TIDEGRAPH_STORE_OUTAGE_LIMIT_SECONDS.
+    outage: StoreOutage
     cross_encoder: CrossEncoder | None = None  # the optional reranker (TIDEGRAPH_RERANK_*)
 
     def runner(self, policy: RetryPolicy | None = None) -> GroupRunner:
         """The group runner of this process, over these components (``policy``: its retries
         of transient failures; default ``RetryPolicy()``)."""
         return GroupRunner(
-            self.components, policy=policy, record_timeout=self.settings.record_timeout_seconds
+            self.components,
+            policy=policy,
+            record_timeout=self.settings.record_timeout_seconds,
+            outage=self.outage,
         )
 
     async def close(self) -> None:
+        await self.outage.close()
         if self.llm is not None:
             await self.llm.close()
         if self.cross_encoder is not None:
@@ -76,6 +84,18 @@ async def open_runtime(
         embed_mapped_content=settings.embed_mapped_content,
     )
     components.record_changes = settings.changes_enabled
+    outage = store_outage(
+        store,
+        hold_seconds=settings.store_outage_limit_seconds,
+        what=f"Neo4j at {settings.neo4j_uri}" if settings.store == "neo4j" else "the store",
+    )
     return Runtime(
-        settings, store, embedder, llm, mappings, components, cross_encoder_from_settings(settings)
+        settings,
+        store,
+        embedder,
+        llm,
+        mappings,
+        components,
+        outage,
+        cross_encoder_from_settings(settings),
     )

@@ -9,14 +9,15 @@ chain goes on with (extraction: a text episode the LLM failed on is stored unext
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from tidegraph.metrics import IN_FLIGHT, STAGE_EVENTS, STAGE_LATENCY
+from tidegraph.pipelines.outage import StoreOutage
+from tidegraph.pipelines.outage import budget as outage_budget
 from tidegraph.pipelines.retry import Attempted, RetryPolicy, with_retries
-from tidegraph.processors.failures import Verdict
+from tidegraph.processors.failures import STORE_MAY_BE_DOWN, Verdict
 from tidegraph.processors.steps import Step
 from tidegraph.records.episode import Episode
 from tidegraph.records.outcome import Failure, Outcome
@@ -49,11 +50,12 @@ async def attempts(
     policy: RetryPolicy,
     budget: float,
     what: str = "",
+    outage: StoreOutage | None = None,
 ) -> Attempted[T]:
-    """``call`` with retries (``with_retries``), within ``budget`` seconds for all attempts."""
-    limit = asyncio.timeout(budget)
+    """``call`` with retries (``with_retries``), within ``budget`` seconds for all attempts
+    (stopped while ``outage`` says the store is down)."""
     try:
-        async with limit:
+        async with outage_budget(outage, budget) as limit:
             return await with_retries(stage, call, policy, what=what)
     except TimeoutError:
         if not limit.expired():
@@ -67,18 +69,33 @@ async def attempts(
 
 
 async def run_step(
-    step: Step[Any, Any], item: Any, episode: Episode, *, policy: RetryPolicy, budget: float
+    step: Step[Any, Any],
+    item: Any,
+    episode: Episode,
+    *,
+    policy: RetryPolicy,
+    budget: float,
+    outage: StoreOutage | None = None,
 ) -> Outcome[Any]:
     """``step.run(item)`` as the episode's outcome: its value, ``processed``, the step's
-    fallback when it gives up, or the failure."""
+    fallback when it gives up, or the failure. A failure the store may be behind, while the
+    store does not answer, is not one: the step waits for the store and goes again
+    (``StoreOutage.held``)."""
     what = f"group={episode.group_id} episode={episode.id}"
-    done = await attempts(
-        step.stage,
-        lambda: timed(step.stage, lambda: step.run(item)),
-        policy=policy,
-        budget=budget,
-        what=what,
-    )
+    while True:
+        done = await attempts(
+            step.stage,
+            lambda: timed(step.stage, lambda: step.run(item)),
+            policy=policy,
+            budget=budget,
+            what=what,
+            outage=outage,
+        )
+        if done.ok or outage is None:
+            break
+        assert done.verdict is not None
+        if done.verdict.reason not in STORE_MAY_BE_DOWN or not await outage.held():
+            break
     if done.ok:
         if isinstance(done.value, Processed):
             return Outcome.already(episode, done.value.created_entities)

@@ -102,6 +102,11 @@ REASONS: dict[str, str] = {
     "internal_error": "a stage broke its contract on this record (a bug): please report it",
 }
 
+# The reasons a store that does not answer may be behind: before a failure with one of them
+# counts, the store is probed, and while it does not answer the record waits at the head of
+# its group instead (tidegraph/pipelines/outage.py).
+STORE_MAY_BE_DOWN = frozenset({"store_unavailable", "io", "timeout", "error"})
+
 _TRANSIENT_LLM = frozenset({"rate_limited", "server", "timeout"})
 
 

@@ -251,3 +251,20 @@ CHANGES_BEHIND = Gauge(
     "tidegraph_changes_unpublished",
     "Changes committed to the outbox of the groups this worker relays and not published yet.",
 )
+STORE_UNREACHABLE = Gauge(
+    "tidegraph_store_unreachable",
+    "1 while the graph store does not answer and records wait for it at the head of their "
+    'groups (docs/streaming.md "When the store is down"), else 0.',
+)
+STORE_UNREACHABLE_SECONDS = Counter(
+    "tidegraph_store_unreachable_seconds_total",
+    "Seconds the graph store did not answer, counted when each outage ended.",
+)
+STORE_HELD = Gauge(
+    "tidegraph_store_held_records",
+    "Records (or record groups) waiting for the graph store to answer again.",
+)
+PARTITIONS_PAUSED = Gauge(
+    "tidegraph_partitions_paused",
+    "Input partitions this worker paused while the graph store does not answer.",
+)

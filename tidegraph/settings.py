@@ -144,6 +144,15 @@ class Settings(BaseSettings):
         description="Longest a stage may work on one record, retries included; then the record "
         "is dead-lettered with reason 'timeout' (replayable) and its group goes on.",
     )
+    store_outage_limit_seconds: float = Field(
+        3600.0,
+        ge=0,
+        description="How long records wait at the head of their groups for a graph store "
+        "that does not answer (nothing is dead-lettered for it; record budgets stop meanwhile); "
+        "past it a worker exits with status 75 without committing, `tidegraph ingest` stops "
+        'with one line (docs/streaming.md "When the store is down"). The servers never '
+        "hold a request: they answer 503 with Retry-After.",
+    )
 
     # --- worker ------------------------------------------------------------------------
     metrics_port: int = Field(9464, description="Port of the worker's /metrics and health HTTP.")

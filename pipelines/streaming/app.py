@@ -25,7 +25,13 @@ from typing import Any
 import faust
 
 from tidegraph.connections import KafkaConnection
-from tidegraph.metrics import ASSIGNED_PARTITIONS, BATCH_SIZE, RECORDS_PRODUCED
+from tidegraph.metrics import (
+    ASSIGNED_PARTITIONS,
+    BATCH_SIZE,
+    PARTITIONS_PAUSED,
+    RECORDS_PRODUCED,
+)
+from tidegraph.pipelines.outage import StoreOutage
 from tidegraph.pipelines.outbox import PRUNE_EVERY_SECONDS, prune_outbox
 from tidegraph.pipelines.pending import partition_of, pending_envelopes
 from tidegraph.pipelines.runtime import Runtime
@@ -43,7 +49,9 @@ from tidegraph.pipelines.streaming.handlers import (
 from tidegraph.pipelines.streaming.health import HealthState
 from tidegraph.pipelines.streaming.lanes import KeyedBacklog, KeyedLanes
 from tidegraph.pipelines.streaming.relay import relay_changes
+from tidegraph.processors.failures import STORE_MAY_BE_DOWN, classify
 from tidegraph.settings import Settings
+from tidegraph.stores.errors import StoreUnreachable
 from tidegraph.topics.names import TopicNames
 
 log = logging.getLogger(__name__)
@@ -239,19 +247,33 @@ def _timers(
     partitions: int,
     health: HealthState | None,
 ) -> None:
-    """The store probe behind /readyz and the sweep of episodes stored without extraction."""
-    if health is not None:
+    """The store probe behind /readyz and the outage rule (``tidegraph.pipelines.outage``:
+    the records held, the partitions paused while the store does not answer), and the sweep
+    of episodes stored without extraction."""
+    outage = runtime.outage
+    paused: set[Any] = set()
 
-        @app.timer(interval=worker.health_probe_seconds)
-        async def probe_neo4j() -> None:
-            try:
-                await runtime.store.episode_processed("tidegraph-health", "probe")
-            except Exception as exc:
-                if health.neo4j_reachable:
-                    log.warning("neo4j is not reachable: %s: %s", type(exc).__name__, exc)
-                health.neo4j_reachable = False
-            else:
-                health.neo4j_reachable = True
+    def on_outage(down: bool) -> None:
+        # Fetch nothing more while the store does not answer; what was taken waits, in order.
+        consumer = app.consumer
+        if down:
+            paused.update(consumer.assignment())
+            consumer.pause_partitions(paused)
+        else:
+            consumer.resume_partitions(paused & set(consumer.assignment()))
+            paused.clear()
+        PARTITIONS_PAUSED.set(len(paused))
+        if health is not None:
+            health.neo4j_reachable = not down
+
+    outage.listen(on_outage)
+
+    @app.timer(interval=worker.health_probe_seconds, name="tidegraph.store_probe")
+    async def probe_store() -> None:
+        # An outage found here stops the budgets of records stuck on a frozen store at once.
+        reachable = await outage.check()
+        if health is not None and not outage.down:
+            health.neo4j_reachable = reachable
 
     if runtime.llm is not None:
 
@@ -265,8 +287,8 @@ def _timers(
                 )
                 for key, value in envelopes:
                     await topics[names.episodes].send(key=key.encode(), value=value)
-            except Exception:
-                log.exception("pending sweep failed; the next one tries again")
+            except Exception as exc:
+                await quietly(outage, "pending sweep", exc)
                 return
             if envelopes:
                 log.info("pending_sweep resent=%d", len(envelopes))
@@ -295,14 +317,19 @@ def _change_stream(
         # The outbox's committed changes to {prefix}.changes (docs/streaming.md "Change
         # stream"), round after round: a round that found a full batch goes on at once, the
         # others wait changes_relay_seconds; a failed round is tried again by the next one.
+        failing = False  # logged once until a round succeeds again
         while not app.should_stop:
             try:
                 published = await relay_changes(
                     runtime.store, send_change, set(owned), partitions, RELAY_BATCH
                 )
-            except Exception:
-                log.exception("change relay failed; the next round tries again")
+                failing = False
+            except Exception as exc:
+                if not failing:
+                    await quietly(runtime.outage, "change relay", exc)
+                failing = True
                 published = 0
+                await runtime.outage.wait_up()
             if published < RELAY_BATCH:
                 await app.sleep(worker.changes_relay_seconds)
 
@@ -321,8 +348,21 @@ def _change_stream(
                 runtime.settings.changes_retention_hours,
                 published_only=True,
             )
-        except Exception:
-            log.exception("outbox retention failed; the next round tries again")
+        except Exception as exc:
+            await quietly(runtime.outage, "outbox retention", exc)
+
+
+async def quietly(outage: StoreOutage, what: str, exc: BaseException) -> None:
+    """A background round (relay, sweep, retention) failed: nothing more when the store does
+    not answer (``StoreOutage`` logs an outage once), else one line, with the traceback of
+    what may be a bug; the next round tries again."""
+    store_may_be_down = classify(exc).reason in STORE_MAY_BE_DOWN
+    if store_may_be_down and not await outage.check():
+        return
+    log.warning(
+        "%s failed (%s: %s); the next round tries again",
+        what, type(exc).__name__, exc, exc_info=None if store_may_be_down else exc,
+    )  # fmt: skip
 
 
 def _short(names: TopicNames, topic: str) -> str:
@@ -459,13 +499,15 @@ def consumed(event: faust.EventT) -> Consumed:
 
 
 def _fail_stop(stage: str, exc: BaseException) -> None:
-    """A record could not be produced (Kafka unavailable beyond the producer's retries) or a
-    handler broke its contract (handlers turn record failures into dead letters): stop at
-    once without committing anything more."""
+    """A record could not be produced (Kafka unavailable beyond the producer's retries), the
+    store did not answer for longer than TIDEGRAPH_STORE_OUTAGE_LIMIT_SECONDS, or a handler
+    broke its contract (handlers turn record failures into dead letters): stop at once
+    without committing anything more."""
     log.critical(
         "stage=%s cannot finish a batch (%s: %s); exiting with status %d without committing: "
         "the unfinished records are redelivered when a worker restarts",
-        stage, type(exc).__name__, exc, EXIT_PRODUCE_FAILED, exc_info=exc,
+        stage, type(exc).__name__, exc, EXIT_PRODUCE_FAILED,
+        exc_info=None if isinstance(exc, StoreUnreachable) else exc,  # an outage: no bug
     )  # fmt: skip
     for handler in logging.getLogger().handlers:
         handler.flush()

@@ -33,11 +33,13 @@ import faust
 
 from tidegraph.metrics import ASSIGNED_PARTITIONS, COMMUNITY_ASSIGNMENTS
 from tidegraph.pipelines.community_service import CommunityService
+from tidegraph.pipelines.outage import StoreOutage
 from tidegraph.pipelines.retry import with_retries
 from tidegraph.pipelines.runtime import Runtime
 from tidegraph.pipelines.step_runner import timed
 from tidegraph.pipelines.streaming.config import WorkerSettings
 from tidegraph.pipelines.streaming.handlers import Consumed, Emit, RecordHandler
+from tidegraph.processors.failures import STORE_MAY_BE_DOWN, classify
 from tidegraph.topics.names import TopicNames
 from tidegraph.topics.records import NewEntityRecord
 
@@ -62,6 +64,7 @@ class CommunityHandler(RecordHandler):
         super().__init__(names, worker, runtime.settings.record_timeout_seconds)
         self.service = service
         self.on_group = on_group
+        self.outage = self.store_outage = runtime.outage
 
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
         """A group's new entities of a micro-batch placed as one unit, in order
@@ -82,8 +85,14 @@ class CommunityHandler(RecordHandler):
         return outputs
 
     async def _assign(self, group: str, entities: list[str]) -> None:
-        """Place ``entities`` with retries, within the record budget; on failure they are
+        """Place ``entities`` with retries, within the record budget; while the store does
+        not answer they wait for it (``StoreOutage.held``); on another failure they are
         logged and counted, and the group's next refresh places them."""
+        while not await self._assigned(group, entities):
+            pass
+
+    async def _assigned(self, group: str, entities: list[str]) -> bool:
+        """One try of ``_assign``: False when it is to be tried again (the store was down)."""
 
         def attempt() -> Awaitable[list[str | None]]:
             return timed(
@@ -92,22 +101,25 @@ class CommunityHandler(RecordHandler):
 
         attempts, reason, error = 0, "timeout", "out of time (TIDEGRAPH_RECORD_TIMEOUT_SECONDS)"
         try:
-            async with asyncio.timeout(self.record_timeout):
+            async with self.store_outage.budget(self.record_timeout):
                 outcome = await with_retries(
                     self.stage, attempt, self.policy, what=f"group={group} entities={len(entities)}"
                 )
             if outcome.ok:
-                return
+                return True
             attempts, error = outcome.attempts, str(outcome.error)
             reason = outcome.verdict.reason if outcome.verdict else "?"
         except TimeoutError:
             pass
+        if reason in STORE_MAY_BE_DOWN and await self.store_outage.held():
+            return False
         COMMUNITY_ASSIGNMENTS.labels("error").inc(len(entities))
         log.warning(
             "community_assignment_failed group=%s entities=%s attempts=%d reason=%s error=%s; "
             "the group's next refresh places them",
             group, ",".join(entities), attempts, reason, error,
         )  # fmt: skip
+        return True
 
 
 class RefreshScheduler:
@@ -116,12 +128,14 @@ class RefreshScheduler:
     def __init__(
         self,
         service: CommunityService,
+        outage: StoreOutage,
         *,
         threshold: float,
         max_age: timedelta,
         max_concurrent: int,
     ) -> None:
         self.service = service
+        self.outage = outage
         self.threshold = threshold
         self.max_age = max_age
         self._partition_of: dict[str, int] = {}
@@ -143,7 +157,9 @@ class RefreshScheduler:
     def tick(self) -> list[str]:
         """Start a refresh for every known group that needs one and has none running;
         returns those groups. Never waits for a refresh."""
-        started = []
+        started: list[str] = []
+        if self.outage.down:  # the store does not answer: the next check after it does
+            return started
         for group in self.groups:
             if self._closed:
                 break
@@ -170,6 +186,8 @@ class RefreshScheduler:
                 log.info("community_refresh_cancelled group=%s trigger=%s", group, trigger)
                 raise
             except Exception as exc:
+                if classify(exc).reason in STORE_MAY_BE_DOWN and not await self.outage.check():
+                    return  # the store does not answer (logged once): the next check retries
                 log.warning(
                     "community_refresh_failed group=%s trigger=%s error=%s: %s; retried at "
                     "the next check",
@@ -225,6 +243,7 @@ def install_community_agent(
     service = CommunityService(runtime.store, runtime.llm, runtime.embedder)
     scheduler = RefreshScheduler(
         service,
+        runtime.outage,
         threshold=worker.community_drift_threshold,
         max_age=timedelta(seconds=worker.community_max_age_seconds),
         max_concurrent=worker.community_max_concurrent_refreshes,

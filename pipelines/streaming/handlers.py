@@ -10,7 +10,6 @@ already processed episode where it costs least (docs: "At-least-once with idempo
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -21,9 +20,10 @@ from pydantic import BaseModel, ValidationError
 
 from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, FORGET_REQUESTS, STAGE_EVENTS
 from tidegraph.pipelines.forget import ForgetError, forget
+from tidegraph.pipelines.outage import StoreOutage, budget
 from tidegraph.pipelines.runner import WRITE_STAGES, GroupRunner
 from tidegraph.pipelines.streaming.config import WorkerSettings
-from tidegraph.processors.failures import classify
+from tidegraph.processors.failures import STORE_MAY_BE_DOWN, classify
 from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
@@ -31,6 +31,7 @@ from tidegraph.records.forget import ForgetRequest, parse_record
 from tidegraph.records.outcome import Failure, Outcome
 from tidegraph.records.stages import WriteSummary
 from tidegraph.records.times import utcnow
+from tidegraph.stores.errors import StoreUnreachable
 from tidegraph.topics.names import TopicNames
 from tidegraph.topics.records import (
     MAX_RECORD_VALUE_BYTES,
@@ -97,6 +98,9 @@ class RecordHandler:
     failing record."""
 
     stage: str = "stage"
+    # Whether the store answers (tidegraph.pipelines.outage): the handler's deadline stops
+    # while it does not.
+    outage: StoreOutage | None = None
 
     def __init__(self, names: TopicNames, worker: WorkerSettings, record_timeout: float) -> None:
         self.names = names
@@ -198,6 +202,7 @@ class ExtractionHandler(RecordHandler):
     ) -> None:
         super().__init__(names, worker, record_timeout)
         self.runner = runner
+        self.outage = runner.outage
 
     @property
     def group_take(self) -> int:
@@ -287,6 +292,7 @@ class WriteHandler(RecordHandler):
     ) -> None:
         super().__init__(names, worker, record_timeout)
         self.runner = runner
+        self.outage = runner.outage
 
     @property
     def group_take(self) -> int:  # one unit, as in-process
@@ -330,14 +336,21 @@ class WriteHandler(RecordHandler):
 
     async def _forget(self, record: Consumed, hop: ForgetRecord) -> list[Emit]:
         """A forget request, run in its group's order; a dead letter when it cannot be done
-        (nothing was forgotten then: replaying the letter tries again)."""
-        try:
-            report = await forget(self.runner, hop.forget)
-        except Exception as exc:
-            FORGET_REQUESTS.labels("failed").inc()
-            reason = "forget_failed" if isinstance(exc, ForgetError) else classify(exc).reason
-            letter = self.dead(record, Failure.of("forget", exc, reason), origin=hop.origin)
-            return [letter]
+        (nothing was forgotten then: replaying the letter tries again). While the store does
+        not answer, it waits for the store and runs again (a forget is idempotent)."""
+        while True:
+            try:
+                report = await forget(self.runner, hop.forget)
+                break
+            except StoreUnreachable:
+                raise
+            except Exception as exc:
+                reason = "forget_failed" if isinstance(exc, ForgetError) else classify(exc).reason
+                if reason in STORE_MAY_BE_DOWN and await self.runner.outage.held():
+                    continue
+                FORGET_REQUESTS.labels("failed").inc()
+                letter = self.dead(record, Failure.of("forget", exc, reason), origin=hop.origin)
+                return [letter]
         FORGET_REQUESTS.labels("done").inc()
         log.info("forget request done: %s", report.line())
         return []
@@ -374,10 +387,11 @@ async def handled(handler: RecordHandler, records: Sequence[Consumed]) -> list[l
     job that takes longer than the deadline, makes a dead letter of each of its records here:
     a record never stops the worker or holds its group for longer than that."""
     deadline = handler.deadline(len(records))
-    limit = asyncio.timeout(deadline)
     try:
-        async with limit:
+        async with budget(handler.outage, deadline) as limit:
             return await handler.handle_group(records)
+    except StoreUnreachable:
+        raise  # the store stayed down past its limit: the worker stops, committing nothing
     except Exception as exc:
         if limit.expired():
             error = TimeoutError(

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import NoReturn
 
 import faust
 from aiokafka.errors import KafkaError
-from neo4j.exceptions import DriverError, Neo4jError
+from neo4j.exceptions import DriverError, Neo4jError, ServiceUnavailable, SessionExpired
 
 from tidegraph.connections import ConnectionSettingsError, KafkaConnection, neo4j_driver_options
-from tidegraph.pipelines.runtime import open_runtime
+from tidegraph.pipelines.runtime import Runtime, open_runtime
 from tidegraph.pipelines.streaming.app import create_app
 from tidegraph.pipelines.streaming.config import WorkerSettings
 from tidegraph.pipelines.streaming.health import HealthState, health_routes
 from tidegraph.pipelines.streaming.observability import ObservabilityServer, Response
 from tidegraph.settings import Settings
-from tidegraph.stores import StoreSchemaError
+from tidegraph.stores import StoreSchemaError, open_store
 from tidegraph.topics.admin import TopicSetupError, ensure_topics
 from tidegraph.topics.names import TopicNames
 
@@ -42,8 +43,63 @@ def setup_logging(level: str) -> None:
     logging.getLogger("neo4j.notifications").setLevel(logging.WARNING)
 
 
+# Exit status of a worker whose store did not answer for TIDEGRAPH_STORE_OUTAGE_LIMIT_SECONDS
+# (at start or while running): nothing was committed past an unwritten record; restart it.
+EXIT_STORE_UNREACHABLE = 75
+START_BACKOFF_SECONDS = 0.5
+START_BACKOFF_MAX_SECONDS = 15.0
+
+
 class StartupError(RuntimeError):
-    """The worker cannot start with this configuration (the message says what to fix)."""
+    """The worker cannot start with this configuration (the message says what to fix);
+    ``exit_code``: the process's exit status."""
+
+    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+async def open_when_store_answers(settings: Settings) -> Runtime:
+    """The worker's runtime, once its store answers: a store that does not answer yet (a
+    worker started before Neo4j, or during an outage) is waited for with backoff, up to
+    TIDEGRAPH_STORE_OUTAGE_LIMIT_SECONDS, with one warning and a line per try; anything else
+    wrong (a refused login, a schema that does not fit, a broken mapping file) stops the
+    start at once."""
+    started = time.monotonic()
+    delay = START_BACKOFF_SECONDS
+    where = f"Neo4j at {settings.neo4j_uri} (TIDEGRAPH_NEO4J_URI)"
+    while True:
+        store = open_store(settings)
+        try:
+            return await open_runtime(settings, mapping_path=settings.mappings, store=store)
+        except (DriverError, Neo4jError) as exc:
+            await store.close()
+            if not _unreachable(exc):
+                raise StartupError(f"{where}: {type(exc).__name__}: {exc}") from exc
+            waited = time.monotonic() - started
+            if waited + delay > settings.store_outage_limit_seconds:
+                raise StartupError(
+                    f"{where} did not answer for {waited:.0f} s "
+                    f"(TIDEGRAPH_STORE_OUTAGE_LIMIT_SECONDS): {type(exc).__name__}: {exc}",
+                    exit_code=EXIT_STORE_UNREACHABLE,
+                ) from exc
+            if waited == 0 or delay == START_BACKOFF_SECONDS:
+                log.warning(
+                    "%s does not answer (%s: %s): waiting for it before consuming (/readyz "
+                    "says so meanwhile)", where, type(exc).__name__, exc,
+                )  # fmt: skip
+            else:
+                log.info("still waiting for %s; next try in %.1f s", where, delay)
+            await asyncio.sleep(delay)  # backoff between tries, not a synchronisation
+            delay = min(START_BACKOFF_MAX_SECONDS, delay * 2)
+        except (ValueError, StoreSchemaError, OSError) as exc:  # mapping file, schema, paths
+            await store.close()
+            raise StartupError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _unreachable(exc: DriverError | Neo4jError) -> bool:
+    """Whether the error says the store does not answer (rather than refusing us)."""
+    return isinstance(exc, ServiceUnavailable | SessionExpired) or exc.is_retryable()
 
 
 def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
@@ -75,19 +131,18 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
     except TopicSetupError as exc:
         raise StartupError(str(exc)) from exc
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
-    try:
-        runtime = loop.run_until_complete(open_runtime(settings, mapping_path=settings.mappings))
-    except (DriverError, Neo4jError) as exc:
-        raise StartupError(
-            f"Neo4j at {settings.neo4j_uri} (TIDEGRAPH_NEO4J_URI): {type(exc).__name__}: {exc}"
-        ) from exc
-    except (ValueError, StoreSchemaError, OSError) as exc:  # mapping file, schema, paths
-        raise StartupError(f"{type(exc).__name__}: {exc}") from exc
-    health = HealthState(neo4j_reachable=True, stuck_after_seconds=worker.health_stuck_seconds)
+    # Readiness answers from the start: while the store does not answer, it says so.
+    health = HealthState(neo4j_reachable=False, stuck_after_seconds=worker.health_stuck_seconds)
     server = ObservabilityServer(settings.metrics_port, worker.metrics_host)
     for path, route in health_routes(health, Response).items():
         server.add_route(path, route)
     server.start()
+    try:
+        runtime = loop.run_until_complete(open_when_store_answers(settings))
+    except BaseException:
+        server.stop()
+        raise
+    health.neo4j_reachable = True
     app = create_app(settings, worker, runtime, loop=loop, health=health)
     health.watch_loop(loop)
     app.add_closer(_stopper(server, health))

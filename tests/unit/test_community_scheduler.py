@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 from tidegraph.pipelines.community_service import CommunityService
+from tidegraph.pipelines.outage import StoreOutage
 from tidegraph.pipelines.streaming.community_agent import RefreshScheduler
 
 
@@ -45,6 +46,10 @@ class ScriptedService:
         self.forgotten.append(group)
 
 
+async def answer() -> None:  # the store's probe: it answers
+    return None
+
+
 class _Result:
     changed = created = deleted = unchanged = llm_calls = 0
     drift_ari = 1.0
@@ -54,6 +59,7 @@ class _Result:
 def scheduler(service: ScriptedService, max_concurrent: int = 2) -> RefreshScheduler:
     return RefreshScheduler(
         cast(CommunityService, service),
+        StoreOutage(answer, hold_seconds=0.0),
         threshold=0.1,
         max_age=timedelta(hours=6),
         max_concurrent=max_concurrent,

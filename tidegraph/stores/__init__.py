@@ -6,7 +6,12 @@ from typing import TYPE_CHECKING
 
 from tidegraph.records.graph import EpisodeWrite, FactClosure
 from tidegraph.stores.base import GraphStore
-from tidegraph.stores.errors import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
+from tidegraph.stores.errors import (
+    EpisodeConflictError,
+    StoreIntegrityError,
+    StoreSchemaError,
+    StoreUnreachable,
+)
 
 if TYPE_CHECKING:
     from tidegraph.settings import Settings
@@ -18,6 +23,7 @@ __all__ = [
     "GraphStore",
     "StoreIntegrityError",
     "StoreSchemaError",
+    "StoreUnreachable",
     "open_store",
 ]
 

@@ -17,6 +17,16 @@ class StoreSchemaError(RuntimeError):
     """The store's schema does not fit this configuration (e.g. another embedding dimension)."""
 
 
+class StoreUnreachable(RuntimeError):
+    """The store has not answered for longer than its callers may wait
+    (``tidegraph.pipelines.outage``): nothing after the last written record was written; try
+    again once it answers (``retry_after``: a hint in seconds)."""
+
+    def __init__(self, message: str, *, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class StoreIntegrityError(ValueError):
     """A write would cross groups or reference something that does not exist; nothing was
     written (the transaction was rolled back)."""

@@ -18,7 +18,7 @@ def explain(exc: BaseException, settings: Settings) -> str:
     from tidegraph.connections import ConnectionSettingsError
     from tidegraph.embed import EmbedderConfigError
     from tidegraph.pipelines.forget import ForgetError
-    from tidegraph.stores.errors import StoreSchemaError
+    from tidegraph.stores.errors import StoreSchemaError, StoreUnreachable
 
     detail = " ".join(str(exc).split()) or type(exc).__name__
     kafka = f"Kafka at {settings.kafka_bootstrap_servers} (TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS)"
@@ -35,6 +35,11 @@ def explain(exc: BaseException, settings: Settings) -> str:
     if isinstance(exc, AuthError):
         return (
             f"{neo4j} refused the credentials: set TIDEGRAPH_NEO4J_USER / TIDEGRAPH_NEO4J_PASSWORD"
+        )
+    if isinstance(exc, StoreUnreachable):
+        return (
+            f"{detail}; once the store answers, run the same command again: what was written "
+            "is skipped, the rest follows in order"
         )
     if isinstance(exc, ServiceUnavailable):
         return (

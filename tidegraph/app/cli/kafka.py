@@ -71,7 +71,7 @@ def worker(
         run_worker(settings, worker_settings)
     except StartupError as exc:
         err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from exc
+        raise typer.Exit(exc.exit_code) from exc
 
 
 # ----------------------------------------------------------------------------- produce

@@ -12,6 +12,7 @@ from tidegraph.app.serving.tokens import EpisodeState
 from tidegraph.records.episode import MAX_ID_CHARS
 from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.ids import id_problem
+from tidegraph.stores.errors import StoreUnreachable
 
 
 class ServiceError(Exception):
@@ -85,7 +86,21 @@ class NotQueryable(ServiceError):
 
 
 class ServiceUnavailable(ServiceError):
+    """503; ``retry_after``: seconds to wait before trying again (the ``Retry-After`` header)."""
+
     status, code = 503, "unavailable"
+
+    def __init__(self, message: str, *, retry_after: int | None = None, **extra: Any) -> None:
+        super().__init__(message, **extra)
+        self.retry_after = retry_after
+
+
+def store_down(exc: StoreUnreachable) -> ServiceUnavailable:
+    """The 503 of a write (or forget) the store cannot take now: nothing was written."""
+    return ServiceUnavailable(
+        f"{exc}: nothing was written; send it again in {exc.retry_after} s",
+        retry_after=exc.retry_after,
+    )
 
 
 def check_episode_id(episode_id: str) -> None:

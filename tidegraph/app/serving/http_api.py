@@ -32,7 +32,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidegraph.app.browse import ChangePage, ForgetResult
-from tidegraph.app.serving.errors import BadRequest, ServiceError
+from tidegraph.app.serving.errors import (
+    BadRequest,
+    ServiceError,
+    ServiceUnavailable,
+    store_down,
+)
 from tidegraph.app.serving.models import (
     MAX_SEQ,
     AddEpisodeIn,
@@ -59,6 +64,7 @@ from tidegraph.app.serving.settings import KeyRing, Principal, bearer_or_header
 from tidegraph.app.serving.times import warm_time_phrases
 from tidegraph.metrics import HTTP_ERRORS, HTTP_LATENCY, HTTP_REQUESTS
 from tidegraph.records import jsontext
+from tidegraph.stores.errors import StoreUnreachable
 
 log = logging.getLogger("tidegraph.serve")
 
@@ -170,7 +176,13 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def service_error(request: Request, exc: ServiceError) -> Response:
         request.scope["tidegraph.error"] = exc.code
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        if isinstance(exc, ServiceUnavailable) and exc.retry_after is not None:
+            headers = {"Retry-After": str(exc.retry_after)}
         return ORJSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(StoreUnreachable)
+    async def store_unreachable(request: Request, exc: StoreUnreachable) -> Response:
+        return await service_error(request, store_down(exc))
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:

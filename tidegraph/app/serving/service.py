@@ -34,6 +34,7 @@ from tidegraph.app.serving.errors import (
     check_episode_id,
     field_of,
     invalid_from,
+    store_down,
 )
 from tidegraph.app.serving.models import (
     AddEpisodeIn,
@@ -55,6 +56,7 @@ from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.ids import id_problem
 from tidegraph.records.search import SearchRequest
 from tidegraph.records.times import utcnow
+from tidegraph.stores.errors import StoreUnreachable
 
 log = logging.getLogger("tidegraph.serve")
 
@@ -75,6 +77,10 @@ class MemoryService:
         self.wait_seconds = wait_seconds
         self.waits_per_key = waits_per_key
         self.tracker = Tracker(self.store, self.settings, kafka=memory.via == "kafka")
+        if memory.via == "process" and not memory.read_only:
+            # A client's write is never held while the store does not answer: it is answered
+            # 503 with Retry-After at once (tidegraph.pipelines.outage).
+            memory.runtime.outage.hold_seconds = 0.0
         self._waiting: Counter[str] = Counter()  # requests waiting (tokens, changes), by key
         self._upkeep: asyncio.Task[None] | None = None
 
@@ -186,7 +192,10 @@ class MemoryService:
             "reference_time": reference_time.isoformat(),
         }
         try:
+            self._refuse_while_store_down()
             result = await self.memory.add(parse_episode(record))
+        except StoreUnreachable as exc:
+            raise store_down(exc) from None
         except InvalidEpisode as exc:
             raise Invalid(
                 f"not a valid episode ({exc.reason}): {exc}", field=field_of(exc)
@@ -216,6 +225,12 @@ class MemoryService:
             principal.key_id,
         )
         return result, token.encode()
+
+    def _refuse_while_store_down(self) -> None:
+        """In-process, while the store does not answer, a write is refused at once (a 503)
+        rather than tried: ``StoreUnreachable``."""
+        if self.memory.via == "process" and not self.memory.read_only:
+            self.memory.runtime.outage.refuse_while_down()
 
     # ------------------------------------------------------------------ reading
     async def await_tokens(
@@ -434,7 +449,10 @@ class MemoryService:
         from tidegraph.pipelines.forget import ForgetError
 
         try:
+            self._refuse_while_store_down()
             result = await self.memory.forget(request, dry_run=dry_run)
+        except StoreUnreachable as exc:
+            raise store_down(exc) from None
         except ForgetError as exc:
             raise ForgetRefused(str(exc)) from None
         except RuntimeError as exc:  # Kafka refused the forget record
