@@ -11,7 +11,10 @@ store's fault, and since each group's records run in order, no later record of a
 written while an earlier one waits.
 
 While the store is down, the time budgets opened through ``budget`` (a record's, a unit's, a
-worker job's) are stopped, so that the records waiting for the store do not run out of time.
+worker job's) are stopped, and start over when it answers again, so that the records waiting
+for the store do not run out of time. A failure of an attempt during which an outage began
+is the store's too (``held(since=outages)``), even when the store answers by the time it is
+looked at.
 A caller waits at most ``hold_seconds`` from the outage's start; past it ``held`` raises
 ``StoreUnreachable``: the worker then stops without committing anything more (the records
 come again to its successor), ``tidegraph ingest`` stops with one line, the servers answer
@@ -65,7 +68,9 @@ class StoreOutage:
         self._up = asyncio.Event()
         self._up.set()
         self._prober: asyncio.Task[None] | None = None
-        self._budgets: dict[asyncio.Timeout, float | None] = {}  # frozen: what was left
+        # Each open budget: its length, and whether the outage stopped it.
+        self._budgets: dict[asyncio.Timeout, tuple[float, bool]] = {}
+        self.outages = 0  # outages started so far (``held(since=...)``)
         self._listeners: list[Listener] = []
         self.last_error = ""
 
@@ -87,12 +92,16 @@ class StoreOutage:
         self._listeners.append(listener)
 
     # ------------------------------------------------------------------ callers
-    async def held(self) -> bool:
+    async def held(self, since: int | None = None) -> bool:
         """After a failure the store may be behind: False when the store answers (the
         failure is the caller's own); else wait for the store (the outage every caller
-        shares) and True once it answers again (try again, counting nothing). Raises
-        ``StoreUnreachable`` past ``hold_seconds`` of outage."""
+        shares) and True once it answers again (try again, counting nothing). ``since``:
+        ``outages`` when the failed attempt began; an outage since then (even one already
+        over) makes the failure the store's too. Raises ``StoreUnreachable`` past
+        ``hold_seconds`` of outage."""
         if not self.down:
+            if since is not None and since != self.outages:
+                return True
             if await self.answers():
                 return False
             self._start()
@@ -130,7 +139,7 @@ class StoreOutage:
         """``asyncio.timeout(seconds)`` that stops while the store is down (see the module
         docstring); the caller tells its expiry apart with ``expired()`` as usual."""
         async with asyncio.timeout(seconds) as limit:
-            self._budgets[limit] = None
+            self._budgets[limit] = (seconds, False)
             if self.down:
                 self._freeze(limit)
             try:
@@ -178,6 +187,7 @@ class StoreOutage:
         if self.down:
             return
         self._down_since = time.monotonic()
+        self.outages += 1
         self._up.clear()
         STORE_UNREACHABLE.set(1)
         log.warning(
@@ -201,26 +211,27 @@ class StoreOutage:
         self._end()
 
     def _end(self) -> None:
-        seconds = self.down_for()
+        down = self.down_for()
         self._down_since = None
         self._prober = None
         STORE_UNREACHABLE.set(0)
-        STORE_UNREACHABLE_SECONDS.inc(seconds)
+        STORE_UNREACHABLE_SECONDS.inc(down)
+        # A stopped budget starts over: what it had left may be too little for a store that
+        # has just come back (and a query that waited through the outage).
         now = asyncio.get_running_loop().time()
-        for limit, left in list(self._budgets.items()):
-            if left is not None:
-                limit.reschedule(now + left)
-                self._budgets[limit] = None
-        log.info("%s answers again after %.1f s: going on in order", self.what, seconds)
+        for limit, (length, stopped) in list(self._budgets.items()):
+            if stopped:
+                limit.reschedule(now + length)
+                self._budgets[limit] = (length, False)
+        log.info("%s answers again after %.1f s: going on in order", self.what, down)
         self._up.set()
         self._tell(False)
 
     def _freeze(self, limit: asyncio.Timeout) -> None:
-        when = limit.when()
-        if when is None or self._budgets.get(limit) is not None:
-            return
-        self._budgets[limit] = max(0.0, when - asyncio.get_running_loop().time())
-        limit.reschedule(None)
+        seconds, stopped = self._budgets[limit]
+        if not stopped and limit.when() is not None and not limit.expired():
+            self._budgets[limit] = (seconds, True)
+            limit.reschedule(None)
 
     def _tell(self, down: bool) -> None:
         for listener in self._listeners:

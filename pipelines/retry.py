@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from tidegraph.metrics import RETRIES, STAGE_EVENTS
-from tidegraph.processors.failures import Verdict, classify
+from tidegraph.pipelines.outage import StoreOutage
+from tidegraph.processors.failures import STORE_MAY_BE_DOWN, Verdict, classify
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,12 @@ async def with_retries(
     policy: RetryPolicy,
     *,
     what: str = "",
+    outage: StoreOutage | None = None,
 ) -> Attempted[T]:
     """Run ``call``; retry transient failures up to ``policy.max_attempts`` attempts.
-    Never raises (except cancellation): the caller dead-letters a failed outcome."""
+    Never raises (except cancellation): the caller dead-letters a failed outcome. With
+    ``outage``, a failure the store may be behind ends the retries at once when the store
+    does not answer (the caller waits for it: ``StoreOutage.held``)."""
     attempt = 0
     while True:
         attempt += 1
@@ -61,6 +65,12 @@ async def with_retries(
             raise
         except Exception as exc:
             verdict = classify(exc)
+            if (
+                outage is not None
+                and verdict.reason in STORE_MAY_BE_DOWN
+                and not await outage.check()
+            ):
+                return Attempted(error=exc, verdict=verdict, attempts=attempt)
             if not verdict.transient or attempt >= policy.max_attempts:
                 return Attempted(error=exc, verdict=verdict, attempts=attempt)
             wait = policy.delay(attempt)

@@ -146,6 +146,7 @@ class GroupRunner:
         at = 0
         while at < len(extractions):
             unit = self._unit(extractions, at)
+            since = self.outage.outages
             result = await self._attempt(unit)
             for outcome in result.outcomes:
                 done(outcome)
@@ -153,7 +154,7 @@ class GroupRunner:
             if result.stop is not None and at < len(extractions):
                 # The failed attempt counts as the first of its own when the error is its own.
                 first = result.stop if result.stop.own else None
-                done(await self._alone(extractions[at], first))
+                done(await self._alone(extractions[at], first, since))
                 at += 1
         return outcomes
 
@@ -215,18 +216,22 @@ class GroupRunner:
             log.warning("a unit of %d episodes ran out of time; its first goes alone", len(unit))
             return UnitResult(stop=Stop(0, progress.stage, exc, own=False))
 
-    async def _alone(self, extraction: Extraction, first: Stop | None) -> Outcome[WriteSummary]:
+    async def _alone(
+        self, extraction: Extraction, first: Stop | None, since: int
+    ) -> Outcome[WriteSummary]:
         """``extraction`` as a unit of one (``_alone_once``); when it fails for a reason the
-        store may be behind and the store does not answer, it waits for the store and goes
-        again from the start (``StoreOutage.held``)."""
+        store may be behind and the store does not answer (or did not while it was tried:
+        ``since``, the outages counted before), it waits for the store and goes again from
+        the start (``StoreOutage.held``)."""
         while True:
             outcome = await self._alone_once(extraction, first)
             failure = outcome.failure
             if failure is None or failure.reason not in STORE_MAY_BE_DOWN:
                 return outcome
-            if not await self.outage.held():
+            if not await self.outage.held(since):
                 return outcome
             first = None
+            since = self.outage.outages
 
     async def _alone_once(
         self, extraction: Extraction, first: Stop | None
@@ -249,6 +254,10 @@ class GroupRunner:
                         stop = result.stop
                     attempt += 1
                     verdict = classify(stop.error)
+                    if verdict.reason in STORE_MAY_BE_DOWN and not await self.outage.check():
+                        # Not this record's failure: ``_alone`` waits for the store.
+                        failure = Failure.of(stop.stage, stop.error, verdict.reason, attempt)
+                        return Outcome.failed(episode, failure)
                     if not verdict.transient or attempt >= self.policy.max_attempts:
                         STAGE_EVENTS.labels(stop.stage, "error").inc()
                         failure = Failure.of(stop.stage, stop.error, verdict.reason, attempt)

@@ -56,7 +56,7 @@ async def attempts(
     (stopped while ``outage`` says the store is down)."""
     try:
         async with outage_budget(outage, budget) as limit:
-            return await with_retries(stage, call, policy, what=what)
+            return await with_retries(stage, call, policy, what=what, outage=outage)
     except TimeoutError:
         if not limit.expired():
             raise
@@ -83,6 +83,7 @@ async def run_step(
     (``StoreOutage.held``)."""
     what = f"group={episode.group_id} episode={episode.id}"
     while True:
+        since = outage.outages if outage is not None else 0
         done = await attempts(
             step.stage,
             lambda: timed(step.stage, lambda: step.run(item)),
@@ -94,7 +95,7 @@ async def run_step(
         if done.ok or outage is None:
             break
         assert done.verdict is not None
-        if done.verdict.reason not in STORE_MAY_BE_DOWN or not await outage.held():
+        if done.verdict.reason not in STORE_MAY_BE_DOWN or not await outage.held(since):
             break
     if done.ok:
         if isinstance(done.value, Processed):

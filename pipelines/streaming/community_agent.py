@@ -100,10 +100,15 @@ class CommunityHandler(RecordHandler):
             )
 
         attempts, reason, error = 0, "timeout", "out of time (TIDEGRAPH_RECORD_TIMEOUT_SECONDS)"
+        since = self.store_outage.outages
         try:
             async with self.store_outage.budget(self.record_timeout):
                 outcome = await with_retries(
-                    self.stage, attempt, self.policy, what=f"group={group} entities={len(entities)}"
+                    self.stage,
+                    attempt,
+                    self.policy,
+                    what=f"group={group} entities={len(entities)}",
+                    outage=self.store_outage,
                 )
             if outcome.ok:
                 return True
@@ -111,7 +116,7 @@ class CommunityHandler(RecordHandler):
             reason = outcome.verdict.reason if outcome.verdict else "?"
         except TimeoutError:
             pass
-        if reason in STORE_MAY_BE_DOWN and await self.store_outage.held():
+        if reason in STORE_MAY_BE_DOWN and await self.store_outage.held(since):
             return False
         COMMUNITY_ASSIGNMENTS.labels("error").inc(len(entities))
         log.warning(

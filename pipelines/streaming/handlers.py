@@ -339,6 +339,7 @@ class WriteHandler(RecordHandler):
         (nothing was forgotten then: replaying the letter tries again). While the store does
         not answer, it waits for the store and runs again (a forget is idempotent)."""
         while True:
+            since = self.runner.outage.outages
             try:
                 report = await forget(self.runner, hop.forget)
                 break
@@ -346,7 +347,7 @@ class WriteHandler(RecordHandler):
                 raise
             except Exception as exc:
                 reason = "forget_failed" if isinstance(exc, ForgetError) else classify(exc).reason
-                if reason in STORE_MAY_BE_DOWN and await self.runner.outage.held():
+                if reason in STORE_MAY_BE_DOWN and await self.runner.outage.held(since):
                     continue
                 FORGET_REQUESTS.labels("failed").inc()
                 letter = self.dead(record, Failure.of("forget", exc, reason), origin=hop.origin)

@@ -41,6 +41,10 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
     # The driver logs every schema "already exists" notice at INFO.
     logging.getLogger("neo4j.notifications").setLevel(logging.WARNING)
+    # ... and every broken connection at ERROR before it raises the same error to the caller,
+    # which says it once (a record's failure, or an outage: docs/streaming.md "When the store
+    # is down"): a Neo4j restart would otherwise log a line per pooled connection.
+    logging.getLogger("neo4j.io").setLevel(logging.CRITICAL)
 
 
 # Exit status of a worker whose store did not answer for TIDEGRAPH_STORE_OUTAGE_LIMIT_SECONDS
