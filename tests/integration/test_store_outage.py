@@ -70,12 +70,7 @@ async def test_neo4j_frozen_and_killed_under_two_workers_loses_and_reorders_noth
     try:
 
         async def written_at_least(n: int) -> int:
-            return await eventually(
-                lambda: topology.episodes_written(groups),
-                lambda got: got >= n,
-                timeout=180,
-                what=f"{n} episodes to be written",
-            )
+            return await topology.written_at_least(groups, n, timeout=180)
 
         workers = [topology.start_worker(), topology.start_worker()]
         await topology.wait_assigned(workers)

@@ -228,12 +228,7 @@ async def test_workers_stopped_and_killed_mid_run_give_the_uninterrupted_graph(
     groups = [group(topology.run, i) for i in range(GROUPS)]
 
     async def written_at_least(n: int) -> int:
-        return await eventually(
-            lambda: topology.episodes_written(groups),
-            lambda got: got >= n,
-            timeout=120,
-            what=f"{n} episodes to be written",
-        )
+        return await topology.written_at_least(groups, n)
 
     feed = crm_feed(EPISODES, GROUPS, run=topology.run)
     half = EPISODES // 2

@@ -280,6 +280,15 @@ class Topology:
         finally:
             await store.close()
 
+    async def written_at_least(self, groups: list[str], n: int, timeout: float = 120) -> int:
+        """Wait until ``groups`` hold at least ``n`` episodes; how many they hold."""
+        return await eventually(
+            lambda: self.episodes_written(groups),
+            lambda got: got >= n,
+            timeout=timeout,
+            what=f"{n} episodes to be written",
+        )
+
     # ---- cleanup ------------------------------------------------------------------------
     async def close(self, driver: Any) -> None:
         for worker in self.workers:
