@@ -61,6 +61,7 @@ from tidegraph.stores.errors import StoreUnreachable
 log = logging.getLogger("tidegraph.serve")
 
 PENDING_SCAN = 1000  # not-yet-extracted episodes read to tell one apart
+STORE_PROBE_SECONDS = 10.0  # how often an in-process server checks that its store answers
 STREAM_ROUND_SECONDS = 15.0  # a change stream looks again whether its cursor still holds
 WaitKind = Literal["wait_for", "changes", "stream"]
 
@@ -83,6 +84,7 @@ class MemoryService:
             memory.runtime.outage.hold_seconds = 0.0
         self._waiting: Counter[str] = Counter()  # requests waiting (tokens, changes), by key
         self._upkeep: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Begin the server's upkeep: in-process, the outbox kept to its retention (docs/
@@ -91,12 +93,14 @@ class MemoryService:
         if self.memory.via == "process" and self._upkeep is None:
             await self.prune_changes()
             self._upkeep = asyncio.create_task(self._keep_outbox(), name="tidegraph-outbox")
+            self._watch = asyncio.create_task(self._watch_store(), name="tidegraph-store-probe")
 
     async def close(self) -> None:
-        if self._upkeep is not None:
-            self._upkeep.cancel()
-            await asyncio.gather(self._upkeep, return_exceptions=True)
-            self._upkeep = None
+        for task in (self._upkeep, self._watch):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._upkeep = self._watch = None
         await self.memory.close()
 
     async def prune_changes(self) -> int:
@@ -114,6 +118,15 @@ class MemoryService:
         while True:
             await asyncio.sleep(PRUNE_EVERY_SECONDS)  # a timer, not a synchronisation
             await self.prune_changes()
+
+    async def _watch_store(self) -> None:
+        """Probe the store every ``STORE_PROBE_SECONDS``: a store that stopped answering
+        (even frozen, its connections hanging) is known at once, and writes are answered 503
+        until it answers again (``tidegraph.pipelines.outage``)."""
+        outage = self.memory.runtime.outage
+        while True:
+            await asyncio.sleep(STORE_PROBE_SECONDS)  # a timer, not a synchronisation
+            await outage.check()
 
     # ------------------------------------------------------------------ waits
     def hold_wait(self, principal: Principal, kind: WaitKind) -> Callable[[], None]:
