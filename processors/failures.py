@@ -54,7 +54,7 @@ REASONS: dict[str, str] = {
     "control characters (group ids are kept exactly: 'X ' is never tenant 'X')",
     "unknown_source": "source is not message, text or json",
     "bad_timestamp": "reference_time is not ISO 8601 or epoch seconds, or is out of range "
-    "(years 1-9999 in UTC)",
+    "(0001-01-02 to 9999-12-30 in UTC)",
     "invalid_content": "content is empty, or a json episode's content is not an object",
     "field_too_long": "name (512) or source_description (1,024 characters) is too long",
     "invalid_episode": "the envelope failed a check not listed above (the message says which)",

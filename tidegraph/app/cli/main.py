@@ -262,9 +262,13 @@ async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrenc
 def _when(value: str | None, option: str) -> datetime | None:
     if value is None:
         return None
-    from tidegraph.processors.temporal import parse_when
+    from tidegraph.processors.temporal import read_when
+    from tidegraph.records.errors import BadTime
 
-    parsed = parse_when(value, datetime.now(UTC))
+    try:
+        parsed = read_when(value, datetime.now(UTC))
+    except BadTime as exc:
+        raise typer.BadParameter(f"{option}: {exc} (use ISO 8601)") from None
     if parsed is None:
         raise typer.BadParameter(f"{option}: cannot read {value!r} as a time (use ISO 8601)")
     return parsed
