@@ -632,8 +632,10 @@ def http_app(
     """The streamable HTTP app (path /mcp) behind the API-key check and the body guard
     (``settle_gc``: see ``ClosesMemory``)."""
     settings = settings or ServeSettings()
+    app = mcp.streamable_http_app()
+    app.router.redirect_slashes = False  # /mcp/ is a 404, never a redirect built from Host
     guarded = BodyGuard(
-        mcp.streamable_http_app(),
+        app,
         max_bytes=settings.serve_max_body_bytes,
         timeout=settings.serve_body_timeout_seconds,
     )
