@@ -11,11 +11,22 @@ default to the caller's: a key bound to one group needs none. Errors have one sh
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import orjson
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from tidegraph.app.browse import MAX_PAGE, EpisodeStatus
 from tidegraph.app.serving.settings import MAX_WAIT_SECONDS
@@ -31,8 +42,47 @@ MAX_CURSOR_CHARS = 2048  # an episode cursor (tidegraph/app/browse.py) is far sh
 MAX_SEQ = 2**63 - 1  # a change cursor is a seq: a 64-bit integer in both stores
 
 
+# A number sent as text (a query string, or a JSON string) is read only when written as the
+# docs write numbers: digits, a minus sign before them, a decimal point in a float. Pydantic
+# alone also reads "+5", " 5" and "5_0" as 5.
+_INTEGER_TEXT = re.compile(r"-?[0-9]+")
+_FLOAT_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_numbers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        problems = []
+        for name, field in cls.model_fields.items():
+            value, kind = data.get(name), _number_kind(field.annotation)
+            if kind is None or not isinstance(value, str):
+                continue
+            plain = _INTEGER_TEXT if kind is int else _FLOAT_TEXT
+            if not plain.fullmatch(value):
+                what = "an integer" if kind is int else "a number (e.g. 2.5)"
+                error = PydanticCustomError(
+                    f"{kind.__name__}_parsing",
+                    "{value} is not {what} written in digits (no '+', spaces, underscores or "
+                    "exponent)",
+                    {"value": repr(value[:40]), "what": what},
+                )
+                problems.append(InitErrorDetails(type=error, loc=(name,), input=value))
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        return data
+
+
+def _number_kind(annotation: Any) -> type | None:
+    """int or float when a field holds that number (possibly optional), else None."""
+    for kind in get_args(annotation) or (annotation,):
+        if kind is int or kind is float:
+            return kind
+    return None
 
 
 class AddEpisodeIn(Body):
