@@ -455,6 +455,7 @@ def _mapping(b: _Builder) -> None:
         "plan only spaces": plan | {"plan": "   "},
         "account id empty (an empty key)": plan | {"account": account | {"id": ""}},
         "account id null": plan | {"account": account | {"id": None}},
+        "account id padded (a key is taken exactly)": plan | {"account": account | {"id": "11 "}},
     }
     for kind, content in bad_values.items():
         b.add(kind, b.mapped(kind, content), "extraction", "mapping_bad_value")
