@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tidegraph.records import jsontext
 from tidegraph.settings import Settings
 from tidegraph.settings import get_settings as _environment_settings
 
@@ -301,8 +302,9 @@ async def open_writing(via: str = "process") -> Any:
 
 
 def json_line(row: Any, *, flush: bool = False) -> None:
-    """One JSON line on stdout (``flush``: now, for a reader waiting on a pipe)."""
-    sys.stdout.write(orjson.dumps(row).decode() + "\n")
+    """One JSON line on stdout (``flush``: now, for a reader waiting on a pipe); integers
+    over 64 bits (a record's content may hold one) written exactly."""
+    sys.stdout.write(jsontext.dumps(row).decode() + "\n")
     if flush:
         sys.stdout.flush()
 
