@@ -19,6 +19,7 @@ resource and its subscriptions, the HTTP transport's key check); the work is the
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,6 +30,8 @@ from urllib.parse import quote, unquote
 
 import anyio
 import orjson
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.lowlevel import NotificationOptions
@@ -575,7 +578,10 @@ def _signature(
 
 
 class RequireKey:
-    """401 for an HTTP request without a known API key (when keys are configured)."""
+    """401 for an HTTP request without a known API key (when keys are configured). A known
+    key is the request's user (``scope["user"]``, by the key's SHA-256 digest, never the key):
+    the SDK binds a session to the user that opened it, and answers any other key 404
+    "Session not found" for it (its notification stream, its DELETE, its POSTs)."""
 
     def __init__(self, app: ASGIApp, keys: KeyRing) -> None:
         self.app = app
@@ -589,13 +595,20 @@ class RequireKey:
                 k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
             }
             key = bearer_or_header(headers.get("authorization"), headers.get("x-api-key"))
-            if self.keys.principal(key) is None:
+            if key is None or self.keys.principal(key) is None:
                 message = "missing or unknown API key"
                 await send_error(
                     send, 401, "unauthorized", message, [(b"www-authenticate", b"Bearer")]
                 )
                 return
+            scope["user"] = _session_owner(key)
         await self.app(scope, receive, send)
+
+
+def _session_owner(key: str) -> AuthenticatedUser:
+    """The user an MCP session opened with ``key`` belongs to (named by the key's digest)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return AuthenticatedUser(AccessToken(token=digest, client_id=digest, scopes=[]))
 
 
 class ClosesMemory:
