@@ -273,6 +273,20 @@ async def test_http_tools_answer_hostile_arguments_with_errors_not_crashes(
             result = await session.call_tool(tool, args)
             text = result.content[0].text if result.content else ""
             assert "Traceback" not in text and "Internal" not in text, (tool, text)
+        # times out of range, a forged cursor of the group's own among them (issue 48: "date
+        # value out of range"): an error naming the field
+        for at in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"):
+            forged_cursor = "ep1." + __import__("base64").urlsafe_b64encode(
+                orjson.dumps([a, at, "x"])
+            ).decode().rstrip("=")
+            for tool, args, field in (
+                ("list_episodes", {"cursor": forged_cursor}, "cursor"),
+                ("list_episodes", {"since": at}, "since"),
+                ("facts_as_of", {"known_at": at}, "known_at"),
+            ):
+                result = await session.call_tool(tool, args)
+                text = result.content[0].text if result.content else ""
+                assert result.isError and f"bad_request: {field}:" in text, text
         # the server still answers, and logged no traceback
         assert isinstance(hits(await session.call_tool("search_facts", {"query": "Acme"})), list)
     tracebacks = [r.getMessage() for r in caplog.records if r.exc_info]
