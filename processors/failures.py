@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from tidegraph.llm import LLMError
 from tidegraph.records.errors import RecordError
+from tidegraph.records.stages import TOO_LARGE
 from tidegraph.stores import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
 
 
@@ -92,6 +93,10 @@ REASONS: dict[str, str] = {
     # -- any stage
     "too_large": "the stage's output for this record is over Kafka's record size",
     "bad_hop_record": "a record between two stages cannot be read (a producer bug)",
+    "extraction_too_large": "the episode's extraction has more than 256 entities or 512 "
+    "facts, or an entity's attributes nest more than 8 levels or are over 4,096 characters "
+    "as JSON: one record's write would hold its group's next records too long (a text or "
+    "message episode the LLM extracted that much from is stored unextracted instead)",
     "timeout": "the record's stage took longer than TIDEGRAPH_RECORD_TIMEOUT_SECONDS",
     "io": "a timeout or connection error persisted after every retry",
     "invalid_record": "a record a stage built failed its schema (the message names the field)",
@@ -126,7 +131,7 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(cause, StoreSchemaError):
         return Verdict(False, "store_schema")
     if isinstance(cause, ValidationError):
-        return Verdict(False, "invalid_record")
+        return Verdict(False, validation_reason(cause, "invalid_record"))
     if isinstance(cause, OverflowError | RecursionError | UnicodeError):
         return Verdict(False, "unprocessable")
     if isinstance(cause, ValueError):
@@ -134,3 +139,11 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(cause, TimeoutError | ConnectionError):
         return Verdict(True, "io")
     return Verdict(True, "error")
+
+
+def validation_reason(error: ValidationError, otherwise: str) -> str:
+    """The reason of a record that failed its schema: ``extraction_too_large`` when it is over
+    the bounds of one extraction (``tidegraph.records.stages``), else ``otherwise``."""
+    if any(e["type"] == TOO_LARGE for e in error.errors(include_url=False)):
+        return TOO_LARGE
+    return otherwise

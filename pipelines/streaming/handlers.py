@@ -23,7 +23,7 @@ from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, FORGET_REQUESTS,
 from tidegraph.pipelines.forget import ForgetError, forget
 from tidegraph.pipelines.runner import WRITE_STAGES, GroupRunner
 from tidegraph.pipelines.streaming.config import WorkerSettings
-from tidegraph.processors.failures import classify
+from tidegraph.processors.failures import classify, validation_reason
 from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
@@ -324,9 +324,10 @@ class WriteHandler(RecordHandler):
         try:
             return decode_extracted(record.value or b"")
         except (ValueError, ValidationError) as exc:
-            return self.dead(
-                record, Failure.of(self.stage, exc, "bad_hop_record"), raw=record.value
-            )
+            reason = "bad_hop_record"
+            if isinstance(exc, ValidationError):  # one over the bounds of an extraction
+                reason = validation_reason(exc, reason)
+            return self.dead(record, Failure.of(self.stage, exc, reason), raw=record.value)
 
     async def _forget(self, record: Consumed, hop: ForgetRecord) -> list[Emit]:
         """A forget request, run in its group's order; a dead letter when it cannot be done
