@@ -287,6 +287,10 @@ async def test_http_tools_answer_hostile_arguments_with_errors_not_crashes(
                 result = await session.call_tool(tool, args)
                 text = result.content[0].text if result.content else ""
                 assert result.isError and f"bad_request: {field}:" in text, text
+        for tool, args in (("list_changes", {"after": "+5"}), ("list_episodes", {"limit": " 5"})):
+            result = await session.call_tool(tool, args)
+            text = result.content[0].text if result.content else ""
+            assert result.isError and "written in digits" in text, (tool, text)
         # the server still answers, and logged no traceback
         assert isinstance(hits(await session.call_tool("search_facts", {"query": "Acme"})), list)
     tracebacks = [r.getMessage() for r in caplog.records if r.exc_info]

@@ -25,6 +25,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, TypeVar
 from urllib.parse import quote, unquote
 
@@ -38,7 +39,7 @@ from mcp.server.lowlevel import NotificationOptions
 from mcp.server.session import ServerSession
 from mcp.shared.exceptions import McpError
 from mcp.types import INVALID_PARAMS, ErrorData, ServerCapabilities
-from pydantic import AnyUrl, BaseModel, Field
+from pydantic import AnyUrl, BaseModel, BeforeValidator, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidegraph.app.serving.errors import ServiceError
@@ -51,6 +52,8 @@ from tidegraph.app.serving.models import (
     FactsIn,
     ForgetIn,
     SearchIn,
+    number_kind,
+    number_text_problem,
     send_error,
 )
 from tidegraph.app.serving.server import BodyGuard, settle_collector
@@ -563,7 +566,10 @@ def _signature(
     for name, field in model.model_fields.items():
         if name in fixed:
             continue
-        annotation = Annotated[field.annotation, Field(description=field.description)]  # type: ignore[name-defined]
+        checks: list[Any] = [Field(description=field.description)]
+        if (kind := number_kind(field.annotation)) is not None:  # "+5" is no 5 here either
+            checks.append(BeforeValidator(partial(_plain_number, kind)))
+        annotation = Annotated[(field.annotation, *checks)]  # type: ignore[name-defined]
         default = (
             inspect.Parameter.empty
             if field.is_required()
@@ -575,6 +581,13 @@ def _signature(
             )
         )
     return inspect.Signature(parameters, return_annotation=returns)
+
+
+def _plain_number(kind: type, value: Any) -> Any:
+    problem = number_text_problem(kind, value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
 
 class RequireKey:

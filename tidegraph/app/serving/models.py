@@ -59,30 +59,35 @@ class Body(BaseModel):
             return data
         problems = []
         for name, field in cls.model_fields.items():
-            value, kind = data.get(name), _number_kind(field.annotation)
-            if kind is None or not isinstance(value, str):
-                continue
-            plain = _INTEGER_TEXT if kind is int else _FLOAT_TEXT
-            if not plain.fullmatch(value):
-                what = "an integer" if kind is int else "a number (e.g. 2.5)"
-                error = PydanticCustomError(
-                    f"{kind.__name__}_parsing",
-                    "{value} is not {what} written in digits (no '+', spaces, underscores or "
-                    "exponent)",
-                    {"value": repr(value[:40]), "what": what},
-                )
+            value, kind = data.get(name), number_kind(field.annotation)
+            if kind is not None and (problem := number_text_problem(kind, value)) is not None:
+                error = PydanticCustomError(f"{kind.__name__}_parsing", problem)
                 problems.append(InitErrorDetails(type=error, loc=(name,), input=value))
         if problems:
             raise ValidationError.from_exception_data(cls.__name__, problems)
         return data
 
 
-def _number_kind(annotation: Any) -> type | None:
+def number_kind(annotation: Any) -> type | None:
     """int or float when a field holds that number (possibly optional), else None."""
     for kind in get_args(annotation) or (annotation,):
         if kind is int or kind is float:
             return kind
     return None
+
+
+def number_text_problem(kind: type, value: Any) -> str | None:
+    """Why ``value``, sent as text for a number of ``kind``, is not read (None: it is read,
+    or it is no text)."""
+    if not isinstance(value, str):
+        return None
+    plain = _INTEGER_TEXT if kind is int else _FLOAT_TEXT
+    if plain.fullmatch(value):
+        return None
+    what = "an integer" if kind is int else "a number (e.g. 2.5)"
+    return (
+        f"{value[:40]!r} is not {what} written in digits (no '+', spaces, underscores or exponent)"
+    )
 
 
 class AddEpisodeIn(Body):
