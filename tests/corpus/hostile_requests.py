@@ -93,6 +93,7 @@ def hostile_requests(own: str, other: str, other_token: str) -> list[Case]:
         "p text": {"g": own, "u": "u1", "t": "topic", "p": "x", "o": 1},
         "o negative": {"g": own, "u": "u1", "t": "topic", "p": 0, "o": -1},
         "s huge": {"g": own, "u": "u1", "t": "topic", "p": 0, "o": 0, "s": 10**30},
+        "s past year 9999": {"g": own, "u": "u1", "t": "topic", "p": 0, "o": 0, "s": 2**63 - 1},
         "s float": {"g": own, "u": "u1", "t": "topic", "p": 0, "o": 0, "s": 1.5},
         "p bool": {"g": own, "u": "u1", "t": "topic", "p": True, "o": 0},
         "extra key": {"g": own, "u": "u1", "x": 1},
