@@ -63,6 +63,9 @@ QUERY_TEXTS = [
     # sizes and shapes
     "acme " * 399, "x" * 2000, " ".join(f"w{n}" for n in range(200)), "the and of to",
     "!!!???...", "0123456789", "é" * 500, "a" * 300,
+    # time words at the edges of the calendar
+    "acme plan on 9999-12-31", "acme plan on 0001-01-01", "acme in 9999", "acme in 0001",
+    "acme plan 999999 weeks ago", "acme December 9999", "acme January 0001",
 ]  # fmt: skip
 
 # Times at the edges of what a datetime holds (issue 48): out of range once in UTC, or too
