@@ -68,7 +68,8 @@ REASONS: dict[str, str] = {
     "text or message episode without an LLM is stored unextracted instead: docs/"
     'architecture.md "Episodes without an LLM")',
     "mapping_missing_field": "the record matched a mapping rule but lacks a field the rule needs",
-    "mapping_bad_value": "a field the rule needs is null, empty, or not a scalar",
+    "mapping_bad_value": "a field the rule needs is null, empty, or not a scalar, or a key's "
+    "field is text padded with whitespace or holding control characters (ids are kept exactly)",
     "value_too_long": "a mapped entity name or key (512), summary (4,000) or fact text "
     "(2,000 characters) is too long",
     "bad_time": "a time field the mapping declares is not a time tidegraph can read (not a "
