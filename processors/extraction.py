@@ -35,10 +35,18 @@ from tidegraph.processors.prompts import (
     extraction_user,
 )
 from tidegraph.records.episode import Episode
-from tidegraph.records.errors import NoExtractorError
+from tidegraph.records.errors import NoExtractorError, RecordError
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.ids import to_label
-from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, Processed
+from tidegraph.records.stages import (
+    MAX_EXTRACTED_ENTITIES,
+    MAX_EXTRACTED_FACTS,
+    TOO_LARGE,
+    EntityDraft,
+    Extraction,
+    FactDraft,
+    Processed,
+)
 
 if TYPE_CHECKING:
     from tidegraph.processors.steps import ExtractionStore
@@ -214,8 +222,10 @@ class ExtractionStep:
         """What the chain goes on with when this step gives up on ``episode`` for ``reason``
         (``tidegraph.pipelines.step_runner.run_steps``, after every retry): an LLM failure leaves
         the episode
-        stored but not extracted, never lost; every other failure is the record's own."""
-        if episode.source == "json" or not (reason.startswith("llm_") or reason == "timeout"):
+        stored but not extracted, never lost (so does an LLM answer over the bounds of one
+        extraction); every other failure is the record's own."""
+        llm_failed = reason.startswith("llm_") or reason in ("timeout", TOO_LARGE)
+        if episode.source == "json" or not llm_failed:
             return None
         return not_extracted(episode, reason)
 
@@ -400,6 +410,13 @@ def from_llm_output(episode: Episode, output: ExtractionOutput) -> Extraction:
                 valid_at=f.valid_at,
                 invalid_at=f.invalid_at,
             )
+        )
+    if len(entities) > MAX_EXTRACTED_ENTITIES or len(facts) > MAX_EXTRACTED_FACTS:
+        raise RecordError(
+            f"the LLM extracted {len(entities)} entities and {len(facts)} facts from one "
+            f"episode; at most {MAX_EXTRACTED_ENTITIES} and {MAX_EXTRACTED_FACTS} are written "
+            "(split the episode)",
+            reason=TOO_LARGE,
         )
     return Extraction(episode=episode, entities=entities, facts=facts, llm_calls=1)
 

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from tidegraph.llm import LLMError
 from tidegraph.records.errors import RecordError
+from tidegraph.records.stages import TOO_LARGE
 from tidegraph.stores import EpisodeConflictError, StoreIntegrityError, StoreSchemaError
 
 
@@ -54,7 +55,7 @@ REASONS: dict[str, str] = {
     "control characters (group ids are kept exactly: 'X ' is never tenant 'X')",
     "unknown_source": "source is not message, text or json",
     "bad_timestamp": "reference_time is not ISO 8601 or epoch seconds, or is out of range "
-    "(years 1-9999 in UTC)",
+    "(0001-01-02 to 9999-12-30 in UTC)",
     "invalid_content": "content is empty, or a json episode's content is not an object",
     "field_too_long": "name (512) or source_description (1,024 characters) is too long",
     "invalid_episode": "the envelope failed a check not listed above (the message says which)",
@@ -67,7 +68,8 @@ REASONS: dict[str, str] = {
     "text or message episode without an LLM is stored unextracted instead: docs/"
     'architecture.md "Episodes without an LLM")',
     "mapping_missing_field": "the record matched a mapping rule but lacks a field the rule needs",
-    "mapping_bad_value": "a field the rule needs is null, empty, or not a scalar",
+    "mapping_bad_value": "a field the rule needs is null, empty, or not a scalar, or a key's "
+    "field is text padded with whitespace or holding control characters (ids are kept exactly)",
     "value_too_long": "a mapped entity name or key (512), summary (4,000) or fact text "
     "(2,000 characters) is too long",
     "bad_time": "a time field the mapping declares is not a time tidegraph can read (not a "
@@ -92,6 +94,10 @@ REASONS: dict[str, str] = {
     # -- any stage
     "too_large": "the stage's output for this record is over Kafka's record size",
     "bad_hop_record": "a record between two stages cannot be read (a producer bug)",
+    "extraction_too_large": "the episode's extraction has more than 256 entities or 512 "
+    "facts, or an entity's attributes nest more than 8 levels or are over 4,096 characters "
+    "as JSON: one record's write would hold its group's next records too long (a text or "
+    "message episode the LLM extracted that much from is stored unextracted instead)",
     "timeout": "the record's stage took longer than TIDEGRAPH_RECORD_TIMEOUT_SECONDS",
     "io": "a timeout or connection error persisted after every retry",
     "invalid_record": "a record a stage built failed its schema (the message names the field)",
@@ -131,7 +137,7 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(cause, StoreSchemaError):
         return Verdict(False, "store_schema")
     if isinstance(cause, ValidationError):
-        return Verdict(False, "invalid_record")
+        return Verdict(False, validation_reason(cause, "invalid_record"))
     if isinstance(cause, OverflowError | RecursionError | UnicodeError):
         return Verdict(False, "unprocessable")
     if isinstance(cause, ValueError):
@@ -139,3 +145,11 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(cause, TimeoutError | ConnectionError):
         return Verdict(True, "io")
     return Verdict(True, "error")
+
+
+def validation_reason(error: ValidationError, otherwise: str) -> str:
+    """The reason of a record that failed its schema: ``extraction_too_large`` when it is over
+    the bounds of one extraction (``tidegraph.records.stages``), else ``otherwise``."""
+    if any(e["type"] == TOO_LARGE for e in error.errors(include_url=False)):
+        return TOO_LARGE
+    return otherwise

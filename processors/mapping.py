@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from tidegraph.records.episode import MAX_NAME_CHARS, Episode
 from tidegraph.records.errors import BadTime, MappingError, ValueTooLong
-from tidegraph.records.ids import to_label
+from tidegraph.records.ids import id_problem, to_label
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft
 
 _TEMPLATE_FIELD = re.compile(r"\{\{|\}\}|\{([^{}]+)\}")
@@ -178,11 +178,13 @@ def render(template: str, record: dict[str, Any], *, key: bool = False) -> str:
 
 
 def key_text(value: str | int | float | bool) -> str:
-    """A value as it stands in a key (docs/mappings.md "Keys"): an integer by its exact
-    digits (never through a float), a number with an integral value as that integer (7.0 is
-    7), another number by its shortest form, a string as written without surrounding
-    whitespace, a boolean as true/false. So 7, 7.0, "7" and "7 " name one entity; "07" and
-    "7" two."""
+    """A value as it stands in a key (docs/mappings.md "Keys"): an id is taken exactly as the
+    producer sent it, never made equal to another by reading it. An integer by its exact
+    digits (never through a float), another number by its shortest form (7.0 stays 7.0: not
+    the integer 7), a string as written, a boolean as true/false; a string padded with
+    whitespace or holding control characters is refused (``id_problem``, the rule of the
+    envelope's ids), never trimmed into another id. So 7 and "7" name one entity (a template
+    writes both as 7); 7.0, "07" and 7 three."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -193,8 +195,15 @@ def key_text(value: str | int | float | bool) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise MappingError(f"a key field is the number {value}, not a value")
-        return str(int(value)) if value.is_integer() else repr(value)
-    return str(value).strip()
+        return repr(value)
+    text = str(value)
+    problem = id_problem(text)
+    if problem is not None:
+        raise MappingError(
+            f"a key field {text[:80]!r} {problem}; an id is kept exactly as sent, so send it "
+            "without them"
+        )
+    return text
 
 
 def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:

@@ -18,7 +18,7 @@ import dateparser
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import BadTime
 from tidegraph.records.stages import ResolvedEpisode, StampedEpisode, StampedFact
-from tidegraph.records.times import utc
+from tidegraph.records.times import TIME_RANGE, utc, within_range
 
 _PREFIX = re.compile(
     r"^\s*(since|from|as of|starting|started|starting on|beginning|effective|until|till|to|"
@@ -70,7 +70,7 @@ def parse_when(text: str | None, reference: datetime) -> datetime | None:
 def read_when(text: str | None, reference: datetime) -> datetime | None:
     """Resolve a stated time against ``reference``: None for no text or a way of saying "no
     date" ("N/A", "unknown"); raises BadTime for text that is not a time it can read (not a
-    date, over MAX_TIME_TEXT characters, outside years 1-9999)."""
+    date, over MAX_TIME_TEXT characters, outside ``TIME_RANGE``)."""
     if text is None:
         return None
     raw = text.strip()
@@ -82,11 +82,11 @@ def read_when(text: str | None, reference: datetime) -> datetime | None:
         )
     try:
         parsed = _read(raw, reference)
-    except (OverflowError, OSError, ValueError) as exc:
-        raise BadTime(f"{raw!r} is out of range: {exc}") from exc
-    if parsed is None:
-        raise BadTime(f"{raw!r} is not a time tidegraph can read")
-    return parsed
+        if parsed is not None:
+            return within_range(parsed)
+    except (OverflowError, OSError, ValueError):
+        raise BadTime(f"{raw!r} is out of range: tidegraph reads {TIME_RANGE}") from None
+    raise BadTime(f"{raw!r} is not a time tidegraph can read")
 
 
 def _read(raw: str, reference: datetime) -> datetime | None:

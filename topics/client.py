@@ -14,8 +14,10 @@ from datetime import datetime
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
+from pydantic import ValidationError
 
 from tidegraph.connections import KafkaConnection
+from tidegraph.embed import make_embedder
 from tidegraph.records.changes import Change
 from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.forget import ForgetRequest, parse_record
@@ -194,22 +196,43 @@ async def dlq_end_offsets(settings: Settings) -> dict[int, int]:
         await consumer.stop()
 
 
-def _decode_letter(message: object) -> StoredLetter | None:
-    try:
-        letter = decode(DeadLetter, message.value)  # type: ignore[attr-defined]
-    except ValueError:
-        log.warning(
-            "unreadable dead letter at %s:%s:%s",
-            message.topic, message.partition, message.offset,  # type: ignore[attr-defined]
-        )  # fmt: skip
-        return None
+@dataclass(frozen=True)
+class UnreadableLetter:
+    """A record of the dead-letter topic that is no dead letter this version reads (written
+    by hand, or by a foreign producer): shown as such, never dropped silently."""
+
+    at: RecordRef
+    problem: str
+
+
+@dataclass
+class DeadLetters:
+    letters: list[StoredLetter] = field(default_factory=list)
+    unreadable: list[UnreadableLetter] = field(default_factory=list)
+
+
+def _decode_letter(message: object) -> StoredLetter | UnreadableLetter:
     ref = RecordRef(
         topic=message.topic,  # type: ignore[attr-defined]
         partition=message.partition,  # type: ignore[attr-defined]
         offset=message.offset,  # type: ignore[attr-defined]
         timestamp_ms=message.timestamp,  # type: ignore[attr-defined]
     )
+    try:
+        letter = decode(DeadLetter, message.value)  # type: ignore[attr-defined]
+    except ValueError as exc:
+        return UnreadableLetter(ref, _first_line(exc))
     return StoredLetter(ref, letter)
+
+
+def _first_line(exc: ValueError) -> str:
+    """What is wrong with an unreadable letter, in one line (a ValidationError's first
+    problem)."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "letter"
+        return f"{where}: {first['msg']}"
+    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
 
 
 async def read_dead_letters(
@@ -219,24 +242,42 @@ async def read_dead_letters(
     since: datetime | None = None,
     groups: list[str] | None = None,
 ) -> list[StoredLetter]:
+    """``read_dlq``'s readable letters; an unreadable one is logged and left out."""
+    found = await read_dlq(settings, stage=stage, since=since, groups=groups)
+    for odd in found.unreadable:
+        log.warning(
+            "unreadable dead letter at %s:%s:%s: %s",
+            odd.at.topic, odd.at.partition, odd.at.offset, odd.problem,
+        )  # fmt: skip
+    return found.letters
+
+
+async def read_dlq(
+    settings: Settings,
+    *,
+    stage: str | None = None,
+    since: datetime | None = None,
+    groups: list[str] | None = None,
+) -> DeadLetters:
     """Every dead letter (optionally of ``stage``, failed at or after ``since``, of one of
     ``groups``), oldest first per partition, read up to the topic's end at the time of the
-    call."""
+    call; and the records of the topic that are no readable dead letter (only when no
+    filter is asked: their stage and group are unknown)."""
     topic = TopicNames(settings.topic_prefix).dlq
     consumer = dlq_consumer(settings)
-    letters: list[StoredLetter] = []
+    found = DeadLetters()
     try:
         await consumer.start()  # inside: a failed start still closes the consumer
         tps = await _assign_all(settings, consumer, topic)
         if not tps:
-            return []
+            return found
         ends = await consumer.end_offsets(tps)
         starts = await consumer.beginning_offsets(tps)
         if since is not None:
-            found = await consumer.offsets_for_times(
+            found_at = await consumer.offsets_for_times(
                 {tp: int(utc(since).timestamp() * 1000) for tp in tps}
             )
-            starts = {tp: (found[tp].offset if found.get(tp) else ends[tp]) for tp in tps}
+            starts = {tp: (found_at[tp].offset if found_at.get(tp) else ends[tp]) for tp in tps}
         for tp in tps:
             consumer.seek(tp, starts[tp])
         remaining = {tp for tp in tps if starts[tp] < ends[tp]}
@@ -247,8 +288,10 @@ async def read_dead_letters(
                     if message.offset >= ends[tp]:
                         continue
                     stored = _decode_letter(message)
-                    if stored is not None:
-                        letters.append(stored)
+                    if isinstance(stored, StoredLetter):
+                        found.letters.append(stored)
+                    else:
+                        found.unreadable.append(stored)
                 if await consumer.position(tp) >= ends[tp]:
                     remaining.discard(tp)
             for tp in list(remaining):
@@ -256,13 +299,16 @@ async def read_dead_letters(
                     remaining.discard(tp)
     finally:
         await consumer.stop()
-    return [
+    found.letters = [
         s
-        for s in letters
+        for s in found.letters
         if (stage is None or s.letter.stage == stage)
         and (since is None or s.letter.failed_at >= utc(since))
         and (not groups or s.letter.group_id in groups)
     ]
+    if stage is not None or groups:
+        found.unreadable = []
+    return found
 
 
 @dataclass
@@ -270,6 +316,7 @@ class ReplayReport:
     replayed: int = 0
     duplicates: int = 0  # dead letters of a record already replayed in this run
     not_replayable: list[tuple[StoredLetter, str]] = field(default_factory=list)
+    unreadable: list[UnreadableLetter] = field(default_factory=list)  # no dead letter at all
 
 
 def _replay_key(raw: bytes, letter: DeadLetter) -> bytes | None:
@@ -291,7 +338,10 @@ async def _forgotten(
     if not named:
         return []
     store = open_store(settings)
+    embedder = make_embedder(settings)
     try:
+        if not await store.open_existing(embedder.dim):
+            return []  # nothing was ever written there (a fresh folder): nothing forgotten
         gone = []
         for raw, letter in named:
             assert letter.group_id is not None and letter.episode_uuid is not None
@@ -299,6 +349,7 @@ async def _forgotten(
                 gone.append(raw)
         return gone
     finally:
+        await embedder.close()
         await store.close()
 
 
@@ -313,10 +364,10 @@ async def replay_dead_letters(
     group_id, header ``tidegraph-replay-of: <partition>:<offset>`` of the dead letter). Each
     distinct original record is sent once (its latest dead letter); processed episodes are
     skipped by the pipeline, so replaying twice is harmless."""
-    letters = await read_dead_letters(settings, stage=stage, since=since)
-    report = ReplayReport()
+    found = await read_dlq(settings, stage=stage, since=since)
+    report = ReplayReport(unreadable=found.unreadable)
     chosen: dict[bytes, tuple[StoredLetter, bytes]] = {}
-    for stored in letters:
+    for stored in found.letters:
         if stored.letter.truncated:
             report.not_replayable.append((stored, "the dead letter holds a truncated record"))
             continue
@@ -419,13 +470,15 @@ async def wait_until_reflected(
             for messages in batch.values():
                 for message in messages:
                     stored = _decode_letter(message)
-                    origin = stored.letter.origin if stored else None
+                    if not isinstance(stored, StoredLetter):
+                        continue  # no dead letter of a record produced here
+                    origin = stored.letter.origin
                     if origin is None or origin.topic != report.topic:
                         continue
                     position = (origin.partition, origin.offset)
                     if position in pending:
                         pending.discard(position)
-                        result.dead.append(stored.letter)  # type: ignore[union-attr]
+                        result.dead.append(stored.letter)
             for pos in await _newly_processed(store, [by_position[p] for p in pending & valid]):
                 pending.discard(pos)
                 result.processed += 1

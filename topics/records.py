@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tidegraph.records import jsontext
 from tidegraph.records.episode import MAX_JSON_DEPTH, json_too_deep
@@ -37,9 +37,11 @@ class RecordRef(BaseModel):
     """A record's place in Kafka."""
 
     topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int | None = None  # the record's Kafka timestamp (CreateTime)
+    # Kafka's own ranges (a 32-bit partition, 64-bit offsets and times): a reference beyond
+    # them names no record, and is refused where it is read.
+    partition: int = Field(ge=0, le=2**31 - 1)
+    offset: int = Field(ge=0, le=2**63 - 1)
+    timestamp_ms: int | None = Field(None, ge=-1, le=2**63 - 1)  # its Kafka CreateTime
 
 
 class ExtractedRecord(BaseModel):

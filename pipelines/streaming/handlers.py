@@ -23,7 +23,7 @@ from tidegraph.pipelines.forget import ForgetError, forget
 from tidegraph.pipelines.outage import StoreOutage, budget
 from tidegraph.pipelines.runner import WRITE_STAGES, GroupRunner
 from tidegraph.pipelines.streaming.config import WorkerSettings
-from tidegraph.processors.failures import STORE_MAY_BE_DOWN, classify
+from tidegraph.processors.failures import STORE_MAY_BE_DOWN, classify, validation_reason
 from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
@@ -330,9 +330,10 @@ class WriteHandler(RecordHandler):
         try:
             return decode_extracted(record.value or b"")
         except (ValueError, ValidationError) as exc:
-            return self.dead(
-                record, Failure.of(self.stage, exc, "bad_hop_record"), raw=record.value
-            )
+            reason = "bad_hop_record"
+            if isinstance(exc, ValidationError):  # one over the bounds of an extraction
+                reason = validation_reason(exc, reason)
+            return self.dead(record, Failure.of(self.stage, exc, reason), raw=record.value)
 
     async def _forget(self, record: Consumed, hop: ForgetRecord) -> list[Emit]:
         """A forget request, run in its group's order; a dead letter when it cannot be done

@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import NoReturn
 
 import faust
 from aiokafka.errors import KafkaError
-from neo4j.exceptions import DriverError, Neo4jError, ServiceUnavailable, SessionExpired
+from neo4j.exceptions import (
+    AuthError,
+    DriverError,
+    Neo4jError,
+    ServiceUnavailable,
+    SessionExpired,
+)
 
 from tidegraph.connections import ConnectionSettingsError, KafkaConnection, neo4j_driver_options
 from tidegraph.pipelines.runtime import Runtime, open_runtime
@@ -102,7 +109,13 @@ async def open_when_store_answers(settings: Settings) -> Runtime:
 
 
 def _unreachable(exc: DriverError | Neo4jError) -> bool:
-    """Whether the error says the store does not answer (rather than refusing us)."""
+    """Whether the error says the store does not answer (rather than refusing us: a
+    certificate it does not trust, a refused login)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError | AuthError):
+            return False
+        cause = cause.__cause__ or cause.__context__
     return isinstance(exc, ServiceUnavailable | SessionExpired) or exc.is_retryable()
 
 

@@ -25,6 +25,7 @@ import orjson
 from tests.support.crm_feed import contact_record, plan_record, ticket_record
 from tidegraph.processors.mapping import MAX_FACT_CHARS, MAX_KEY_CHARS, MAX_SUMMARY_CHARS
 from tidegraph.processors.temporal import MAX_TIME_TEXT
+from tidegraph.records import jsontext
 from tidegraph.records.episode import (
     MAX_CONTENT_CHARS,
     MAX_GROUP_ID_CHARS,
@@ -455,6 +456,7 @@ def _mapping(b: _Builder) -> None:
         "plan only spaces": plan | {"plan": "   "},
         "account id empty (an empty key)": plan | {"account": account | {"id": ""}},
         "account id null": plan | {"account": account | {"id": None}},
+        "account id padded (a key is taken exactly)": plan | {"account": account | {"id": "11 "}},
     }
     for kind, content in bad_values.items():
         b.add(kind, b.mapped(kind, content), "extraction", "mapping_bad_value")
@@ -546,3 +548,23 @@ def _hop_records(b: _Builder) -> None:
         "hop record with a fact naming a missing entity": orjson.dumps(dangling),
     }.items():
         b.add(kind, raw, "resolution", "bad_hop_record", key=key, topic="extracted")
+    # Over the bounds of one extraction (issue 48: 2,000 entities and facts held the group's
+    # next record 24 s; nested attributes with a 2**70 integer, 7 s).
+    wide = {
+        "entities": [{"name": f"Entity {n}", "key": f"k:{n}"} for n in range(2000)],
+        "facts": [
+            {"subject": n, "object": (n + 1) % 2000, "relation": "RELATES", "fact": f"{n}"}
+            for n in range(2000)
+        ],
+    }
+    attributes: dict[str, Any] = {"n": 2**70}
+    for _ in range(60):
+        attributes = {"x": attributes, "l": [2**70] * 20}
+    deep = {"entities": [{"name": "Acme", "attributes": attributes}], "facts": []}
+    for kind, drafts in {
+        "hop record with 2,000 entities and 2,000 facts": wide,
+        "hop record with nested attributes holding 2**70": deep,
+    }.items():
+        over = {**dangling, "extraction": {**dangling["extraction"], **drafts}}  # type: ignore[dict-item]
+        b.add(kind, jsontext.dumps(over), "resolution", "extraction_too_large", key=key,
+              topic="extracted")  # fmt: skip

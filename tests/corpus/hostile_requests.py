@@ -63,6 +63,16 @@ QUERY_TEXTS = [
     # sizes and shapes
     "acme " * 399, "x" * 2000, " ".join(f"w{n}" for n in range(200)), "the and of to",
     "!!!???...", "0123456789", "é" * 500, "a" * 300,
+    # time words at the edges of the calendar
+    "acme plan on 9999-12-31", "acme plan on 0001-01-01", "acme in 9999", "acme in 0001",
+    "acme plan 999999 weeks ago", "acme December 9999", "acme January 0001",
+]  # fmt: skip
+
+# Times at the edges of what a datetime holds (issue 48): out of range once in UTC, or too
+# near the edge for a window around them.
+EXTREME_TIMES = [
+    "0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00Z",
+    "9999-12-31T23:59:59.999999Z",
 ]  # fmt: skip
 
 # Group-id lists a search may name.
@@ -86,6 +96,7 @@ def hostile_requests(own: str, other: str, other_token: str) -> list[Case]:
         "p text": {"g": own, "u": "u1", "t": "topic", "p": "x", "o": 1},
         "o negative": {"g": own, "u": "u1", "t": "topic", "p": 0, "o": -1},
         "s huge": {"g": own, "u": "u1", "t": "topic", "p": 0, "o": 0, "s": 10**30},
+        "s past year 9999": {"g": own, "u": "u1", "t": "topic", "p": 0, "o": 0, "s": 2**63 - 1},
         "s float": {"g": own, "u": "u1", "t": "topic", "p": 0, "o": 0, "s": 1.5},
         "p bool": {"g": own, "u": "u1", "t": "topic", "p": True, "o": 0},
         "extra key": {"g": own, "u": "u1", "x": 1},
@@ -484,7 +495,7 @@ def hostile_requests(own: str, other: str, other_token: str) -> list[Case]:
         )
     )
     _lifecycle(cases, own, other)
-    add(Case("trailing slash", "GET", "/v1/facts/"))
+    add(Case("trailing slash", "GET", "/v1/facts/", expect=frozenset({404})))
     add(Case("double slash", "GET", "//v1/facts"))
     return cases
 
@@ -506,9 +517,46 @@ def _lifecycle(cases: list[Case], own: str, other: str) -> None:
         "huge": "ep1." + "A" * 5000,
         "another group": "ep1." + theirs.decode().rstrip("="),
     }
+    # The group's own cursors at times out of range (issue 48: a 500, OverflowError).
+    for at in EXTREME_TIMES:
+        own_at = base64.urlsafe_b64encode(jsontext.dumps([own, at, "x"])).decode().rstrip("=")
+        forged_cursors[f"at {at}"] = "ep1." + own_at
     for name, value in forged_cursors.items():
         add(Case(f"episodes cursor {name}", "GET", "/v1/episodes", params=[("cursor", value)],
                  expect=refused))  # fmt: skip
+        if name.startswith("at "):
+            forgotten = [("cursor", value), ("status", "forgotten")]
+            add(Case(f"tombstones cursor {name}", "GET", "/v1/episodes", params=forgotten,
+                     expect=refused))  # fmt: skip
+    out_of_range = frozenset({400})
+    for at in EXTREME_TIMES:
+        for name in ("since", "until"):
+            add(Case(f"episodes {name} {at}", "GET", "/v1/episodes", params=[(name, at)],
+                     expect=out_of_range))  # fmt: skip
+        for name in ("valid_at", "known_at"):
+            add(Case(f"facts {name} {at}", "GET", "/v1/facts", params=[(name, at)],
+                     expect=out_of_range))  # fmt: skip
+            add(Case(f"context {name} {at}", "POST", "/v1/context",
+                     json={"query": "acme", name: at}, expect=out_of_range))  # fmt: skip
+        dated = {"content": "Dana called", "reference_time": at}
+        add(Case(f"episode reference_time {at}", "POST", "/v1/episodes", json=dated,
+                 expect=out_of_range))  # fmt: skip
+    # Numbers the docs do not write (issue 48: read as 5).
+    for text in ("+5", " 5", "5 ", "5_0", "0x5", "٥"):
+        add(Case(f"changes after {text!r}", "GET", "/v1/changes", params=[("after", text)],
+                 expect=frozenset({422})))  # fmt: skip
+        add(Case(f"episodes limit {text!r}", "GET", "/v1/episodes", params=[("limit", text)],
+                 expect=frozenset({422})))  # fmt: skip
+    add(Case("changes wait_seconds '+1'", "GET", "/v1/changes", params=[("wait_seconds", "+1")],
+             expect=frozenset({422})))  # fmt: skip
+    add(Case("GET search limit ' 5'", "GET", "/v1/search",
+             params=[("query", "acme"), ("limit", " 5")], expect=frozenset({422})))  # fmt: skip
+    # Paths that a redirect would answer with a Location built from the Host header.
+    for path in ("/v1/episodes/ep-0/", "/v1/episodes/%2e%2e%2f", "/v1/facts/", "/v1/episodes/"):
+        for method in ("GET", "DELETE"):
+            add(Case(f"{method} {path} (no redirect)", method, path,
+                     params=[("group_id", own)], headers={"host": "evil.example"},
+                     expect=frozenset({404, 405})))  # fmt: skip
     add(Case("episodes cursor surrogate", "GET", "/v1/episodes?cursor=ep1.%ED%A0%80",
              expect=refused))  # fmt: skip
     for name, params in {
@@ -587,6 +635,7 @@ def _lifecycle(cases: list[Case], own: str, other: str) -> None:
         "stream last-event-id huge": ([], {**sse, "last-event-id": "9" * 30}),
         "stream last-event-id negative": ([], {**sse, "last-event-id": "-5"}),
         "stream last-event-id bytes": ([], {**sse, "last-event-id": b"\xff\xfe"}),
+        "stream last-event-id plus": ([], {**sse, "last-event-id": "+5"}),
         "stream past the end": ([("after", str(2**62))], sse),
     }
     for name, (params, headers) in streams.items():

@@ -24,6 +24,7 @@ from tests.integration.topology_harness import REPO, TIDEGRAPH, Topology, eventu
 from tests.support.crm_feed import CRM_MAPPING, crm_feed, crm_mappings, group_name
 from tidegraph.connections import KafkaConnection
 from tidegraph.processors.extraction import ExtractionStep
+from tidegraph.processors.failures import validation_reason
 from tidegraph.processors.temporal import stamp_interval
 from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode, RecordError
@@ -60,7 +61,9 @@ async def outcome_without_store(case: BadCase) -> tuple[str, str] | None:
     if case.topic == "extracted":
         try:
             decode(ExtractedRecord, case.raw or b"")
-        except (ValueError, ValidationError):
+        except ValidationError as exc:  # over the bounds of an extraction, or unreadable
+            return "resolution", validation_reason(exc, "bad_hop_record")
+        except ValueError:
             return "resolution", "bad_hop_record"
         return None
     try:

@@ -108,7 +108,8 @@ def test_ingest_takes_the_episode_as_the_http_api_takes_it(tmp_path: Path):
     assert [h["episode_id"] for h in hits if h["kind"] == "episode"] == ["chat-1"]
 
 
-def test_mapped_keys_keep_big_integers_and_spell_one_id_one_way(tmp_path: Path):
+def test_mapped_keys_take_each_id_exactly_as_sent(tmp_path: Path):
+    """Big integers are read exactly, 7.0 is not 7, a padded "7 " is refused (issue 48)."""
     (tmp_path / "mapping.yaml").write_text(CRM_MAPPING)
     ids = [2**64, 2**64 + 1, 7, 7.0, "7 ", "7"]
     lines = []
@@ -120,13 +121,16 @@ def test_mapped_keys_keep_big_integers_and_spell_one_id_one_way(tmp_path: Path):
         lines.append(jsontext.dumps(episode))  # integers of 65 bits as their digits
     (tmp_path / "crm.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     ingested = run(tmp_path, "ingest", "crm.jsonl", "--mapping", "mapping.yaml")
-    assert ingested.returncode == 0, ingested.stderr
+    assert "Traceback" not in ingested.stderr, ingested.stderr
+    assert "mapping_bad_value" in ingested.stdout + ingested.stderr, ingested
+    assert "kept exactly as sent" in ingested.stdout + ingested.stderr, ingested
     listed = run(tmp_path, "entities", "--group", "crm", "--json")
     keys = sorted(orjson.loads(line)["key"] or "" for line in listed.stdout.splitlines())
     assert [k for k in keys if k.startswith("crm:account:")] == [
         f"crm:account:{2**64}",
         f"crm:account:{2**64 + 1}",
-        "crm:account:7",  # 7, 7.0, "7 " and "7": one account
+        "crm:account:7",  # 7 and "7": a template writes both as 7
+        "crm:account:7.0",
     ]
 
 

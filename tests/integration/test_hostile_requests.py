@@ -125,6 +125,8 @@ def _problem(case: Case, answer: httpx.Response) -> str | None:
     """What is wrong with ``answer`` to ``case``, if anything."""
     if answer.status_code >= 500:
         return f"{answer.status_code}: {answer.text[:200]}"
+    if 300 <= answer.status_code < 400 or "location" in answer.headers:
+        return f"{answer.status_code} to {answer.headers.get('location')!r}: a redirect"
     if case.expect is not None and answer.status_code not in case.expect:
         return f"status {answer.status_code}, expected {sorted(case.expect)}: {answer.text[:200]}"
     if SECRET in answer.text or SECRET_ACCOUNT in answer.text:

@@ -9,6 +9,7 @@ the relay published."""
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -215,6 +216,15 @@ def test_episodes_page_with_the_printed_cursor_and_refuse_one_not_given_out(
         refused(run(store, "episodes", "--group", GROUP, "--cursor", bad), 2, "--cursor")
     other = run(store, "episodes", "--group", OTHER, "--cursor", cursor)
     refused(other, 2, "--cursor", "another group")
+    # A cursor of the group's own at a time out of range (issue 48: an OverflowError), and
+    # times out of range as options: one line each.
+    for at in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"):
+        forged = "ep1." + base64.urlsafe_b64encode(orjson.dumps([GROUP, at, "x"])).decode()
+        refused(run(store, "episodes", "--group", GROUP, "--cursor", forged), 2, "--cursor")
+        for option in ("--since", "--until"):
+            out_of_range = run(store, "episodes", "--group", GROUP, option, at)
+            refused(out_of_range, 2, option, "out of range")
+        refused(run(store, "facts", "--group", GROUP, "--valid-at", at), 2, "out of range")
     refused(run(store, "episodes", "--group", GROUP, "--status", "gone"), 2, "--status")
 
 

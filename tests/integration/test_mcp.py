@@ -20,6 +20,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from pydantic import AnyUrl
 
 from tests.integration.serve_harness import (
     TIDEGRAPH,
@@ -30,7 +31,7 @@ from tests.integration.serve_harness import (
     serve_env,
 )
 from tests.support.crm_feed import plan_record
-from tidegraph.app.serving.mcp_server import Holder, Scoping, build_mcp, http_app
+from tidegraph.app.serving.mcp_server import Holder, Scoping, build_mcp, changes_uri, http_app
 from tidegraph.app.serving.settings import KeyRing
 
 TOOLS = {"add_memory", "search_facts", "search_entities", "search_episodes", "get_context",
@@ -272,6 +273,24 @@ async def test_http_tools_answer_hostile_arguments_with_errors_not_crashes(
             result = await session.call_tool(tool, args)
             text = result.content[0].text if result.content else ""
             assert "Traceback" not in text and "Internal" not in text, (tool, text)
+        # times out of range, a forged cursor of the group's own among them (issue 48: "date
+        # value out of range"): an error naming the field
+        for at in ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00"):
+            forged_cursor = "ep1." + __import__("base64").urlsafe_b64encode(
+                orjson.dumps([a, at, "x"])
+            ).decode().rstrip("=")
+            for tool, args, field in (
+                ("list_episodes", {"cursor": forged_cursor}, "cursor"),
+                ("list_episodes", {"since": at}, "since"),
+                ("facts_as_of", {"known_at": at}, "known_at"),
+            ):
+                result = await session.call_tool(tool, args)
+                text = result.content[0].text if result.content else ""
+                assert result.isError and f"bad_request: {field}:" in text, text
+        for tool, args in (("list_changes", {"after": "+5"}), ("list_episodes", {"limit": " 5"})):
+            result = await session.call_tool(tool, args)
+            text = result.content[0].text if result.content else ""
+            assert result.isError and "written in digits" in text, (tool, text)
         # the server still answers, and logged no traceback
         assert isinstance(hits(await session.call_tool("search_facts", {"query": "Acme"})), list)
     tracebacks = [r.getMessage() for r in caplog.records if r.exc_info]
@@ -303,6 +322,52 @@ async def test_http_command_with_api_keys(tmp_path: Path, groups):
             text = error_text(await session.call_tool("facts_as_of", {"group_id": a}))
             assert "forbidden" in text and a in text
         assert KEY_A not in server.log.read_text()
+        assert "Traceback" not in server.log.read_text(), server.log_tail()
+    finally:
+        server.stop()
+
+
+async def test_http_command_binds_a_session_to_the_key_that_opened_it(tmp_path: Path, groups):
+    """Another key gets 404 for a session (issue 48): its notification stream, its POSTs and
+    its DELETE; the owner's session goes on. No redirect from a Host header either."""
+    a, b = groups
+    env = serve_env(tmp_path, TIDEGRAPH_API_KEYS=orjson.dumps({KEY_A: [a], KEY_B: [b]}).decode())
+    server = ProcessServer(
+        env,
+        tmp_path / "mcp.log",
+        ("--transport", "http", "--host", "127.0.0.1"),
+        command="mcp",
+        ready_path="/mcp",
+        ready_status=401,
+    )
+    mcp_headers = {"Accept": "application/json, text/event-stream"}
+    listing = {"jsonrpc": "2.0", "id": 7, "method": "tools/list"}
+    try:
+        server.start()
+        headers = {"Authorization": f"Bearer {KEY_A}"}
+        async with (
+            httpx.AsyncClient(headers=headers, timeout=60) as owner,
+            streamable_http_client(f"{server.url}/mcp", http_client=owner) as (read, write, sid),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            await session.subscribe_resource(AnyUrl(changes_uri(a)))
+            session_id = sid()
+            assert session_id
+            theirs = {"X-API-Key": KEY_B, "mcp-session-id": session_id, **mcp_headers}
+            async with httpx.AsyncClient(base_url=server.url, timeout=10) as other:
+                stream = await other.get("/mcp", headers=theirs)
+                posted = await other.post("/mcp", headers=theirs, json=listing)
+                deleted = await other.delete("/mcp", headers=theirs)
+                for answer in (stream, posted, deleted):
+                    assert answer.status_code == 404, answer.text
+                    assert "Session not found" in answer.text
+                slash = await other.post(
+                    "/mcp/", headers={**theirs, "host": "evil.example"}, json=listing
+                )
+                assert slash.status_code != 307 and "location" not in slash.headers
+            # the owner's session is untouched
+            assert {t.name for t in (await session.list_tools()).tools} == TOOLS
         assert "Traceback" not in server.log.read_text(), server.log_tail()
     finally:
         server.stop()

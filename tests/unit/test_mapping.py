@@ -248,13 +248,17 @@ async def test_mapped_records_skip_the_llm(mappings: MappingSet) -> None:
     assert isinstance(unextracted, Extraction) and unextracted.not_extracted == "no_llm"
 
 
-def test_a_key_spells_one_id_one_way():
-    """docs/mappings.md "Keys": integers by their digits (never through a float), integral
-    numbers as integers, strings without surrounding whitespace."""
+def test_a_key_takes_an_id_exactly_as_sent():
+    """docs/mappings.md "Keys": integers by their digits (never through a float), other numbers
+    by their shortest form (7.0 is not 7), strings as written; a padded string is refused,
+    never trimmed into another id (issue 48)."""
     from tidegraph.processors.mapping import key_text
 
     assert key_text(2**64) == "18446744073709551616"
     assert key_text(2**64 + 1) == "18446744073709551617"
-    assert {key_text(v) for v in (7, 7.0, "7", "7 ", " 7\t")} == {"7"}
-    assert key_text("07") == "07" and key_text(7.5) == "7.5" and key_text(-3) == "-3"
-    assert key_text(True) == "true" and key_text(1e20) == "100000000000000000000"
+    assert key_text(7) == key_text("7") == "7"  # a template writes both as 7
+    assert len({key_text(v) for v in (7, 7.0, "07", 7.5)}) == 4
+    assert key_text(7.0) == "7.0" and key_text(-3) == "-3" and key_text(True) == "true"
+    for padded in ("7 ", " 7", "7\t", "7\x00"):
+        with pytest.raises(MappingError, match="kept exactly as sent"):
+            key_text(padded)

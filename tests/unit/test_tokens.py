@@ -34,6 +34,8 @@ def test_a_token_round_trips():
         {"g": "acme", "u": "u", "t": "x", "o": -1},
         {"g": "acme", "u": "u", "t": "x", "s": 1.5},
         {"g": "acme", "u": "u", "t": "x", "s": 2**63},
+        {"g": "acme", "u": "u", "t": "x", "s": 2**63 - 1},  # a send time past year 9999
+        {"g": "acme", "u": "u", "t": "x", "s": 10**15},
         {"g": " acme", "u": "u"},
         {"g": "acme\x00", "u": "u"},
         {"g": "acme", "u": "u", "extra": 1},

@@ -20,7 +20,7 @@ import orjson
 
 from tidegraph.records.changes import Change
 from tidegraph.records.graph import EntityRecord, EpisodeEntry, FactRecord
-from tidegraph.records.times import utc
+from tidegraph.records.times import utc, within_range
 
 EpisodeStatus = Literal["written", "not_extracted", "forgotten", "dead_lettered"]
 EPISODE_STATUSES: tuple[str, ...] = ("written", "not_extracted", "forgotten", "dead_lettered")
@@ -49,7 +49,7 @@ def read_episode_cursor(cursor: str, group_id: str) -> tuple[datetime, str]:
         group, at, uuid = data
         if not (isinstance(group, str) and isinstance(at, str) and isinstance(uuid, str)):
             raise ValueError("fields")
-        moment = utc(datetime.fromisoformat(at))
+        moment = within_range(datetime.fromisoformat(at))  # a forged one may be out of range
     except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
         raise BadCursor(
             "cursor: not a cursor of this listing (give back next_cursor unchanged)"

@@ -29,7 +29,7 @@ from pydantic_core import PydanticCustomError
 from tidegraph.records import jsontext
 from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.ids import SURROGATE, id_problem, stable_uuid
-from tidegraph.records.times import iso, utc
+from tidegraph.records.times import TIME_RANGE, TimeOutOfRange, iso, within_range
 
 MAX_CONTENT_CHARS = 200_000
 
@@ -164,12 +164,12 @@ class Episode(BaseModel):
     @classmethod
     def _aware_utc(cls, v: datetime) -> datetime:
         try:
-            return utc(v)
-        except OverflowError:
+            return within_range(v)
+        except TimeOutOfRange:
             raise PydanticCustomError(
                 "bad_timestamp",
-                "reference_time {value} is out of range once converted to UTC",
-                {"value": v.isoformat()},
+                "reference_time {value} is out of range: tidegraph reads {range}",
+                {"value": v.isoformat(), "range": TIME_RANGE},
             ) from None
 
     @field_validator("content", mode="before")

@@ -9,13 +9,25 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from tidegraph.records.episode import MAX_NAME_CHARS, Episode
+from tidegraph.records import jsontext
+from tidegraph.records.episode import MAX_NAME_CHARS, Episode, json_too_deep
 from tidegraph.records.graph import EntityRecord, FactRecord
 from tidegraph.records.ids import to_relation_name
 
-
 # ----------------------------------------------------------------------------- extraction
+# What one episode's extraction may carry (docs/streaming.md "Retries and dead letters":
+# extraction_too_large). A group's records are written in order, so one record's write holds
+# the group's next: 2,000 entities and 2,000 facts took a minute on Neo4j, 256 and 512 under
+# three seconds. A declared mapping gives a handful; an LLM answer of one call holds far fewer.
+MAX_EXTRACTED_ENTITIES = 256
+MAX_EXTRACTED_FACTS = 512
+MAX_ATTRIBUTES_CHARS = 4096  # an entity's attributes as JSON
+MAX_ATTRIBUTES_DEPTH = 8
+TOO_LARGE = "extraction_too_large"  # the error type (and dead-letter reason) of the bounds
+
+
 class EntityDraft(BaseModel):
     """An entity as extraction saw it, before resolution."""
 
@@ -24,6 +36,24 @@ class EntityDraft(BaseModel):
     summary: str = ""
     key: str | None = None  # stable external id (e.g. a CRM id) from a mapping
     attributes: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("attributes", mode="before")
+    @classmethod
+    def _small_attributes(cls, v: Any) -> Any:
+        if isinstance(v, dict) and v:
+            deep = json_too_deep(v, MAX_ATTRIBUTES_DEPTH)
+            try:
+                size = len(jsontext.dumps(v)) if not deep else 0
+            except (TypeError, ValueError):  # no JSON at all: the field's own check says so
+                return v
+            if deep or size > MAX_ATTRIBUTES_CHARS:
+                raise PydanticCustomError(
+                    TOO_LARGE,
+                    "an entity's attributes nest more than {depth} levels or are over "
+                    "{chars} characters as JSON",
+                    {"depth": MAX_ATTRIBUTES_DEPTH, "chars": MAX_ATTRIBUTES_CHARS},
+                )
+        return v
 
 
 class FactDraft(BaseModel):
@@ -54,6 +84,22 @@ class Extraction(BaseModel):
     # stored with its content, searchable, and `tidegraph extract --pending` extracts it later.
     # None: extracted (possibly into nothing).
     not_extracted: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within_bounds(cls, data: Any) -> Any:
+        # Before the drafts are read: a record far over the bounds costs nothing more.
+        if isinstance(data, dict):
+            entities, facts = data.get("entities") or [], data.get("facts") or []
+            if len(entities) > MAX_EXTRACTED_ENTITIES or len(facts) > MAX_EXTRACTED_FACTS:
+                raise PydanticCustomError(
+                    TOO_LARGE,
+                    "the extraction has {entities} entities and {facts} facts; one episode's "
+                    "may have at most {max_entities} and {max_facts}",
+                    {"entities": len(entities), "facts": len(facts),
+                     "max_entities": MAX_EXTRACTED_ENTITIES, "max_facts": MAX_EXTRACTED_FACTS},
+                )  # fmt: skip
+        return data
 
     @model_validator(mode="after")
     def _facts_name_its_entities(self) -> Extraction:

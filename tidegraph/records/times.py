@@ -4,6 +4,31 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+# The times tidegraph takes from outside (a record's reference_time, a mapped time, a request's
+# valid_at, known_at, since or until, a cursor): a day inside the years a datetime holds, so
+# that a time zone's offset and the windows tidegraph puts around a time (a conversation's
+# context, a day, a microsecond before) never leave them.
+EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+LATEST = datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=UTC)
+TIME_RANGE = "0001-01-02 to 9999-12-30 (UTC)"
+
+
+class TimeOutOfRange(ValueError):
+    """A time from outside beyond ``EARLIEST``..``LATEST`` (or not convertible to UTC)."""
+
+
+def within_range(dt: datetime) -> datetime:
+    """``dt`` as aware UTC, once checked to be a time tidegraph takes from outside (between
+    ``EARLIEST`` and ``LATEST``); ``TimeOutOfRange`` otherwise. Every time a client or a
+    record sends goes through it where it is read."""
+    try:
+        at = utc(dt)
+    except OverflowError:
+        at = None
+    if at is None or not EARLIEST <= at <= LATEST:
+        raise TimeOutOfRange(f"{dt.isoformat()} is out of range: tidegraph reads {TIME_RANGE}")
+    return at
+
 
 def utc(dt: datetime) -> datetime:
     """Aware UTC datetime (naive input is taken as UTC), truncated to microseconds."""

@@ -9,18 +9,16 @@ the pipelines) happen inside the commands.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import orjson
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tidegraph.app.cli.main import _when, app, console, err, get_settings
+from tidegraph.app.cli.main import _when, app, console, err, get_settings, json_line
 from tidegraph.settings import Settings
 
 if TYPE_CHECKING:
@@ -177,20 +175,25 @@ def dlq_list(
     ),
     as_json: bool = typer.Option(False, "--json", help="One dead letter per line, as stored."),
 ) -> None:
-    """Show the dead letters: when, stage, reason, group, episode, attempts, error."""
-    from tidegraph.topics.client import read_dead_letters
+    """Show the dead letters: when, stage, reason, group, episode, attempts, error. A record
+    of the topic that is no readable dead letter is shown as such (``--json``: a line with
+    ``unreadable``), after the others."""
+    from tidegraph.topics.client import read_dlq
 
-    letters = asyncio.run(
-        read_dead_letters(get_settings(), stage=stage, since=_since(since), groups=group)
-    )
+    found = asyncio.run(read_dlq(get_settings(), stage=stage, since=_since(since), groups=group))
     if as_json:
-        for stored in letters:
+        for stored in found.letters:
             row = stored.letter.model_dump(mode="json")
             row["dlq_partition"], row["dlq_offset"] = stored.at.partition, stored.at.offset
-            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+            json_line(row)
+        for odd in found.unreadable:
+            json_line(
+                {"unreadable": odd.problem, "dlq_partition": odd.at.partition,
+                 "dlq_offset": odd.at.offset}
+            )  # fmt: skip
         return
     table = Table("failed at", "stage", "reason", "group", "episode", "tries", "error")
-    for stored in letters:
+    for stored in found.letters:
         d = stored.letter
         table.add_row(
             d.failed_at.strftime("%Y-%m-%d %H:%M:%S"),
@@ -201,8 +204,12 @@ def dlq_list(
             str(d.attempts),
             f"{d.error_class}: {d.message[:160]}",
         )
+    for odd in found.unreadable:
+        where = f"dlq {odd.at.partition}:{odd.at.offset}"
+        table.add_row("-", "-", "unreadable", "-", where, "-", odd.problem[:160])
     console.print(table)
-    console.print(f"{len(letters)} dead letters")
+    unreadable = f" and {len(found.unreadable)} unreadable records" if found.unreadable else ""
+    console.print(f"{len(found.letters)} dead letters{unreadable}")
 
 
 @dlq_app.command("replay")
@@ -227,4 +234,9 @@ def dlq_replay(
     for stored, why in report.not_replayable[:10]:
         err.print(
             f"[yellow]not replayed[/yellow] dlq {stored.at.partition}:{stored.at.offset}: {why}"
+        )
+    for odd in report.unreadable[:10]:
+        err.print(
+            f"[yellow]not replayed[/yellow] dlq {odd.at.partition}:{odd.at.offset}: no dead "
+            f"letter this version reads ({odd.problem})"
         )

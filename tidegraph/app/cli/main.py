@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tidegraph.records import jsontext
 from tidegraph.settings import Settings
 from tidegraph.settings import get_settings as _environment_settings
 
@@ -262,9 +263,13 @@ async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrenc
 def _when(value: str | None, option: str) -> datetime | None:
     if value is None:
         return None
-    from tidegraph.processors.temporal import parse_when
+    from tidegraph.processors.temporal import read_when
+    from tidegraph.records.errors import BadTime
 
-    parsed = parse_when(value, datetime.now(UTC))
+    try:
+        parsed = read_when(value, datetime.now(UTC))
+    except BadTime as exc:
+        raise typer.BadParameter(f"{option}: {exc} (use ISO 8601)") from None
     if parsed is None:
         raise typer.BadParameter(f"{option}: cannot read {value!r} as a time (use ISO 8601)")
     return parsed
@@ -297,8 +302,9 @@ async def open_writing(via: str = "process") -> Any:
 
 
 def json_line(row: Any, *, flush: bool = False) -> None:
-    """One JSON line on stdout (``flush``: now, for a reader waiting on a pipe)."""
-    sys.stdout.write(orjson.dumps(row).decode() + "\n")
+    """One JSON line on stdout (``flush``: now, for a reader waiting on a pipe); integers
+    over 64 bits (a record's content may hold one) written exactly."""
+    sys.stdout.write(jsontext.dumps(row).decode() + "\n")
     if flush:
         sys.stdout.flush()
 

@@ -152,6 +152,9 @@ def create_app(
         lifespan=lifespan,
         default_response_class=ORJSONResponse,
         responses=ERRORS,
+        # A path with a trailing slash is no route (404), never a redirect: Starlette builds
+        # a redirect's Location from the client's Host header.
+        redirect_slashes=False,
     )
     app.router.route_class = ExactJSONRoute
     app.add_middleware(BodyGuard, max_bytes=max_body_bytes, timeout=body_timeout_seconds)

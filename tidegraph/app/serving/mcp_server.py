@@ -19,23 +19,27 @@ resource and its subscriptions, the HTTP transport's key check); the work is the
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, TypeVar
 from urllib.parse import quote, unquote
 
 import anyio
 import orjson
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.lowlevel import NotificationOptions
 from mcp.server.session import ServerSession
 from mcp.shared.exceptions import McpError
 from mcp.types import INVALID_PARAMS, ErrorData, ServerCapabilities
-from pydantic import AnyUrl, BaseModel, Field
+from pydantic import AnyUrl, BaseModel, BeforeValidator, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidegraph.app.serving.errors import ServiceError
@@ -48,6 +52,8 @@ from tidegraph.app.serving.models import (
     FactsIn,
     ForgetIn,
     SearchIn,
+    number_kind,
+    number_text_problem,
     send_error,
 )
 from tidegraph.app.serving.server import BodyGuard, settle_collector
@@ -560,7 +566,10 @@ def _signature(
     for name, field in model.model_fields.items():
         if name in fixed:
             continue
-        annotation = Annotated[field.annotation, Field(description=field.description)]  # type: ignore[name-defined]
+        checks: list[Any] = [Field(description=field.description)]
+        if (kind := number_kind(field.annotation)) is not None:  # "+5" is no 5 here either
+            checks.append(BeforeValidator(partial(_plain_number, kind)))
+        annotation = Annotated[(field.annotation, *checks)]  # type: ignore[name-defined]
         default = (
             inspect.Parameter.empty
             if field.is_required()
@@ -574,8 +583,18 @@ def _signature(
     return inspect.Signature(parameters, return_annotation=returns)
 
 
+def _plain_number(kind: type, value: Any) -> Any:
+    problem = number_text_problem(kind, value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 class RequireKey:
-    """401 for an HTTP request without a known API key (when keys are configured)."""
+    """401 for an HTTP request without a known API key (when keys are configured). A known
+    key is the request's user (``scope["user"]``, by the key's SHA-256 digest, never the key):
+    the SDK binds a session to the user that opened it, and answers any other key 404
+    "Session not found" for it (its notification stream, its DELETE, its POSTs)."""
 
     def __init__(self, app: ASGIApp, keys: KeyRing) -> None:
         self.app = app
@@ -589,13 +608,20 @@ class RequireKey:
                 k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
             }
             key = bearer_or_header(headers.get("authorization"), headers.get("x-api-key"))
-            if self.keys.principal(key) is None:
+            if key is None or self.keys.principal(key) is None:
                 message = "missing or unknown API key"
                 await send_error(
                     send, 401, "unauthorized", message, [(b"www-authenticate", b"Bearer")]
                 )
                 return
+            scope["user"] = _session_owner(key)
         await self.app(scope, receive, send)
+
+
+def _session_owner(key: str) -> AuthenticatedUser:
+    """The user an MCP session opened with ``key`` belongs to (named by the key's digest)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return AuthenticatedUser(AccessToken(token=digest, client_id=digest, scopes=[]))
 
 
 class ClosesMemory:
@@ -632,8 +658,10 @@ def http_app(
     """The streamable HTTP app (path /mcp) behind the API-key check and the body guard
     (``settle_gc``: see ``ClosesMemory``)."""
     settings = settings or ServeSettings()
+    app = mcp.streamable_http_app()
+    app.router.redirect_slashes = False  # /mcp/ is a 404, never a redirect built from Host
     guarded = BodyGuard(
-        mcp.streamable_http_app(),
+        app,
         max_bytes=settings.serve_max_body_bytes,
         timeout=settings.serve_body_timeout_seconds,
     )

@@ -11,11 +11,22 @@ default to the caller's: a key bound to one group needs none. Errors have one sh
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import orjson
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from tidegraph.app.browse import MAX_PAGE, EpisodeStatus
 from tidegraph.app.serving.settings import MAX_WAIT_SECONDS
@@ -31,8 +42,52 @@ MAX_CURSOR_CHARS = 2048  # an episode cursor (tidegraph/app/browse.py) is far sh
 MAX_SEQ = 2**63 - 1  # a change cursor is a seq: a 64-bit integer in both stores
 
 
+# A number sent as text (a query string, or a JSON string) is read only when written as the
+# docs write numbers: digits, a minus sign before them, a decimal point in a float. Pydantic
+# alone also reads "+5", " 5" and "5_0" as 5.
+_INTEGER_TEXT = re.compile(r"-?[0-9]+")
+_FLOAT_TEXT = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_numbers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        problems = []
+        for name, field in cls.model_fields.items():
+            value, kind = data.get(name), number_kind(field.annotation)
+            if kind is not None and (problem := number_text_problem(kind, value)) is not None:
+                error = PydanticCustomError(f"{kind.__name__}_parsing", problem)
+                problems.append(InitErrorDetails(type=error, loc=(name,), input=value))
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        return data
+
+
+def number_kind(annotation: Any) -> type | None:
+    """int or float when a field holds that number (possibly optional), else None."""
+    for kind in get_args(annotation) or (annotation,):
+        if kind is int or kind is float:
+            return kind
+    return None
+
+
+def number_text_problem(kind: type, value: Any) -> str | None:
+    """Why ``value``, sent as text for a number of ``kind``, is not read (None: it is read,
+    or it is no text)."""
+    if not isinstance(value, str):
+        return None
+    plain = _INTEGER_TEXT if kind is int else _FLOAT_TEXT
+    if plain.fullmatch(value):
+        return None
+    what = "an integer" if kind is int else "a number (e.g. 2.5)"
+    return (
+        f"{value[:40]!r} is not {what} written in digits (no '+', spaces, underscores or exponent)"
+    )
 
 
 class AddEpisodeIn(Body):

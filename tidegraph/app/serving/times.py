@@ -10,7 +10,7 @@ from datetime import datetime
 
 from tidegraph.app.serving.errors import BadRequest
 from tidegraph.records.errors import BadTime
-from tidegraph.records.times import utc, utcnow
+from tidegraph.records.times import utcnow, within_range
 
 _TIME_PHRASES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidegraph-times")
 
@@ -23,9 +23,9 @@ async def when(value: str | None, field: str) -> datetime | None:
     if value is None:
         return None
     try:
-        return utc(datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
-    except (ValueError, OverflowError):
-        pass  # not ISO 8601: epoch seconds or a phrase
+        return within_range(datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
+    except ValueError:
+        pass  # not ISO 8601 (epoch seconds or a phrase), or out of range: read_when says so
     loop = asyncio.get_running_loop()
     try:
         return await loop.run_in_executor(_TIME_PHRASES, read_when, value, utcnow())

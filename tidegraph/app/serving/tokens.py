@@ -16,13 +16,13 @@ import base64
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import orjson
 
 from tidegraph.records.ids import id_problem, stable_uuid
-from tidegraph.records.times import utcnow
+from tidegraph.records.times import utcnow, within_range
 from tidegraph.settings import Settings
 from tidegraph.stores.base import GraphStore
 
@@ -79,6 +79,11 @@ class Token:
             raise damaged
         if not all(n is None or (type(n) is int and 0 <= n < 2**63) for n in numbers):
             raise damaged
+        if numbers[2] is not None:  # the send time (ms): a time like any a client sends
+            try:
+                within_range(datetime.fromtimestamp(numbers[2] / 1000, UTC))
+            except (ValueError, OverflowError, OSError):
+                raise damaged from None
         return cls(group_id, uuid, topic, *numbers)
 
     def as_json(self) -> dict[str, Any]:
