@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 
 from tidegraph.metrics import CHANGES_BEHIND, CHANGES_PUBLISHED
 from tidegraph.pipelines.pending import partition_of
+from tidegraph.records.changes import PublishedChange
 from tidegraph.stores.base import GraphStore
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ async def relay_changes(
     # Kafka acknowledges a partition's records in order: each group's cursor moves to its
     # last acknowledged change; one that failed stops its group there (the next round sends
     # the rest again), the others still move.
-    acked: dict[str, int] = {}
+    acked: dict[str, PublishedChange] = {}
     failed: dict[str, BaseException] = {}
     for change, delivery in zip(changes, deliveries, strict=True):
         try:
@@ -65,12 +66,13 @@ async def relay_changes(
             failed.setdefault(change.group_id, exc)
             continue
         if change.group_id not in failed:
-            acked[change.group_id] = change.seq
-    await store.mark_published(acked)
-    published = sum(1 for change in changes if change.seq <= acked.get(change.group_id, 0))
+            acked[change.group_id] = change
+    await store.mark_published(list(acked.values()))
+    last = {group: change.seq for group, change in acked.items()}
+    published = sum(1 for change in changes if change.seq <= last.get(change.group_id, 0))
     CHANGES_PUBLISHED.inc(published)
     CHANGES_BEHIND.set(
-        behind - sum(min(seq, logs[g].seq) - logs[g].published for g, seq in acked.items())
+        behind - sum(min(seq, logs[g].seq) - logs[g].published for g, seq in last.items())
     )
     if failed:
         raise next(iter(failed.values()))

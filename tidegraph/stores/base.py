@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -451,10 +451,12 @@ class GraphStore(abc.ABC):
         store's ``deployment``."""
 
     @abc.abstractmethod
-    async def mark_published(self, cursors: Mapping[str, int]) -> None:
-        """The relay published each group's changes up to its ``seq``, in one write (a cursor
-        never moves back, nor past the group's last change). Only the groups of this store's
-        ``deployment``: the others are left alone."""
+    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
+        """The relay published each group's changes up to ``acknowledged`` (its last change
+        Kafka acknowledged, one per group), in one write: the group's cursor moves to that
+        change's ``seq`` when the change stored there is still that one (``change_id``; a
+        group purged and written anew since keeps its cursor), and never back. Only the
+        groups of this store's ``deployment``: the others are left alone."""
 
     @abc.abstractmethod
     async def prune_changes(

@@ -40,7 +40,7 @@ only the search methods, which share nothing else, are apart.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 
 from tidegraph.records.asof import AsOf
@@ -414,16 +414,23 @@ class MemoryStore(MemorySearch):
             log = self._logs.get(group_id)
             if log is not None and log.deployment == self.deployment:
                 found += [
-                    PublishedChange(c.group_id, c.seq, published_form(stored_form(c), c.seq))
+                    PublishedChange(
+                        c.group_id, c.seq, published_form(stored_form(c), c.seq), c.change_id
+                    )
                     for c in await self.changes(group_id, log.published, per_group)
                 ]
         return found
 
-    async def mark_published(self, cursors: Mapping[str, int]) -> None:
-        for group_id, seq in cursors.items():
-            log = self._logs.get(group_id)
-            if log is not None and log.deployment == self.deployment:
-                log.published = max(log.published, min(seq, log.seq))
+    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
+        for change in acknowledged:
+            log = self._logs.get(change.group_id)
+            stored = {c.seq: c.change_id for c in self._changes.get(change.group_id, [])}
+            if (
+                log is not None
+                and log.deployment == self.deployment
+                and stored.get(change.seq) == change.change_id
+            ):
+                log.published = max(log.published, change.seq)
 
     async def prune_changes(
         self, group_id: str, before: datetime, *, published_only: bool = True

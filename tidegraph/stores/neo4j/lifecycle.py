@@ -4,7 +4,7 @@ what a forget reads and writes (docs/architecture.md "Forgetting"); the queries 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -90,10 +90,14 @@ class Lifecycle:
             "deployment": self.deployment,
         }
         rows = await self.ex.rows(lq.UNPUBLISHED_CHANGES, params)
-        return [published_change(r["group_id"], r["body"], int(r["seq"])) for r in rows]
+        return [
+            published_change(r["group_id"], r["body"], int(r["seq"]), r["change_id"]) for r in rows
+        ]
 
-    async def mark_published(self, cursors: Mapping[str, int]) -> None:
-        rows = [{"group_id": group, "seq": seq} for group, seq in cursors.items()]
+    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
+        rows = [
+            {"group_id": c.group_id, "seq": c.seq, "change_id": c.change_id} for c in acknowledged
+        ]
 
         async def work(tx: Tx) -> None:
             await tx.rows(lq.MARK_PUBLISHED, {"cursors": rows, "deployment": self.deployment})

@@ -45,19 +45,21 @@ CALL (group_id, published) {
   ORDER BY c.seq
   LIMIT $limit
 }
-RETURN group_id, c.body AS body, c.seq AS seq
+RETURN group_id, c.body AS body, c.seq AS seq, c.change_id AS change_id
 ORDER BY group_id, seq
 """
 
+# A cursor moves to a change the relay published only while that change is stored at its seq.
 MARK_PUBLISHED = """
 UNWIND $cursors AS row
 MATCH (log:ChangeLog {group_id: row.group_id})
 WHERE log.deployment = $deployment
-WITH row, log.seq AS last
+MATCH (c:Change {group_id: row.group_id, seq: row.seq})
+WHERE c.change_id = row.change_id
+WITH DISTINCT row
 MERGE (cursor:ChangeCursor {group_id: row.group_id})
 ON CREATE SET cursor.published = 0
-SET cursor.published = CASE WHEN row.seq > cursor.published
-                            THEN CASE WHEN row.seq < last THEN row.seq ELSE last END
+SET cursor.published = CASE WHEN row.seq > cursor.published THEN row.seq
                             ELSE cursor.published END
 """
 

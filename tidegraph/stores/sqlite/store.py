@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -550,7 +550,8 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
     ) -> list[PublishedChange]:
         def read(conn: sqlite3.Connection) -> list[PublishedChange]:
             rows = conn.execute(
-                "SELECT group_id, body, seq FROM (SELECT c.body, c.seq, c.group_id, "
+                "SELECT group_id, body, seq, change_id FROM (SELECT c.body, c.seq, c.group_id, "
+                "c.change_id, "
                 "row_number() OVER "
                 "(PARTITION BY c.group_id ORDER BY c.seq) AS n FROM change c "
                 "JOIN change_log log ON log.group_id = c.group_id "
@@ -558,20 +559,30 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
                 "AND c.seq > log.published) WHERE n <= ? ORDER BY group_id, seq",
                 (json_text(sorted(set(group_ids))), self.deployment, max(per_group, 0)),
             )
-            return [published_change(group, body, seq) for group, body, seq in rows]
+            return [published_change(*row) for row in rows]
 
         return await self.db.run(read)
 
-    async def mark_published(self, cursors: Mapping[str, int]) -> None:
+    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
         def write(conn: sqlite3.Connection) -> None:
             with Transaction(conn):
                 conn.executemany(
-                    "UPDATE change_log SET published = max(published, min(?, seq)) "
-                    "WHERE group_id = ? AND deployment = ?",
-                    [(seq, group_id, self.deployment) for group_id, seq in cursors.items()],
+                    "UPDATE change_log SET published = max(published, :seq) "
+                    "WHERE group_id = :group AND deployment = :deployment AND EXISTS "
+                    "(SELECT 1 FROM change WHERE group_id = :group AND seq = :seq "
+                    "AND change_id = :change_id)",
+                    [
+                        {
+                            "group": c.group_id,
+                            "seq": c.seq,
+                            "change_id": c.change_id,
+                            "deployment": self.deployment,
+                        }
+                        for c in acknowledged
+                    ],
                 )
 
-        if cursors:
+        if acknowledged:
             await self.db.run(write)
 
     async def prune_changes(
