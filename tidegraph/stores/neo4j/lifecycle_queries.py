@@ -85,10 +85,10 @@ WHERE $dropped > published
 CALL (published) {
   OPTIONAL MATCH (c:Change)
   WHERE c.group_id = $group_id AND c.seq > published
-  RETURN min(c.seq) AS next
+  RETURN min(c.seq) AS kept
 }
 WITH published,
-     CASE WHEN next IS NOT NULL AND next - 1 < $dropped THEN next - 1 ELSE $dropped END AS past
+     CASE WHEN kept IS NOT NULL AND kept - 1 < $dropped THEN kept - 1 ELSE $dropped END AS past
 WHERE past > published
 MERGE (cursor:ChangeCursor {group_id: $group_id})
 ON CREATE SET cursor.published = 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from neo4j import AsyncGraphDatabase, basic_auth
 
-from tidegraph.connections import neo4j_driver_options
+from tidegraph.connections import NEO4J_NOTIFICATIONS, neo4j_driver_options
 from tidegraph.metrics import STORE_BATCH_SIZE
 from tidegraph.records.asof import AsOf
 from tidegraph.records.conversation import search_fields
@@ -166,7 +166,9 @@ class Neo4jStore(Lifecycle, StoreCore):
         deployment: str = DEFAULT_TOPIC_PREFIX,
     ) -> None:
         auth = None if user is None else basic_auth(user, password or "")
-        driver = AsyncGraphDatabase.driver(uri, auth=auth, **(driver_options or {}))
+        driver = AsyncGraphDatabase.driver(
+            uri, auth=auth, **NEO4J_NOTIFICATIONS, **(driver_options or {})
+        )
         super().__init__(Neo4jExecutor(driver, database))
         self.deployment = deployment
         # An item is the writes of one call: one episode, or a group's micro-batch.
