@@ -8,7 +8,8 @@ variables configures all of them.
     kafka = KafkaConnection.from_settings(settings)
     AIOKafkaProducer(**kafka.client_options(), acks="all")
     faust.App(..., broker=kafka.faust_brokers(), broker_credentials=kafka.faust_credentials())
-    AsyncGraphDatabase.driver(uri, auth=..., **neo4j_driver_options(settings))
+    AsyncGraphDatabase.driver(uri, auth=..., **NEO4J_NOTIFICATIONS,
+                              **neo4j_driver_options(settings))
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ if TYPE_CHECKING:
     from faust.types.auth import CredentialsT
 
     from tidegraph.settings import Settings
+
+
+# The notifications Neo4j is asked not to send (every driver the store opens): UNRECOGNIZED
+# ones name a label, relationship type or property key the database has never held, which on a
+# fresh database every read filtering on a property no node has yet (``forgotten_at``,
+# ``aliases``, ``content_hash``, ...) raised, once per query. Every other class (deprecations,
+# performance, hints, security, ...) still reaches the log through ``neo4j.notifications``.
+NEO4J_NOTIFICATIONS: dict[str, Any] = {"notifications_disabled_classifications": ["UNRECOGNIZED"]}
 
 
 class ConnectionSettingsError(ValueError):

@@ -16,6 +16,10 @@ KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"
 KafkaSaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
+# The topic prefix, and so the deployment (docs/streaming.md "Change stream"), when none is set.
+DEFAULT_TOPIC_PREFIX = "tidegraph"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="TIDEGRAPH_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
@@ -71,7 +75,11 @@ class Settings(BaseSettings):
     kafka_ssl_check_hostname: bool = Field(
         True, description="Check that the broker certificate names the host connected to."
     )
-    topic_prefix: str = Field("tidegraph", description="Prefix of every topic name.")
+    topic_prefix: str = Field(
+        DEFAULT_TOPIC_PREFIX,
+        description="Prefix of every topic name; also names the deployment whose relay "
+        "publishes the change stream of the groups it writes.",
+    )
     partitions: int = Field(8, ge=1, description="Partitions of every tidegraph topic.")
     replication_factor: int = Field(1, ge=1, description="Replication factor of created topics.")
 

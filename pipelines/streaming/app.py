@@ -339,7 +339,7 @@ def _change_stream(
         try:
             groups = [
                 log_.group_id
-                for log_ in await runtime.store.change_logs()
+                for log_ in await runtime.store.change_logs(own=True)
                 if partition_of(log_.group_id, partitions) in owned
             ]
             await prune_outbox(

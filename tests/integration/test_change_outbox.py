@@ -1,24 +1,72 @@
 """The outbox as the relay reads and moves it, on every store: each group's changes after its
-cursor, a bounded number per group, in commit order; cursors that never move back nor past
-the group's last change."""
+cursor, a bounded number per group, in commit order; cursors that move only to changes the
+relay published, never back; a relay round interleaved with a purge and new writes loses no
+change; each deployment relays only the groups it writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import uuid as uuidlib
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.integration.test_delivery_order_stores import DIM, Record
 from tests.integration.test_forget import T0, clock_of, feed
 from tests.support import crm_feed as crm
+from tests.unit.test_change_relay import Producer
+from tidegraph.pipelines.streaming.relay import relay_changes
+from tidegraph.settings import Settings
+from tidegraph.stores import open_store
 from tidegraph.stores.base import GraphStore
-from tidegraph.stores.sqlite.db import DB_FILE
+from tidegraph.stores.neo4j.store import Neo4jStore
+from tidegraph.stores.sqlite.db import DB_FILE, Transaction
 from tidegraph.stores.sqlite.store import SqliteStore
 
 pytestmark = pytest.mark.integration
+
+EVERY_PARTITION = ({0}, 1)  # a relay that owns every group: partition 0 of 1
+
+
+def plan_records(account: tuple[int, str], plans: list[str]) -> list[Record]:
+    at = [crm.START + timedelta(days=d) for d in range(len(plans))]
+    return [
+        Record(f"rec-{account[0]}-{i}", at[i], crm.plan_record(account, plan, at[i]))
+        for i, plan in enumerate(plans)
+    ]
+
+
+async def relay_all(store: GraphStore, producer: Producer) -> None:
+    """Relay rounds until one publishes nothing."""
+    while await relay_changes(store, producer.send, *EVERY_PARTITION):
+        pass
+
+
+class DuringRound:
+    """A store whose relay round is interleaved with other work, as another worker's writes
+    or a forget are: ``after_logs`` runs right after the round's read of the outbox's state,
+    ``after_read`` right after its read of the changes (before the cursors move)."""
+
+    def __init__(self, store: GraphStore, after_logs: Any = None, after_read: Any = None):
+        self.store, self.after_logs, self.after_read = store, after_logs, after_read
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def change_logs(self, *args: Any, **kwargs: Any) -> Any:
+        logs = await self.store.change_logs(*args, **kwargs)
+        if self.after_logs is not None:
+            await self.after_logs()
+        return logs
+
+    async def unpublished_changes(self, *args: Any, **kwargs: Any) -> Any:
+        changes = await self.store.unpublished_changes(*args, **kwargs)
+        if self.after_read is not None:
+            await self.after_read()
+        return changes
 
 
 async def test_the_relay_reads_each_groups_changes_after_its_cursor(any_store: GraphStore) -> None:
@@ -39,11 +87,16 @@ async def test_the_relay_reads_each_groups_changes_after_its_cursor(any_store: G
         read = [c for g in groups for c in await any_store.changes(g, 0, 2)]
         assert [c.value for c in first] == [c.model_dump_json().encode() for c in read]
         a, b, c = groups
-        await any_store.mark_published({a: 2, b: 10_000})
-        await any_store.mark_published({a: 1})  # never back
+        [b_last] = (await any_store.unpublished_changes([b], 1000))[-1:]
+        await any_store.mark_published([first[1], b_last])  # a's second change, b's last
+        await any_store.mark_published([first[0]])  # never back
+        # A change that is not the one stored at its seq (another group's, a made-up one)
+        # moves nothing.
+        c_seq_2 = dataclasses.replace(first[1], group_id=c)
+        await any_store.mark_published([c_seq_2, dataclasses.replace(b_last, seq=b_last.seq + 1)])
         after = {log.group_id: log for log in await any_store.change_logs(groups)}
         assert after[a].published == 2
-        assert after[b].published == logs[b].seq  # never past the last change
+        assert after[b].published == logs[b].seq == b_last.seq
         assert after[c].published == 0
         unpublished = {log.group_id for log in await any_store.change_logs(unpublished=True)}
         assert {a, c} <= unpublished and b not in unpublished
@@ -75,7 +128,9 @@ async def test_the_outbox_keeps_a_change_for_its_retention(any_store: GraphStore
         assert older and len(older) < len(outbox)
         # Through a relay: nothing unpublished goes.
         assert await any_store.prune_changes(group, cutoff, published_only=True) == 0
-        await any_store.mark_published({group: older[0].seq})
+        [first] = await any_store.unpublished_changes([group], 1)
+        assert first.seq == older[0].seq
+        await any_store.mark_published([first])
         assert await any_store.prune_changes(group, cutoff, published_only=True) == 1
         # Without one (the embedded store served in-process): every older change goes.
         assert await any_store.prune_changes(group, cutoff, published_only=False) == len(older) - 1
@@ -83,6 +138,9 @@ async def test_the_outbox_keeps_a_change_for_its_retention(any_store: GraphStore
         assert [c.seq for c in kept] == [c.seq for c in outbox if c not in older]
         [log] = await any_store.change_logs([group])
         assert log.seq == outbox[-1].seq  # the cursor's numbering goes on
+        # The relay's cursor moved past the unpublished changes that went, in the same write:
+        # it never waits for a change that is gone.
+        assert log.published == older[-1].seq
     finally:
         await any_store.delete_group(group)
 
@@ -134,3 +192,117 @@ async def test_an_embedded_store_from_before_the_rowid_outbox_keeps_its_changes(
         assert "WITHOUT ROWID" not in tables[0]
     finally:
         await reopened.close()
+
+
+@pytest.mark.parametrize("when", ["between the relay's reads", "after its reads"])
+async def test_a_group_purged_and_written_anew_during_a_relay_round_loses_no_change(
+    any_store: GraphStore, when: str
+) -> None:
+    """A round reads the outbox's state, then the changes, then moves the cursors: a group
+    purged (its log and changes gone) and written anew meanwhile keeps its cursor where the
+    new changes start, whatever the round read, and the next rounds publish them all."""
+    any_store.deployment = f"outbox-{uuidlib.uuid4().hex[:12]}"  # this test's groups alone
+    group = f"outbox-{uuidlib.uuid4().hex[:12]}"
+    before = plan_records((1, "Acme Corp"), ["Basic", "Pro", "Enterprise"])
+    anew = plan_records((2, "Globex"), ["Basic", "Pro"])
+
+    async def purge() -> None:
+        await any_store.forget_group(group, T0, purge=True)
+
+    async def rewrite() -> None:
+        await feed(any_store, group, anew, clock_of(anew))
+
+    async def purge_and_rewrite() -> None:
+        await purge()
+        await rewrite()
+
+    try:
+        await feed(any_store, group, before, clock_of(before))
+        [log] = await any_store.change_logs([group])
+        assert log.seq > 3 and log.published == 0
+        round_ = (
+            DuringRound(any_store, after_logs=purge, after_read=rewrite)
+            if when == "between the relay's reads"
+            else DuringRound(any_store, after_read=purge_and_rewrite)
+        )
+        producer = Producer()
+        await relay_changes(round_, producer.send, *EVERY_PARTITION)  # type: ignore[arg-type]
+        await relay_all(any_store, producer)
+        written = await any_store.changes(group, 0, 1000)
+        assert written and all(c.episode_id in {r.id for r in anew} for c in written)
+        published = {value["change_id"] for key, value in producer.sent if key == group.encode()}
+        assert {c.change_id for c in written} <= published
+        [log] = await any_store.change_logs([group])
+        assert log.published == log.seq == written[-1].seq
+    finally:
+        await any_store.delete_group(group)
+
+
+@pytest.mark.parametrize("kind", ["neo4j", "sqlite"])
+async def test_each_deployment_relays_only_the_groups_it_writes(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Two deployments (topic prefixes) share one store: each one's relay publishes and
+    marks only the groups it writes (those its in-process writers write too, as their
+    stores are opened with its settings). A group belongs to its first writer; a log from
+    before deployments were recorded is relayed once a deployment writes the group again."""
+    run = uuidlib.uuid4().hex[:12]
+
+    def settings(prefix: str) -> Settings:
+        if kind == "neo4j":
+            uri = str(request.getfixturevalue("neo4j_uri"))
+            return Settings(store="neo4j", neo4j_uri=uri, topic_prefix=prefix)
+        return Settings(store="embedded", data_dir=tmp_path, topic_prefix=prefix)
+
+    a, b = open_store(settings(f"a{run}")), open_store(settings(f"b{run}"))
+    ga, gb, shared, legacy = (f"outbox-{run}-{name}" for name in ("a", "b", "shared", "legacy"))
+    acme, globex = (
+        plan_records((1, "Acme Corp"), ["Basic", "Pro"]),
+        plan_records((2, "Globex"), ["Basic", "Enterprise"]),
+    )
+    try:
+        for store in (a, b):
+            await store.setup(DIM)
+        await feed(a, ga, acme, clock_of(acme))
+        await feed(b, gb, acme, clock_of(acme))
+        await feed(b, shared, acme[:1], clock_of(acme))  # b's first: b's group
+        await feed(a, shared, acme[1:], clock_of(acme))
+        await feed(a, legacy, acme[:1], clock_of(acme))
+        await _forget_deployment(a, legacy)  # as written before deployments were recorded
+        assert {log.group_id for log in await a.change_logs(own=True)} == {ga}
+        assert {log.group_id for log in await b.change_logs(own=True)} == {gb, shared}
+        # a's relay never marks b's groups, even given b's changes.
+        await a.mark_published(await b.unpublished_changes([gb], 1))
+        assert [log.published for log in await b.change_logs([gb])] == [0]
+        from_a, from_b = Producer(), Producer()
+        await relay_all(a, from_a)
+        assert {key.decode() for key, _ in from_a.sent} == {ga}
+        assert [log.published for log in await a.change_logs([gb, shared, legacy])] == [0, 0, 0]
+        await feed(b, legacy, globex[:1], clock_of(globex))  # its next writer takes it
+        await relay_all(b, from_b)
+        assert {key.decode() for key, _ in from_b.sent} == {gb, shared, legacy}
+        for store, producer, groups in ((a, from_a, [ga]), (b, from_b, [gb, shared, legacy])):
+            for group in groups:
+                sent = [v["change_id"] for k, v in producer.sent if k == group.encode()]
+                assert sent == [c.change_id for c in await store.changes(group, 0, 1000)]
+    finally:
+        for group in (ga, gb, shared, legacy):
+            await a.delete_group(group)
+        await a.close()
+        await b.close()
+
+
+async def _forget_deployment(store: GraphStore, group: str) -> None:
+    """Take the deployment off the group's log, as logs written before it was recorded are."""
+    if isinstance(store, Neo4jStore):
+        await store.ex.execute(
+            "MATCH (log:ChangeLog {group_id: $group}) REMOVE log.deployment", {"group": group}
+        )
+        return
+    assert isinstance(store, SqliteStore)
+
+    def clear(conn: sqlite3.Connection) -> None:
+        with Transaction(conn):
+            conn.execute("UPDATE change_log SET deployment = NULL WHERE group_id = ?", (group,))
+
+    await store.db.run(clear)

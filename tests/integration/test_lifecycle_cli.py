@@ -100,6 +100,11 @@ def listed(folder: Path, *args: str) -> tuple[list[str], str | None]:
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     """A folder whose embedded store holds the feed for GROUP and one record for OTHER."""
+    return ingested(tmp_path)
+
+
+def ingested(tmp_path: Path, **env: str) -> Path:
+    """``store``'s folder, ingested with ``env`` (e.g. a deployment's topic prefix)."""
     (tmp_path / "crm.yaml").write_text(crm.CRM_MAPPING)
     lines = [
         {"id": ident, "group_id": GROUP, "content": record, "reference_time": AT[n].isoformat()}
@@ -108,7 +113,7 @@ def store(tmp_path: Path) -> Path:
     other = crm.plan_record((9, "Globex"), "Pro", AT[0])
     lines.append({"id": "g-0", "group_id": OTHER, "content": other, "reference_time": AT[0]})
     (tmp_path / "feed.jsonl").write_bytes(b"".join(orjson.dumps(x) + b"\n" for x in lines))
-    ok(run(tmp_path, "ingest", "feed.jsonl", "--mapping", "crm.yaml"))
+    ok(run(tmp_path, "ingest", "feed.jsonl", "--mapping", "crm.yaml", **env))
     return tmp_path
 
 
@@ -272,7 +277,7 @@ def test_changes_resume_after_a_cursor_and_follow_until_ctrl_c(store: Path) -> N
 
 
 def test_forget_and_changes_through_kafka(
-    store: Path, kafka_bootstrap: str, topic_prefix: str
+    tmp_path: Path, kafka_bootstrap: str, topic_prefix: str
 ) -> None:
     import asyncio
 
@@ -281,6 +286,8 @@ def test_forget_and_changes_through_kafka(
         "TIDEGRAPH_TOPIC_PREFIX": topic_prefix,
         "TIDEGRAPH_PARTITIONS": "2",
     }
+    # Written in-process by the deployment of this prefix: its workers' relay publishes it.
+    store = ingested(tmp_path, TIDEGRAPH_TOPIC_PREFIX=topic_prefix)
     asked = ("--episode", "rec-2", "--via", "kafka", "--json")
     queued = rows(run(store, "forget", "--group", GROUP, *asked, **kafka))
     assert queued[0]["status"] == "queued" and queued[0]["topic"] == f"{topic_prefix}.episodes"
@@ -318,7 +325,8 @@ async def _read_record(bootstrap: str, queued: dict[str, Any]) -> bytes:
 
 
 async def _relay(folder: Path, bootstrap: str, prefix: str) -> int:
-    """What a worker's relay does: the outbox of every group published to the changes topic."""
+    """What a worker's relay does: the outbox of every group of the deployment published to
+    the changes topic."""
     from tidegraph.embed import make_embedder
     from tidegraph.pipelines.streaming.relay import relay_changes
     from tidegraph.settings import Settings

@@ -8,6 +8,8 @@
 - Every change the writes commit reaches ``{prefix}.changes``: none lost when a worker is
   killed mid-stream, none published twice beyond what ``change_id`` lets a consumer drop, in
   the group's commit order (``seq``).
+- A worker publishes only its own deployment's changes: not those of groups another
+  deployment (another topic prefix) writes in-process into the same Neo4j.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 
 from tests.integration.topology_harness import Topology, eventually
 from tests.support.crm_feed import crm_feed
+from tidegraph.app.memory import Memory
 from tidegraph.records.changes import Change
 from tidegraph.records.episode import parse_episode
 from tidegraph.topics.client import read_changes
@@ -184,3 +187,37 @@ async def test_a_forget_interrupted_by_a_killed_worker_is_finished_by_the_next(
         check_stream(await published_all(topology, groups), await outbox(topology, groups))
     finally:
         await store.close()
+
+
+async def test_a_worker_publishes_only_the_changes_of_its_own_deployment(
+    topology: Topology,
+) -> None:
+    # Another deployment sharing the Neo4j (its own topic prefix) writes in-process, as its
+    # `tidegraph ingest` and `tidegraph serve` do, before this deployment's worker starts.
+    other = topology.settings().model_copy(update={"topic_prefix": f"{topology.prefix}-other"})
+    theirs = crm_feed(EPISODES // 3, GROUPS, run=f"{topology.run}-other")
+    memory = await Memory.open(other)
+    try:
+        for envelope in theirs:
+            added = await memory.add(parse_episode(orjson.dumps(envelope)))
+            assert added.status == "written", added
+    finally:
+        await memory.close()
+    their_groups = sorted({e["group_id"] for e in theirs})
+    feed = crm_feed(EPISODES // 3, GROUPS, run=topology.run)
+    groups = sorted({e["group_id"] for e in feed})
+    worker = topology.start_worker(TIDEGRAPH_COMMUNITIES_ENABLED="false")
+    await topology.wait_assigned([worker])
+    await topology.wait_reflected(await topology.produce(feed))
+    check_stream(await published_all(topology, groups), await outbox(topology, groups))
+    # Its relay went round after round over the store: every change on its topic is of its
+    # own groups, and the other deployment's outboxes are left unpublished for its relay.
+    assert {c.group_id for c in await read_changes(topology.settings())} == set(groups)
+    store = topology.store()
+    try:
+        logs = await store.change_logs(their_groups)
+    finally:
+        await store.close()
+    assert [log.group_id for log in logs] == their_groups
+    assert all(log.seq > 0 and log.published == 0 for log in logs)
+    assert {log.deployment for log in logs} == {other.topic_prefix}

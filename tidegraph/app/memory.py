@@ -576,11 +576,12 @@ class Memory:
             pause = min(pause * 2, 1.0)
 
     async def prune_changes(self) -> int:
-        """Drop the outbox's changes past their retention (TIDEGRAPH_CHANGES_RETENTION_HOURS);
-        through Kafka only those the workers' relay has published. How many went."""
+        """Drop the outbox's changes past their retention (TIDEGRAPH_CHANGES_RETENTION_HOURS)
+        in the groups of this deployment; through Kafka only those the workers' relay has
+        published. How many went."""
         from tidegraph.pipelines.outbox import prune_outbox
 
-        groups = [log.group_id for log in await self.store.change_logs()]
+        groups = [log.group_id for log in await self.store.change_logs(own=True)]
         return await prune_outbox(
             self.store,
             groups,

@@ -78,11 +78,14 @@ class Change(BaseModel):
 @dataclass(frozen=True, slots=True)
 class PublishedChange:
     """A change as the relay produces it to ``{prefix}.changes``: its group (the record's
-    key), its ``seq`` and ``value``, the JSON consumers get (``Change.model_dump_json()``)."""
+    key), its ``seq`` and ``value``, the JSON consumers get (``Change.model_dump_json()``),
+    and its ``change_id`` (what the relay's cursor checks it moves to: the change at that
+    ``seq`` is still this one)."""
 
     group_id: str
     seq: int
     value: bytes
+    change_id: str
 
 
 # Where the store's outbox form of a change takes its ``seq``: right before ``kind``, as in

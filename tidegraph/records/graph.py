@@ -205,12 +205,15 @@ class WeightedEdge:
 @dataclass
 class ChangeLog:
     """A group's change outbox: its last change's ``seq``, the last one the relay
-    published, and the group's write version (moved by every committed write)."""
+    published, the group's write version (moved by every committed write) and the deployment
+    whose relay publishes it (the topic prefix of its first writer; None: a log written
+    before deployments were recorded, until its next write)."""
 
     group_id: str
     seq: int = 0
     published: int = 0
     version: int = 0
+    deployment: str | None = None
 
 
 @dataclass

@@ -29,7 +29,8 @@ __all__ = [
 
 
 def open_store(settings: Settings) -> GraphStore:
-    """The store the settings choose (call ``setup(embedding_dim)`` before use)."""
+    """The store the settings choose (call ``setup(embedding_dim)`` before use), writing for
+    the deployment of ``topic_prefix`` (docs/streaming.md "Change stream")."""
     if settings.store == "neo4j":
         from tidegraph.stores.neo4j.store import Neo4jStore
 
@@ -37,5 +38,9 @@ def open_store(settings: Settings) -> GraphStore:
     if settings.store == "embedded":
         from tidegraph.stores.sqlite.store import SqliteStore
 
-        return SqliteStore(settings.data_dir / "graph", settings.embedded_cache_mb)
+        return SqliteStore(
+            settings.data_dir / "graph",
+            settings.embedded_cache_mb,
+            deployment=settings.topic_prefix,
+        )
     raise ValueError(f"unknown store {settings.store!r} (expected 'neo4j' or 'embedded')")

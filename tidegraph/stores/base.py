@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -36,6 +36,7 @@ from tidegraph.records.graph import (
     WeightedEdge,
 )
 from tidegraph.records.search import Hit, Kind, MethodSearch, SearchScope
+from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores.rows import unique
 
 
@@ -74,6 +75,9 @@ class GraphStore(abc.ABC):
     """Async graph store. All methods are group-scoped; see the module docstring."""
 
     name: str = "store"
+    # The deployment the store writes for (its topic prefix, given when it is opened): the
+    # change logs of the groups it writes name it, and its relay publishes only those.
+    deployment: str = DEFAULT_TOPIC_PREFIX
 
     # ---------------------------------------------------------------- lifecycle
     @abc.abstractmethod
@@ -422,17 +426,20 @@ class GraphStore(abc.ABC):
     # ---------------------------------------------------------------- the change stream
     # docs/streaming.md "Change stream". A committed episode write appends its changes
     # (``EpisodeWrite.changes``) to its group's outbox in the same transaction, numbered in
-    # commit order (``Change.seq``), and bumps the group's write version.
+    # commit order (``Change.seq``), and bumps the group's write version. The group's log
+    # names the deployment of its first writer (``ChangeLog.deployment``; a log without one
+    # takes the writer's at its next write): only that deployment's relay publishes it.
     @abc.abstractmethod
     async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
         """The group's changes with ``seq > after``, in ``seq`` order, at most ``limit``."""
 
     @abc.abstractmethod
     async def change_logs(
-        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False, own: bool = False
     ) -> list[ChangeLog]:
         """The outbox state of these groups (None: of every group with a log), by group;
-        ``unpublished``: only those with changes the relay has not published."""
+        ``unpublished``: only those with changes the relay has not published; ``own``: only
+        those of this store's ``deployment``."""
 
     @abc.abstractmethod
     async def unpublished_changes(
@@ -440,19 +447,26 @@ class GraphStore(abc.ABC):
     ) -> list[PublishedChange]:
         """Each group's changes after its relay cursor (``ChangeLog.published``), at most
         ``per_group`` of each, by group then ``seq``, as the relay produces them (the JSON of
-        ``changes`` without decoding it): one read for a relay round."""
+        ``changes`` without decoding it): one read for a relay round. Only the groups of this
+        store's ``deployment``."""
 
     @abc.abstractmethod
-    async def mark_published(self, cursors: Mapping[str, int]) -> None:
-        """The relay published each group's changes up to its ``seq``, in one write (a cursor
-        never moves back, nor past the group's last change)."""
+    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
+        """The relay published each group's changes up to ``acknowledged`` (its last change
+        Kafka acknowledged, one per group), in one write: the group's cursor moves to that
+        change's ``seq`` when the change stored there is still that one (``change_id``; a
+        group purged and written anew since keeps its cursor), and never back. Only the
+        groups of this store's ``deployment``: the others are left alone."""
 
     @abc.abstractmethod
     async def prune_changes(
         self, group_id: str, before: datetime, *, published_only: bool = True
     ) -> int:
         """Drop the group's changes committed before ``before`` (the outbox's retention);
-        ``published_only``: only those the relay has published. How many went."""
+        ``published_only``: only those the relay has published. How many went. Unpublished
+        changes dropped right after the relay's cursor move it past them, in the same
+        transaction: the relay moves a cursor only past changes Kafka acknowledged, and never
+        waits for one that is gone."""
 
     # ---------------------------------------------------------------- forgetting
     # docs/architecture.md "Forgetting": a forget replays the group's remaining episodes into a
@@ -473,8 +487,8 @@ class GraphStore(abc.ABC):
         memberships), the entities and facts given are written in full (created or
         overwritten, including ends set back to null), the episodes named in ``mentions`` get
         exactly those mentions and those in ``created`` those created entities, the outbox
-        loses the changes of ``purged`` records and gains ``changes``, and the version
-        moves."""
+        loses the changes of ``purged`` records (the relay's cursor moves past those right
+        after it, as ``prune_changes`` does) and gains ``changes``, and the version moves."""
 
     @abc.abstractmethod
     async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:

@@ -235,8 +235,8 @@ def change_of(body: str, seq: int) -> Change:
     return Change.model_validate_json(body).model_copy(update={"seq": seq})
 
 
-def published_change(group_id: str, body: str, seq: int) -> PublishedChange:
-    return PublishedChange(group_id, seq, published_form(body, seq))
+def published_change(group_id: str, body: str, seq: int, change_id: str) -> PublishedChange:
+    return PublishedChange(group_id, seq, published_form(body, seq), change_id)
 
 
 def closure_row(closure: FactClosure) -> dict[str, Any]:

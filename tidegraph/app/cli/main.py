@@ -11,7 +11,7 @@ import traceback
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 import typer
@@ -149,11 +149,14 @@ def usage_line(exc: typer.TyperException) -> str:
     return f"{text} (see `{command} --help`)" if command else text
 
 
-def _setup_logging() -> None:
+def _setup_logging(stream: TextIO | None = None) -> None:
     logging.basicConfig(
         level=get_settings().log_level.upper(),
+        stream=stream,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # As the worker: the driver logs every schema "already exists" notice at INFO.
+    logging.getLogger("neo4j.notifications").setLevel(logging.WARNING)
 
 
 # ----------------------------------------------------------------------------- demo

@@ -136,17 +136,11 @@ def mcp(
 ) -> None:
     """Serve the memory as MCP tools (add_memory, search_facts, search_entities,
     search_episodes, get_context, facts_as_of, episode_status) over stdio or HTTP."""
-    import logging as _logging
     import sys
 
     from tidegraph.app.serving.mcp_server import Holder, Scoping, build_mcp, http_app
 
-    # stdout carries the protocol over stdio: every log goes to stderr
-    _logging.basicConfig(
-        level=get_settings().log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    _setup_logging(sys.stderr)  # stdout carries the protocol over stdio: logs go to stderr
     serve_settings = ServeSettings()
     keys = _keys(serve_settings)
     chosen_via = via or serve_settings.serve_via

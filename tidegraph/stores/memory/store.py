@@ -40,7 +40,7 @@ only the search methods, which share nothing else, are apart.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 
 from tidegraph.records.asof import AsOf
@@ -68,6 +68,7 @@ from tidegraph.records.graph import (
 )
 from tidegraph.records.times import utc
 from tidegraph.records.vectors import cosine
+from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores import errors
 from tidegraph.stores.memory.search import Entities, Facts, MemorySearch, StoredCommunity
 from tidegraph.stores.rows import (
@@ -100,7 +101,8 @@ class MemoryStore(MemorySearch):
 
     name = "memory"
 
-    def __init__(self) -> None:
+    def __init__(self, *, deployment: str = DEFAULT_TOPIC_PREFIX) -> None:
+        self.deployment = deployment
         self._dim: int | None = None
         self._episodes: dict[str, EpisodeRecord] = {}
         self._created: dict[str, list[str]] = {}  # episode uuid -> the entities it created
@@ -330,8 +332,10 @@ class MemoryStore(MemorySearch):
         return True
 
     def _record(self, group_id: str, changes: list[Change]) -> None:
-        """Append to the group's outbox in commit order, bump its write version."""
+        """Append to the group's outbox in commit order, bump its write version; the log
+        names the writer's deployment unless it has one."""
         log = self._logs.setdefault(group_id, ChangeLog(group_id))
+        log.deployment = log.deployment or self.deployment
         outbox = self._changes.setdefault(group_id, [])
         for change in changes:
             log.seq += 1
@@ -391,13 +395,14 @@ class MemoryStore(MemorySearch):
         return [c.model_copy(deep=True) for c in found[: max(limit, 0)]]
 
     async def change_logs(
-        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False, own: bool = False
     ) -> list[ChangeLog]:
         wanted = {
             g: log
             for g, log in self._logs.items()
             if (group_ids is None or g in group_ids)
             and (not unpublished or log.seq > log.published)
+            and (not own or log.deployment == self.deployment)
         }
         return [ChangeLog(**vars(log)) for _, log in sorted(wanted.items())]
 
@@ -407,33 +412,54 @@ class MemoryStore(MemorySearch):
         found: list[PublishedChange] = []
         for group_id in sorted(set(group_ids)):
             log = self._logs.get(group_id)
-            if log is not None:
+            if log is not None and log.deployment == self.deployment:
                 found += [
-                    PublishedChange(c.group_id, c.seq, published_form(stored_form(c), c.seq))
+                    PublishedChange(
+                        c.group_id, c.seq, published_form(stored_form(c), c.seq), c.change_id
+                    )
                     for c in await self.changes(group_id, log.published, per_group)
                 ]
         return found
 
-    async def mark_published(self, cursors: Mapping[str, int]) -> None:
-        for group_id, seq in cursors.items():
-            log = self._logs.get(group_id)
-            if log is not None:
-                log.published = max(log.published, min(seq, log.seq))
+    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
+        for change in acknowledged:
+            log = self._logs.get(change.group_id)
+            stored = {c.seq: c.change_id for c in self._changes.get(change.group_id, [])}
+            if (
+                log is not None
+                and log.deployment == self.deployment
+                and stored.get(change.seq) == change.change_id
+            ):
+                log.published = max(log.published, change.seq)
 
     async def prune_changes(
         self, group_id: str, before: datetime, *, published_only: bool = True
     ) -> int:
         log = self._logs.get(group_id)
         published = log.published if log is not None else 0
-        kept = [
-            c
-            for c in self._changes.get(group_id, [])
-            if (published_only and c.seq > published)
-            or (c.committed_at is not None and utc(c.committed_at) >= utc(before))
+        outbox = self._changes.get(group_id, [])
+        gone = [
+            (not published_only or c.seq <= published)
+            and (c.committed_at is None or utc(c.committed_at) < utc(before))
+            for c in outbox
         ]
-        pruned = len(self._changes.get(group_id, [])) - len(kept)
-        self._changes[group_id] = kept
-        return pruned
+        self._changes[group_id] = [c for c, out in zip(outbox, gone, strict=True) if not out]
+        dropped = [c.seq for c, out in zip(outbox, gone, strict=True) if out]
+        self._skip_dropped(group_id, dropped)
+        return len(dropped)
+
+    def _skip_dropped(self, group_id: str, dropped: list[int]) -> None:
+        """After the group's changes ``dropped`` (seqs) went: a relay cursor right before
+        dropped ones moves past them, up to the first change still there (the relay never
+        waits for a change that is gone)."""
+        log = self._logs.get(group_id)
+        if log is None or not dropped:
+            return
+        past = max(dropped)
+        after = [c.seq for c in self._changes.get(group_id, []) if c.seq > log.published]
+        if after:
+            past = min(past, after[0] - 1)
+        log.published = max(log.published, past)
 
     # ------------------------------------------------------------------ forgetting
     async def group_history(self, group_id: str) -> GroupHistory:
@@ -512,9 +538,9 @@ class MemoryStore(MemorySearch):
         for episode, created in rebuild.created.items():
             self._created[episode] = list(created)
         purged = set(rebuild.purged)
-        self._changes[group_id] = [
-            c for c in self._changes.get(group_id, []) if c.uuid not in purged
-        ]
+        outbox = self._changes.get(group_id, [])
+        self._changes[group_id] = [c for c in outbox if c.uuid not in purged]
+        self._skip_dropped(group_id, [c.seq for c in outbox if c.uuid in purged])
         self._record(group_id, rebuild.changes)
 
     def _check_write(self, group_id: str, write: EpisodeWrite, episode_group: str | None) -> None:

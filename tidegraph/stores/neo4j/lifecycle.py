@@ -4,7 +4,7 @@ what a forget reads and writes (docs/architecture.md "Forgetting"); the queries 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ class Lifecycle:
     """The lifecycle methods of ``GraphStore`` on Neo4j (mixed into ``Neo4jStore``)."""
 
     ex: Neo4jExecutor
+    deployment: str
 
     if TYPE_CHECKING:
 
@@ -60,27 +61,46 @@ class Lifecycle:
         return [change_of(r["body"], int(r["seq"])) for r in rows]
 
     async def change_logs(
-        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False, own: bool = False
     ) -> list[ChangeLog]:
-        params = {"groups": group_ids, "unpublished": unpublished}
+        params = {
+            "groups": group_ids,
+            "unpublished": unpublished,
+            "own": own,
+            "deployment": self.deployment,
+        }
         rows = await self.ex.rows(lq.CHANGE_LOGS, params)
         return [
-            ChangeLog(r["group_id"], int(r["seq"]), int(r["published"]), int(r["version"]))
+            ChangeLog(
+                r["group_id"],
+                int(r["seq"]),
+                int(r["published"]),
+                int(r["version"]),
+                r["deployment"],
+            )  # fmt: skip
             for r in rows
         ]
 
     async def unpublished_changes(
         self, group_ids: list[str], per_group: int
     ) -> list[PublishedChange]:
-        params = {"groups": sorted(set(group_ids)), "limit": max(per_group, 0)}
+        params = {
+            "groups": sorted(set(group_ids)),
+            "limit": max(per_group, 0),
+            "deployment": self.deployment,
+        }
         rows = await self.ex.rows(lq.UNPUBLISHED_CHANGES, params)
-        return [published_change(r["group_id"], r["body"], int(r["seq"])) for r in rows]
+        return [
+            published_change(r["group_id"], r["body"], int(r["seq"]), r["change_id"]) for r in rows
+        ]
 
-    async def mark_published(self, cursors: Mapping[str, int]) -> None:
-        rows = [{"group_id": group, "seq": seq} for group, seq in cursors.items()]
+    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
+        rows = [
+            {"group_id": c.group_id, "seq": c.seq, "change_id": c.change_id} for c in acknowledged
+        ]
 
         async def work(tx: Tx) -> None:
-            await tx.rows(lq.MARK_PUBLISHED, {"cursors": rows})
+            await tx.rows(lq.MARK_PUBLISHED, {"cursors": rows, "deployment": self.deployment})
 
         if rows:
             await self.ex.write("mark_published", len(rows), work)
@@ -98,9 +118,9 @@ class Lifecycle:
         while True:
 
             async def work(tx: Tx) -> int:
-                return int(
-                    (await tx.rows(lq.PRUNE_CHANGES, params) or [{"deleted": 0}])[0]["deleted"]
-                )
+                [row] = await tx.rows(lq.PRUNE_CHANGES, params)
+                await tx.rows(lq.SKIP_DROPPED, {"group_id": group_id, "dropped": row["dropped"]})
+                return int(row["deleted"])
 
             deleted = await self.ex.write("prune_changes", PRUNE_BATCH, work)
             pruned += deleted
@@ -135,6 +155,7 @@ class Lifecycle:
         facts = [with_epoch_times(fact_row(group_id, f, dim, now)) for f in rebuild.facts]
         changes = [change_row(c) for c in rebuild.changes]
         g = {"group_id": group_id}
+        stamped = {**g, "deployment": self.deployment}
 
         async def work(tx: Tx) -> None:
             [row] = await tx.rows(lq.REBUILD_VERSION, g)
@@ -167,8 +188,9 @@ class Lifecycle:
             await tx.rows(lq.REPLACE_MENTIONS, {**g, "rows": mentions})
             created = [{"episode": u, "created": c} for u, c in rebuild.created.items()]
             await tx.rows(lq.SET_CREATED, {**g, "rows": created})
-            await tx.rows(lq.PURGE_CHANGES, {**g, "uuids": rebuild.purged})
-            await tx.rows(q.RECORD_CHANGES, {**g, "changes": changes})
+            [purged] = await tx.rows(lq.PURGE_CHANGES, {**g, "uuids": rebuild.purged})
+            await tx.rows(lq.SKIP_DROPPED, {**g, "dropped": purged["dropped"]})
+            await tx.rows(q.RECORD_CHANGES, {**stamped, "changes": changes})
 
         size = len(entities) + len(facts) + len(rebuild.forgotten)
         await self.ex.write("apply_rebuild", size, work)
@@ -190,8 +212,9 @@ class Lifecycle:
         if not purge:
 
             async def record(tx: Tx) -> None:
+                forgotten = [change_row(group_forgotten(group_id, at))]
                 await tx.rows(
-                    q.RECORD_CHANGES, {**g, "changes": [change_row(group_forgotten(group_id, at))]}
+                    q.RECORD_CHANGES, {**g, "deployment": self.deployment, "changes": forgotten}
                 )
 
             await self.ex.write("forget_group", 1, record)

@@ -18,19 +18,23 @@ LIMIT $limit
 
 # The relay's cursor is a node of its own: the writes lock their group's ChangeLog for their
 # whole transaction, and the relay moving its cursor must not wait for them (nor they for it).
+# The relay reads and moves only the logs of its deployment.
 CHANGE_LOGS = """
 MATCH (log:ChangeLog)
 WHERE ($groups IS NULL OR log.group_id IN $groups)
+  AND (NOT $own OR log.deployment = $deployment)
 OPTIONAL MATCH (cursor:ChangeCursor {group_id: log.group_id})
 WITH log, coalesce(cursor.published, 0) AS published
 WHERE NOT $unpublished OR log.seq > published
-RETURN log.group_id AS group_id, log.seq AS seq, published, log.version AS version
+RETURN log.group_id AS group_id, log.seq AS seq, published, log.version AS version,
+       log.deployment AS deployment
 ORDER BY group_id
 """
 
 UNPUBLISHED_CHANGES = """
 UNWIND $groups AS group_id
 MATCH (log:ChangeLog {group_id: group_id})
+WHERE log.deployment = $deployment
 OPTIONAL MATCH (cursor:ChangeCursor {group_id: group_id})
 WITH group_id, log, coalesce(cursor.published, 0) AS published
 WHERE log.seq > published
@@ -41,18 +45,21 @@ CALL (group_id, published) {
   ORDER BY c.seq
   LIMIT $limit
 }
-RETURN group_id, c.body AS body, c.seq AS seq
+RETURN group_id, c.body AS body, c.seq AS seq, c.change_id AS change_id
 ORDER BY group_id, seq
 """
 
+# A cursor moves to a change the relay published only while that change is stored at its seq.
 MARK_PUBLISHED = """
 UNWIND $cursors AS row
 MATCH (log:ChangeLog {group_id: row.group_id})
-WITH row, log.seq AS last
+WHERE log.deployment = $deployment
+MATCH (c:Change {group_id: row.group_id, seq: row.seq})
+WHERE c.change_id = row.change_id
+WITH DISTINCT row
 MERGE (cursor:ChangeCursor {group_id: row.group_id})
 ON CREATE SET cursor.published = 0
-SET cursor.published = CASE WHEN row.seq > cursor.published
-                            THEN CASE WHEN row.seq < last THEN row.seq ELSE last END
+SET cursor.published = CASE WHEN row.seq > cursor.published THEN row.seq
                             ELSE cursor.published END
 """
 
@@ -63,8 +70,29 @@ MATCH (c:Change)
 WHERE c.group_id = $group_id AND coalesce(c.committed_at, 0) < $before
   AND (NOT $published_only OR c.seq <= published)
 WITH c LIMIT $batch
+WITH c, c.seq AS seq
 DELETE c
-RETURN count(*) AS deleted
+RETURN count(*) AS deleted, max(seq) AS dropped
+"""
+
+# After changes up to ``$dropped`` were deleted in this transaction: a cursor right before
+# deleted ones moves past them, up to the first change still there (the relay never waits for
+# a change that is gone, and moves a cursor itself only past changes Kafka acknowledged).
+SKIP_DROPPED = """
+OPTIONAL MATCH (cursor:ChangeCursor {group_id: $group_id})
+WITH coalesce(cursor.published, 0) AS published
+WHERE $dropped > published
+CALL (published) {
+  OPTIONAL MATCH (c:Change)
+  WHERE c.group_id = $group_id AND c.seq > published
+  RETURN min(c.seq) AS kept
+}
+WITH published,
+     CASE WHEN kept IS NOT NULL AND kept - 1 < $dropped THEN kept - 1 ELSE $dropped END AS past
+WHERE past > published
+MERGE (cursor:ChangeCursor {group_id: $group_id})
+ON CREATE SET cursor.published = 0
+SET cursor.published = CASE WHEN past > cursor.published THEN past ELSE cursor.published END
 """
 
 # ---- what a forget reads (the version first: a write after it makes the rebuild refused)
@@ -251,7 +279,9 @@ PURGE_CHANGES = """
 UNWIND $uuids AS uuid
 MATCH (c:Change {uuid: uuid})
 WHERE c.group_id = $group_id
+WITH c, c.seq AS seq
 DELETE c
+RETURN max(seq) AS dropped
 """
 
 

@@ -652,12 +652,16 @@ RETURN episodes, entities, facts
 """
 
 # The changes of one write appended to its group's outbox in commit order (``seq``), the
-# group's write version bumped (a rebuild checks it did not move while it computed).
+# group's write version bumped (a rebuild checks it did not move while it computed), the log
+# stamped with the writer's deployment unless it has one (its relay publishes the group). The
+# first SET reads what it writes, so Cypher takes the log's write lock before it: ``base`` is
+# read under the lock, and two writes of a group never number their changes alike.
 _RECORD_CHANGES = """
     MERGE (log:ChangeLog {{group_id: {group}}})
     ON CREATE SET log.seq = 0, log.version = 0
+    SET log.version = log.version + 1, log.deployment = coalesce(log.deployment, $deployment)
     WITH log, log.seq AS base
-    SET log.seq = base + size({changes}), log.version = log.version + 1
+    SET log.seq = base + size({changes})
     WITH base
     UNWIND range(0, size({changes}) - 1) AS i
     WITH {changes}[i] AS c, base + i + 1 AS seq

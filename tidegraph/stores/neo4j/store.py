@@ -14,7 +14,7 @@ from typing import Any
 
 from neo4j import AsyncGraphDatabase, basic_auth
 
-from tidegraph.connections import neo4j_driver_options
+from tidegraph.connections import NEO4J_NOTIFICATIONS, neo4j_driver_options
 from tidegraph.metrics import STORE_BATCH_SIZE
 from tidegraph.records.asof import AsOf
 from tidegraph.records.conversation import search_fields
@@ -26,7 +26,7 @@ from tidegraph.records.graph import (
     FactRecord,
 )
 from tidegraph.records.times import utc
-from tidegraph.settings import Settings
+from tidegraph.settings import DEFAULT_TOPIC_PREFIX, Settings
 from tidegraph.stores import errors
 from tidegraph.stores.base import BatchRead, BatchWriteError, LookupRequest
 from tidegraph.stores.episode_search import speaker_words
@@ -163,10 +163,14 @@ class Neo4jStore(Lifecycle, StoreCore):
         password: str | None = None,
         database: str = "neo4j",
         driver_options: dict[str, Any] | None = None,
+        deployment: str = DEFAULT_TOPIC_PREFIX,
     ) -> None:
         auth = None if user is None else basic_auth(user, password or "")
-        driver = AsyncGraphDatabase.driver(uri, auth=auth, **(driver_options or {}))
+        driver = AsyncGraphDatabase.driver(
+            uri, auth=auth, **NEO4J_NOTIFICATIONS, **(driver_options or {})
+        )
         super().__init__(Neo4jExecutor(driver, database))
+        self.deployment = deployment
         # An item is the writes of one call: one episode, or a group's micro-batch.
         self._episodes: GroupCommit[list[_EpisodeJob], list[bool]] = GroupCommit(
             self._commit_batches,
@@ -195,6 +199,7 @@ class Neo4jStore(Lifecycle, StoreCore):
             settings.neo4j_password.get_secret_value(),
             settings.neo4j_database,
             driver_options=neo4j_driver_options(settings),
+            deployment=settings.topic_prefix,
         )
 
     # ------------------------------------------------------------------ schema
@@ -519,7 +524,10 @@ class Neo4jStore(Lifecycle, StoreCore):
             written = [checks.admit(job.group_id, job.write) for job in jobs]
             rows = [job.params for job, fresh in zip(jobs, written, strict=True) if fresh]
             if rows:
-                await tx.rows(q.WRITE_EPISODES, {"writes": rows, **q.thread_params()})
+                await tx.rows(
+                    q.WRITE_EPISODES,
+                    {"writes": rows, "deployment": self.deployment, **q.thread_params()},
+                )
             return written
 
         STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(jobs))

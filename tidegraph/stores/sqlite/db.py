@@ -167,7 +167,8 @@ SCHEMA = (
         group_id TEXT PRIMARY KEY,
         seq INTEGER NOT NULL,
         published INTEGER NOT NULL,
-        version INTEGER NOT NULL) WITHOUT ROWID""",
+        version INTEGER NOT NULL,
+        deployment TEXT) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS change (
         group_id TEXT NOT NULL,
         seq INTEGER NOT NULL,
@@ -231,6 +232,7 @@ def migrate_outbox(conn: sqlite3.Connection) -> int:
 ADDED_COLUMNS = {
     "episode": ("extraction TEXT", "extracted_at INTEGER", "forgotten_at INTEGER"),
     "change": ("committed_at INTEGER",),
+    "change_log": ("deployment TEXT",),
 }
 
 

@@ -32,6 +32,7 @@ from tidegraph.stores.sqlite.writes import (
     index_text,
     merge_fact,
     record_changes,
+    skip_dropped,
     stored_owners,
 )
 
@@ -85,6 +86,7 @@ def apply_rebuild(
     rebuild: Rebuild,
     entities: list[dict[str, Any]],
     facts: list[dict[str, Any]],
+    deployment: str,
 ) -> None:
     """``GraphStore.apply_rebuild`` inside the caller's transaction."""
     row = conn.execute("SELECT version FROM change_log WHERE group_id = ?", (group_id,)).fetchone()
@@ -115,11 +117,12 @@ def apply_rebuild(
         "UPDATE episode SET created_entities = ? WHERE group_id = ? AND uuid = ?",
         [(json_text(created), group_id, uuid) for uuid, created in rebuild.created.items()],
     )
-    conn.execute(
-        f"DELETE FROM change WHERE group_id = ? AND uuid {IN_LIST}",
+    purged = conn.execute(
+        f"DELETE FROM change WHERE group_id = ? AND uuid {IN_LIST} RETURNING seq",
         (group_id, json_text(rebuild.purged)),
     )
-    record_changes(conn, group_id, [change_row(c) for c in rebuild.changes])
+    skip_dropped(conn, group_id, [seq for (seq,) in purged])
+    record_changes(conn, group_id, [change_row(c) for c in rebuild.changes], deployment)
 
 
 def _tombstone(conn: sqlite3.Connection, group_id: str, rebuild: Rebuild) -> None:
@@ -272,7 +275,9 @@ def _forget_in_threads(
         )
 
 
-def forget_group(conn: sqlite3.Connection, group_id: str, at: datetime, purge: bool) -> int:
+def forget_group(
+    conn: sqlite3.Connection, group_id: str, at: datetime, purge: bool, deployment: str
+) -> int:
     """``GraphStore.forget_group`` inside the caller's transaction."""
     [forgotten] = conn.execute(
         "SELECT count(*) FROM episode WHERE group_id = ? AND forgotten_at IS NULL", (group_id,)
@@ -304,7 +309,7 @@ def forget_group(conn: sqlite3.Connection, group_id: str, at: datetime, purge: b
         "WHERE group_id = ? AND forgotten_at IS NULL",
         (micros(at), group_id),
     )
-    record_changes(conn, group_id, [change_row(group_forgotten(group_id, at))])
+    record_changes(conn, group_id, [change_row(group_forgotten(group_id, at))], deployment)
     return int(forgotten)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from tidegraph.records.graph import (
     GroupHistory,
     Rebuild,
 )
+from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores import errors
 from tidegraph.stores.base import BatchRead, LookupRequest
 from tidegraph.stores.executor import observe_write
@@ -94,6 +95,7 @@ from tidegraph.stores.sqlite.rows import (
 from tidegraph.stores.sqlite.search import SqliteSearch
 from tidegraph.stores.sqlite.writes import (
     reindex_episodes,
+    skip_dropped,
     stored_owners,
     upsert_entities,
     write_episodes,
@@ -210,8 +212,11 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
 
     name = "sqlite"
 
-    def __init__(self, path: Path, cache_mb: int = 128) -> None:
+    def __init__(
+        self, path: Path, cache_mb: int = 128, *, deployment: str = DEFAULT_TOPIC_PREFIX
+    ) -> None:
         self.db = SqliteDatabase(Path(path), cache_mb)
+        self.deployment = deployment
         self._dim: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -413,7 +418,7 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
         STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(writes))
         rows = sum(1 + len(w.entities) + len(w.facts) + len(w.closures) for w in writes)
         with observe_write("write_episode", rows):
-            return await self.db.run(write_episodes, group_id, writes, dim)
+            return await self.db.run(write_episodes, group_id, writes, dim, self.deployment)
 
     async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
         def read(conn: sqlite3.Connection) -> list[FactView]:
@@ -504,7 +509,7 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
     async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
         def write(conn: sqlite3.Connection) -> int:
             with Transaction(conn):
-                return forget_group(conn, group_id, at, purge)
+                return forget_group(conn, group_id, at, purge, self.deployment)
 
         with observe_write("forget_group", 1):
             return await self.db.run(write)
@@ -521,20 +526,21 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
         return await self.db.run(read)
 
     async def change_logs(
-        self, group_ids: list[str] | None = None, *, unpublished: bool = False
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False, own: bool = False
     ) -> list[ChangeLog]:
         def read(conn: sqlite3.Connection) -> list[ChangeLog]:
-            query = "SELECT group_id, seq, published, version FROM change_log"
-            if unpublished:
-                query += " WHERE seq > published"
-            if group_ids is None:
-                rows = conn.execute(query + " ORDER BY group_id")
-            else:
-                joint = " AND" if unpublished else " WHERE"
-                rows = conn.execute(
-                    query + f"{joint} group_id {IN_LIST} ORDER BY group_id",
-                    (json_text(group_ids),),
-                )
+            rows = conn.execute(
+                "SELECT group_id, seq, published, version, deployment FROM change_log "
+                "WHERE (:groups IS NULL OR group_id IN (SELECT value FROM json_each(:groups))) "
+                "AND (NOT :unpublished OR seq > published) "
+                "AND (NOT :own OR deployment = :deployment) ORDER BY group_id",
+                {
+                    "groups": None if group_ids is None else json_text(group_ids),
+                    "unpublished": unpublished,
+                    "own": own,
+                    "deployment": self.deployment,
+                },
+            )
             return [ChangeLog(*row) for row in rows]
 
         return await self.db.run(read)
@@ -544,28 +550,39 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
     ) -> list[PublishedChange]:
         def read(conn: sqlite3.Connection) -> list[PublishedChange]:
             rows = conn.execute(
-                "SELECT group_id, body, seq FROM (SELECT c.body, c.seq, c.group_id, "
+                "SELECT group_id, body, seq, change_id FROM (SELECT c.body, c.seq, c.group_id, "
+                "c.change_id, "
                 "row_number() OVER "
                 "(PARTITION BY c.group_id ORDER BY c.seq) AS n FROM change c "
                 "JOIN change_log log ON log.group_id = c.group_id "
-                f"WHERE log.group_id {IN_LIST} AND c.seq > log.published) "
-                "WHERE n <= ? ORDER BY group_id, seq",
-                (json_text(sorted(set(group_ids))), max(per_group, 0)),
+                f"WHERE log.group_id {IN_LIST} AND log.deployment = ? "
+                "AND c.seq > log.published) WHERE n <= ? ORDER BY group_id, seq",
+                (json_text(sorted(set(group_ids))), self.deployment, max(per_group, 0)),
             )
-            return [published_change(group, body, seq) for group, body, seq in rows]
+            return [published_change(*row) for row in rows]
 
         return await self.db.run(read)
 
-    async def mark_published(self, cursors: Mapping[str, int]) -> None:
+    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
         def write(conn: sqlite3.Connection) -> None:
             with Transaction(conn):
                 conn.executemany(
-                    "UPDATE change_log SET published = max(published, min(?, seq)) "
-                    "WHERE group_id = ?",
-                    [(seq, group_id) for group_id, seq in cursors.items()],
+                    "UPDATE change_log SET published = max(published, :seq) "
+                    "WHERE group_id = :group AND deployment = :deployment AND EXISTS "
+                    "(SELECT 1 FROM change WHERE group_id = :group AND seq = :seq "
+                    "AND change_id = :change_id)",
+                    [
+                        {
+                            "group": c.group_id,
+                            "seq": c.seq,
+                            "change_id": c.change_id,
+                            "deployment": self.deployment,
+                        }
+                        for c in acknowledged
+                    ],
                 )
 
-        if cursors:
+        if acknowledged:
             await self.db.run(write)
 
     async def prune_changes(
@@ -573,11 +590,17 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
     ) -> int:
         def write(conn: sqlite3.Connection) -> int:
             with Transaction(conn):
-                return conn.execute(
-                    "DELETE FROM change WHERE group_id = ? AND coalesce(committed_at, 0) < ? "
-                    "AND (NOT ? OR seq <= (SELECT published FROM change_log WHERE group_id = ?))",
-                    (group_id, micros(before), published_only, group_id),
-                ).rowcount
+                dropped = [
+                    seq
+                    for (seq,) in conn.execute(
+                        "DELETE FROM change WHERE group_id = ? AND coalesce(committed_at, 0) < ? "
+                        "AND (NOT ? OR seq <= "
+                        "(SELECT published FROM change_log WHERE group_id = ?)) RETURNING seq",
+                        (group_id, micros(before), published_only, group_id),
+                    )
+                ]
+                skip_dropped(conn, group_id, dropped)
+                return len(dropped)
 
         return await self.db.run(write)
 
@@ -593,7 +616,7 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
 
         def write(conn: sqlite3.Connection) -> None:
             with Transaction(conn):
-                apply_rebuild(conn, group_id, rebuild, entities, facts)
+                apply_rebuild(conn, group_id, rebuild, entities, facts, self.deployment)
 
         with observe_write("apply_rebuild", len(entities) + len(facts) + len(rebuild.forgotten)):
             await self.db.run(write)

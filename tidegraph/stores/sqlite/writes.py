@@ -309,7 +309,12 @@ def reindex_episodes(conn: sqlite3.Connection) -> int:
 
 
 def write_episode(
-    conn: sqlite3.Connection, group_id: str, write: EpisodeWrite, dim: int, now: datetime
+    conn: sqlite3.Connection,
+    group_id: str,
+    write: EpisodeWrite,
+    dim: int,
+    now: datetime,
+    deployment: str,
 ) -> bool:
     """One episode's write inside the caller's transaction: read what it touches, check it
     (``errors``), then write it; False when its episode is processed already."""
@@ -377,22 +382,25 @@ def write_episode(
         texts[row["uuid"]] = row["fact"]
     for row in closures:
         close_fact(conn, group_id, row)
-    record_changes(conn, group_id, [change_row(c) for c in write.changes])
+    record_changes(conn, group_id, [change_row(c) for c in write.changes], deployment)
     return True
 
 
-def record_changes(conn: sqlite3.Connection, group_id: str, changes: list[dict[str, Any]]) -> None:
+def record_changes(
+    conn: sqlite3.Connection, group_id: str, changes: list[dict[str, Any]], deployment: str
+) -> None:
     """Append changes to the group's outbox in commit order and bump its write version (a
-    rebuild checks that it did not move while it computed)."""
+    rebuild checks that it did not move while it computed); the log names the writer's
+    deployment unless it has one (its relay publishes the group)."""
     conn.execute(
-        "INSERT INTO change_log (group_id, seq, published, version) VALUES (?, 0, 0, 0) "
-        "ON CONFLICT (group_id) DO NOTHING",
-        (group_id,),
+        "INSERT INTO change_log (group_id, seq, published, version, deployment) "
+        "VALUES (?, 0, 0, 0, ?) ON CONFLICT (group_id) DO NOTHING",
+        (group_id, deployment),
     )
     [base] = conn.execute(
-        "UPDATE change_log SET seq = seq + ?, version = version + 1 WHERE group_id = ? "
-        "RETURNING seq - ?",
-        (len(changes), group_id, len(changes)),
+        "UPDATE change_log SET seq = seq + ?, version = version + 1, "
+        "deployment = coalesce(deployment, ?) WHERE group_id = ? RETURNING seq - ?",
+        (len(changes), deployment, group_id, len(changes)),
     ).fetchone()
     conn.executemany(
         "INSERT INTO change (group_id, seq, change_id, kind, uuid, body, committed_at) "
@@ -404,8 +412,27 @@ def record_changes(conn: sqlite3.Connection, group_id: str, changes: list[dict[s
     )
 
 
+def skip_dropped(conn: sqlite3.Connection, group_id: str, dropped: list[int]) -> None:
+    """After the group's changes ``dropped`` (seqs) were deleted in this transaction: a relay
+    cursor right before deleted ones moves past them, up to the first change still there (the
+    relay never waits for a change that is gone, and moves a cursor itself only past changes
+    Kafka acknowledged)."""
+    if not dropped:
+        return
+    conn.execute(
+        "UPDATE change_log SET published = max(published, min(:dropped, coalesce("
+        "(SELECT min(seq) FROM change WHERE group_id = :group AND seq > change_log.published)"
+        " - 1, :dropped))) WHERE group_id = :group",
+        {"group": group_id, "dropped": max(dropped)},
+    )
+
+
 def write_episodes(
-    conn: sqlite3.Connection, group_id: str, writes: list[EpisodeWrite], dim: int
+    conn: sqlite3.Connection,
+    group_id: str,
+    writes: list[EpisodeWrite],
+    dim: int,
+    deployment: str,
 ) -> list[bool]:
     """The writes in order, in one transaction; each in a savepoint of its own, so that on a
     failure the writes before it are committed and BatchWriteError says which they were."""
@@ -415,7 +442,7 @@ def write_episodes(
         for write in writes:
             conn.execute("SAVEPOINT episode")
             try:
-                written.append(write_episode(conn, group_id, write, dim, now))
+                written.append(write_episode(conn, group_id, write, dim, now, deployment))
             except Exception as exc:
                 conn.execute("ROLLBACK TO episode")
                 conn.execute("RELEASE episode")
