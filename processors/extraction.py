@@ -203,7 +203,7 @@ class ExtractionStep:
 
     async def map_record(self, episode: Episode) -> Extraction | None:
         """``run`` for an episode a declared mapping extracts; None for any other (nothing
-        done). For a micro-batch of mapped episodes (``tidegraph.pipelines.batches``)."""
+        done). For a micro-batch of mapped episodes (``tidegraph.pipelines.units``)."""
         extraction = await self._mapped(episode)
         if extraction is not None and self.context is not None:
             self.context.remember(episode)
@@ -220,7 +220,7 @@ class ExtractionStep:
 
     def fallback(self, episode: Episode, reason: str) -> Extraction | None:
         """What the chain goes on with when this step gives up on ``episode`` for ``reason``
-        (``tidegraph.pipelines.step_runner.run_steps``, after every retry): an LLM failure leaves
+        (``tidegraph.pipelines.step_runner.run_step``, after every retry): an LLM failure leaves
         the episode
         stored but not extracted, never lost (so does an LLM answer over the bounds of one
         extraction); every other failure is the record's own."""

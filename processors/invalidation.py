@@ -2,7 +2,7 @@
 write transaction (docs/architecture.md "Two timelines").
 
 It runs right after resolution and temporal stamping, in the same ordered hop
-(``tidegraph.pipelines.chain``): the stored facts it compares with include every earlier episode of
+(``tidegraph.pipelines.runner``): the stored facts it compares with include every earlier episode of
 the group. The candidates of a mapped episode were read with resolution's lookup
 (``PendingWrite.known_facts``); those of an LLM-judged one are read here, with their embeddings. The
 transaction writes the entity upserts resolution left (``PendingWrite.entities``), the facts, the

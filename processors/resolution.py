@@ -4,7 +4,7 @@ Order of evidence: stable key, then exact normalised name or alias, then (for LL
 only) fulltext + vector candidates judged by ONE batched LLM call for all the episode's undecided
 entities. The upserts are not written here: they travel with the episode to its write
 (``PendingWrite``), one transaction with everything else the episode changes. Resolution runs in the
-same ordered hop as that write (``tidegraph.pipelines.chain``), so the next episode of the group is
+same ordered hop as that write (``tidegraph.pipelines.runner``), so the next episode of the group is
 resolved only once this one is committed and sees its entities.
 
 The lookup is one store round trip: the episode's processed marker, the stored entities the

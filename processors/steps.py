@@ -40,7 +40,7 @@ Out = TypeVar("Out", covariant=True)
 class Step(Protocol[In, Out]):
     """One stage. A step may also define ``fallback(item, reason) -> Out | None``: what the
     chain goes on with when the step gives up on ``item``
-    (``tidegraph.pipelines.step_runner.run_steps``)."""
+    (``tidegraph.pipelines.step_runner.run_step``)."""
 
     stage: str  # the stage's name: metric label, dead-letter stage
 

@@ -2,7 +2,7 @@
 
 Every record is keyed by ``group_id`` (UTF-8 bytes). Values are JSON (orjson), one pydantic model
 per topic. The input topic carries the episode envelope exactly as produced (docs/streaming.md
-"Topics"); the hop record between the two hops (``tidegraph.pipelines.chain``) carries extraction's
+"Topics"); the hop record between the two hops (``tidegraph.pipelines.runner``) carries extraction's
 output plus ``origin``, the position and Kafka timestamp of the episode's record on the input topic
 (used for the produce->written latency and to match dead letters to what was produced).
 """

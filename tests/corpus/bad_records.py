@@ -3,9 +3,9 @@
 A :class:`BadCase` is one record exactly as a producer sends it (bytes; ``None`` is a Kafka
 tombstone) and the ``(stage, reason)`` that its dead letter (worker) and its ``tidegraph ingest``
 failure must carry, one of ``processors/failures.py: REASONS`` (docs/streaming.md "Retries and dead
-letters"). The expectations follow the documented rules: the envelope's (``processors/models.py:
-Episode``, ``processors/pipeline.py: parse_episode``), the mapping's (``processors/mapping.py``) and
-the strict times of mapped records (``processors/temporal.py``).
+letters"). The expectations follow the documented rules: the envelope's
+(``tidegraph/records/episode.py: Episode, parse_episode``), the mapping's
+(``processors/mapping.py``) and the strict times of mapped records (``processors/temporal.py``).
 
 :func:`bad_corpus` builds it for a run's group ids over the CRM mapping
 (``tests.support.crm_feed.CRM_MAPPING``): the cases are spread over the groups, and each

@@ -1,4 +1,6 @@
-"""Fixtures of the integration tests (the session's services come from tests/conftest.py)."""
+"""Fixtures of the integration tests (the session's services come from tests/conftest.py).
+Every test under tests/integration/ carries the ``integration`` marker (added here, once), so
+that ``pytest -m "not integration"`` runs exactly the tests that need no service."""
 
 from __future__ import annotations
 
@@ -17,6 +19,13 @@ from tidegraph.stores.sqlite.store import SqliteStore
 # The dimension every tidegraph embedder uses by default; the Neo4j test server is shared by
 # the whole suite, whose vector indexes must all agree on it.
 STORE_DIM = 384
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture

@@ -174,3 +174,23 @@ def test_the_path_check_finds_paths() -> None:
     dotted = {n for doc in DOCUMENTS for n in dotted_names(doc)}
     assert "tests.support.fake_llm.ScriptedLLMServer" in dotted
     assert not resolves("tidegraph.no_such_module") and not resolves("tidegraph.settings.Nope")
+
+
+# A dotted name of ours in double backquotes in a docstring or comment of the code.
+CODE_NAME = re.compile(r"``((?:tidegraph|tests)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)``")
+SOURCES = sorted(
+    p
+    for folder in ("tidegraph", "pipelines", "processors", "topics", "tests", "benchmarks")
+    for p in (ROOT / folder).rglob("*.py")
+    if not any((ROOT / part).is_symlink() for part in p.relative_to(ROOT).parents if part.parts)
+)
+
+
+def test_every_dotted_name_the_code_gives_in_prose_resolves() -> None:
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in SOURCES
+        for name in set(CODE_NAME.findall(path.read_text()))
+        if not resolves(name)
+    )
+    assert missing == [], "docstrings or comments name modules or objects that do not exist"

@@ -42,7 +42,7 @@ class CachingEmbedder(Embedder):
 
     async def warm(self, texts: list[str]) -> None:
         """Embed, in one call, those of ``texts`` not cached yet (a unit's texts before its
-        in-memory work: ``tidegraph.pipelines.batches``)."""
+        in-memory work: ``tidegraph.pipelines.units``)."""
         missing = list(dict.fromkeys(t for t in texts if t not in self._vectors))
         if missing:
             for text, vector in zip(missing, await self.inner.embed(missing), strict=True):

@@ -1,4 +1,4 @@
-"""The records that flow between the stages (``tidegraph.pipelines.chain``): an episode's
+"""The records that flow between the stages (``tidegraph.pipelines.runner``): an episode's
 extraction, its
 resolution, its stamped facts, and what its write changed."""
 
@@ -118,7 +118,7 @@ class Extraction(BaseModel):
 
 class PendingWrite(BaseModel):
     """What resolution leaves to the episode's write, one transaction later in the same
-    ordered hop (``tidegraph.pipelines.chain``): the entity upserts, which of them are new, and the
+    ordered hop (``tidegraph.pipelines.runner``): the entity upserts, which of them are new, and the
     stored
     facts its lookup already read (so that the write need not read them again)."""
 

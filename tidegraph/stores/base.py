@@ -4,7 +4,7 @@ Rules every implementation keeps:
 - every read and write is scoped by ``group_id`` (no call ever touches another group's data);
 - names, labels, relation types and any other user/LLM text travel only as query
   parameters, never as query text (labels that must become real node labels are checked
-  against ``processors.models.LABEL_RE`` first);
+  against ``tidegraph.records.ids.LABEL_RE`` first);
 - writes are idempotent: MERGE by deterministic uuid, ``created_at`` only on create,
   ``expired_at`` only when still null;
 - datetimes go in and come out as aware UTC ``datetime``.
@@ -178,7 +178,7 @@ class GraphStore(abc.ABC):
     @abc.abstractmethod
     async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
         """Entities whose normalised name or one of whose aliases is in ``names``
-        (already normalised with ``processors.models.normalize_name``)."""
+        (already normalised with ``tidegraph.records.ids.normalize_name``)."""
 
     @abc.abstractmethod
     async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
@@ -326,7 +326,7 @@ class GraphStore(abc.ABC):
 
     async def write_episodes(self, group_id: str, writes: list[EpisodeWrite]) -> list[bool]:
         """``write_episode`` of each write, in order, as if one after the other (a micro-batch
-        of one group: ``tidegraph.pipelines.batches``). On the first failure, BatchWriteError with
+        of one group: ``tidegraph.pipelines.units``). On the first failure, BatchWriteError with
         the results of the writes before it, which stay committed; a store that writes the batch
         in one transaction commits none of it then."""
         written: list[bool] = []
