@@ -72,6 +72,8 @@ class TidegraphApp(faust.App):
         super().__init__(*args, **kwargs)
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._committed_before_rebalance: dict[Any, int | None] = {}
+        # Run when partitions are revoked, before Faust waits for the records in flight.
+        self.before_revoke: list[Callable[[], Awaitable[None]]] = []
 
     def _new_consumer(self) -> Any:
         consumer = super()._new_consumer()
@@ -97,6 +99,8 @@ class TidegraphApp(faust.App):
                 before = self._committed_before_rebalance.get(tp)
                 if before is not None and committed.get(tp) is None:
                     committed[tp] = before
+        for hook in self.before_revoke:
+            await hook()
         await super()._on_partitions_revoked(revoked)
 
     def add_closer(self, closer: Callable[[], Awaitable[None]]) -> None:
@@ -151,6 +155,7 @@ def create_app(
                               generation=lambda: app.consumer_generation_id),
         )  # fmt: skip
     owned = _on_rebalance(app, runtime, names, [topic for topic, _ in hops], lanes, health)
+    app.before_revoke.append(partial(_let_go_while_store_down, runtime.outage, lanes))
     _timers(app, runtime, worker, names, topics, owned, settings.partitions, health)
     if settings.changes_enabled:
         _change_stream(app, runtime, worker, topics[names.changes], owned, settings.partitions)
@@ -235,6 +240,21 @@ def _on_rebalance(
         await quiesce()  # before the consumer's last commit
 
     return owned
+
+
+async def _let_go_while_store_down(outage: StoreOutage, lanes: list[KeyedLanes]) -> None:
+    """Partitions revoked while the store does not answer: the jobs waiting for it are let go
+    with their partitions (their records, unacknowledged, come again to the partitions' next
+    owner from the committed offset) instead of holding the rebalance until the store answers
+    and then writing a group its next owner writes too."""
+    if not outage.down:
+        return
+    held = sum(stage.in_flight for stage in lanes)
+    log.warning(
+        "partitions revoked while the store does not answer: %d jobs waiting for it let go "
+        "with them (their records come again to the partitions' next owner)", held,
+    )  # fmt: skip
+    await asyncio.gather(*(stage.cancel() for stage in list(lanes)))
 
 
 def _timers(
@@ -400,22 +420,31 @@ def stage_agent(
         )
         registry.append(lanes)
         backlog: KeyedBacklog[faust.EventT] = KeyedBacklog(handler.group_take)
+        lanes.on_cancel(backlog.clear)  # jobs let go: the records waiting for them too
         # noack_take is faust-streaming's, missing from its StreamT stub
         batches: AsyncIterator[Sequence[faust.EventT]] = stream.noack_take(  # type: ignore[attr-defined]
             worker.batch_size, within=worker.batch_within(handler.stage)
         )
+
+        async def submit(events: Sequence[faust.EventT]) -> None:
+            # A group's waiting records in one job (docs: "Batch-native stages"); its lane
+            # keeps the group's jobs in order. Records taken while the lanes are closed are
+            # dropped, unacked (Kafka hands them out again), and kept nowhere.
+            for key, group_events in by_key(events).items():
+                for start in range(0, len(group_events), backlog.most):
+                    if lanes.closed:
+                        return
+                    backlog.add(key, group_events[start : start + backlog.most])
+                    job = partial(run_waiting, handler, sender, stream, backlog, key, generation)
+                    await lanes.submit(key, job)
+
         try:
             async for events in batches:
                 BATCH_SIZE.labels(handler.stage).observe(len(events))
-                # A group's waiting records in one job (docs: "Batch-native stages"); its
-                # lane keeps the group's jobs in order.
-                for key, group_events in by_key(events).items():
-                    for start in range(0, len(group_events), backlog.most):
-                        backlog.add(key, group_events[start : start + backlog.most])
-                        job = partial(
-                            run_waiting, handler, sender, stream, backlog, key, generation
-                        )
-                        await lanes.submit(key, job)
+                await submit(events)
+                # No reference to a batch outlives it: Faust waits at a rebalance for every
+                # record taken and still referenced (its unacked set is weak).
+                del events
         finally:
             registry.remove(lanes)
             await lanes.cancel()

@@ -38,10 +38,20 @@ class KeyedLanes:
         self._tasks: set[asyncio.Task[None]] = set()
         self._on_error = on_error
         self._closed = False
+        self._on_cancel: list[Callable[[], None]] = []
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
+
+    @property
+    def closed(self) -> bool:
+        """Whether submissions are dropped (until :meth:`reopen`)."""
+        return self._closed
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once :meth:`cancel` has cancelled the jobs."""
+        self._on_cancel.append(callback)
 
     async def submit(self, key: Hashable, job: Job) -> None:
         """Admit ``job`` after the jobs already submitted for ``key``. Dropped (not run)
@@ -105,6 +115,8 @@ class KeyedLanes:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        for callback in self._on_cancel:
+            callback()
 
 
 class KeyedBacklog(Generic[T]):
@@ -136,6 +148,10 @@ class KeyedBacklog(Generic[T]):
         if rest:
             self._waiting[key] = rest
         return taken
+
+    def clear(self) -> None:
+        """Drop every waiting item (their jobs were let go)."""
+        self._waiting.clear()
 
     def waiting(self, key: Hashable) -> int:
         return len(self._waiting.get(key, ()))
