@@ -24,6 +24,8 @@ from tidegraph.pipelines.streaming.app import create_app
 from tidegraph.pipelines.streaming.config import WorkerSettings
 from tidegraph.pipelines.streaming.health import HealthState, health_routes
 from tidegraph.pipelines.streaming.observability import ObservabilityServer, Response
+from tidegraph.pipelines.streaming.sources import resolve_sources
+from tidegraph.processors.sources import SourceFileError
 from tidegraph.settings import Settings
 from tidegraph.stores import StoreSchemaError
 from tidegraph.topics.admin import TopicSetupError, ensure_topics
@@ -74,6 +76,12 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
         ) from exc
     except TopicSetupError as exc:
         raise StartupError(str(exc)) from exc
+    sources = None
+    if settings.sources is not None:  # validated, and its topics checked, before anything runs
+        try:
+            sources = loop.run_until_complete(resolve_sources(settings.sources, kafka))
+        except SourceFileError as exc:
+            raise StartupError(f"{exc} (TIDEGRAPH_SOURCES)") from exc
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     try:
         runtime = loop.run_until_complete(open_runtime(settings, mapping_path=settings.mappings))
@@ -88,7 +96,7 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
     for path, route in health_routes(health, Response).items():
         server.add_route(path, route)
     server.start()
-    app = create_app(settings, worker, runtime, loop=loop, health=health)
+    app = create_app(settings, worker, runtime, loop=loop, health=health, sources=sources)
     health.watch_loop(loop)
     app.add_closer(_stopper(server, health))
     log.info(
