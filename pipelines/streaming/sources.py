@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tidegraph.connections import KafkaConnection
-from tidegraph.metrics import SOURCE_DEAD_LETTERS, SOURCE_RECORDS, SOURCE_SKIPPED
+from tidegraph.metrics import RETRIES, SOURCE_DEAD_LETTERS, SOURCE_RECORDS, SOURCE_SKIPPED
 from tidegraph.pipelines.streaming.config import WorkerSettings
 from tidegraph.pipelines.streaming.handlers import Consumed, Emit, RecordHandler
 from tidegraph.processors.sources import (
@@ -60,7 +60,9 @@ class AvroDecoder:
         from confluent_kafka.schema_registry import SchemaRegistryClient
         from confluent_kafka.schema_registry.avro import AvroDeserializer
 
-        conf: dict[str, Any] = {"url": registry.url}
+        # The worker's retry policy retries an outage (TIDEGRAPH_STAGE_MAX_ATTEMPTS and its
+        # backoff), not the client on its own.
+        conf: dict[str, Any] = {"url": registry.url, "timeout": 10, "max.retries": 0}
         if registry.username is not None:
             conf["basic.auth.user.info"] = f"{registry.username}:{registry.password or ''}"
         self.client = SchemaRegistryClient(conf)
@@ -80,10 +82,12 @@ class AvroDecoder:
         schema_id = int.from_bytes(data[1:WIRE_HEADER_BYTES], "big")
         context = SerializationContext(topic, MessageField.VALUE)
         try:
-            if schema_id not in self._known:  # the fetch is I/O: off the event loop
-                await asyncio.to_thread(self.client.get_schema, schema_id)
-                self._known.add(schema_id)
-            return self.deserializer(data, context)
+            if schema_id in self._known:  # its schema is in the client's cache: no I/O
+                return self.deserializer(data, context)
+            # The first record of a schema id fetches the schema: I/O, off the event loop.
+            value = await asyncio.to_thread(self.deserializer, data, context)
+            self._known.add(schema_id)
+            return value
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
                 raise RecordError(
@@ -155,6 +159,11 @@ class SourceHandler(RecordHandler):
                 if attempts >= self.policy.max_attempts:
                     failure = Failure.of(self.stage, exc, "registry_unavailable", attempts)
                     return [self._dead(spec, record, failure)]
+                RETRIES.labels(self.stage, "registry_unavailable").inc()
+                log.warning(
+                    "stage=source source=%s registry unavailable (attempt %d of %d): %s",
+                    spec.name, attempts, self.policy.max_attempts, exc,
+                )  # fmt: skip
                 await asyncio.sleep(self.policy.delay(attempts))
         if isinstance(result, Skipped):
             SOURCE_SKIPPED.labels(spec.name, result.kind).inc()
