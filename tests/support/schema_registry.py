@@ -87,12 +87,9 @@ class LoopbackSchemaRegistry:
 
     def _register(self, subject: str, body: dict[str, Any]) -> int:
         schema = {"schema": body["schema"], "schemaType": body.get("schemaType", "AVRO")}
-        for schema_id, known in self.schemas.items():
-            if known == schema:
-                break
-        else:
-            schema_id = len(self.schemas) + 1
-            self.schemas[schema_id] = schema
+        known = [i for i, stored in self.schemas.items() if stored == schema]
+        schema_id = known[0] if known else len(self.schemas) + 1
+        self.schemas[schema_id] = schema
         versions = self.subjects.setdefault(subject, [])
         if schema_id not in versions:
             versions.append(schema_id)
