@@ -13,6 +13,7 @@ raises a ``RecordError`` with the dead-letter reason. Pure logic: the bytes are 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from tidegraph.records.errors import MappingError, RecordError
 # Debezium's change-event fields kept as an episode's content (the transaction block and the
 # connector's own processing time are left out: they say nothing about the row).
 CHANGE_FIELDS = ("op", "before", "after", "source")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
@@ -43,7 +45,16 @@ class RegistrySpec(BaseModel):
 
     url: str
     username: str | None = None
-    password: str | None = None  # or ${ENV_VAR}
+    password: str | None = None  # "${NAME}": the environment variable NAME's value
+
+    @field_validator("password")
+    @classmethod
+    def _from_environment(cls, v: str | None) -> str | None:
+        if v is not None and (m := _ENV_REF.fullmatch(v)):
+            if m.group(1) not in os.environ:
+                raise ValueError(f"registry password names ${{{m.group(1)}}}, which is not set")
+            return os.environ[m.group(1)]
+        return v
 
     @field_validator("url")
     @classmethod

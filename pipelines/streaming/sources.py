@@ -33,6 +33,7 @@ from tidegraph.processors.sources import (
     SourceSpec,
 )
 from tidegraph.records import jsontext
+from tidegraph.records.episode import Episode
 from tidegraph.records.errors import RecordError
 from tidegraph.records.outcome import Failure
 from tidegraph.topics.admin import admin_client
@@ -60,12 +61,7 @@ class AvroDecoder:
         from confluent_kafka.schema_registry import SchemaRegistryClient
         from confluent_kafka.schema_registry.avro import AvroDeserializer
 
-        # The worker's retry policy retries an outage (TIDEGRAPH_STAGE_MAX_ATTEMPTS and its
-        # backoff), not the client on its own.
-        conf: dict[str, Any] = {"url": registry.url, "timeout": 10, "max.retries": 0}
-        if registry.username is not None:
-            conf["basic.auth.user.info"] = f"{registry.username}:{registry.password or ''}"
-        self.client = SchemaRegistryClient(conf)
+        self.client = SchemaRegistryClient(registry_conf(registry, timeout=10))
         self.deserializer = AvroDeserializer(self.client)
         self._known: set[int] = set()
 
@@ -113,6 +109,15 @@ class AvroDecoder:
             ) from None
 
 
+def registry_conf(registry: RegistrySpec, *, timeout: float) -> dict[str, Any]:
+    """confluent-kafka's registry client settings. The worker's retry policy retries an outage
+    (TIDEGRAPH_STAGE_MAX_ATTEMPTS and its backoff), not the client on its own."""
+    conf: dict[str, Any] = {"url": registry.url, "timeout": timeout, "max.retries": 0}
+    if registry.username is not None:
+        conf["basic.auth.user.info"] = f"{registry.username}:{registry.password or ''}"
+    return conf
+
+
 def _is_transport_error(exc: BaseException) -> bool:
     """An HTTP client's connection error (httpx, under confluent-kafka's client)."""
     return any(c.__name__ in ("ConnectError", "TransportError", "TimeoutException")
@@ -144,6 +149,19 @@ class SourceHandler(RecordHandler):
         return [await self._one(record) for record in records]
 
     async def _one(self, record: Consumed) -> list[Emit]:
+        spec, result = await self.convert(record)
+        if isinstance(result, Failure):
+            return [self._dead(spec, record, result)]
+        if isinstance(result, Skipped):
+            SOURCE_SKIPPED.labels(spec.name, result.kind).inc()
+            SOURCE_RECORDS.labels(spec.name, "skipped").inc()
+            return []
+        SOURCE_RECORDS.labels(spec.name, "episode").inc()
+        return [Emit(self.names.episodes, encode_key(result.group_id), encode(result))]
+
+    async def convert(self, record: Consumed) -> tuple[SourceSpec, Episode | Skipped | Failure]:
+        """The record's source, and its episode, why it is skipped, or why it fails (a
+        registry outage retried first, with the worker's retry policy)."""
         spec = self.sources.for_topic(record.topic)
         if spec is None:  # subscribed topics are the declared ones: a bug if it happens
             raise RuntimeError(f"topic {record.topic} is read by no declared source")
@@ -151,26 +169,18 @@ class SourceHandler(RecordHandler):
         while True:
             attempts += 1
             try:
-                result = spec.episode(await self.decoded(spec, record))
-                break
+                return spec, spec.episode(await self.decoded(spec, record))
             except RecordError as exc:
-                return [self._dead(spec, record, Failure.of(self.stage, exc, exc.reason))]
+                return spec, Failure.of(self.stage, exc, exc.reason)
             except RegistryUnavailable as exc:
                 if attempts >= self.policy.max_attempts:
-                    failure = Failure.of(self.stage, exc, "registry_unavailable", attempts)
-                    return [self._dead(spec, record, failure)]
+                    return spec, Failure.of(self.stage, exc, "registry_unavailable", attempts)
                 RETRIES.labels(self.stage, "registry_unavailable").inc()
                 log.warning(
                     "stage=source source=%s registry unavailable (attempt %d of %d): %s",
                     spec.name, attempts, self.policy.max_attempts, exc,
                 )  # fmt: skip
                 await asyncio.sleep(self.policy.delay(attempts))
-        if isinstance(result, Skipped):
-            SOURCE_SKIPPED.labels(spec.name, result.kind).inc()
-            SOURCE_RECORDS.labels(spec.name, "skipped").inc()
-            return []
-        SOURCE_RECORDS.labels(spec.name, "episode").inc()
-        return [Emit(self.names.episodes, encode_key(result.group_id), encode(result))]
 
     async def decoded(self, spec: SourceSpec, record: Consumed) -> SourceRecord:
         return SourceRecord(
@@ -246,7 +256,24 @@ async def resolve_sources(path: Path, kafka: KafkaConnection) -> DeclaredSources
         existing = await admin.list_topics()
     finally:
         await admin.close()
+    for spec in sources.sources:
+        if spec.registry is not None:
+            await asyncio.to_thread(probe_registry, spec)
     return DeclaredSources(sources, source_topics(sources, existing))
+
+
+def probe_registry(spec: SourceSpec) -> None:
+    """``SourceFileError`` unless the source's registry answers (its subject list)."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    assert spec.registry is not None
+    try:
+        SchemaRegistryClient(registry_conf(spec.registry, timeout=5)).get_subjects()
+    except Exception as exc:
+        raise SourceFileError(
+            f"source {spec.name}: the schema registry at {spec.registry.url} does not answer "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+        ) from None
 
 
 def source_topics(sources: SourceSet, existing: Sequence[str]) -> list[str]:
