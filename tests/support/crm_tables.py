@@ -119,10 +119,20 @@ class Tables:
 
 @dataclass(frozen=True)
 class Step:
-    """One transaction: its SQL, and what it does to the model."""
+    """One transaction: its SQL, what it does to the model, and the rows it changes (each
+    change is one change event: one episode)."""
 
     sql: str
     apply: Callable[[Tables], None]
+    rows: tuple[tuple[str, int], ...]
+
+    def tenants(self, before: Tables, after: Tables) -> list[str]:
+        """The tenant of each change event of this step."""
+        out = []
+        for table, row_id in self.rows:
+            row = getattr(before, table).get(row_id) or getattr(after, table)[row_id]
+            out.append(row["tenant"])
+        return out
 
 
 def _insert(table: str, row: Row) -> Step:
@@ -132,7 +142,7 @@ def _insert(table: str, row: Row) -> Step:
     def apply(t: Tables) -> None:
         getattr(t, table)[row["id"]] = dict(row)
 
-    return Step(f"INSERT INTO {table} ({columns}) VALUES ({values})", apply)
+    return Step(f"INSERT INTO {table} ({columns}) VALUES ({values})", apply, ((table, row["id"]),))
 
 
 def _update(table: str, row_id: int, **changes: Any) -> Step:
@@ -141,14 +151,14 @@ def _update(table: str, row_id: int, **changes: Any) -> Step:
     def apply(t: Tables) -> None:
         getattr(t, table)[row_id].update(changes)
 
-    return Step(f"UPDATE {table} SET {sets} WHERE id = {row_id}", apply)
+    return Step(f"UPDATE {table} SET {sets} WHERE id = {row_id}", apply, ((table, row_id),))
 
 
 def _delete(table: str, row_id: int) -> Step:
     def apply(t: Tables) -> None:
         del getattr(t, table)[row_id]
 
-    return Step(f"DELETE FROM {table} WHERE id = {row_id}", apply)
+    return Step(f"DELETE FROM {table} WHERE id = {row_id}", apply, ((table, row_id),))
 
 
 def _both(*steps: Step) -> Step:
@@ -156,7 +166,7 @@ def _both(*steps: Step) -> Step:
         for step in steps:
             step.apply(t)
 
-    return Step(";".join(s.sql for s in steps), apply)
+    return Step(";".join(s.sql for s in steps), apply, tuple(r for s in steps for r in s.rows))
 
 
 def _literal(value: Any) -> str:
