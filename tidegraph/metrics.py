@@ -234,6 +234,12 @@ SOURCE_SKIPPED = Counter(
     "heartbeat, schema_change, transaction, truncate, message.",
     ["source", "kind"],
 )
+SOURCE_BEHIND = Gauge(
+    "tidegraph_source_behind_seconds",
+    "How far a declared source's stage is behind: from the last record's Kafka timestamp to "
+    "its turn into an episode.",
+    ["source"],
+)
 SOURCE_DEAD_LETTERS = Counter(
     "tidegraph_source_dead_letters_total",
     "Records of a declared source sent to the dead-letter topic, by reason.",

@@ -15,13 +15,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tidegraph.connections import KafkaConnection
-from tidegraph.metrics import RETRIES, SOURCE_DEAD_LETTERS, SOURCE_RECORDS, SOURCE_SKIPPED
+from tidegraph.metrics import (
+    RETRIES,
+    SOURCE_BEHIND,
+    SOURCE_DEAD_LETTERS,
+    SOURCE_RECORDS,
+    SOURCE_SKIPPED,
+)
 from tidegraph.pipelines.streaming.config import WorkerSettings
 from tidegraph.pipelines.streaming.handlers import Consumed, Emit, RecordHandler
 from tidegraph.processors.sources import (
@@ -150,6 +157,8 @@ class SourceHandler(RecordHandler):
 
     async def _one(self, record: Consumed) -> list[Emit]:
         spec, result = await self.convert(record)
+        if record.timestamp_ms is not None:
+            SOURCE_BEHIND.labels(spec.name).set(max(0.0, time.time() - record.timestamp_ms / 1000))
         if isinstance(result, Failure):
             return [self._dead(spec, record, result)]
         if isinstance(result, Skipped):
