@@ -69,7 +69,9 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
             (b"n2", b'{"type": "note", "author": "Dana", "about": "renewal",'
                     b' "at": "2025-03-01T10:00:00Z"}'),
         ])  # fmt: skip
-        registry.outage(times=2)  # the worker's first fetch of the schema is retried
+        # The registry answers the worker's check at start, then fails its first two fetches
+        # of the schema: retried.
+        registry.outage(times=2, paths="/schemas/ids/")
         worker = topology.start_worker(
             TIDEGRAPH_SOURCES=str(sources), TIDEGRAPH_COMMUNITIES_ENABLED="false"
         )

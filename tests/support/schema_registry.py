@@ -36,6 +36,7 @@ class LoopbackSchemaRegistry:
         self.subjects: dict[str, list[int]] = {}
         self.fetches: dict[int, int] = {}
         self._outage = 0
+        self._outage_paths = "/"
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.registry = self
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -44,10 +45,12 @@ class LoopbackSchemaRegistry:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def outage(self, times: int) -> None:
-        """The next ``times`` requests are answered 503 (the registry is down)."""
+    def outage(self, times: int, paths: str = "/") -> None:
+        """The next ``times`` requests whose path starts with ``paths`` are answered 503 (the
+        registry is down); ``paths="/schemas/ids/"``: only the fetches of schemas."""
         with self._lock:
             self._outage = times
+            self._outage_paths = paths
 
     def __enter__(self) -> LoopbackSchemaRegistry:
         self._thread.start()
@@ -65,7 +68,7 @@ class LoopbackSchemaRegistry:
     # ---- the API's logic (called by the handler) ------------------------------------------
     def answer(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         with self._lock:
-            if self._outage > 0:
+            if self._outage > 0 and path.startswith(self._outage_paths):
                 self._outage -= 1
                 return 503, {"error_code": 50301, "message": "registry unavailable"}
             if method == "GET" and (m := _SCHEMA_BY_ID.match(path)):
