@@ -214,3 +214,36 @@ def test_a_bad_sources_file_fails_in_one_line(tmp_path: Path, text: str, says: s
         SourceSet.load(path)
     message = str(failed.value)
     assert says in message and "\n" not in message and str(path) in message
+
+
+def test_the_topics_a_file_reads_are_checked_against_the_clusters() -> None:
+    from tidegraph.pipelines.streaming.sources import source_topics
+
+    sources = SourceSet.model_validate(
+        {"sources": [
+            {"name": "crm", "pattern": r"crm\.public\..*", "group": "g"},
+            {"name": "notes", "topics": ["notes"], "group": "g"},
+        ]}
+    )  # fmt: skip
+    existing = ["crm.public.accounts", "crm.public.tickets", "crm.other", "notes", "x"]
+    assert source_topics(sources, existing) == [
+        "crm.public.accounts", "crm.public.tickets", "notes"
+    ]  # fmt: skip
+    assert sources.for_topic("crm.public.tickets").name == "crm"  # type: ignore[union-attr]
+    with pytest.raises(SourceFileError, match="topic 'notes' does not exist"):
+        source_topics(sources, ["crm.public.accounts"])
+    with pytest.raises(SourceFileError, match="matches no topic"):
+        source_topics(sources, ["notes"])
+
+
+def test_a_registry_password_may_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tidegraph.processors.sources import RegistrySpec
+
+    monkeypatch.setenv("REG_PASSWORD", "s3cret")
+    spec = RegistrySpec(url="http://r:8081", username="u", password="${REG_PASSWORD}")
+    assert spec.password == "s3cret"
+    monkeypatch.delenv("REG_PASSWORD")
+    with pytest.raises(ValueError, match="REG_PASSWORD"):
+        RegistrySpec(url="http://r:8081", username="u", password="${REG_PASSWORD}")
