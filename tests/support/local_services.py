@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import hashlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -513,14 +515,25 @@ class LocalServices:
         run as root), else ourselves."""
         return "postgres" if os.geteuid() == 0 else None
 
+    def postgres_home(self) -> Path:
+        """Where the server's data folder lives: in the services folder; or, when root starts
+        it as the ``postgres`` user, who may not be let into the checkout (a home folder of
+        mode 700), in a folder of its own under the system's temporary folder, named after
+        this checkout's services folder."""
+        if self._postgres_user() is None:
+            return self._dir("postgres")
+        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"tidegraph-postgres-{digest}"
+
     def _start_postgres(self) -> int:
         bin_dir = self._postgres_bin()
-        home = self._dir("postgres")
+        home = self.postgres_home()
         home.mkdir(parents=True, exist_ok=True)
         data = home / "data"
         user = self._postgres_user()
         if user is not None:
             shutil.chown(home, user, user)
+            home.chmod(0o700)
         if not (data / "PG_VERSION").exists():
             shutil.rmtree(data, ignore_errors=True)
             init = subprocess.run(
