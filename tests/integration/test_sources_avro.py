@@ -103,5 +103,35 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
                                 reason="unknown_schema") == 1  # fmt: skip
             assert worker.value("tidegraph_source_records_total", source="notes",
                                 outcome="episode") == 1  # fmt: skip
+
+            # A new version of the schema mid-stream while the registry is down past every
+            # retry: a dead letter, replayed to its source topic once the registry is back.
+            newer = AvroEvents(registry.url, accounts, account_schema(extra_column=True))
+            region = {**moved, "owner": "Erin", "region": "EU"}
+            data = newer.encode(account_event("u", moved, region, lsn=30, ts_ms=T0 + 120_000))
+            registry.outage(times=1000, paths="/schemas/ids/")
+            await produce(kafka_bootstrap, accounts, [(key, data)])
+
+            async def letters_now() -> list[Any]:
+                return await topology.dead_letters()
+
+            letters = await eventually(letters_now, lambda got: len(got) == 4, timeout=120,
+                                       what="the registry_unavailable dead letter")  # fmt: skip
+            assert "registry_unavailable" in {letter.reason for letter in letters}
+            registry.outage(times=0)
+            topology.cli("dlq", "replay", "--stage", "source")
+
+            async def owners() -> list[Any]:
+                return await store.query_facts(group + "north")
+
+            now = await eventually(
+                owners,
+                lambda facts: ("OWNED_BY", "Erin") in {(f.relation, f.object) for f in facts},
+                timeout=120,
+                what="the replayed change",
+            )
+            assert sorted((f.relation, f.object) for f in now) == [
+                ("HAS_PLAN", "Enterprise"), ("OWNED_BY", "Erin")
+            ]  # fmt: skip
         finally:
             await store.close()
