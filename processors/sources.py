@@ -72,7 +72,7 @@ class SourceSpec(BaseModel):
     name: str
     topics: list[str] = Field(default_factory=list)
     pattern: str | None = None  # a regular expression over topic names
-    format: Literal["json", "avro"] = "json"
+    format: Literal["json", "avro", "jsonschema"] = "json"
     envelope: Literal["debezium", "none"] = "none"
     registry: RegistrySpec | None = None
     group: str  # a template ({after.tenant}, {key.id}, {headers.tenant}) or a constant
@@ -108,8 +108,10 @@ class SourceSpec(BaseModel):
     def _consistent(self) -> SourceSpec:
         if bool(self.topics) == (self.pattern is not None):
             raise ValueError(f"source {self.name!r}: give either topics or pattern")
-        if self.format == "avro" and self.registry is None:
-            raise ValueError(f"source {self.name!r}: format avro needs a registry (its url)")
+        if self.format != "json" and self.registry is None:
+            raise ValueError(
+                f"source {self.name!r}: format {self.format} needs a registry (its url)"
+            )
         return self
 
     def reads(self, topic: str) -> bool:

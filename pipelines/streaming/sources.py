@@ -59,17 +59,25 @@ class RegistryUnavailable(ConnectionError):
     """The schema registry did not answer (a transient failure: retried)."""
 
 
-class AvroDecoder:
-    """Avro values in the registry's wire format, decoded by confluent-kafka's deserializer
-    (fastavro underneath) with the schemas fetched from the registry once per id and cached
-    (ids are immutable)."""
+class RegistryDecoder:
+    """Values in the schema registry's wire format, decoded by confluent-kafka's deserializer
+    of the format (``avro``: fastavro underneath; ``jsonschema``: JSON checked against its
+    schema) with the schemas fetched from the registry once per id and cached (ids are
+    immutable)."""
 
-    def __init__(self, registry: RegistrySpec) -> None:
+    def __init__(self, registry: RegistrySpec, format: str = "avro") -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
-        from confluent_kafka.schema_registry.avro import AvroDeserializer
 
         self.client = SchemaRegistryClient(registry_conf(registry, timeout=10))
-        self.deserializer = AvroDeserializer(self.client)
+        self.deserializer: Callable[[bytes, Any], Any]
+        if format == "jsonschema":
+            from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+            self.deserializer = JSONDeserializer(None, schema_registry_client=self.client)
+        else:
+            from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+            self.deserializer = AvroDeserializer(self.client)
         self._known: set[int] = set()
 
     async def decode(self, topic: str, data: bytes) -> Any:
@@ -146,10 +154,10 @@ class SourceHandler(RecordHandler):
     ) -> None:
         super().__init__(names, worker, record_timeout)
         self.sources = sources
-        self.avro = {
-            s.name: AvroDecoder(s.registry)
+        self.registry = {
+            s.name: RegistryDecoder(s.registry, s.format)
             for s in sources.sources
-            if s.format == "avro" and s.registry is not None
+            if s.registry is not None
         }
 
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
@@ -209,8 +217,8 @@ class SourceHandler(RecordHandler):
     async def _decode_value(self, spec: SourceSpec, record: Consumed) -> Any:
         if record.value is None:
             return None
-        if spec.format == "avro":
-            return await self.avro[spec.name].decode(record.topic, record.value)
+        if spec.format in ("avro", "jsonschema"):
+            return await self.registry[spec.name].decode(record.topic, record.value)
         try:
             return jsontext.loads(record.value)
         except ValueError as exc:

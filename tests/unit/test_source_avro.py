@@ -1,4 +1,4 @@
-"""Avro values through a schema registry (pipelines/streaming/sources.py ``AvroDecoder``): the
+"""Avro values through a schema registry (pipelines/streaming/sources.py ``RegistryDecoder``): the
 wire format, schemas fetched once per id, a new version mid-stream, unknown ids, bytes that are
 not the format, an outage. The encoder is confluent-kafka's serializer; the registry speaks
 Confluent's API on loopback (tests/support/schema_registry.py)."""
@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.avro_events import AvroEvents, account_event, account_schema
 from tests.support.schema_registry import LoopbackSchemaRegistry
-from tidegraph.pipelines.streaming.sources import AvroDecoder, RegistryUnavailable
+from tidegraph.pipelines.streaming.sources import RegistryDecoder, RegistryUnavailable
 from tidegraph.processors.sources import RegistrySpec
 from tidegraph.records.errors import RecordError
 
@@ -25,8 +25,8 @@ def registry() -> Iterator[LoopbackSchemaRegistry]:
         yield server
 
 
-def decoder(registry: LoopbackSchemaRegistry) -> AvroDecoder:
-    return AvroDecoder(RegistrySpec(url=registry.url))
+def decoder(registry: LoopbackSchemaRegistry) -> RegistryDecoder:
+    return RegistryDecoder(RegistrySpec(url=registry.url))
 
 
 async def test_values_decode_and_each_schema_is_fetched_once(
@@ -91,4 +91,26 @@ async def test_an_unreachable_registry_is_transient() -> None:
     with LoopbackSchemaRegistry() as gone:
         url = gone.url
     with pytest.raises(RegistryUnavailable):
-        await AvroDecoder(RegistrySpec(url=url)).decode(TOPIC, b"\x00\x00\x00\x00\x01\x02")
+        await RegistryDecoder(RegistrySpec(url=url)).decode(TOPIC, b"\x00\x00\x00\x00\x01\x02")
+
+
+async def test_json_schema_values_decode_through_the_registry(
+    registry: LoopbackSchemaRegistry,
+) -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    schema = (
+        '{"type": "object", "properties": {"op": {"type": "string"}, '
+        '"after": {"type": "object"}}, "required": ["op"]}'
+    )
+    serializer = JSONSerializer(schema, SchemaRegistryClient({"url": registry.url}))
+    event = {"op": "c", "after": ACME}
+    data = serializer(event, SerializationContext(TOPIC, MessageField.VALUE))
+    assert data is not None and data[0] == 0
+    json_decoder = RegistryDecoder(RegistrySpec(url=registry.url), "jsonschema")
+    assert await json_decoder.decode(TOPIC, data) == event
+    with pytest.raises(RecordError) as failed:  # valid JSON that breaks its schema
+        await json_decoder.decode(TOPIC, data[:5] + b'{"after": {}}')
+    assert failed.value.reason == "source_undecodable"
