@@ -82,6 +82,11 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
             sources = loop.run_until_complete(resolve_sources(settings.sources, kafka))
         except SourceFileError as exc:
             raise StartupError(f"{exc} (TIDEGRAPH_SOURCES)") from exc
+        except (KafkaError, OSError) as exc:
+            raise StartupError(
+                f"reading the topics of {settings.sources} (TIDEGRAPH_SOURCES) from Kafka at "
+                f"{settings.kafka_bootstrap_servers}: {type(exc).__name__}: {exc}"
+            ) from exc
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     try:
         runtime = loop.run_until_complete(open_runtime(settings, mapping_path=settings.mappings))
