@@ -63,6 +63,16 @@ REASONS: dict[str, str] = {
     "with the right key)",
     "invalid_forget": "a forget request names no group, or not exactly one of episode_ids, "
     'subject or group (docs/architecture.md "Forgetting")',
+    # -- declared sources (docs/sources.md)
+    "source_undecodable": "a source record's bytes are not its declared format (not JSON; not "
+    "the schema registry's wire format; Avro that does not decode with its schema)",
+    "unknown_schema": "a source record names a schema id the registry does not have",
+    "registry_refused": "the schema registry refused the schema's request (4xx other than 404: "
+    "credentials, permissions)",
+    "registry_unavailable": "the schema registry stayed unreachable after every retry (replay "
+    "the dead letter's source record once it answers)",
+    "unknown_op": "a change event's op is not a row change tidegraph knows (r, c, u, d; t and "
+    "m are skipped by the source)",
     # -- extraction
     "no_extractor": "no mapping rule matches the json record and no LLM is configured (a "
     "text or message episode without an LLM is stored unextracted instead: docs/"

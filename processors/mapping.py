@@ -26,6 +26,13 @@ turns it into entities and facts::
 Templates use ``{dotted.path}`` into the record (``{{`` / ``}}`` for literal braces). A field
 a rule needs but the record lacks is a :class:`MappingError` (the record goes to the dead
 letters with that reason).
+
+A rule with ``change_events: true`` maps row change events (Debezium's envelope: ``op``,
+``before``, ``after``, ``source``): its templates also read ``row``, the row's state the
+event leaves (``after``; ``before`` for a delete), and the operation decides what the facts do
+(``apply_change_rule``): a snapshot read or insert states them, an update restates only the
+facts whose value moved, a delete closes them; a value that is the connector's unavailable
+placeholder (an unchanged TOASTed column) is never written.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tidegraph.records.episode import MAX_NAME_CHARS, Episode
-from tidegraph.records.errors import BadTime, MappingError, ValueTooLong
+from tidegraph.records.errors import BadTime, MappingError, RecordError, ValueTooLong
 from tidegraph.records.ids import id_problem, to_label
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft
 
@@ -97,6 +104,8 @@ class MappingRule(BaseModel):
     match: dict[str, Any] = Field(default_factory=dict)
     entities: dict[str, EntitySpec]
     facts: list[FactSpec] = Field(default_factory=list)
+    # The records are row change events (op, before, after, source): see apply_change_rule.
+    change_events: bool = False
 
     @model_validator(mode="after")
     def _aliases_exist(self) -> MappingRule:
@@ -125,7 +134,8 @@ class MappingSet(BaseModel):
 
     def rule_for(self, record: dict[str, Any]) -> MappingRule | None:
         for rule in self.mappings:
-            if all(_lookup(record, path, None) == value for path, value in rule.match.items()):
+            fields = with_row(record) if rule.change_events else record
+            if all(_lookup(fields, path, None) == value for path, value in rule.match.items()):
                 return rule
         return None
 
@@ -136,7 +146,159 @@ class MappingSet(BaseModel):
         rule = self.rule_for(episode.content)
         if rule is None:
             return None
+        if rule.change_events:
+            return apply_change_rule(rule, episode)
         return apply_rule(rule, episode)
+
+
+# ----------------------------------------------------------------------------- change events
+# The operations of a row change event (Debezium's ``op``): snapshot read, create, update,
+# delete. Truncates and messages never reach a mapping (the source handles them).
+CHANGE_OPS = ("r", "c", "u", "d")
+# What Debezium's connectors send for a column whose value did not change and was not read
+# (an unchanged TOASTed column): its default ``unavailable.value.placeholder``.
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
+
+
+def with_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A change event with ``row``: the row's state the event leaves (``after``; ``before``
+    for a delete, whose ``after`` is null)."""
+    if "row" in record or "op" not in record:
+        return record
+    row = record.get("before") if record.get("op") == "d" else record.get("after")
+    return {**record, "row": row}
+
+
+def apply_change_rule(rule: MappingRule, episode: Episode) -> Extraction:
+    """The facts a row change event makes, declared once per table (docs/sources.md
+    "Change events"):
+
+    - ``r`` (snapshot) and ``c`` (insert): the row's facts as of the event's time;
+    - ``u``: only the facts whose value moved (rendered from ``before`` and ``after``, they
+      differ) are stated, at the change's time: a ``cardinality: one`` fact closes the
+      previous value there, any other fact's previous value is closed there too; the others
+      are untouched (without a full ``before``, REPLICA IDENTITY DEFAULT, every fact is
+      restated: a restatement of a stored value merges into it);
+    - ``d``: every fact of the row (rendered from ``before``) is closed at the delete's time;
+      the entities and their history stay.
+
+    A fact that would carry the unavailable placeholder (an unchanged TOASTed column) is left
+    out, so the stored value stands."""
+    record = episode.content
+    assert isinstance(record, dict)
+    op = record.get("op")
+    if op not in CHANGE_OPS:
+        raise MappingError(
+            f"rule {rule.name!r}: op {op!r} is not a row change (one of {', '.join(CHANGE_OPS)})",
+            reason="unknown_op",
+        )
+    row = with_row(record)["row"]
+    if not isinstance(row, dict):
+        side = "before" if op == "d" else "after"
+        raise MappingError(
+            f"rule {rule.name!r}: a {op!r} event needs its {side!r} row; it is "
+            f"{type(row).__name__}"
+            + (" (set REPLICA IDENTITY FULL on the table)" if op == "d" else ""),
+            reason="mapping_missing_field",
+        )
+    if op == "d":
+        closing = rule.model_copy(
+            update={
+                "facts": [
+                    f.model_copy(update={"closes": True, "valid_at": None, "invalid_at": None})
+                    for f in rule.facts
+                ]
+            }
+        )
+        return _without_unavailable(apply_rule(closing, episode, with_row(record)))
+    now = _without_unavailable(apply_rule(rule, episode, with_row(record)))
+    before = record.get("before")
+    if op != "u" or not isinstance(before, dict):
+        return now
+    try:
+        then = apply_rule(rule, episode, {**record, "row": before, "after": before})
+    except RecordError:
+        return now  # a partial before (REPLICA IDENTITY DEFAULT): restate every fact
+    return _moved_only(now, then)
+
+
+def _without_unavailable(extraction: Extraction) -> Extraction:
+    """The extraction less every fact (and entity summary) that carries the unavailable
+    placeholder, and less the entities no fact is left to need."""
+    entities = extraction.entities
+    hidden = {i for i, e in enumerate(entities) if _unavailable(e.name) or _unavailable(e.key)}
+    facts = [
+        f
+        for f in extraction.facts
+        if f.subject not in hidden and f.object not in hidden and not _unavailable(f.fact)
+    ]
+    if len(facts) == len(extraction.facts) and not hidden:
+        summaries = [e for e in entities if _unavailable(e.summary)]
+        if not summaries:
+            return extraction
+    return _keep(extraction, facts, hidden)
+
+
+def _keep(extraction: Extraction, facts: list[FactDraft], drop: set[int]) -> Extraction:
+    """``extraction`` with only ``facts``, less the entities in ``drop``; summaries holding the
+    unavailable placeholder are cleared."""
+    kept = [i for i in range(len(extraction.entities)) if i not in drop]
+    index = {old: new for new, old in enumerate(kept)}
+    entities = []
+    for i in kept:
+        entity = extraction.entities[i]
+        if _unavailable(entity.summary):
+            entity = entity.model_copy(update={"summary": ""})
+        entities.append(entity)
+    moved = [
+        f.model_copy(update={"subject": index[f.subject], "object": index.get(f.object, -1)})
+        for f in facts
+    ]
+    return extraction.model_copy(update={"entities": entities, "facts": moved})
+
+
+def _moved_only(now: Extraction, then: Extraction) -> Extraction:
+    """The facts of ``now`` (after an update) whose value moved since ``then`` (before it),
+    and a closing fact for each previous value of a fact without ``cardinality: one``."""
+
+    def ident(x: Extraction, f: FactDraft) -> tuple[Any, ...]:
+        subject = x.entities[f.subject]
+        target = x.entities[f.object] if f.object >= 0 else None
+        return (
+            f.relation,
+            subject.key or subject.name,
+            (target.key or target.name) if target else None,
+            f.fact,
+        )
+
+    before = {ident(then, f) for f in then.facts}
+    facts = [f for f in now.facts if ident(now, f) not in before]
+    entities = list(now.entities)
+    after = {ident(now, f) for f in now.facts}
+    for f in then.facts:
+        if f.cardinality == "one" or f.closes or ident(then, f) in after:
+            continue
+        if _unavailable(f.fact) or f.object < 0:
+            continue
+        # A "many" value the update removed: close it at the change's time.
+        entities.append(then.entities[f.subject])
+        entities.append(then.entities[f.object])
+        facts.append(
+            f.model_copy(
+                update={
+                    "subject": len(entities) - 2,
+                    "object": len(entities) - 1,
+                    "closes": True,
+                    "valid_at": None,
+                    "invalid_at": None,
+                }
+            )
+        )
+    return now.model_copy(update={"entities": entities, "facts": facts})
+
+
+def _unavailable(value: str | None) -> bool:
+    return value is not None and UNAVAILABLE_VALUE in value
 
 
 _MISSING = object()
@@ -206,9 +368,13 @@ def key_text(value: str | int | float | bool) -> str:
     return text
 
 
-def apply_rule(rule: MappingRule, episode: Episode) -> Extraction:
-    record = episode.content
-    assert isinstance(record, dict)
+def apply_rule(
+    rule: MappingRule, episode: Episode, record: dict[str, Any] | None = None
+) -> Extraction:
+    """The rule's entities and facts from ``record`` (default: the episode's content)."""
+    if record is None:
+        assert isinstance(episode.content, dict)
+        record = episode.content
     aliases = list(rule.entities)
     entities = []
     for alias in aliases:

@@ -6,7 +6,9 @@ Integration tests get the real Kafka broker and Neo4j server through ``kafka_boo
 stop at the end of the session only what they started; a Kafka or Neo4j that only answers on a
 port (another checkout's) is never used.
 Point at other servers with TIDEGRAPH_TEST_KAFKA_BOOTSTRAP / TIDEGRAPH_TEST_NEO4J_URI (then
-nothing is started). A service that cannot be reached FAILS the tests that need it, naming
+nothing is started). The tests of declared sources also take ``postgres_dsn`` and
+``connect_url``: this checkout's PostgreSQL and Kafka Connect (with Debezium), started only
+when such a test runs. A service that cannot be reached FAILS the tests that need it, naming
 the service; nothing is ever skipped for a missing service.
 """
 
@@ -62,7 +64,8 @@ class _Services:
 
 
 def _title(name: str) -> str:
-    return "Kafka" if name == "kafka" else "Neo4j"
+    titles = {"kafka": "Kafka", "neo4j": "Neo4j", "postgres": "PostgreSQL"}
+    return titles.get(name, "Kafka Connect")
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +87,21 @@ def neo4j_uri(_services: _Services) -> str:
     external = os.environ.get("TIDEGRAPH_TEST_NEO4J_URI")
     _services.ensure("neo4j", external)
     return external or _services.local.neo4j_address
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(_services: _Services) -> str:
+    """This checkout's PostgreSQL (logical replication on), started on first need."""
+    _services.ensure("postgres", None)
+    return _services.local.postgres_dsn
+
+
+@pytest.fixture(scope="session")
+def connect_url(_services: _Services, kafka_bootstrap: str) -> str:
+    """This checkout's Kafka Connect worker with Debezium's PostgreSQL connector, on this
+    checkout's Kafka, started on first need."""
+    _services.ensure("connect", None)
+    return _services.local.connect_url
 
 
 @pytest.fixture

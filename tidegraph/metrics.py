@@ -221,6 +221,31 @@ ASSIGNED_PARTITIONS = Gauge(
     ["topic"],
 )
 
+# ---- declared sources (docs/sources.md) ----------------------------------------------------
+SOURCE_RECORDS = Counter(
+    "tidegraph_source_records_total",
+    "Records of a declared source by outcome: episode (produced to {prefix}.episodes), "
+    "skipped (a tombstone, heartbeat, ...), dead_lettered.",
+    ["source", "outcome"],
+)
+SOURCE_SKIPPED = Counter(
+    "tidegraph_source_skipped_total",
+    "Records of a declared source that are no episode and no failure, by kind: tombstone, "
+    "heartbeat, schema_change, transaction, truncate, message.",
+    ["source", "kind"],
+)
+SOURCE_BEHIND = Gauge(
+    "tidegraph_source_behind_seconds",
+    "How far a declared source's stage is behind: from the last record's Kafka timestamp to "
+    "its turn into an episode.",
+    ["source"],
+)
+SOURCE_DEAD_LETTERS = Counter(
+    "tidegraph_source_dead_letters_total",
+    "Records of a declared source sent to the dead-letter topic, by reason.",
+    ["source", "reason"],
+)
+
 # ---- memory lifecycle: forgetting and the change stream ------------------------------------
 FORGOTTEN = Counter(
     "tidegraph_forgotten_total",

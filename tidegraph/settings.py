@@ -107,6 +107,12 @@ class Settings(BaseSettings):
     mappings: Path | None = Field(
         None, description="Declared-mapping file (YAML) for JSON records; unset = none."
     )
+    sources: Path | None = Field(
+        None,
+        description="Declared-sources file (YAML): existing topics (Debezium change events, "
+        "Avro through a schema registry, JSON) the worker reads beside its input topic; "
+        "unset = none (docs/sources.md).",
+    )
     rerank_base_url: str | None = Field(
         None,
         description="Base URL of a cross-encoder /rerank endpoint (Cohere, Jina, vLLM, TEI); "

@@ -159,6 +159,7 @@ async def produce_lines(
 class StoredLetter:
     at: RecordRef  # the dead letter's own place in the dlq topic
     letter: DeadLetter
+    key: bytes | None = None  # the dead letter's key (a declared source's record key)
 
 
 def dlq_consumer(settings: Settings) -> AIOKafkaConsumer:
@@ -222,7 +223,7 @@ def _decode_letter(message: object) -> StoredLetter | UnreadableLetter:
         letter = decode(DeadLetter, message.value)  # type: ignore[attr-defined]
     except ValueError as exc:
         return UnreadableLetter(ref, _first_line(exc))
-    return StoredLetter(ref, letter)
+    return StoredLetter(ref, letter, message.key)  # type: ignore[attr-defined]
 
 
 def _first_line(exc: ValueError) -> str:
@@ -319,6 +320,14 @@ class ReplayReport:
     unreadable: list[UnreadableLetter] = field(default_factory=list)  # no dead letter at all
 
 
+def _source_topic(stored: StoredLetter) -> str | None:
+    """The source topic a declared source's dead letter came from (docs/sources.md)."""
+    letter = stored.letter
+    if letter.stage == "source" and letter.consumed is not None:
+        return letter.consumed.topic
+    return None
+
+
 def _replay_key(raw: bytes, letter: DeadLetter) -> bytes | None:
     try:
         data = orjson.loads(raw)
@@ -361,9 +370,10 @@ async def replay_dead_letters(
     dry_run: bool = False,
 ) -> ReplayReport:
     """Send the original records of matching dead letters back to the input topic (key =
-    group_id, header ``tidegraph-replay-of: <partition>:<offset>`` of the dead letter). Each
-    distinct original record is sent once (its latest dead letter); processed episodes are
-    skipped by the pipeline, so replaying twice is harmless."""
+    group_id, header ``tidegraph-replay-of: <partition>:<offset>`` of the dead letter); a
+    declared source's record (stage ``source``) goes back to its source topic with its key.
+    Each distinct original record is sent once (its latest dead letter); processed episodes
+    are skipped by the pipeline, so replaying twice is harmless."""
     found = await read_dlq(settings, stage=stage, since=since)
     report = ReplayReport(unreadable=found.unreadable)
     chosen: dict[bytes, tuple[StoredLetter, bytes]] = {}
@@ -379,9 +389,13 @@ async def replay_dead_letters(
         except ValueError as exc:
             report.not_replayable.append((stored, f"cannot decode the record: {exc}"))
             continue
-        if raw in chosen:
+        if _source_topic(stored) is not None:  # a source's record: distinct by its place
+            raw_key = raw + b"\0" + f"{stored.letter.consumed}".encode()
+        else:
+            raw_key = raw
+        if raw_key in chosen:
             report.duplicates += 1
-        chosen[raw] = (stored, raw)
+        chosen[raw_key] = (stored, raw)
     for raw in await _forgotten(settings, chosen):
         # erased: it never comes back (docs/architecture.md "Forgetting")
         report.not_replayable.append((chosen.pop(raw)[0], "its episode was forgotten"))
@@ -395,11 +409,12 @@ async def replay_dead_letters(
         futures = []
         for stored, raw in chosen.values():
             origin = f"{stored.at.partition}:{stored.at.offset}".encode()
+            source_topic = _source_topic(stored)
             futures.append(
                 await producer.send(
-                    names.episodes,
+                    source_topic or names.episodes,
                     raw,
-                    key=_replay_key(raw, stored.letter),
+                    key=stored.key if source_topic else _replay_key(raw, stored.letter),
                     headers=[(REPLAY_HEADER, origin)],
                 )
             )

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -49,6 +49,11 @@ from tidegraph.pipelines.streaming.handlers import (
 from tidegraph.pipelines.streaming.health import HealthState
 from tidegraph.pipelines.streaming.lanes import KeyedBacklog, KeyedLanes
 from tidegraph.pipelines.streaming.relay import relay_changes
+from tidegraph.pipelines.streaming.sources import (
+    DeclaredSources,
+    SourceHandler,
+    install_sources,
+)
 from tidegraph.processors.failures import STORE_MAY_BE_DOWN, classify
 from tidegraph.settings import Settings
 from tidegraph.stores.errors import StoreUnreachable
@@ -122,6 +127,7 @@ def create_app(
     *,
     loop: asyncio.AbstractEventLoop | None = None,
     health: HealthState | None = None,
+    sources: DeclaredSources | None = None,
 ) -> TidegraphApp:
     """The worker's Faust app: one agent per hop over one group runner (docs: "Streaming
     topology"), the community agent, the rebalance handlers and the timers."""
@@ -148,6 +154,12 @@ def create_app(
     for topic, handler in hops:
         agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)
         app.agent(topics[topic], name=f"tidegraph.{handler.stage}")(agent)
+    if sources is not None:  # declared source topics -> episodes (streaming/sources.py)
+        install_sources(
+            app, sources, SourceHandler(sources.sources, names, worker, budget),
+            run_agent=partial(stage_agent, sender=sender, worker=worker, registry=lanes,
+                              generation=lambda: app.consumer_generation_id),
+        )  # fmt: skip
     if worker.communities_enabled:  # entities.new -> communities (community_agent.py)
         install_community_agent(
             app, runtime, names, worker, source=topics[names.entities_new],
@@ -524,6 +536,9 @@ def consumed(event: faust.EventT) -> Consumed:
         timestamp_ms=None if timestamp is None else int(round(timestamp * 1000)),
         key=message.key,
         value=message.value,
+        headers=tuple(
+            headers.items() if isinstance(headers := message.headers, Mapping) else headers or ()
+        ),
     )
 
 

@@ -63,6 +63,7 @@ class Consumed:
     timestamp_ms: int | None
     key: bytes | None
     value: bytes | None
+    headers: Sequence[tuple[str, bytes | None]] = ()  # read by declared sources' templates
 
     @property
     def ref(self) -> RecordRef:

@@ -32,6 +32,8 @@ from tidegraph.pipelines.streaming.app import create_app
 from tidegraph.pipelines.streaming.config import WorkerSettings
 from tidegraph.pipelines.streaming.health import HealthState, health_routes
 from tidegraph.pipelines.streaming.observability import ObservabilityServer, Response
+from tidegraph.pipelines.streaming.sources import resolve_sources
+from tidegraph.processors.sources import SourceFileError
 from tidegraph.settings import Settings
 from tidegraph.stores import StoreSchemaError, open_store
 from tidegraph.topics.admin import TopicSetupError, ensure_topics
@@ -147,6 +149,17 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
         ) from exc
     except TopicSetupError as exc:
         raise StartupError(str(exc)) from exc
+    sources = None
+    if settings.sources is not None:  # validated, and its topics checked, before anything runs
+        try:
+            sources = loop.run_until_complete(resolve_sources(settings.sources, kafka))
+        except SourceFileError as exc:
+            raise StartupError(f"{exc} (TIDEGRAPH_SOURCES)") from exc
+        except (KafkaError, OSError) as exc:
+            raise StartupError(
+                f"reading the topics of {settings.sources} (TIDEGRAPH_SOURCES) from Kafka at "
+                f"{settings.kafka_bootstrap_servers}: {type(exc).__name__}: {exc}"
+            ) from exc
     (settings.data_dir / "faust").mkdir(parents=True, exist_ok=True)
     # Readiness answers from the start: while the store does not answer, it says so.
     health = HealthState(neo4j_reachable=False, stuck_after_seconds=worker.health_stuck_seconds)
@@ -160,7 +173,7 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
         server.stop()
         raise
     health.neo4j_reachable = True
-    app = create_app(settings, worker, runtime, loop=loop, health=health)
+    app = create_app(settings, worker, runtime, loop=loop, health=health, sources=sources)
     health.watch_loop(loop)
     app.add_closer(_stopper(server, health))
     log.info(

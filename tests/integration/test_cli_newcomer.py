@@ -69,12 +69,15 @@ def test_commands_without_their_kafka_or_neo4j_say_which_in_one_line(tmp_path: P
     nowhere = f"127.0.0.1:{free_port()}"
     episodes = tmp_path / "episodes.jsonl"
     episodes.write_text('{"id": "e1", "group_id": "g", "content": "x", "reference_time": "2025"}\n')
+    sources = tmp_path / "sources.yaml"
+    sources.write_text("sources:\n  - {name: a, topics: [t], group: g}\n")
     kafka = {"TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS": nowhere}
     for args in (
         ("dlq", "list"),
         ("dlq", "replay"),
         ("produce", str(episodes)),
         ("changes", "--group", "g", "--via", "kafka"),
+        ("sources", "check", str(sources)),
     ):
         one_line_error(run(tmp_path, *args, **kafka), nowhere, "TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS")
     neo4j = {"TIDEGRAPH_STORE": "neo4j", "TIDEGRAPH_NEO4J_URI": f"bolt://{nowhere}"}
@@ -89,7 +92,8 @@ def test_commands_without_their_kafka_or_neo4j_say_which_in_one_line(tmp_path: P
         ("forget", "--group", "g", "--episode", "e1"),
     ):
         one_line_error(run(tmp_path, *args, **neo4j), nowhere, "TIDEGRAPH_NEO4J_URI")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["episodes.jsonl"]  # nothing created
+    # nothing created
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["episodes.jsonl", "sources.yaml"]
 
 
 def test_ingest_takes_the_episode_as_the_http_api_takes_it(tmp_path: Path):

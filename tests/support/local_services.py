@@ -1,13 +1,18 @@
 """Local Kafka and Neo4j for development and tests, without Docker (a tool of the checkout:
-it needs the poms in ``deploy/local``, so it is not part of the installed product).
+it needs the poms in ``deploy/local``, so it is not part of the installed product); and, for
+the tests of declared sources only, PostgreSQL with logical replication and Kafka Connect with
+Debezium's PostgreSQL connector.
 
     python -m tests.support.local_services up|down|status     (or `make services-up`)
 
-The jars come from Maven Central through the poms in ``deploy/local/{kafka,neo4j}`` (pinned
-versions), are cached under ``LocalSettings.cache_dir`` and reused. Each service runs from the
-machine's Java on loopback, with its state, pid file, ports and log under
+The jars come from Maven Central through the poms in ``deploy/local/{kafka,neo4j,connect,
+debezium}`` (pinned versions), are cached under ``LocalSettings.cache_dir`` and reused. Each
+Java service runs from the machine's Java on loopback; PostgreSQL runs from Debian's
+``postgresql`` package (its server binary, as the ``postgres`` user when started by root) on a
+data folder of its own. Each keeps its state, pid file, ports and log under
 ``LocalSettings.services_dir`` (inside the checkout by default). Readiness is probed (a Kafka
-metadata request, a Bolt ``RETURN 1``), never slept for.
+metadata request, a Bolt ``RETURN 1``, ``pg_isready``, Connect's plugin list naming Debezium's
+connector), never slept for.
 
 A service is used only when this checkout started it (its pid file names a live process that
 carries our marker): a Kafka or Neo4j that merely answers on the same port (another checkout's,
@@ -19,6 +24,8 @@ that are free; otherwise on the configured ones, and a port held by someone else
 from __future__ import annotations
 
 import asyncio
+import glob
+import hashlib
 import json
 import logging
 import os
@@ -26,6 +33,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -41,15 +49,31 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 POM_DIR = REPO_ROOT / "deploy" / "local"
 KAFKA_VERSION = "4.3.1"
 NEO4J_VERSION = "5.26.30"
+# Built against Kafka 4.3.1 (deploy/local/debezium/pom.xml); one version for all its jars.
+DEBEZIUM_VERSION = "3.7.0.Final"
+DEBEZIUM_POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
+# The PostgreSQL superuser of the local server (trust authentication, loopback only).
+LOCAL_POSTGRES_USER = "tidegraph"
 START_TIMEOUT_SECONDS = 180.0
 # The SASL user of the local broker's SASL_SSL listener (a development credential).
 LOCAL_SASL_USERNAME = "tidegraph"
 LOCAL_SASL_PASSWORD = "tidegraph-local"
 
 
+# What `up` starts by default; the sources services start only for the tests that need them
+# (or `up --sources`). `down` and `status` cover all of them; Connect stops before Kafka.
 SERVICES = ("kafka", "neo4j")
+SOURCE_SERVICES = ("postgres", "connect")
+ALL_SERVICES = ("connect", "postgres", "kafka", "neo4j")
 # Each service's ports, by role; the first is the one clients connect to.
-PORT_ROLES = {"kafka": ("plain", "controller", "secure"), "neo4j": ("bolt",)}
+PORT_ROLES = {
+    "kafka": ("plain", "controller", "secure"),
+    "neo4j": ("bolt",),
+    "postgres": ("sql",),
+    "connect": ("rest",),
+}
+# The Debian package whose server binaries run the local PostgreSQL.
+POSTGRES_BIN_GLOB = "/usr/lib/postgresql/*/bin"
 
 
 class LocalSettings(BaseSettings):
@@ -72,6 +96,8 @@ class LocalSettings(BaseSettings):
         19094, description="Port of the local broker's SASL_SSL listener (tests of TLS/SASL)."
     )
     local_neo4j_bolt_port: int = Field(17687, description="Bolt port of the local Neo4j.")
+    local_postgres_port: int = Field(15432, description="Port of the local PostgreSQL.")
+    local_connect_port: int = Field(18083, description="REST port of the local Kafka Connect.")
 
     def configured_ports(self, name: str) -> dict[str, int]:
         if name == "kafka":
@@ -80,6 +106,10 @@ class LocalSettings(BaseSettings):
                 "controller": self.local_kafka_controller_port,
                 "secure": self.local_kafka_secure_port,
             }
+        if name == "postgres":
+            return {"sql": self.local_postgres_port}
+        if name == "connect":
+            return {"rest": self.local_connect_port}
         return {"bolt": self.local_neo4j_bolt_port}
 
 
@@ -142,9 +172,14 @@ class LocalServices:
         ports = self.settings.configured_ports(name)
         for role, port in ports.items():
             if not _port_free(port):
-                setting = {"plain": "KAFKA_PORT", "controller": "KAFKA_CONTROLLER_PORT"}.get(
-                    role, {"secure": "KAFKA_SECURE_PORT"}.get(role, "NEO4J_BOLT_PORT")
-                )
+                setting = {
+                    "plain": "KAFKA_PORT",
+                    "controller": "KAFKA_CONTROLLER_PORT",
+                    "secure": "KAFKA_SECURE_PORT",
+                    "bolt": "NEO4J_BOLT_PORT",
+                    "sql": "POSTGRES_PORT",
+                    "rest": "CONNECT_PORT",
+                }[role]
                 raise ServiceError(
                     f"port {port} ({name} {role}) is held by a process this checkout did not "
                     f"start (another checkout's {name}?); stop it, or set "
@@ -153,8 +188,16 @@ class LocalServices:
         return ports
 
     def jar_dir(self, name: str) -> Path:
-        version = KAFKA_VERSION if name == "kafka" else NEO4J_VERSION
+        if name == "debezium":
+            # A Connect plugin: a folder of its own inside the folder on plugin.path.
+            return self.plugin_path / "debezium-connector-postgres"
+        version = NEO4J_VERSION if name == "neo4j" else KAFKA_VERSION
         return self.cache / "jars" / f"{name}-{version}"
+
+    @property
+    def plugin_path(self) -> Path:
+        """The local Connect worker's plugin.path (holds only Debezium's connector)."""
+        return self.cache / "jars" / f"connect-plugins-debezium-{DEBEZIUM_VERSION}"
 
     @property
     def kafka_address(self) -> str:
@@ -163,6 +206,18 @@ class LocalServices:
     @property
     def neo4j_address(self) -> str:
         return f"bolt://127.0.0.1:{self.ports('neo4j')['bolt']}"
+
+    @property
+    def postgres_dsn(self) -> str:
+        """The local PostgreSQL's ``postgres`` database as its superuser (libpq URI)."""
+        return (
+            f"postgresql://{LOCAL_POSTGRES_USER}@127.0.0.1:{self.ports('postgres')['sql']}/postgres"
+        )
+
+    @property
+    def connect_url(self) -> str:
+        """The local Kafka Connect worker's REST API."""
+        return f"http://127.0.0.1:{self.ports('connect')['rest']}"
 
     @property
     def kafka_secure_address(self) -> str:
@@ -214,7 +269,7 @@ class LocalServices:
             return target
         mvn = shutil.which("mvn")
         if mvn is None:
-            raise ServiceError("Maven (mvn) is not on PATH: install it to fetch Kafka and Neo4j.")
+            raise ServiceError(f"Maven (mvn) is not on PATH: install it to fetch {name}.")
         pom = POM_DIR / name / "pom.xml"
         if not pom.exists():
             raise ServiceError(f"{pom} is missing: run from a checkout of tidegraph.")
@@ -262,16 +317,29 @@ class LocalServices:
             raise ServiceError("Java 17+ is needed to run Kafka and Neo4j: none found on PATH.")
         return java
 
-    def _spawn(self, name: str, args: list[str], cwd: Path, ports: dict[str, int]) -> int:
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        cwd: Path,
+        ports: dict[str, int],
+        *,
+        command: list[str] | None = None,
+        user: str | None = None,
+    ) -> int:
+        """Start the service in a session of its own. ``command`` (default: Java with our
+        marker) is what runs; it must carry ``tidegraph.service=NAME`` (the pid file's guard)."""
         log_path = self.log_file(name)
+        cmd = command if command is not None else [self._java(), f"-Dtidegraph.service={name}"]
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
-                [self._java(), f"-Dtidegraph.service={name}", *args],
+                [*cmd, *args],
                 cwd=cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                user=user,
             )
         self.ports_file(name).write_text(json.dumps(ports))
         self.pid_file(name).write_text(str(proc.pid))
@@ -428,6 +496,156 @@ class LocalServices:
             ports=ports,
         )  # fmt: skip
 
+    # ------------------------------------------------------------------ postgres
+    def _postgres_bin(self) -> Path:
+        """The newest server binaries of Debian's ``postgresql`` package."""
+        found = sorted(
+            (Path(p) for p in glob.glob(POSTGRES_BIN_GLOB) if (Path(p) / "postgres").exists()),
+            key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+        )
+        if not found:
+            raise ServiceError(
+                "PostgreSQL's server is not installed (no /usr/lib/postgresql/*/bin/postgres); "
+                "install Debian's package: apt-get install postgresql"
+            )
+        return found[-1]
+
+    def _postgres_user(self) -> str | None:
+        """The user the server runs as: ``postgres`` when we are root (PostgreSQL refuses to
+        run as root), else ourselves."""
+        return "postgres" if os.geteuid() == 0 else None
+
+    def postgres_home(self) -> Path:
+        """Where the server's data folder lives: in the services folder; or, when root starts
+        it as the ``postgres`` user, who may not be let into the checkout (a home folder of
+        mode 700), in a folder of its own under the system's temporary folder, named after
+        this checkout's services folder."""
+        if self._postgres_user() is None:
+            return self._dir("postgres")
+        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"tidegraph-postgres-{digest}"
+
+    def _start_postgres(self) -> int:
+        bin_dir = self._postgres_bin()
+        home = self.postgres_home()
+        home.mkdir(parents=True, exist_ok=True)
+        data = home / "data"
+        user = self._postgres_user()
+        if user is not None:
+            shutil.chown(home, user, user)
+            home.chmod(0o700)
+        if not (data / "PG_VERSION").exists():
+            shutil.rmtree(data, ignore_errors=True)
+            init = subprocess.run(
+                [
+                    str(bin_dir / "initdb"), "-D", str(data), "-U", LOCAL_POSTGRES_USER,
+                    "--auth=trust", "-E", "UTF8", "--no-locale",
+                ],
+                capture_output=True, text=True, user=user, cwd=home,
+            )  # fmt: skip
+            if init.returncode != 0:
+                raise ServiceError(
+                    f"initdb of the local PostgreSQL failed:\n{init.stdout[-2000:]}"
+                    f"{init.stderr[-2000:]}"
+                )
+        ports = self._choose_ports("postgres")
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(ports["sql"]),
+            "unix_socket_directories": "",  # loopback TCP only
+            # Debezium reads the write-ahead log through logical decoding (pgoutput).
+            "wal_level": "logical",
+            "max_replication_slots": "20",
+            "max_wal_senders": "20",
+            "fsync": "off",  # a throwaway test database
+            "tidegraph.service": "postgres",  # the pid file's guard (a custom setting)
+        }
+        args = [arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")]
+        return self._spawn(
+            "postgres",
+            ["-D", str(data), *args],
+            cwd=home,
+            ports=ports,
+            command=[str(bin_dir / "postgres")],
+            user=user,
+        )
+
+    def probe_postgres(self, timeout: float = 3.0) -> bool:
+        try:
+            bin_dir = self._postgres_bin()
+        except ServiceError:
+            return False
+        ready = subprocess.run(
+            [
+                str(bin_dir / "pg_isready"), "-q", "-h", "127.0.0.1",
+                "-p", str(self.ports("postgres")["sql"]), "-t", str(max(1, int(timeout))),
+            ],
+            capture_output=True,
+        )  # fmt: skip
+        return ready.returncode == 0
+
+    # ------------------------------------------------------------------ connect
+    def _start_connect(self) -> int:
+        if self._read_pid("kafka") is None or not self.probe_kafka():
+            raise ServiceError("Kafka Connect needs this checkout's Kafka: start kafka first")
+        jars = self.fetch("connect")
+        self.fetch("debezium")
+        home = self._dir("connect")
+        home.mkdir(parents=True, exist_ok=True)
+        ports = self._choose_ports("connect")
+        port = ports["rest"]
+        props = home / "connect-distributed.properties"
+        props.write_text(
+            "\n".join(
+                [
+                    f"bootstrap.servers={self.kafka_address}",
+                    "group.id=tidegraph-local-connect",
+                    f"listeners=http://127.0.0.1:{port}",
+                    "rest.advertised.host.name=127.0.0.1",
+                    f"rest.advertised.port={port}",
+                    f"plugin.path={self.plugin_path}",
+                    "plugin.discovery=only_scan",
+                    "key.converter=org.apache.kafka.connect.json.JsonConverter",
+                    "value.converter=org.apache.kafka.connect.json.JsonConverter",
+                    "config.storage.topic=_tidegraph_connect_configs",
+                    "offset.storage.topic=_tidegraph_connect_offsets",
+                    "status.storage.topic=_tidegraph_connect_status",
+                    "config.storage.replication.factor=1",
+                    "offset.storage.replication.factor=1",
+                    "status.storage.replication.factor=1",
+                    "offset.flush.interval.ms=1000",
+                    "",
+                ]
+            )
+        )
+        log4j = home / "log4j2.properties"
+        log4j.write_text(
+            "status = warn\n"
+            "appender.out.type = Console\nappender.out.name = OUT\n"
+            "appender.out.layout.type = PatternLayout\n"
+            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
+            "rootLogger.level = INFO\nrootLogger.appenderRef.out.ref = OUT\n"
+            "logger.kafka.name = org.apache.kafka\nlogger.kafka.level = WARN\n"
+            "logger.connect.name = org.apache.kafka.connect.runtime\n"
+            "logger.connect.level = INFO\n"
+            "logger.reflections.name = org.reflections\nlogger.reflections.level = ERROR\n"
+        )
+        return self._spawn(
+            "connect",
+            [
+                "-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={home}",
+                "-cp", f"{jars}/*",
+                "org.apache.kafka.connect.cli.ConnectDistributed", str(props),
+            ],
+            cwd=home,
+            ports=ports,
+        )  # fmt: skip
+
+    def probe_connect(self, timeout: float = 3.0) -> bool:
+        """True when the worker's REST API answers and lists Debezium's connector."""
+        return probe_connect(self.connect_url, timeout)
+
     # ------------------------------------------------------------------ probes
     def probe_kafka(self, timeout: float = 3.0) -> bool:
         return probe_kafka_sync(self.kafka_address, timeout)
@@ -436,12 +654,28 @@ class LocalServices:
         return probe_neo4j(self.neo4j_address, timeout)
 
     def _probe(self, name: str) -> bool:
-        return self.probe_kafka() if name == "kafka" else self.probe_neo4j()
+        probes = {
+            "kafka": self.probe_kafka,
+            "neo4j": self.probe_neo4j,
+            "postgres": self.probe_postgres,
+            "connect": self.probe_connect,
+        }
+        return probes[name]()
+
+    def address(self, name: str) -> str:
+        addresses = {
+            "kafka": lambda: self.kafka_address,
+            "neo4j": lambda: self.neo4j_address,
+            "postgres": lambda: self.postgres_dsn,
+            "connect": lambda: self.connect_url,
+        }
+        return addresses[name]()
 
     # ------------------------------------------------------------------ public API
     def status(self) -> list[ServiceStatus]:
         out = []
-        for name, address in (("kafka", self.kafka_address), ("neo4j", self.neo4j_address)):
+        for name in ALL_SERVICES:
+            address = self.address(name)
             pid = self._read_pid(name)
             ready = pid is not None and self._probe(name)  # only ours counts
             out.append(
@@ -461,8 +695,13 @@ class LocalServices:
                 started[name] = False
                 continue
             if pid is None:
-                starter = self._start_kafka if name == "kafka" else self._start_neo4j
-                pending[name] = starter()
+                starters = {
+                    "kafka": self._start_kafka,
+                    "neo4j": self._start_neo4j,
+                    "postgres": self._start_postgres,
+                    "connect": self._start_connect,
+                }
+                pending[name] = starters[name]()
             else:
                 pending[name] = pid  # ours, still starting
             started[name] = True
@@ -487,15 +726,17 @@ class LocalServices:
                 time.sleep(0.5)  # polling interval between probes, not a synchronisation
         return started
 
-    def down(self, names: tuple[str, ...] = SERVICES) -> list[str]:
+    def down(self, names: tuple[str, ...] = ALL_SERVICES) -> list[str]:
         """Stop the processes this tool started (by pid file); return the names stopped."""
         stopped = []
-        for name in names:
+        for name in sorted(names, key=ALL_SERVICES.index):  # Connect before Kafka
             pid = self._read_pid(name)
             if pid is None:
                 self.pid_file(name).unlink(missing_ok=True)
                 continue
-            os.killpg(pid, signal.SIGTERM)
+            # PostgreSQL's "fast" shutdown is SIGINT (SIGTERM waits for every client to
+            # leave, Debezium's replication connection included).
+            os.killpg(pid, signal.SIGINT if name == "postgres" else signal.SIGTERM)
             if not _wait_gone(pid, 60.0):
                 os.killpg(pid, signal.SIGKILL)
                 _wait_gone(pid, 10.0)
@@ -583,6 +824,19 @@ def probe_kafka_sync(bootstrap: str, timeout: float = 3.0) -> bool:
         return pool.submit(asyncio.run, probe_kafka(bootstrap, timeout)).result()
 
 
+def probe_connect(url: str, timeout: float = 3.0) -> bool:
+    """True when a Kafka Connect worker answers at ``url`` and lists Debezium's PostgreSQL
+    connector among its plugins."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/connector-plugins", timeout=timeout) as response:
+            plugins = json.loads(response.read())
+    except Exception:
+        return False
+    return any(p.get("class") == DEBEZIUM_POSTGRES_CONNECTOR for p in plugins)
+
+
 def probe_neo4j(uri: str, timeout: float = 3.0, auth: tuple[str, str] | None = None) -> bool:
     """True when Neo4j answers ``RETURN 1`` over Bolt."""
     from neo4j import GraphDatabase
@@ -611,11 +865,16 @@ cli = typer.Typer(
 def _up(
     kafka: bool = typer.Option(True, help="Start Kafka."),
     neo4j: bool = typer.Option(True, help="Start Neo4j."),
+    sources: bool = typer.Option(
+        False, help="Also start PostgreSQL and Kafka Connect with Debezium (needs Kafka)."
+    ),
 ) -> None:
     """Fetch (once) and start Kafka and Neo4j on loopback; a no-op for what already runs."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     _quiet_clients()
     names = tuple(n for n, on in (("kafka", kafka), ("neo4j", neo4j)) if on)
+    if sources:
+        names += SOURCE_SERVICES
     services = LocalServices()
     try:
         started = services.up(names)
@@ -629,7 +888,7 @@ def _up(
 
 @cli.command("down")
 def _down() -> None:
-    """Stop the Kafka and Neo4j processes that `up` started from this checkout (pid files)."""
+    """Stop the processes that `up` started from this checkout (pid files)."""
     stopped = LocalServices().down()
     typer.echo(f"stopped: {', '.join(stopped) if stopped else 'nothing (none running)'}")
 
@@ -651,7 +910,7 @@ def _quiet_clients() -> None:
 def _print_status(services: LocalServices) -> None:
     for s in services.status():
         state = "ready" if s.ready else ("starting or stuck" if s.running else "not running")
-        typer.echo(f"{s.name:6} {s.address:28} pid {s.pid or '-':<8} {state:18} log {s.log}")
+        typer.echo(f"{s.name:8} {s.address:48} pid {s.pid or '-':<8} {state:18} log {s.log}")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ def services(tmp_path: Path, port: int, **kw: bool) -> LocalServices:
         cache_dir=tmp_path / "cache",
         local_neo4j_bolt_port=port,
         local_kafka_port=port,
+        local_postgres_port=port,
+        local_connect_port=port,
     )
     return LocalServices(settings, **kw)
 
@@ -42,11 +44,15 @@ def test_a_foreign_listener_on_the_configured_port_is_refused_naming_the_setting
     assert str(foreign_listener) in message and "TIDEGRAPH_LOCAL_NEO4J_BOLT_PORT" in message
     with pytest.raises(ServiceError, match="TIDEGRAPH_LOCAL_KAFKA_PORT"):
         local.up(("kafka",))
+    with pytest.raises(ServiceError, match="TIDEGRAPH_LOCAL_POSTGRES_PORT"):
+        local._choose_ports("postgres")
+    with pytest.raises(ServiceError, match="TIDEGRAPH_LOCAL_CONNECT_PORT"):
+        local._choose_ports("connect")
 
 
 def test_with_free_ports_a_service_starts_elsewhere(tmp_path: Path, foreign_listener: int):
     local = services(tmp_path, foreign_listener, free_ports=True)
-    for name in ("kafka", "neo4j"):
+    for name in ("kafka", "neo4j", "postgres", "connect"):
         chosen = local._choose_ports(name)
         assert foreign_listener not in chosen.values(), chosen
         assert len(set(chosen.values())) == len(chosen)

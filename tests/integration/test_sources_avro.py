@@ -1,0 +1,137 @@
+"""Declared sources through a worker: Debezium-shaped change events in Avro (the schema
+registry's wire format, a registry with Confluent's API on loopback) beside a plain JSON
+topic; bad records of either are dead letters with their reasons, and everything else goes
+on; a registry outage is retried."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from tests.integration.topology_harness import Topology, eventually
+from tests.support.avro_events import AvroEvents, account_event, account_schema
+from tests.support.crm_tables import MAPPING
+from tests.support.schema_registry import LoopbackSchemaRegistry
+from tidegraph.topics.admin import ensure_topics
+
+NOTE_RULE = """\
+  - name: note
+    match: {type: note}
+    entities:
+      author: {name: "{author}", label: User}
+      topic: {name: "{about}", label: Topic}
+    facts:
+      - {relation: WROTE_ABOUT, subject: author, object: topic}
+"""
+ACME = {"id": 1, "tenant": "north", "name": "Acme", "plan": "Pro", "owner": "Alice"}
+T0 = 1_700_000_000_000
+
+
+async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for key, value in records:
+            await producer.send_and_wait(topic, value, key=key)
+    finally:
+        await producer.stop()
+
+
+async def test_avro_and_json_sources_with_bad_records_and_an_outage(
+    topology: Topology, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topology.mapping.write_text(MAPPING + NOTE_RULE)
+    accounts, notes = f"{topology.prefix}.crm.accounts", f"{topology.prefix}.notes"
+    await ensure_topics(kafka_bootstrap, [accounts, notes], partitions=2, replication_factor=1)
+    group = f"{topology.run}-"
+    with LoopbackSchemaRegistry() as registry:
+        sources = tmp_path / "sources.yaml"
+        sources.write_text(
+            "sources:\n"
+            f"  - {{name: crm, topics: [{accounts}], format: avro, envelope: debezium,\n"
+            f"     registry: {{url: '{registry.url}'}}, group: '{group}{{row.tenant}}'}}\n"
+            f"  - {{name: notes, topics: [{notes}], group: '{group}notes',\n"
+            "     reference_time: at}\n"
+        )
+        events = AvroEvents(registry.url, accounts, account_schema())
+        key = b'{"id": 1}'
+        moved = {**ACME, "plan": "Enterprise"}
+        await produce(kafka_bootstrap, accounts, [
+            (key, events.encode(account_event("r", None, ACME, lsn=10, ts_ms=T0))),
+            (b'{"id": 7}', b"\x00\x00\x00\x00\x63\x02"),           # schema 99: unknown
+            (b'{"id": 8}', b'{"op": "c"}'),                        # JSON, not Avro
+            (key, events.encode(account_event("u", ACME, moved, lsn=20, ts_ms=T0 + 60_000))),
+        ])  # fmt: skip
+        await produce(kafka_bootstrap, notes, [
+            (b"n1", b"not json"),
+            (b"n2", b'{"type": "note", "author": "Dana", "about": "renewal",'
+                    b' "at": "2025-03-01T10:00:00Z"}'),
+        ])  # fmt: skip
+        # The registry answers the worker's check at start, then fails its first two fetches
+        # of the schema: retried.
+        registry.outage(times=2, paths="/schemas/ids/")
+        worker = topology.start_worker(
+            TIDEGRAPH_SOURCES=str(sources), TIDEGRAPH_COMMUNITIES_ENABLED="false"
+        )
+        store = topology.store()
+        try:
+
+            async def state() -> Any:
+                plans = await store.query_facts(group + "north", include_invalid=True)
+                notes_now = await store.query_facts(group + "notes")
+                letters = await topology.dead_letters()
+                return plans, notes_now, letters
+
+            plans, notes_now, letters = await eventually(
+                state,
+                lambda s: len(s[0]) == 3 and len(s[1]) == 1 and len(s[2]) == 3,
+                timeout=120,
+                what="the accounts' facts, the note and three dead letters",
+            )
+            history = sorted((f.relation, f.object, f.invalid_at is None) for f in plans)
+            assert history == [("HAS_PLAN", "Enterprise", True), ("HAS_PLAN", "Pro", False),
+                               ("OWNED_BY", "Alice", True)]  # fmt: skip
+            assert [(f.subject, f.object) for f in notes_now] == [("Dana", "renewal")]
+            reasons = sorted((letter.stage, letter.reason) for letter in letters)
+            assert reasons == [("source", "source_undecodable"), ("source", "source_undecodable"),
+                               ("source", "unknown_schema")]  # fmt: skip
+            assert worker.value("tidegraph_retries_total", stage="source",
+                                reason="registry_unavailable") == 2  # fmt: skip
+            assert worker.value("tidegraph_source_dead_letters_total", source="crm",
+                                reason="unknown_schema") == 1  # fmt: skip
+            assert worker.value("tidegraph_source_records_total", source="notes",
+                                outcome="episode") == 1  # fmt: skip
+
+            # A new version of the schema mid-stream while the registry is down past every
+            # retry: a dead letter, replayed to its source topic once the registry is back.
+            newer = AvroEvents(registry.url, accounts, account_schema(extra_column=True))
+            region = {**moved, "owner": "Erin", "region": "EU"}
+            data = newer.encode(account_event("u", moved, region, lsn=30, ts_ms=T0 + 120_000))
+            registry.outage(times=1000, paths="/schemas/ids/")
+            await produce(kafka_bootstrap, accounts, [(key, data)])
+
+            async def letters_now() -> list[Any]:
+                return await topology.dead_letters()
+
+            letters = await eventually(letters_now, lambda got: len(got) == 4, timeout=120,
+                                       what="the registry_unavailable dead letter")  # fmt: skip
+            assert "registry_unavailable" in {letter.reason for letter in letters}
+            registry.outage(times=0)
+            topology.cli("dlq", "replay", "--stage", "source")
+
+            async def owners() -> list[Any]:
+                return await store.query_facts(group + "north")
+
+            now = await eventually(
+                owners,
+                lambda facts: ("OWNED_BY", "Erin") in {(f.relation, f.object) for f in facts},
+                timeout=120,
+                what="the replayed change",
+            )
+            assert sorted((f.relation, f.object) for f in now) == [
+                ("HAS_PLAN", "Enterprise"), ("OWNED_BY", "Erin")
+            ]  # fmt: skip
+        finally:
+            await store.close()
