@@ -11,7 +11,9 @@ reranker says it keeps the prior order (mentions, distance: they refine an earli
   chosen (embeddings);
 - ``by_mentions``: the entities more episodes mention first;
 - ``by_distance``: nearest to a centre entity first (hops over valid facts);
-- ``by_cross_encoder``: a cross-encoder's relevance of each hit's text to the query.
+- ``by_cross_encoder``: a cross-encoder's relevance of each hit's text to the query;
+- ``carrying_first``: where a query names identifiers, the hits that carry one of them first
+  (docs/retrieval.md "Identifiers"), each part in its order.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tidegraph.records.graph import CommunityRecord, FactRecord
+from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
 from tidegraph.records.search import Hit
+from tidegraph.stores.search_text import identifiers
 
 RRF_K = 60
 MMR_LAMBDA = 0.5
@@ -194,3 +197,23 @@ async def by_cross_encoder(hits: Sequence[Hit], query: str, encoder: CrossEncode
         )
     scored = [h.with_score(float(s)) for h, s in zip(hits, scores, strict=True)]
     return sorted(scored, key=_order)
+
+
+def carrying_first(hits: Sequence[Hit], named: set[str]) -> list[Hit]:
+    """The hits whose text (an entity's also its key) carries one of the identifiers
+    ``named`` (``search_text.identifiers``: ``nw1002`` for ``NW-1002``) first, then the
+    others, each part in its order: a question that names a ticket, an order or an account
+    by its id is about that record before anything merely similar (``NW-1004``)."""
+    if not named:
+        return list(hits)
+    carrying = [bool(identifiers(_id_text(hit)) & named) for hit in hits]
+    return [h for h, c in zip(hits, carrying, strict=True) if c] + [
+        h for h, c in zip(hits, carrying, strict=True) if not c
+    ]
+
+
+def _id_text(hit: Hit) -> str:
+    record = hit.record
+    if isinstance(record, EntityRecord) and record.key:
+        return f"{hit.text} {record.key}"
+    return hit.text

@@ -43,8 +43,9 @@ P = ParamSpec("P")
 
 DB_FILE = "graph.sqlite"
 # 2: episodes are searched by their conversation fields (``episode_search``, docs/retrieval.md
-# "Conversation-aware episode search"); a store of version 1 is migrated at setup.
-SCHEMA_VERSION = "2"
+# "Conversation-aware episode search"); 3: texts are indexed with their identifier words
+# (docs/retrieval.md "Identifiers"). A store of an earlier version is migrated at setup.
+SCHEMA_VERSION = "3"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # The fulltext tables: kind -> (table, the record table its rowid is an id of).
