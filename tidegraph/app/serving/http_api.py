@@ -170,6 +170,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def service_error(request: Request, exc: ServiceError) -> Response:
         request.scope["tidegraph.error"] = exc.code
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        if "retry_after_seconds" in exc.extra:
+            headers = {"Retry-After": str(exc.extra["retry_after_seconds"])}
         return ORJSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)

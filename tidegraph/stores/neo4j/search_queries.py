@@ -66,13 +66,15 @@ def seen_by_scope(kind: str, x: str = "x") -> str:
 
 def _fulltext_best(call: str, index: str, kind: str) -> str:
     """The best $limit of the group's matches that the scope sees, as ``uuid`` and
-    ``score``."""
+    ``score``. The index answers its matches best first, and they are read only until
+    $limit are found (a query of common words matches most of a long history: ordering
+    every match read them all); equal scores are ordered by uuid among those read."""
     return f"""
 CALL db.index.fulltext.{call}('{index}', $query) YIELD {_yielded(call)} AS x, score
 WITH x, score WHERE x.group_id = $group_id AND {seen_by_scope(kind)}
+LIMIT $limit
 WITH x.uuid AS uuid, score
 ORDER BY score DESC, uuid
-LIMIT $limit
 """
 
 

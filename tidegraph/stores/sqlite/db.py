@@ -135,6 +135,11 @@ SCHEMA = (
         start_learned_at INTEGER)""",
     "CREATE INDEX IF NOT EXISTS fact_source ON fact (group_id, source_uuid, name)",
     "CREATE INDEX IF NOT EXISTS fact_target ON fact (group_id, target_uuid)",
+    # What decides whether a question as of some time may see a fact (``rows.believed_sql``),
+    # read without the facts' rows (their embeddings): the candidates of a search on a long
+    # history are narrowed to those (sqlite/search.py ``seen``).
+    "CREATE INDEX IF NOT EXISTS fact_believed ON fact (group_id, created_at, valid_at, "
+    "invalid_at, expired_at, start_learned_at, prior_ends, uuid)",
     """CREATE TABLE IF NOT EXISTS mention (
         episode_uuid TEXT NOT NULL,
         entity_uuid TEXT NOT NULL,
