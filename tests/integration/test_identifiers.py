@@ -18,7 +18,7 @@ from tidegraph.records.graph import FactRecord
 from tidegraph.records.search import SearchRequest
 from tidegraph.stores.base import GraphStore
 
-QUESTIONS = 200
+QUESTIONS = 100
 
 
 async def test_the_first_fact_about_a_ticket_named_by_its_id_is_its_status_then(
