@@ -137,9 +137,11 @@ SCHEMA = (
     "CREATE INDEX IF NOT EXISTS fact_target ON fact (group_id, target_uuid)",
     # What decides whether a question as of some time may see a fact (``rows.believed_sql``),
     # read without the facts' rows (their embeddings): the candidates of a search on a long
-    # history are narrowed to those (sqlite/search.py ``seen``).
-    "CREATE INDEX IF NOT EXISTS fact_believed ON fact (group_id, created_at, valid_at, "
-    "invalid_at, expired_at, start_learned_at, prior_ends, uuid)",
+    # history are narrowed to those (sqlite/search.py ``seen``). Keyed by an expression of the
+    # group (``BELIEVED_GROUP``) that only those reads name: on the group id itself, the
+    # planner took it over fact_source and fact_target for the walk's reads.
+    "CREATE INDEX IF NOT EXISTS fact_believed ON fact (('' || group_id), created_at, "
+    "valid_at, invalid_at, expired_at, start_learned_at, prior_ends, uuid)",
     """CREATE TABLE IF NOT EXISTS mention (
         episode_uuid TEXT NOT NULL,
         entity_uuid TEXT NOT NULL,
@@ -201,6 +203,8 @@ SCHEMA = (
         word TEXT NOT NULL,
         PRIMARY KEY (group_id, word)) WITHOUT ROWID""",
 )
+# The group of a fact as the fact_believed index is keyed (see SCHEMA).
+BELIEVED_GROUP = "('' || f.group_id)"
 # Tables of earlier schema versions, dropped once migrated (``SqliteStore._setup``).
 DROPPED = ("DROP TABLE IF EXISTS episode_text",)
 

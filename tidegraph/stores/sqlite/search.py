@@ -29,6 +29,7 @@ from tidegraph.stores.episode_search import episode_query
 from tidegraph.stores.rows import check_embedding, rank, to_utc, unique
 from tidegraph.stores.search_text import search_terms
 from tidegraph.stores.sqlite.db import (
+    BELIEVED_GROUP,
     BM25_WEIGHTS,
     FULLTEXT,
     SqliteDatabase,
@@ -118,8 +119,12 @@ def fulltext_scored(
     table, records = FULLTEXT[kind]
     seen, params = "", list[Any]()
     if asof is not None and kind == "fact":
-        where, params = believed_sql(asof)
-        seen = f" AND f.id IN (SELECT f.id FROM fact f INDEXED BY fact_believed WHERE {where})"
+        where, believed = believed_sql(asof)
+        params = [group_id, *believed]
+        seen = (
+            " AND f.id IN (SELECT f.id FROM fact f INDEXED BY fact_believed "
+            f"WHERE {BELIEVED_GROUP} = ? AND {where})"
+        )
     rows = conn.execute(
         f"SELECT f.uuid, -bm25({table}, {BM25_WEIGHTS[table]}) AS score FROM {table} t "
         f"JOIN {records} f ON f.id = t.rowid "
@@ -597,7 +602,9 @@ def believed_uuids(conn: sqlite3.Connection, group_id: str, asof: AsOf) -> set[s
     """The uuids of the group's facts ``believed_sql`` lets through (a superset of those the
     scope believes)."""
     where, params = believed_sql(asof)
-    query = f"SELECT f.uuid FROM fact f INDEXED BY fact_believed WHERE f.group_id = ? AND {where}"
+    query = (
+        f"SELECT f.uuid FROM fact f INDEXED BY fact_believed WHERE {BELIEVED_GROUP} = ? AND {where}"
+    )
     return {uuid for (uuid,) in conn.execute(query, (group_id, *params))}
 
 
