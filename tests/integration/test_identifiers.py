@@ -8,6 +8,8 @@ transaction memory on it: docs/retrieval.md "Long histories")."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support.incident_log import Question, incident_log, incident_mappings
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.pipelines.ingest import ingest
@@ -21,6 +23,9 @@ from tidegraph.stores.base import GraphStore
 QUESTIONS = 100
 
 
+# Writing the 20,000 records through the chain is most of the test's time (minutes on a busy
+# machine): more than the suite's default per-test timeout.
+@pytest.mark.timeout(1800)
 async def test_the_first_fact_about_a_ticket_named_by_its_id_is_its_status_then(
     store: GraphStore, group_id: str
 ) -> None:
