@@ -43,7 +43,10 @@ def rrf(
     limit: int | None = None,
 ) -> list[Hit]:
     """Fuse ranked lists (each best first): a hit scores ``sum w / (k + rank)`` over the lists
-    it is in, ``w`` the list's weight (``weights``, default 1 each). A hit found by several
+    it is in, ``w`` the list's weight (``weights``, default 1 each). A walk's facts (hits
+    with a ``distance``) at the same hop share their rank, that of the first of them: the walk
+    ranks by hops only, and their order in its list (by uuid) says nothing, so it must not
+    decide between two facts another list finds almost alike. A hit found by several
     methods is kept as found at its best rank (the earlier list on a tie), with a record that
     has an embedding when any occurrence has one (MMR needs it), the smallest distance, the
     most mentions and the first non-empty episodes and names. With ``limit``, only the best
@@ -56,7 +59,10 @@ def rrf(
     found: dict[tuple[str, str], list[tuple[int, float, Hit]]] = {}
     scores: dict[tuple[str, str], float] = {}
     for hits, weight in zip(ranked, weights, strict=True):
-        for rank, hit in enumerate(hits, start=1):
+        rank, hop = 0, None
+        for position, hit in enumerate(hits, start=1):
+            if hit.distance is None or hit.distance != hop:
+                rank, hop = position, hit.distance
             key = (hit.kind, hit.uuid)
             found.setdefault(key, []).append((rank, weight, hit))
             scores[key] = scores.get(key, 0.0) + weight / (k + rank)
