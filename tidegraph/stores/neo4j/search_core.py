@@ -210,8 +210,9 @@ class SearchCore(GraphStore):
         Neo4j's global vector index (``candidates``: its top
         k neighbours, rescored exactly on the stored vectors; k grows while too few are of
         the groups), or by an exact ``scan`` of the groups when more than ``MAX_VECTOR_K``
-        neighbours would be needed (a small group among many; groups too large to scan
-        cheaply are first asked for ``MAX_VECTOR_K``) or no index holds the kind. With the
+        neighbours would be needed (a small group among many) or no index holds the kind;
+        groups too large to scan cheaply (``widen_above``) are asked for ``MAX_VECTOR_K`` and
+        answered from them, never scanned. With the
         statements of ``sq.VECTOR_HITS`` and ``sq.SMALL_SCAN_HITS`` (and their ``reads``
         parameters), the hits' rows come with the best, else None."""
         vector = check_embedding(embedding, await self._embedding_dim(), "query embedding")
