@@ -20,6 +20,7 @@ _VECTOR = {
     "episode": ("queryNodes", q.EPISODE_VECTOR_INDEX, "content_embedding"),
     "community": ("queryNodes", q.COMMUNITY_VECTOR_INDEX, "name_embedding"),
 }
+_LABEL = {"entity": "Entity", "fact": "RELATES_TO", "episode": "Episodic", "community": "Community"}
 _MATCH = {
     "entity": "(x:Entity)",
     "fact": "()-[x:RELATES_TO]->()",
@@ -105,9 +106,14 @@ RETURN found, hits{"" if records is None else ", " + records + " AS records"}
 """
 
 
-def _scan(match: str, prop: str, kind: str | None = None) -> str:
+def _scan(of: str, prop: str, kind: str | None = None) -> str:
+    """The exact scan of the groups' records of the kind ``of`` (``kind``: of those the
+    search's scope sees), read from the group index: on the scope's times the planner chose a
+    time index, every group's records (1.2 s against 0.12 s for a 6,000-fact group among
+    70,000 facts)."""
     return f"""
-MATCH {match}
+MATCH {_MATCH[of]}
+USING INDEX x:{_LABEL[of]}(group_id)
 WHERE {_of_groups(kind)} AND x.{prop} IS NOT NULL
 WITH x, vector.similarity.cosine(x.{prop}, $embedding) AS score
 ORDER BY score DESC, x.uuid
@@ -149,7 +155,7 @@ RETURN small, hits, held{"" if records is None else ", " + records + " AS record
 FULLTEXT = {kind: _fulltext(*how, kind) for kind, how in _FULLTEXT.items()}
 # (candidates of the global index: one row, found and hits; exact scan: uuid, score)
 VECTOR = {
-    kind: (_candidates(call, index, prop), _scan(_MATCH[kind], prop))
+    kind: (_candidates(call, index, prop), _scan(kind, prop))
     for kind, (call, index, prop) in _VECTOR.items()
 }
 # A small group is scanned exactly before any index query (``SearchCore._nearest``).
@@ -287,7 +293,7 @@ SMALL_SCAN_HITS = {
 SEARCH_VECTOR = {
     kind: (
         VECTOR_HITS[kind] if kind in VECTOR_HITS else _candidates(*_VECTOR[kind], kind=kind),
-        _scan(_MATCH[kind], _VECTOR[kind][2], kind),
+        _scan(kind, _VECTOR[kind][2], kind),
         SMALL_SCAN_HITS[kind]
         if kind in SMALL_SCAN_HITS
         else _small_scan(_MATCH[kind], _VECTOR[kind][2], kind=kind),
