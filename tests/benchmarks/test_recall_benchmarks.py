@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from benchmarks import recall_latency, recall_quality
+from benchmarks import id_questions, recall_latency, recall_quality
 from benchmarks.locomo import load
 
 pytestmark = pytest.mark.integration
@@ -145,3 +145,12 @@ def test_latency_on_a_small_group(store: str, neo4j_uri: str) -> None:
     for recipe in ("facts_rrf", "combined"):
         search = result[recipe]["search_ms"]
         assert 0 < search["p50"] <= search["p95"] <= search["p99"]
+
+
+def test_id_questions_reports_accuracy_latency_and_errors() -> None:
+    result = id_questions.main(
+        ["--subjects", "20", "--changes", "5", "--questions", "20", "--store", "embedded"]
+    )
+    assert result["facts"] == 300 and result["errors"] == 0
+    assert result["first_fact_right"] == {"now": 1.0, "as of": 1.0}  # 20 tickets: each found
+    assert set(result["as_of_ms"]) == {"p50", "p95", "p99"}

@@ -204,6 +204,18 @@ def test_demo_prints_the_graph_and_as_of_answers_matching_the_feed(tmp_path: Pat
         timeout=DEMO_TIMEOUT, check=False,
     )  # fmt: skip
     assert ran.returncode == 0 and "HAS_PLAN" in ran.stdout, (hint, ran.stdout, ran.stderr)
+    # A ticket asked by its id after the demo comes first, before the tickets whose ids are
+    # merely similar (every ticket of the tenant shares "NW"), however the id is typed.
+    for asked in ("NW-1002", "What is ticket NW-1002 about?", "nw1002", "1002"):
+        search = [str(TIDEGRAPH), "search", "--data-dir", str(tmp_path / "graph"),
+                  "--group", demo.DEMO_GROUP, "--json", asked]  # fmt: skip
+        found = subprocess.run(
+            search, cwd=tmp_path, env=demo_env(), capture_output=True, text=True,
+            timeout=DEMO_TIMEOUT, check=False,
+        )  # fmt: skip
+        assert found.returncode == 0, found.stderr
+        first = orjson.loads(found.stdout.splitlines()[0])
+        assert "NW-1002" in first["text"], (asked, found.stdout)
 
 
 def test_demo_runs_with_the_network_off(tmp_path: Path) -> None:

@@ -881,8 +881,8 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
 ) -> None:
     """Neo4j: a query whose nearest records are all another tenant's finds none of a large
     group's among its first candidates. Groups holding more than ``widen_above`` records of
-    the kind are asked for ``MAX_VECTOR_K`` neighbours before a scan (a scan of them costs
-    more), smaller ones are scanned at once; the answer is the same."""
+    the kind are asked for ``MAX_VECTOR_K`` neighbours and answered from them (a scan of them
+    costs too much), smaller ones are scanned at once; the answer is the same."""
     from tidegraph.stores.neo4j import search_core
 
     group, other = (f"{name}-{uuidlib.uuid4().hex[:12]}" for name in ("mine", "theirs"))
@@ -900,11 +900,11 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
         found = await store.vector_search(scope, "entity", vec(0, 1), 3)
         first = vector_candidates(3)  # fewer than the crowd: none of mine among them
-        candidates, (_, scan) = sq.VECTOR_HITS["entity"], sq.VECTOR["entity"]
+        candidates, scan, _ = sq.SEARCH_VECTOR["entity"]
         asked = [params["k"] for statement, params in ran if statement == candidates]
         scanned = sum(statement == scan for statement, _ in ran)
-        if widen_above == 4:  # six is more: the index is asked for the most before a scan
-            assert asked == [first, 200]  # (scanned only if the index's 200 hold too few)
+        if widen_above == 4:  # six is more: the index is asked for the most, never scanned
+            assert (asked, scanned) == ([first, 200], 0)
         else:  # six is fewer: scanned at once
             assert (asked, scanned) == ([first], 1)
         assert [h.uuid for h in found] == [mine[5].uuid, mine[4].uuid, mine[3].uuid]

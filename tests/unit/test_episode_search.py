@@ -79,9 +79,11 @@ def test_a_replys_context_is_the_turns_before_it_oldest_first_and_bounded():
 def test_a_query_word_that_names_a_speaker_is_searched_on_the_speaker_only():
     query = episode_query("What did Caroline research?", ["caroline", "melanie"])
     assert query is not None and (query.words, query.names) == (["research"], ["caroline"])
-    lucene = lucene_episode_query(query, ("b", "s", "c", "w"))
-    # the words are required in body, context or date; the name only adds, on the speaker
-    assert lucene == "+(b:(research) c:(research)^0.5 w:(research)^1.0) s:(caroline)^2.0"
+    lucene = lucene_episode_query(query, ("b", "s", "c", "w", "i"))
+    # the words are required in body, context, date or ids; the name only adds, on the speaker
+    assert (
+        lucene == "+(b:(research) c:(research)^0.5 w:(research)^1.0 i:(research)) s:(caroline)^2.0"
+    )
 
 
 def test_a_query_of_names_only_is_about_the_speaker_and_searched_as_words():

@@ -170,3 +170,17 @@ async def test_cross_encoder_with_a_wrong_number_of_scores_is_an_error():
 
 def test_the_fixture_embedder_is_normalised():
     assert math.isclose(sum(x * x for x in embed("hello world")), 1.0)
+
+
+def test_the_walks_facts_at_one_hop_share_their_rank_so_the_other_lists_decide():
+    # the walk lists a before b only by uuid: both are one hop away
+    walk = [fh("a", 1.0, distance=1), fh("b", 1.0, distance=1), fh("c", 0.5, distance=2)]
+    bm25 = [fh("b", 3.0), fh("a", 2.9)]
+    fused = rrf([bm25, walk], weights=[1.0, 0.5])
+    assert uuids(fused) == ["b", "a", "c"]
+    # b: 1/61 + 0.5/61, a: 1/62 + 0.5/61, c: 0.5/63
+    assert [round(h.score, 6) for h in fused] == [
+        round(1 / 61 + 0.5 / 61, 6),
+        round(1 / 62 + 0.5 / 61, 6),
+        round(0.5 / 63, 6),
+    ]

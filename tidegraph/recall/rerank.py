@@ -11,7 +11,9 @@ reranker says it keeps the prior order (mentions, distance: they refine an earli
   chosen (embeddings);
 - ``by_mentions``: the entities more episodes mention first;
 - ``by_distance``: nearest to a centre entity first (hops over valid facts);
-- ``by_cross_encoder``: a cross-encoder's relevance of each hit's text to the query.
+- ``by_cross_encoder``: a cross-encoder's relevance of each hit's text to the query;
+- ``carrying_first``: where a query names identifiers, the hits that carry one of them first
+  (docs/retrieval.md "Identifiers"), each part in its order.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tidegraph.records.graph import CommunityRecord, FactRecord
+from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
 from tidegraph.records.search import Hit
+from tidegraph.stores.search_text import identifiers
 
 RRF_K = 60
 MMR_LAMBDA = 0.5
@@ -40,7 +43,10 @@ def rrf(
     limit: int | None = None,
 ) -> list[Hit]:
     """Fuse ranked lists (each best first): a hit scores ``sum w / (k + rank)`` over the lists
-    it is in, ``w`` the list's weight (``weights``, default 1 each). A hit found by several
+    it is in, ``w`` the list's weight (``weights``, default 1 each). A walk's facts (hits
+    with a ``distance``) at the same hop share their rank, that of the first of them: the walk
+    ranks by hops only, and their order in its list (by uuid) says nothing, so it must not
+    decide between two facts another list finds almost alike. A hit found by several
     methods is kept as found at its best rank (the earlier list on a tie), with a record that
     has an embedding when any occurrence has one (MMR needs it), the smallest distance, the
     most mentions and the first non-empty episodes and names. With ``limit``, only the best
@@ -53,7 +59,10 @@ def rrf(
     found: dict[tuple[str, str], list[tuple[int, float, Hit]]] = {}
     scores: dict[tuple[str, str], float] = {}
     for hits, weight in zip(ranked, weights, strict=True):
-        for rank, hit in enumerate(hits, start=1):
+        rank, hop = 0, None
+        for position, hit in enumerate(hits, start=1):
+            if hit.distance is None or hit.distance != hop:
+                rank, hop = position, hit.distance
             key = (hit.kind, hit.uuid)
             found.setdefault(key, []).append((rank, weight, hit))
             scores[key] = scores.get(key, 0.0) + weight / (k + rank)
@@ -194,3 +203,23 @@ async def by_cross_encoder(hits: Sequence[Hit], query: str, encoder: CrossEncode
         )
     scored = [h.with_score(float(s)) for h, s in zip(hits, scores, strict=True)]
     return sorted(scored, key=_order)
+
+
+def carrying_first(hits: Sequence[Hit], named: set[str]) -> list[Hit]:
+    """The hits whose text (an entity's also its key) carries one of the identifiers
+    ``named`` (``search_text.identifiers``: ``nw1002`` for ``NW-1002``) first, then the
+    others, each part in its order: a question that names a ticket, an order or an account
+    by its id is about that record before anything merely similar (``NW-1004``)."""
+    if not named:
+        return list(hits)
+    carrying = [bool(identifiers(_id_text(hit)) & named) for hit in hits]
+    return [h for h, c in zip(hits, carrying, strict=True) if c] + [
+        h for h, c in zip(hits, carrying, strict=True) if not c
+    ]
+
+
+def _id_text(hit: Hit) -> str:
+    record = hit.record
+    if isinstance(record, EntityRecord) and record.key:
+        return f"{hit.text} {record.key}"
+    return hit.text

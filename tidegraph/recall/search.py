@@ -16,7 +16,9 @@ A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a 
    (recency.py);
 5. the hits kept completed with their details (a fact's end names and episodes, an entity's
    mentioning episodes) and whole records: candidates are read without them (a store may
-   read their records in part), unless a reranker counts mentions or reads their text.
+   read their records in part), unless a reranker counts mentions or reads their text;
+6. where the query names an identifier (``NW-1002``), the hits of each kind that carry it
+   come first (``rerank.carrying_first``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from tidegraph.recall.rerank import (
     by_cross_encoder,
     by_distance,
     by_mentions,
+    carrying_first,
     mmr,
     rrf,
 )
@@ -57,6 +60,7 @@ from tidegraph.records.search import (
     SearchScope,
 )
 from tidegraph.records.times import utc, utcnow
+from tidegraph.stores.search_text import identifiers
 
 SEED_ENTITIES = 5  # best entities of the query that seed the walk
 SEED_FACTS = 3  # best facts of the query whose ends seed the walk
@@ -221,6 +225,10 @@ class Searcher:
         results = SearchResults(text, recipe.name, scope)
         for hit in await self.source.complete_hits(scope, kept):
             results.of(hit.kind).append(hit)
+        # A question that names an id is about what carries it (read on whole records).
+        named = identifiers(text)
+        for kind in KINDS if named else ():
+            results.of(kind)[:] = carrying_first(results.of(kind), named)
         return results
 
     async def _first_round(

@@ -60,14 +60,15 @@ def _escaped(terms: list[str]) -> str:
     return " ".join(_LUCENE_SPECIAL.sub(r"\\\1", t) for t in terms)
 
 
-def lucene_episode_query(query: EpisodeQuery, fields: tuple[str, str, str, str]) -> str:
-    """The Lucene query over the episode index's (body, speaker, context, when) fields: one of
-    the words required in body, context or when; names optional, on the speaker."""
-    body, speaker, context, when = fields
+def lucene_episode_query(query: EpisodeQuery, fields: tuple[str, str, str, str, str]) -> str:
+    """The Lucene query over the episode index's (body, speaker, context, when, ids) fields:
+    one of the words required in body, context, when or the body's identifier words; names
+    optional, on the speaker."""
+    body, speaker, context, when, ids = fields
     words = _escaped(query.words)
     required = (
         f"+({body}:({words}) {context}:({words})^{LUCENE_CONTEXT_BOOST} "
-        f"{when}:({words})^{LUCENE_WHEN_BOOST})"
+        f"{when}:({words})^{LUCENE_WHEN_BOOST} {ids}:({words}))"
     )
     if not query.names:
         return required

@@ -9,8 +9,21 @@ from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from neo4j.exceptions import ServiceUnavailable, SessionExpired, TransientError
+
 from tidegraph.records.graph import EpisodeWrite
 from tidegraph.stores.rows import unique
+
+# How long a client is told to wait before asking again after a transient store error.
+RETRY_AFTER_SECONDS = 2
+
+
+def transient_store_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store's error of the moment (Neo4j out of transaction memory, a
+    deadlock, a leader moving, a server that does not answer: its reads are tried twice
+    before it reaches a caller), which
+    a caller answers as "try again shortly" rather than as a failure of the request."""
+    return isinstance(exc, TransientError | SessionExpired | ServiceUnavailable)
 
 
 class StoreSchemaError(RuntimeError):

@@ -27,6 +27,7 @@ from tidegraph.records.graph import (
 )
 from tidegraph.records.ids import LABEL_RE, normalize_name
 from tidegraph.records.times import iso, utc
+from tidegraph.stores.search_text import identifier_words
 
 # Labels an entity may never get: they would make it look like another kind of node.
 RESERVED_LABELS = frozenset({"Entity", "Episodic", "Community"})
@@ -113,6 +114,12 @@ def same_group(group_id: str, record_group: str, what: str) -> None:
         raise ValueError(f"{what} belongs to group {record_group!r}, not {group_id!r}")
 
 
+def entity_ids(name: str, summary: str | None, key: str | None) -> str:
+    """An entity's identifier words (of its name, summary and key), as the Neo4j store
+    indexes them (``index_ids``)."""
+    return " ".join(identifier_words(f"{name} {summary or ''} {key or ''}"))
+
+
 def entity_row(group_id: str, entity: EntityRecord, dim: int, now: datetime) -> dict[str, Any]:
     """The parameters of one entity upsert (aware UTC datetimes)."""
     same_group(group_id, entity.group_id, f"entity {entity.uuid}")
@@ -124,6 +131,7 @@ def entity_row(group_id: str, entity: EntityRecord, dim: int, now: datetime) -> 
         "labels": clean_labels(entity.labels),
         "summary": summary,
         "key": entity.key,
+        "index_ids": entity_ids(entity.name, summary, entity.key),
         "aliases": unique(entity.aliases),
         "name_embedding": check_embedding(
             entity.name_embedding, dim, f"name_embedding of entity {entity.uuid}"
@@ -140,6 +148,7 @@ def fact_row(group_id: str, fact: FactRecord, dim: int, now: datetime) -> dict[s
         "target_uuid": fact.target_uuid,
         "name": fact.name,
         "fact": fact.fact,
+        "index_ids": " ".join(identifier_words(fact.fact)),
         "fact_embedding": check_embedding(
             fact.fact_embedding, dim, f"fact_embedding of fact {fact.uuid}"
         ),

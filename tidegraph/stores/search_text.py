@@ -1,8 +1,15 @@
 """Search text: how plain user text becomes a fulltext query, the same words for every store.
 
-Text is split at digits, ASCII punctuation and whitespace, lower-cased, stripped of English
-stop words and cut to ``MAX_SEARCH_WORDS``; Neo4j gets those words as a Lucene query of
-escaped terms (``lucene_query``), the embedded store as quoted FTS5 strings
+Words: text is split at digits, ASCII punctuation and whitespace, lower-cased and stripped of
+English stop words. Identifiers (docs/retrieval.md "Identifiers"): a token that mixes letters
+and digits or joins numbers with separators (``NW-1002``, ``1-732025285``, ``INV/2025/0042``,
+``v2.3.1``), a phone number written with its ``+``, or an e-mail address, is searched whole
+(its letters and digits without separators, ``nw1002``) and by the parts of it that hold a
+digit (``1002``); the stores index those words beside a record's text
+(``identifier_words``). A plain number of at least ``MIN_NUMBER_DIGITS`` digits in a query is
+searched as such a part ("1002"); shorter ones ("3 users") are not searched. A query's words
+and identifier words, cut to ``MAX_SEARCH_WORDS``, are ``search_terms``; Neo4j gets them as a
+Lucene query of escaped terms (``lucene_query``), the embedded store as quoted FTS5 strings
 (``sqlite_search.fulltext_query``)."""
 
 from __future__ import annotations
@@ -64,12 +71,96 @@ wonder would x y yes yet you your yours yourself yourselves z zero
 )
 
 
+# A number of fewer digits in a query is a count or a day ("3 users", "on the 12th"), not a
+# part of an identifier: it is not searched.
+MIN_NUMBER_DIGITS = 3
+# A token that may be an identifier: letters, digits and the separators ids are written with.
+_TOKEN = re.compile(r"[^\W_]+(?:[-/._@#+][^\W_]+)*")
+# A phone number as written with its country code: +44 20 7946 0958, +1 (555) 010-9999.
+_PHONE = re.compile(r"\+\d[\d ().\-]{5,}\d")
+_EMAIL = re.compile(r"^[^\W_][\w.+\-]*@[^\W_][\w\-]*(?:\.[\w\-]+)+$")
+_ALNUM_RUN = re.compile(r"[^\W_]+")
+_DIGIT_RUN = re.compile(r"\d+")
+# A number with a suffix of one or two letters: an ordinal, a time or a unit, not an id.
+_COUNTED = re.compile(r"^\d+[^\W\d_]{1,2}$")
+
+
+def _token_ids(token: str) -> list[str]:
+    """The identifier words of one token (``_TOKEN``): none unless it is an identifier; else
+    its letters and digits without separators, then its parts that hold a digit: each run
+    between separators that mixes letters and digits, and each run of at least
+    ``MIN_NUMBER_DIGITS`` digits (alone or within such a run)."""
+    runs = _ALNUM_RUN.findall(token.lower())
+    digits = sum(len(d) for d in _DIGIT_RUN.findall(token))
+    mixed = digits and any(not ch.isdigit() for run in runs for ch in run)
+    if _EMAIL.match(token):
+        pass  # an e-mail address is an identifier with or without digits
+    elif not digits or (len(runs) == 1 and not mixed):
+        return []  # a word, or a plain number
+    elif not mixed and digits < 4:
+        return []  # "3.5", "1-2": a number, a range
+    elif len(runs) == 1 and _COUNTED.match(runs[0]):
+        return []  # "2nd", "10am", "4k": an ordinal, a time, a unit
+    parts: list[str] = []
+    for run in runs:
+        if run.isdigit():
+            parts += [run] if len(run) >= MIN_NUMBER_DIGITS else []
+        elif any(ch.isdigit() for ch in run):
+            parts.append(run)
+            parts += [d for d in _DIGIT_RUN.findall(run) if len(d) >= MIN_NUMBER_DIGITS]
+    return ["".join(runs), *parts]
+
+
+def identifier_words(text: str) -> list[str]:
+    """The identifier words of a text (see the module docstring), each once, in order: what
+    the stores index beside a record's text, and what a query's identifiers are searched as."""
+    found: list[str] = []
+    for phone in _PHONE.findall(text):
+        found.append("".join(_DIGIT_RUN.findall(phone)))
+        found += [d for d in _DIGIT_RUN.findall(phone) if len(d) >= MIN_NUMBER_DIGITS]
+    for token in _TOKEN.findall(text):
+        found += _token_ids(token)
+    return list(dict.fromkeys(found))
+
+
+def identifiers(text: str) -> set[str]:
+    """The identifiers a text names, whole (``nw1002``): what a search ranks first when a
+    query names one of them (``tidegraph.recall.search``)."""
+    named = {"".join(_DIGIT_RUN.findall(phone)) for phone in _PHONE.findall(text)}
+    for token in _TOKEN.findall(text):
+        words = _token_ids(token)
+        if words:
+            named.add(words[0])
+    return named
+
+
+def indexed_text(*texts: str | None) -> str:
+    """A record's text as the fulltext indexes hold it: its texts, then their identifier
+    words (``identifier_words``)."""
+    text = " ".join(t for t in texts if t)
+    ids = identifier_words(text)
+    return f"{text} {' '.join(ids)}" if ids else text
+
+
+def _query_numbers(text: str) -> list[str]:
+    """The plain numbers of at least ``MIN_NUMBER_DIGITS`` digits of a query (searched as the
+    parts of identifiers)."""
+    return [
+        token
+        for token in _TOKEN.findall(text)
+        if token.isdigit() and len(token) >= MIN_NUMBER_DIGITS
+    ]
+
+
 def search_terms(text: str) -> list[str]:
     """The words a fulltext search looks for, split and filtered identically for both stores:
-    lower-cased, cut at ``_SEARCH_SEPARATORS`` (so digits and ASCII punctuation never match),
-    stop words dropped, duplicates removed, at most ``MAX_SEARCH_WORDS``."""
+    lower-cased, cut at ``_SEARCH_SEPARATORS`` (so ASCII punctuation never matches), stop
+    words dropped; then its identifier words and numbers (the module docstring); duplicates
+    removed, at most ``MAX_SEARCH_WORDS``."""
     words = (w for w in _SEARCH_SEPARATORS.split(text.lower()) if w)
-    kept = (w for w in words if w not in SEARCH_STOP_WORDS)
+    kept = [w for w in words if w not in SEARCH_STOP_WORDS]
+    if any(ch.isdigit() or ch == "@" for ch in text):
+        kept += identifier_words(text) + _query_numbers(text)
     return list(dict.fromkeys(kept))[:MAX_SEARCH_WORDS]
 
 
@@ -84,6 +175,7 @@ def lucene_query(text: str) -> str | None:
 
 
 def text_words(text: str) -> set[str]:
-    """The words of a stored text, split like a search (``search_terms``) but uncapped: what
-    an exact in-memory search compares a query's terms with."""
-    return {word for part in text.split() for word in search_terms(part)}
+    """The words of a stored text, split like a search (``search_terms``) but uncapped, with
+    its identifier words: what an exact in-memory search compares a query's terms with."""
+    words = {word for part in text.split() for word in search_terms(part)}
+    return words | set(identifier_words(text))

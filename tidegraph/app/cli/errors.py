@@ -11,7 +11,13 @@ from tidegraph.settings import Settings
 def explain(exc: BaseException, settings: Settings) -> str:
     """The one line for ``exc`` (see the module docstring)."""
     from aiokafka.errors import KafkaConnectionError, KafkaError
-    from neo4j.exceptions import AuthError, DriverError, Neo4jError, ServiceUnavailable
+    from neo4j.exceptions import (
+        AuthError,
+        DriverError,
+        Neo4jError,
+        ServiceUnavailable,
+        TransientError,
+    )
 
     from tidegraph.app.browse import BadCursor
     from tidegraph.app.memory import NoStore
@@ -45,6 +51,11 @@ def explain(exc: BaseException, settings: Settings) -> str:
         return (
             f"could not reach {neo4j}: {detail}; start Neo4j (make services-up) or point "
             "TIDEGRAPH_NEO4J_URI at a running server"
+        )
+    if isinstance(exc, TransientError):
+        return (
+            f"{neo4j} could not answer now ({exc.code or type(exc).__name__}, tried twice): "
+            f"{detail}; retry shortly"
         )
     if isinstance(exc, DriverError | Neo4jError):
         return f"{neo4j}: {type(exc).__name__}: {detail}"

@@ -86,20 +86,17 @@ class NotQueryable(ServiceError):
 
 
 class ServiceUnavailable(ServiceError):
-    """503; ``retry_after``: seconds to wait before trying again (the ``Retry-After`` header)."""
+    """503; with ``retry_after_seconds`` (in the body) the ``Retry-After`` header too."""
 
     status, code = 503, "unavailable"
 
-    def __init__(self, message: str, *, retry_after: int | None = None, **extra: Any) -> None:
-        super().__init__(message, **extra)
-        self.retry_after = retry_after
-
 
 def store_down(exc: StoreUnreachable) -> ServiceUnavailable:
-    """The 503 of a write (or forget) the store cannot take now: nothing was written."""
+    """The 503 of a request the store cannot answer now (a write or forget: nothing of it
+    was written)."""
     return ServiceUnavailable(
         f"{exc}: nothing was written; send it again in {exc.retry_after} s",
-        retry_after=exc.retry_after,
+        retry_after_seconds=exc.retry_after,
     )
 
 

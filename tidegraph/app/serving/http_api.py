@@ -35,7 +35,6 @@ from tidegraph.app.browse import ChangePage, ForgetResult
 from tidegraph.app.serving.errors import (
     BadRequest,
     ServiceError,
-    ServiceUnavailable,
     store_down,
 )
 from tidegraph.app.serving.models import (
@@ -179,8 +178,8 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def service_error(request: Request, exc: ServiceError) -> Response:
         request.scope["tidegraph.error"] = exc.code
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        if isinstance(exc, ServiceUnavailable) and exc.retry_after is not None:
-            headers = {"Retry-After": str(exc.retry_after)}
+        if "retry_after_seconds" in exc.extra:
+            headers = {"Retry-After": str(exc.extra["retry_after_seconds"])}
         return ORJSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StoreUnreachable)

@@ -383,7 +383,9 @@ class ErrorOut(BaseModel):
     slow, 409 read-your-writes (episode_pending, episode_dead_lettered) or a forget the memory
     cannot do as asked (forget_refused: no such subject, the LLM needed), 413 a body over
     TIDEGRAPH_SERVE_MAX_BODY_BYTES, 422 a field that is not valid (or a failed add: error
-    episode_failed with the episode's fields), 429 too many waiting requests of one key."""
+    episode_failed with the episode's fields), 429 too many waiting requests of one key, 503
+    unavailable: the store could not answer now (a transient error such as Neo4j out of
+    transaction memory, tried twice), with a Retry-After header."""
 
     error: str = Field(description="A stable code: invalid, forbidden, too_large, ...")
     message: str = Field(description="What is wrong and what to do, for a person.")
@@ -392,6 +394,9 @@ class ErrorOut(BaseModel):
     group_id: str | None = Field(None, description="The group a 403 refused.")
     episodes: list[dict[str, Any]] | None = Field(
         None, description="A 409's episodes and their states (queued, dead_lettered, failed)."
+    )
+    retry_after_seconds: int | None = Field(
+        None, description="A 503's wait before asking again (also its Retry-After header)."
     )
 
 

@@ -56,7 +56,11 @@ from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.ids import id_problem
 from tidegraph.records.search import SearchRequest
 from tidegraph.records.times import utcnow
-from tidegraph.stores.errors import StoreUnreachable
+from tidegraph.stores.errors import (
+    RETRY_AFTER_SECONDS,
+    StoreUnreachable,
+    transient_store_error,
+)
 
 log = logging.getLogger("tidegraph.serve")
 
@@ -305,6 +309,14 @@ class MemoryService:
             return await self.memory.search(request)
         except ValueError as exc:  # a blank query, a recipe needing a centre or a cross-encoder
             raise BadRequest(str(exc)) from None
+        except Exception as exc:
+            if not transient_store_error(exc):
+                raise
+            raise ServiceUnavailable(
+                f"the store could not answer this search now ({type(exc).__name__}, tried "
+                f"twice): {' '.join(str(exc).split())[:300]}; retry shortly",
+                retry_after_seconds=RETRY_AFTER_SECONDS,
+            ) from None
 
     async def request(self, principal: Principal, body: SearchIn) -> SearchRequest:
         """The ``SearchRequest`` of a search body: its groups checked, its times read."""

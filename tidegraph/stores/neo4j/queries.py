@@ -37,9 +37,11 @@ ENTITY_VECTOR_INDEX = "entity_name_embedding"
 FACT_VECTOR_INDEX = "relates_to_fact_embedding"
 EPISODE_VECTOR_INDEX = "episodic_content_embedding"
 COMMUNITY_VECTOR_INDEX = "community_name_embedding"
-ENTITY_FULLTEXT_INDEX = "entity_name_summary"
-FACT_FULLTEXT_INDEX = "relates_to_fact"
-EPISODE_FULLTEXT_INDEX = "episodic_search"
+# The fulltext indexes hold a record's identifier words beside its text (``index_ids``,
+# docs/retrieval.md "Identifiers"); older stores' indexes without them are dropped by setup.
+ENTITY_FULLTEXT_INDEX = "entity_search"
+FACT_FULLTEXT_INDEX = "relates_to_search"
+EPISODE_FULLTEXT_INDEX = "episodic_search_ids"
 COMMUNITY_FULLTEXT_INDEX = "community_name_summary"
 VECTOR_INDEXES = (
     ENTITY_VECTOR_INDEX,
@@ -96,13 +98,14 @@ SCHEMA = (
     "CREATE INDEX relates_to_created_at IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.created_at)",
     "CREATE INDEX relates_to_expired_at IF NOT EXISTS FOR ()-[r:RELATES_TO]-() ON (r.expired_at)",
     # fulltext
-    "CREATE FULLTEXT INDEX entity_name_summary IF NOT EXISTS "
-    "FOR (n:Entity) ON EACH [n.name, n.summary] " + _FULLTEXT_OPTIONS,
-    "CREATE FULLTEXT INDEX relates_to_fact IF NOT EXISTS "
-    "FOR ()-[r:RELATES_TO]-() ON EACH [r.fact] " + _FULLTEXT_OPTIONS,
+    f"CREATE FULLTEXT INDEX {ENTITY_FULLTEXT_INDEX} IF NOT EXISTS "
+    "FOR (n:Entity) ON EACH [n.name, n.summary, n.index_ids] " + _FULLTEXT_OPTIONS,
+    f"CREATE FULLTEXT INDEX {FACT_FULLTEXT_INDEX} IF NOT EXISTS "
+    "FOR ()-[r:RELATES_TO]-() ON EACH [r.fact, r.index_ids] " + _FULLTEXT_OPTIONS,
     # an episode's conversation fields (tidegraph/records/conversation.py), not its content
-    "CREATE FULLTEXT INDEX episodic_search IF NOT EXISTS FOR (n:Episodic) ON EACH "
-    "[n.index_body, n.index_speaker, n.index_context, n.index_when] " + _FULLTEXT_OPTIONS,
+    f"CREATE FULLTEXT INDEX {EPISODE_FULLTEXT_INDEX} IF NOT EXISTS FOR (n:Episodic) ON EACH "
+    "[n.index_body, n.index_speaker, n.index_context, n.index_when, n.index_ids] "
+    + _FULLTEXT_OPTIONS,
     "CREATE FULLTEXT INDEX community_name_summary IF NOT EXISTS "
     "FOR (n:Community) ON EACH [n.name, n.summary] " + _FULLTEXT_OPTIONS,
     # vector (HNSW)
@@ -119,7 +122,15 @@ SCHEMA = (
 # reads community_name_summary). Dropped by setup.
 # episodic_content: an episode's content alone, before the conversation fields (migrated at setup:
 # EPISODES_TO_INDEX, THREADS_TO_INDEX).
-DROPPED = ("DROP INDEX community_name IF EXISTS", "DROP INDEX episodic_content IF EXISTS")
+# entity_name_summary, relates_to_fact, episodic_search: without the identifier words (migrated
+# at setup: FACTS_TO_INDEX, ENTITIES_TO_INDEX, EPISODES_TO_INDEX).
+DROPPED = (
+    "DROP INDEX community_name IF EXISTS",
+    "DROP INDEX episodic_content IF EXISTS",
+    "DROP INDEX entity_name_summary IF EXISTS",
+    "DROP INDEX relates_to_fact IF EXISTS",
+    "DROP INDEX episodic_search IF EXISTS",
+)
 
 
 def thread_params() -> dict[str, int]:
@@ -132,7 +143,7 @@ def thread_params() -> dict[str, int]:
 
 
 # The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
-EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when")
+EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when", "index_ids")
 
 
 def thread_context(var: str) -> str:
@@ -178,7 +189,7 @@ _THREAD_OF_EP = (
 # those without them, then their fields and speakers' words set, then the messages' contexts.
 EPISODES_TO_INDEX = """
 MATCH (ep:Episodic)
-WHERE ep.index_when IS NULL AND ep.forgotten_at IS NULL
+WHERE ep.index_ids IS NULL AND ep.forgotten_at IS NULL
 RETURN ep.uuid AS uuid, ep.group_id AS group_id, ep.source AS source, ep.content AS content,
        ep.valid_at.epochMillis AS valid_at_ms
 LIMIT $limit
@@ -187,7 +198,8 @@ SET_EPISODE_INDEX = """
 UNWIND $rows AS row
 MATCH (ep:Episodic {uuid: row.uuid})
 SET ep.index_body = row.index.body, ep.index_speaker = row.index.speaker,
-    ep.index_when = row.index.when, ep.index_speaker_words = row.index.speaker_words
+    ep.index_when = row.index.when, ep.index_speaker_words = row.index.speaker_words,
+    ep.index_ids = row.index.ids
 FOREACH (word IN row.index.speaker_words |
   MERGE (:SpeakerWord {group_id: ep.group_id, word: word}))
 """
@@ -201,6 +213,31 @@ WITH ep LIMIT $limit"""
 RETURN count(*) AS indexed
 """
 )
+
+# The migration of facts and entities stored before their identifier words (``setup``): a batch
+# of those without them, then their words set ('' when they have none).
+FACTS_TO_INDEX = """
+MATCH ()-[r:RELATES_TO]->()
+WHERE r.index_ids IS NULL
+RETURN r.uuid AS uuid, r.fact AS text
+LIMIT $limit
+"""
+SET_FACT_IDS = """
+UNWIND $rows AS row
+MATCH ()-[r:RELATES_TO {uuid: row.uuid}]->()
+SET r.index_ids = row.ids
+"""
+ENTITIES_TO_INDEX = """
+MATCH (e:Entity)
+WHERE e.index_ids IS NULL
+RETURN e.uuid AS uuid, e.name + ' ' + coalesce(e.summary, '') + ' ' + coalesce(e.key, '') AS text
+LIMIT $limit
+"""
+SET_ENTITY_IDS = """
+UNWIND $rows AS row
+MATCH (e:Entity {uuid: row.uuid})
+SET e.index_ids = row.ids
+"""
 
 # Which of $words are words of the group's speakers' names.
 SPEAKER_WORDS = """
@@ -299,6 +336,7 @@ ON CREATE SET e.group_id = {group},
               e.name = row.name,
               e.name_norm = row.name_norm,
               e.summary = '',
+              e.index_ids = row.index_ids,
               e.name_embedding = row.name_embedding,
               e.created_at = """
     + at("row.created_at")
@@ -308,6 +346,8 @@ SET e.labels = coalesce(e.labels, [])
     e.aliases = coalesce(e.aliases, [])
                 + [alias IN row.aliases WHERE NOT alias IN coalesce(e.aliases, [])],
     e.summary = coalesce(row.summary, e.summary),
+    e.index_ids = CASE WHEN row.summary IS NULL AND (e.key IS NOT NULL OR row.key IS NULL)
+                       THEN coalesce(e.index_ids, row.index_ids) ELSE row.index_ids END,
     e.key = coalesce(e.key, row.key)
 SET e:$(row.labels)
 """
@@ -527,6 +567,7 @@ ON CREATE SET r.group_id = {group}, r.created_at = """
     + """
 SET r.name = row.name,
     r.fact = row.fact,
+    r.index_ids = row.index_ids,
     r.fact_embedding = coalesce(row.fact_embedding, r.fact_embedding),
     r.episodes = row.episodes,
     r.valid_at = """
@@ -707,6 +748,7 @@ CALL (w) {
       ep.index_body = w.index.body,
       ep.index_speaker = w.index.speaker,
       ep.index_when = w.index.when,
+      ep.index_ids = w.index.ids,
       ep.index_speaker_words = w.index.speaker_words
   FOREACH (word IN w.index.speaker_words |
     MERGE (:SpeakerWord {group_id: w.group_id, word: word}))

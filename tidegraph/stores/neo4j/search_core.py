@@ -52,8 +52,9 @@ from tidegraph.stores.rows import (
 )
 from tidegraph.stores.search_text import search_terms
 
-# How many candidates one group is asked for at most (``_seen``).
-MAX_CANDIDATES = 10_000
+# How many candidates one group is asked for at most (``_seen``; the statements find only
+# what the scope sees, so k grows only past facts whose end or start moved later).
+MAX_CANDIDATES = 1_000
 # The most neighbours a global vector index is asked for (an HNSW search costs about its k)
 # before scanning the groups instead.
 MAX_VECTOR_K = 1000
@@ -113,7 +114,7 @@ class SearchCore(GraphStore):
                 "group_id": group_id,
                 "query": query,
                 "embeddings": scope.embeddings,
-                "known_at": scope.asof.known_at,
+                **scope_params(scope.asof),
             }
 
             async def found(k: int, params: dict[str, Any] = params) -> Candidates:
@@ -140,16 +141,14 @@ class SearchCore(GraphStore):
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
     ) -> list[Hit]:
         kind = check_kind(kind)
-        candidates, scan = sq.VECTOR[kind]
-        small = sq.SMALL_SCAN[kind]
-        if kind in sq.VECTOR_HITS:  # the candidates with their hits' rows, in one round trip
-            candidates, small = sq.VECTOR_HITS[kind], sq.SMALL_SCAN_HITS[kind]
+        # of the records the scope sees, facts, entities and episodes with their hits' rows
+        candidates, scan, small = sq.SEARCH_VECTOR[kind]
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
             reads = {
                 "group_id": group_id,
                 "embeddings": scope.embeddings,
-                "known_at": scope.asof.known_at,
+                **scope_params(scope.asof),
             }
 
             async def found(k: int, group_id: str = group_id, reads: Params = reads) -> Candidates:
@@ -211,8 +210,9 @@ class SearchCore(GraphStore):
         Neo4j's global vector index (``candidates``: its top
         k neighbours, rescored exactly on the stored vectors; k grows while too few are of
         the groups), or by an exact ``scan`` of the groups when more than ``MAX_VECTOR_K``
-        neighbours would be needed (a small group among many; groups too large to scan
-        cheaply are first asked for ``MAX_VECTOR_K``) or no index holds the kind. With the
+        neighbours would be needed (a small group among many) or no index holds the kind;
+        groups too large to scan cheaply (``widen_above``) are asked for ``MAX_VECTOR_K`` and
+        answered from them, never scanned. With the
         statements of ``sq.VECTOR_HITS`` and ``sq.SMALL_SCAN_HITS`` (and their ``reads``
         parameters), the hits' rows come with the best, else None."""
         vector = check_embedding(embedding, await self._embedding_dim(), "query embedding")
@@ -247,8 +247,12 @@ class SearchCore(GraphStore):
             else:
                 needed = MAX_VECTOR_K if large_enough else MAX_VECTOR_K + 1
             if needed > MAX_VECTOR_K:
-                if k >= MAX_VECTOR_K or not large_enough:
+                if not large_enough:
                     break
+                if k >= MAX_VECTOR_K:
+                    # Too large to scan within a search's time and memory: the index's widest
+                    # answer is the answer (what the scope sees among its neighbours).
+                    return _best(hits, limit), row.get("records")
                 needed = MAX_VECTOR_K
             k = needed
         scanned = await self.ex.rows(scan, params)
@@ -269,7 +273,7 @@ class SearchCore(GraphStore):
         light records (``sq.FACTS_NEAR``: ends and times; a walk may read hundreds)."""
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
-            params = {"group_id": group_id, "uuids": unique(entity_uuids)}
+            params = {"group_id": group_id, "uuids": unique(entity_uuids), **scope_params(asof)}
             rows = [row for query in sq.FACTS_NEAR for row in await self.ex.rows(query, params)]
             return [f for f in map(fact_of, rows) if asof.believed(f)]
 
@@ -386,6 +390,15 @@ def _fact_hit(
     names = {fact.source_uuid: row["source_name"], fact.target_uuid: row["target_name"]}
     distance = None if distances is None else distances[fact.uuid]
     return fact_hit(fact, scores[fact.uuid], asof, names, dict(row["producers"]), distance)
+
+
+def scope_params(asof: AsOf) -> dict[str, Any]:
+    """The parameters of ``sq.seen_by_scope``."""
+    return {
+        "known_at": asof.known_at,
+        "valid_at": asof.valid_at,
+        "include_invalid": asof.include_invalid,
+    }
 
 
 def _best(pairs: Iterable[Sequence[Any]], limit: int) -> list[tuple[str, float]]:

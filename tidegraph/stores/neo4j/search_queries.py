@@ -20,6 +20,7 @@ _VECTOR = {
     "episode": ("queryNodes", q.EPISODE_VECTOR_INDEX, "content_embedding"),
     "community": ("queryNodes", q.COMMUNITY_VECTOR_INDEX, "name_embedding"),
 }
+_LABEL = {"entity": "Entity", "fact": "RELATES_TO", "episode": "Episodic", "community": "Community"}
 _MATCH = {
     "entity": "(x:Entity)",
     "fact": "()-[x:RELATES_TO]->()",
@@ -44,39 +45,76 @@ def _yielded(call: str) -> str:
     return "relationship" if call == "queryRelationships" else "node"
 
 
-def _fulltext_best(call: str, index: str) -> str:
-    """The best $limit of the group's matches, as ``uuid`` and ``score``."""
+def seen_by_scope(kind: str, x: str = "x") -> str:
+    """Whether the search's scope sees the record ``x`` of ``kind``, as a Cypher predicate
+    over $known_at, $valid_at and $include_invalid: a fact believed at $known_at and valid at
+    $valid_at (the superset of ``asof.as_of_match``: a fact whose end or start moved later is
+    let through, and ``AsOf.believed`` decides it), an episode stored by $known_at that
+    happened by $valid_at, an entity or a community stored by $known_at. Candidates are
+    filtered by it in the statement that finds them, so that a question as of a past time
+    on a long history reads only what was valid then, never the group's whole history."""
+    if kind == "fact":
+        return (
+            f"{x}.created_at <= $known_at AND ($include_invalid OR ("
+            f"coalesce({x}.valid_at <= $valid_at, true) AND coalesce(CASE WHEN "
+            f"coalesce({x}.end_learned_at, {x}.expired_at) <= $known_at "
+            f"THEN $valid_at < {x}.invalid_at END, true)))"
+        )
+    if kind == "episode":
+        return f"coalesce({x}.created_at <= $known_at, true) AND {x}.valid_at <= $valid_at"
+    return f"coalesce({x}.created_at <= $known_at, true)"
+
+
+def _fulltext_best(call: str, index: str, kind: str) -> str:
+    """The best $limit of the group's matches that the scope sees, as ``uuid`` and
+    ``score``. The index answers its matches best first, and they are read only until
+    $limit are found (a query of common words matches most of a long history: ordering
+    every match read them all); equal scores are ordered by uuid among those read."""
     return f"""
 CALL db.index.fulltext.{call}('{index}', $query) YIELD {_yielded(call)} AS x, score
-WITH x, score WHERE x.group_id = $group_id
+WITH x, score WHERE x.group_id = $group_id AND {seen_by_scope(kind)}
+LIMIT $limit
 WITH x.uuid AS uuid, score
 ORDER BY score DESC, uuid
-LIMIT $limit
 """
 
 
-def _fulltext(call: str, index: str) -> str:
-    return _fulltext_best(call, index) + "RETURN uuid, score\n"
+def _fulltext(call: str, index: str, kind: str) -> str:
+    return _fulltext_best(call, index, kind) + "RETURN uuid, score\n"
 
 
-def _candidates(call: str, index: str, prop: str, records: str | None = None) -> str:
+def _of_groups(kind: str | None) -> str:
+    """The groups' records, and of them those the scope sees when searching ``kind``."""
+    groups = "x.group_id IN $group_ids"
+    return groups if kind is None else f"{groups} AND {seen_by_scope(kind)}"
+
+
+def _candidates(
+    call: str, index: str, prop: str, records: str | None = None, kind: str | None = None
+) -> str:
     """The index's top $k neighbours in one row: ``found``, how many the index gave (fewer
     than $k: it has no more), and ``hits``, those of the groups as [uuid, score] pairs
-    (``records``: a column read from them, ``_hit_maps``)."""
+    (``records``: a column read from them, ``_hit_maps``; ``kind``: only those the search's
+    scope sees, ``seen_by_scope``)."""
     return f"""
 CALL db.index.vector.{call}('{index}', $k, $embedding) YIELD {_yielded(call)} AS x
 WITH collect(x) AS xs
 WITH size(xs) AS found,
-     [x IN xs WHERE x.group_id IN $group_ids
+     [x IN xs WHERE {_of_groups(kind)}
       | [x.uuid, vector.similarity.cosine(x.{prop}, $embedding)]] AS hits
 RETURN found, hits{"" if records is None else ", " + records + " AS records"}
 """
 
 
-def _scan(match: str, prop: str) -> str:
+def _scan(of: str, prop: str, kind: str | None = None) -> str:
+    """The exact scan of the groups' records of the kind ``of`` (``kind``: of those the
+    search's scope sees), read from the group index: on the scope's times the planner chose a
+    time index, every group's records (1.2 s against 0.12 s for a 6,000-fact group among
+    70,000 facts)."""
     return f"""
-MATCH {match}
-WHERE x.group_id IN $group_ids AND x.{prop} IS NOT NULL
+MATCH {_MATCH[of]}
+USING INDEX x:{_LABEL[of]}(group_id)
+WHERE {_of_groups(kind)} AND x.{prop} IS NOT NULL
 WITH x, vector.similarity.cosine(x.{prop}, $embedding) AS score
 ORDER BY score DESC, x.uuid
 LIMIT $limit
@@ -84,11 +122,12 @@ RETURN x.uuid AS uuid, score
 """
 
 
-def _small_scan(match: str, prop: str, records: str | None = None) -> str:
+def _small_scan(match: str, prop: str, records: str | None = None, kind: str | None = None) -> str:
     """The exact scan when the groups hold fewer than $scan_below embeddings, in one round
     trip: one row, ``small`` and, when small, ``hits`` ([uuid, score] pairs, best first),
     else ``held``, how many records of the kind the groups hold (from the group index);
-    ``records``: a column read from the hits (``_hit_maps``)."""
+    ``records``: a column read from the hits (``_hit_maps``); ``kind``: hits only of those
+    the search's scope sees (``seen_by_scope``)."""
     return f"""
 CALL () {{
   MATCH {match}
@@ -99,6 +138,7 @@ WITH collect(x) AS xs
 CALL (xs) {{
   WITH xs WHERE size(xs) < $scan_below
   UNWIND xs AS x
+  WITH x WHERE {"true" if kind is None else seen_by_scope(kind)}
   WITH x, vector.similarity.cosine(x.{prop}, $embedding) AS score
   ORDER BY score DESC, x.uuid
   LIMIT $limit
@@ -112,10 +152,10 @@ RETURN small, hits, held{"" if records is None else ", " + records + " AS record
 
 
 # The best $limit of the group's matches: (uuid, score).
-FULLTEXT = {kind: _fulltext(*how) for kind, how in _FULLTEXT.items()}
+FULLTEXT = {kind: _fulltext(*how, kind) for kind, how in _FULLTEXT.items()}
 # (candidates of the global index: one row, found and hits; exact scan: uuid, score)
 VECTOR = {
-    kind: (_candidates(call, index, prop), _scan(_MATCH[kind], prop))
+    kind: (_candidates(call, index, prop), _scan(kind, prop))
     for kind, (call, index, prop) in _VECTOR.items()
 }
 # A small group is scanned exactly before any index query (``SearchCore._nearest``).
@@ -131,7 +171,9 @@ FACTS_NEAR = (  # statements whose rows are concatenated (here one)
 UNWIND $uuids AS uuid
 MATCH (e:Entity {uuid: uuid})-[r:RELATES_TO]-()
 USING INDEX e:Entity(uuid)
-WHERE e.group_id = $group_id AND r.group_id = $group_id
+WHERE e.group_id = $group_id AND r.group_id = $group_id AND """
+    + seen_by_scope("fact", "r")
+    + """
 WITH DISTINCT r
 MATCH (s:Entity)-[r]->(t:Entity)
 RETURN r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at,
@@ -232,14 +274,29 @@ HITS_BY_UUIDS = {kind: "UNWIND $uuids AS uuid\n" + _hit_rows(kind) for kind in _
 # The best $limit of the group's fulltext matches with their hits' rows, in one round trip
 # (the rows of ``HITS_BY_UUIDS``, with ``uuid`` and ``score``); communities are read apart.
 FULLTEXT_HITS = {
-    kind: _fulltext_best(*_FULLTEXT[kind]) + _hit_rows(kind, "uuid", "score")
+    kind: _fulltext_best(*_FULLTEXT[kind], kind) + _hit_rows(kind, "uuid", "score")
     for kind in _READ_KINDS
 }
 # The vector reads with the hits of their best $limit, in the same round trip (``records``:
 # maps of the columns of ``HITS_BY_UUIDS`` with ``uuid`` and ``score``; the candidates' and
 # the small scan's other columns as in ``VECTOR`` and ``SMALL_SCAN``).
-VECTOR_HITS = {kind: _candidates(*_VECTOR[kind], records=_hit_maps(kind)) for kind in _READ_KINDS}
+VECTOR_HITS = {
+    kind: _candidates(*_VECTOR[kind], records=_hit_maps(kind), kind=kind) for kind in _READ_KINDS
+}
 SMALL_SCAN_HITS = {
-    kind: _small_scan(_MATCH[kind], _VECTOR[kind][2], records=_hit_maps(kind))
+    kind: _small_scan(_MATCH[kind], _VECTOR[kind][2], records=_hit_maps(kind), kind=kind)
     for kind in _READ_KINDS
+}
+# A search's vector reads of each kind, of the records its scope sees (``seen_by_scope``):
+# (the index's candidates, the exact scan of the groups, the small scan); facts, entities
+# and episodes with their hits' rows (``VECTOR_HITS``, ``SMALL_SCAN_HITS``).
+SEARCH_VECTOR = {
+    kind: (
+        VECTOR_HITS[kind] if kind in VECTOR_HITS else _candidates(*_VECTOR[kind], kind=kind),
+        _scan(kind, _VECTOR[kind][2], kind),
+        SMALL_SCAN_HITS[kind]
+        if kind in SMALL_SCAN_HITS
+        else _small_scan(_MATCH[kind], _VECTOR[kind][2], kind=kind),
+    )
+    for kind in _VECTOR
 }

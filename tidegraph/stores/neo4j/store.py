@@ -58,6 +58,7 @@ from tidegraph.stores.rows import (
     unique,
     with_epoch_times,
 )
+from tidegraph.stores.search_text import identifier_words
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ def _index_params(episode: EpisodeRecord) -> dict[str, Any]:
         "body": fields.body,
         "speaker": fields.speaker,
         "when": fields.when,
+        "ids": " ".join(identifier_words(fields.body)),
         "speaker_words": speaker_words(fields.speaker),
     }
 
@@ -223,6 +225,7 @@ class Neo4jStore(Lifecycle, StoreCore):
         # A concurrent setup with another dimension may have won the race.
         self._check_dims(await self._vector_dims(), embedding_dim)
         await self._index_stored_episodes()
+        await self._index_stored_ids()
         await self.ex.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
 
@@ -260,6 +263,25 @@ class Neo4jStore(Lifecycle, StoreCore):
             pass
         if indexed:
             log.info("indexed %d stored episodes for conversation search", indexed)
+
+    async def _index_stored_ids(self, batch: int = 2000) -> None:
+        """The migration of facts and entities stored before their identifier words
+        (docs/retrieval.md "Identifiers"), a batch at a time; nothing to do (a read each)
+        once migrated."""
+        indexed = 0
+        for to_index, set_ids in (
+            (q.FACTS_TO_INDEX, q.SET_FACT_IDS),
+            (q.ENTITIES_TO_INDEX, q.SET_ENTITY_IDS),
+        ):
+            while rows := await self.ex.rows(to_index, {"limit": batch}):
+                ids = [
+                    {"uuid": r["uuid"], "ids": " ".join(identifier_words(r["text"] or ""))}
+                    for r in rows
+                ]
+                await self.ex.execute(set_ids, {"rows": ids})
+                indexed += len(rows)
+        if indexed:
+            log.info("indexed the identifiers of %d stored facts and entities", indexed)
 
     async def open_existing(self, embedding_dim: int) -> bool:
         await self.ex.reachable()

@@ -43,8 +43,9 @@ P = ParamSpec("P")
 
 DB_FILE = "graph.sqlite"
 # 2: episodes are searched by their conversation fields (``episode_search``, docs/retrieval.md
-# "Conversation-aware episode search"); a store of version 1 is migrated at setup.
-SCHEMA_VERSION = "2"
+# "Conversation-aware episode search"); 3: texts are indexed with their identifier words
+# (docs/retrieval.md "Identifiers"). A store of an earlier version is migrated at setup.
+SCHEMA_VERSION = "3"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # The fulltext tables: kind -> (table, the record table its rowid is an id of).
@@ -134,6 +135,13 @@ SCHEMA = (
         start_learned_at INTEGER)""",
     "CREATE INDEX IF NOT EXISTS fact_source ON fact (group_id, source_uuid, name)",
     "CREATE INDEX IF NOT EXISTS fact_target ON fact (group_id, target_uuid)",
+    # What decides whether a question as of some time may see a fact (``rows.believed_sql``),
+    # read without the facts' rows (their embeddings): the candidates of a search on a long
+    # history are narrowed to those (sqlite/search.py ``seen``). Keyed by an expression of the
+    # group (``BELIEVED_GROUP``) that only those reads name: on the group id itself, the
+    # planner took it over fact_source and fact_target for the walk's reads.
+    "CREATE INDEX IF NOT EXISTS fact_believed ON fact (('' || group_id), created_at, "
+    "valid_at, invalid_at, expired_at, start_learned_at, prior_ends, uuid)",
     """CREATE TABLE IF NOT EXISTS mention (
         episode_uuid TEXT NOT NULL,
         entity_uuid TEXT NOT NULL,
@@ -196,6 +204,8 @@ SCHEMA = (
         word TEXT NOT NULL,
         PRIMARY KEY (group_id, word)) WITHOUT ROWID""",
 )
+# The group of a fact as the fact_believed index is keyed (see SCHEMA).
+BELIEVED_GROUP = "('' || f.group_id)"
 # Tables of earlier schema versions, dropped once migrated (``SqliteStore._setup``).
 DROPPED = ("DROP TABLE IF EXISTS episode_text",)
 

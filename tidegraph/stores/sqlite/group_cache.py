@@ -140,6 +140,7 @@ class VectorScores:
         vector: Sequence[float],
     ) -> None:
         self.uuids, matrix = vectors.of(conn, group_id, kind)  # the uuids in order
+        self.kept = len(self.uuids)  # how many are scored (``keep_only``)
         self.scores = np.zeros(0)
         if self.uuids:
             query = np.asarray(vector, dtype=np.float64)
@@ -148,8 +149,14 @@ class VectorScores:
             cos = (matrix @ unit).astype(np.float64)
             self.scores = np.clip((1.0 + cos) / 2.0, 0.0, 1.0)
 
+    def keep_only(self, uuids: set[str]) -> None:
+        """Score only these records from now on (the others are never among the best)."""
+        kept = np.fromiter((u in uuids for u in self.uuids), dtype=bool, count=len(self.uuids))
+        self.scores = np.where(kept, self.scores, -np.inf)
+        self.kept = int(kept.sum())
+
     def best(self, k: int) -> Scored:
-        k = min(k, len(self.uuids))
+        k = min(k, self.kept)
         if k <= 0:
             return []
         # Every score at least the k-th best (so ties at the cut are ordered by uuid too).

@@ -217,7 +217,9 @@ def _overwrite_entity(conn: sqlite3.Connection, group_id: str, row: dict[str, An
             (*values, row_id),
         )
         conn.execute("DELETE FROM entity_name WHERE uuid = ?", (row["uuid"],))
-    index_text(conn, "entity_text", row_id, group_id, entity_text(row["name"], row["summary"]))
+    index_text(
+        conn, "entity_text", row_id, group_id, entity_text(row["name"], row["summary"], row["key"])
+    )
     conn.executemany(
         "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
         [(group_id, name, row["uuid"]) for name in unique([row["name_norm"], *row["aliases"]])],

@@ -18,6 +18,7 @@ import abc
 import sqlite3
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
@@ -28,6 +29,7 @@ from tidegraph.stores.episode_search import episode_query
 from tidegraph.stores.rows import check_embedding, rank, to_utc, unique
 from tidegraph.stores.search_text import search_terms
 from tidegraph.stores.sqlite.db import (
+    BELIEVED_GROUP,
     BM25_WEIGHTS,
     FULLTEXT,
     SqliteDatabase,
@@ -51,6 +53,7 @@ from tidegraph.stores.sqlite.rows import (
     FACT_FULL,
     IN_LIST,
     believed_facts,
+    believed_sql,
     believed_where,
     entity_of,
     episode_of,
@@ -104,15 +107,29 @@ def episode_fulltext_query(
 
 
 def fulltext_scored(
-    conn: sqlite3.Connection, group_id: str, kind: Kind, query: str, limit: int
+    conn: sqlite3.Connection,
+    group_id: str,
+    kind: Kind,
+    query: str,
+    limit: int,
+    asof: AsOf | None = None,
 ) -> Scored:
-    """The group's best ``limit`` records of ``kind`` for an FTS5 ``query`` (BM25)."""
+    """The group's best ``limit`` records of ``kind`` for an FTS5 ``query`` (BM25); with
+    ``asof`` (facts), of those ``believed_sql`` lets through."""
     table, records = FULLTEXT[kind]
+    seen, params = "", list[Any]()
+    if asof is not None and kind == "fact":
+        where, believed = believed_sql(asof)
+        params = [group_id, *believed]
+        seen = (
+            " AND f.id IN (SELECT f.id FROM fact f INDEXED BY fact_believed "
+            f"WHERE {BELIEVED_GROUP} = ? AND {where})"
+        )
     rows = conn.execute(
-        f"SELECT x.uuid, -bm25({table}, {BM25_WEIGHTS[table]}) AS score FROM {table} t "
-        f"JOIN {records} x ON x.id = t.rowid "
-        f"WHERE {table} MATCH ? AND x.group_id = ? ORDER BY score DESC, x.uuid LIMIT ?",
-        (query, group_id, limit),
+        f"SELECT f.uuid, -bm25({table}, {BM25_WEIGHTS[table]}) AS score FROM {table} t "
+        f"JOIN {records} f ON f.id = t.rowid "
+        f"WHERE {table} MATCH ? AND f.group_id = ?{seen} ORDER BY score DESC, f.uuid LIMIT ?",
+        (query, group_id, *params, limit),
     )
     return [(uuid, float(score)) for uuid, score in rows]
 
@@ -337,9 +354,13 @@ def seen(
     scope: SearchScope,
     scored: Callable[[int], Scored],
     limit: int,
+    narrow: Callable[[], Callable[[int], Scored]] | None = None,
 ) -> list[Hit]:
     """The best ``limit`` hits the scope sees among the candidates ``scored(k)`` gives (the
-    group's best k, best first): k doubles until enough are seen or there are no more."""
+    group's best k, best first): k doubles until enough are seen or there are no more.
+    ``narrow``: called once when the first candidates were not enough (most of them are not
+    seen: a question as of a past time on a long history), it answers the candidates of
+    those the scope may see, judged again from the best."""
     k = max(limit, 10)  # most candidates are seen: ask for more only when they are not
     hits: list[Hit] = []
     judged = 0
@@ -350,6 +371,9 @@ def seen(
         judged = len(candidates)
         if len(hits) >= limit or len(candidates) < k:
             return rules.best(hits, limit)
+        if narrow is not None:
+            scored, narrow, hits, judged = narrow(), None, [], 0
+            continue
         k *= 2
 
 
@@ -540,7 +564,11 @@ def _fulltext_hits(
             query = fulltext_query(group_id, text, by_group)
         assert query is not None  # the text has terms
         scored = partial(fulltext_scored, conn, group_id, kind, query)
-        hits += seen(conn, group_id, kind, scope, scored, limit)
+        narrow = None
+        if kind == "fact" and not scope.asof.include_invalid:
+            narrowed = partial(fulltext_scored, conn, group_id, kind, query, asof=scope.asof)
+            narrow = partial(_same, narrowed)
+        hits += seen(conn, group_id, kind, scope, scored, limit, narrow)
     return rules.best(hits, limit)
 
 
@@ -555,11 +583,33 @@ def _vector_hits(
     hits: list[Hit] = []
     for group_id in unique(scope.group_ids):
         every = VectorScores(conn, group_vectors(conn), group_id, kind, vector)
-        hits += seen(conn, group_id, kind, scope, every.best, limit)
+        narrow = None
+        if kind == "fact" and not scope.asof.include_invalid:
+
+            def narrow(every: VectorScores = every, group_id: str = group_id) -> ScoredBy:
+                every.keep_only(believed_uuids(conn, group_id, scope.asof))
+                return every.best
+
+        hits += seen(conn, group_id, kind, scope, every.best, limit, narrow)
     return rules.best(hits, limit)
 
 
+def _same(scored: ScoredBy) -> ScoredBy:
+    return scored
+
+
+def believed_uuids(conn: sqlite3.Connection, group_id: str, asof: AsOf) -> set[str]:
+    """The uuids of the group's facts ``believed_sql`` lets through (a superset of those the
+    scope believes)."""
+    where, params = believed_sql(asof)
+    query = (
+        f"SELECT f.uuid FROM fact f INDEXED BY fact_believed WHERE {BELIEVED_GROUP} = ? AND {where}"
+    )
+    return {uuid for (uuid,) in conn.execute(query, (group_id, *params))}
+
+
 EntityHits = list[tuple[EntityRecord, float]]
+ScoredBy = Callable[[int], Scored]
 
 
 def _entity_text_hits(conn: sqlite3.Connection, group_id: str, text: str, limit: int) -> EntityHits:

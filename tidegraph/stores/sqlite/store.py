@@ -95,6 +95,7 @@ from tidegraph.stores.sqlite.rows import (
 from tidegraph.stores.sqlite.search import SqliteSearch
 from tidegraph.stores.sqlite.writes import (
     reindex_episodes,
+    reindex_texts,
     skip_dropped,
     stored_owners,
     upsert_entities,
@@ -266,7 +267,13 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
             meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
             if meta.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
                 indexed = reindex_episodes(conn)
-                log.info("migrated %s: %d episodes indexed for search", self.db.path, indexed)
+                texts = reindex_texts(conn)
+                log.info(
+                    "migrated %s: %d episodes, %d facts and entities indexed for search",
+                    self.db.path,
+                    indexed,
+                    texts,
+                )
             for statement in DROPPED:
                 conn.execute(statement)
             if "embedding_dim" in meta:

@@ -33,6 +33,7 @@ from tidegraph.stores.rows import (
     to_utc,
     unique,
 )
+from tidegraph.stores.search_text import identifier_words, indexed_text
 from tidegraph.stores.sqlite.db import (
     Transaction,
     json_list,
@@ -52,8 +53,12 @@ def index_text(conn: sqlite3.Connection, table: str, row_id: int, group_id: str,
     )
 
 
-def entity_text(name: str, summary: str | None) -> str:
-    return f"{name} {summary or ''}".strip()
+def entity_text(name: str, summary: str | None, key: str | None) -> str:
+    """An entity's indexed text: its name and summary, their identifier words and its key's
+    (``search_text.indexed_text``)."""
+    text = indexed_text(name, summary)
+    key_ids = [w for w in identifier_words(key or "") if w not in text.split()]
+    return " ".join([text, *key_ids])
 
 
 def stored_owners(conn: sqlite3.Connection, uuids: Sequence[str]) -> dict[str, str]:
@@ -91,7 +96,13 @@ def upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[str
                 micros(row["created_at"]),
             ),
         ).fetchone()
-        index_text(conn, "entity_text", row_id, group_id, entity_text(row["name"], row["summary"]))
+        index_text(
+            conn,
+            "entity_text",
+            row_id,
+            group_id,
+            entity_text(row["name"], row["summary"], row["key"]),
+        )
         names = unique([row["name_norm"], *row["aliases"]])
         conn.executemany(
             "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
@@ -111,9 +122,10 @@ def upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[str
                 uuid,
             ),
         )
-        if state.summary != before.summary:
+        if (state.summary, state.key) != (before.summary, before.key):
             row_id, name = row_ids[uuid]
-            index_text(conn, "entity_text", row_id, group_id, entity_text(name, state.summary))
+            text = entity_text(name, state.summary, state.key)
+            index_text(conn, "entity_text", row_id, group_id, text)
         added = [a for a in state.aliases if a not in before.aliases]
         conn.executemany(
             "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
@@ -207,7 +219,7 @@ def merge_fact(
         ),
     ).fetchone()
     if text != row["fact"]:
-        index_text(conn, "fact_text", row_id, group_id, row["fact"])
+        index_text(conn, "fact_text", row_id, group_id, indexed_text(row["fact"]))
 
 
 def close_fact(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
@@ -262,7 +274,7 @@ def index_episode(
     conn.execute(
         "INSERT INTO episode_search (rowid, group_id, body, speaker, context, said_on) "
         "VALUES (?, ?, ?, ?, ?, ?)",
-        (row_id, group_id, fields.body, fields.speaker, fields.context, fields.when),
+        (row_id, group_id, indexed_text(fields.body), fields.speaker, fields.context, fields.when),
     )
     conn.executemany(
         "INSERT OR IGNORE INTO speaker_word (group_id, word) VALUES (?, ?)",
@@ -306,6 +318,18 @@ def reindex_episodes(conn: sqlite3.Connection) -> int:
         assert at is not None  # valid_at is NOT NULL
         index_episode(conn, group_id, row_id, source, thread, content, at)
     return len(rows)
+
+
+def reindex_texts(conn: sqlite3.Connection) -> int:
+    """Index every stored fact's and entity's text again (the migration of a store whose
+    texts were indexed without their identifier words); the number indexed."""
+    facts = conn.execute("SELECT id, group_id, fact FROM fact").fetchall()
+    for row_id, group_id, fact in facts:
+        index_text(conn, "fact_text", row_id, group_id, indexed_text(fact))
+    entities = conn.execute("SELECT id, group_id, name, summary, key FROM entity").fetchall()
+    for row_id, group_id, name, summary, key in entities:
+        index_text(conn, "entity_text", row_id, group_id, entity_text(name, summary, key))
+    return len(facts) + len(entities)
 
 
 def write_episode(
