@@ -402,16 +402,7 @@ class LocalServices:
                 ]
             )
         )
-        log4j = home / "log4j2.properties"
-        log4j.write_text(
-            "status = warn\n"
-            "appender.out.type = Console\nappender.out.name = OUT\n"
-            "appender.out.layout.type = PatternLayout\n"
-            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
-            "rootLogger.level = INFO\nrootLogger.appenderRef.out.ref = OUT\n"
-            "logger.kafka.name = org.apache.kafka\nlogger.kafka.level = WARN\n"
-            "logger.server.name = kafka.server\nlogger.server.level = INFO\n"
-        )
+        log4j = _write_log4j(home, {"server": ("kafka.server", "INFO")})
         classpath = f"{jars}/*"
         if not (data / "meta.properties").exists():
             cluster_id = _kafka_cluster_id()
@@ -618,17 +609,12 @@ class LocalServices:
                 ]
             )
         )
-        log4j = home / "log4j2.properties"
-        log4j.write_text(
-            "status = warn\n"
-            "appender.out.type = Console\nappender.out.name = OUT\n"
-            "appender.out.layout.type = PatternLayout\n"
-            "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
-            "rootLogger.level = INFO\nrootLogger.appenderRef.out.ref = OUT\n"
-            "logger.kafka.name = org.apache.kafka\nlogger.kafka.level = WARN\n"
-            "logger.connect.name = org.apache.kafka.connect.runtime\n"
-            "logger.connect.level = INFO\n"
-            "logger.reflections.name = org.reflections\nlogger.reflections.level = ERROR\n"
+        log4j = _write_log4j(
+            home,
+            {
+                "connect": ("org.apache.kafka.connect.runtime", "INFO"),
+                "reflections": ("org.reflections", "ERROR"),
+            },
         )
         return self._spawn(
             "connect",
@@ -743,6 +729,27 @@ class LocalServices:
             self.pid_file(name).unlink(missing_ok=True)
             stopped.append(name)
         return stopped
+
+
+def _write_log4j(home: Path, loggers: dict[str, tuple[str, str]]) -> Path:
+    """A Kafka or Connect process's log4j2 configuration: INFO to the console, Kafka's own
+    classes at WARN, and ``loggers`` (id -> (logger name, level)) as given."""
+    lines = [
+        "status = warn",
+        "appender.out.type = Console",
+        "appender.out.name = OUT",
+        "appender.out.layout.type = PatternLayout",
+        "appender.out.layout.pattern = [%d] %p %m (%c)%n",
+        "rootLogger.level = INFO",
+        "rootLogger.appenderRef.out.ref = OUT",
+        "logger.kafka.name = org.apache.kafka",
+        "logger.kafka.level = WARN",
+    ]
+    for key, (name, level) in loggers.items():
+        lines += [f"logger.{key}.name = {name}", f"logger.{key}.level = {level}"]
+    path = home / "log4j2.properties"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def _free_port() -> int:
