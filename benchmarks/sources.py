@@ -45,6 +45,7 @@ from benchmarks.kafka_throughput import (
     worker_env,
 )
 from tests.support.metrics import free_port
+from tidegraph.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("envelope", "debezium-json", "debezium-avro")
@@ -223,7 +224,6 @@ async def run_variant(
 ) -> dict[str, Any]:
     from aiokafka import AIOKafkaProducer
 
-    from tidegraph.settings import Settings
     from tidegraph.stores import open_store
     from tidegraph.topics.admin import delete_topics, ensure_topics
     from tidegraph.topics.names import TopicNames
@@ -258,31 +258,9 @@ async def run_variant(
             f" group: '{run}-{{row.tenant}}'}}\n"
         )
     port = free_port()
-    env = worker_env(
-        {
-            "TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
-            "TIDEGRAPH_TOPIC_PREFIX": run,
-            "TIDEGRAPH_PARTITIONS": str(args.partitions),
-            "TIDEGRAPH_STORE": "neo4j",
-            "TIDEGRAPH_NEO4J_URI": args.neo4j_uri,
-            "TIDEGRAPH_EMBEDDER": "hashing",
-            "TIDEGRAPH_MAPPINGS": str(work / "mapping.yaml"),
-            "TIDEGRAPH_METRICS_PORT": str(port),
-            "TIDEGRAPH_DATA_DIR": str(work / "data"),
-            "TIDEGRAPH_COMMUNITIES_ENABLED": "false",
-            "TIDEGRAPH_LOG_LEVEL": "WARNING",
-        },
-        **({"TIDEGRAPH_SOURCES": str(work / "sources.yaml")} if variant != "envelope" else {}),
-    )
+    env = _worker_env(args, run, work, port, sources=variant != "envelope")
     worker = start_worker(env, work / "worker.log")
-    settings = Settings(
-        neo4j_uri=args.neo4j_uri,
-        store="neo4j",
-        embedder="hashing",
-        topic_prefix=run,
-        data_dir=work / "client",
-    )
-    store = open_store(settings)
+    store = open_store(_client_settings(args, run, work))
     try:
         await wait_assigned([port], "episodes", args.partitions, timeout=120)
         # The first change warms the path up (the source's partitions, the store's first
@@ -372,7 +350,6 @@ async def run_latency(args: argparse.Namespace, rate: float) -> dict[str, Any]:
     """Rows committed at ``rate``/s through PostgreSQL -> Debezium -> Kafka -> a worker."""
     from tests.support.debezium import CapturedDatabase
     from tests.support.local_services import LocalServices
-    from tidegraph.settings import Settings
     from tidegraph.stores import open_store
 
     local = LocalServices()
@@ -402,31 +379,9 @@ async def run_latency(args: argparse.Namespace, rate: float) -> dict[str, Any]:
             f" group: '{run}-{{row.tenant}}'}}\n"
         )
         port = free_port()
-        env = worker_env(
-            {
-                "TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
-                "TIDEGRAPH_TOPIC_PREFIX": run,
-                "TIDEGRAPH_PARTITIONS": str(args.partitions),
-                "TIDEGRAPH_STORE": "neo4j",
-                "TIDEGRAPH_NEO4J_URI": args.neo4j_uri,
-                "TIDEGRAPH_EMBEDDER": "hashing",
-                "TIDEGRAPH_MAPPINGS": str(work / "mapping.yaml"),
-                "TIDEGRAPH_METRICS_PORT": str(port),
-                "TIDEGRAPH_DATA_DIR": str(work / "data"),
-                "TIDEGRAPH_COMMUNITIES_ENABLED": "false",
-                "TIDEGRAPH_SOURCES": str(work / "sources.yaml"),
-                "TIDEGRAPH_LOG_LEVEL": "WARNING",
-            }
-        )
+        env = _worker_env(args, run, work, port, sources=True)
         worker = start_worker(env, work / "worker.log")
-        settings = Settings(
-            neo4j_uri=args.neo4j_uri,
-            store="neo4j",
-            embedder="hashing",
-            topic_prefix=run,
-            data_dir=work / "client",
-        )
-        store = open_store(settings)
+        store = open_store(_client_settings(args, run, work))
         groups = [f"{run}-t{g}" for g in range(args.groups)]
         try:
             await wait_assigned([port], "episodes", args.partitions, timeout=120)
@@ -545,6 +500,40 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(text + "\n")
     print(text)
     return 0
+
+
+def _worker_env(
+    args: argparse.Namespace, run: str, work: Path, port: int, *, sources: bool
+) -> dict[str, str]:
+    """The environment of the benchmark's worker (``sources``: reading sources.yaml too)."""
+    extra = {"TIDEGRAPH_SOURCES": str(work / "sources.yaml")} if sources else {}
+    return worker_env(
+        {
+            "TIDEGRAPH_KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
+            "TIDEGRAPH_TOPIC_PREFIX": run,
+            "TIDEGRAPH_PARTITIONS": str(args.partitions),
+            "TIDEGRAPH_STORE": "neo4j",
+            "TIDEGRAPH_NEO4J_URI": args.neo4j_uri,
+            "TIDEGRAPH_EMBEDDER": "hashing",
+            "TIDEGRAPH_MAPPINGS": str(work / "mapping.yaml"),
+            "TIDEGRAPH_METRICS_PORT": str(port),
+            "TIDEGRAPH_DATA_DIR": str(work / "data"),
+            "TIDEGRAPH_COMMUNITIES_ENABLED": "false",
+            "TIDEGRAPH_LOG_LEVEL": "WARNING",
+        },
+        **extra,
+    )
+
+
+def _client_settings(args: argparse.Namespace, run: str, work: Path) -> Settings:
+    """This process's settings for reading the worker's graph."""
+    return Settings(
+        neo4j_uri=args.neo4j_uri,
+        store="neo4j",
+        embedder="hashing",
+        topic_prefix=run,
+        data_dir=work / "client",
+    )
 
 
 if __name__ == "__main__":
