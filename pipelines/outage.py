@@ -155,8 +155,12 @@ class StoreOutage:
 
     # ------------------------------------------------------------------ inside
     async def answers(self) -> bool:
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that
+        # arrives as the probe finishes (https://github.com/python/cpython/issues/86296), and
+        # then the prober would never stop.
         try:
-            await asyncio.wait_for(self.probe(), self.probe_timeout)
+            async with asyncio.timeout(self.probe_timeout):
+                await self.probe()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any failure of the probe: the store does not answer
@@ -172,7 +176,8 @@ class StoreOutage:
         if left <= 0:
             raise self._unreachable()
         try:
-            await asyncio.wait_for(self._up.wait(), left)
+            async with asyncio.timeout(left):
+                await self._up.wait()
         except TimeoutError:
             raise self._unreachable() from None
 

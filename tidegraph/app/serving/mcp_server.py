@@ -239,9 +239,8 @@ class ChangeWatch:
                 continue
             sub.seen = seq
             try:
-                await asyncio.wait_for(
-                    sub.session.send_resource_updated(AnyUrl(sub.uri)), NOTIFY_TIMEOUT_SECONDS
-                )
+                async with asyncio.timeout(NOTIFY_TIMEOUT_SECONDS):
+                    await sub.session.send_resource_updated(AnyUrl(sub.uri))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 self.unsubscribe(*key)  # the session is gone
             except TimeoutError:

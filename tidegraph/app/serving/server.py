@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 from typing import Any
 
 import h11
@@ -41,10 +40,11 @@ class BodyGuard:
             return
         chunks: list[bytes] = []
         seen = 0
-        deadline = time.monotonic() + self.timeout
+        deadline = asyncio.get_running_loop().time() + self.timeout
         while True:
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0))
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
             except TimeoutError:
                 scope["tidegraph.error"] = "body_timeout"
                 text = f"the request body did not arrive within {self.timeout:g} s"
