@@ -256,11 +256,11 @@ CATEGORIES = (
     ("openai client + HTTP", ("openai/", "httpx", "httpcore", "h11/", "anyio/", "ssl")),
     ("pydantic", ("pydantic",)),
     ("graphiti_core", ("graphiti_core/",)),
-    ("tidegraph", ("processors/", "tidegraph/", "pipelines/", "topics/")),
+    ("tidegraph", ("tidegraph/",)),
     ("asyncio + selectors", ("asyncio/", "selectors", "concurrent/", "threading")),
     ("imports", ("<frozen", "importlib")),
 )
-OWN_CODE = {"graphiti": ("graphiti_core/",), "tidegraph": ("processors/", "tidegraph/")}
+OWN_CODE = {"graphiti": ("graphiti_core/",), "tidegraph": ("tidegraph/",)}
 
 
 def _path(frame: str) -> str:

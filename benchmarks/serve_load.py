@@ -286,7 +286,7 @@ PHRASE = (
     "since the first monday of the second quarter of the fiscal year two thousand and twenty "
     "three, march"
 )[:100]
-# Letters beyond ASCII: dateparser's language detection reads it (processors/temporal.py).
+# Letters beyond ASCII: dateparser's language detection reads it (tidegraph/processors/temporal.py).
 PHRASE_ES = (
     "desde el primer lunes del segundo trimestre del año fiscal dos mil veintitrés, en marzo"
 )

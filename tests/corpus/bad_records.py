@@ -2,10 +2,11 @@
 
 A :class:`BadCase` is one record exactly as a producer sends it (bytes; ``None`` is a Kafka
 tombstone) and the ``(stage, reason)`` that its dead letter (worker) and its ``tidegraph ingest``
-failure must carry, one of ``processors/failures.py: REASONS`` (docs/streaming.md "Retries and dead
-letters"). The expectations follow the documented rules: the envelope's
+failure must carry, one of ``tidegraph/processors/failures.py: REASONS`` (docs/streaming.md
+"Retries and dead letters"). The expectations follow the documented rules: the envelope's
 (``tidegraph/records/episode.py: Episode, parse_episode``), the mapping's
-(``processors/mapping.py``) and the strict times of mapped records (``processors/temporal.py``).
+(``tidegraph/processors/mapping.py``) and the strict times of mapped records
+(``tidegraph/processors/temporal.py``).
 
 :func:`bad_corpus` builds it for a run's group ids over the CRM mapping
 (``tests.support.crm_feed.CRM_MAPPING``): the cases are spread over the groups, and each
@@ -38,7 +39,8 @@ GROUP_KEY: Literal["group"] = "group"
 WHEN = "2025-03-01T12:00:00Z"  # reference_time of the cases
 AT = datetime(2025, 2, 1, 9, 30, tzinfo=UTC)  # event time of the mapped cases
 # Input records larger than this are refused by the worker before parsing
-# (pipelines/streaming/config.py: WorkerSettings.max_record_bytes, TIDEGRAPH_MAX_RECORD_BYTES).
+# (tidegraph/pipelines/streaming/config.py: WorkerSettings.max_record_bytes,
+# TIDEGRAPH_MAX_RECORD_BYTES).
 MAX_RECORD_BYTES = 1_000_000
 
 Topic = Literal["episodes", "extracted"]
@@ -527,7 +529,7 @@ def _duplicates(b: _Builder) -> tuple[list[dict[str, Any]], list[bytes]]:
 
 def _hop_records(b: _Builder) -> None:
     """Records on the extraction -> resolution hop that resolution cannot read (a producer
-    bug): topics/records.py ExtractedRecord."""
+    bug): tidegraph/topics/records.py ExtractedRecord."""
     key = b.group.encode()
     episode = b.envelope("hop episode")
     origin = {"topic": "corpus.episodes", "partition": 0, "offset": 0}

@@ -1,5 +1,5 @@
-"""Row change events in the mapping layer (processors/mapping.py ``change_events``) and
-declared sources turning records into episodes (processors/sources.py): pure logic."""
+"""Row change events in the mapping layer (tidegraph/processors/mapping.py ``change_events``) and
+declared sources turning records into episodes (tidegraph/processors/sources.py): pure logic."""
 
 from __future__ import annotations
 

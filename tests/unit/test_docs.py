@@ -5,11 +5,12 @@ an #anchor that does not exist. What MkDocs does not see is checked here, offlin
 
 - README.md is not part of the site: each of its relative links must name a file of the
   repository, and a link into a Markdown file with an #anchor a heading of that file.
-- The pages name repository files in backquotes (`pipelines/chain.py`, `topics/records.py:
-  DeadLetter`), not as links, since the site holds only docs/: each such path must exist (a
-  glob must match), and a name after the colon must occur in the file. A moved or renamed
-  module then fails here instead of leaving a stale reference behind. So must a dotted name
-  (`tidegraph.pipelines.inprocess.ingest`, `tests.support.fake_llm.ScriptedLLMServer`).
+- The pages name repository files in backquotes (`tidegraph/pipelines/chain.py`,
+  `tidegraph/topics/records.py: DeadLetter`), not as links, since the site holds only docs/:
+  each such path must exist (a glob must match), and a name after the colon must occur in the
+  file. A moved or renamed module then fails here instead of leaving a stale reference behind.
+  So must a dotted name (`tidegraph.pipelines.inprocess.ingest`,
+  `tests.support.fake_llm.ScriptedLLMServer`).
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def test_every_dotted_name_the_docs_give_resolves(doc: Path) -> None:
 def test_the_path_check_finds_paths() -> None:
     # Guard against a check that passes because it reads nothing.
     named = {p for doc in DOCUMENTS for p, _ in repository_paths(doc)}
-    assert {"pipelines/runner.py", "deploy/k8s", "tests/unit/test_ops.py"} <= named
+    assert {"tidegraph/pipelines/runner.py", "deploy/k8s", "tests/unit/test_ops.py"} <= named
     dotted = {n for doc in DOCUMENTS for n in dotted_names(doc)}
     assert "tests.support.fake_llm.ScriptedLLMServer" in dotted
     assert not resolves("tidegraph.no_such_module") and not resolves("tidegraph.settings.Nope")
@@ -179,11 +180,15 @@ def test_the_path_check_finds_paths() -> None:
 # A dotted name of ours in double backquotes in a docstring or comment of the code.
 CODE_NAME = re.compile(r"``((?:tidegraph|tests)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)``")
 SOURCES = sorted(
-    p
-    for folder in ("tidegraph", "pipelines", "processors", "topics", "tests", "benchmarks")
-    for p in (ROOT / folder).rglob("*.py")
-    if not any((ROOT / part).is_symlink() for part in p.relative_to(ROOT).parents if part.parts)
+    p for folder in ("tidegraph", "tests", "benchmarks") for p in (ROOT / folder).rglob("*.py")
 )
+
+
+def test_the_package_is_one_real_folder() -> None:
+    """No link inside the package: grep, type checkers and a wheel built from any checkout see
+    every module under one path (docs/architecture.md "Layers")."""
+    links = [p.relative_to(ROOT) for p in (ROOT / "tidegraph").rglob("*") if p.is_symlink()]
+    assert links == []
 
 
 def test_every_dotted_name_the_code_gives_in_prose_resolves() -> None:

@@ -1,7 +1,7 @@
 """The hops' handlers with no broker: consumed Kafka records in, the records to produce out.
 
-The handlers are built as ``pipelines/streaming/app.py`` builds them (the extraction hop and the
-write hop over one group runner) over the in-memory store, with the CRM mapping (docs:
+The handlers are built as ``tidegraph/pipelines/streaming/app.py`` builds them (the extraction
+hop and the write hop over one group runner) over the in-memory store, with the CRM mapping (docs:
 "Streaming topology", "At-least-once with idempotent effects", "Retries and dead letters")."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ AT = datetime(2024, 3, 1, 9, 30, tzinfo=UTC)
 
 
 def stored(episode: Episode) -> EpisodeRecord:
-    """The record the write step stores for ``episode`` (processors/invalidation.py)."""
+    """The record the write step stores for ``episode`` (tidegraph/processors/invalidation.py)."""
     return EpisodeRecord(
         uuid=episode.uuid,
         group_id=episode.group_id,

@@ -1,7 +1,7 @@
-"""Avro values through a schema registry (pipelines/streaming/sources.py ``RegistryDecoder``): the
-wire format, schemas fetched once per id, a new version mid-stream, unknown ids, bytes that are
-not the format, an outage. The encoder is confluent-kafka's serializer; the registry speaks
-Confluent's API on loopback (tests/support/schema_registry.py)."""
+"""Avro values through a schema registry (tidegraph/pipelines/streaming/sources.py
+``RegistryDecoder``): the wire format, schemas fetched once per id, a new version mid-stream,
+unknown ids, bytes that are not the format, an outage. The encoder is confluent-kafka's
+serializer; the registry speaks Confluent's API on loopback (tests/support/schema_registry.py)."""
 
 from __future__ import annotations
 

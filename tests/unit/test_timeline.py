@@ -598,7 +598,7 @@ def test_a_closing_record_of_another_object_never_bounds_a_value() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known limit (processors/timeline.py): a fact does not keep each statement's "
+    reason="known limit (tidegraph/processors/timeline.py): a fact does not keep each statement's "
     "time, so a late closing record cannot split restatements already merged around it",
 )
 def test_a_late_closing_record_splits_a_merged_many_fact() -> None:

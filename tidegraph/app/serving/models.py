@@ -37,7 +37,7 @@ from tidegraph.records.ids import SURROGATE, id_problem
 from tidegraph.records.search import DEFAULT_RECIPE, MAX_GROUPS, SearchQuery, SearchRequest
 
 MAX_TOKENS = 32
-MAX_TIME_CHARS = 100  # a longer text is no time (processors/temporal.py: MAX_TIME_TEXT)
+MAX_TIME_CHARS = 100  # a longer text is no time (tidegraph/processors/temporal.py: MAX_TIME_TEXT)
 MAX_CURSOR_CHARS = 2048  # an episode cursor (tidegraph/app/browse.py) is far shorter
 MAX_SEQ = 2**63 - 1  # a change cursor is a seq: a 64-bit integer in both stores
 

@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 # more is acked or committed, and the restarted worker gets the unfinished records again.
 EXIT_PRODUCE_FAILED = 75
 
-# Changes the relay reads per group and round (pipelines/streaming/relay.py).
+# Changes the relay reads per group and round (tidegraph/pipelines/streaming/relay.py).
 RELAY_BATCH = 500
 
 
@@ -367,7 +367,7 @@ def _change_stream(
 
     @app.timer(interval=PRUNE_EVERY_SECONDS, name="tidegraph.outbox_retention")
     async def prune() -> None:
-        # The outbox's published changes past their retention go (pipelines/outbox.py).
+        # The outbox's published changes past their retention go (tidegraph/pipelines/outbox.py).
         try:
             groups = [
                 log_.group_id

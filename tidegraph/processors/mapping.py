@@ -51,7 +51,7 @@ from tidegraph.records.ids import id_problem, to_label
 from tidegraph.records.stages import EntityDraft, Extraction, FactDraft
 
 _TEMPLATE_FIELD = re.compile(r"\{\{|\}\}|\{([^{}]+)\}")
-# The numbers a time field may hold: what processors/temporal.py reads as epoch seconds
+# The numbers a time field may hold: what tidegraph/processors/temporal.py reads as epoch seconds
 # (_EPOCH) or milliseconds (_EPOCH_MS).
 _EPOCH_NUMBER = re.compile(r"^(\d{9,11}(\.\d+)?|\d{12,14})$")
 # Limits of mapped values (longer ones are dead-lettered with reason value_too_long): an
@@ -432,7 +432,7 @@ def _time_field(record: dict[str, Any], path: str | None) -> str | None:
     if isinstance(value, str):
         return value
     # A number is a Unix time, never a phrase: read as text, 12.5 would be 5 December and
-    # 3.14 31 January 03:14 (processors/temporal.py reads epoch seconds and milliseconds).
+    # 3.14 31 January 03:14 (tidegraph/processors/temporal.py reads epoch seconds and milliseconds).
     text = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
     if not _EPOCH_NUMBER.match(text):
         raise BadTime(
