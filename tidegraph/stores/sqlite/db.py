@@ -349,6 +349,7 @@ class SqliteDatabase:
         conn.execute("PRAGMA synchronous = NORMAL")  # durable at each WAL checkpoint
         conn.execute(f"PRAGMA cache_size = -{cache_kib or self._cache_kib}")
         conn.execute("PRAGMA busy_timeout = 10000")
+        conn.execute("PRAGMA secure_delete = ON")  # deleted bytes zeroed (erasure.py)
         return conn
 
     def _connection(self) -> sqlite3.Connection:

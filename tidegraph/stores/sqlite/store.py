@@ -71,6 +71,7 @@ from tidegraph.stores.sqlite.db import (
     migrate_outbox,
     outbox_before_migration,
 )
+from tidegraph.stores.sqlite.erasure import merge_fulltext, truncate_log
 from tidegraph.stores.sqlite.lifecycle import (
     apply_rebuild,
     episode_detail,
@@ -491,6 +492,8 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
                     "change_log",
                 ):
                     conn.execute(f"DELETE FROM {table} WHERE group_id = ?", (group_id,))
+                merge_fulltext(conn)
+            truncate_log(conn, self.db.path)
 
         with observe_write("delete_group", 1):
             await self.db.run(delete)
@@ -516,7 +519,10 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
     async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
         def write(conn: sqlite3.Connection) -> int:
             with Transaction(conn):
-                return forget_group(conn, group_id, at, purge, self.deployment)
+                forgotten = forget_group(conn, group_id, at, purge, self.deployment)
+                merge_fulltext(conn)
+            truncate_log(conn, self.db.path)
+            return forgotten
 
         with observe_write("forget_group", 1):
             return await self.db.run(write)
@@ -624,6 +630,8 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
         def write(conn: sqlite3.Connection) -> None:
             with Transaction(conn):
                 apply_rebuild(conn, group_id, rebuild, entities, facts, self.deployment)
+                merge_fulltext(conn)
+            truncate_log(conn, self.db.path)
 
         with observe_write("apply_rebuild", len(entities) + len(facts) + len(rebuild.forgotten)):
             await self.db.run(write)
