@@ -82,6 +82,13 @@ class Settings(BaseSettings):
     )
     partitions: int = Field(8, ge=1, description="Partitions of every tidegraph topic.")
     replication_factor: int = Field(1, ge=1, description="Replication factor of created topics.")
+    encrypt_episodes: bool = Field(
+        False,
+        description="Seal the episodes tidegraph's own producers write to the input topic "
+        "with their group's data key, held in the store, so that forgetting a group with "
+        'purge makes its records unreadable (docs/streaming.md "Sealed episodes"). The '
+        "producers then need the store.",
+    )
 
     # --- LLM and embeddings ------------------------------------------------------------
     llm_base_url: str | None = Field(

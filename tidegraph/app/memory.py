@@ -283,7 +283,7 @@ class Memory:
         from tidegraph.topics.client import produce_lines
 
         raw = jsontext.dumps(episode.model_dump(mode="json"))
-        report = await produce_lines(self.settings, [raw])
+        report = await produce_lines(self.settings, [raw], store=self.store)
         if report.refused:
             raise RuntimeError(f"Kafka refused the episode: {report.refused[0][1]}")
         sent = report.sent[0]

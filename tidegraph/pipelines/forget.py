@@ -50,6 +50,7 @@ from tidegraph.records.ids import stable_uuid
 from tidegraph.records.stages import Extraction, extraction_of
 from tidegraph.records.times import utc, utcnow
 from tidegraph.stores.errors import RebuildConflict
+from tidegraph.stores.keys import GroupKeys
 from tidegraph.stores.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class ForgetReport:
     entities_removed: int = 0
     entities_changed: int = 0
     changes: int = 0
+    keys_erased: int = 0  # the group's data keys (a purge: tidegraph/stores/keys.py)
     dry_run: bool = False
 
     def line(self) -> str:
@@ -102,10 +104,14 @@ async def forget(
         report.forgotten = len(report.episodes)
         return report
     forgotten = await store.forget_group(group, utcnow(), purge=request.purge)
+    if request.purge and isinstance(store, GroupKeys):
+        # The group's sealed records on the input topic can no longer be read
+        # (docs/streaming.md "Sealed episodes").
+        report.keys_erased = await store.erase_group_keys(group)
     FORGOTTEN.labels("group").inc(forgotten)
     report.forgotten = forgotten
-    log.info("forget group=%s whole group: %d episodes%s", group, forgotten,
-             " (purged)" if request.purge else "")  # fmt: skip
+    purged = f" (purged, {report.keys_erased} data keys erased)" if request.purge else ""
+    log.info("forget group=%s whole group: %d episodes%s", group, forgotten, purged)
     return report
 
 

@@ -63,6 +63,10 @@ REASONS: dict[str, str] = {
     "with the right key)",
     "invalid_forget": "a forget request names no group, or not exactly one of episode_ids, "
     'subject or group (docs/architecture.md "Forgetting")',
+    "key_erased": "a sealed episode's data key is erased (its group was forgotten with purge: "
+    'docs/streaming.md "Sealed episodes"); the record can no longer be read, by design',
+    "seal_broken": "a sealed episode's body does not open with its group's key (altered, or "
+    "moved from another group or episode)",
     # -- declared sources (docs/sources.md)
     "source_undecodable": "a source record's bytes are not its declared format (not JSON; not "
     "the schema registry's wire format; Avro that does not decode with its schema)",

@@ -27,6 +27,7 @@ from tidegraph.stores import GraphStore, open_store
 from tidegraph.topics.admin import ensure_topics, partitions_of
 from tidegraph.topics.names import TopicNames
 from tidegraph.topics.records import DeadLetter, RecordRef, decode
+from tidegraph.topics.sealing import sealer_for
 
 log = logging.getLogger(__name__)
 
@@ -104,16 +105,21 @@ async def produce_lines(
     skip_invalid: bool = False,
     rate: float | None = None,
     on_delivered: Callable[[], None] | None = None,
+    store: GraphStore | None = None,
 ) -> ProduceReport:
     """Send each non-empty line to the input topic, key = its group_id; wait for Kafka to
     acknowledge every record (acks=all). Lines that are not valid episodes are sent too (the
     pipeline dead-letters them with the reason) unless ``skip_invalid``. ``rate``: at most
-    this many records per second (default: as fast as Kafka takes them)."""
+    this many records per second (default: as fast as Kafka takes them). With
+    ``TIDEGRAPH_ENCRYPT_EPISODES`` each valid episode is sealed with its group's key from
+    ``store`` (default: the settings' store, opened for the call)."""
     names = TopicNames(settings.topic_prefix)
     await ensure_all_topics(settings)
     report = ProduceReport(topic=names.episodes)
     started = time.perf_counter()
     producer = producer_for(settings)
+    opened = open_store(settings) if settings.encrypt_episodes and store is None else None
+    sealer = sealer_for(settings, store or opened)
     try:
         await producer.start()  # inside: a failed start still closes the client
         pending: list[tuple[Produced, asyncio.Future]] = []
@@ -131,6 +137,8 @@ async def produce_lines(
                 report.skipped_invalid += 1
                 continue
             key = item.group_id.encode() if item.group_id else None
+            if sealer is not None and item.episode_uuid is not None and item.group_id:
+                raw = await sealer.seal(raw, item.group_id)  # a valid episode: its content
             try:
                 future = await producer.send(names.episodes, raw, key=key)
             except KafkaError as exc:  # e.g. larger than the producer's max request size
@@ -150,6 +158,8 @@ async def produce_lines(
             report.sent.append(item)
     finally:
         await producer.stop()
+        if opened is not None:
+            await opened.close()
     report.seconds = time.perf_counter() - started
     return report
 

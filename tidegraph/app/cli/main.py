@@ -390,6 +390,7 @@ from tidegraph.app.cli import forget as _cli_forget  # noqa: E402,F401
 
 # Kafka commands (worker, produce, dlq) live in their own module.
 from tidegraph.app.cli import kafka as _cli_kafka  # noqa: E402,F401  (registers commands on `app`)
+from tidegraph.app.cli import keys as _cli_keys  # noqa: E402,F401  (rotate-key)
 from tidegraph.app.cli import search as _cli_memory  # noqa: E402,F401  (search, extract)
 from tidegraph.app.cli import serve as _cli_serve  # noqa: E402,F401  (serve, mcp)
 from tidegraph.app.cli import sources as _cli_sources  # noqa: E402,F401  (sources check)

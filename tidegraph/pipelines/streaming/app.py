@@ -58,6 +58,7 @@ from tidegraph.processors.failures import STORE_MAY_BE_DOWN, classify
 from tidegraph.settings import Settings
 from tidegraph.stores.errors import StoreUnreachable
 from tidegraph.topics.names import TopicNames
+from tidegraph.topics.sealing import sealer_for
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +318,10 @@ def _timers(
                 envelopes = await pending_envelopes(
                     runtime.store, set(owned), partitions, worker.pending_sweep_limit
                 )
+                sealer = sealer_for(runtime.settings, runtime.store)
                 for key, value in envelopes:
+                    if sealer is not None:  # docs/streaming.md "Sealed episodes"
+                        value = await sealer.seal(value, key)
                     await topics[names.episodes].send(key=key.encode(), value=value)
             except Exception as exc:
                 await quietly(outage, "pending sweep", exc)

@@ -29,9 +29,11 @@ from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.forget import ForgetRequest, parse_record
 from tidegraph.records.outcome import Failure, Outcome
+from tidegraph.records.sealed import is_sealed
 from tidegraph.records.stages import WriteSummary
 from tidegraph.records.times import utcnow
 from tidegraph.stores.errors import StoreUnreachable
+from tidegraph.stores.keys import GroupKeys
 from tidegraph.topics.names import TopicNames
 from tidegraph.topics.records import (
     MAX_RECORD_VALUE_BYTES,
@@ -47,6 +49,7 @@ from tidegraph.topics.records import (
     original_record,
     short_message,
 )
+from tidegraph.topics.sealing import open_sealed
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +149,10 @@ class RecordHandler:
         origin: RecordRef | None = None,
         raw: bytes | None = None,
     ) -> Emit:
-        if episode is not None:
+        if episode is not None and not is_sealed(record.value):
             raw = _episode_bytes(episode, fallback=raw if raw is not None else record.value)
+        elif episode is not None:  # a sealed record's dead letter keeps it sealed
+            raw = record.value
         body, encoding, truncated = original_record(raw)
         letter = DeadLetter(
             stage=failure.stage,
@@ -204,6 +209,9 @@ class ExtractionHandler(RecordHandler):
         super().__init__(names, worker, record_timeout)
         self.runner = runner
         self.outage = runner.outage
+        store = runner.components.store
+        assert isinstance(store, GroupKeys)  # every store holds the groups' data keys
+        self.keys: GroupKeys = store
 
     @property
     def group_take(self) -> int:
@@ -213,7 +221,8 @@ class ExtractionHandler(RecordHandler):
         return super().group_take
 
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
-        taken = [self._read_episode(record) for record in records]
+        opened = await self._open_sealed(records)
+        taken = [self._read_episode(r, o) for r, o in zip(records, opened, strict=True)]
         episodes = [t.episode for t in taken if isinstance(t, Taken)]
         outcomes = iter(await self.runner.extract(episodes))
         outputs: list[list[Emit]] = []
@@ -251,10 +260,32 @@ class ExtractionHandler(RecordHandler):
             return self.failed(record, Failure.of(self.stage, error, "too_large"), read)
         return Emit(self.names.extracted, encode_key(group_id), data)
 
-    def _read_episode(self, record: Consumed) -> Taken | ForgetRecord | Emit:
+    async def _open_sealed(
+        self, records: Sequence[Consumed]
+    ) -> list[bytes | InvalidEpisode | None]:
+        """The sealed records opened with their groups' keys (docs/streaming.md "Sealed
+        episodes"); while the store does not answer, it waits for the store and reads again."""
+        while True:
+            since = self.runner.outage.outages
+            try:
+                return await open_sealed(self.keys, [r.value for r in records])
+            except StoreUnreachable:
+                raise
+            except Exception as exc:
+                if classify(exc).reason in STORE_MAY_BE_DOWN and await self.runner.outage.held(
+                    since
+                ):
+                    continue
+                raise
+
+    def _read_episode(
+        self, record: Consumed, opened: bytes | InvalidEpisode | None
+    ) -> Taken | ForgetRecord | Emit:
         """The input topic: an envelope (or a forget request) as produced, checked (size,
-        validity, key)."""
+        validity, key); a sealed one as ``open_sealed`` opened it."""
         raw = record.value or b""
+        if isinstance(opened, InvalidEpisode):  # its key erased, or its body altered
+            return self._invalid(record, opened.reason, opened)
         if len(raw) > self.worker.max_record_bytes:
             error = ValueError(
                 f"record is {len(raw)} bytes; the limit is {self.worker.max_record_bytes} "
@@ -262,7 +293,7 @@ class ExtractionHandler(RecordHandler):
             )
             return self._invalid(record, "oversized", error)
         try:
-            parsed = parse_record(raw)
+            parsed = parse_record(raw if opened is None else opened)
         except InvalidEpisode as exc:
             return self._invalid(record, exc.reason, exc)
         if record.key != encode_key(parsed.group_id):

@@ -70,6 +70,7 @@ from tidegraph.records.times import utc
 from tidegraph.records.vectors import cosine
 from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores import errors
+from tidegraph.stores.memory.keys import MemoryKeys
 from tidegraph.stores.memory.search import Entities, Facts, MemorySearch, StoredCommunity
 from tidegraph.stores.rows import (
     check_embedding,
@@ -96,7 +97,7 @@ from tidegraph.stores.search_text import search_terms, text_words
 from tidegraph.stores.write_rules import closed_fact, merged_entity, merged_fact
 
 
-class MemoryStore(MemorySearch):
+class MemoryStore(MemorySearch, MemoryKeys):
     """``GraphStore`` in dictionaries (see the module docstring)."""
 
     name = "memory"

@@ -37,6 +37,7 @@ from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, anchored_query, as_
 from tidegraph.stores.neo4j.batching import GroupCommit
 from tidegraph.stores.neo4j.core import StoreCore
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
+from tidegraph.stores.neo4j.keys import Neo4jKeys
 from tidegraph.stores.neo4j.lifecycle import Lifecycle
 from tidegraph.stores.rows import (
     change_row,
@@ -153,7 +154,7 @@ class _BatchAsk:
     episodes: list[str]
 
 
-class Neo4jStore(Lifecycle, StoreCore):
+class Neo4jStore(Lifecycle, StoreCore, Neo4jKeys):
     """``GraphStore`` on a Neo4j 5.26+ server (Community edition is enough)."""
 
     name = "neo4j"

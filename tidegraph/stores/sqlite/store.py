@@ -72,6 +72,7 @@ from tidegraph.stores.sqlite.db import (
     outbox_before_migration,
 )
 from tidegraph.stores.sqlite.erasure import merge_fulltext, truncate_log
+from tidegraph.stores.sqlite.keys import SqliteKeys
 from tidegraph.stores.sqlite.lifecycle import (
     apply_rebuild,
     episode_detail,
@@ -209,7 +210,7 @@ def _lookup(conn: sqlite3.Connection, group_id: str, ask: LookupRequest) -> Enti
 
 # ----------------------------------------------------------------------------- writes
 # ----------------------------------------------------------------------------- the store
-class SqliteStore(SqliteCommunities, SqliteSearch):
+class SqliteStore(SqliteCommunities, SqliteSearch, SqliteKeys):
     """``GraphStore`` on the SQLite file ``DB_FILE`` in the folder ``path``."""
 
     name = "sqlite"

@@ -1,0 +1,82 @@
+"""Sealed episodes through a real worker on the real broker and Neo4j (docs/streaming.md
+"Sealed episodes"): with ``TIDEGRAPH_ENCRYPT_EPISODES`` on, what tidegraph's producer writes
+to the input topic holds no content in clear and the worker writes the graph from it; a
+``forget --all --purge`` of one group erases its data key, and replaying the whole input
+topic into a fresh worker brings nothing of that group back: each of its records is a dead
+letter ``key_erased`` (still sealed), and the worker goes on with the other group."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from tests.integration.test_topology import read_topic
+from tests.integration.topology_harness import Topology, eventually
+from tests.support.crm_feed import crm_feed
+from tidegraph.records.sealed import is_sealed
+from tidegraph.stores.keys import GroupKeys
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_purged_groups_records_on_the_topic_can_no_longer_be_read(
+    topology: Topology,
+) -> None:
+    topology.extra_env["TIDEGRAPH_ENCRYPT_EPISODES"] = "true"
+    topology.extra_settings["encrypt_episodes"] = True
+    feed = crm_feed(30, 2, run=topology.run)
+    purged, kept = sorted({e["group_id"] for e in feed})
+    purged_ids = {e["id"] for e in feed if e["group_id"] == purged}
+    worker = topology.start_worker(TIDEGRAPH_COMMUNITIES_ENABLED="false")
+    await topology.wait_assigned([worker])
+    report = await topology.produce(feed)
+    await topology.wait_reflected(report)
+
+    on_topic = await read_topic(topology, topology.names.episodes)
+    assert len(on_topic) == len(feed)
+    assert all(is_sealed(orjson.dumps(r)) and "content" not in r for r in on_topic)
+    store = topology.store()
+    assert isinstance(store, GroupKeys)
+    try:
+        assert (await store.counts(purged))["facts"] > 0  # written from the sealed records
+        kept_counts = await store.counts(kept)
+
+        forget = {"forget": {"group_id": purged, "group": True, "purge": True}}
+        await topology.produce([forget])
+        await eventually(
+            lambda: store.group_keys(purged),
+            lambda keys: keys == [],
+            timeout=90,
+            what="the purge to erase the group's data key",
+        )
+        # The whole input topic again, into a fresh worker of another consumer group.
+        worker.stop()
+        replayer = topology.start_worker(
+            TIDEGRAPH_COMMUNITIES_ENABLED="false", TIDEGRAPH_CONSUMER_GROUP=f"{topology.run}-again"
+        )
+        await topology.wait_assigned([replayer])
+        after = [dict(e, id=f"{e['id']}-after") for e in feed if e["group_id"] == kept][:3]
+        again = await topology.produce(after)  # behind the replay, in the kept group
+        await topology.wait_reflected(again)
+
+        assert await store.counts(purged) == {
+            "episodes": 0,
+            "entities": 0,
+            "facts": 0,
+            "mentions": 0,
+        }
+        assert (await store.counts(kept))["episodes"] == kept_counts["episodes"] + len(after)
+        letters = await eventually(
+            topology.dead_letters,
+            lambda got: len([d for d in got if d.reason == "key_erased"]) >= len(purged_ids),
+            timeout=60,
+            what="a key_erased dead letter for each of the purged group's records",
+        )
+        erased = [d for d in letters if d.reason == "key_erased"]
+        assert len(erased) == len(purged_ids)
+        assert all(is_sealed(d.original_bytes()) for d in erased)  # still unreadable
+        assert {d.reason for d in letters} == {"key_erased"}
+        assert replayer.alive()
+    finally:
+        await store.erase_group_keys(kept)
+        await store.close()

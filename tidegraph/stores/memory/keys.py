@@ -1,0 +1,26 @@
+"""``GroupKeys`` in a dictionary (``tidegraph/stores/keys.py``), for the in-memory store."""
+
+from __future__ import annotations
+
+from tidegraph.records.sealed import DataKey
+
+
+class MemoryKeys:
+    _group_keys: dict[str, dict[str, DataKey]]
+
+    def _keys_of(self, group_id: str) -> dict[str, DataKey]:
+        if not hasattr(self, "_group_keys"):
+            self._group_keys = {}
+        return self._group_keys.setdefault(group_id, {})
+
+    async def group_keys(self, group_id: str) -> list[DataKey]:
+        return sorted(self._keys_of(group_id).values(), key=lambda k: (k.created_at, k.key_id))
+
+    async def add_group_key(self, group_id: str, key: DataKey) -> None:
+        self._keys_of(group_id).setdefault(key.key_id, key)
+
+    async def erase_group_keys(self, group_id: str) -> int:
+        keys = self._keys_of(group_id)
+        erased = len(keys)
+        keys.clear()
+        return erased
