@@ -1,11 +1,15 @@
 """Sealed episodes through a real worker on the real broker and Neo4j (docs/streaming.md
 "Sealed episodes"): with ``TIDEGRAPH_ENCRYPT_EPISODES`` on, what tidegraph's producer writes
-to the input topic holds no content in clear and the worker writes the graph from it; a
+to the input topic, and what the worker hands from one hop to the next, hold no content in
+clear, and the worker writes the graph from it; a
 ``forget --all --purge`` of one group erases its data key, and replaying the whole input
-topic into a fresh worker brings nothing of that group back: each of its records is a dead
-letter ``key_erased`` (still sealed), and the worker goes on with the other group."""
+topic into a fresh worker brings nothing of that group back: each of its records, on the
+input topic and on the hop topic, is a dead letter ``key_erased`` (still sealed), and the
+worker goes on with the other group."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import orjson
 import pytest
@@ -35,6 +39,8 @@ async def test_a_purged_groups_records_on_the_topic_can_no_longer_be_read(
     on_topic = await read_topic(topology, topology.names.episodes)
     assert len(on_topic) == len(feed)
     assert all(is_sealed(orjson.dumps(r)) and "content" not in r for r in on_topic)
+    hops = await read_topic(topology, topology.names.extracted)  # the hop topic too
+    assert hops and all(set(r) == {"group_id", "sealed"} for r in hops)
     store = topology.store()
     assert isinstance(store, GroupKeys)
     try:
@@ -66,14 +72,19 @@ async def test_a_purged_groups_records_on_the_topic_can_no_longer_be_read(
             "mentions": 0,
         }
         assert (await store.counts(kept))["episodes"] == kept_counts["episodes"] + len(after)
+        # Each of the group's records on the input topic and on the hop topic (the fresh
+        # consumer group reads both from the start) is a dead letter, unread.
         letters = await eventually(
             topology.dead_letters,
-            lambda got: len([d for d in got if d.reason == "key_erased"]) >= len(purged_ids),
+            lambda got: len([d for d in got if d.reason == "key_erased"]) >= 2 * len(purged_ids),
             timeout=60,
             what="a key_erased dead letter for each of the purged group's records",
         )
         erased = [d for d in letters if d.reason == "key_erased"]
-        assert len(erased) == len(purged_ids)
+        assert Counter(d.consumed.topic for d in erased if d.consumed) == {
+            topology.names.episodes: len(purged_ids),
+            topology.names.extracted: len(purged_ids),
+        }
         assert all(is_sealed(d.original_bytes()) for d in erased)  # still unreadable
         assert {d.reason for d in letters} == {"key_erased"}
         assert replayer.alive()

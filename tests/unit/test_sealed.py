@@ -19,7 +19,7 @@ from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.sealed import is_sealed, new_key, newest, seal, unseal
 from tidegraph.stores.memory.store import MemoryStore
 from tidegraph.stores.sqlite.store import SqliteStore
-from tidegraph.topics.sealing import Sealer, open_sealed
+from tidegraph.topics.sealing import Opened, Sealer, hop_value, open_sealed, seal_hop
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 ENVELOPE = {
@@ -76,8 +76,14 @@ async def test_a_producer_seals_and_a_purge_leaves_its_records_unreadable() -> N
     sealed = await Sealer(store).seal(raw, "acme")
     plain = orjson.dumps({**ENVELOPE, "group_id": "globex", "id": "other"})
     [opened, untouched] = await open_sealed(store, [sealed, plain])
-    assert isinstance(opened, bytes) and orjson.loads(opened) == ENVELOPE
+    assert isinstance(opened, Opened) and orjson.loads(opened.value) == ENVELOPE
     assert untouched is None  # another producer's record is read as it is
+    # What the extraction hop makes of it is sealed with the same key, and opens again.
+    hop = b'{"v":1,"extraction":{"said":"Zephyrine Quillfeather"}}'
+    sealed_hop = seal_hop(hop, "acme", opened.key)
+    assert b"Zephyrine" not in sealed_hop
+    [hop_opened] = await open_sealed(store, [sealed_hop])
+    assert isinstance(hop_opened, Opened) and hop_value(hop_opened) == hop
     assert await store.erase_group_keys("acme") == 1
     [gone] = await open_sealed(store, [sealed])
     assert isinstance(gone, InvalidEpisode) and gone.reason == "key_erased"
@@ -107,6 +113,6 @@ async def test_rotate_key_adds_a_newer_key_and_keeps_the_older(tmp_path: Path) -
         second = await Sealer(store).seal(orjson.dumps(ENVELOPE), "acme")
         assert orjson.loads(second)["sealed"]["key"] == rotated["key_id"]  # the newest seals
         opened = await open_sealed(store, [first, second])
-        assert [orjson.loads(o) for o in opened if isinstance(o, bytes)] == [ENVELOPE] * 2
+        assert [orjson.loads(o.value) for o in opened if isinstance(o, Opened)] == [ENVELOPE] * 2
     finally:
         await store.close()

@@ -10,10 +10,11 @@ pass through as they are.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tidegraph.records import jsontext
 from tidegraph.records.errors import InvalidEpisode
-from tidegraph.records.sealed import DataKey, seal, sealed_group, unseal
+from tidegraph.records.sealed import SEALED, DataKey, seal, sealed_group, unseal
 from tidegraph.settings import Settings
 from tidegraph.stores.keys import GroupKeys, sealing_key
 
@@ -40,15 +41,38 @@ def sealer_for(settings: Settings, store: object) -> Sealer | None:
     return None
 
 
+@dataclass(frozen=True)
+class Opened:
+    """A sealed record opened: what it seals, and the key that sealed it (which seals what
+    the hop makes of it)."""
+
+    value: bytes
+    key: DataKey
+
+
+def seal_hop(data: bytes, group_id: str, key: DataKey) -> bytes:
+    """A record of the hop topic (``{prefix}.extracted``) sealed like an envelope of its
+    group (no id: it is bound to the group alone); ``hop_value`` reads it back."""
+    return jsontext.dumps(seal({"group_id": group_id, "content": data.decode()}, key))
+
+
+def hop_value(opened: Opened) -> bytes:
+    """The hop record a sealed one (``seal_hop``) holds."""
+    content = jsontext.loads(opened.value).get("content")
+    if not isinstance(content, str):
+        raise InvalidEpisode("a sealed hop record holds no record", reason="seal_broken")
+    return content.encode()
+
+
 async def open_sealed(
     store: GroupKeys | None, values: Sequence[bytes | None]
-) -> list[bytes | InvalidEpisode | None]:
-    """For each consumed value: None when it is not sealed (it is read as it is), the
-    envelope it seals, or why it cannot be opened (``key_erased``, ``seal_broken``). The
+) -> list[Opened | InvalidEpisode | None]:
+    """For each consumed value: None when it is not sealed (it is read as it is), what it
+    seals with its key, or why it cannot be opened (``key_erased``, ``seal_broken``). The
     keys are read from the store once per group, at every call: a key erased by a purge is
     never used again."""
     keys: dict[str, dict[str, DataKey]] = {}
-    opened: list[bytes | InvalidEpisode | None] = []
+    opened: list[Opened | InvalidEpisode | None] = []
     for value in values:
         try:
             data = jsontext.loads(value) if value and b'"sealed"' in value else None
@@ -65,7 +89,8 @@ async def open_sealed(
             found = await store.group_keys(group) if store is not None else []
             keys[group] = {k.key_id: k for k in found}
         try:
-            opened.append(jsontext.dumps(unseal(data, keys[group])))
+            envelope = unseal(data, keys[group])  # it names a key of the group's
+            opened.append(Opened(jsontext.dumps(envelope), keys[group][data[SEALED]["key"]]))
         except InvalidEpisode as exc:
             opened.append(exc)
     return opened

@@ -29,7 +29,7 @@ from tidegraph.records.episode import Episode, parse_episode
 from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.forget import ForgetRequest, parse_record
 from tidegraph.records.outcome import Failure, Outcome
-from tidegraph.records.sealed import is_sealed
+from tidegraph.records.sealed import DataKey, is_sealed, seal
 from tidegraph.records.stages import WriteSummary
 from tidegraph.records.times import utcnow
 from tidegraph.stores.errors import StoreUnreachable
@@ -49,7 +49,7 @@ from tidegraph.topics.records import (
     original_record,
     short_message,
 )
-from tidegraph.topics.sealing import open_sealed
+from tidegraph.topics.sealing import Opened, hop_value, open_sealed, seal_hop
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class Taken:
 
     episode: Episode
     origin: RecordRef
+    key: DataKey | None = None  # the group's key that sealed it (docs/streaming.md)
 
 
 class RecordHandler:
@@ -105,6 +106,8 @@ class RecordHandler:
     # Whether the store answers (tidegraph.pipelines.outage): the handler's deadline stops
     # while it does not.
     outage: StoreOutage | None = None
+    # The groups' data keys that open sealed records (docs/streaming.md "Sealed episodes").
+    keys: GroupKeys | None = None
 
     def __init__(self, names: TopicNames, worker: WorkerSettings, record_timeout: float) -> None:
         self.names = names
@@ -138,7 +141,24 @@ class RecordHandler:
 
     def failed(self, record: Consumed, failure: Failure, taken: Taken) -> Emit:
         """The dead letter of an episode the runner gave up on."""
-        return self.dead(record, failure, episode=taken.episode, origin=taken.origin)
+        return self.dead(record, failure, episode=taken.episode, origin=taken.origin, key=taken.key)
+
+    async def open_sealed(
+        self, records: Sequence[Consumed]
+    ) -> list[Opened | InvalidEpisode | None]:
+        """The sealed records opened with their groups' keys (docs/streaming.md "Sealed
+        episodes"); while the store does not answer, it waits for the store and reads again."""
+        while True:
+            since = self.outage.outages if self.outage is not None else 0
+            try:
+                return await open_sealed(self.keys, [r.value for r in records])
+            except StoreUnreachable:
+                raise
+            except Exception as exc:
+                down = classify(exc).reason in STORE_MAY_BE_DOWN
+                if down and self.outage is not None and await self.outage.held(since):
+                    continue
+                raise
 
     def dead(
         self,
@@ -148,10 +168,13 @@ class RecordHandler:
         episode: Episode | None = None,
         origin: RecordRef | None = None,
         raw: bytes | None = None,
+        key: DataKey | None = None,
     ) -> Emit:
-        if episode is not None and not is_sealed(record.value):
+        if episode is not None and key is not None:  # sealed as it came, and replayable
+            raw = _sealed_episode_bytes(episode, key, fallback=record.value)
+        elif episode is not None and not is_sealed(record.value):
             raw = _episode_bytes(episode, fallback=raw if raw is not None else record.value)
-        elif episode is not None:  # a sealed record's dead letter keeps it sealed
+        elif episode is not None:
             raw = record.value
         body, encoding, truncated = original_record(raw)
         letter = DeadLetter(
@@ -179,8 +202,8 @@ class RecordHandler:
             failure.attempts, record.topic, record.partition, record.offset,
             letter.error_class, letter.message[:300],
         )  # fmt: skip
-        key = encode_key(episode.group_id) if episode else record.key
-        return Emit(self.names.dlq, key, encode(letter))
+        kafka_key = encode_key(episode.group_id) if episode else record.key
+        return Emit(self.names.dlq, kafka_key, encode(letter))
 
     def crashed(self, record: Consumed, exc: BaseException, *, reason: str) -> Emit:
         """The dead letter of a record whose handling raised (``internal_error``: a handler
@@ -220,7 +243,7 @@ class ExtractionHandler(RecordHandler):
         return super().group_take
 
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
-        opened = await self._open_sealed(records)
+        opened = await self.open_sealed(records)
         taken = [self._read_episode(r, o) for r, o in zip(records, opened, strict=True)]
         episodes = [t.episode for t in taken if isinstance(t, Taken)]
         outcomes = iter(await self.runner.extract(episodes))
@@ -251,6 +274,8 @@ class ExtractionHandler(RecordHandler):
     ) -> Emit:
         """The hop record, or a dead letter when an extraction's is too large for Kafka."""
         data = encode(hop)
+        if read is not None and read.key is not None:  # sealed as the episode came
+            data = seal_hop(data, group_id, read.key)
         if read is not None and len(data) > MAX_RECORD_VALUE_BYTES:
             error = ValueError(
                 f"the {self.names.extracted} record of this episode would be {len(data)} "
@@ -259,26 +284,8 @@ class ExtractionHandler(RecordHandler):
             return self.failed(record, Failure.of(self.stage, error, "too_large"), read)
         return Emit(self.names.extracted, encode_key(group_id), data)
 
-    async def _open_sealed(
-        self, records: Sequence[Consumed]
-    ) -> list[bytes | InvalidEpisode | None]:
-        """The sealed records opened with their groups' keys (docs/streaming.md "Sealed
-        episodes"); while the store does not answer, it waits for the store and reads again."""
-        while True:
-            since = self.runner.outage.outages
-            try:
-                return await open_sealed(self.keys, [r.value for r in records])
-            except StoreUnreachable:
-                raise
-            except Exception as exc:
-                if classify(exc).reason in STORE_MAY_BE_DOWN and await self.runner.outage.held(
-                    since
-                ):
-                    continue
-                raise
-
     def _read_episode(
-        self, record: Consumed, opened: bytes | InvalidEpisode | None
+        self, record: Consumed, opened: Opened | InvalidEpisode | None
     ) -> Taken | ForgetRecord | Emit:
         """The input topic: an envelope (or a forget request) as produced, checked (size,
         validity, key); a sealed one as ``open_sealed`` opened it."""
@@ -292,7 +299,7 @@ class ExtractionHandler(RecordHandler):
             )
             return self._invalid(record, "oversized", error)
         try:
-            parsed = parse_record(raw if opened is None else opened)
+            parsed = parse_record(raw if opened is None else opened.value)
         except InvalidEpisode as exc:
             return self._invalid(record, exc.reason, exc)
         if record.key != encode_key(parsed.group_id):
@@ -304,7 +311,7 @@ class ExtractionHandler(RecordHandler):
             return self._invalid(record, "key_mismatch", error)
         if isinstance(parsed, ForgetRequest):
             return ForgetRecord(origin=record.ref, forget=parsed)
-        return Taken(parsed, record.ref)
+        return Taken(parsed, record.ref, opened.key if opened is not None else None)
 
     def _invalid(self, record: Consumed, reason: str, exc: Exception) -> Emit:
         failure = Failure.of("validation", exc, reason)
@@ -324,13 +331,16 @@ class WriteHandler(RecordHandler):
         super().__init__(names, worker, record_timeout)
         self.runner = runner
         self.outage = runner.outage
+        store = runner.components.store
+        self.keys = store if isinstance(store, GroupKeys) else None  # every store's do
 
     @property
     def group_take(self) -> int:  # one unit, as in-process
         return min(super().group_take, self.runner.unit_episodes)
 
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
-        taken = [self._read_hop(record) for record in records]
+        opened = await self.open_sealed(records)
+        taken = [self._read_hop(r, o) for r, o in zip(records, opened, strict=True)]
         outputs: list[list[Emit]] = []
         at = 0
         while at < len(records):  # runs of extractions, and the forgets between them
@@ -347,8 +357,11 @@ class WriteHandler(RecordHandler):
                     end += 1
                 run = cast(list[ExtractedRecord], taken[at:end])
                 outcomes = await self.runner.write([hop.extraction for hop in run])
-                for record, hop, outcome in zip(records[at:end], run, outcomes, strict=True):
-                    read_hop = Taken(hop.extraction.episode, hop.origin)
+                keys = [o.key if isinstance(o, Opened) else None for o in opened[at:end]]
+                for record, hop, key, outcome in zip(
+                    records[at:end], run, keys, outcomes, strict=True
+                ):
+                    read_hop = Taken(hop.extraction.episode, hop.origin, key)
                     if outcome.failure is not None:
                         outputs.append([self.failed(record, outcome.failure, read_hop)])
                     else:
@@ -356,10 +369,18 @@ class WriteHandler(RecordHandler):
                 at = end
         return outputs
 
-    def _read_hop(self, record: Consumed) -> ExtractedRecord | ForgetRecord | Emit:
-        """The hop record, or a dead letter when it cannot be read (a producer bug)."""
+    def _read_hop(
+        self, record: Consumed, opened: Opened | InvalidEpisode | None
+    ) -> ExtractedRecord | ForgetRecord | Emit:
+        """The hop record (a sealed one opened), or a dead letter when it cannot be read (a
+        producer bug; its key erased meanwhile)."""
+        if isinstance(opened, InvalidEpisode):
+            return self.dead(
+                record, Failure.of(self.stage, opened, opened.reason), raw=record.value
+            )
         try:
-            return decode_extracted(record.value or b"")
+            value = hop_value(opened) if opened is not None else record.value
+            return decode_extracted(value or b"")
         except (ValueError, ValidationError) as exc:
             reason = "bad_hop_record"
             if isinstance(exc, ValidationError):  # one over the bounds of an extraction
@@ -461,6 +482,17 @@ def _episode_in(value: bytes | None) -> tuple[Episode | None, RecordRef | None]:
         return parse_episode(value or b""), None
     except Exception:
         return None, None
+
+
+def _sealed_episode_bytes(
+    episode: Episode, key: DataKey, *, fallback: bytes | None
+) -> bytes | None:
+    """A sealed episode as an envelope sealed again with its key, for a dead letter that
+    replays onto the input topic and opens like the record it came as."""
+    try:
+        return jsontext.dumps(seal(episode.model_dump(mode="json"), key))
+    except Exception:
+        return fallback
 
 
 def _episode_bytes(episode: Episode, *, fallback: bytes | None) -> bytes | None:
