@@ -27,9 +27,11 @@ from tidegraph.pipelines.streaming.handlers import (
 from tidegraph.processors.steps import Components
 from tidegraph.records.episode import parse_episode
 from tidegraph.records.graph import EpisodeWrite
+from tidegraph.records.sealed import is_sealed
 from tidegraph.stores.memory.store import MemoryStore
 from tidegraph.topics.names import TopicNames
 from tidegraph.topics.records import DeadLetter, ExtractedRecord, NewEntityRecord, decode
+from tidegraph.topics.sealing import Opened, Sealer, open_sealed
 
 NAMES = TopicNames("t")
 FEED = crm_feed(4, 1, run="t")  # envelopes of one tenant, in delivery order
@@ -229,3 +231,27 @@ async def test_a_stage_slower_than_the_record_budget_times_out() -> None:
         "timeout",
         FEED[0]["id"],
     )
+
+
+async def test_a_sealed_episode_goes_through_both_hops_sealed_and_its_dead_letter_too() -> None:
+    """docs/streaming.md "Sealed episodes": the hop record is sealed with the episode's key;
+    a write that fails gives a dead letter holding the envelope sealed again, which opens to
+    the episode as produced; once the key is erased the hop record is ``key_erased``."""
+    store = FailingWrites()
+    w = await worker(store)
+    sealed = await Sealer(store).seal(orjson.dumps(FEED[0]), GROUP)
+    first = consumed(NAMES.episodes, sealed, GROUP.encode())
+    [emit] = await handle(w.extraction, first)
+    assert emit.topic == NAMES.extracted and is_sealed(emit.value)
+    letter = dead_letter(await handle(w.write, hop_record(emit)))
+    assert (letter.reason, letter.episode_id) == ("io", FEED[0]["id"])
+    kept = letter.original_bytes()
+    assert is_sealed(kept) and b"content" not in kept
+    [opened] = await open_sealed(store, [kept])
+    assert isinstance(opened, Opened)
+    assert parse_episode(opened.value) == parse_episode(orjson.dumps(FEED[0]))
+
+    await store.erase_group_keys(GROUP)
+    erased = dead_letter(await handle(w.write, hop_record(emit)))
+    assert (erased.stage, erased.reason) == ("resolution", "key_erased")
+    assert dead_letter(await handle(w.extraction, first)).reason == "key_erased"
