@@ -81,8 +81,9 @@ def forget(
     purge: bool = typer.Option(
         False,
         "--purge",
-        help="With --all: the tombstones too (a replay of the group's old records would then "
-        "bring them back).",
+        help="With --all: the tombstones and the group's data keys too (a replay of the "
+        "group's old records would then bring back those in clear; sealed ones can no longer "
+        "be read).",
     ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="List what would go, with the counts; write nothing."
@@ -198,7 +199,7 @@ async def _confirmed(memory: Memory, request: ForgetRequest) -> bool:
         asked = (
             f"Forget everything of group {group!r} ({_plural(held.episodes, 'episode')}, "
             f"{_plural(held.entities, 'entity')}, {_plural(held.facts, 'fact')})"
-            + (" and its tombstones" if request.purge else "")
+            + (" and its tombstones and data keys" if request.purge else "")
         )
     else:
         preview = await memory.forget(request, dry_run=True)
@@ -243,7 +244,7 @@ def _say(outcome: Outcome, request: ForgetRequest, subject: str | None) -> None:
         out(
             f"forgot the whole group {group!r}: {_plural(result.forgotten, 'episode')} with "
             "their entities, facts and index entries"
-            + (", and its tombstones" if request.purge else "")
+            + (", and its tombstones and data keys" if request.purge else "")
         )
     else:
         out(

@@ -263,8 +263,9 @@ class ForgetIn(GroupIn):
     group: bool = Field(False, description="The whole group (a tenant leaving).")
     purge: bool = Field(
         False,
-        description="With group: the tombstones too (a replay of the group's old records "
-        "would then bring it back).",
+        description="With group: the tombstones and the group's data keys too (a replay of "
+        "the group's old records would then bring back those in clear; sealed ones can no "
+        "longer be read).",
     )
     dry_run: bool = Field(
         False,
