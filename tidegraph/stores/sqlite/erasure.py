@@ -24,6 +24,7 @@ import logging
 import sqlite3
 from collections.abc import Iterable
 
+from tidegraph.records.graph import Rebuild
 from tidegraph.stores.sqlite.db import FULLTEXT
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,18 @@ def merge_fulltext(conn: sqlite3.Connection, tables: Iterable[str] = FULLTEXT_TA
         if table not in FULLTEXT_TABLES:
             raise ValueError(f"{table!r} is not a fulltext table of the embedded store")
         conn.execute(f"INSERT INTO {table} ({table}) VALUES ('optimize')")
+
+
+def rebuilt_fulltext(rebuild: Rebuild) -> list[str]:
+    """The fulltext tables a forget's difference deletes from: the episodes' always (the
+    forgotten ones' entries), the facts' and entities' when it removes or rewrites some, and
+    the communities' then too (those with a member it touched are deleted)."""
+    tables = ["episode_search"]
+    if rebuild.delete_facts or rebuild.facts:
+        tables.append("fact_text")
+    if rebuild.delete_entities or rebuild.entities:
+        tables += ["entity_text", "community_text"]
+    return tables
 
 
 def truncate_log(conn: sqlite3.Connection, path: object) -> bool:

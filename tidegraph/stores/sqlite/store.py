@@ -71,7 +71,7 @@ from tidegraph.stores.sqlite.db import (
     migrate_outbox,
     outbox_before_migration,
 )
-from tidegraph.stores.sqlite.erasure import merge_fulltext, truncate_log
+from tidegraph.stores.sqlite.erasure import merge_fulltext, rebuilt_fulltext, truncate_log
 from tidegraph.stores.sqlite.keys import SqliteKeys
 from tidegraph.stores.sqlite.lifecycle import (
     apply_rebuild,
@@ -631,7 +631,7 @@ class SqliteStore(SqliteCommunities, SqliteSearch, SqliteKeys):
         def write(conn: sqlite3.Connection) -> None:
             with Transaction(conn):
                 apply_rebuild(conn, group_id, rebuild, entities, facts, self.deployment)
-                merge_fulltext(conn)
+                merge_fulltext(conn, rebuilt_fulltext(rebuild))
             truncate_log(conn, self.db.path)
 
         with observe_write("apply_rebuild", len(entities) + len(facts) + len(rebuild.forgotten)):
