@@ -27,6 +27,7 @@ from tests.support.planted import AT, GROUP, NAME, QUERY, forget_planted, needle
 from tidegraph.app.demo import FEED_FILE, MAPPING_FILE, MESSAGES_FILE
 from tidegraph.app.memory import Memory
 from tidegraph.pipelines.ingest import read_jsonl
+from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.search import SearchRequest
 from tidegraph.settings import Settings
 from tidegraph.stores.sqlite.db import DB_FILE
@@ -115,4 +116,18 @@ async def test_a_forget_leaves_no_byte_of_what_it_erased(tmp_path: Path, history
     finally:
         await memory.close()
 
+    assert files_holding(data, wanted) == {}
+
+
+@pytest.mark.parametrize("purge", [False, True])
+async def test_forgetting_the_whole_group_leaves_no_byte_of_it(tmp_path: Path, purge: bool) -> None:
+    data = tmp_path / "data"
+    settings = Settings(data_dir=data, embedder="hashing", mappings=MAPPING_FILE)
+    async with await Memory.open(settings) as memory:
+        await add_all(memory, chatter("other", 40, AT))  # other groups stay
+        await plant(memory)
+        wanted = needles(store_tokenizer(data / "graph" / DB_FILE))
+        done = await memory.forget(ForgetRequest(group_id=GROUP, group=True, purge=purge))
+        assert done.forgotten > 0
+        assert files_holding(data, wanted) == {}
     assert files_holding(data, wanted) == {}
