@@ -9,7 +9,8 @@ not as written, not in lower case, not as the words the fulltext index keeps (th
 words and the Porter stems FTS5 stores, read from a scratch FTS5 table with the store's own
 tokenizer). On a fresh store, and on a long-lived one (the demo's feeds and a few hundred
 other messages before the planted ones, more after the forget). Before the forget the same
-scan finds every string, so the scan can see them.
+scan finds every string, so the scan can see them. Forgetting the whole group, with or
+without purge, leaves none either.
 """
 
 from __future__ import annotations
