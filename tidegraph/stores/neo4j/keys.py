@@ -13,6 +13,9 @@ from tidegraph.stores.neo4j.executor import Neo4jExecutor
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
+# Created with the first key a store adds (a group's keys are read by every micro-batch that
+# holds its sealed records).
+GROUP_KEY_INDEX = "CREATE INDEX group_key_group IF NOT EXISTS FOR (k:GroupKey) ON (k.group_id)"
 GROUP_KEYS = (
     "MATCH (k:GroupKey {group_id: $group_id}) "
     "RETURN k.key_id AS key_id, k.secret AS secret, k.created_at AS created_at "
@@ -54,6 +57,7 @@ class Neo4jKeys:
         async def work(tx: Tx) -> None:
             await tx.rows(ADD_GROUP_KEY, params)
 
+        await self.ex.execute(GROUP_KEY_INDEX, {}, schema=True)
         await self.ex.write("add_group_key", 1, work)
 
     async def erase_group_keys(self, group_id: str) -> int:
