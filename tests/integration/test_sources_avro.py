@@ -1,7 +1,8 @@
 """Declared sources through a worker: Debezium-shaped change events in Avro (the schema
-registry's wire format, a registry with Confluent's API on loopback) beside a plain JSON
-topic; bad records of either are dead letters with their reasons, and everything else goes
-on; a registry outage is retried."""
+registry's wire format, this checkout's schema registry, Apicurio Registry with Confluent's
+API) beside a plain JSON topic; bad records of either are dead letters with their reasons, and
+everything else goes on; a registry outage (injected by a relay in front of the registry,
+tests/support/registry_relay.py) is retried."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from tests.integration.topology_harness import Topology, eventually
-from tests.support.avro_events import AvroEvents, account_event, account_schema
+from tests.support.avro_events import UNKNOWN_SCHEMA_ID, AvroEvents, account_event, account_schema
 from tests.support.crm_tables import MAPPING
-from tests.support.schema_registry import LoopbackSchemaRegistry
+from tests.support.registry_relay import RegistryRelay
 from tidegraph.topics.admin import ensure_topics
 
 NOTE_RULE = """\
@@ -40,27 +41,28 @@ async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, 
 
 
 async def test_avro_and_json_sources_with_bad_records_and_an_outage(
-    topology: Topology, kafka_bootstrap: str, tmp_path: Path
+    topology: Topology, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
     topology.mapping.write_text(MAPPING + NOTE_RULE)
     accounts, notes = f"{topology.prefix}.crm.accounts", f"{topology.prefix}.notes"
     await ensure_topics(kafka_bootstrap, [accounts, notes], partitions=2, replication_factor=1)
     group = f"{topology.run}-"
-    with LoopbackSchemaRegistry() as registry:
+    unknown = b"\x00" + UNKNOWN_SCHEMA_ID.to_bytes(4, "big") + b"\x02"
+    with RegistryRelay(schema_registry_url) as relay:
         sources = tmp_path / "sources.yaml"
         sources.write_text(
             "sources:\n"
             f"  - {{name: crm, topics: [{accounts}], format: avro, envelope: debezium,\n"
-            f"     registry: {{url: '{registry.url}'}}, group: '{group}{{row.tenant}}'}}\n"
+            f"     registry: {{url: '{relay.url}'}}, group: '{group}{{row.tenant}}'}}\n"
             f"  - {{name: notes, topics: [{notes}], group: '{group}notes',\n"
             "     reference_time: at}\n"
         )
-        events = AvroEvents(registry.url, accounts, account_schema())
+        events = AvroEvents(schema_registry_url, accounts, account_schema())
         key = b'{"id": 1}'
         moved = {**ACME, "plan": "Enterprise"}
         await produce(kafka_bootstrap, accounts, [
             (key, events.encode(account_event("r", None, ACME, lsn=10, ts_ms=T0))),
-            (b'{"id": 7}', b"\x00\x00\x00\x00\x63\x02"),           # schema 99: unknown
+            (b'{"id": 7}', unknown),                               # no such schema id
             (b'{"id": 8}', b'{"op": "c"}'),                        # JSON, not Avro
             (key, events.encode(account_event("u", ACME, moved, lsn=20, ts_ms=T0 + 60_000))),
         ])  # fmt: skip
@@ -71,7 +73,7 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
         ])  # fmt: skip
         # The registry answers the worker's check at start, then fails its first two fetches
         # of the schema: retried.
-        registry.outage(times=2, paths="/schemas/ids/")
+        relay.outage(times=2, paths="/schemas/ids/")
         worker = topology.start_worker(
             TIDEGRAPH_SOURCES=str(sources), TIDEGRAPH_COMMUNITIES_ENABLED="false"
         )
@@ -106,10 +108,10 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
 
             # A new version of the schema mid-stream while the registry is down past every
             # retry: a dead letter, replayed to its source topic once the registry is back.
-            newer = AvroEvents(registry.url, accounts, account_schema(extra_column=True))
+            newer = AvroEvents(schema_registry_url, accounts, account_schema(extra_column=True))
             region = {**moved, "owner": "Erin", "region": "EU"}
             data = newer.encode(account_event("u", moved, region, lsn=30, ts_ms=T0 + 120_000))
-            registry.outage(times=1000, paths="/schemas/ids/")
+            relay.outage(times=1000, paths="/schemas/ids/")
             await produce(kafka_bootstrap, accounts, [(key, data)])
 
             async def letters_now() -> list[Any]:
@@ -118,7 +120,7 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
             letters = await eventually(letters_now, lambda got: len(got) == 4, timeout=120,
                                        what="the registry_unavailable dead letter")  # fmt: skip
             assert "registry_unavailable" in {letter.reason for letter in letters}
-            registry.outage(times=0)
+            relay.outage(times=0)
             topology.cli("dlq", "replay", "--stage", "source")
 
             async def owners() -> list[Any]:
