@@ -1,11 +1,12 @@
-"""Declared sources through a worker: Debezium-shaped change events in Avro (the schema
-registry's wire format, this checkout's schema registry, Apicurio Registry with Confluent's
-API) beside a plain JSON topic; bad records of either are dead letters with their reasons, and
-everything else goes on; a registry outage (injected by a relay in front of the registry,
-tests/support/registry_relay.py) is retried."""
+"""Declared sources through a worker: Debezium-shaped change events in Avro and notes in JSON
+Schema, both in the schema registry's wire format through this checkout's schema registry
+(Apicurio Registry, Confluent's API), beside a plain JSON topic; bad records of either are
+dead letters with their reasons, and everything else goes on; a registry outage (injected by
+a relay in front of the registry, tests/support/registry_relay.py) is retried."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ NOTE_RULE = """\
     facts:
       - {relation: WROTE_ABOUT, subject: author, object: topic}
 """
+NOTE_SCHEMA = """{"type": "object", "required": ["type", "author", "about", "at"],
+  "properties": {"type": {"const": "note"}, "author": {"type": "string"},
+                 "about": {"type": "string"}, "at": {"type": "string"}}}"""
 ACME = {"id": 1, "tenant": "north", "name": "Acme", "plan": "Pro", "owner": "Alice"}
 T0 = 1_700_000_000_000
 
@@ -40,12 +44,34 @@ async def produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, 
         await producer.stop()
 
 
+def json_schema_serializer(
+    registry_url: str, topic: str, schema: str
+) -> Callable[[dict[str, Any]], bytes]:
+    """confluent-kafka's JSON Schema serializer, its schema registered under ``<topic>-value``."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    serializer = JSONSerializer(schema, SchemaRegistryClient({"url": registry_url}))
+    context = SerializationContext(topic, MessageField.VALUE)
+
+    def encode(value: dict[str, Any]) -> bytes:
+        data = serializer(value, context)
+        assert data is not None
+        return data
+
+    return encode
+
+
 async def test_avro_and_json_sources_with_bad_records_and_an_outage(
     topology: Topology, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
 ) -> None:
     topology.mapping.write_text(MAPPING + NOTE_RULE)
     accounts, notes = f"{topology.prefix}.crm.accounts", f"{topology.prefix}.notes"
-    await ensure_topics(kafka_bootstrap, [accounts, notes], partitions=2, replication_factor=1)
+    checked_notes = f"{topology.prefix}.checked-notes"
+    await ensure_topics(
+        kafka_bootstrap, [accounts, notes, checked_notes], partitions=2, replication_factor=1
+    )
     group = f"{topology.run}-"
     unknown = b"\x00" + UNKNOWN_SCHEMA_ID.to_bytes(4, "big") + b"\x02"
     with RegistryRelay(schema_registry_url) as relay:
@@ -56,8 +82,11 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
             f"     registry: {{url: '{relay.url}'}}, group: '{group}{{row.tenant}}'}}\n"
             f"  - {{name: notes, topics: [{notes}], group: '{group}notes',\n"
             "     reference_time: at}\n"
+            f"  - {{name: checked-notes, topics: [{checked_notes}], format: jsonschema,\n"
+            f"     registry: {{url: '{relay.url}'}}, group: '{group}notes', reference_time: at}}\n"
         )
         events = AvroEvents(schema_registry_url, accounts, account_schema())
+        checked_note = json_schema_serializer(schema_registry_url, checked_notes, NOTE_SCHEMA)
         key = b'{"id": 1}'
         moved = {**ACME, "plan": "Enterprise"}
         await produce(kafka_bootstrap, accounts, [
@@ -70,6 +99,10 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
             (b"n1", b"not json"),
             (b"n2", b'{"type": "note", "author": "Dana", "about": "renewal",'
                     b' "at": "2025-03-01T10:00:00Z"}'),
+        ])  # fmt: skip
+        await produce(kafka_bootstrap, checked_notes, [
+            (b"n3", checked_note({"type": "note", "author": "Erik", "about": "onboarding",
+                                  "at": "2025-03-02T10:00:00Z"})),
         ])  # fmt: skip
         # The registry answers the worker's check at start, then fails its first two fetches
         # of the schema: retried.
@@ -88,14 +121,16 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
 
             plans, notes_now, letters = await eventually(
                 state,
-                lambda s: len(s[0]) == 3 and len(s[1]) == 1 and len(s[2]) == 3,
+                lambda s: len(s[0]) == 3 and len(s[1]) == 2 and len(s[2]) == 3,
                 timeout=120,
-                what="the accounts' facts, the note and three dead letters",
+                what="the accounts' facts, the two notes and three dead letters",
             )
             history = sorted((f.relation, f.object, f.invalid_at is None) for f in plans)
             assert history == [("HAS_PLAN", "Enterprise", True), ("HAS_PLAN", "Pro", False),
                                ("OWNED_BY", "Alice", True)]  # fmt: skip
-            assert [(f.subject, f.object) for f in notes_now] == [("Dana", "renewal")]
+            assert sorted((f.subject, f.object) for f in notes_now) == [
+                ("Dana", "renewal"), ("Erik", "onboarding")
+            ]  # fmt: skip
             reasons = sorted((letter.stage, letter.reason) for letter in letters)
             assert reasons == [("source", "source_undecodable"), ("source", "source_undecodable"),
                                ("source", "unknown_schema")]  # fmt: skip
@@ -103,8 +138,9 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
                                 reason="registry_unavailable") == 2  # fmt: skip
             assert worker.value("tidegraph_source_dead_letters_total", source="crm",
                                 reason="unknown_schema") == 1  # fmt: skip
-            assert worker.value("tidegraph_source_records_total", source="notes",
-                                outcome="episode") == 1  # fmt: skip
+            for name in ("notes", "checked-notes"):
+                assert worker.value("tidegraph_source_records_total", source=name,
+                                    outcome="episode") == 1  # fmt: skip
 
             # A new version of the schema mid-stream while the registry is down past every
             # retry: a dead letter, replayed to its source topic once the registry is back.
