@@ -7,14 +7,14 @@ Confluent's REST API).
     python -m tests.support.local_services up|down|status     (or `make services-up`)
 
 The jars come from Maven Central through the poms in ``deploy/local/{kafka,neo4j,connect,
-debezium,registry}`` (pinned versions), are cached under ``LocalSettings.cache_dir`` and
-reused (the registry is Apicurio's own distribution, unpacked). Each Java service runs from
-the machine's Java on loopback; PostgreSQL runs from Debian's
-``postgresql`` package (its server binary, as the ``postgres`` user when started by root) on a
-data folder of its own. Each keeps its state, pid file, ports and log under
-``LocalSettings.services_dir`` (inside the checkout by default). Readiness is probed (a Kafka
-metadata request, a Bolt ``RETURN 1``, ``pg_isready``, Connect's plugin list naming Debezium's
-connector, the registry's subject list), never slept for.
+debezium,converter,registry}`` (pinned versions), are cached under ``LocalSettings.cache_dir``
+and reused (the registry is Apicurio's own distribution, unpacked; the converter is Apicurio's
+Connect plugin beside Debezium's). Each Java service runs from the machine's Java on loopback;
+PostgreSQL runs from Debian's ``postgresql`` package (its server binary, as the ``postgres``
+user when started by root) on a data folder of its own. Each keeps its state, pid file, ports
+and log under ``LocalSettings.services_dir`` (inside the checkout by default). Readiness is
+probed (a Kafka metadata request, a Bolt ``RETURN 1``, ``pg_isready``, Connect's plugin list
+naming Debezium's connector, the registry's subject list), never slept for.
 
 A service is used only when this checkout started it (its pid file names a live process that
 carries our marker): a Kafka or Neo4j that merely answers on the same port (another checkout's,
@@ -56,8 +56,10 @@ DEBEZIUM_VERSION = "3.7.0.Final"
 DEBEZIUM_POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 # Apicurio Registry 3.0.9 runs on Java 17, the machine's Java (deploy/local/registry/pom.xml).
 APICURIO_VERSION = "3.0.9"
-# Where Apicurio Registry serves Confluent's schema-registry API.
+# Where Apicurio Registry serves Confluent's schema-registry API, and its own (v2), which its
+# Kafka Connect converters use.
 CONFLUENT_API_PATH = "/apis/ccompat/v7"
+APICURIO_V2_API_PATH = "/apis/registry/v2"
 # The PostgreSQL superuser of the local server (trust authentication, loopback only).
 LOCAL_POSTGRES_USER = "tidegraph"
 START_TIMEOUT_SECONDS = 180.0
@@ -204,6 +206,9 @@ class LocalServices:
         if name == "debezium":
             # A Connect plugin: a folder of its own inside the folder on plugin.path.
             return self.plugin_path / "debezium-connector-postgres"
+        if name == "converter":
+            # Apicurio Registry's Connect converters: a plugin of their own beside Debezium.
+            return self.plugin_path / "apicurio-registry-converter"
         if name == "registry":
             return self.cache / "jars" / f"apicurio-registry-{APICURIO_VERSION}"
         version = NEO4J_VERSION if name == "neo4j" else KAFKA_VERSION
@@ -211,7 +216,8 @@ class LocalServices:
 
     @property
     def plugin_path(self) -> Path:
-        """The local Connect worker's plugin.path (holds only Debezium's connector)."""
+        """The local Connect worker's plugin.path: Debezium's connector and Apicurio
+        Registry's converters."""
         return self.cache / "jars" / f"connect-plugins-debezium-{DEBEZIUM_VERSION}"
 
     @property
@@ -606,6 +612,7 @@ class LocalServices:
             raise ServiceError("Kafka Connect needs this checkout's Kafka: start kafka first")
         jars = self.fetch("connect")
         self.fetch("debezium")
+        self.fetch("converter")
         home = self._dir("connect")
         home.mkdir(parents=True, exist_ok=True)
         ports = self._choose_ports("connect")
