@@ -17,8 +17,8 @@
    commit time (Debezium's ``source.ts_ms``, the episode's reference time) to its episode's
    ``created_at`` in the graph: p50, p99.
 
-The registry is the loopback one of the tests (tests/support/schema_registry.py): no registry
-with Confluent's API runs here from the project's package sources.
+The ``debezium-avro`` variant's registry is this checkout's schema registry (Apicurio
+Registry, Confluent's API; tests/support/local_services.py), started here if need be.
 """
 
 from __future__ import annotations
@@ -449,13 +449,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.support.schema_registry import LoopbackSchemaRegistry
+    from tests.support.local_services import LocalServices
 
+    registry_url = None
+    if "debezium-avro" in args.variants:
+        local = LocalServices()
+        await asyncio.to_thread(local.up, ("registry",))
+        registry_url = local.registry_url
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants}
-    with LoopbackSchemaRegistry() as registry:
-        for _ in range(args.runs):
-            for variant in args.variants:
-                results[variant].append(await run_variant(args, variant, registry.url))
+    for _ in range(args.runs):
+        for variant in args.variants:
+            results[variant].append(await run_variant(args, variant, registry_url))
     medians = {v: _median(runs) for v, runs in results.items()}
     document: dict[str, Any] = {
         "command": "python -m benchmarks.sources " + " ".join(args.argv),

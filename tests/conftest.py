@@ -6,10 +6,11 @@ Integration tests get the real Kafka broker and Neo4j server through ``kafka_boo
 stop at the end of the session only what they started; a Kafka or Neo4j that only answers on a
 port (another checkout's) is never used.
 Point at other servers with TIDEGRAPH_TEST_KAFKA_BOOTSTRAP / TIDEGRAPH_TEST_NEO4J_URI (then
-nothing is started). The tests of declared sources also take ``postgres_dsn`` and
-``connect_url``: this checkout's PostgreSQL and Kafka Connect (with Debezium), started only
-when such a test runs. A service that cannot be reached FAILS the tests that need it, naming
-the service; nothing is ever skipped for a missing service.
+nothing is started). The tests of declared sources also take ``postgres_dsn``,
+``connect_url`` and ``schema_registry_url``: this checkout's PostgreSQL, Kafka Connect (with
+Debezium) and schema registry (Apicurio Registry), started only when such a test runs. A
+service that cannot be reached FAILS the tests that need it, naming the service; nothing is
+ever skipped for a missing service.
 """
 
 from __future__ import annotations
@@ -64,7 +65,12 @@ class _Services:
 
 
 def _title(name: str) -> str:
-    titles = {"kafka": "Kafka", "neo4j": "Neo4j", "postgres": "PostgreSQL"}
+    titles = {
+        "kafka": "Kafka",
+        "neo4j": "Neo4j",
+        "postgres": "PostgreSQL",
+        "registry": "The schema registry",
+    }
     return titles.get(name, "Kafka Connect")
 
 
@@ -102,6 +108,15 @@ def connect_url(_services: _Services, kafka_bootstrap: str) -> str:
     checkout's Kafka, started on first need."""
     _services.ensure("connect", None)
     return _services.local.connect_url
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url(_services: _Services) -> str:
+    """This checkout's schema registry (Apicurio Registry): the URL of its Confluent-compatible
+    API, started on first need. It keeps every schema for the session: a test that counts
+    schema ids registers schemas of its own."""
+    _services.ensure("registry", None)
+    return _services.local.registry_url
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Declared sources end to end: a CRM's tables in PostgreSQL, captured by Debezium's connector
 in Kafka Connect, read by a worker through a sources file and one declared mapping per table,
-into the graph. The facts valid at any time of the script are the tables' rows at that time."""
+into the graph. The facts valid at any time of the script are the tables' rows at that time;
+the same with Connect's JSON converter and with Avro through the schema registry."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.integration.topology_harness import Topology, eventually
 from tests.support.crm_tables import MAPPING, SCHEMA, TABLES, Tables, initial, script, sources_file
-from tests.support.debezium import CapturedDatabase
+from tests.support.debezium import CapturedDatabase, avro_converter
 from tidegraph.stores.base import GraphStore
 from tidegraph.topics.admin import admin_client
 
@@ -47,6 +49,7 @@ def db_clock(dsn: str) -> datetime:
     return row[0]
 
 
+@pytest.mark.parametrize("value_format", ["json", "avro"])
 async def test_the_graph_follows_the_tables_history(
     topology: Topology,
     postgres_dsn: str,
@@ -54,11 +57,22 @@ async def test_the_graph_follows_the_tables_history(
     kafka_bootstrap: str,
     unique_id: str,
     tmp_path: Path,
+    value_format: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    """``json``: Connect's JSON converter with schemas (the worker's default); ``avro``:
+    Apicurio Registry's Avro converter, Confluent's wire format, this checkout's registry."""
     topology.mapping.write_text(MAPPING)
     group = f"{topology.run}-"
     tables = Tables()
-    async with CapturedDatabase(postgres_dsn, connect_url, f"crm{unique_id}") as db:
+    converter: dict[str, str] = {}
+    source_format: dict[str, str] = {}
+    if value_format == "avro":
+        registry_url = request.getfixturevalue("schema_registry_url")
+        converter = avro_converter(registry_url)
+        source_format = {"format": "avro", "registry": f"{{url: '{registry_url}'}}"}
+    name = f"crm{unique_id}"
+    async with CapturedDatabase(postgres_dsn, connect_url, name, converter=converter) as db:
         db.execute(SCHEMA)
         for step in initial():
             db.execute(step.sql)
@@ -66,7 +80,7 @@ async def test_the_graph_follows_the_tables_history(
         await db.capture([f"public.{t}" for t in TABLES])
         await wait_topics(kafka_bootstrap, [db.topic(t) for t in TABLES])
         sources = tmp_path / "sources.yaml"
-        sources.write_text(sources_file("crm", db.topic_prefix, group))
+        sources.write_text(sources_file("crm", db.topic_prefix, group, **source_format))
         worker = topology.start_worker(
             TIDEGRAPH_SOURCES=str(sources), TIDEGRAPH_COMMUNITIES_ENABLED="false"
         )

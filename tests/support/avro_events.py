@@ -1,5 +1,6 @@
 """Debezium-shaped change events of the CRM's accounts table in Avro, in the schema registry's
-wire format (confluent-kafka's serializer), as Connect's Avro converter writes them."""
+wire format (confluent-kafka's serializer, registering its schema in a real registry), as
+Connect's Avro converter writes them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from typing import Any
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+
+# A schema id no registry of the tests hands out (ids count up from 1): unknown to it.
+UNKNOWN_SCHEMA_ID = 2**31 - 1
+
+
+def schema_id_of(data: bytes) -> int:
+    """The schema id of a value in the wire format (bytes 1-4, big endian)."""
+    return int.from_bytes(data[1:5], "big")
 
 
 def account_schema(extra_column: bool = False) -> str:

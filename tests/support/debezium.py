@@ -23,9 +23,34 @@ from typing import Any
 
 import psycopg
 
-from tests.support.local_services import DEBEZIUM_POSTGRES_CONNECTOR
+from tests.support.local_services import (
+    APICURIO_V2_API_PATH,
+    CONFLUENT_API_PATH,
+    DEBEZIUM_POSTGRES_CONNECTOR,
+)
 
 CONNECTOR_TIMEOUT_SECONDS = 90.0
+
+
+def avro_converter(registry_url: str) -> dict[str, str]:
+    """A connector's converter settings for Avro values in Confluent's wire format (a zero
+    byte, the 4-byte schema id, Avro binary), as Confluent's AvroConverter writes them, through
+    Apicurio Registry's converter (the local Connect worker's plugin) and the registry whose
+    Confluent-compatible API is ``registry_url``: each value schema registered there, its id
+    the one that API serves (the content id). Keys stay plain JSON."""
+    native = registry_url.removesuffix(CONFLUENT_API_PATH) + APICURIO_V2_API_PATH
+    value = "value.converter.apicurio.registry"
+    return {
+        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "key.converter.schemas.enable": "false",
+        "value.converter": "io.apicurio.registry.utils.converter.AvroConverter",
+        f"{value}.url": native,
+        f"{value}.auto-register": "true",
+        f"{value}.find-latest": "true",
+        f"{value}.headers.enabled": "false",  # the schema id in the value, not in headers
+        f"{value}.as-confluent": "true",  # 4-byte id, Confluent's framing
+        f"{value}.use-id": "contentId",
+    }
 
 
 class CapturedDatabase:

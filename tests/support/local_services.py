@@ -1,18 +1,20 @@
 """Local Kafka and Neo4j for development and tests, without Docker (a tool of the checkout:
 it needs the poms in ``deploy/local``, so it is not part of the installed product); and, for
-the tests of declared sources only, PostgreSQL with logical replication and Kafka Connect with
-Debezium's PostgreSQL connector.
+the tests of declared sources only, PostgreSQL with logical replication, Kafka Connect with
+Debezium's PostgreSQL connector, and a schema registry (Apicurio Registry, which serves
+Confluent's REST API).
 
     python -m tests.support.local_services up|down|status     (or `make services-up`)
 
 The jars come from Maven Central through the poms in ``deploy/local/{kafka,neo4j,connect,
-debezium}`` (pinned versions), are cached under ``LocalSettings.cache_dir`` and reused. Each
-Java service runs from the machine's Java on loopback; PostgreSQL runs from Debian's
-``postgresql`` package (its server binary, as the ``postgres`` user when started by root) on a
-data folder of its own. Each keeps its state, pid file, ports and log under
-``LocalSettings.services_dir`` (inside the checkout by default). Readiness is probed (a Kafka
-metadata request, a Bolt ``RETURN 1``, ``pg_isready``, Connect's plugin list naming Debezium's
-connector), never slept for.
+debezium,converter,registry}`` (pinned versions), are cached under ``LocalSettings.cache_dir``
+and reused (the registry is Apicurio's own distribution, unpacked; the converter is Apicurio's
+Connect plugin beside Debezium's). Each Java service runs from the machine's Java on loopback;
+PostgreSQL runs from Debian's ``postgresql`` package (its server binary, as the ``postgres``
+user when started by root) on a data folder of its own. Each keeps its state, pid file, ports
+and log under ``LocalSettings.services_dir`` (inside the checkout by default). Readiness is
+probed (a Kafka metadata request, a Bolt ``RETURN 1``, ``pg_isready``, Connect's plugin list
+naming Debezium's connector, the registry's subject list), never slept for.
 
 A service is used only when this checkout started it (its pid file names a live process that
 carries our marker): a Kafka or Neo4j that merely answers on the same port (another checkout's,
@@ -52,6 +54,12 @@ NEO4J_VERSION = "5.26.30"
 # Built against Kafka 4.3.1 (deploy/local/debezium/pom.xml); one version for all its jars.
 DEBEZIUM_VERSION = "3.7.0.Final"
 DEBEZIUM_POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
+# Apicurio Registry 3.0.9 runs on Java 17, the machine's Java (deploy/local/registry/pom.xml).
+APICURIO_VERSION = "3.0.9"
+# Where Apicurio Registry serves Confluent's schema-registry API, and its own (v2), which its
+# Kafka Connect converters use.
+CONFLUENT_API_PATH = "/apis/ccompat/v7"
+APICURIO_V2_API_PATH = "/apis/registry/v2"
 # The PostgreSQL superuser of the local server (trust authentication, loopback only).
 LOCAL_POSTGRES_USER = "tidegraph"
 START_TIMEOUT_SECONDS = 180.0
@@ -63,14 +71,15 @@ LOCAL_SASL_PASSWORD = "tidegraph-local"
 # What `up` starts by default; the sources services start only for the tests that need them
 # (or `up --sources`). `down` and `status` cover all of them; Connect stops before Kafka.
 SERVICES = ("kafka", "neo4j")
-SOURCE_SERVICES = ("postgres", "connect")
-ALL_SERVICES = ("connect", "postgres", "kafka", "neo4j")
+SOURCE_SERVICES = ("postgres", "connect", "registry")
+ALL_SERVICES = ("connect", "registry", "postgres", "kafka", "neo4j")
 # Each service's ports, by role; the first is the one clients connect to.
 PORT_ROLES = {
     "kafka": ("plain", "controller", "secure"),
     "neo4j": ("bolt",),
     "postgres": ("sql",),
     "connect": ("rest",),
+    "registry": ("http",),
 }
 # The Debian package whose server binaries run the local PostgreSQL.
 POSTGRES_BIN_GLOB = "/usr/lib/postgresql/*/bin"
@@ -98,6 +107,9 @@ class LocalSettings(BaseSettings):
     local_neo4j_bolt_port: int = Field(17687, description="Bolt port of the local Neo4j.")
     local_postgres_port: int = Field(15432, description="Port of the local PostgreSQL.")
     local_connect_port: int = Field(18083, description="REST port of the local Kafka Connect.")
+    local_registry_port: int = Field(
+        18081, description="HTTP port of the local schema registry (Apicurio Registry)."
+    )
 
     def configured_ports(self, name: str) -> dict[str, int]:
         if name == "kafka":
@@ -110,6 +122,8 @@ class LocalSettings(BaseSettings):
             return {"sql": self.local_postgres_port}
         if name == "connect":
             return {"rest": self.local_connect_port}
+        if name == "registry":
+            return {"http": self.local_registry_port}
         return {"bolt": self.local_neo4j_bolt_port}
 
 
@@ -179,6 +193,7 @@ class LocalServices:
                     "bolt": "NEO4J_BOLT_PORT",
                     "sql": "POSTGRES_PORT",
                     "rest": "CONNECT_PORT",
+                    "http": "REGISTRY_PORT",
                 }[role]
                 raise ServiceError(
                     f"port {port} ({name} {role}) is held by a process this checkout did not "
@@ -191,12 +206,18 @@ class LocalServices:
         if name == "debezium":
             # A Connect plugin: a folder of its own inside the folder on plugin.path.
             return self.plugin_path / "debezium-connector-postgres"
+        if name == "converter":
+            # Apicurio Registry's Connect converters: a plugin of their own beside Debezium.
+            return self.plugin_path / "apicurio-registry-converter"
+        if name == "registry":
+            return self.cache / "jars" / f"apicurio-registry-{APICURIO_VERSION}"
         version = NEO4J_VERSION if name == "neo4j" else KAFKA_VERSION
         return self.cache / "jars" / f"{name}-{version}"
 
     @property
     def plugin_path(self) -> Path:
-        """The local Connect worker's plugin.path (holds only Debezium's connector)."""
+        """The local Connect worker's plugin.path: Debezium's connector and Apicurio
+        Registry's converters."""
         return self.cache / "jars" / f"connect-plugins-debezium-{DEBEZIUM_VERSION}"
 
     @property
@@ -218,6 +239,12 @@ class LocalServices:
     def connect_url(self) -> str:
         """The local Kafka Connect worker's REST API."""
         return f"http://127.0.0.1:{self.ports('connect')['rest']}"
+
+    @property
+    def registry_url(self) -> str:
+        """The local schema registry's Confluent-compatible API (a registry ``url`` for
+        confluent-kafka's client and for a sources file)."""
+        return f"http://127.0.0.1:{self.ports('registry')['http']}{CONFLUENT_API_PATH}"
 
     @property
     def kafka_secure_address(self) -> str:
@@ -262,7 +289,8 @@ class LocalServices:
 
     # ------------------------------------------------------------------ fetch
     def fetch(self, name: str) -> Path:
-        """Copy the service's jars from Maven Central into the cache (once)."""
+        """Copy the service's jars from Maven Central into the cache (once); the registry's
+        distribution is unpacked there instead."""
         target = self.jar_dir(name)
         marker = target / ".complete"
         if marker.exists():
@@ -277,16 +305,19 @@ class LocalServices:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         log.info("fetching %s jars from Maven Central into %s", name, target)
-        cmd = [
-            mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
-            f"-DoutputDirectory={partial}", "-DincludeScope=runtime",
-        ]  # fmt: skip
+        if name == "registry":
+            # The artifact named in the pom, unpacked (its markers kept out of the checkout).
+            goal = ["dependency:unpack", f"-DmarkersDirectory={partial}.markers"]
+        else:
+            goal = ["dependency:copy-dependencies", "-DincludeScope=runtime"]
+        cmd = [mvn, "-B", "-q", "-f", str(pom), *goal, f"-DoutputDirectory={partial}"]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise ServiceError(
                 f"fetching {name} with Maven failed (exit {result.returncode}):\n"
                 f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
             )
+        shutil.rmtree(f"{partial}.markers", ignore_errors=True)
         (partial / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%S"))
         shutil.rmtree(target, ignore_errors=True)
         partial.rename(target)
@@ -581,6 +612,7 @@ class LocalServices:
             raise ServiceError("Kafka Connect needs this checkout's Kafka: start kafka first")
         jars = self.fetch("connect")
         self.fetch("debezium")
+        self.fetch("converter")
         home = self._dir("connect")
         home.mkdir(parents=True, exist_ok=True)
         ports = self._choose_ports("connect")
@@ -632,6 +664,31 @@ class LocalServices:
         """True when the worker's REST API answers and lists Debezium's connector."""
         return probe_connect(self.connect_url, timeout)
 
+    # ------------------------------------------------------------------ registry
+    def _start_registry(self) -> int:
+        home = self.fetch("registry")
+        self._dir("registry").mkdir(parents=True, exist_ok=True)
+        ports = self._choose_ports("registry")
+        runner = home / f"apicurio-registry-app-{APICURIO_VERSION}-runner.jar"
+        return self._spawn(
+            "registry",
+            [
+                "-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                # The quick compiler alone: ready in about half the time on two busy cores
+                # (the optimising compiler's threads compete with the start).
+                "-XX:TieredStopAtLevel=1",
+                "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={ports['http']}",
+                # Storage: H2 in memory (the default); no access log line per request.
+                "-Dquarkus.http.access-log.enabled=false",
+                "-jar", str(runner),
+            ],
+            cwd=self._dir("registry"),
+            ports=ports,
+        )  # fmt: skip
+
+    def probe_registry(self, timeout: float = 3.0) -> bool:
+        return probe_registry(self.registry_url, timeout)
+
     # ------------------------------------------------------------------ probes
     def probe_kafka(self, timeout: float = 3.0) -> bool:
         return probe_kafka_sync(self.kafka_address, timeout)
@@ -645,6 +702,7 @@ class LocalServices:
             "neo4j": self.probe_neo4j,
             "postgres": self.probe_postgres,
             "connect": self.probe_connect,
+            "registry": self.probe_registry,
         }
         return probes[name]()
 
@@ -654,6 +712,7 @@ class LocalServices:
             "neo4j": lambda: self.neo4j_address,
             "postgres": lambda: self.postgres_dsn,
             "connect": lambda: self.connect_url,
+            "registry": lambda: self.registry_url,
         }
         return addresses[name]()
 
@@ -686,6 +745,7 @@ class LocalServices:
                     "neo4j": self._start_neo4j,
                     "postgres": self._start_postgres,
                     "connect": self._start_connect,
+                    "registry": self._start_registry,
                 }
                 pending[name] = starters[name]()
             else:
@@ -844,6 +904,17 @@ def probe_connect(url: str, timeout: float = 3.0) -> bool:
     return any(p.get("class") == DEBEZIUM_POSTGRES_CONNECTOR for p in plugins)
 
 
+def probe_registry(url: str, timeout: float = 3.0) -> bool:
+    """True when a schema registry answers Confluent's subject list at ``url``."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/subjects", timeout=timeout) as response:
+            return isinstance(json.loads(response.read()), list)
+    except Exception:
+        return False
+
+
 def probe_neo4j(uri: str, timeout: float = 3.0, auth: tuple[str, str] | None = None) -> bool:
     """True when Neo4j answers ``RETURN 1`` over Bolt."""
     from neo4j import GraphDatabase
@@ -873,7 +944,9 @@ def _up(
     kafka: bool = typer.Option(True, help="Start Kafka."),
     neo4j: bool = typer.Option(True, help="Start Neo4j."),
     sources: bool = typer.Option(
-        False, help="Also start PostgreSQL and Kafka Connect with Debezium (needs Kafka)."
+        False,
+        help="Also start PostgreSQL, Kafka Connect with Debezium (needs Kafka) and the schema "
+        "registry.",
     ),
 ) -> None:
     """Fetch (once) and start Kafka and Neo4j on loopback; a no-op for what already runs."""

@@ -44,7 +44,9 @@ def test_kafka_cluster_ids_never_start_with_a_dash() -> None:
     assert len(set(ids)) == len(ids)
 
 
-@pytest.mark.parametrize("service", ["kafka", "neo4j"])
+@pytest.mark.parametrize(
+    "service", ["kafka", "neo4j", "connect", "debezium", "converter", "registry"]
+)
 def test_the_services_poms_are_found_in_the_checkout(service: str) -> None:
     """`tidegraph services up` on a machine with no cached jars fetches them with these poms."""
     from tests.support.local_services import POM_DIR

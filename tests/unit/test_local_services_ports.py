@@ -30,6 +30,7 @@ def services(tmp_path: Path, port: int, **kw: bool) -> LocalServices:
         local_kafka_port=port,
         local_postgres_port=port,
         local_connect_port=port,
+        local_registry_port=port,
     )
     return LocalServices(settings, **kw)
 
@@ -48,11 +49,13 @@ def test_a_foreign_listener_on_the_configured_port_is_refused_naming_the_setting
         local._choose_ports("postgres")
     with pytest.raises(ServiceError, match="TIDEGRAPH_LOCAL_CONNECT_PORT"):
         local._choose_ports("connect")
+    with pytest.raises(ServiceError, match="TIDEGRAPH_LOCAL_REGISTRY_PORT"):
+        local._choose_ports("registry")
 
 
 def test_with_free_ports_a_service_starts_elsewhere(tmp_path: Path, foreign_listener: int):
     local = services(tmp_path, foreign_listener, free_ports=True)
-    for name in ("kafka", "neo4j", "postgres", "connect"):
+    for name in ("kafka", "neo4j", "postgres", "connect", "registry"):
         chosen = local._choose_ports(name)
         assert foreign_listener not in chosen.values(), chosen
         assert len(set(chosen.values())) == len(chosen)

@@ -1,0 +1,128 @@
+"""Values through this checkout's schema registry (Apicurio Registry, Confluent's API;
+tidegraph/pipelines/streaming/sources.py ``RegistryDecoder``): Avro and JSON Schema encoded
+by confluent-kafka's serializers, schemas fetched once per id, a new version mid-stream,
+unknown ids, bytes that do not decode, an outage. The decoder reaches the registry through a
+relay (tests/support/registry_relay.py) that counts its fetches and cuts it off on cue."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.avro_events import (
+    UNKNOWN_SCHEMA_ID,
+    AvroEvents,
+    account_event,
+    account_schema,
+    schema_id_of,
+)
+from tests.support.registry_relay import RegistryRelay
+from tidegraph.pipelines.streaming.sources import RegistryDecoder, RegistryUnavailable
+from tidegraph.processors.sources import RegistrySpec
+from tidegraph.records.errors import RecordError
+
+ACME = {"id": 1, "tenant": "north", "name": "Acme", "plan": "Pro", "owner": "Alice"}
+
+
+@pytest.fixture
+def topic() -> str:
+    """A topic of its own: the registry keeps every subject for the session."""
+    return f"crm{uuid.uuid4().hex[:8]}.public.accounts"
+
+
+@pytest.fixture
+def relay(schema_registry_url: str) -> Iterator[RegistryRelay]:
+    with RegistryRelay(schema_registry_url) as server:
+        yield server
+
+
+def decoder(relay: RegistryRelay, format: str = "avro") -> RegistryDecoder:
+    return RegistryDecoder(RegistrySpec(url=relay.url), format)
+
+
+async def test_values_decode_and_each_schema_is_fetched_once(
+    schema_registry_url: str, relay: RegistryRelay, topic: str
+) -> None:
+    events = AvroEvents(schema_registry_url, topic, account_schema())
+    avro = decoder(relay)
+    schema_ids = set()
+    for lsn in range(1, 6):
+        event = account_event("c", None, {**ACME, "id": lsn}, lsn=lsn, ts_ms=1_700_000_000_000)
+        data = events.encode(event)
+        schema_ids.add(schema_id_of(data))
+        assert await avro.decode(topic, data) == event
+    assert relay.fetches == {schema_ids.pop(): 1}
+
+
+async def test_a_new_schema_version_mid_stream(
+    schema_registry_url: str, relay: RegistryRelay, topic: str
+) -> None:
+    old = AvroEvents(schema_registry_url, topic, account_schema())
+    new = AvroEvents(schema_registry_url, topic, account_schema(extra_column=True))
+    avro = decoder(relay)
+    first = account_event("c", None, ACME, lsn=1, ts_ms=1)
+    later = account_event("u", ACME, {**ACME, "region": "EU"}, lsn=2, ts_ms=2)
+    first_data, later_data = old.encode(first), new.encode(later)
+    assert schema_id_of(first_data) != schema_id_of(later_data)
+    assert await avro.decode(topic, first_data) == first
+    decoded = await avro.decode(topic, later_data)
+    assert decoded["after"]["region"] == "EU" and decoded["before"]["region"] is None
+    assert relay.fetches == {schema_id_of(first_data): 1, schema_id_of(later_data): 1}
+
+
+async def test_an_unknown_schema_id_is_a_dead_letter_reason(
+    relay: RegistryRelay, topic: str
+) -> None:
+    data = b"\x00" + UNKNOWN_SCHEMA_ID.to_bytes(4, "big") + b"\x02"
+    with pytest.raises(RecordError) as failed:
+        await decoder(relay).decode(topic, data)
+    assert failed.value.reason == "unknown_schema" and str(UNKNOWN_SCHEMA_ID) in str(failed.value)
+
+
+async def test_bytes_that_do_not_decode_with_their_schema_say_so(
+    schema_registry_url: str, relay: RegistryRelay, topic: str
+) -> None:
+    data = AvroEvents(schema_registry_url, topic, account_schema()).encode(
+        account_event("c", None, ACME, lsn=1, ts_ms=1)
+    )
+    with pytest.raises(RecordError) as failed:
+        await decoder(relay).decode(topic, data[:5] + b"\xff\xff")
+    assert failed.value.reason == "source_undecodable"
+    assert f"schema {schema_id_of(data)}" in str(failed.value)
+
+
+async def test_an_outage_is_transient_and_the_record_decodes_once_it_answers(
+    schema_registry_url: str, relay: RegistryRelay, topic: str
+) -> None:
+    events = AvroEvents(schema_registry_url, topic, account_schema())
+    data = events.encode(account_event("c", None, ACME, lsn=1, ts_ms=1))
+    avro = decoder(relay)
+    relay.outage(times=1)
+    with pytest.raises(RegistryUnavailable):
+        await avro.decode(topic, data)
+    assert (await avro.decode(topic, data))["after"] == ACME
+
+
+async def test_json_schema_values_decode_through_the_registry(
+    schema_registry_url: str, relay: RegistryRelay, topic: str
+) -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    schema = (
+        '{"type": "object", "properties": {"op": {"type": "string"}, '
+        '"after": {"type": "object"}}, "required": ["op"]}'
+    )
+    serializer = JSONSerializer(schema, SchemaRegistryClient({"url": schema_registry_url}))
+    event = {"op": "c", "after": ACME}
+    data = serializer(event, SerializationContext(topic, MessageField.VALUE))
+    assert data is not None and data[0] == 0
+    json_decoder = decoder(relay, "jsonschema")
+    assert await json_decoder.decode(topic, data) == event
+    with pytest.raises(RecordError) as failed:  # valid JSON that breaks its schema
+        await json_decoder.decode(topic, data[:5] + b'{"after": {}}')
+    assert failed.value.reason == "source_undecodable"
+    assert relay.fetches == {schema_id_of(data): 1}
