@@ -93,7 +93,7 @@ from tidegraph.stores.rows import (
     unique,
 )
 from tidegraph.stores.search_text import search_terms, text_words
-from tidegraph.stores.write_rules import closed_fact, merged_entity, merged_fact
+from tidegraph.stores.write_rules import closed_fact, merged_entity, merged_episode, merged_fact
 
 
 class MemoryStore(MemorySearch):
@@ -320,7 +320,11 @@ class MemoryStore(MemorySearch):
         self._check_write(group_id, write, None if stored is None else stored.group_id)
         # Checked: nothing below can fail, so the write is all or nothing (one transaction).
         self._upsert(group_id, write.entities, now)
-        self._episodes[episode["uuid"]] = episode_record({**episode, "group_id": group_id})
+        self._episodes[episode["uuid"]] = merged_episode(
+            self._episodes.get(episode["uuid"]),
+            episode_record({**episode, "group_id": group_id}),
+            now,
+        )
         self._created[episode["uuid"]] = episode["created_entities"]
         self._mentions.update((episode["uuid"], u) for u in unique(write.mentions))
         for fact in write.facts:
