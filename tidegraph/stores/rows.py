@@ -1,6 +1,7 @@
 """Records to query parameters and back, the same for every store: the parameters of a write
-(checked: its group, labels, embeddings), how repeated upserts fold, the records built from a
-query's rows, their order, and the folds of the community graph.
+(checked: its group, labels, embeddings), the records built from a query's rows, their order,
+and the folds of the community graph. What a write does to a stored record is
+stated in ``tidegraph.stores.write_rules``.
 
 Every datetime goes in and comes out aware UTC (``to_utc`` reads what either engine returns).
 Scores of vector searches are ``(1 + cos) / 2`` in [0, 1], the measure Neo4j's cosine vector

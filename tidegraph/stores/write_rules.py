@@ -35,7 +35,7 @@ from typing import Any, Final, TypeVar
 
 from tidegraph.records.graph import EntityRecord, EpisodeRecord, FactClosure, FactRecord
 from tidegraph.records.times import utc
-from tidegraph.stores.rows import clean_labels, opt_utc, unique
+from tidegraph.stores.rows import TIME_FIELDS, TIME_LIST_FIELDS, clean_labels, unique
 
 
 class Rule(StrEnum):
@@ -243,23 +243,26 @@ def merged_entity(
 ) -> EntityRecord:
     """``stored`` (None: not stored yet) after an upsert of ``written`` (its labels cleaned:
     ``rows.clean_labels``; no creation time: ``now``)."""
-    values = _written(ENTITY, written)
-    values["labels"] = clean_labels(written.labels)
-    values["created_at"] = values["created_at"] or now
-    return _merged(EntityRecord, ENTITY, stored, values)
+    return _merged(
+        EntityRecord,
+        ENTITY,
+        stored,
+        written,
+        labels=clean_labels(written.labels),
+        created_at=utc(written.created_at or now),
+        community_uuid=None,  # not the upsert's: the store's (``write_communities``)
+    )
 
 
 def merged_fact(stored: FactRecord | None, written: FactRecord, now: datetime) -> FactRecord:
     """``stored`` (None: not stored yet) after a write of ``written`` (no creation time:
     ``now``)."""
-    values = _written(FACT, written)
-    values["created_at"] = values["created_at"] or now
-    return _merged(FactRecord, FACT, stored, values)
+    return _merged(FactRecord, FACT, stored, written, created_at=utc(written.created_at or now))
 
 
 def closed_fact(stored: FactRecord, closure: FactClosure) -> FactRecord:
     """``stored`` after ``closure``."""
-    return _merged(FactRecord, CLOSURE, stored, _written(CLOSURE, closure))
+    return _merged(FactRecord, CLOSURE, stored, closure)
 
 
 def merged_episode(
@@ -267,40 +270,83 @@ def merged_episode(
 ) -> EpisodeRecord:
     """``stored`` (None: not stored yet) after its marker is written again (no creation
     time: ``now``)."""
-    values = _written(EPISODE, written)
-    values["created_at"] = values["created_at"] or now
-    return _merged(EpisodeRecord, EPISODE, stored, values)
+    return _merged(
+        EpisodeRecord, EPISODE, stored, written, created_at=utc(written.created_at or now)
+    )
 
 
-def _written(rules: Rules, record: Any) -> dict[str, Any]:
-    """The fields of ``rules`` that ``record`` has, times as aware UTC and sequences as fresh
-    lists (nothing shared with the caller's record)."""
-    return {name: _normal(getattr(record, name)) for name in rules if hasattr(record, name)}
-
-
-def _normal(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return utc(value)
-    if isinstance(value, list | tuple):
-        if value and isinstance(value[0], datetime):
-            return [opt_utc(v) for v in value]
-        return list(value)
+def _same(value: Any) -> Any:
     return value
 
+
+def _copied(value: Any) -> Any:
+    return None if value is None else list(value)
+
+
+def _utc(value: Any) -> Any:
+    return None if value is None else utc(value)
+
+
+def _utcs(value: Any) -> Any:
+    return None if value is None else [utc(t) for t in value]
+
+
+def _normal(name: str) -> Callable[[Any], Any]:
+    """How a written field is held: times aware UTC, sequences as fresh lists (nothing shared
+    with the caller's record)."""
+    if name in TIME_FIELDS:
+        return _utc
+    if name in TIME_LIST_FIELDS:
+        return _utcs
+    if name in _LIST_FIELDS:
+        return _copied
+    return _same
+
+
+_LIST_FIELDS = frozenset(
+    {"labels", "aliases", "episodes", "created_entities"}
+    | {"name_embedding", "fact_embedding", "content_embedding"}
+)
+_MISSING = object()
+
+# Per table, what a write to a stored record may change: (field, its rule, its normal form),
+# worked out once (the batch view applies these on every write).
+_UPDATES: dict[int, tuple[tuple[str, Rule, Callable[[Any], Any]], ...]] = {
+    id(rules): tuple((name, rules[name], _normal(name)) for name in updated_fields(rules))
+    for rules in RULES.values()
+}
+_CREATES: dict[int, tuple[tuple[str, Rule, Callable[[Any], Any]], ...]] = {
+    id(rules): tuple((name, rule, _normal(name)) for name, rule in rules.items())
+    for rules in RULES.values()
+}
 
 _Record = TypeVar("_Record", EntityRecord, FactRecord, EpisodeRecord)
 
 
 def _merged(
-    kind: type[_Record], rules: Rules, stored: _Record | None, values: dict[str, Any]
+    kind: type[_Record], rules: Rules, stored: _Record | None, written: Any, **given: Any
 ) -> _Record:
+    """``stored`` after ``written`` (a record, or a closure), with ``given`` values taken
+    instead of the written ones."""
     if stored is None:
-        created = merged_values(rules, None, values)
-        # None: the record's own default ("" for an entity's summary, [] for a history)
-        return kind(**{name: value for name, value in created.items() if value is not None})
-    changed = {
-        name: applied(rules[name], getattr(stored, name), values[name], created=False)
-        for name in updated_fields(rules)
-        if name in values
-    }
+        fields = kind.model_fields
+        created: dict[str, Any] = {}
+        for name, rule, normal in _CREATES[id(rules)]:
+            value = given[name] if name in given else getattr(written, name, _MISSING)
+            if value is _MISSING:  # a field of the write the record does not hold
+                continue
+            new = applied(rule, None, normal(value), created=True)
+            if new is None:  # the record's default ("" for a summary, [] for a history)
+                factory = fields[name].default_factory
+                new = factory() if factory is not None else fields[name].default  # type: ignore[call-arg]
+            created[name] = new
+        extra = {name: v for name, v in given.items() if name not in rules}
+        # the written record with the values created (a copy: validated already)
+        record: _Record = written.model_copy(update=created | extra)
+        return record
+    changed: dict[str, Any] = {}
+    for name, rule, normal in _UPDATES[id(rules)]:
+        value = given[name] if name in given else getattr(written, name, _MISSING)
+        if value is not _MISSING:
+            changed[name] = applied(rule, getattr(stored, name), normal(value), created=False)
     return stored.model_copy(update=changed)
