@@ -11,11 +11,18 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tidegraph.records.graph import EntityRecord, EpisodeRecord, FactClosure, FactRecord
+from tidegraph.records.graph import (
+    CommunityRecord,
+    EntityRecord,
+    EpisodeRecord,
+    FactClosure,
+    FactRecord,
+)
 from tidegraph.stores.neo4j import write_queries
 from tidegraph.stores.sqlite import write_sql
 from tidegraph.stores.write_rules import (
     CLOSURE,
+    COMMUNITY,
     ENTITY,
     EPISODE,
     FACT,
@@ -75,20 +82,24 @@ def _fields(kind: type) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("rules", "kind", "not_written"),
+    ("rules", "kind", "not_written", "not_held"),
     [
         # an entity's community is not written by an upsert (``write_communities``)
-        (ENTITY, EntityRecord, {"community_uuid"}),
-        (FACT, FactRecord, set()),
-        (CLOSURE, FactClosure, set()),
-        (EPISODE, EpisodeRecord, set()),
+        (ENTITY, EntityRecord, {"community_uuid"}, set()),
+        (FACT, FactRecord, set(), set()),
+        (CLOSURE, FactClosure, set(), set()),
+        # the entities an episode created are the write's (``EpisodeWrite.created``)
+        (EPISODE, EpisodeRecord, set(), {"created_entities"}),
+        # a community's members are replaced by an upsert, not merged; its group is the
+        # store's
+        (COMMUNITY, CommunityRecord, {"members"}, {"group_id"}),
     ],
 )
-def test_every_field_a_write_carries_has_a_rule(rules: Rules, kind: type, not_written: set[str]):
+def test_every_field_a_write_carries_has_a_rule(
+    rules: Rules, kind: type, not_written: set[str], not_held: set[str]
+):
     assert _fields(kind) - not_written <= set(rules)
-    # and the table names no field the record lacks (the episode's created entities are the
-    # write's, ``EpisodeWrite.created``)
-    assert set(rules) - _fields(kind) <= {"created_entities"}
+    assert set(rules) - _fields(kind) == not_held
 
 
 def test_field_names_are_plain_identifiers():
@@ -129,7 +140,13 @@ def test_the_embedded_stores_upserts_follow_the_table():
     _check_sql(write_sql.MERGE_FACT, FACT, "fact.", "excluded.")
     _check_sql(write_sql.MERGE_EPISODE, EPISODE, "episode.", "excluded.")
     _check_sql(write_sql.CLOSE_FACT, CLOSURE, "", ":")
-    for statement, rules in ((write_sql.MERGE_FACT, FACT), (write_sql.MERGE_EPISODE, EPISODE)):
+    _check_sql(write_sql.UPSERT_COMMUNITY, COMMUNITY, "community.", "excluded.")
+    upserts = (
+        (write_sql.MERGE_FACT, FACT),
+        (write_sql.MERGE_EPISODE, EPISODE),
+        (write_sql.UPSERT_COMMUNITY, COMMUNITY),
+    )
+    for statement, rules in upserts:
         columns = statement.split("(", 1)[1].split(")", 1)[0].split(", ")
         assert columns == list(rules)
 
@@ -159,6 +176,7 @@ def test_the_neo4j_statements_follow_the_table():
     _check_cypher(closures, "r", CLOSURE)
     episode = write_queries._MERGE_EPISODE.replace("\n  ", "\n").replace("w.ep.", "row.")
     _check_cypher(episode, "ep", EPISODE)
+    _check_cypher(write_queries.UPSERT_COMMUNITIES, "c", COMMUNITY)
 
 
 def test_updated_fields_are_what_a_write_may_change():

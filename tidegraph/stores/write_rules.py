@@ -1,14 +1,15 @@
 """The write rules: what a stored record becomes when a write is applied to it, stated once,
 as data: one ``Rule`` per field of each kind of write (``ENTITY``, ``FACT``, ``CLOSURE``,
-``EPISODE``).
+``EPISODE``, ``COMMUNITY``).
 
 Every store applies these tables and no other statement of them:
 
 - the batch view (``tidegraph.pipelines.batch_view``) and the in-memory store apply them to
   records with ``merged_entity``, ``merged_fact``, ``closed_fact`` and ``merged_episode``;
 - the embedded store folds its entity upserts with ``merged_values`` and builds the SET
-  clauses of its fact, closure and episode upserts from the tables
-  (``tidegraph.stores.sqlite.write_sql``);
+  clauses of its fact, closure, episode and community upserts from the tables
+  (``tidegraph.stores.sqlite.write_sql``); the in-memory store's community upserts use
+  ``merged_values`` too;
 - the Neo4j store builds the SET clauses of its statements from them
   (``tidegraph.stores.neo4j.write_queries``).
 
@@ -23,7 +24,8 @@ aliases (set union, in order); takes a non-empty summary; keeps a key once set. 
 the written state but keeps its ``created_at`` and its first ``expired_at``; a write without an
 embedding or without a history keeps the stored one (a history only grows). A closure sets
 ``invalid_at``, the end history it carries, and ``expired_at`` only while it is unset. An
-episode's marker takes the written state but keeps its group and ``created_at``.
+episode's marker takes the written state but keeps its group and ``created_at``. A community
+takes its written name and summary and keeps its name embedding when none is written.
 """
 
 from __future__ import annotations
@@ -131,11 +133,22 @@ EPISODE: Final[dict[str, Rule]] = {
     "extracted_at": Rule.TAKE_WRITTEN,
 }
 
+# A community upsert (``write_communities``; its members are not a field: they are replaced).
+COMMUNITY: Final[dict[str, Rule]] = {
+    "uuid": Rule.KEY,
+    "group_id": Rule.ON_CREATE,
+    "created_at": Rule.ON_CREATE,
+    "name": Rule.TAKE_WRITTEN,
+    "summary": Rule.TAKE_WRITTEN,
+    "name_embedding": Rule.WRITTEN_OR_KEEP,
+}
+
 RULES: Final[dict[str, dict[str, Rule]]] = {
     "entity": ENTITY,
     "fact": FACT,
     "closure": CLOSURE,
     "episode": EPISODE,
+    "community": COMMUNITY,
 }
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from tidegraph.stores.rows import TIME_FIELDS, TIME_LIST_FIELDS
 from tidegraph.stores.write_rules import (
     CLOSURE,
+    COMMUNITY,
     ENTITY,
     EPISODE,
     FACT,
@@ -292,15 +293,9 @@ CALL (row) {
 
 # ----------------------------------------------------------------------------- communities
 # (the reads: tidegraph.stores.neo4j.common_queries)
-UPSERT_COMMUNITIES = (
-    """
+UPSERT_COMMUNITIES = f"""
 UNWIND $rows AS row
-MERGE (c:Community {uuid: row.uuid})
-ON CREATE SET c.group_id = $group_id, c.created_at = """
-    + at("row.created_at")
-    + """
-SET c.name = row.name,
-    c.summary = row.summary,
-    c.name_embedding = coalesce(row.name_embedding, c.name_embedding)
+MERGE (c:Community {{uuid: row.uuid}})
+ON CREATE SET {_listed(on_create("c", COMMUNITY, "row", "$group_id"), "              ")}
+SET {_listed(on_write("c", COMMUNITY, "row", "$group_id"), "    ")}
 """
-)

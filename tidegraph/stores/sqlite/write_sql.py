@@ -1,7 +1,7 @@
-"""The embedded store's upserts of facts, closures and episodes, built from the write rules
-(``tidegraph.stores.write_rules``): the columns are the fields of the rules' tables, the
-ON CONFLICT and UPDATE assignments are ``write_rules.set_clause``. Each statement takes its
-values by name (``params``) from a row of ``tidegraph.stores.rows``.
+"""The embedded store's upserts of facts, closures, episodes and communities, built from the
+write rules (``tidegraph.stores.write_rules``): the columns are the fields of the rules'
+tables, the ON CONFLICT and UPDATE assignments are ``write_rules.set_clause``. Each statement
+takes its values by name (``params``) from a row of ``tidegraph.stores.rows``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from tidegraph.stores.rows import TIME_FIELDS, TIME_LIST_FIELDS
 from tidegraph.stores.sqlite.db import json_text, micros, micros_list, vector_blob
-from tidegraph.stores.write_rules import CLOSURE, EPISODE, FACT, Rules, set_clause
+from tidegraph.stores.write_rules import CLOSURE, COMMUNITY, EPISODE, FACT, Rules, set_clause
 
 # The columns that hold an embedding (a blob of doubles).
 _EMBEDDINGS = frozenset({"name_embedding", "fact_embedding", "content_embedding"})
@@ -37,6 +37,7 @@ def _upsert(table: str, rules: Rules) -> str:
 
 MERGE_FACT = _upsert("fact", FACT)
 MERGE_EPISODE = _upsert("episode", EPISODE)
+UPSERT_COMMUNITY = _upsert("community", COMMUNITY)
 CLOSE_FACT = (
     "UPDATE fact SET\n"
     + ",\n".join(
