@@ -1,6 +1,7 @@
 """Records to query parameters and back, the same for every store: the parameters of a write
-(checked: its group, labels, embeddings), how repeated upserts fold, the records built from a
-query's rows, their order, and the folds of the community graph.
+(checked: its group, labels, embeddings), the records built from a query's rows, their order,
+and the folds of the community graph. What a write does to a stored record is
+stated in ``tidegraph.stores.write_rules``.
 
 Every datetime goes in and comes out aware UTC (``to_utc`` reads what either engine returns).
 Scores of vector searches are ``(1 + cos) / 2`` in [0, 1], the measure Neo4j's cosine vector
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -153,10 +153,10 @@ def fact_row(group_id: str, fact: FactRecord, dim: int, now: datetime) -> dict[s
             fact.fact_embedding, dim, f"fact_embedding of fact {fact.uuid}"
         ),
         "episodes": list(fact.episodes),
-        "valid_at": _opt_utc(fact.valid_at),
-        "invalid_at": _opt_utc(fact.invalid_at),
+        "valid_at": opt_utc(fact.valid_at),
+        "invalid_at": opt_utc(fact.invalid_at),
         "created_at": utc(fact.created_at) if fact.created_at else now,
-        "expired_at": _opt_utc(fact.expired_at),
+        "expired_at": opt_utc(fact.expired_at),
         "cardinality": fact.cardinality,
         **end_history_row(fact.prior_ends, fact.prior_ends_learned_at, fact.end_learned_at),
         **_history_row(
@@ -191,7 +191,7 @@ def _history_row(
     return {
         f"prior_{kind}s": [utc(t) for t in prior] or None,
         f"prior_{kind}s_learned_at": [utc(t) for t in learned] or None,
-        f"{kind}_learned_at": _opt_utc(current),
+        f"{kind}_learned_at": opt_utc(current),
     }
 
 
@@ -216,7 +216,7 @@ def episode_row(
             episode.content_embedding, dim, f"content_embedding of episode {episode.uuid}"
         ),
         "extraction": episode.extraction,
-        "extracted_at": _opt_utc(episode.extracted_at),
+        "extracted_at": opt_utc(episode.extracted_at),
     }
 
 
@@ -259,48 +259,9 @@ def closure_row(closure: FactClosure) -> dict[str, Any]:
     }
 
 
-def _opt_utc(value: datetime | None) -> datetime | None:
+def opt_utc(value: datetime | None) -> datetime | None:
+    """``utc`` of a time that may be missing (None stays None)."""
     return None if value is None else utc(value)
-
-
-@dataclass
-class EntityState:
-    """What an upsert may change on a stored entity."""
-
-    labels: list[str]
-    aliases: list[str]
-    summary: str
-    key: str | None
-
-    def merged(self, row: dict[str, Any]) -> EntityState:
-        """The state after applying one more upsert row (the MATCH branch of the upsert)."""
-        return EntityState(
-            labels=unique([*self.labels, *row["labels"]]),
-            aliases=unique([*self.aliases, *row["aliases"]]),
-            summary=row["summary"] if row["summary"] is not None else self.summary,
-            key=self.key if self.key is not None else row["key"],
-        )
-
-
-def fold_entity_rows(
-    rows: list[dict[str, Any]], stored: dict[str, EntityState]
-) -> tuple[list[dict[str, Any]], dict[str, EntityState]]:
-    """Split upsert rows into (rows to create, final state of stored entities to update),
-    applying repeated uuids in order exactly as a sequence of MERGEs would."""
-    created: dict[str, dict[str, Any]] = {}
-    states: dict[str, EntityState] = {}
-    for row in rows:
-        uuid = row["uuid"]
-        if uuid in states:
-            states[uuid] = states[uuid].merged(row)
-        elif uuid in stored:
-            states[uuid] = stored[uuid].merged(row)
-        else:
-            created[uuid] = row
-            states[uuid] = EntityState([], [], "", None).merged(row)
-    creates = [{**row, **vars(states[uuid])} for uuid, row in created.items()]
-    updates = {uuid: state for uuid, state in states.items() if uuid not in created}
-    return creates, updates
 
 
 def community_rows(
@@ -379,7 +340,9 @@ EPISODE_FIELDS = (
     "extraction",
     "extracted_at",
 )
-_TIME_FIELDS = frozenset(
+# The fields that hold a time, and those that hold a list of times (how each store encodes
+# them: ``with_epoch_times``, ``sqlite.write_sql``).
+TIME_FIELDS = frozenset(
     {
         "valid_at",
         "invalid_at",
@@ -390,7 +353,7 @@ _TIME_FIELDS = frozenset(
         "extracted_at",
     }
 )
-_TIME_LIST_FIELDS = frozenset(
+TIME_LIST_FIELDS = frozenset(
     {"prior_ends", "prior_ends_learned_at", "prior_starts", "prior_starts_learned_at"}
 )
 
@@ -403,7 +366,7 @@ def epoch_pair(value: datetime) -> list[int]:
 
 
 def with_epoch_times(row: dict[str, Any]) -> dict[str, Any]:
-    """``row`` with its time fields (``_TIME_FIELDS``, ``_TIME_LIST_FIELDS``) as epoch pairs,
+    """``row`` with its time fields (``TIME_FIELDS``, ``TIME_LIST_FIELDS``) as epoch pairs,
     for the Neo4j statements that read them back with ``datetime.fromepoch``: the neo4j driver
     packs a Python datetime in pure Python, about 15 µs each, a tenth of the client's CPU on
     the mapped path; two ints cost it nothing. Other fields are left as they are."""
@@ -411,9 +374,9 @@ def with_epoch_times(row: dict[str, Any]) -> dict[str, Any]:
     for name, value in row.items():
         if value is None:
             continue
-        if name in _TIME_FIELDS:
+        if name in TIME_FIELDS:
             out[name] = epoch_pair(value)
-        elif name in _TIME_LIST_FIELDS:
+        elif name in TIME_LIST_FIELDS:
             out[name] = [epoch_pair(v) for v in value]
     return out
 
@@ -422,9 +385,9 @@ def _clean(props: dict[str, Any], fields: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in fields:
         value = props.get(name)
-        if name in _TIME_FIELDS:
+        if name in TIME_FIELDS:
             value = to_utc(value)
-        elif name in _TIME_LIST_FIELDS:
+        elif name in TIME_LIST_FIELDS:
             value = None if value is None else [to_utc(v) for v in value]
         elif isinstance(value, tuple):
             value = list(value)

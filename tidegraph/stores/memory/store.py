@@ -69,7 +69,7 @@ from tidegraph.records.graph import (
 from tidegraph.records.times import utc
 from tidegraph.records.vectors import cosine
 from tidegraph.settings import DEFAULT_TOPIC_PREFIX
-from tidegraph.stores import errors
+from tidegraph.stores import errors, write_rules
 from tidegraph.stores.memory.keys import MemoryKeys
 from tidegraph.stores.memory.search import Entities, Facts, MemorySearch, StoredCommunity
 from tidegraph.stores.rows import (
@@ -94,7 +94,6 @@ from tidegraph.stores.rows import (
     unique,
 )
 from tidegraph.stores.search_text import search_terms, text_words
-from tidegraph.stores.write_rules import closed_fact, merged_entity, merged_fact
 
 
 class MemoryStore(MemorySearch, MemoryKeys):
@@ -258,7 +257,7 @@ class MemoryStore(MemorySearch, MemoryKeys):
         """Entity upserts applied in order (``write_rules.merged_entity``; checked before)."""
         for entity in entities:
             written = entity.model_copy(update={"group_id": group_id, "community_uuid": None})
-            self._entities[entity.uuid] = merged_entity(
+            self._entities[entity.uuid] = write_rules.merged_entity(
                 self._entities.get(entity.uuid), written, now
             )
 
@@ -321,14 +320,18 @@ class MemoryStore(MemorySearch, MemoryKeys):
         self._check_write(group_id, write, None if stored is None else stored.group_id)
         # Checked: nothing below can fail, so the write is all or nothing (one transaction).
         self._upsert(group_id, write.entities, now)
-        self._episodes[episode["uuid"]] = episode_record({**episode, "group_id": group_id})
+        self._episodes[episode["uuid"]] = write_rules.merged_episode(
+            self._episodes.get(episode["uuid"]),
+            episode_record({**episode, "group_id": group_id}),
+            now,
+        )
         self._created[episode["uuid"]] = episode["created_entities"]
         self._mentions.update((episode["uuid"], u) for u in unique(write.mentions))
         for fact in write.facts:
-            self._facts[fact.uuid] = merged_fact(self._facts.get(fact.uuid), fact, now)
+            self._facts[fact.uuid] = write_rules.merged_fact(self._facts.get(fact.uuid), fact, now)
         for closure in write.closures:
             # checked: stored in the group, or written just now
-            self._facts[closure.uuid] = closed_fact(self._facts[closure.uuid], closure)
+            self._facts[closure.uuid] = write_rules.closed_fact(self._facts[closure.uuid], closure)
         self._record(group_id, write.changes)
         return True
 
@@ -660,14 +663,15 @@ class MemoryStore(MemorySearch, MemoryKeys):
         gone = set(deletes)
         self._communities = {u: c for u, c in self._communities.items() if u not in gone}
         self._members = {(c, e) for c, e in self._members if c not in gone}
-        for row in rows:
+        for row in rows:  # by ``write_rules.COMMUNITY``
             stored = self._communities.get(row["uuid"])
-            kept = stored.name_embedding if stored is not None else None
-            embedding = row["name_embedding"] or kept
-            created = stored.created_at if stored is not None else row["created_at"]
-            self._communities[row["uuid"]] = StoredCommunity(
-                group_id, row["name"], row["summary"], embedding, created
+            state = write_rules.merged_values(
+                write_rules.COMMUNITY,
+                None if stored is None else vars(stored),
+                {**row, "group_id": group_id},
             )
+            del state["uuid"]
+            self._communities[row["uuid"]] = StoredCommunity(**state)
         if rows:  # the upserted communities' members are replaced, and leave other ones
             moved, replaced = set(members), set(uuids)
             self._members = {

@@ -1,5 +1,7 @@
-"""The Neo4j store's queries (the community and status reads are in
-``tidegraph.stores.neo4j.common_queries``, the as-of filter in ``tidegraph.stores.neo4j.asof``).
+"""The Neo4j store's queries: the schema, and the reads by uuid, key, name and relation
+(the write statements are in ``tidegraph.stores.neo4j.write_queries``, the community and
+status reads in ``tidegraph.stores.neo4j.common_queries``, the search statements in
+``tidegraph.stores.neo4j.search_queries``, the as-of filter in ``tidegraph.stores.neo4j.asof``).
 
 Every query is fully parameterised: user and LLM text (names, summaries, facts, relation
 types, group ids, search text) only ever travels as a parameter. What is formatted into the
@@ -8,30 +10,22 @@ text is our own constants (index names, field lists).
 Reads answer with the column names ``tidegraph.stores.neo4j.core`` reads: an entity is ``e`` (a
 property map) with ``community_uuid``; a fact ``r`` with ``source_uuid`` and ``target_uuid``;
 an episode ``ep``.
-
-Size: about 800 lines of Cypher text, one constant per operation; the episode write is one
-statement built from the fragments above it, which is why they stay in one module (the
-search, community and lifecycle queries are in their own).
 """
 
 from __future__ import annotations
 
 from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
 
-
-def at(expression: str) -> str:
-    """Cypher for a time written as an epoch pair (``rows.with_epoch_times``; null stays
-    null)."""
-    return (
-        f"CASE WHEN {expression} IS NULL THEN null "
-        f"ELSE datetime.fromepoch({expression}[0], {expression}[1]) END"
-    )
-
-
-def ats(expression: str) -> str:
-    """Cypher for a list of times written as epoch pairs (a null list stays null)."""
-    return f"[pair IN {expression} | datetime.fromepoch(pair[0], pair[1])]"
-
+# The write statements, under the names the store's modules read them by.
+from tidegraph.stores.neo4j.write_queries import ASSIGN_MEMBERS as ASSIGN_MEMBERS
+from tidegraph.stores.neo4j.write_queries import RECORD_CHANGES as RECORD_CHANGES
+from tidegraph.stores.neo4j.write_queries import UPSERT_COMMUNITIES as UPSERT_COMMUNITIES
+from tidegraph.stores.neo4j.write_queries import UPSERT_ENTITIES as UPSERT_ENTITIES
+from tidegraph.stores.neo4j.write_queries import WRITE_EPISODES as WRITE_EPISODES
+from tidegraph.stores.neo4j.write_queries import WRITE_STATES as WRITE_STATES
+from tidegraph.stores.neo4j.write_queries import at as at
+from tidegraph.stores.neo4j.write_queries import ats as ats
+from tidegraph.stores.neo4j.write_queries import thread_context as thread_context
 
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
 FACT_VECTOR_INDEX = "relates_to_fact_embedding"
@@ -145,45 +139,6 @@ def thread_params() -> dict[str, int]:
 # The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
 EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when", "index_ids")
 
-
-def thread_context(var: str) -> str:
-    """Set ``var``'s ``index_context`` (an Episodic message) from its thread as stored: the
-    bodies of the $context_turns messages before it within $context_seconds, oldest first
-    (tidegraph/records/conversation.py)."""
-    return f"""
-  CALL ({var}) {{
-    OPTIONAL MATCH (p:Episodic)
-    WHERE p.group_id = {var}.group_id AND p.valid_at < {var}.valid_at
-      AND p.valid_at >= {var}.valid_at - duration({{seconds: $context_seconds}})
-      AND p.source = 'message' AND p.source_description = {var}.source_description
-    WITH p ORDER BY p.valid_at DESC, p.uuid DESC LIMIT $context_turns
-    RETURN collect(p.index_body) AS bodies
-  }}
-  SET {var}.index_context =
-    reduce(text = '', body IN reverse(bodies) |
-           CASE WHEN text = '' THEN body ELSE text + ' ' + body END)
-"""
-
-
-# A message written: its own context, and that of the messages after it whose context it is
-# now (so the index is the same whatever order a thread's messages arrive in).
-_THREAD_OF_EP = (
-    """
-  CALL (ep) {
-    WITH ep WHERE ep.source = 'message'"""
-    + thread_context("ep")
-    + """  }
-  CALL (ep) {
-    WITH ep WHERE ep.source = 'message'
-    MATCH (n:Episodic)
-    WHERE n.group_id = ep.group_id AND n.valid_at > ep.valid_at
-      AND n.valid_at <= ep.valid_at + duration({seconds: $context_seconds})
-      AND n.source = 'message' AND n.source_description = ep.source_description
-    WITH n ORDER BY n.valid_at, n.uuid LIMIT $context_turns"""
-    + thread_context("n")
-    + """  }
-"""
-)
 
 # The migration of episodes stored before the conversation fields (``setup``): a batch of
 # those without them, then their fields and speakers' words set, then the messages' contexts.
@@ -325,34 +280,6 @@ MATCH (e:Entity)
 WHERE e.uuid IN $uuids
 RETURN e.uuid AS uuid, e.group_id AS group_id
 """
-
-# One MERGE per row of ``$rows_param``; on match, labels and aliases are added (set union),
-# the summary replaced when the row has one and the key set while null.
-_UPSERT_ENTITY_ROWS = (
-    """
-UNWIND {rows} AS row
-MERGE (e:Entity {{uuid: row.uuid}})
-ON CREATE SET e.group_id = {group},
-              e.name = row.name,
-              e.name_norm = row.name_norm,
-              e.summary = '',
-              e.index_ids = row.index_ids,
-              e.name_embedding = row.name_embedding,
-              e.created_at = """
-    + at("row.created_at")
-    + """
-SET e.labels = coalesce(e.labels, [])
-               + [label IN row.labels WHERE NOT label IN coalesce(e.labels, [])],
-    e.aliases = coalesce(e.aliases, [])
-                + [alias IN row.aliases WHERE NOT alias IN coalesce(e.aliases, [])],
-    e.summary = coalesce(row.summary, e.summary),
-    e.index_ids = CASE WHEN row.summary IS NULL AND (e.key IS NOT NULL OR row.key IS NULL)
-                       THEN coalesce(e.index_ids, row.index_ids) ELSE row.index_ids END,
-    e.key = coalesce(e.key, row.key)
-SET e:$(row.labels)
-"""
-)
-UPSERT_ENTITIES = _UPSERT_ENTITY_ROWS.format(rows="$rows", group="$group_id")
 
 _ENTITIES_NAMED = """
 MATCH (e:Entity)
@@ -547,73 +474,6 @@ RETURN i, small, vector_hits, fulltext_hits, records
 _FACT_RETURN = """
 RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
 """
-# A fact's end history from a row (``rows.end_history_row``): a null keeps what is stored.
-_END_HISTORY_SET = (
-    "    r.prior_ends = coalesce("
-    + ats("row.prior_ends")
-    + ", r.prior_ends),\n    r.prior_ends_learned_at = coalesce("
-    + ats("row.prior_ends_learned_at")
-    + ", r.prior_ends_learned_at),\n    r.end_learned_at = coalesce("
-    + at("row.end_learned_at")
-    + ", r.end_learned_at),"
-)
-_MERGE_FACT_ROWS = (
-    """
-UNWIND {rows} AS row
-MATCH (s:Entity {{uuid: row.source_uuid}}), (t:Entity {{uuid: row.target_uuid}})
-MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
-ON CREATE SET r.group_id = {group}, r.created_at = """
-    + at("row.created_at")
-    + """
-SET r.name = row.name,
-    r.fact = row.fact,
-    r.index_ids = row.index_ids,
-    r.fact_embedding = coalesce(row.fact_embedding, r.fact_embedding),
-    r.episodes = row.episodes,
-    r.valid_at = """
-    + at("row.valid_at")
-    + """,
-    r.invalid_at = """
-    + at("row.invalid_at")
-    + """,
-    r.cardinality = row.cardinality,
-"""
-    + _END_HISTORY_SET
-    + """
-    r.prior_starts = coalesce("""
-    + ats("row.prior_starts")
-    + """, r.prior_starts),
-    r.prior_starts_learned_at = coalesce(
-      """
-    + ats("row.prior_starts_learned_at")
-    + """, r.prior_starts_learned_at),
-    r.start_learned_at = coalesce("""
-    + at("row.start_learned_at")
-    + """, r.start_learned_at),
-    r.expired_at = coalesce(r.expired_at, """
-    + at("row.expired_at")
-    + """)
-"""
-)
-
-_CLOSE_FACT_ROWS = (
-    """
-UNWIND {rows} AS row
-MATCH ()-[r:RELATES_TO {{uuid: row.uuid}}]->()
-USING INDEX r:RELATES_TO(uuid)
-WHERE r.group_id = {group}
-SET r.invalid_at = """
-    + at("row.invalid_at")
-    + """,
-"""
-    + _END_HISTORY_SET
-    + """
-    r.expired_at = coalesce(r.expired_at, """
-    + at("row.expired_at")
-    + """)
-"""
-)
-
 FACTS_TOUCHING = (  # one statement
     (
         """
@@ -664,136 +524,6 @@ WHERE r.uuid IN $uuids AND r.group_id = $group_id
 """
     + _FACT_RETURN
 )
-
-# ---- one episode's write: one read of what it touches, then one write
-# What the checks of an episode write need (see ``errors.check_write``): the group of a stored
-# Episodic with this uuid (the processed marker), and of the stored entities and facts the
-# write names.
-# What the checks of a transaction's episode writes read, for all of them at once
-# (``errors.check_write`` runs on it in Python, each write seeing the ones before it): the
-# stored Episodic of each episode, the group of each entity named and the group and ends of
-# each fact written or closed.
-WRITE_STATES = """
-CALL () {
-  UNWIND $episode_uuids AS uuid
-  MATCH (ep:Episodic {uuid: uuid})
-  RETURN collect([ep.uuid, ep.group_id, ep.content_hash, ep.not_extracted]) AS episodes
-}
-CALL () {
-  UNWIND $entity_uuids AS uuid
-  MATCH (e:Entity {uuid: uuid})
-  RETURN collect([e.uuid, e.group_id]) AS entities
-}
-CALL () {
-  UNWIND $fact_uuids AS uuid
-  MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
-  RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
-}
-RETURN episodes, entities, facts
-"""
-
-# The changes of one write appended to its group's outbox in commit order (``seq``), the
-# group's write version bumped (a rebuild checks it did not move while it computed), the log
-# stamped with the writer's deployment unless it has one (its relay publishes the group). The
-# first SET reads what it writes, so Cypher takes the log's write lock before it: ``base`` is
-# read under the lock, and two writes of a group never number their changes alike.
-_RECORD_CHANGES = """
-    MERGE (log:ChangeLog {{group_id: {group}}})
-    ON CREATE SET log.seq = 0, log.version = 0
-    SET log.version = log.version + 1, log.deployment = coalesce(log.deployment, $deployment)
-    WITH log, log.seq AS base
-    SET log.seq = base + size({changes})
-    WITH base
-    UNWIND range(0, size({changes}) - 1) AS i
-    WITH {changes}[i] AS c, base + i + 1 AS seq
-    CREATE (:Change {{group_id: {group}, seq: seq, change_id: c.change_id, kind: c.kind,
-                      uuid: c.uuid, body: c.body, committed_at: c.committed_at}})
-"""
-# The same for one group's changes alone (a forget's rebuild).
-RECORD_CHANGES = _RECORD_CHANGES.format(changes="$changes", group="$group_id")
-
-
-# Every episode write of a transaction in one statement, in order: each write is one run of
-# the subquery, and a run sees what the runs before it wrote (Cypher's CALL semantics), so
-# the result is that of one statement per write. Per write: entities first (mentions and
-# facts point at them), then the Episodic marker, its MENTIONS, the facts (full state) and
-# the closures.
-WRITE_EPISODES = (
-    """
-UNWIND $writes AS w
-CALL (w) {
-  CALL (w) {"""
-    + _UPSERT_ENTITY_ROWS.format(rows="w.entities", group="w.group_id")
-    + """  }
-  MERGE (ep:Episodic {uuid: w.ep.uuid})
-  ON CREATE SET ep.group_id = w.group_id, ep.created_at = """
-    + at("w.ep.created_at")
-    + """
-  SET ep.name = w.ep.name,
-      ep.source = w.ep.source,
-      ep.source_description = w.ep.source_description,
-      ep.content = w.ep.content,
-      ep.valid_at = """
-    + at("w.ep.valid_at")
-    + """,
-      ep.producer_id = w.ep.producer_id,
-      ep.content_hash = w.ep.content_hash,
-      ep.created_entities = w.ep.created_entities,
-      ep.not_extracted = w.ep.not_extracted,
-      ep.content_embedding = w.ep.content_embedding,
-      ep.extraction = w.ep.extraction,
-      ep.extracted_at = """
-    + at("w.ep.extracted_at")
-    + """,
-      ep.index_body = w.index.body,
-      ep.index_speaker = w.index.speaker,
-      ep.index_when = w.index.when,
-      ep.index_ids = w.index.ids,
-      ep.index_speaker_words = w.index.speaker_words
-  FOREACH (word IN w.index.speaker_words |
-    MERGE (:SpeakerWord {group_id: w.group_id, word: word}))
-  WITH ep, w"""
-    + _THREAD_OF_EP
-    + """  WITH ep
-  CALL (ep, w) {
-    UNWIND w.mentions AS mention
-    MATCH (e:Entity {uuid: mention})
-    MERGE (ep)-[m:MENTIONS]->(e)
-    ON CREATE SET m.group_id = w.group_id
-  }
-  CALL (w) {"""
-    + _MERGE_FACT_ROWS.format(rows="w.facts", group="w.group_id")
-    + """  }
-  CALL (w) {"""
-    + _CLOSE_FACT_ROWS.format(rows="w.closures", group="w.group_id")
-    + """  }
-  CALL (w) {"""
-    + _RECORD_CHANGES.format(changes="w.changes", group="w.group_id")
-    + """  }
-}
-"""
-)
-
-# Community memberships in order (each row names its group: the assignments of several
-# groups share a transaction), each as ``StoreCore.assign_members`` does it in three
-# statements: an assignment whose community or entity is not in the group changes nothing;
-# otherwise the entity leaves its other communities and joins this one (each run of the
-# subquery sees the runs before it, so a later assignment of an entity wins).
-ASSIGN_MEMBERS = """
-UNWIND $rows AS row
-CALL (row) {
-  MATCH (c:Community {uuid: row.community_uuid})
-  WHERE c.group_id = row.group_id
-  MATCH (e:Entity {uuid: row.entity_uuid})
-  WHERE e.group_id = row.group_id
-  OPTIONAL MATCH (other:Community)-[old:HAS_MEMBER]->(e)
-  WHERE other.group_id = row.group_id AND other.uuid <> c.uuid
-  DELETE old
-  WITH DISTINCT c, e
-  MERGE (c)-[m:HAS_MEMBER]->(e)
-  ON CREATE SET m.group_id = row.group_id
-}
-"""
 
 # ---- as-of questions (tidegraph.stores.neo4j.asof)
 # The walk from the anchor node of a question about one entity.
@@ -854,18 +584,4 @@ RETURN count(*) AS deleted
             "SpeakerWord",
         )  # fmt: skip
     ),
-)
-
-# ---- communities (the rest: tidegraph.stores.neo4j.common_queries)
-UPSERT_COMMUNITIES = (
-    """
-UNWIND $rows AS row
-MERGE (c:Community {uuid: row.uuid})
-ON CREATE SET c.group_id = $group_id, c.created_at = """
-    + at("row.created_at")
-    + """
-SET c.name = row.name,
-    c.summary = row.summary,
-    c.name_embedding = coalesce(row.name_embedding, c.name_embedding)
-"""
 )

@@ -23,13 +23,12 @@ from tidegraph.stores.rows import (
     now_utc,
     unique,
 )
+from tidegraph.stores.sqlite import write_sql
 from tidegraph.stores.sqlite.db import (
     SqliteDatabase,
     Transaction,
     ids,
     json_text,
-    micros,
-    vector_blob,
 )
 from tidegraph.stores.sqlite.rows import COMMUNITY_OF, IN_LIST, believed_facts
 from tidegraph.stores.sqlite.writes import delete_communities, index_text, stored_owners
@@ -174,21 +173,6 @@ class SqliteCommunities(GraphStore):
 
 
 def _upsert_community(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
-    """MERGE one community row (``rows.community_rows``): name and summary set, the embedding
-    when given, ``created_at`` on create only."""
-    [row_id] = conn.execute(
-        "INSERT INTO community (uuid, group_id, name, summary, name_embedding, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (uuid) DO UPDATE SET name = excluded.name, "
-        "summary = excluded.summary, "
-        "name_embedding = coalesce(excluded.name_embedding, community.name_embedding) "
-        "RETURNING id",
-        (
-            row["uuid"],
-            group_id,
-            row["name"],
-            row["summary"],
-            vector_blob(row["name_embedding"]),
-            micros(row["created_at"]),
-        ),
-    ).fetchone()
+    """MERGE one community row (``rows.community_rows``) by ``write_rules.COMMUNITY``."""
+    [row_id] = conn.execute(write_sql.UPSERT_COMMUNITY, write_sql.params(group_id, row)).fetchone()
     index_text(conn, "community_text", row_id, group_id, f"{row['name']} {row['summary']}")

@@ -22,27 +22,26 @@ from tidegraph.stores import errors
 from tidegraph.stores.base import BatchWriteError
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.rows import (
-    EntityState,
     change_row,
     closure_row,
     entity_row,
     episode_row,
     fact_row,
-    fold_entity_rows,
     now_utc,
     to_utc,
     unique,
 )
 from tidegraph.stores.search_text import identifier_words, indexed_text
+from tidegraph.stores.sqlite import write_sql
 from tidegraph.stores.sqlite.db import (
     Transaction,
     json_list,
     json_text,
     micros,
-    micros_list,
     vector_blob,
 )
 from tidegraph.stores.sqlite.rows import IN_LIST
+from tidegraph.stores.write_rules import ENTITY, merged_values, updated_fields
 
 
 def index_text(conn: sqlite3.Connection, table: str, row_id: int, group_id: str, text: str) -> None:
@@ -66,34 +65,56 @@ def stored_owners(conn: sqlite3.Connection, uuids: Sequence[str]) -> dict[str, s
     return dict(conn.execute(query, (json_text(uuids),)).fetchall())
 
 
+# What an entity upsert may change on a stored entity (the write rules' table).
+_ENTITY_UPDATES = {name: ENTITY[name] for name in updated_fields(ENTITY)}
+_UPDATE_ENTITY = (
+    "UPDATE entity SET "
+    + ", ".join(f"{name} = :{name}" for name in _ENTITY_UPDATES)
+    + " WHERE uuid = :uuid"
+)
+_LIST_COLUMNS = frozenset({"labels", "aliases"})  # JSON lists
+
+
 def upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[str, Any]]) -> None:
-    """Entity rows (``rows.entity_row``) applied as a sequence of MERGEs (checked before)."""
+    """Entity rows (``rows.entity_row``) applied in order by the write rules, as a sequence of
+    MERGEs would (checked before)."""
     if not rows:
         return
-    query = f"SELECT id, uuid, name, labels, aliases, summary, key FROM entity WHERE uuid {IN_LIST}"
+    query = f"SELECT id, uuid, name, {', '.join(_ENTITY_UPDATES)} FROM entity WHERE uuid {IN_LIST}"
     stored_rows = conn.execute(query, (json_text(unique(r["uuid"] for r in rows)),)).fetchall()
     stored = {
-        r["uuid"]: EntityState(
-            json_list(r["labels"]), json_list(r["aliases"]), r["summary"] or "", r["key"]
-        )
+        r["uuid"]: {
+            name: json_list(r[name]) if name in _LIST_COLUMNS else r[name]
+            for name in _ENTITY_UPDATES
+        }
         for r in stored_rows
     }
     row_ids = {r["uuid"]: (r["id"], r["name"]) for r in stored_rows}
-    creates, updates = fold_entity_rows(rows, stored)
-    for row in creates:
+    created: dict[str, dict[str, Any]] = {}
+    states: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        uuid = row["uuid"]
+        before = states.get(uuid, stored.get(uuid))
+        if before is None:
+            created[uuid] = row
+            states[uuid] = merged_values(ENTITY, None, row)
+        else:
+            states[uuid] = {**before, **merged_values(_ENTITY_UPDATES, before, row)}
+    for uuid, row in created.items():
+        state = states[uuid]
         [row_id] = conn.execute(
             "INSERT INTO entity (uuid, group_id, name, labels, summary, key, aliases, "
             "name_embedding, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
             (
-                row["uuid"],
+                uuid,
                 group_id,
-                row["name"],
-                json_text(row["labels"]),
-                row["summary"] or None,
-                row["key"],
-                json_text(row["aliases"]),
-                vector_blob(row["name_embedding"]),
-                micros(row["created_at"]),
+                state["name"],
+                json_text(state["labels"]),
+                state["summary"],
+                state["key"],
+                json_text(state["aliases"]),
+                vector_blob(state["name_embedding"]),
+                micros(state["created_at"]),
             ),
         ).fetchone()
         index_text(
@@ -101,140 +122,45 @@ def upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[str
             "entity_text",
             row_id,
             group_id,
-            entity_text(row["name"], row["summary"], row["key"]),
+            entity_text(state["name"], state["summary"], state["key"]),
         )
-        names = unique([row["name_norm"], *row["aliases"]])
+        names = unique([row["name_norm"], *state["aliases"]])
         conn.executemany(
             "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
-            [(group_id, name, row["uuid"]) for name in names],
+            [(group_id, name, uuid) for name in names],
         )
-    for uuid, state in updates.items():
-        before = stored[uuid]
-        if vars(state) == vars(before):
+    for uuid, before in stored.items():
+        state = states[uuid]
+        if state == before:
             continue
-        conn.execute(
-            "UPDATE entity SET labels = ?, aliases = ?, summary = ?, key = ? WHERE uuid = ?",
-            (
-                json_text(state.labels),
-                json_text(state.aliases),
-                state.summary or None,
-                state.key,
-                uuid,
-            ),
-        )
-        if (state.summary, state.key) != (before.summary, before.key):
+        values = {
+            name: json_text(state[name]) if name in _LIST_COLUMNS else state[name]
+            for name in _ENTITY_UPDATES
+        }
+        conn.execute(_UPDATE_ENTITY, {"uuid": uuid, **values})
+        if (state["summary"], state["key"]) != (before["summary"], before["key"]):
             row_id, name = row_ids[uuid]
-            text = entity_text(name, state.summary, state.key)
+            text = entity_text(name, state["summary"], state["key"])
             index_text(conn, "entity_text", row_id, group_id, text)
-        added = [a for a in state.aliases if a not in before.aliases]
+        added = [a for a in state["aliases"] if a not in before["aliases"]]
         conn.executemany(
             "INSERT OR IGNORE INTO entity_name (group_id, name, uuid) VALUES (?, ?, ?)",
             [(group_id, alias, uuid) for alias in added],
         )
 
 
-_MERGE_FACT = """
-INSERT INTO fact (uuid, group_id, source_uuid, target_uuid, name, fact, fact_embedding, episodes,
-                  valid_at, invalid_at, created_at, expired_at, cardinality, prior_ends,
-                  prior_ends_learned_at, end_learned_at, prior_starts, prior_starts_learned_at,
-                  start_learned_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (uuid) DO UPDATE SET
-  name = excluded.name,
-  fact = excluded.fact,
-  fact_embedding = coalesce(excluded.fact_embedding, fact.fact_embedding),
-  episodes = excluded.episodes,
-  valid_at = excluded.valid_at,
-  invalid_at = excluded.invalid_at,
-  cardinality = excluded.cardinality,
-  prior_ends = coalesce(excluded.prior_ends, fact.prior_ends),
-  prior_ends_learned_at = coalesce(excluded.prior_ends_learned_at, fact.prior_ends_learned_at),
-  end_learned_at = coalesce(excluded.end_learned_at, fact.end_learned_at),
-  prior_starts = coalesce(excluded.prior_starts, fact.prior_starts),
-  prior_starts_learned_at =
-    coalesce(excluded.prior_starts_learned_at, fact.prior_starts_learned_at),
-  start_learned_at = coalesce(excluded.start_learned_at, fact.start_learned_at),
-  expired_at = coalesce(fact.expired_at, excluded.expired_at)
-RETURNING id
-"""
-
-_CLOSE_FACT = """
-UPDATE fact SET
-  invalid_at = ?,
-  prior_ends = coalesce(?, prior_ends),
-  prior_ends_learned_at = coalesce(?, prior_ends_learned_at),
-  end_learned_at = coalesce(?, end_learned_at),
-  expired_at = coalesce(expired_at, ?)
-WHERE uuid = ? AND group_id = ?
-"""
-
-_MERGE_EPISODE = """
-INSERT INTO episode (uuid, group_id, name, source, source_description, content, valid_at,
-                     created_at, producer_id, content_hash, created_entities, not_extracted,
-                     content_embedding, extraction, extracted_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (uuid) DO UPDATE SET
-  extraction = excluded.extraction,
-  extracted_at = excluded.extracted_at,
-  name = excluded.name,
-  source = excluded.source,
-  source_description = excluded.source_description,
-  content = excluded.content,
-  valid_at = excluded.valid_at,
-  producer_id = excluded.producer_id,
-  content_hash = excluded.content_hash,
-  created_entities = excluded.created_entities,
-  not_extracted = excluded.not_extracted,
-  content_embedding = excluded.content_embedding
-RETURNING id
-"""
-
-
 def merge_fact(
     conn: sqlite3.Connection, group_id: str, row: dict[str, Any], text: str | None
 ) -> None:
     """MERGE one fact row (``rows.fact_row``); ``text``: its stored sentence (None: new)."""
-    [row_id] = conn.execute(
-        _MERGE_FACT,
-        (
-            row["uuid"],
-            group_id,
-            row["source_uuid"],
-            row["target_uuid"],
-            row["name"],
-            row["fact"],
-            vector_blob(row["fact_embedding"]),
-            json_text(row["episodes"]),
-            micros(row["valid_at"]),
-            micros(row["invalid_at"]),
-            micros(row["created_at"]),
-            micros(row["expired_at"]),
-            row["cardinality"],
-            micros_list(row["prior_ends"]),
-            micros_list(row["prior_ends_learned_at"]),
-            micros(row["end_learned_at"]),
-            micros_list(row["prior_starts"]),
-            micros_list(row["prior_starts_learned_at"]),
-            micros(row["start_learned_at"]),
-        ),
-    ).fetchone()
+    [row_id] = conn.execute(write_sql.MERGE_FACT, write_sql.params(group_id, row)).fetchone()
     if text != row["fact"]:
         index_text(conn, "fact_text", row_id, group_id, indexed_text(row["fact"]))
 
 
 def close_fact(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
-    conn.execute(
-        _CLOSE_FACT,
-        (
-            micros(row["invalid_at"]),
-            micros_list(row["prior_ends"]),
-            micros_list(row["prior_ends_learned_at"]),
-            micros(row["end_learned_at"]),
-            micros(row["expired_at"]),
-            row["uuid"],
-            group_id,
-        ),
-    )
+    """Apply one closure row (``rows.closure_row``) to a stored fact of the group."""
+    conn.execute(write_sql.CLOSE_FACT, write_sql.params(group_id, row))
 
 
 # The messages of a thread around one (tidegraph/records/conversation.py): those before it
@@ -364,26 +290,7 @@ def write_episode(
     )
     # Checked: what follows writes.
     upsert_entities(conn, group_id, entities)
-    [row_id] = conn.execute(
-        _MERGE_EPISODE,
-        (
-            episode["uuid"],
-            group_id,
-            episode["name"],
-            episode["source"],
-            episode["source_description"],
-            episode["content"],
-            micros(episode["valid_at"]),
-            micros(episode["created_at"]),
-            episode["producer_id"],
-            episode["content_hash"],
-            json_text(episode["created_entities"]),
-            episode["not_extracted"],
-            vector_blob(episode["content_embedding"]),
-            episode["extraction"],
-            micros(episode["extracted_at"]),
-        ),
-    ).fetchone()
+    [row_id] = conn.execute(write_sql.MERGE_EPISODE, write_sql.params(group_id, episode)).fetchone()
     indexed = ("content", "valid_at", "source", "source_description")
     said = (episode["content"], micros(episode["valid_at"]), episode["source"])
     if stored is None or [*said, episode["source_description"]] != [stored[k] for k in indexed]:

@@ -1,0 +1,301 @@
+"""The Neo4j store's write statements: entity upserts, an episode's write (its marker, its
+thread's context, mentions, facts, closures and changes), community upserts and memberships.
+
+What a write does to a stored entity, fact or episode is not written here: the ON CREATE and
+SET assignments are built from the write rules' tables (``tidegraph.stores.write_rules``,
+``create_clause`` and ``set_clause``), field names from the tables only. What is written by
+hand is what the rules do not cover: the MERGE patterns (a record's key), and the derived
+search fields (``name_norm``, ``index_ids``, an episode's ``index_*``).
+
+Like every statement of the store, fully parameterised: user and LLM text only ever travels
+as a parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tidegraph.stores.rows import TIME_FIELDS, TIME_LIST_FIELDS
+from tidegraph.stores.write_rules import (
+    CLOSURE,
+    COMMUNITY,
+    ENTITY,
+    EPISODE,
+    FACT,
+    Rules,
+    create_clause,
+    set_clause,
+)
+
+
+def at(expression: str) -> str:
+    """Cypher for a time written as an epoch pair (``rows.with_epoch_times``; null stays
+    null)."""
+    return (
+        f"CASE WHEN {expression} IS NULL THEN null "
+        f"ELSE datetime.fromepoch({expression}[0], {expression}[1]) END"
+    )
+
+
+def ats(expression: str) -> str:
+    """Cypher for a list of times written as epoch pairs (a null list stays null)."""
+    return f"[pair IN {expression} | datetime.fromepoch(pair[0], pair[1])]"
+
+
+# ----------------------------------------------------------------------------- from the rules
+def _written(row: str, group: str) -> Callable[[str], str]:
+    """The expression of a written field: ``row``'s (a row of ``tidegraph.stores.rows``
+    with its times as epoch pairs), the group from ``group``."""
+
+    def expression(name: str) -> str:
+        if name == "group_id":
+            return group
+        if name in TIME_FIELDS:
+            return at(f"{row}.{name}")
+        if name in TIME_LIST_FIELDS:
+            return ats(f"{row}.{name}")
+        return f"{row}.{name}"
+
+    return expression
+
+
+def _union(stored: str, written: str) -> str:
+    return f"coalesce({stored}, []) + [item IN {written} WHERE NOT item IN coalesce({stored}, [])]"
+
+
+def on_create(var: str, rules: Rules, row: str, group: str) -> list[str]:
+    """The ON CREATE assignments of ``rules`` to the node or relationship ``var``."""
+    return create_clause(rules, target=lambda n: f"{var}.{n}", written=_written(row, group))
+
+
+def on_write(var: str, rules: Rules, row: str, group: str) -> list[str]:
+    """The SET assignments of ``rules`` to ``var`` (on a create and on a match)."""
+    return set_clause(
+        rules,
+        target=lambda n: f"{var}.{n}",
+        stored=lambda n: f"{var}.{n}",
+        written=_written(row, group),
+        union=_union,
+    )
+
+
+def _listed(assignments: list[str], indent: str) -> str:
+    return f",\n{indent}".join(assignments)
+
+
+# ----------------------------------------------------------------------------- entities
+def upsert_entity_rows(rows: str, group: str) -> str:
+    """One MERGE per row of ``rows`` (entity rows), by ``write_rules.ENTITY``. An entity
+    created without a summary stores '' (what every store reads back); its identifier words
+    (``index_ids``) are the row's when its summary or key changes."""
+    return f"""
+UNWIND {rows} AS row
+MERGE (e:Entity {{uuid: row.uuid}})
+ON CREATE SET {_listed(on_create("e", ENTITY, "row", group), "              ")},
+              e.name_norm = row.name_norm,
+              e.summary = '',
+              e.index_ids = row.index_ids
+SET e.index_ids = CASE WHEN row.summary IS NULL AND (e.key IS NOT NULL OR row.key IS NULL)
+                       THEN coalesce(e.index_ids, row.index_ids) ELSE row.index_ids END
+SET {_listed(on_write("e", ENTITY, "row", group), "    ")}
+SET e:$(row.labels)
+"""
+
+
+UPSERT_ENTITIES = upsert_entity_rows("$rows", "$group_id")
+
+
+# ----------------------------------------------------------------------------- facts
+def merge_fact_rows(rows: str, group: str) -> str:
+    """One MERGE per row of ``rows`` (fact rows, a fact's full state), by
+    ``write_rules.FACT``."""
+    return f"""
+UNWIND {rows} AS row
+MATCH (s:Entity {{uuid: row.source_uuid}}), (t:Entity {{uuid: row.target_uuid}})
+MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
+ON CREATE SET {_listed(on_create("r", FACT, "row", group), "              ")}
+SET r.index_ids = row.index_ids,
+    {_listed(on_write("r", FACT, "row", group), "    ")}
+"""
+
+
+def close_fact_rows(rows: str, group: str) -> str:
+    """Each row of ``rows`` (closure rows) applied to the group's fact, by
+    ``write_rules.CLOSURE``."""
+    return f"""
+UNWIND {rows} AS row
+MATCH ()-[r:RELATES_TO {{uuid: row.uuid}}]->()
+USING INDEX r:RELATES_TO(uuid)
+WHERE r.group_id = {group}
+SET {_listed(on_write("r", CLOSURE, "row", group), "    ")}
+"""
+
+
+# ----------------------------------------------------------------------------- episodes
+def thread_context(var: str) -> str:
+    """Set ``var``'s ``index_context`` (an Episodic message) from its thread as stored: the
+    bodies of the $context_turns messages before it within $context_seconds, oldest first
+    (tidegraph/records/conversation.py)."""
+    return f"""
+  CALL ({var}) {{
+    OPTIONAL MATCH (p:Episodic)
+    WHERE p.group_id = {var}.group_id AND p.valid_at < {var}.valid_at
+      AND p.valid_at >= {var}.valid_at - duration({{seconds: $context_seconds}})
+      AND p.source = 'message' AND p.source_description = {var}.source_description
+    WITH p ORDER BY p.valid_at DESC, p.uuid DESC LIMIT $context_turns
+    RETURN collect(p.index_body) AS bodies
+  }}
+  SET {var}.index_context =
+    reduce(text = '', body IN reverse(bodies) |
+           CASE WHEN text = '' THEN body ELSE text + ' ' + body END)
+"""
+
+
+# A message written: its own context, and that of the messages after it whose context it is
+# now (so the index is the same whatever order a thread's messages arrive in).
+_THREAD_OF_EP = (
+    """
+  CALL (ep) {
+    WITH ep WHERE ep.source = 'message'"""
+    + thread_context("ep")
+    + """  }
+  CALL (ep) {
+    WITH ep WHERE ep.source = 'message'
+    MATCH (n:Episodic)
+    WHERE n.group_id = ep.group_id AND n.valid_at > ep.valid_at
+      AND n.valid_at <= ep.valid_at + duration({seconds: $context_seconds})
+      AND n.source = 'message' AND n.source_description = ep.source_description
+    WITH n ORDER BY n.valid_at, n.uuid LIMIT $context_turns"""
+    + thread_context("n")
+    + """  }
+"""
+)
+
+# The Episodic marker of write ``w`` (``w.ep``: an episode row), by ``write_rules.EPISODE``,
+# with its search fields (``w.index``) and its speaker's name words.
+_MERGE_EPISODE = f"""
+  MERGE (ep:Episodic {{uuid: w.ep.uuid}})
+  ON CREATE SET {_listed(on_create("ep", EPISODE, "w.ep", "w.group_id"), "                ")}
+  SET {_listed(on_write("ep", EPISODE, "w.ep", "w.group_id"), "      ")},
+      ep.index_body = w.index.body,
+      ep.index_speaker = w.index.speaker,
+      ep.index_when = w.index.when,
+      ep.index_ids = w.index.ids,
+      ep.index_speaker_words = w.index.speaker_words
+  FOREACH (word IN w.index.speaker_words |
+    MERGE (:SpeakerWord {{group_id: w.group_id, word: word}}))
+"""
+
+# ----------------------------------------------------------------------------- one episode's write
+# What the checks of an episode write need (see ``errors.check_write``): the group of a stored
+# Episodic with this uuid (the processed marker), and of the stored entities and facts the
+# write names.
+# What the checks of a transaction's episode writes read, for all of them at once
+# (``errors.check_write`` runs on it in Python, each write seeing the ones before it): the
+# stored Episodic of each episode, the group of each entity named and the group and ends of
+# each fact written or closed.
+WRITE_STATES = """
+CALL () {
+  UNWIND $episode_uuids AS uuid
+  MATCH (ep:Episodic {uuid: uuid})
+  RETURN collect([ep.uuid, ep.group_id, ep.content_hash, ep.not_extracted]) AS episodes
+}
+CALL () {
+  UNWIND $entity_uuids AS uuid
+  MATCH (e:Entity {uuid: uuid})
+  RETURN collect([e.uuid, e.group_id]) AS entities
+}
+CALL () {
+  UNWIND $fact_uuids AS uuid
+  MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
+  RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
+}
+RETURN episodes, entities, facts
+"""
+
+# The changes of one write appended to its group's outbox in commit order (``seq``), the
+# group's write version bumped (a rebuild checks it did not move while it computed), the log
+# stamped with the writer's deployment unless it has one (its relay publishes the group). The
+# first SET reads what it writes, so Cypher takes the log's write lock before it: ``base`` is
+# read under the lock, and two writes of a group never number their changes alike.
+_RECORD_CHANGES = """
+    MERGE (log:ChangeLog {{group_id: {group}}})
+    ON CREATE SET log.seq = 0, log.version = 0
+    SET log.version = log.version + 1, log.deployment = coalesce(log.deployment, $deployment)
+    WITH log, log.seq AS base
+    SET log.seq = base + size({changes})
+    WITH base
+    UNWIND range(0, size({changes}) - 1) AS i
+    WITH {changes}[i] AS c, base + i + 1 AS seq
+    CREATE (:Change {{group_id: {group}, seq: seq, change_id: c.change_id, kind: c.kind,
+                      uuid: c.uuid, body: c.body, committed_at: c.committed_at}})
+"""
+# The same for one group's changes alone (a forget's rebuild).
+RECORD_CHANGES = _RECORD_CHANGES.format(changes="$changes", group="$group_id")
+
+
+# Every episode write of a transaction in one statement, in order: each write is one run of
+# the subquery, and a run sees what the runs before it wrote (Cypher's CALL semantics), so
+# the result is that of one statement per write. Per write: entities first (mentions and
+# facts point at them), then the Episodic marker, its MENTIONS, the facts (full state) and
+# the closures.
+WRITE_EPISODES = (
+    """
+UNWIND $writes AS w
+CALL (w) {
+  CALL (w) {"""
+    + upsert_entity_rows("w.entities", "w.group_id")
+    + "  }"
+    + _MERGE_EPISODE
+    + "  WITH ep, w"
+    + _THREAD_OF_EP
+    + """  WITH ep
+  CALL (ep, w) {
+    UNWIND w.mentions AS mention
+    MATCH (e:Entity {uuid: mention})
+    MERGE (ep)-[m:MENTIONS]->(e)
+    ON CREATE SET m.group_id = w.group_id
+  }
+  CALL (w) {"""
+    + merge_fact_rows("w.facts", "w.group_id")
+    + """  }
+  CALL (w) {"""
+    + close_fact_rows("w.closures", "w.group_id")
+    + """  }
+  CALL (w) {"""
+    + _RECORD_CHANGES.format(changes="w.changes", group="w.group_id")
+    + """  }
+}
+"""
+)
+
+# Community memberships in order (each row names its group: the assignments of several
+# groups share a transaction), each as ``StoreCore.assign_members`` does it in three
+# statements: an assignment whose community or entity is not in the group changes nothing;
+# otherwise the entity leaves its other communities and joins this one (each run of the
+# subquery sees the runs before it, so a later assignment of an entity wins).
+ASSIGN_MEMBERS = """
+UNWIND $rows AS row
+CALL (row) {
+  MATCH (c:Community {uuid: row.community_uuid})
+  WHERE c.group_id = row.group_id
+  MATCH (e:Entity {uuid: row.entity_uuid})
+  WHERE e.group_id = row.group_id
+  OPTIONAL MATCH (other:Community)-[old:HAS_MEMBER]->(e)
+  WHERE other.group_id = row.group_id AND other.uuid <> c.uuid
+  DELETE old
+  WITH DISTINCT c, e
+  MERGE (c)-[m:HAS_MEMBER]->(e)
+  ON CREATE SET m.group_id = row.group_id
+}
+"""
+
+
+# ----------------------------------------------------------------------------- communities
+# (the reads: tidegraph.stores.neo4j.common_queries)
+UPSERT_COMMUNITIES = f"""
+UNWIND $rows AS row
+MERGE (c:Community {{uuid: row.uuid}})
+ON CREATE SET {_listed(on_create("c", COMMUNITY, "row", "$group_id"), "              ")}
+SET {_listed(on_write("c", COMMUNITY, "row", "$group_id"), "    ")}
+"""
