@@ -76,7 +76,7 @@ async def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     store = await _open(args, folder)
     result: dict[str, Any] = {"facts": 3 * args.subjects * args.changes}
     try:
-        counts = await store.counts(group_id)
+        counts = await store.browse.counts(group_id)
         started = time.perf_counter()
         if not counts.get("episodes"):
             runner = GroupRunner.of(
@@ -114,7 +114,7 @@ async def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         }
     finally:
         if not args.keep:
-            await store.delete_group(group_id)
+            await store.forget.delete_group(group_id)
         await store.close()
     return result
 

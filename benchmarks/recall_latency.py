@@ -192,7 +192,7 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             }
     finally:
         if args.store == "neo4j" and not args.keep:
-            await store.delete_group(group_id)
+            await store.forget.delete_group(group_id)
         await store.close()
     return result
 

@@ -37,7 +37,7 @@ async def test_the_first_fact_about_a_ticket_named_by_its_id_is_its_status_then(
         assert report.failures == []
         await _ask(Searcher(store, embedder), log.questions(QUESTIONS), group_id)
     finally:
-        await store.delete_group(group_id)  # in batches: a long history is large
+        await store.forget.delete_group(group_id)  # in batches: a long history is large
 
 
 async def _ask(searcher: Searcher, questions: list[Question], group_id: str) -> None:

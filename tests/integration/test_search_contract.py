@@ -398,7 +398,7 @@ async def test_facts_are_found_exactly_as_query_facts_answers(
     asked = 0
     for valid_at in instants:
         for known_at in [*instants, None]:
-            expected = await any_store.query_facts(
+            expected = await any_store.browse.query_facts(
                 group, valid_at=valid_at, known_at=known_at, include_invalid=include_invalid
             )
             where = scope(

@@ -149,14 +149,16 @@ def episode(
 
 async def snapshot(store: GraphStore, group: str) -> dict[str, Any]:
     """Everything the store says about a group, for before/after comparisons."""
-    entities = await store.list_entities(group)
+    entities = await store.browse.list_entities(group)
     facts = await store.facts_touching(group, [e.uuid for e in entities])
     return {
-        "counts": await store.counts(group),
+        "counts": await store.browse.counts(group),
         "entities": [e.model_dump() for e in entities],
         "facts": [f.model_dump() for f in facts],
         "episodes": [e.model_dump() for e in await store.recent_episodes(group, FAR_FUTURE, 1000)],
-        "history": [v.model_dump() for v in await store.query_facts(group, include_invalid=True)],
+        "history": [
+            v.model_dump() for v in await store.browse.query_facts(group, include_invalid=True)
+        ],
     }
 
 
@@ -258,7 +260,12 @@ async def test_write_episode_marks_it_processed(
     [stored] = await store.recent_episodes(group, FAR_FUTURE, 10)
     assert stored == ep
     assert stored.valid_at.tzinfo is not None and stored.valid_at.utcoffset() == timedelta(0)
-    assert await store.counts(group) == {"episodes": 1, "entities": 0, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(group) == {
+        "episodes": 1,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_an_episode_id_reused_for_other_content_is_refused(
@@ -391,7 +398,12 @@ async def test_entity_upsert_semantics(store: GraphStore, new_group: Callable[..
     assert stored.key == "crm-1"  # never replaced once set
     # the name lookup still works by the first name
     assert [e.uuid for e in await store.entities_by_names(group, ["acme corp"])] == [first.uuid]
-    assert await store.counts(group) == {"episodes": 0, "entities": 1, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(group) == {
+        "episodes": 0,
+        "entities": 1,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_repeated_uuid_in_one_batch_applies_in_order(
@@ -402,7 +414,7 @@ async def test_repeated_uuid_in_one_batch_applies_in_order(
     b = a.model_copy(update={"labels": ["B"], "summary": "", "aliases": ["y"], "key": "k"})
     c = a.model_copy(update={"labels": ["A", "C"], "summary": "three", "key": "other"})
     await store.upsert_entities(group, [a, b, c])
-    [stored] = await store.list_entities(group)
+    [stored] = await store.browse.list_entities(group)
     assert (stored.labels, stored.aliases, stored.summary, stored.key) == (
         ["A", "B", "C"],
         ["x", "y"],
@@ -441,7 +453,11 @@ async def test_entity_lookups(store: GraphStore, new_group: Callable[..., str]) 
     assert ids(await store.entities_by_uuids(group, [globex, acme, "missing"])) == [acme, globex]
     other_acme = stable_uuid("entity", other, "Acme Corp.")
     assert ids(await store.entities_by_uuids(group, [other_acme])) == []
-    assert [e.name for e in await store.list_entities(group)] == ["Acme Corp.", "Globex", "Initech"]
+    assert [e.name for e in await store.browse.list_entities(group)] == [
+        "Acme Corp.",
+        "Globex",
+        "Initech",
+    ]
 
 
 async def test_batch_reads_of_several_groups_answer_each_group_alone(
@@ -504,7 +520,7 @@ async def test_list_entities_orders_by_name_then_uuid(
         for name, suffix in [("Beta", "2"), ("Alpha", "9"), ("Beta", "1"), ("Zed", "0")]
     ]
     await store.upsert_entities(group, records)
-    listed = await store.list_entities(group)
+    listed = await store.browse.list_entities(group)
     assert [(e.name, e.uuid[-1]) for e in listed] == [
         ("Alpha", "9"),
         ("Beta", "1"),
@@ -518,7 +534,7 @@ async def test_invalid_labels_are_dropped(store: GraphStore, new_group: Callable
     group = new_group()
     labels = ["Person", "bad label", "1abc", "x'}) DETACH", "Community", "Ok_2", "Person", ""]
     await store.upsert_entities(group, [entity(group, "Ada", labels=labels)])
-    [stored] = await store.list_entities(group)
+    [stored] = await store.browse.list_entities(group)
     assert stored.labels == ["Person", "Ok_2"]
 
 
@@ -550,9 +566,9 @@ async def test_group_conflicts_are_refused(
         await store.upsert_entities(mine, [intruder])
     with pytest.raises(ValueError):  # a record of another group
         await store.upsert_entities(mine, [theirs_acme])
-    [stored] = await store.list_entities(theirs)
+    [stored] = await store.browse.list_entities(theirs)
     assert stored.summary == "theirs"
-    assert await store.list_entities(mine) == []
+    assert await store.browse.list_entities(mine) == []
 
     ep = episode(theirs, "m-1", day(1))
     await store.write_episode(theirs, EpisodeWrite(episode=ep))
@@ -583,7 +599,12 @@ async def test_write_referencing_missing_entities_writes_nothing(
         with pytest.raises(StoreIntegrityError):
             await store.write_episode(group, write)
     assert not await store.episode_processed(group, ep.uuid)
-    assert await store.counts(group) == {"episodes": 0, "entities": 1, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(group) == {
+        "episodes": 0,
+        "entities": 1,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_embeddings_are_checked(store: GraphStore, new_group: Callable[..., str]) -> None:
@@ -596,7 +617,12 @@ async def test_embeddings_are_checked(store: GraphStore, new_group: Callable[...
         await store.vector_entities(group, [1.0], 5)
     with pytest.raises(ValueError, match="dimensions"):
         await store.vector_facts(group, [1.0], 5)
-    assert await store.counts(group) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(group) == {
+        "episodes": 0,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_datetimes_are_aware_utc(store: GraphStore, new_group: Callable[..., str]) -> None:
@@ -604,7 +630,7 @@ async def test_datetimes_are_aware_utc(store: GraphStore, new_group: Callable[..
     plus_two = timezone(timedelta(hours=2))
     created = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=plus_two)
     await store.upsert_entities(group, [entity(group, "A", created_at=created)])
-    [stored] = await store.list_entities(group)
+    [stored] = await store.browse.list_entities(group)
     assert stored.created_at == created
     assert stored.created_at is not None and stored.created_at.utcoffset() == timedelta(0)
     assert stored.created_at.hour == 10
@@ -649,7 +675,7 @@ async def test_entities_carry_their_community(
     community = await _add_community(store, group, "Printing", [a.uuid])
     expected = {a.uuid: community, b.uuid: None}
     for records in (
-        await store.list_entities(group),
+        await store.browse.list_entities(group),
         await store.entities_by_uuids(group, [a.uuid, b.uuid]),
         [e for e, _ in await store.fulltext_entities(group, "printers", 5)],
         [e for e, _ in await store.vector_entities(group, vec(1), 5)],
@@ -703,7 +729,7 @@ async def test_fulltext_ranking_and_isolation(
         assert await store.fulltext_entities(group, text, 10) == []
     for text in HOSTILE:
         await store.fulltext_entities(group, text, 10)  # plain text: no syntax error
-    assert (await store.counts(group))["entities"] == 5
+    assert (await store.browse.counts(group))["entities"] == 5
 
     # the index follows updates (several in one batch): a replaced summary is searched, the
     # old one is not
@@ -828,7 +854,7 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
         assert checks() == 2  # a while later, checked again
         assert [h.uuid for h in first] == [crowd[2].uuid, crowd[3].uuid, crowd[1].uuid]
     finally:
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
         await store.close()
 
 
@@ -871,7 +897,7 @@ async def test_a_search_list_and_the_recent_episodes_entities_are_one_read_each(
         assert await store.recent_episode_entities(scope, 3) == [acme.uuid]
         assert len(ran) == 1
     finally:
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
         await store.close()
 
 
@@ -910,7 +936,7 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
         assert [h.uuid for h in found] == [mine[5].uuid, mine[4].uuid, mine[3].uuid]
     finally:
         for name in (group, other):
-            await store.delete_group(name)
+            await store.forget.delete_group(name)
         await store.close()
 
 
@@ -1089,8 +1115,13 @@ async def test_write_episode_upserts_its_entities_in_the_same_write(
     f = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(1), episodes=[ep.uuid])
     write = EpisodeWrite(episode=ep, mentions=[a.uuid, b.uuid], facts=[f], entities=[a, b])
     assert await store.write_episode(group, write)
-    assert [e.name for e in await store.list_entities(group)] == ["A", "B"]
-    assert await store.counts(group) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    assert [e.name for e in await store.browse.list_entities(group)] == ["A", "B"]
+    assert await store.browse.counts(group) == {
+        "episodes": 1,
+        "entities": 2,
+        "facts": 1,
+        "mentions": 2,
+    }
     lookup = await store.lookup_entities(group, ["crm:a"], ["b"], "nope", ["PLAN"])
     assert not lookup.processed
     assert [e.name for e in lookup.by_key] == ["A"] and [e.name for e in lookup.by_name] == ["B"]
@@ -1105,7 +1136,12 @@ async def test_write_episode_upserts_its_entities_in_the_same_write(
     bad = EpisodeWrite(episode(other, "m-1", day(1)), facts=[ghost], entities=[entity(other, "X")])
     with pytest.raises(StoreIntegrityError):
         await store.write_episode(other, bad)
-    assert await store.counts(other) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(other) == {
+        "episodes": 0,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_a_moved_end_is_answered_as_believed_at_each_time(
@@ -1125,11 +1161,11 @@ async def test_a_moved_end_is_answered_as_believed_at_each_time(
         return {x.uuid: x for x in await store.facts_touching(group, [a.uuid])}[f.uuid]
 
     async def believed(valid: int, known: float) -> list[str]:
-        views = await store.query_facts(group, valid_at=day(valid), known_at=day(known))
+        views = await store.browse.query_facts(group, valid_at=day(valid), known_at=day(known))
         return [v.fact for v in views]
 
     async def ends(known: float) -> list[tuple[str | None, str | None]]:
-        views = await store.query_facts(group, known_at=day(known), include_invalid=True)
+        views = await store.browse.query_facts(group, known_at=day(known), include_invalid=True)
         return [(v.invalid_at, v.expired_at) for v in views]
 
     await write(facts=[f])
@@ -1179,11 +1215,11 @@ async def test_a_moved_start_is_answered_as_believed_at_each_time(
         return {x.uuid: x for x in await store.facts_touching(group, [a.uuid])}[f.uuid]
 
     async def believed(valid: int, known: float) -> list[str]:
-        views = await store.query_facts(group, valid_at=day(valid), known_at=day(known))
+        views = await store.browse.query_facts(group, valid_at=day(valid), known_at=day(known))
         return [v.fact for v in views]
 
     async def starts(known: float) -> list[str | None]:
-        views = await store.query_facts(group, known_at=day(known), include_invalid=True)
+        views = await store.browse.query_facts(group, known_at=day(known), include_invalid=True)
         return [v.valid_at for v in views]
 
     assert (await write(facts=[f])).prior_starts == []
@@ -1332,7 +1368,7 @@ async def test_query_facts_as_of(store: GraphStore, new_group: Callable[..., str
     await _timeline(store, other)
 
     async def ask(**kwargs: Any) -> list[str]:
-        return [v.fact for v in await store.query_facts(group, **kwargs)]
+        return [v.fact for v in await store.browse.query_facts(group, **kwargs)]
 
     # now: everything is known; the plan is Pro, Bob has left
     assert await ask() == ["Acme is on the Pro plan", "Globex makes widgets"]
@@ -1366,7 +1402,7 @@ async def test_query_facts_as_of(store: GraphStore, new_group: Callable[..., str
         "Globex makes widgets",
     ]
     # whole history, ordered by subject, relation, valid_at
-    history = await store.query_facts(group, include_invalid=True)
+    history = await store.browse.query_facts(group, include_invalid=True)
     assert [v.uuid for v in history] == [
         facts[k].uuid for k in ("late", "basic", "pro", "job", "globex")
     ]
@@ -1388,7 +1424,7 @@ async def test_query_facts_views(store: GraphStore, new_group: Callable[..., str
     facts = await _timeline(store, group)
     basic = facts["basic"]
     [now_view] = [
-        v for v in await store.query_facts(group, valid_at=day(45)) if v.uuid == basic.uuid
+        v for v in await store.browse.query_facts(group, valid_at=day(45)) if v.uuid == basic.uuid
     ]
     assert now_view == FactView(
         uuid=basic.uuid,
@@ -1405,11 +1441,11 @@ async def test_query_facts_views(store: GraphStore, new_group: Callable[..., str
     # as believed before the closure was learned, the fact has no known end yet
     [then_view] = [
         v
-        for v in await store.query_facts(group, valid_at=day(45), known_at=day(61))
+        for v in await store.browse.query_facts(group, valid_at=day(45), known_at=day(61))
         if v.uuid == basic.uuid
     ]
     assert (then_view.invalid_at, then_view.expired_at) == (None, None)
-    [globex] = [v for v in await store.query_facts(group) if v.relation == "MAKES"]
+    [globex] = [v for v in await store.browse.query_facts(group) if v.relation == "MAKES"]
     assert globex.episodes == ["not-an-episode-uuid"]  # unknown episode: its uuid is shown
 
 
@@ -1460,7 +1496,7 @@ async def test_hostile_strings_are_stored_verbatim(
         [stored_ep] = await store.recent_episodes(group, FAR_FUTURE, 5)
         assert (stored_ep.name, stored_ep.content, stored_ep.producer_id) == (text, text, text)
         assert await store.episode_processed(group, ep.uuid)
-        [view] = await store.query_facts(group)
+        [view] = await store.browse.query_facts(group)
         assert (view.subject, view.relation, view.fact, view.episodes) == (
             text,
             text,
@@ -1469,7 +1505,7 @@ async def test_hostile_strings_are_stored_verbatim(
         )
         assert uuids(await store.vector_entities(group, vec(1, i), 1)) == [a.uuid]
         await store.fulltext_entities(group, text, 5)
-        assert await store.counts(group) == {
+        assert await store.browse.counts(group) == {
             "episodes": 1,
             "entities": 2,
             "facts": 1,
@@ -1497,9 +1533,9 @@ async def test_concurrent_calls(store: GraphStore, new_group: Callable[..., str]
         await asyncio.gather(
             store.vector_entities(group, vec(1), 3),
             store.fulltext_entities(group, "person", 3),
-            store.query_facts(group),
+            store.browse.query_facts(group),
         )
-        return await store.counts(group)
+        return await store.browse.counts(group)
 
     results = await asyncio.gather(*(work(g) for g in groups))
     assert results == [{"episodes": 5, "entities": 10, "facts": 5, "mentions": 5}] * 4
@@ -1535,7 +1571,7 @@ async def test_writes_committed_together_act_as_one_at_a_time(
         store.write_episode(group, first),
     )
     assert together == [True, True, False]
-    [view] = await store.query_facts(group, include_invalid=True)
+    [view] = await store.browse.query_facts(group, include_invalid=True)
     assert (view.uuid, view.invalid_at) == (works.uuid, iso(day(2)))
 
     crossing = EpisodeWrite(episode=episode(group, "b-3", day(3)), mentions=[stranger.uuid])
@@ -1547,7 +1583,12 @@ async def test_writes_committed_together_act_as_one_at_a_time(
     )
     assert isinstance(outcomes[0], StoreIntegrityError)
     assert outcomes[1] is True
-    assert await store.counts(group) == {"episodes": 3, "entities": 2, "facts": 1, "mentions": 4}
+    assert await store.browse.counts(group) == {
+        "episodes": 3,
+        "entities": 2,
+        "facts": 1,
+        "mentions": 4,
+    }
 
 
 # ----------------------------------------------------------------------------- maintenance
@@ -1562,13 +1603,18 @@ async def test_delete_group_removes_only_that_group(
     # "Globex" is in both corpora: one entity
     assert kept_before["counts"] == {"episodes": 2, "entities": 11, "facts": 5, "mentions": 0}
 
-    await store.delete_group(doomed)
-    assert await store.counts(doomed) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
-    assert await store.list_entities(doomed) == []
+    await store.forget.delete_group(doomed)
+    assert await store.browse.counts(doomed) == {
+        "episodes": 0,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
+    assert await store.browse.list_entities(doomed) == []
     assert await store.fulltext_entities(doomed, "printer", 10) == []
     assert await store.vector_entities(doomed, vec(1), 10) == []
     assert await store.vector_facts(doomed, vec(1), 10) == []
-    assert await store.query_facts(doomed, include_invalid=True) == []
+    assert await store.browse.query_facts(doomed, include_invalid=True) == []
     assert await store.recent_episodes(doomed, FAR_FUTURE, 10) == []
     assert await snapshot(store, kept) == kept_before
     assert uuids(await store.fulltext_entities(kept, "printer", 10)) == [
@@ -1576,12 +1622,17 @@ async def test_delete_group_removes_only_that_group(
     ]
     # Globex was created by the timeline without an embedding, which never changes afterwards
     assert len(await store.vector_entities(kept, vec(1), 10)) == 3
-    await store.delete_group(doomed)  # deleting nothing is fine
+    await store.forget.delete_group(doomed)  # deleting nothing is fine
 
 
 async def test_counts(store: GraphStore, new_group: Callable[..., str]) -> None:
     group = new_group()
-    assert await store.counts(group) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(group) == {
+        "episodes": 0,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
     a, b, c = (entity(group, n) for n in "ABC")
     await store.upsert_entities(group, [a, b, c])
     await store.write_episode(
@@ -1595,7 +1646,12 @@ async def test_counts(store: GraphStore, new_group: Callable[..., str]) -> None:
     await store.write_episode(
         group, EpisodeWrite(episode=episode(group, "m-2", day(2)), mentions=[a.uuid])
     )
-    assert await store.counts(group) == {"episodes": 2, "entities": 3, "facts": 2, "mentions": 4}
+    assert await store.browse.counts(group) == {
+        "episodes": 2,
+        "entities": 3,
+        "facts": 2,
+        "mentions": 4,
+    }
 
 
 async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group_token(
@@ -1750,7 +1806,7 @@ async def test_the_embedded_store_runs_only_constant_sql(
         await store.write_communities(group, [community], [])
         await store.lookup_entities(group, texts, texts, ep.uuid, texts, "hash")
         await store.read_batch(group, texts, texts, texts, [(ep.uuid, None)])
-        await store.query_facts(group, include_invalid=True)
+        await store.browse.query_facts(group, include_invalid=True)
         await store.entity_candidates(group, [(t, vec(1)) for t in texts], 3)
         scope = SearchScope((group,), AsOf.resolve(day(5), None, False, None))
         for kind in KINDS:
@@ -1759,7 +1815,7 @@ async def test_the_embedded_store_runs_only_constant_sql(
             await store.vector_search(scope, kind, vec(1), 5)
         await store.expand_facts(scope, [people[0].uuid], 2, 10)
         await store.entity_graph(group)
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
     finally:
         await store.close()
     assert statements
@@ -1806,7 +1862,7 @@ async def _scenario(store: GraphStore, group: str) -> dict[str, Any]:
         for known_at in (None, day(1), day(61)):
             for include_invalid in (False, True):
                 key = f"{valid_at}|{known_at}|{include_invalid}"
-                views[key] = await store.query_facts(
+                views[key] = await store.browse.query_facts(
                     group, valid_at=valid_at, known_at=known_at, include_invalid=include_invalid
                 )
     return {
@@ -1905,7 +1961,7 @@ async def test_write_communities_is_idempotent_and_scoped(
         (one.uuid, "One", "first", sorted(one.members)),
         (two.uuid, "Two", "second", sorted(two.members)),
     ]
-    by_entity = {e.uuid: e.community_uuid for e in await store.list_entities(group)}
+    by_entity = {e.uuid: e.community_uuid for e in await store.browse.list_entities(group)}
     assert by_entity[u["A"]] == one.uuid and by_entity[u["E"]] is None
     # rewriting `two` with B moves B out of `one`; `one` keeps its name and summary
     moved = CommunityRecord(two.uuid, "Two'", "second'", [u["B"], u["C"]])

@@ -87,11 +87,11 @@ async def write_alice_at_acme(store: MemoryStore) -> EpisodeWrite:
 async def test_an_episode_written_again_changes_nothing(store: MemoryStore) -> None:
     write = await write_alice_at_acme(store)
     stored = await store.facts_touching(G, ["alice"])
-    assert await store.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
 
     assert not await store.write_episode(G, write)  # the marker is checked by the write itself
     assert await store.facts_touching(G, ["alice"]) == stored
-    assert await store.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
 
     stored[0].invalid_at = day(9)  # reads are copies: plan_facts may change them freely
     assert (await store.facts_touching(G, ["alice"]))[0].invalid_at is None
@@ -199,7 +199,7 @@ async def test_the_lookup_reads_entities_and_their_facts_of_the_relations_asked(
 # ----------------------------------------------------------------------------- groups
 async def test_writes_crossing_groups_or_dangling_are_refused_whole(store: MemoryStore) -> None:
     await write_alice_at_acme(store)
-    before = await store.counts(OTHER)
+    before = await store.browse.counts(OTHER)
     refused = [
         EpisodeWrite(episode=episode("x1", OTHER), entities=[entity("alice", group=OTHER)]),
         EpisodeWrite(episode=episode("x2", OTHER), mentions=["alice"]),
@@ -221,28 +221,28 @@ async def test_writes_crossing_groups_or_dangling_are_refused_whole(store: Memor
             await store.write_episode(OTHER, write)
     with pytest.raises(StoreIntegrityError):
         await store.upsert_entities(OTHER, [entity("alice", group=OTHER)])
-    assert await store.counts(OTHER) == before  # nothing of a refused write is kept
+    assert await store.browse.counts(OTHER) == before  # nothing of a refused write is kept
     assert await store.entities_by_uuids(OTHER, ["bob", "alice"]) == []
-    assert await store.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
 
 
 async def test_reads_never_see_another_group(store: MemoryStore) -> None:
     await write_alice_at_acme(store)
     assert await store.entities_by_uuids(OTHER, ["alice"]) == []
     assert await store.entities_by_names(OTHER, ["alice"]) == []
-    assert await store.list_entities(OTHER) == []
+    assert await store.browse.list_entities(OTHER) == []
     assert await store.facts_touching(OTHER, ["alice", "acme"]) == []
-    assert await store.query_facts(OTHER, include_invalid=True) == []
+    assert await store.browse.query_facts(OTHER, include_invalid=True) == []
     assert await store.vector_entities(OTHER, [1.0, 0.0, 0.0, 0.0], 5) == []
     assert await store.vector_facts(OTHER, [0.0, 1.0, 0.0, 0.0], 5) == []
     assert await store.fulltext_entities(OTHER, "Acme", 5) == []
     assert await store.recent_episodes(OTHER, day(1), 5) == []
     assert await store.entity_graph(OTHER) == ([], [])
 
-    await store.delete_group(OTHER)
-    assert await store.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
-    await store.delete_group(G)
-    assert await store.counts(G) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    await store.forget.delete_group(OTHER)
+    assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    await store.forget.delete_group(G)
+    assert await store.browse.counts(G) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
 
 
 # ----------------------------------------------------------------------------- as of
@@ -283,7 +283,7 @@ async def test_query_facts_answers_what_asof_believes(store: MemoryStore) -> Non
     for known_at in [*known_ats, learned(2), learned(3)]:
         for valid_at in [day(-1), day(5), day(15), day(25), day(45), day(70)]:
             asof = AsOf(valid_at, known_at, include_invalid=False, entity_uuid=None)
-            views = await store.query_facts(G, valid_at=valid_at, known_at=known_at)
+            views = await store.browse.query_facts(G, valid_at=valid_at, known_at=known_at)
             assert sorted(v.uuid for v in views) == sorted(
                 f.uuid for f in facts if asof.believed(f)
             ), (valid_at, known_at)
@@ -292,11 +292,11 @@ async def test_query_facts_answers_what_asof_believes(store: MemoryStore) -> Non
                 assert view.invalid_at == iso(end_known_at(stored, known_at))
 
     for known_at, end in ((learned(1), day(60)), (learned(2), day(30))):
-        [view] = await store.query_facts(
+        [view] = await store.browse.query_facts(
             G, known_at=known_at, include_invalid=True, entity_uuid="basic_plan"
         )
         assert (view.uuid, view.invalid_at) == ("basic", iso(end))  # the end believed then
-    history = await store.query_facts(
+    history = await store.browse.query_facts(
         G, known_at=learned(3), include_invalid=True, entity_uuid="acme"
     )
     assert [(v.subject, v.object) for v in history] == [

@@ -267,7 +267,7 @@ async def test_new_entities_get_deterministic_uuids_and_are_created(store: Memor
     assert first.entity_uuids == again.entity_uuids == [account, plan]
     assert first.pending.created == [account, plan] and first.entities_new == 2
     assert all(e.name_embedding for e in first.pending.entities)  # upserted with the episode
-    assert await store.counts(G) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(G) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
 
 
 async def test_a_processed_episode_stops_at_the_lookup(store: MemoryStore) -> None:
@@ -314,7 +314,7 @@ async def test_a_mapped_episode_is_written_in_one_call_from_what_resolution_read
     basic = await stamp(store, mapped("e1", plan_record(ACME, "Basic", day(1)), day(1)))
     first = await step.run(basic)
     assert counted.calls == ["write_episode"]
-    assert await store.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
     assert await store.episode_processed(G, basic.episode.uuid)
     assert first.created_entities == basic.pending.created and first.facts_new == 1
 
@@ -323,7 +323,7 @@ async def test_a_mapped_episode_is_written_in_one_call_from_what_resolution_read
     second = await step.run(pro)
     assert counted.calls == ["write_episode", "write_episode"]  # no read of its own
     assert (second.facts_new, second.facts_closed) == (1, 1)
-    history = await store.query_facts(G, include_invalid=True)
+    history = await store.browse.query_facts(G, include_invalid=True)
     assert [(v.object, v.valid_at, v.invalid_at) for v in history] == [
         ("Basic", iso(day(1)), iso(day(5))),
         ("Pro", iso(day(5)), None),
@@ -388,7 +388,7 @@ async def test_an_llm_contradiction_closes_only_a_fact_sharing_an_endpoint(
     [judged] = [c for c in llm.calls if c.schema is FactResolutionOutput]
     assert "Carol lives in London" in judged.user and "Globex" not in judged.user
     assert summary.facts_closed == 1
-    views = await store.query_facts(G, include_invalid=True)
+    views = await store.browse.query_facts(G, include_invalid=True)
     assert {(v.subject, v.object): v.invalid_at for v in views} == {
         ("Alice", "Acme"): iso(day(10)),  # closed when Initech starts
         ("Alice", "Initech"): None,
@@ -404,12 +404,12 @@ async def test_a_write_finding_the_episode_processed_is_skipped_and_keeps_its_cr
     stamped = await stamp(store, mapped("e1", plan_record(ACME, "Basic", day(1)), day(1)))
     step = InvalidationStep(store=store, embedder=EMBEDDER, llm=None)
     await step.run(stamped)
-    counts = await store.counts(G)
+    counts = await store.browse.counts(G)
 
     again = await step.run(stamped)  # e.g. a retry after a commit whose answer was lost
     assert isinstance(again, Processed)
     assert again.created_entities == stamped.pending.created != []  # entities.new re-sent
-    assert await store.counts(G) == counts
+    assert await store.browse.counts(G) == counts
 
 
 @pytest.mark.parametrize("embed_mapped_content", [False, True])

@@ -39,7 +39,7 @@ async def prune_outbox(
     before = (now or utcnow()) - timedelta(hours=retention_hours)
     pruned = 0
     for group_id in groups:
-        pruned += await store.prune_changes(group_id, before, published_only=published_only)
+        pruned += await store.outbox.prune_changes(group_id, before, published_only=published_only)
     if pruned:
         CHANGES_PRUNED.inc(pruned)
         log.info("outbox pruned changes=%d before=%s", pruned, before.isoformat())

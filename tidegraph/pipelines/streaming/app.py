@@ -371,7 +371,7 @@ def _change_stream(
         try:
             groups = [
                 log_.group_id
-                for log_ in await runtime.store.change_logs(own=True)
+                for log_ in await runtime.store.outbox.change_logs(own=True)
                 if partition_of(log_.group_id, partitions) in owned
             ]
             await prune_outbox(

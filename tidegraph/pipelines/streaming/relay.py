@@ -43,7 +43,7 @@ async def relay_changes(
     (each moved only past its group's changes Kafka acknowledged)."""
     logs = {
         log_.group_id: log_
-        for log_ in await store.change_logs(unpublished=True, own=True)
+        for log_ in await store.outbox.change_logs(unpublished=True, own=True)
         if partition_of(log_.group_id, partitions) in owned
     }
     # Set before publishing, so a round that fails (broker down) still shows the backlog.
@@ -51,7 +51,7 @@ async def relay_changes(
     CHANGES_BEHIND.set(behind)
     if not logs:
         return 0
-    changes = await store.unpublished_changes(list(logs), batch)
+    changes = await store.outbox.unpublished_changes(list(logs), batch)
     # As stored: the outbox keeps each change's JSON, published without decoding it.
     deliveries = [await send(change.group_id.encode(), change.value) for change in changes]
     # Kafka acknowledges a partition's records in order: each group's cursor moves to its
@@ -67,7 +67,7 @@ async def relay_changes(
             continue
         if change.group_id not in failed:
             acked[change.group_id] = change
-    await store.mark_published(list(acked.values()))
+    await store.outbox.mark_published(list(acked.values()))
     last = {group: change.seq for group, change in acked.items()}
     published = sum(1 for change in changes if change.seq <= last.get(change.group_id, 0))
     CHANGES_PUBLISHED.inc(published)

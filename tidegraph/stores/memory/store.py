@@ -40,36 +40,29 @@ only the search methods, which share nothing else, are apart.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.changes import (
     Change,
-    PublishedChange,
-    group_forgotten,
-    published_form,
-    stored_form,
 )
 from tidegraph.records.graph import (
     ChangeLog,
     CommunityRecord,
     EntityRecord,
-    EpisodeDetail,
-    EpisodeEntry,
     EpisodeRecord,
-    EpisodeState,
     EpisodeWrite,
     FactRecord,
-    FactView,
-    GroupHistory,
-    Rebuild,
     WeightedEdge,
 )
 from tidegraph.records.times import utc
 from tidegraph.records.vectors import cosine
 from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores import errors
+from tidegraph.stores.memory.browse import MemoryBrowsing
+from tidegraph.stores.memory.forget import MemoryForgetting
+from tidegraph.stores.memory.outbox import MemoryOutbox
 from tidegraph.stores.memory.search import Entities, Facts, MemorySearch, StoredCommunity
 from tidegraph.stores.rows import (
     check_embedding,
@@ -80,16 +73,13 @@ from tidegraph.stores.rows import (
     episode_record,
     episode_row,
     fact_row,
-    fact_view,
     fold_communities,
     fold_edges,
     neighbour_weights_of,
     now_utc,
-    page_of,
     rank,
     sort_entities,
     sort_facts,
-    sort_views,
     unique,
 )
 from tidegraph.stores.search_text import search_terms, text_words
@@ -103,6 +93,9 @@ class MemoryStore(MemorySearch):
 
     def __init__(self, *, deployment: str = DEFAULT_TOPIC_PREFIX) -> None:
         self.deployment = deployment
+        self.outbox = MemoryOutbox(self)
+        self.forget = MemoryForgetting(self)
+        self.browse = MemoryBrowsing(self)
         self._dim: int | None = None
         self._episodes: dict[str, EpisodeRecord] = {}
         self._created: dict[str, list[str]] = {}  # episode uuid -> the entities it created
@@ -210,9 +203,6 @@ class MemoryStore(MemorySearch):
 
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         return self._group_entities(group_id, among=uuids)
-
-    async def list_entities(self, group_id: str) -> list[EntityRecord]:
-        return self._group_entities(group_id)
 
     async def fulltext_entities(
         self, group_id: str, text: str, limit: int
@@ -342,111 +332,9 @@ class MemoryStore(MemorySearch):
             outbox.append(change.model_copy(update={"seq": log.seq}))
         log.version += 1
 
-    async def episode_detail(self, group_id: str, episode_uuid: str) -> EpisodeDetail | None:
-        if self._forgotten.get(episode_uuid, ("", None))[0] == group_id:
-            at = self._forgotten[episode_uuid][1]
-            entry = EpisodeEntry(episode_uuid, "", "", "", at, None, "forgotten", forgotten_at=at)
-            return EpisodeDetail(entry)
-        e = self._episodes.get(episode_uuid)
-        if e is None or e.group_id != group_id:
-            return None
-        state: EpisodeState = "written" if e.not_extracted is None else "not_extracted"
-        entry = EpisodeEntry(
-            e.uuid, e.producer_id, e.name, e.source, utc(e.valid_at), e.created_at, state,
-            e.not_extracted, e.content,
-        )  # fmt: skip
-        mentions = sorted(entity for ep, entity in self._mentions if ep == episode_uuid)
-        return EpisodeDetail(entry, mentions)
-
     # ------------------------------------------------------------------ browsing
-    async def list_episodes(
-        self,
-        group_id: str,
-        *,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        status: str | None = None,
-        after: tuple[datetime, str] | None = None,
-        limit: int = 100,
-    ) -> list[EpisodeEntry]:
-        entries: list[EpisodeEntry] = []
-        if status == "forgotten":
-            for uuid, (group, at) in self._forgotten.items():
-                if group == group_id:
-                    entries.append(
-                        EpisodeEntry(uuid, "", "", "", at, None, "forgotten", forgotten_at=at)
-                    )
-        else:
-            for e in self._episodes.values():
-                state: EpisodeState = "written" if e.not_extracted is None else "not_extracted"
-                if e.group_id != group_id or status not in (None, state):
-                    continue
-                entries.append(
-                    EpisodeEntry(
-                        e.uuid, e.producer_id, e.name, e.source, utc(e.valid_at), e.created_at,
-                        state, e.not_extracted, e.content,
-                    )
-                )  # fmt: skip
-        return page_of(entries, since, until, after, limit)
 
     # ------------------------------------------------------------------ the change stream
-    async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
-        found = [c for c in self._changes.get(group_id, []) if c.seq > after]
-        return [c.model_copy(deep=True) for c in found[: max(limit, 0)]]
-
-    async def change_logs(
-        self, group_ids: list[str] | None = None, *, unpublished: bool = False, own: bool = False
-    ) -> list[ChangeLog]:
-        wanted = {
-            g: log
-            for g, log in self._logs.items()
-            if (group_ids is None or g in group_ids)
-            and (not unpublished or log.seq > log.published)
-            and (not own or log.deployment == self.deployment)
-        }
-        return [ChangeLog(**vars(log)) for _, log in sorted(wanted.items())]
-
-    async def unpublished_changes(
-        self, group_ids: list[str], per_group: int
-    ) -> list[PublishedChange]:
-        found: list[PublishedChange] = []
-        for group_id in sorted(set(group_ids)):
-            log = self._logs.get(group_id)
-            if log is not None and log.deployment == self.deployment:
-                found += [
-                    PublishedChange(
-                        c.group_id, c.seq, published_form(stored_form(c), c.seq), c.change_id
-                    )
-                    for c in await self.changes(group_id, log.published, per_group)
-                ]
-        return found
-
-    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
-        for change in acknowledged:
-            log = self._logs.get(change.group_id)
-            stored = {c.seq: c.change_id for c in self._changes.get(change.group_id, [])}
-            if (
-                log is not None
-                and log.deployment == self.deployment
-                and stored.get(change.seq) == change.change_id
-            ):
-                log.published = max(log.published, change.seq)
-
-    async def prune_changes(
-        self, group_id: str, before: datetime, *, published_only: bool = True
-    ) -> int:
-        log = self._logs.get(group_id)
-        published = log.published if log is not None else 0
-        outbox = self._changes.get(group_id, [])
-        gone = [
-            (not published_only or c.seq <= published)
-            and (c.committed_at is None or utc(c.committed_at) < utc(before))
-            for c in outbox
-        ]
-        self._changes[group_id] = [c for c, out in zip(outbox, gone, strict=True) if not out]
-        dropped = [c.seq for c, out in zip(outbox, gone, strict=True) if out]
-        self._skip_dropped(group_id, dropped)
-        return len(dropped)
 
     def _skip_dropped(self, group_id: str, dropped: list[int]) -> None:
         """After the group's changes ``dropped`` (seqs) went: a relay cursor right before
@@ -462,86 +350,6 @@ class MemoryStore(MemorySearch):
         log.published = max(log.published, past)
 
     # ------------------------------------------------------------------ forgetting
-    async def group_history(self, group_id: str) -> GroupHistory:
-        episodes = sorted(
-            (e for e in self._episodes.values() if e.group_id == group_id),
-            key=lambda e: (utc(e.extracted_at or e.created_at or e.valid_at), e.uuid),
-        )
-        uuids = {e.uuid for e in episodes}
-        mentions: dict[str, list[str]] = {}
-        for episode, entity in sorted(self._mentions):
-            if episode in uuids:
-                mentions.setdefault(episode, []).append(entity)
-        log = self._logs.get(group_id)
-        return GroupHistory(
-            episodes=[e.model_copy(deep=True) for e in episodes],
-            entities={
-                u: copied(self._entities[u], community_uuid=None)
-                for u in self._entities.by_group.get(group_id, ())
-            },
-            facts={f.uuid: copied(f) for f in self._group_facts(group_id)},
-            mentions=mentions,
-            created={u: list(self._created.get(u, [])) for u in uuids},
-            version=log.version if log is not None else 0,
-        )
-
-    async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
-        log = self._logs.get(group_id)
-        if (log.version if log is not None else 0) != rebuild.version:
-            raise errors.RebuildConflict(group_id)
-        dim = self._dimension()
-        now = now_utc()
-        for entity in rebuild.entities:
-            entity_row(group_id, entity, dim, now)  # checked: group, embedding
-        for fact in rebuild.facts:
-            fact_row(group_id, fact, dim, now)
-        errors.check_entity_owners(group_id, self._owners(e.uuid for e in rebuild.entities))
-        gone_episodes = set(rebuild.forgotten)
-        gone_entities = set(rebuild.delete_entities)
-        for uuid in gone_episodes:
-            if self._episodes.get(uuid) is not None and self._episodes[uuid].group_id == group_id:
-                del self._episodes[uuid]
-                self._created.pop(uuid, None)
-            self._forgotten[uuid] = (group_id, rebuild.forgotten_at)
-        for uuid in rebuild.delete_facts:
-            gone = self._facts.get(uuid)
-            if gone is not None and gone.group_id == group_id:
-                del self._facts[uuid]
-        for uuid in gone_entities:
-            if uuid in self._entities and self._entities[uuid].group_id == group_id:
-                del self._entities[uuid]
-        self._mentions = {
-            (p, e)
-            for p, e in self._mentions
-            if p not in gone_episodes and e not in gone_entities and p not in rebuild.mentions
-        }
-        # Communities with a member removed or changed go (see the SQLite store's).
-        touched = gone_entities | {e.uuid for e in rebuild.entities}
-        stale = {
-            c
-            for c, e in self._members
-            if e in touched and self._communities[c].group_id == group_id
-        }
-        for uuid in stale:
-            del self._communities[uuid]
-        self._members = {
-            (c, e) for c, e in self._members if e not in gone_entities and c not in stale
-        }
-        for entity in rebuild.entities:
-            self._entities[entity.uuid] = entity.model_copy(
-                deep=True, update={"group_id": group_id, "community_uuid": None}
-            )
-        for fact in rebuild.facts:
-            self._facts[fact.uuid] = fact.model_copy(deep=True, update={"group_id": group_id})
-        for episode, entities in rebuild.mentions.items():
-            self._mentions.update((episode, e) for e in entities)
-        for episode, created in rebuild.created.items():
-            self._created[episode] = list(created)
-        purged = set(rebuild.purged)
-        outbox = self._changes.get(group_id, [])
-        self._changes[group_id] = [c for c in outbox if c.uuid not in purged]
-        self._skip_dropped(group_id, [c.seq for c in outbox if c.uuid in purged])
-        self._record(group_id, rebuild.changes)
 
     def _check_write(self, group_id: str, write: EpisodeWrite, episode_group: str | None) -> None:
         """Refuse a write that would cross groups or dangle, exactly as both stores check it."""
@@ -553,15 +361,6 @@ class MemoryStore(MemorySearch):
         }
         errors.check_write(group_id, write, episode_group, owners, facts)
 
-    async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
-        producers = {u: e.producer_id for u, e in self._episodes.items() if e.group_id == group_id}
-        views = []
-        for fact in self._believed(group_id, asof):
-            subject = self._entities[fact.source_uuid].name
-            obj = self._entities[fact.target_uuid].name
-            views.append((fact_view(fact, subject, obj, producers, asof), fact))
-        return sort_views(views)
-
     def _believed(self, group_id: str, asof: AsOf) -> list[FactRecord]:
         """Copies of the group's facts ``asof`` believes (about ``asof.entity_uuid`` if set)."""
         about = asof.entity_uuid
@@ -572,54 +371,6 @@ class MemoryStore(MemorySearch):
         ]
 
     # ------------------------------------------------------------------ maintenance
-    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
-        episodes = [u for u, e in self._episodes.items() if e.group_id == group_id]
-        tombstones = {u: f for u, f in self._forgotten.items() if f[0] == group_id}
-        log = self._logs.get(group_id)
-        await self.delete_group(group_id)
-        if not purge:
-            self._forgotten.update(tombstones)
-            self._forgotten.update((u, (group_id, at)) for u in episodes)
-            self._logs[group_id] = log or ChangeLog(group_id)
-            self._record(group_id, [group_forgotten(group_id, at)])
-        return len(episodes)
-
-    async def counts(self, group_id: str) -> dict[str, int]:
-        episodes = {u for u, e in self._episodes.items() if e.group_id == group_id}
-        return {
-            "episodes": len(episodes),
-            "entities": len(self._entities.by_group.get(group_id, ())),
-            "facts": sum(1 for _ in self._group_facts(group_id)),
-            "mentions": sum(1 for episode, _ in self._mentions if episode in episodes),
-        }
-
-    async def delete_group(self, group_id: str) -> None:
-        episodes = {u for u, e in self._episodes.items() if e.group_id == group_id}
-        entities = set(self._entities.by_group.get(group_id, ()))
-        communities = {u for u, c in self._communities.items() if c.group_id == group_id}
-        for uuid in [
-            u
-            for u, f in self._facts.items()
-            if f.group_id == group_id or {f.source_uuid, f.target_uuid} & entities
-        ]:
-            del self._facts[uuid]
-        # DETACH DELETE: the relationships of every node removed go with it.
-        self._mentions = {
-            (p, e) for p, e in self._mentions if p not in episodes and e not in entities
-        }
-        self._members = {
-            (c, e) for c, e in self._members if c not in communities and e not in entities
-        }
-        for uuid in episodes:
-            del self._episodes[uuid]
-            self._created.pop(uuid, None)
-        self._forgotten = {u: f for u, f in self._forgotten.items() if f[0] != group_id}
-        self._logs.pop(group_id, None)
-        self._changes.pop(group_id, None)
-        for uuid in entities:
-            del self._entities[uuid]
-        for uuid in communities:
-            del self._communities[uuid]
 
     # ------------------------------------------------------------------ communities
     async def entity_graph(

@@ -22,7 +22,6 @@ from tidegraph.records.graph import (
     EntityRecord,
     EpisodeRecord,
     FactRecord,
-    FactView,
     WeightedEdge,
 )
 from tidegraph.records.times import utc
@@ -39,7 +38,6 @@ from tidegraph.stores.rows import (
     entity_record,
     episode_record,
     fact_of,
-    fact_view,
     fold_communities,
     fold_edges,
     neighbour_weights_of,
@@ -47,12 +45,8 @@ from tidegraph.stores.rows import (
     rank,
     sort_entities,
     sort_facts,
-    sort_views,
     unique,
 )
-
-# Rows deleted per transaction by ``delete_group``.
-DELETE_BATCH = 2000
 
 
 class StoreCore(SearchCore):
@@ -179,9 +173,6 @@ class StoreCore(SearchCore):
             return []
         return await self._entities(group_id, q.ENTITIES_BY_UUIDS, uuids=unique(uuids))
 
-    async def list_entities(self, group_id: str) -> list[EntityRecord]:
-        return await self._entities(group_id, q.LIST_ENTITIES)
-
     async def fulltext_entities(
         self, group_id: str, text: str, limit: int
     ) -> list[tuple[EntityRecord, float]]:
@@ -232,14 +223,6 @@ class StoreCore(SearchCore):
             if asof.believed(fact):
                 kept.append({**row, "fact": fact})
         return kept
-
-    async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
-        rows = await self._believed(group_id, asof)
-        producers = await self._producers(group_id, (u for r in rows for u in r["fact"].episodes))
-        return sort_views(
-            (fact_view(r["fact"], r["subject"], r["object"], producers, asof), r["fact"])
-            for r in rows
-        )
 
     # ------------------------------------------------------------------ communities
     async def _edge_rows(self, group_id: str, asof: AsOf) -> list[tuple[str, str, int]]:
@@ -317,19 +300,3 @@ class StoreCore(SearchCore):
         await self.ex.write("assign_member", len(assignments), work)
 
     # ------------------------------------------------------------------ maintenance
-    async def counts(self, group_id: str) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for query in q.COUNTS:
-            [row] = await self.ex.rows(query, {"group_id": group_id})
-            found.update({name: int(value) for name, value in row.items()})
-        return {name: found[name] for name in ("episodes", "entities", "facts", "mentions")}
-
-    async def delete_group(self, group_id: str) -> None:
-        params = {"group_id": group_id, "batch": DELETE_BATCH}
-        for query in q.DELETE_GROUP:
-
-            async def batch(tx: Tx, query: str = query) -> int:
-                return int((await tx.rows(query, params))[0]["deleted"])
-
-            while await self.ex.write("delete_group", DELETE_BATCH, batch) > 0:
-                pass

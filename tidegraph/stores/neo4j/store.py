@@ -35,9 +35,11 @@ from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, anchored_query, as_of_params
 from tidegraph.stores.neo4j.batching import GroupCommit
+from tidegraph.stores.neo4j.browse import Neo4jBrowsing
 from tidegraph.stores.neo4j.core import StoreCore
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
-from tidegraph.stores.neo4j.lifecycle import Lifecycle
+from tidegraph.stores.neo4j.forget import Neo4jForgetting
+from tidegraph.stores.neo4j.outbox import Neo4jOutbox
 from tidegraph.stores.rows import (
     change_row,
     check_embedding,
@@ -153,7 +155,7 @@ class _BatchAsk:
     episodes: list[str]
 
 
-class Neo4jStore(Lifecycle, StoreCore):
+class Neo4jStore(StoreCore):
     """``GraphStore`` on a Neo4j 5.26+ server (Community edition is enough)."""
 
     name = "neo4j"
@@ -173,6 +175,9 @@ class Neo4jStore(Lifecycle, StoreCore):
         )
         super().__init__(Neo4jExecutor(driver, database))
         self.deployment = deployment
+        self.outbox = Neo4jOutbox(self)
+        self.forget = Neo4jForgetting(self)
+        self.browse = Neo4jBrowsing(self)
         # An item is the writes of one call: one episode, or a group's micro-batch.
         self._episodes: GroupCommit[list[_EpisodeJob], list[bool]] = GroupCommit(
             self._commit_batches,
