@@ -23,6 +23,7 @@ from tidegraph.settings import Settings
 from tidegraph.stores import open_store
 from tidegraph.stores.base import GraphStore
 from tidegraph.stores.neo4j.store import Neo4jStore
+from tidegraph.stores.roles import Outbox
 from tidegraph.stores.sqlite.db import DB_FILE, Transaction
 from tidegraph.stores.sqlite.store import SqliteStore
 
@@ -41,29 +42,29 @@ def plan_records(account: tuple[int, str], plans: list[str]) -> list[Record]:
 
 async def relay_all(store: GraphStore, producer: Producer) -> None:
     """Relay rounds until one publishes nothing."""
-    while await relay_changes(store, producer.send, *EVERY_PARTITION):
+    while await relay_changes(store.outbox, producer.send, *EVERY_PARTITION):
         pass
 
 
 class DuringRound:
-    """A store whose relay round is interleaved with other work, as another worker's writes
+    """A store's outbox whose relay round is interleaved with other work, as another worker's writes
     or a forget are: ``after_logs`` runs right after the round's read of the outbox's state,
     ``after_read`` right after its read of the changes (before the cursors move)."""
 
-    def __init__(self, store: GraphStore, after_logs: Any = None, after_read: Any = None):
-        self.store, self.after_logs, self.after_read = store, after_logs, after_read
+    def __init__(self, outbox: Outbox, after_logs: Any = None, after_read: Any = None):
+        self.outbox, self.after_logs, self.after_read = outbox, after_logs, after_read
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
+        return getattr(self.outbox, name)
 
     async def change_logs(self, *args: Any, **kwargs: Any) -> Any:
-        logs = await self.store.outbox.change_logs(*args, **kwargs)
+        logs = await self.outbox.change_logs(*args, **kwargs)
         if self.after_logs is not None:
             await self.after_logs()
         return logs
 
     async def unpublished_changes(self, *args: Any, **kwargs: Any) -> Any:
-        changes = await self.store.outbox.unpublished_changes(*args, **kwargs)
+        changes = await self.outbox.unpublished_changes(*args, **kwargs)
         if self.after_read is not None:
             await self.after_read()
         return changes
@@ -226,9 +227,9 @@ async def test_a_group_purged_and_written_anew_during_a_relay_round_loses_no_cha
         [log] = await any_store.outbox.change_logs([group])
         assert log.seq > 3 and log.published == 0
         round_ = (
-            DuringRound(any_store, after_logs=purge, after_read=rewrite)
+            DuringRound(any_store.outbox, after_logs=purge, after_read=rewrite)
             if when == "between the relay's reads"
-            else DuringRound(any_store, after_read=purge_and_rewrite)
+            else DuringRound(any_store.outbox, after_read=purge_and_rewrite)
         )
         producer = Producer()
         await relay_changes(round_, producer.send, *EVERY_PARTITION)  # type: ignore[arg-type]

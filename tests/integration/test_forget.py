@@ -131,7 +131,7 @@ async def test_a_forgotten_subjects_episodes_go_and_the_changes_say_what_changed
     try:
         pipeline = await feed(any_store, group, records, clock_of(records))
         await CommunityService(any_store, None, HashingEmbedder(dim=DIM)).refresh(group)
-        grouped = await any_store.communities(group)
+        grouped = await any_store.communities.list_communities(group)
         assert any("Dana" in c.name + c.summary for c in grouped), grouped
         [dana] = [e for e in await any_store.browse.list_entities(group) if e.name == "Dana Reyes"]
         seq = (await any_store.outbox.change_logs([group]))[0].seq
@@ -145,7 +145,10 @@ async def test_a_forgotten_subjects_episodes_go_and_the_changes_say_what_changed
         names = {e.name for e in await any_store.browse.list_entities(group)}
         assert "Dana Reyes" not in names and {"Acme Corp", "Globex"} <= names
         # The community she was in goes at once (its name and summary carried her name).
-        assert all("Dana" not in c.name + c.summary for c in await any_store.communities(group))
+        assert all(
+            "Dana" not in c.name + c.summary
+            for c in await any_store.communities.list_communities(group)
+        )
         assert all(
             "Dana" not in f.fact
             for f in await any_store.browse.query_facts(group, include_invalid=True)

@@ -94,7 +94,7 @@ async def test_a_subject_named_by_name_is_forgotten_after_a_dry_run(
     memory: Memory, group: str
 ) -> None:
     await CommunityService(memory.store, None, memory.runtime.embedder).refresh(group)
-    before = await memory.store.communities(group)
+    before = await memory.store.communities.list_communities(group)
     assert any("Dana Reyes" in c.name + c.summary for c in before), before
     ask = ForgetRequest(group_id=group, subject="dana reyes")  # as a person would say it
     dry = await memory.forget(ask, dry_run=True)
@@ -106,7 +106,7 @@ async def test_a_subject_named_by_name_is_forgotten_after_a_dry_run(
     names = {e.name for e in await memory.entities(group)}
     assert "Dana Reyes" not in names and {"Acme Corp", "Ravi Shah", "Sam Lee"} <= names
     # No community keeps the forgotten member's name; the others are grouped again.
-    communities = await memory.store.communities(group)
+    communities = await memory.store.communities.list_communities(group)
     assert communities and all("Dana" not in c.name + c.summary for c in communities)
     forgotten = await memory.episodes(group, status="forgotten")
     assert len(forgotten.episodes) == 2 and all(not e.episode_id for e in forgotten.episodes)

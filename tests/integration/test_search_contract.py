@@ -179,7 +179,7 @@ async def corpus(store: GraphStore, group: str) -> Corpus:
         members=sorted([e["acme"].uuid, e["globex"].uuid]),
         name_embedding=vec(*([0.0] * 7), 1.0),
     )
-    await store.write_communities(group, [community], [])
+    await store.communities.write_communities(group, [community], [])
     return Corpus(group, entities, facts, episodes, community)
 
 

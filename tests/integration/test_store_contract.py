@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from neo4j import AsyncGraphDatabase
 
+from tests.support.stores import assign_member, neighbour_weights
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -661,7 +662,9 @@ async def test_times_before_1970_keep_their_microseconds(
 
 async def _add_community(store: GraphStore, group: str, name: str, members: list[str]) -> str:
     community = stable_uuid("community", group, name)
-    await store.write_communities(group, [CommunityRecord(community, name, "", members)], [])
+    await store.communities.write_communities(
+        group, [CommunityRecord(community, name, "", members)], []
+    )
     return community
 
 
@@ -681,8 +684,11 @@ async def test_entities_carry_their_community(
         [e for e, _ in await store.vector_entities(group, vec(1), 5)],
     ):
         assert {e.uuid: e.community_uuid for e in records} == expected
-    assert await store.communities_of(group, [b.uuid, a.uuid, a.uuid, "missing"]) == expected
-    assert await store.communities_of(new_group(), [a.uuid, b.uuid]) == {}
+    assert (
+        await store.communities.communities_of(group, [b.uuid, a.uuid, a.uuid, "missing"])
+        == expected
+    )
+    assert await store.communities.communities_of(new_group(), [a.uuid, b.uuid]) == {}
     # an upsert leaves the membership alone
     await store.upsert_entities(group, [a.model_copy(update={"summary": "changed"})])
     assert [e.community_uuid for e in await store.entities_by_uuids(group, [a.uuid])] == [community]
@@ -1803,7 +1809,7 @@ async def test_the_embedded_store_runs_only_constant_sql(
             group, EpisodeWrite(episode=later, closures=[FactClosure.of(closed)])
         )
         community = CommunityRecord(stable_uuid("c", group), texts[2], texts[3], [people[1].uuid])
-        await store.write_communities(group, [community], [])
+        await store.communities.write_communities(group, [community], [])
         await store.lookup_entities(group, texts, texts, ep.uuid, texts, "hash")
         await store.read_batch(group, texts, texts, texts, [(ep.uuid, None)])
         await store.browse.query_facts(group, include_invalid=True)
@@ -1814,7 +1820,7 @@ async def test_the_embedded_store_runs_only_constant_sql(
                 await store.fulltext_search(scope, kind, t, 5)
             await store.vector_search(scope, kind, vec(1), 5)
         await store.expand_facts(scope, [people[0].uuid], 2, 10)
-        await store.entity_graph(group)
+        await store.communities.entity_graph(group)
         await store.forget.delete_group(group)
     finally:
         await store.close()
@@ -1919,7 +1925,7 @@ async def test_entity_graph_counts_valid_facts(
     p = await _community_corpus(store, group)
     other = new_group()
     await _community_corpus(store, other)
-    nodes, edges = await store.entity_graph(group, at=day(2))
+    nodes, edges = await store.communities.entity_graph(group, at=day(2))
     assert nodes == sorted(e.uuid for e in p.values())
 
     def pair(x: str, y: str, w: int) -> WeightedEdge:
@@ -1930,20 +1936,22 @@ async def test_entity_graph_counts_valid_facts(
         [pair("A", "B", 2), pair("B", "C", 1), pair("C", "D", 1)],
         key=lambda e: (e.source, e.target),
     )
-    _, later = await store.entity_graph(group, at=day(6))
+    _, later = await store.communities.entity_graph(group, at=day(6))
     assert {(e.source, e.target) for e in later} == {
         (x.source, x.target) for x in (pair("A", "B", 2), pair("B", "C", 1), pair("D", "E", 1))
     }
-    assert await store.neighbour_weights(group, p["B"].uuid, at=day(2)) == dict(
+    assert await neighbour_weights(store, group, p["B"].uuid, at=day(2)) == dict(
         sorted({p["A"].uuid: 2, p["C"].uuid: 1}.items())
     )
-    assert await store.neighbour_weights(group, p["E"].uuid, at=day(2)) == {}
+    assert await neighbour_weights(store, group, p["E"].uuid, at=day(2)) == {}
     # several entities in one read: each as asked alone, in order, repeats included
     asked = [p[n].uuid for n in ("B", "E", "A", "B", "D")] + ["not-an-entity"]
     for at in (day(2), day(6)):
-        alone = [await store.neighbour_weights(group, uuid, at=at) for uuid in asked]
-        assert await store.neighbour_weights_many(group, asked, at=at) == alone
-    assert await store.neighbour_weights_many(new_group(), asked, at=day(2)) == [{}] * len(asked)
+        alone = [await neighbour_weights(store, group, uuid, at=at) for uuid in asked]
+        assert await store.communities.neighbour_weights_many(group, asked, at=at) == alone
+    assert await store.communities.neighbour_weights_many(new_group(), asked, at=day(2)) == [
+        {}
+    ] * len(asked)
 
 
 async def test_write_communities_is_idempotent_and_scoped(
@@ -1955,8 +1963,8 @@ async def test_write_communities_is_idempotent_and_scoped(
     one = CommunityRecord("c1-" + group, "One", "first", [u["A"], u["B"]], vec(1))
     two = CommunityRecord("c2-" + group, "Two", "second", [u["C"], u["D"]])
     for _ in range(2):
-        await store.write_communities(group, [one, two], [])
-    got = await store.communities(group)
+        await store.communities.write_communities(group, [one, two], [])
+    got = await store.communities.list_communities(group)
     assert [(c.uuid, c.name, c.summary, c.members) for c in got] == [
         (one.uuid, "One", "first", sorted(one.members)),
         (two.uuid, "Two", "second", sorted(two.members)),
@@ -1966,8 +1974,8 @@ async def test_write_communities_is_idempotent_and_scoped(
     # rewriting `two` with B moves B out of `one`; `one` keeps its name and summary
     moved = CommunityRecord(two.uuid, "Two'", "second'", [u["B"], u["C"]])
     three = CommunityRecord("c3-" + group, "Three", "", [u["D"], u["E"]])
-    await store.write_communities(group, [moved, three], [])
-    got = await store.communities(group)
+    await store.communities.write_communities(group, [moved, three], [])
+    got = await store.communities.list_communities(group)
     assert [(c.uuid, c.name, c.members) for c in got] == sorted(
         [
             (one.uuid, "One", [u["A"]]),
@@ -1975,11 +1983,11 @@ async def test_write_communities_is_idempotent_and_scoped(
             (three.uuid, "Three", sorted([u["D"], u["E"]])),
         ]
     )
-    await store.write_communities(group, [], [one.uuid, three.uuid])
-    assert [c.uuid for c in await store.communities(group)] == [two.uuid]
+    await store.communities.write_communities(group, [], [one.uuid, three.uuid])
+    assert [c.uuid for c in await store.communities.list_communities(group)] == [two.uuid]
     with pytest.raises(StoreIntegrityError):
-        await store.write_communities(new_group(), [moved], [])
-    assert [c.name for c in await store.communities(group)] == ["Two'"]
+        await store.communities.write_communities(new_group(), [moved], [])
+    assert [c.name for c in await store.communities.list_communities(group)] == ["Two'"]
 
 
 async def _two_communities(
@@ -1990,7 +1998,7 @@ async def _two_communities(
     u = {n: e.uuid for n, e in p.items()}
     one = CommunityRecord("c1-" + group, "One", "", [u["A"]])
     two = CommunityRecord("c2-" + group, "Two", "", [u["B"]])
-    await store.write_communities(group, [one, two], [])
+    await store.communities.write_communities(group, [one, two], [])
     return u, one, two
 
 
@@ -2000,11 +2008,11 @@ async def test_assign_member_moves_and_is_idempotent(
     group = new_group()
     u, one, two = await _two_communities(store, group)
     for _ in range(2):
-        await store.assign_member(group, one.uuid, u["E"])
-    await store.assign_member(group, two.uuid, u["A"])
-    await store.assign_member(group, "missing", u["B"])  # no such community: nothing changes
-    await store.assign_member(new_group(), one.uuid, u["C"])  # another group: nothing changes
-    got = {c.uuid: c.members for c in await store.communities(group)}
+        await assign_member(store, group, one.uuid, u["E"])
+    await assign_member(store, group, two.uuid, u["A"])
+    await assign_member(store, group, "missing", u["B"])  # no such community: nothing changes
+    await assign_member(store, new_group(), one.uuid, u["C"])  # another group: nothing changes
+    got = {c.uuid: c.members for c in await store.communities.list_communities(group)}
     assert got == {one.uuid: [u["E"]], two.uuid: sorted([u["A"], u["B"]])}
 
 
@@ -2013,7 +2021,7 @@ async def test_assign_members_applies_each_in_order_in_one_call(
 ) -> None:
     group = new_group()
     u, one, two = await _two_communities(store, group)
-    await store.assign_members(
+    await store.communities.assign_members(
         group,
         [
             (one.uuid, u["E"]),
@@ -2022,10 +2030,10 @@ async def test_assign_members_applies_each_in_order_in_one_call(
             (one.uuid, u["B"]),
         ],
     )
-    got = {c.uuid: c.members for c in await store.communities(group)}
+    got = {c.uuid: c.members for c in await store.communities.list_communities(group)}
     assert got == {one.uuid: sorted([u["A"], u["B"]]), two.uuid: [u["E"]]}
-    await store.assign_members(group, [])  # nothing to do: nothing changes
-    assert {c.uuid: c.members for c in await store.communities(group)} == got
+    await store.communities.assign_members(group, [])  # nothing to do: nothing changes
+    assert {c.uuid: c.members for c in await store.communities.list_communities(group)} == got
 
 
 async def test_assignments_of_several_groups_at_once_stay_in_their_groups(
@@ -2037,12 +2045,15 @@ async def test_assignments_of_several_groups_at_once_stay_in_their_groups(
     first, second = new_group(), new_group()
     (u1, one1, two1), (u2, one2, two2) = [await _two_communities(store, g) for g in (first, second)]
     await asyncio.gather(
-        store.assign_members(first, [(one1.uuid, u1["E"]), (two1.uuid, u1["C"])]),
-        store.assign_members(second, [(two2.uuid, u2["E"]), (one1.uuid, u2["C"])]),
-        store.assign_members(first, [(one1.uuid, u1["C"]), (one1.uuid, u2["D"])]),
-        store.assign_members(second, [(one2.uuid, u2["E"])]),
+        store.communities.assign_members(first, [(one1.uuid, u1["E"]), (two1.uuid, u1["C"])]),
+        store.communities.assign_members(second, [(two2.uuid, u2["E"]), (one1.uuid, u2["C"])]),
+        store.communities.assign_members(first, [(one1.uuid, u1["C"]), (one1.uuid, u2["D"])]),
+        store.communities.assign_members(second, [(one2.uuid, u2["E"])]),
     )
-    got = {g: {c.uuid: c.members for c in await store.communities(g)} for g in (first, second)}
+    got = {
+        g: {c.uuid: c.members for c in await store.communities.list_communities(g)}
+        for g in (first, second)
+    }
     assert got[first] == {one1.uuid: sorted([u1["A"], u1["C"], u1["E"]]), two1.uuid: [u1["B"]]}
     assert got[second] == {one2.uuid: sorted([u2["A"], u2["E"]]), two2.uuid: [u2["B"]]}
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.stores import assign_member, neighbour_weights
 from tidegraph.records.asof import AsOf, end_known_at
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -237,7 +238,7 @@ async def test_reads_never_see_another_group(store: MemoryStore) -> None:
     assert await store.vector_facts(OTHER, [0.0, 1.0, 0.0, 0.0], 5) == []
     assert await store.fulltext_entities(OTHER, "Acme", 5) == []
     assert await store.recent_episodes(OTHER, day(1), 5) == []
-    assert await store.entity_graph(OTHER) == ([], [])
+    assert await store.communities.entity_graph(OTHER) == ([], [])
 
     await store.forget.delete_group(OTHER)
     assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
@@ -358,7 +359,7 @@ async def test_communities_move_members_and_stay_in_their_group(store: MemorySto
     await write_alice_at_acme(store)
     await store.upsert_entities(G, [entity("bob")])
     await store.upsert_entities(OTHER, [entity("carol", group=OTHER)])
-    await store.write_communities(
+    await store.communities.write_communities(
         G,
         [
             CommunityRecord("c1", "Acme people", "", ["alice", "acme"]),
@@ -366,25 +367,29 @@ async def test_communities_move_members_and_stay_in_their_group(store: MemorySto
         ],
         [],
     )
-    await store.write_communities(
+    await store.communities.write_communities(
         G, [CommunityRecord("c2", "Bob and Alice", "", ["bob", "alice"])], []
     )
-    communities = await store.communities(G)
+    communities = await store.communities.list_communities(G)
     assert [(c.uuid, c.name, c.members) for c in communities] == [
         ("c1", "Acme people", ["acme"]),
         ("c2", "Bob and Alice", ["alice", "bob"]),
     ]
-    await store.assign_member(G, "c1", "alice")
-    await store.assign_member(G, "c1", "carol")  # not in the group: nothing
+    await assign_member(store, G, "c1", "alice")
+    await assign_member(store, G, "c1", "carol")  # not in the group: nothing
     [alice] = await store.entities_by_uuids(G, ["alice"])
     assert alice.community_uuid == "c1"
     with pytest.raises(StoreIntegrityError):
-        await store.write_communities(OTHER, [CommunityRecord("c1", "taken", "", [])], [])
-    await store.write_communities(G, [], ["c2"])
-    assert [(c.uuid, c.members) for c in await store.communities(G)] == [("c1", ["acme", "alice"])]
+        await store.communities.write_communities(
+            OTHER, [CommunityRecord("c1", "taken", "", [])], []
+        )
+    await store.communities.write_communities(G, [], ["c2"])
+    assert [(c.uuid, c.members) for c in await store.communities.list_communities(G)] == [
+        ("c1", ["acme", "alice"])
+    ]
 
-    nodes, edges = await store.entity_graph(G)
+    nodes, edges = await store.communities.entity_graph(G)
     assert nodes == ["acme", "alice", "bob"]
     assert [(e.source, e.target, e.weight) for e in edges] == [("acme", "alice", 1)]
-    assert await store.neighbour_weights(G, "alice") == {"acme": 1}
-    assert await store.entity_graph(G, at=day(-1)) == (nodes, [])  # before the fact
+    assert await neighbour_weights(store, G, "alice") == {"acme": 1}
+    assert await store.communities.entity_graph(G, at=day(-1)) == (nodes, [])  # before the fact

@@ -364,7 +364,9 @@ class Memory:
             self._runner = self.runtime.runner()
         lock = self._group_locks.setdefault(request.group_id, asyncio.Lock())
         async with lock:  # after the group's adds in this process, before the next ones
-            grouped = not dry_run and bool(await self.store.communities(request.group_id))
+            grouped = not dry_run and bool(
+                await self.store.communities.list_communities(request.group_id)
+            )
             report = await forget_in_store(self._runner, request, dry_run=dry_run)
             if grouped and (report.entities_removed or report.entities_changed):
                 await self._regroup(request.group_id)
@@ -583,7 +585,7 @@ class Memory:
 
         groups = [log.group_id for log in await self.store.outbox.change_logs(own=True)]
         return await prune_outbox(
-            self.store,
+            self.store.outbox,
             groups,
             self.settings.changes_retention_hours,
             published_only=self.via == "kafka",

@@ -109,9 +109,9 @@ class CommunityService:
         return choices
 
     async def _place(self, group_id: str, entity_uuids: list[str]) -> list[str | None]:
-        weights = await self.store.neighbour_weights_many(group_id, entity_uuids)
+        weights = await self.store.communities.neighbour_weights_many(group_id, entity_uuids)
         neighbours = sorted({n for w in weights for n in w})
-        held = await self.store.communities_of(group_id, neighbours)
+        held = await self.store.communities.communities_of(group_id, neighbours)
         choices: list[str | None] = []
         writes: list[tuple[str, str]] = []
         for entity_uuid, entity_weights in zip(entity_uuids, weights, strict=True):
@@ -120,7 +120,7 @@ class CommunityService:
             if choice is not None:
                 writes.append((choice, entity_uuid))
                 held[entity_uuid] = choice  # a later entity of the batch sees it
-        await self.store.assign_members(group_id, writes)
+        await self.store.communities.assign_members(group_id, writes)
         return choices
 
     # ------------------------------------------------------------------ scheduling
@@ -189,15 +189,15 @@ class CommunityService:
         async with self._locks[group_id]:
             started = time.perf_counter()
             assigned_before = self._state[group_id].assignments_since_refresh
-            nodes, edges = await self.store.entity_graph(group_id)
-            stored = await self.store.communities(group_id)
+            nodes, edges = await self.store.communities.entity_graph(group_id)
+            stored = await self.store.communities.list_communities(group_id)
             fresh = label_propagation(nodes, edges, seed=seed, max_iterations=max_iterations)
             plan = plan_refresh(group_id, stored, fresh.labels)
             ari = adjusted_rand_index(
                 partition_of(stored), partition_of(plan.unchanged + plan.rewrites)
             )
             rewrites, calls = await self._describe(group_id, plan.rewrites, degrees(edges))
-            await self.store.write_communities(group_id, rewrites, plan.deleted)
+            await self.store.communities.write_communities(group_id, rewrites, plan.deleted)
             state = self._state[group_id]
             # entities the projection did not see may have lost the membership that their
             # assignment wrote meanwhile: place them again, on the new communities

@@ -19,17 +19,15 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from tidegraph.records.graph import (
-    CommunityRecord,
     EntityLookup,
     EntityRecord,
     EpisodeRecord,
     EpisodeWrite,
     FactRecord,
-    WeightedEdge,
 )
 from tidegraph.records.search import Hit, Kind, MethodSearch, SearchScope
 from tidegraph.settings import DEFAULT_TOPIC_PREFIX
-from tidegraph.stores.roles import Browsing, Forgetting, Outbox
+from tidegraph.stores.roles import Browsing, Communities, Forgetting, Outbox
 from tidegraph.stores.rows import unique
 
 
@@ -75,6 +73,7 @@ class GraphStore(abc.ABC):
     outbox: Outbox
     forget: Forgetting
     browse: Browsing
+    communities: Communities
 
     # ---------------------------------------------------------------- lifecycle
     @abc.abstractmethod
@@ -391,59 +390,6 @@ class GraphStore(abc.ABC):
     ) -> dict[str, int]:
         """Hops from ``centre`` to each of ``uuids`` over the scope's facts (0 for the centre
         itself); a uuid farther than ``max_hops`` or unreachable is left out."""
-
-    # ---------------------------------------------------------------- communities
-    @abc.abstractmethod
-    async def entity_graph(
-        self, group_id: str, at: datetime | None = None
-    ) -> tuple[list[str], list[WeightedEdge]]:
-        """The group's entity graph over facts valid at ``at`` (None = now, as believed
-        now): every entity uuid (sorted) and one undirected edge per connected pair
-        (``source < target``, no self-loops) weighted by its number of valid facts, sorted.
-        A fixed number of queries, whatever the size of the group."""
-
-    @abc.abstractmethod
-    async def neighbour_weights(
-        self, group_id: str, entity_uuid: str, at: datetime | None = None
-    ) -> dict[str, int]:
-        """{neighbour uuid: number of facts valid at ``at`` between it and the entity}."""
-
-    async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
-        """{entity uuid: the uuid of the community it is a member of, or None} for the group's
-        entities among these (a light read: no names, summaries nor embeddings, where the
-        store can)."""
-        return {
-            e.uuid: e.community_uuid for e in await self.entities_by_uuids(group_id, entity_uuids)
-        }
-
-    async def neighbour_weights_many(
-        self, group_id: str, entity_uuids: list[str], at: datetime | None = None
-    ) -> list[dict[str, int]]:
-        """``neighbour_weights`` of each entity, in order, in one read where the store can."""
-        return [await self.neighbour_weights(group_id, uuid, at) for uuid in entity_uuids]
-
-    @abc.abstractmethod
-    async def communities(self, group_id: str) -> list[CommunityRecord]:
-        """The group's communities ordered by uuid, members sorted (empty ones included)."""
-
-    @abc.abstractmethod
-    async def write_communities(
-        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
-    ) -> None:
-        """One transaction: delete the ``deletes`` communities (of this group), then MERGE
-        each upsert by uuid (name, summary and, when given, name_embedding set) and replace
-        its HAS_MEMBER edges by ``members``, removing those members from any other community
-        of the group. Communities not named are left alone. Idempotent."""
-
-    async def assign_member(self, group_id: str, community_uuid: str, entity_uuid: str) -> None:
-        """Make the entity a member of that (existing) community and of no other. Idempotent;
-        a no-op when the community or the entity is not in the group."""
-        await self.assign_members(group_id, [(community_uuid, entity_uuid)])
-
-    @abc.abstractmethod
-    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
-        """``assign_member`` for each ``(community_uuid, entity_uuid)`` in order, in one
-        transaction."""
 
 
 def _without_embeddings(records: list[EntityRecord]) -> list[EntityRecord]:

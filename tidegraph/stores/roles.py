@@ -17,12 +17,14 @@ from tidegraph.records.asof import AsOf
 from tidegraph.records.changes import Change, PublishedChange
 from tidegraph.records.graph import (
     ChangeLog,
+    CommunityRecord,
     EntityRecord,
     EpisodeDetail,
     EpisodeEntry,
     FactView,
     GroupHistory,
     Rebuild,
+    WeightedEdge,
 )
 
 
@@ -167,3 +169,49 @@ class Browsing(abc.ABC):
     @abc.abstractmethod
     async def list_entities(self, group_id: str) -> list[EntityRecord]:
         """All entities of the group, ordered by name then uuid."""
+
+
+class Communities(abc.ABC):
+    """The group's communities (docs/communities.md): the valid-fact graph the label
+    propagation reads, neighbour weights for a new entity's assignment, and the communities
+    with their memberships."""
+
+    @abc.abstractmethod
+    async def entity_graph(
+        self, group_id: str, at: datetime | None = None
+    ) -> tuple[list[str], list[WeightedEdge]]:
+        """The group's entity graph over facts valid at ``at`` (None = now, as believed
+        now): every entity uuid (sorted) and one undirected edge per connected pair
+        (``source < target``, no self-loops) weighted by its number of valid facts, sorted.
+        A fixed number of queries, whatever the size of the group."""
+
+    @abc.abstractmethod
+    async def neighbour_weights_many(
+        self, group_id: str, entity_uuids: list[str], at: datetime | None = None
+    ) -> list[dict[str, int]]:
+        """For each entity, in order: {neighbour uuid: number of facts valid at ``at`` (None =
+        now) between it and the entity}, in one read where the store can."""
+
+    @abc.abstractmethod
+    async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
+        """{entity uuid: the uuid of the community it is a member of, or None} for the group's
+        entities among these (a light read: no names, summaries nor embeddings)."""
+
+    @abc.abstractmethod
+    async def list_communities(self, group_id: str) -> list[CommunityRecord]:
+        """The group's communities ordered by uuid, members sorted (empty ones included)."""
+
+    @abc.abstractmethod
+    async def write_communities(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
+    ) -> None:
+        """One transaction: delete the ``deletes`` communities (of this group), then MERGE
+        each upsert by uuid (name, summary and, when given, name_embedding set) and replace
+        its HAS_MEMBER edges by ``members``, removing those members from any other community
+        of the group. Communities not named are left alone. Idempotent."""
+
+    @abc.abstractmethod
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
+        """For each ``(community_uuid, entity_uuid)`` in order, in one transaction: the entity
+        becomes a member of that (existing) community and of no other. Idempotent; an
+        assignment whose community or entity is not in the group is skipped."""

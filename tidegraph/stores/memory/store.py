@@ -49,33 +49,28 @@ from tidegraph.records.changes import (
 )
 from tidegraph.records.graph import (
     ChangeLog,
-    CommunityRecord,
     EntityRecord,
     EpisodeRecord,
     EpisodeWrite,
     FactRecord,
-    WeightedEdge,
 )
 from tidegraph.records.times import utc
 from tidegraph.records.vectors import cosine
 from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores import errors
 from tidegraph.stores.memory.browse import MemoryBrowsing
+from tidegraph.stores.memory.communities import MemoryCommunities
 from tidegraph.stores.memory.forget import MemoryForgetting
 from tidegraph.stores.memory.outbox import MemoryOutbox
 from tidegraph.stores.memory.search import Entities, Facts, MemorySearch, StoredCommunity
 from tidegraph.stores.rows import (
     check_embedding,
-    community_rows,
     copied,
     cosine_score,
     entity_row,
     episode_record,
     episode_row,
     fact_row,
-    fold_communities,
-    fold_edges,
-    neighbour_weights_of,
     now_utc,
     rank,
     sort_entities,
@@ -96,6 +91,7 @@ class MemoryStore(MemorySearch):
         self.outbox = MemoryOutbox(self)
         self.forget = MemoryForgetting(self)
         self.browse = MemoryBrowsing(self)
+        self.communities = MemoryCommunities(self)
         self._dim: int | None = None
         self._episodes: dict[str, EpisodeRecord] = {}
         self._created: dict[str, list[str]] = {}  # episode uuid -> the entities it created
@@ -371,75 +367,3 @@ class MemoryStore(MemorySearch):
         ]
 
     # ------------------------------------------------------------------ maintenance
-
-    # ------------------------------------------------------------------ communities
-    async def entity_graph(
-        self, group_id: str, at: datetime | None = None
-    ) -> tuple[list[str], list[WeightedEdge]]:
-        asof = AsOf.resolve(at, None, False, None)
-        nodes = sorted(u for u, e in self._entities.items() if e.group_id == group_id)
-        rows = ((f.source_uuid, f.target_uuid, 1) for f in self._believed(group_id, asof))
-        return nodes, [WeightedEdge(a, b, w) for a, b, w in fold_edges(rows)]
-
-    async def neighbour_weights(
-        self, group_id: str, entity_uuid: str, at: datetime | None = None
-    ) -> dict[str, int]:
-        asof = AsOf.resolve(at, None, False, entity_uuid)
-        rows = ((f.source_uuid, f.target_uuid, 1) for f in self._believed(group_id, asof))
-        return neighbour_weights_of(entity_uuid, rows)
-
-    async def communities(self, group_id: str) -> list[CommunityRecord]:
-        heads = [
-            (u, c.name, c.summary) for u, c in self._communities.items() if c.group_id == group_id
-        ]
-        mine = {u for u, _, _ in heads}
-        members = [(c, e) for c, e in self._members if c in mine]
-        return [CommunityRecord(u, n, s, m) for u, n, s, m in fold_communities(heads, members)]
-
-    async def write_communities(
-        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
-    ) -> None:
-        if not upserts and not deletes:
-            return
-        rows, memberships, members = community_rows(upserts, self._dimension(), now_utc())
-        uuids = [r["uuid"] for r in rows]
-        named = unique([*uuids, *deletes])
-        errors.check_community_owners(
-            group_id, {u: self._communities[u].group_id for u in named if u in self._communities}
-        )
-        gone = set(deletes)
-        self._communities = {u: c for u, c in self._communities.items() if u not in gone}
-        self._members = {(c, e) for c, e in self._members if c not in gone}
-        for row in rows:
-            stored = self._communities.get(row["uuid"])
-            kept = stored.name_embedding if stored is not None else None
-            embedding = row["name_embedding"] or kept
-            created = stored.created_at if stored is not None else row["created_at"]
-            self._communities[row["uuid"]] = StoredCommunity(
-                group_id, row["name"], row["summary"], embedding, created
-            )
-        if rows:  # the upserted communities' members are replaced, and leave other ones
-            moved, replaced = set(members), set(uuids)
-            self._members = {
-                (c, e)
-                for c, e in self._members
-                if self._communities[c].group_id != group_id
-                or (c not in replaced and e not in moved)
-            }
-        for m in memberships:
-            if self._owners([m["entity"]]).get(m["entity"]) == group_id:
-                self._members.add((m["community"], m["entity"]))
-
-    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
-        for community_uuid, entity_uuid in assignments:
-            community = self._communities.get(community_uuid)
-            if community is None or community.group_id != group_id:
-                continue
-            if self._owners([entity_uuid]).get(entity_uuid) != group_id:
-                continue
-            self._members = {
-                (c, e)
-                for c, e in self._members
-                if e != entity_uuid or self._communities[c].group_id != group_id
-            }
-            self._members.add((community_uuid, entity_uuid))

@@ -18,30 +18,23 @@ from typing import Any
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import (
-    CommunityRecord,
     EntityRecord,
     EpisodeRecord,
     FactRecord,
-    WeightedEdge,
 )
 from tidegraph.records.times import utc
-from tidegraph.stores.errors import StoreSchemaError, check_community_owners, check_same_episode
-from tidegraph.stores.executor import Row, Tx
+from tidegraph.stores.errors import StoreSchemaError, check_same_episode
+from tidegraph.stores.executor import Row
 from tidegraph.stores.neo4j import common_queries as cq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as sq
-from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
+from tidegraph.stores.neo4j.asof import as_of_params, as_of_query
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
 from tidegraph.stores.neo4j.search_core import LargeGroups, SearchCore
 from tidegraph.stores.rows import (
-    community_rows,
     entity_record,
     episode_record,
     fact_of,
-    fold_communities,
-    fold_edges,
-    neighbour_weights_of,
-    now_utc,
     rank,
     sort_entities,
     sort_facts,
@@ -77,16 +70,6 @@ class StoreCore(SearchCore):
         """The group's facts of these uuids, with their embeddings."""
         rows = await self.ex.rows(q.FACTS_BY_UUIDS, {"group_id": group_id, "uuids": uuids})
         return [fact_of(r) for r in rows]
-
-    @abc.abstractmethod
-    async def _upsert_communities(
-        self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]
-    ) -> None:
-        """MERGE the community rows (``rows.community_rows``); ``stored``: the uuids among
-        them that exist in the group."""
-
-    async def _communities_deleted(self, tx: Tx, group_id: str, uuids: list[str]) -> None:
-        """After a community write deleted these communities (and upserted the others)."""
 
     # ------------------------------------------------------------------ plumbing
     async def _embedding_dim(self) -> int:
@@ -225,78 +208,5 @@ class StoreCore(SearchCore):
         return kept
 
     # ------------------------------------------------------------------ communities
-    async def _edge_rows(self, group_id: str, asof: AsOf) -> list[tuple[str, str, int]]:
-        query = as_of_query(asof, ENTITY_GRAPH_RETURN, q.ANCHOR_HINTS)
-        rows = await self.ex.rows(query, as_of_params(group_id, asof))
-        return [(r["source"], r["target"], int(r["weight"])) for r in rows]
-
-    async def entity_graph(
-        self, group_id: str, at: datetime | None = None
-    ) -> tuple[list[str], list[WeightedEdge]]:
-        asof = AsOf.resolve(at, None, False, None)
-        nodes = await self.ex.rows(cq.GROUP_ENTITY_UUIDS, {"group_id": group_id})
-        edges = fold_edges(await self._edge_rows(group_id, asof))
-        return sorted(r["uuid"] for r in nodes), [WeightedEdge(a, b, w) for a, b, w in edges]
-
-    async def neighbour_weights(
-        self, group_id: str, entity_uuid: str, at: datetime | None = None
-    ) -> dict[str, int]:
-        asof = AsOf.resolve(at, None, False, entity_uuid)
-        return neighbour_weights_of(entity_uuid, await self._edge_rows(group_id, asof))
-
-    async def communities(self, group_id: str) -> list[CommunityRecord]:
-        params = {"group_id": group_id}
-        heads = await self.ex.rows(cq.GROUP_COMMUNITIES, params)
-        members = await self.ex.rows(cq.GROUP_COMMUNITY_MEMBERS, params)
-        folded = fold_communities(
-            ((r["uuid"], r["name"], r["summary"]) for r in heads),
-            ((r["community"], r["entity"]) for r in members),
-        )
-        return [CommunityRecord(u, n, s, m) for u, n, s, m in folded]
-
-    async def write_communities(
-        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
-    ) -> None:
-        if not upserts and not deletes:
-            return
-        dim = await self._embedding_dim()
-        rows, memberships, members = community_rows(upserts, dim, now_utc())
-        uuids = [r["uuid"] for r in rows]
-        params = {"group_id": group_id}
-
-        async def work(tx: Tx) -> None:
-            owners = await tx.rows(cq.COMMUNITY_GROUPS, {"uuids": unique([*uuids, *deletes])})
-            check_community_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
-            if deletes:
-                await tx.rows(cq.DELETE_COMMUNITIES, {**params, "uuids": unique(deletes)})
-            if rows:
-                stored = {r["uuid"] for r in owners} - set(deletes)
-                await self._upsert_communities(tx, group_id, rows, stored)
-                await tx.rows(cq.DROP_MEMBERSHIPS, {**params, "uuids": uuids, "members": members})
-            if memberships:
-                await tx.rows(cq.ADD_MEMBERSHIPS, {**params, "rows": memberships})
-            if deletes:
-                await self._communities_deleted(tx, group_id, unique(deletes))
-
-        await self.ex.write("write_communities", len(rows) + len(memberships), work)
-
-    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
-        if not assignments:
-            return
-
-        async def work(tx: Tx) -> None:
-            for community_uuid, entity_uuid in assignments:
-                params = {
-                    "group_id": group_id,
-                    "community_uuid": community_uuid,
-                    "entity_uuid": entity_uuid,
-                }
-                found = await tx.rows(cq.MEMBER_TARGETS, params)
-                if not found or int(found[0]["found"]) == 0:
-                    continue
-                await tx.rows(cq.DROP_OTHER_MEMBERSHIPS, params)
-                await tx.rows(cq.MERGE_MEMBERSHIP, params)
-
-        await self.ex.write("assign_member", len(assignments), work)
 
     # ------------------------------------------------------------------ maintenance

@@ -187,7 +187,7 @@ def _lookup(conn: sqlite3.Connection, group_id: str, ask: LookupRequest) -> Enti
 
 # ----------------------------------------------------------------------------- writes
 # ----------------------------------------------------------------------------- the store
-class SqliteStore(SqliteCommunities, SqliteSearch):
+class SqliteStore(SqliteSearch):
     """``GraphStore`` on the SQLite file ``DB_FILE`` in the folder ``path``."""
 
     name = "sqlite"
@@ -200,6 +200,7 @@ class SqliteStore(SqliteCommunities, SqliteSearch):
         self.outbox = SqliteOutbox(self)
         self.forget = SqliteForgetting(self)
         self.browse = SqliteBrowsing(self)
+        self.communities = SqliteCommunities(self)
         self._dim: int | None = None
 
     # ------------------------------------------------------------------ lifecycle

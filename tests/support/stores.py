@@ -1,0 +1,25 @@
+"""Store calls only tests make, over the stores' own role methods: a store carries no method
+its product callers never use (docs/architecture.md "Store roles")."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from tidegraph.stores.base import GraphStore
+
+
+async def neighbour_weights(
+    store: GraphStore, group_id: str, entity_uuid: str, at: datetime | None = None
+) -> dict[str, int]:
+    """{neighbour uuid: number of facts valid at ``at`` between it and the entity}: one
+    entity's ``neighbour_weights_many``."""
+    [weights] = await store.communities.neighbour_weights_many(group_id, [entity_uuid], at)
+    return weights
+
+
+async def assign_member(
+    store: GraphStore, group_id: str, community_uuid: str, entity_uuid: str
+) -> None:
+    """One ``assign_members`` assignment: the entity joins that community and leaves any
+    other."""
+    await store.communities.assign_members(group_id, [(community_uuid, entity_uuid)])
