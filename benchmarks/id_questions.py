@@ -85,7 +85,7 @@ async def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             report = await ingest(runner, log.episodes)
             assert not report.failures, report.failures[:3]
         result["build_seconds"] = round(time.perf_counter() - started, 1)
-        searcher = Searcher(store, embedder)
+        searcher = Searcher(store.search, embedder)
         right = {"now": 0, "as of": 0}
         asked = {"now": 0, "as of": 0}
         as_of_ms: list[float] = []

@@ -163,7 +163,7 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
         else:
             build = await build_group(store, group_id, args.facts, args.seed, args.episodes)
             result["build_seconds"] = round(build, 1)
-        searcher = Searcher(store, embedder)
+        searcher = Searcher(store.search, embedder)
         rng = random.Random(args.seed + 1)
         words = vocabulary(random.Random(args.seed))
         queries = [" ".join(rng.sample(words, rng.randint(2, 4))) for _ in range(args.queries)]

@@ -67,25 +67,25 @@ class SearchableMemoryStore(MemoryStore):
     async def fulltext_search(
         self, scope: SearchScope, kind: Kind, text: str, limit: int
     ) -> list[Hit]:
-        return await self._graph().fulltext_search(scope, kind, text, limit)
+        return await self._graph().search.fulltext_search(scope, kind, text, limit)
 
     async def vector_search(
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
     ) -> list[Hit]:
-        return await self._graph().vector_search(scope, kind, embedding, limit)
+        return await self._graph().search.vector_search(scope, kind, embedding, limit)
 
     async def expand_facts(
         self, scope: SearchScope, seeds: list[str], hops: int, limit: int
     ) -> list[Hit]:
-        return await self._graph().expand_facts(scope, seeds, hops, limit)
+        return await self._graph().search.expand_facts(scope, seeds, hops, limit)
 
     async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
-        return await self._graph().recent_episode_entities(scope, episodes)
+        return await self._graph().search.recent_episode_entities(scope, episodes)
 
     async def entity_distances(
         self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
     ) -> dict[str, int]:
-        return await self._graph().entity_distances(scope, centre, uuids, max_hops)
+        return await self._graph().search.entity_distances(scope, centre, uuids, max_hops)
 
 
 def memory_settings(tmp: Path, **overrides: Any) -> Settings:

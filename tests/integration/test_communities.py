@@ -294,21 +294,30 @@ async def test_refresh_without_llm_names_by_top_members(graph: Graph) -> None:
 
 
 class GatedStore:
-    """The store, with ``write_communities`` held until ``release`` is set."""
+    """The store, with its ``communities.write_communities`` held until ``release`` is set."""
 
     def __init__(self, store: GraphStore) -> None:
         self._store = store
         self.reached = asyncio.Event()
         self.release = asyncio.Event()
         self.release.set()
+        self.communities = _GatedCommunities(self)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
+
+class _GatedCommunities:
+    def __init__(self, gate: GatedStore) -> None:
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gate._store.communities, name)
+
     async def write_communities(self, *args: Any) -> None:
-        self.reached.set()
-        await self.release.wait()
-        await self._store.communities.write_communities(*args)
+        self._gate.reached.set()
+        await self._gate.release.wait()
+        await self._gate._store.communities.write_communities(*args)
 
 
 async def test_an_entity_assigned_during_a_refresh_keeps_its_place(graph: Graph) -> None:

@@ -70,7 +70,7 @@ async def graph(store: GraphStore, group: str) -> dict[str, Any]:
     timelines exact, and what a search finds."""
     names = {e.uuid: e.name for e in await store.browse.list_entities(group)}
     scope = SearchScope((group,), AsOf.resolve(None, None, True, None))
-    found = await store.fulltext_search(scope, "fact", "plan Acme status ticket", 20)
+    found = await store.search.fulltext_search(scope, "fact", "plan Acme status ticket", 20)
     return {
         **await timelines(store, group),
         "search": sorted(h.text for h in found),

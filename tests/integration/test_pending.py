@@ -97,7 +97,7 @@ async def test_without_an_llm_episodes_are_stored_searchable_and_pending(
     assert group_id in await store.pending_groups()
     assert (await store.browse.counts(group_id)).get("facts", 0) == 0
 
-    searcher = Searcher(store, HashingEmbedder(dim=STORE_DIM))
+    searcher = Searcher(store.search, HashingEmbedder(dim=STORE_DIM))
     for recipe in ("episodes_bm25", "episodes_vector", "combined"):
         found = await searcher.search(
             SearchRequest(query="invoices shown twice", group_ids=[group_id], recipe=recipe)

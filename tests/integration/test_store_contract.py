@@ -44,7 +44,7 @@ from tidegraph.stores import (
 from tidegraph.stores.neo4j import queries as neo4j_queries
 from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
-from tidegraph.stores.neo4j.search_core import SearchCore
+from tidegraph.stores.neo4j.search import Neo4jSearch
 from tidegraph.stores.neo4j.store import Neo4jStore
 from tidegraph.stores.rows import vector_candidates
 from tidegraph.stores.sqlite import db as sqlite_db
@@ -789,8 +789,8 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
     assert uuids(await store.vector_entities(small, vec(1, 0), 5)) == [side.uuid, far.uuid]
     nearest = uuids(await store.vector_entities(big, vec(1, 0.05), 5))
     assert nearest[0] == crowd[50].uuid and set(nearest) == {c.uuid for c in crowd[48:53]}
-    if isinstance(store, SearchCore):  # the same answers from the global index as the scan
-        store.scan_below = 1  # every group is "large": the index, then the scan of a share
+    if isinstance(store.search, Neo4jSearch):  # the same answers from the global index as the scan
+        store.search.scan_below = 1  # every group is "large": the index, then the scan of a share
         try:
             assert uuids(await store.vector_entities(small, vec(1, 0), 5)) == [
                 side.uuid,
@@ -798,7 +798,7 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
             ]
             assert uuids(await store.vector_entities(big, vec(1, 0.05), 5)) == nearest
         finally:
-            del store.scan_below
+            del store.search.scan_below
 
     hub = entity(big, "Hub")
     await store.upsert_entities(big, [hub])
@@ -838,7 +838,7 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
     """Neo4j: whether a group is small enough for an exact scan is read once (the check reads
     up to ``scan_below`` vectors); a group found large goes straight to the index for
     ``LARGE_FOR_SECONDS``, with the same answers, and is checked again after that."""
-    from tidegraph.stores.neo4j import search_core
+    from tidegraph.stores.neo4j import search as search_core
 
     group = f"large-{uuidlib.uuid4().hex[:12]}"
     store = Neo4jStore(neo4j_uri)
@@ -847,16 +847,16 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
         crowd = [entity(group, f"C{i}", embedding=vec(1, i / 10)) for i in range(6)]
         await store.upsert_entities(group, crowd)
         ran = recorded(store, monkeypatch)
-        monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
+        monkeypatch.setattr(store.search, "scan_below", 3)  # six entities: large
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
         checks = lambda: statements(ran).count(sq.SMALL_SCAN_HITS["entity"])  # noqa: E731
-        first = await store.vector_search(scope, "entity", vec(1, 0.2), 3)
+        first = await store.search.vector_search(scope, "entity", vec(1, 0.2), 3)
         assert checks() == 1
-        assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
+        assert await store.search.vector_search(scope, "entity", vec(1, 0.2), 3) == first
         assert checks() == 1  # not counted again
         clock = search_core.time.monotonic() + search_core.LARGE_FOR_SECONDS + 1
         monkeypatch.setattr(search_core.time, "monotonic", lambda: clock)
-        assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
+        assert await store.search.vector_search(scope, "entity", vec(1, 0.2), 3) == first
         assert checks() == 2  # a while later, checked again
         assert [h.uuid for h in first] == [crowd[2].uuid, crowd[3].uuid, crowd[1].uuid]
     finally:
@@ -888,19 +888,19 @@ async def test_a_search_list_and_the_recent_episodes_entities_are_one_read_each(
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
         for kind, reads in (("fact", 1), ("entity", 1), ("episode", 2)):
             ran.clear()
-            by_text = await store.fulltext_search(scope, kind, "Acme Corp", 5)
+            by_text = await store.search.fulltext_search(scope, kind, "Acme Corp", 5)
             assert (len(ran), statements(ran)[-1]) == (reads, sq.FULLTEXT_HITS[kind])
             ran.clear()
-            by_vector = await store.vector_search(scope, kind, vec(1), 1)
+            by_vector = await store.search.vector_search(scope, kind, vec(1), 1)
             assert statements(ran) == [sq.SMALL_SCAN_HITS[kind]]  # scanned, with its hits
             assert [h.uuid for h in by_text] == [h.uuid for h in by_vector]
-            separately = await store._hits(group, kind, scope.asof, {by_text[0].uuid: 1.0})
+            separately = await store.search._hits(group, kind, scope.asof, {by_text[0].uuid: 1.0})
             assert [dataclasses.replace(h, score=1.0) for h in by_text] == separately
         assert by_text[0].uuid == said.uuid
-        [found] = await store.fulltext_search(scope, "fact", "Acme Corp", 5)
+        [found] = await store.search.fulltext_search(scope, "fact", "Acme Corp", 5)
         assert (found.uuid, found.episodes) == (plan.uuid, ["msg-1"])  # details came too
         ran.clear()
-        assert await store.recent_episode_entities(scope, 3) == [acme.uuid]
+        assert await store.search.recent_episode_entities(scope, 3) == [acme.uuid]
         assert len(ran) == 1
     finally:
         await store.forget.delete_group(group)
@@ -915,7 +915,7 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
     group's among its first candidates. Groups holding more than ``widen_above`` records of
     the kind are asked for ``MAX_VECTOR_K`` neighbours and answered from them (a scan of them
     costs too much), smaller ones are scanned at once; the answer is the same."""
-    from tidegraph.stores.neo4j import search_core
+    from tidegraph.stores.neo4j import search as search_core
 
     group, other = (f"{name}-{uuidlib.uuid4().hex[:12]}" for name in ("mine", "theirs"))
     store = Neo4jStore(neo4j_uri)
@@ -926,11 +926,11 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
         crowd = [entity(other, f"T{i}", embedding=vec(i / 1000, 1)) for i in range(120)]
         await store.upsert_entities(other, crowd)
         ran = recorded(store, monkeypatch)
-        monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
-        monkeypatch.setattr(store, "widen_above", widen_above)
+        monkeypatch.setattr(store.search, "scan_below", 3)  # six entities: large
+        monkeypatch.setattr(store.search, "widen_above", widen_above)
         monkeypatch.setattr(search_core, "MAX_VECTOR_K", 200)
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
-        found = await store.vector_search(scope, "entity", vec(0, 1), 3)
+        found = await store.search.vector_search(scope, "entity", vec(0, 1), 3)
         first = vector_candidates(3)  # fewer than the crowd: none of mine among them
         candidates, scan, _ = sq.SEARCH_VECTOR["entity"]
         asked = [params["k"] for statement, params in ran if statement == candidates]
@@ -970,16 +970,18 @@ async def test_entity_candidates_are_each_drafts_vector_and_fulltext_hits(
             for n, e in searches
         ]
 
-    # a store with a global vector index (SearchCore) also through it
-    for scan_below in (SearchCore.scan_below, 1) if isinstance(store, SearchCore) else (None,):
+    # a store with a global vector index (Neo4jSearch) also through it
+    for scan_below in (
+        (Neo4jSearch.scan_below, 1) if isinstance(store.search, Neo4jSearch) else (None,)
+    ):
         if scan_below is not None:
-            store.scan_below = scan_below  # type: ignore[attr-defined]
+            store.search.scan_below = scan_below  # type: ignore[attr-defined]
         try:
             expected = await one_by_one()
             assert await store.entity_candidates(group, searches, 3) == expected
         finally:
             if scan_below is not None:
-                del store.scan_below  # type: ignore[attr-defined]
+                del store.search.scan_below  # type: ignore[attr-defined]
     assert expected[0][1] and expected[2][1] == [] and all(len(v) == 3 for v, _ in expected)
     assert {e.group_id for v, t in expected for e, _ in [*v, *t]} == {group}
     assert await store.entity_candidates(group, [], 3) == []
@@ -1687,7 +1689,8 @@ async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group
 
         assert await store.db.read(shares) == (True, False)
         found = {
-            g: await store.fulltext_search(scope[g], "entity", "acme widget", 10) for g in scope
+            g: await store.search.fulltext_search(scope[g], "entity", "acme widget", 10)
+            for g in scope
         }
         assert {h.uuid for h in found["big"]} == {e.uuid for e in big}
         assert [h.uuid for h in found["small"]] == [small[0].uuid]
@@ -1705,7 +1708,7 @@ async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group
         more = [entity("small", f"Acme {n} widget depot") for n in range(10)]
         await store.upsert_entities("small", more)  # now the small group holds most
         assert await store.db.read(shares) == (False, True)
-        again = await store.fulltext_search(scope["small"], "entity", "acme widget", 20)
+        again = await store.search.fulltext_search(scope["small"], "entity", "acme widget", 20)
         assert {h.uuid for h in again} == {e.uuid for e in [*small, *more]}
     finally:
         await store.close()
@@ -1757,7 +1760,9 @@ async def test_the_embedded_stores_vector_search_sees_every_write(tmp_path: Path
         await two.upsert_entities("g", [c])
         assert uuids(await one.vector_entities("g", vec(0, 1), 5)) == [c.uuid, b.uuid, a.uuid]
         scope = SearchScope(("g",), AsOf.resolve(None, None, False, None))
-        assert [h.uuid for h in await one.vector_search(scope, "entity", vec(0, 1), 1)] == [c.uuid]
+        assert [h.uuid for h in await one.search.vector_search(scope, "entity", vec(0, 1), 1)] == [
+            c.uuid
+        ]
     finally:
         await one.close()
         await two.close()
@@ -1817,9 +1822,9 @@ async def test_the_embedded_store_runs_only_constant_sql(
         scope = SearchScope((group,), AsOf.resolve(day(5), None, False, None))
         for kind in KINDS:
             for t in texts:
-                await store.fulltext_search(scope, kind, t, 5)
-            await store.vector_search(scope, kind, vec(1), 5)
-        await store.expand_facts(scope, [people[0].uuid], 2, 10)
+                await store.search.fulltext_search(scope, kind, t, 5)
+            await store.search.vector_search(scope, kind, vec(1), 5)
+        await store.search.expand_facts(scope, [people[0].uuid], 2, 10)
         await store.communities.entity_graph(group)
         await store.forget.delete_group(group)
     finally:
@@ -2074,15 +2079,15 @@ async def test_a_partial_hit_whose_record_was_deleted_since_is_left_out(tmp_path
         full = SearchScope(("g",), AsOf.resolve(None, None, False, None), embeddings=False)
         bare = dataclasses.replace(full, details=False)
         found = [
-            *await store.fulltext_search(bare, "fact", "Acme", 5),
-            *await store.fulltext_search(bare, "entity", "Acme", 5),
-            *await store.fulltext_search(bare, "episode", "Acme", 5),
+            *await store.search.fulltext_search(bare, "fact", "Acme", 5),
+            *await store.search.fulltext_search(bare, "entity", "Acme", 5),
+            *await store.search.fulltext_search(bare, "episode", "Acme", 5),
         ]
         assert {h.kind for h in found} == {"fact", "entity", "episode"}
         assert [h.record.fact for h in found if isinstance(h.record, FactRecord)] == [""]  # partial
-        completed = await store.complete_hits(bare, found)
+        completed = await store.search.complete_hits(bare, found)
         assert [h.record for h in completed if h.kind == "fact"] == [
-            h.record for h in await store.fulltext_search(full, "fact", "Acme", 5)
+            h.record for h in await store.search.fulltext_search(full, "fact", "Acme", 5)
         ]
 
         def forget(conn: sqlite3.Connection) -> None:
@@ -2090,7 +2095,7 @@ async def test_a_partial_hit_whose_record_was_deleted_since_is_left_out(tmp_path
             conn.execute("DELETE FROM entity WHERE uuid = ?", (acme.uuid,))
 
         await store.db.run(forget)
-        left = await store.complete_hits(bare, found)
+        left = await store.search.complete_hits(bare, found)
         assert [h.kind for h in left] == ["episode"]
     finally:
         await store.close()

@@ -426,7 +426,7 @@ async def test_a_mapped_records_content_is_embedded_only_when_asked(
     scope = SearchScope((G,), AsOf.resolve(None, None, False, None))
 
     async def nearest(kind: Kind, text: str) -> set[str]:
-        hits = await store.vector_search(scope, kind, await EMBEDDER.embed_one(text), 10)
+        hits = await store.search.vector_search(scope, kind, await EMBEDDER.embed_one(text), 10)
         return {hit.uuid for hit in hits}
 
     record_uuid, note_uuid = record.episode.uuid, note.episode.uuid
@@ -435,7 +435,7 @@ async def test_a_mapped_records_content_is_embedded_only_when_asked(
     assert note_uuid in await nearest("episode", note.episode.content_text())  # text: always
     # Either way the record's fact is embedded and the record itself found by its words.
     assert await nearest("fact", record.facts[0].fact)
-    found = await store.fulltext_search(scope, "episode", "Basic", 10)
+    found = await store.search.fulltext_search(scope, "episode", "Basic", 10)
     assert record_uuid in {hit.uuid for hit in found}
 
 

@@ -219,7 +219,7 @@ async def _show_recall(runtime: Runtime, console: Console) -> None:
     from tidegraph.recall.search import Searcher
     from tidegraph.records.search import SearchRequest
 
-    searcher = Searcher(runtime.store, runtime.embedder, runtime.cross_encoder)
+    searcher = Searcher(runtime.store.search, runtime.embedder, runtime.cross_encoder)
     results = await searcher.search(SearchRequest(query=RECALL_QUERY, group_ids=[RECALL_GROUP]))
     _heading(console, "Recall: what an agent answering the ticket puts in its prompt")
     _say(console, f"  tidegraph search --group {RECALL_GROUP} --context {RECALL_QUERY!r}")

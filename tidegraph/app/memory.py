@@ -178,7 +178,7 @@ class Memory:
         self.settings = parts.settings
         self.store = parts.store
         self.via = via
-        self.searcher = Searcher(parts.store, parts.embedder, parts.cross_encoder)
+        self.searcher = Searcher(parts.store.search, parts.embedder, parts.cross_encoder)
         self._runner: GroupRunner | None = None
         self._group_locks: dict[str, asyncio.Lock] = {}
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -25,9 +24,8 @@ from tidegraph.records.graph import (
     EpisodeWrite,
     FactRecord,
 )
-from tidegraph.records.search import Hit, Kind, MethodSearch, SearchScope
 from tidegraph.settings import DEFAULT_TOPIC_PREFIX
-from tidegraph.stores.roles import Browsing, Communities, Forgetting, Outbox
+from tidegraph.stores.roles import Browsing, Communities, Forgetting, Outbox, Search
 from tidegraph.stores.rows import unique
 
 
@@ -74,6 +72,7 @@ class GraphStore(abc.ABC):
     forget: Forgetting
     browse: Browsing
     communities: Communities
+    search: Search
 
     # ---------------------------------------------------------------- lifecycle
     @abc.abstractmethod
@@ -328,68 +327,6 @@ class GraphStore(abc.ABC):
             except Exception as exc:
                 raise BatchWriteError(written) from exc
         return written
-
-    # ---------------------------------------------------------------- search
-    # docs/retrieval.md "Memory retrieval". Every search reads only ``scope.group_ids`` (each hit is
-    # of one of them, and so is everything it carries); facts are those ``query_facts`` answers for
-    # ``scope.asof``, each as believed then; entities and communities those created by its known-at
-    # time, episodes also happened by its valid-at time (``store.hits``).
-    @abc.abstractmethod
-    async def fulltext_search(
-        self, scope: SearchScope, kind: Kind, text: str, limit: int
-    ) -> list[Hit]:
-        """The ``kind`` records matching ``text`` (plain user text): facts on their sentence,
-        entities and communities on name and summary, episodes on content. Best first, scored
-        by the engine (BM25-like)."""
-
-    @abc.abstractmethod
-    async def vector_search(
-        self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
-    ) -> list[Hit]:
-        """The nearest ``kind`` records (fact, entity name, episode content, community name
-        embeddings), scored ``(1 + cos) / 2``, best first."""
-
-    async def search_lists(
-        self, scope: SearchScope, searches: Sequence[MethodSearch]
-    ) -> list[list[Hit]]:
-        """Each search's hits, in order (``fulltext_search`` for a text, ``vector_search``
-        for an embedding). By default they run side by side; a store that answers several
-        reads at once more cheaply overrides it (the embedded store: one hand-off to its
-        thread)."""
-        return list(await asyncio.gather(*(self._method_search(scope, s) for s in searches)))
-
-    async def _method_search(self, scope: SearchScope, search: MethodSearch) -> list[Hit]:
-        if search.text is not None:
-            return await self.fulltext_search(scope, search.kind, search.text, search.limit)
-        assert search.embedding is not None  # MethodSearch has one or the other
-        return await self.vector_search(scope, search.kind, search.embedding, search.limit)
-
-    async def complete_hits(self, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
-        """``hits`` read with ``scope.details`` off, with their details (a fact's end names
-        and episodes' producer ids, an entity's mentioning episodes). By default a store's
-        hits always carry them and come back as they are; a store that reads them only when
-        asked (the embedded store) overrides it."""
-        return list(hits)
-
-    @abc.abstractmethod
-    async def expand_facts(
-        self, scope: SearchScope, seeds: list[str], hops: int, limit: int
-    ) -> list[Hit]:
-        """The facts within ``hops`` of the ``seeds`` entities, breadth first over the
-        scope's facts: ``distance`` the hop each was reached at (1: touches a seed), score
-        ``1 / distance``; nearest first, at most ``limit``."""
-
-    @abc.abstractmethod
-    async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
-        """The entities mentioned by each group's ``episodes`` latest episodes (by valid_at),
-        most recent episode first, each uuid once."""
-
-    @abc.abstractmethod
-    async def entity_distances(
-        self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
-    ) -> dict[str, int]:
-        """Hops from ``centre`` to each of ``uuids`` over the scope's facts (0 for the centre
-        itself); a uuid farther than ``max_hops`` or unreachable is left out."""
 
 
 def _without_embeddings(records: list[EntityRecord]) -> list[EntityRecord]:

@@ -10,6 +10,7 @@ Every method is group-scoped and keeps the rules of ``tidegraph.stores.base``.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -26,6 +27,7 @@ from tidegraph.records.graph import (
     Rebuild,
     WeightedEdge,
 )
+from tidegraph.records.search import Hit, Kind, MethodSearch, SearchScope
 
 
 class Outbox(abc.ABC):
@@ -215,3 +217,68 @@ class Communities(abc.ABC):
         """For each ``(community_uuid, entity_uuid)`` in order, in one transaction: the entity
         becomes a member of that (existing) community and of no other. Idempotent; an
         assignment whose community or entity is not in the group is skipped."""
+
+
+class Search(abc.ABC):
+    """Memory retrieval's reads (docs/retrieval.md "Memory retrieval"). Every search reads only
+    ``scope.group_ids`` (each hit is of one of them, and so is everything it carries); facts
+    are those ``Browsing.query_facts`` answers for ``scope.asof``, each as believed then;
+    entities and communities those created by its known-at time, episodes also happened by
+    its valid-at time (``tidegraph.stores.hits``)."""
+
+    @abc.abstractmethod
+    async def fulltext_search(
+        self, scope: SearchScope, kind: Kind, text: str, limit: int
+    ) -> list[Hit]:
+        """The ``kind`` records matching ``text`` (plain user text): facts on their sentence,
+        entities and communities on name and summary, episodes on content. Best first, scored
+        by the engine (BM25-like)."""
+
+    @abc.abstractmethod
+    async def vector_search(
+        self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
+    ) -> list[Hit]:
+        """The nearest ``kind`` records (fact, entity name, episode content, community name
+        embeddings), scored ``(1 + cos) / 2``, best first."""
+
+    async def search_lists(
+        self, scope: SearchScope, searches: Sequence[MethodSearch]
+    ) -> list[list[Hit]]:
+        """Each search's hits, in order (``fulltext_search`` for a text, ``vector_search``
+        for an embedding). By default they run side by side; a store that answers several
+        reads at once more cheaply overrides it (the embedded store: one hand-off to its
+        thread)."""
+        return list(await asyncio.gather(*(self._method_search(scope, s) for s in searches)))
+
+    async def _method_search(self, scope: SearchScope, search: MethodSearch) -> list[Hit]:
+        if search.text is not None:
+            return await self.fulltext_search(scope, search.kind, search.text, search.limit)
+        assert search.embedding is not None  # MethodSearch has one or the other
+        return await self.vector_search(scope, search.kind, search.embedding, search.limit)
+
+    async def complete_hits(self, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
+        """``hits`` read with ``scope.details`` off, with their details (a fact's end names
+        and episodes' producer ids, an entity's mentioning episodes). By default a store's
+        hits always carry them and come back as they are; a store that reads them only when
+        asked (the embedded store) overrides it."""
+        return list(hits)
+
+    @abc.abstractmethod
+    async def expand_facts(
+        self, scope: SearchScope, seeds: list[str], hops: int, limit: int
+    ) -> list[Hit]:
+        """The facts within ``hops`` of the ``seeds`` entities, breadth first over the
+        scope's facts: ``distance`` the hop each was reached at (1: touches a seed), score
+        ``1 / distance``; nearest first, at most ``limit``."""
+
+    @abc.abstractmethod
+    async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
+        """The entities mentioned by each group's ``episodes`` latest episodes (by valid_at),
+        most recent episode first, each uuid once."""
+
+    @abc.abstractmethod
+    async def entity_distances(
+        self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
+    ) -> dict[str, int]:
+        """Hops from ``centre`` to each of ``uuids`` over the scope's facts (0 for the centre
+        itself); a uuid farther than ``max_hops`` or unreachable is left out."""

@@ -58,6 +58,7 @@ from tidegraph.records.times import utc
 from tidegraph.records.vectors import cosine
 from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores import errors
+from tidegraph.stores.base import GraphStore
 from tidegraph.stores.memory.browse import MemoryBrowsing
 from tidegraph.stores.memory.communities import MemoryCommunities
 from tidegraph.stores.memory.forget import MemoryForgetting
@@ -81,7 +82,7 @@ from tidegraph.stores.search_text import search_terms, text_words
 from tidegraph.stores.write_rules import closed_fact, merged_entity, merged_fact
 
 
-class MemoryStore(MemorySearch):
+class MemoryStore(GraphStore):
     """``GraphStore`` in dictionaries (see the module docstring)."""
 
     name = "memory"
@@ -91,6 +92,7 @@ class MemoryStore(MemorySearch):
         self.outbox = MemoryOutbox(self)
         self.forget = MemoryForgetting(self)
         self.browse = MemoryBrowsing(self)
+        self.search = MemorySearch(self)
         self.communities = MemoryCommunities(self)
         self._dim: int | None = None
         self._episodes: dict[str, EpisodeRecord] = {}

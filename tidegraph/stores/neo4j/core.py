@@ -3,10 +3,10 @@
 into records. The queries answer with fixed column names (an entity ``e`` with
 ``community_uuid``, a fact ``r`` with ``source_uuid`` and ``target_uuid``, an episode ``ep``),
 so reading, checking, folding, sorting and the exact as-of filter (``AsOf.believed``) happen
-here. The store is split by concern, one class each, mixed into ``store.Neo4jStore``: these
-operations, the searches (``search_core.SearchCore``), the memory lifecycle
-(``lifecycle.Lifecycle``), and in ``store`` the schema, the batched reads and the group
-commit. The embedded store speaks SQL: ``tidegraph.stores.sqlite.store``.
+here. ``store.Neo4jStore`` adds the schema, the batched reads and the group commit; the
+store's other roles are classes of their own over the same executor (``search``,
+``browse``, ``outbox``, ``forget``, ``communities``). The embedded store speaks SQL:
+``tidegraph.stores.sqlite.store``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tidegraph.records.graph import (
     FactRecord,
 )
 from tidegraph.records.times import utc
+from tidegraph.stores.base import GraphStore
 from tidegraph.stores.errors import StoreSchemaError, check_same_episode
 from tidegraph.stores.executor import Row
 from tidegraph.stores.neo4j import common_queries as cq
@@ -30,7 +31,7 @@ from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.asof import as_of_params, as_of_query
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
-from tidegraph.stores.neo4j.search_core import LargeGroups, SearchCore
+from tidegraph.stores.neo4j.search import Neo4jSearch
 from tidegraph.stores.rows import (
     entity_record,
     episode_record,
@@ -42,14 +43,16 @@ from tidegraph.stores.rows import (
 )
 
 
-class StoreCore(SearchCore):
+class StoreCore(GraphStore):
     """``GraphStore``'s common operations over the executor (see the module docstring; the
-    search methods: ``search_core.SearchCore``)."""
+    searches: ``search.Neo4jSearch``)."""
+
+    search: Neo4jSearch
 
     def __init__(self, executor: Neo4jExecutor) -> None:
         self.ex = executor
         self._dim: int | None = None
-        self._large_groups: LargeGroups = {}
+        self.search = Neo4jSearch(self)
 
     # ------------------------------------------------------------------ Neo4jStore's hooks
     @abc.abstractmethod
@@ -173,7 +176,7 @@ class StoreCore(SearchCore):
     ) -> list[tuple[EntityRecord, float]]:
         candidates, scan = sq.VECTOR["entity"]
         small = sq.SMALL_SCAN["entity"]
-        hits, _ = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
+        hits, _ = await self.search._nearest(candidates, scan, [group_id], embedding, limit, small)
         found = {e.uuid: e for e in await self.entities_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 
@@ -191,7 +194,7 @@ class StoreCore(SearchCore):
     ) -> list[tuple[FactRecord, float]]:
         candidates, scan = sq.VECTOR["fact"]
         small = sq.SMALL_SCAN["fact"]
-        hits, _ = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
+        hits, _ = await self.search._nearest(candidates, scan, [group_id], embedding, limit, small)
         found = {f.uuid: f for f in await self._facts_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 

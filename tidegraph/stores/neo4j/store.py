@@ -1,5 +1,6 @@
-"""The Neo4j graph store: ``StoreCore``, ``SearchCore`` and ``Lifecycle`` on a
-``Neo4jExecutor`` (``core`` says how the store is split), and what Neo4j does its own way:
+"""The Neo4j graph store: ``StoreCore`` on a ``Neo4jExecutor``, with one class per role over
+the same executor (``search``, ``browse``, ``outbox``, ``forget``, ``communities``; ``core``
+says how the store is split), and what Neo4j does its own way:
 the schema, writes of many rows in one UNWIND statement, the one-round-trip resolution
 lookup, and the group commit of episode writes (``batching.GroupCommit``: writes that arrive
 while a transaction runs share the next one).
@@ -355,7 +356,7 @@ class Neo4jStore(StoreCore):
             "group_id": group_id,
             "drafts": drafts,
             "limit": limit,
-            "scan_below": self.scan_below,
+            "scan_below": self.search.scan_below,
         }
         rows = sorted(await self.ex.rows(q.ENTITY_CANDIDATES, params), key=lambda r: r["i"])
         if not all(row["small"] for row in rows):

@@ -33,11 +33,13 @@ from tidegraph.records.graph import (
 )
 from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores import errors
-from tidegraph.stores.base import BatchRead, LookupRequest
+from tidegraph.stores.base import BatchRead, GraphStore, LookupRequest
 from tidegraph.stores.executor import observe_write
 from tidegraph.stores.rows import (
+    check_embedding,
     entity_row,
     now_utc,
+    rank,
     sort_entities,
     sort_facts,
     unique,
@@ -60,6 +62,7 @@ from tidegraph.stores.sqlite.db import (
     outbox_before_migration,
 )
 from tidegraph.stores.sqlite.forget import SqliteForgetting
+from tidegraph.stores.sqlite.group_cache import VectorScores, group_vectors
 from tidegraph.stores.sqlite.outbox import SqliteOutbox
 from tidegraph.stores.sqlite.rows import (
     ENTITY,
@@ -72,7 +75,12 @@ from tidegraph.stores.sqlite.rows import (
     episode_of,
     fact_of,
 )
-from tidegraph.stores.sqlite.search import SqliteSearch
+from tidegraph.stores.sqlite.search import (
+    EntityHits,
+    SqliteSearch,
+    entity_text_hits,
+    entity_vector_hits,
+)
 from tidegraph.stores.sqlite.writes import (
     reindex_episodes,
     reindex_texts,
@@ -187,7 +195,7 @@ def _lookup(conn: sqlite3.Connection, group_id: str, ask: LookupRequest) -> Enti
 
 # ----------------------------------------------------------------------------- writes
 # ----------------------------------------------------------------------------- the store
-class SqliteStore(SqliteSearch):
+class SqliteStore(GraphStore):
     """``GraphStore`` on the SQLite file ``DB_FILE`` in the folder ``path``."""
 
     name = "sqlite"
@@ -200,6 +208,7 @@ class SqliteStore(SqliteSearch):
         self.outbox = SqliteOutbox(self)
         self.forget = SqliteForgetting(self)
         self.browse = SqliteBrowsing(self)
+        self.search = SqliteSearch(self)
         self.communities = SqliteCommunities(self)
         self._dim: int | None = None
 
@@ -352,6 +361,52 @@ class SqliteStore(SqliteSearch):
         return await self.db.run(read)
 
     # ------------------------------------------------------------------ entities
+    def _vector(self, embedding: Sequence[float]) -> list[float] | None:
+        return check_embedding(embedding, self._dimension(), "query embedding")
+
+    async def fulltext_entities(
+        self, group_id: str, text: str, limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        return await self.db.run(entity_text_hits, group_id, text, limit)
+
+    async def vector_entities(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        return await self.db.run(entity_vector_hits, group_id, self._vector(embedding), limit)
+
+    async def entity_candidates(
+        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
+        """Every search in one call on the database's thread."""
+        vectors = [self._vector(embedding) for _, embedding in searches]
+
+        def read(conn: sqlite3.Connection) -> list[tuple[EntityHits, EntityHits]]:
+            return [
+                (
+                    entity_vector_hits(conn, group_id, vector, limit),
+                    entity_text_hits(conn, group_id, name, limit),
+                )
+                for (name, _), vector in zip(searches, vectors, strict=True)
+            ]
+
+        return await self.db.run(read)
+
+    async def vector_facts(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[FactRecord, float]]:
+        vector = self._vector(embedding)
+        if vector is None or limit <= 0:
+            return []
+
+        def read(conn: sqlite3.Connection) -> list[tuple[FactRecord, float]]:
+            scores = VectorScores(conn, group_vectors(conn), group_id, "fact", vector)
+            best = dict(scores.best(limit))
+            query = f"SELECT {FACT_FULL} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
+            facts = map(fact_of, conn.execute(query, (group_id, json_text(best))))
+            return rank(((f, best[f.uuid]) for f in facts), limit)
+
+        return await self.db.run(read)
+
     async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
         return await self.db.run(_by_names, group_id, names) if names else []
 
