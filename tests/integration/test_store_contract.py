@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from neo4j import AsyncGraphDatabase
 
-from tests.support.stores import assign_member, neighbour_weights
+from tests.support.stores import assign_member, neighbour_weights, vector_facts
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -312,16 +312,19 @@ async def test_a_processed_episode_answers_with_the_entities_it_created(
     )
     written.created = [globex.uuid, acme.uuid]
     assert await store.write_episode(group, written)
-    assert await store.episode_marker(group, first.uuid) == [globex.uuid, acme.uuid]
+    assert (await store.episode_markers(group, [(first.uuid, None)])).get(first.uuid) == [
+        globex.uuid,
+        acme.uuid,
+    ]
     lookup = await store.lookup_entities(group, ["k"], ["acme corp"], first.uuid, ["X"])
     assert (lookup.processed, lookup.created_entities) == (True, [globex.uuid, acme.uuid])
     assert (lookup.by_key, lookup.by_name, lookup.facts) == ([], [], None)
     # a later episode that created nothing, and other groups, answer with none
     second = episode(group, "ticket-2", day(2))
     await store.write_episode(group, EpisodeWrite(episode=second, mentions=[acme.uuid]))
-    assert await store.episode_marker(group, second.uuid) == []
+    assert (await store.episode_markers(group, [(second.uuid, None)])).get(second.uuid) == []
     assert (await store.lookup_entities(group, [], [], second.uuid)).created_entities == []
-    assert await store.episode_marker(other, first.uuid) is None
+    assert (await store.episode_markers(other, [(first.uuid, None)])).get(first.uuid) is None
     assert not (await store.lookup_entities(other, [], [], first.uuid)).processed
 
 
@@ -617,7 +620,7 @@ async def test_embeddings_are_checked(store: GraphStore, new_group: Callable[...
     with pytest.raises(ValueError, match="dimensions"):
         await store.vector_entities(group, [1.0], 5)
     with pytest.raises(ValueError, match="dimensions"):
-        await store.vector_facts(group, [1.0], 5)
+        await vector_facts(store, group, [1.0], 5)
     assert await store.browse.counts(group) == {
         "episodes": 0,
         "entities": 0,
@@ -811,7 +814,7 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
     await store.write_episode(
         small, EpisodeWrite(episode=episode(small, "e", day(1)), facts=[lone])
     )
-    [(found, score)] = await store.vector_facts(small, vec(1, 0), 5)
+    [(found, score)] = await vector_facts(store, small, vec(1, 0), 5)
     assert found.uuid == lone.uuid and score == pytest.approx(0.0, abs=0.02)
 
 
@@ -1001,12 +1004,12 @@ async def test_vector_facts_ranking_and_isolation(
             fact(g, c, a, "KNOWS", "C knows A"),  # no embedding
         ]
         await store.write_episode(g, EpisodeWrite(episode=episode(g, "e1", day(1)), facts=facts))
-    hits = await store.vector_facts(group, vec(1, 0), 10)
+    hits = await vector_facts(store, group, vec(1, 0), 10)
     assert [f.fact for f, _ in hits] == ["A likes B", "B likes C", "A hates C"]
     assert [round(s, 1) for _, s in hits] == [1.0, 0.8, 0.0]
     assert all(f.group_id == group for f, _ in hits)
     assert hits[0][0].fact_embedding == vec(1, 0)
-    assert [f.fact for f, _ in await store.vector_facts(group, vec(-1, 0), 1)] == ["A hates C"]
+    assert [f.fact for f, _ in await vector_facts(store, group, vec(-1, 0), 1)] == ["A hates C"]
 
 
 # ----------------------------------------------------------------------------- facts
@@ -1621,7 +1624,7 @@ async def test_delete_group_removes_only_that_group(
     assert await store.browse.list_entities(doomed) == []
     assert await store.fulltext_entities(doomed, "printer", 10) == []
     assert await store.vector_entities(doomed, vec(1), 10) == []
-    assert await store.vector_facts(doomed, vec(1), 10) == []
+    assert await vector_facts(store, doomed, vec(1), 10) == []
     assert await store.browse.query_facts(doomed, include_invalid=True) == []
     assert await store.recent_episodes(doomed, FAR_FUTURE, 10) == []
     assert await snapshot(store, kept) == kept_before

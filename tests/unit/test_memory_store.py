@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.stores import assign_member, neighbour_weights
+from tests.support.stores import assign_member, neighbour_weights, vector_facts
 from tidegraph.records.asof import AsOf, end_known_at
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -235,7 +235,7 @@ async def test_reads_never_see_another_group(store: MemoryStore) -> None:
     assert await store.facts_touching(OTHER, ["alice", "acme"]) == []
     assert await store.browse.query_facts(OTHER, include_invalid=True) == []
     assert await store.vector_entities(OTHER, [1.0, 0.0, 0.0, 0.0], 5) == []
-    assert await store.vector_facts(OTHER, [0.0, 1.0, 0.0, 0.0], 5) == []
+    assert await vector_facts(store, OTHER, [0.0, 1.0, 0.0, 0.0], 5) == []
     assert await store.fulltext_entities(OTHER, "Acme", 5) == []
     assert await store.recent_episodes(OTHER, day(1), 5) == []
     assert await store.communities.entity_graph(OTHER) == ([], [])

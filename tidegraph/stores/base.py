@@ -99,10 +99,10 @@ class GraphStore(abc.ABC):
         marker; an episode stored without extraction is not processed yet). With
         ``content_hash``, an episode stored with another hash raises EpisodeConflictError
         (its id was reused for other content)."""
-        return await self.episode_marker(group_id, episode_uuid, content_hash) is not None
+        return await self._episode_marker(group_id, episode_uuid, content_hash) is not None
 
     @abc.abstractmethod
-    async def episode_marker(
+    async def _episode_marker(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> list[str] | None:
         """The uuids of the entities the processed episode created (``EpisodeWrite.created``,
@@ -112,11 +112,11 @@ class GraphStore(abc.ABC):
     async def episode_markers(
         self, group_id: str, episodes: list[tuple[str, str | None]]
     ) -> dict[str, list[str]]:
-        """``episode_marker`` of each (uuid, content hash): the processed ones only, by uuid.
+        """``_episode_marker`` of each (uuid, content hash): the processed ones only, by uuid.
         EpisodeConflictError as there."""
         found: dict[str, list[str]] = {}
         for uuid, content_hash in episodes:
-            created = await self.episode_marker(group_id, uuid, content_hash)
+            created = await self._episode_marker(group_id, uuid, content_hash)
             if created is not None:
                 found[uuid] = created
         return found
@@ -228,7 +228,7 @@ class GraphStore(abc.ABC):
         content_hash: str | None = None,
     ) -> EntityLookup:
         """``entities_by_keys(keys)`` and ``entities_by_names(names)`` (without name
-        embeddings) and, when ``episode_uuid`` is given, ``episode_marker`` (with
+        embeddings) and, when ``episode_uuid`` is given, ``_episode_marker`` (with
         ``content_hash``, as there: a processed episode answers with its created entities and
         nothing else); with ``relations``, the found entities' facts of those relations too
         (see ``EntityLookup``) — in one round trip where the store can."""
@@ -244,7 +244,7 @@ class GraphStore(abc.ABC):
     async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
         """``lookup_entities`` from the other methods (up to four calls)."""
         if ask.episode_uuid:
-            created = await self.episode_marker(group_id, ask.episode_uuid, ask.content_hash)
+            created = await self._episode_marker(group_id, ask.episode_uuid, ask.content_hash)
             if created is not None:
                 return EntityLookup(processed=True, created_entities=created)
         by_key = await self.entities_by_keys(group_id, ask.keys) if ask.keys else []
@@ -295,12 +295,6 @@ class GraphStore(abc.ABC):
         if embeddings:
             return found
         return [f.model_copy(update={"fact_embedding": None}) for f in found]
-
-    @abc.abstractmethod
-    async def vector_facts(
-        self, group_id: str, embedding: list[float], limit: int
-    ) -> list[tuple[FactRecord, float]]:
-        """Nearest facts by fact embedding (cosine similarity), best first."""
 
     @abc.abstractmethod
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:

@@ -127,7 +127,7 @@ class MemoryStore(GraphStore):
         return self._dim
 
     # ------------------------------------------------------------------ episodes
-    async def episode_marker(
+    async def _episode_marker(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> list[str] | None:
         if self._forgotten.get(episode_uuid, ("", None))[0] == group_id:
@@ -276,19 +276,6 @@ class MemoryStore(GraphStore):
         if embeddings:
             return sort_facts(copied(f) for f in facts if f.group_id == group_id)
         return sort_facts(copied(f, fact_embedding=None) for f in facts if f.group_id == group_id)
-
-    async def vector_facts(
-        self, group_id: str, embedding: list[float], limit: int
-    ) -> list[tuple[FactRecord, float]]:
-        vector = check_embedding(embedding, self._dimension(), "query embedding")
-        if limit <= 0 or vector is None:
-            return []
-        hits = [
-            (f.model_copy(deep=True), cosine_score(cosine(f.fact_embedding, vector)))
-            for f in self._group_facts(group_id)
-            if f.fact_embedding is not None
-        ]
-        return rank(hits, limit)
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         dim = self._dimension()

@@ -87,7 +87,7 @@ class StoreCore(GraphStore):
         await self.ex.close()
 
     # ------------------------------------------------------------------ episodes
-    async def episode_marker(
+    async def _episode_marker(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> list[str] | None:
         params = {"group_id": group_id, "uuid": episode_uuid}
@@ -188,15 +188,6 @@ class StoreCore(GraphStore):
         rows = [row for query in q.FACTS_TOUCHING for row in await self.ex.rows(query, params)]
         facts = sort_facts({f.uuid: f for f in map(fact_of, rows)}.values())  # each once
         return await self._with_fact_embeddings(group_id, facts)
-
-    async def vector_facts(
-        self, group_id: str, embedding: list[float], limit: int
-    ) -> list[tuple[FactRecord, float]]:
-        candidates, scan = sq.VECTOR["fact"]
-        small = sq.SMALL_SCAN["fact"]
-        hits, _ = await self.search._nearest(candidates, scan, [group_id], embedding, limit, small)
-        found = {f.uuid: f for f in await self._facts_by_uuids(group_id, [u for u, _ in hits])}
-        return rank(((found[u], s) for u, s in hits if u in found), limit)
 
     async def _believed(self, group_id: str, asof: AsOf) -> list[Row]:
         """The rows (``FACT_VIEW_RETURN``) of the facts ``asof`` believes: the Cypher filter's

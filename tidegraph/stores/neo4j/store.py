@@ -15,7 +15,7 @@ from typing import Any
 
 from neo4j import AsyncGraphDatabase, basic_auth
 
-from tidegraph.connections import NEO4J_NOTIFICATIONS, neo4j_driver_options
+from tidegraph.connections import NEO4J_NOTIFICATIONS
 from tidegraph.metrics import STORE_BATCH_SIZE
 from tidegraph.records.conversation import search_fields
 from tidegraph.records.graph import (
@@ -26,7 +26,7 @@ from tidegraph.records.graph import (
     FactRecord,
 )
 from tidegraph.records.times import utc
-from tidegraph.settings import DEFAULT_TOPIC_PREFIX, Settings
+from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores import errors
 from tidegraph.stores.base import BatchRead, BatchWriteError, LookupRequest
 from tidegraph.stores.episode_search import speaker_words
@@ -178,17 +178,6 @@ class Neo4jStore(StoreCore):
             MAX_BATCH_READS_PER_STATEMENT,
             key=lambda ask: ask,
             max_in_flight=BATCH_READS_IN_FLIGHT,
-        )
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Neo4jStore:
-        return cls(
-            settings.neo4j_uri,
-            settings.neo4j_user,
-            settings.neo4j_password.get_secret_value(),
-            settings.neo4j_database,
-            driver_options=neo4j_driver_options(settings),
-            deployment=settings.topic_prefix,
         )
 
     # ------------------------------------------------------------------ schema

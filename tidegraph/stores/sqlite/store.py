@@ -39,7 +39,6 @@ from tidegraph.stores.rows import (
     check_embedding,
     entity_row,
     now_utc,
-    rank,
     sort_entities,
     sort_facts,
     unique,
@@ -62,7 +61,6 @@ from tidegraph.stores.sqlite.db import (
     outbox_before_migration,
 )
 from tidegraph.stores.sqlite.forget import SqliteForgetting
-from tidegraph.stores.sqlite.group_cache import VectorScores, group_vectors
 from tidegraph.stores.sqlite.outbox import SqliteOutbox
 from tidegraph.stores.sqlite.rows import (
     ENTITY,
@@ -291,7 +289,7 @@ class SqliteStore(GraphStore):
         return self._dim
 
     # ------------------------------------------------------------------ episodes
-    async def episode_marker(
+    async def _episode_marker(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> list[str] | None:
         return await self.db.run(_marker, group_id, episode_uuid, content_hash)
@@ -388,22 +386,6 @@ class SqliteStore(GraphStore):
                 )
                 for (name, _), vector in zip(searches, vectors, strict=True)
             ]
-
-        return await self.db.run(read)
-
-    async def vector_facts(
-        self, group_id: str, embedding: list[float], limit: int
-    ) -> list[tuple[FactRecord, float]]:
-        vector = self._vector(embedding)
-        if vector is None or limit <= 0:
-            return []
-
-        def read(conn: sqlite3.Connection) -> list[tuple[FactRecord, float]]:
-            scores = VectorScores(conn, group_vectors(conn), group_id, "fact", vector)
-            best = dict(scores.best(limit))
-            query = f"SELECT {FACT_FULL} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
-            facts = map(fact_of, conn.execute(query, (group_id, json_text(best))))
-            return rank(((f, best[f.uuid]) for f in facts), limit)
 
         return await self.db.run(read)
 
