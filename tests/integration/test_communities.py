@@ -14,6 +14,7 @@ import pytest
 from neo4j import AsyncGraphDatabase
 
 from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
+from tests.support.stores import upsert_entities
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm.client import LLMClient
 from tidegraph.pipelines.community_service import CommunityService
@@ -70,7 +71,7 @@ class Graph:
         names = sorted({n for pair in pairs for n in pair} - set(self.entities))
         new = [ent(self.group, n) for n in names]
         self.entities.update({e.name: e for e in new})
-        await self.store.upsert_entities(self.group, new)
+        await upsert_entities(self.store, self.group, new)
         facts = [
             rel(self.group, self.entities[a], self.entities[b], f"{a}-{b}-{i}{tag}")
             for a, b in pairs

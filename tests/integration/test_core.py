@@ -38,6 +38,7 @@ import yaml
 from tests.support import crm_feed as crm
 from tests.support.extraction_requests import JOINT_EXTRACTION, on_extraction
 from tests.support.fake_llm import TIMEOUT_STATUS, FakeRequest, ScriptedLLMServer
+from tests.support.stores import upsert_entities
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
 from tidegraph.pipelines.ingest import IngestReport, ingest
@@ -784,7 +785,7 @@ async def test_a_replay_after_a_crash_mid_episode_gives_the_same_graph(
     resolution = ResolutionStep(store=store, embedder=embedder, llm=llm)
     resolved = await resolution.run(await clean.extraction.run(crashed[1]))
     assert resolved.pending.created  # resolution leaves its upserts to the episode's write
-    await store.upsert_entities(group_id, resolved.pending.entities)  # then the worker dies
+    await upsert_entities(store, group_id, resolved.pending.entities)  # then the worker dies
     assert not await store.episode_processed(group_id, crashed[1].uuid)
     await run(clean, crashed)
 

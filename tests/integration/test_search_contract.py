@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from neo4j import AsyncGraphDatabase
 
+from tests.support.stores import upsert_entities
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -553,7 +554,7 @@ async def test_the_latest_episodes_are_ordered_by_time_then_uuid(
     people = [
         EntityRecord(uuid=stable_uuid("entity", group, n), group_id=group, name=n) for n in "pqrst"
     ]
-    await any_store.upsert_entities(group, people)
+    await upsert_entities(any_store, group, people)
     said = [
         (day(3), day(3)),
         (day(3), day(3)),

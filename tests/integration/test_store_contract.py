@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from neo4j import AsyncGraphDatabase
 
-from tests.support.stores import assign_member, neighbour_weights, vector_facts
+from tests.support.stores import assign_member, neighbour_weights, upsert_entities, vector_facts
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -207,7 +207,7 @@ async def test_setup_is_idempotent_and_refuses_another_dimension(
         await store.setup(DIM + 1)
     # still usable after the refusal, indexes answering right away
     acme = entity(group, "Acme Corp", summary="printers", embedding=vec(1))
-    await store.upsert_entities(group, [acme])
+    await upsert_entities(store, group, [acme])
     assert uuids(await store.fulltext_entities(group, "acme", 5)) == [acme.uuid]
     assert uuids(await store.vector_entities(group, vec(1), 5)) == [acme.uuid]
 
@@ -230,7 +230,7 @@ async def test_embedded_store_reopens_with_its_data(tmp_path: Path) -> None:
     first = SqliteStore(tmp_path / "graph")
     await first.setup(DIM)
     acme = entity(group, "Acme Corp", summary="printers", embedding=vec(1))
-    await first.upsert_entities(group, [acme])
+    await upsert_entities(first, group, [acme])
     await first.close()
     second = SqliteStore(tmp_path / "graph")
     try:
@@ -238,7 +238,7 @@ async def test_embedded_store_reopens_with_its_data(tmp_path: Path) -> None:
             await second.setup(DIM * 2)
         await second.setup(DIM)
         globex = entity(group, "Globex", summary="printers too", embedding=vec(0.9, 0.1))
-        await second.upsert_entities(group, [globex])  # indexes follow after a reopen
+        await upsert_entities(second, group, [globex])  # indexes follow after a reopen
         assert uuids(await second.vector_entities(group, vec(1), 5)) == [acme.uuid, globex.uuid]
         assert set(uuids(await second.fulltext_entities(group, "printers", 5))) == {
             acme.uuid,
@@ -373,7 +373,7 @@ async def test_entity_upsert_semantics(store: GraphStore, new_group: Callable[..
         embedding=vec(1, 0),
         created_at=day(1),
     )
-    await store.upsert_entities(group, [first])
+    await upsert_entities(store, group, [first])
     second = first.model_copy(
         update={
             "name": "ACME Corporation",
@@ -385,7 +385,7 @@ async def test_entity_upsert_semantics(store: GraphStore, new_group: Callable[..
             "created_at": day(9),
         }
     )
-    await store.upsert_entities(group, [second])
+    await upsert_entities(store, group, [second])
     [stored] = await store.entities_by_uuids(group, [first.uuid])
     assert stored.name == "Acme Corp"
     assert stored.labels == ["Organization", "Customer"]
@@ -396,7 +396,7 @@ async def test_entity_upsert_semantics(store: GraphStore, new_group: Callable[..
     assert stored.created_at == day(1)
 
     third = second.model_copy(update={"summary": "Makes printers and toner.", "key": "crm-2"})
-    await store.upsert_entities(group, [third])
+    await upsert_entities(store, group, [third])
     [stored] = await store.entities_by_uuids(group, [first.uuid])
     assert stored.summary == "Makes printers and toner."
     assert stored.key == "crm-1"  # never replaced once set
@@ -417,7 +417,7 @@ async def test_repeated_uuid_in_one_batch_applies_in_order(
     a = entity(group, "Acme", labels=["A"], summary="one", aliases=["x"], embedding=vec(1))
     b = a.model_copy(update={"labels": ["B"], "summary": "", "aliases": ["y"], "key": "k"})
     c = a.model_copy(update={"labels": ["A", "C"], "summary": "three", "key": "other"})
-    await store.upsert_entities(group, [a, b, c])
+    await upsert_entities(store, group, [a, b, c])
     [stored] = await store.browse.list_entities(group)
     assert (stored.labels, stored.aliases, stored.summary, stored.key) == (
         ["A", "B", "C"],
@@ -430,7 +430,8 @@ async def test_repeated_uuid_in_one_batch_applies_in_order(
 async def test_entity_lookups(store: GraphStore, new_group: Callable[..., str]) -> None:
     group, other = new_group(), new_group()
     for g in (group, other):
-        await store.upsert_entities(
+        await upsert_entities(
+            store,
             g,
             [
                 entity(g, "Acme Corp.", key="crm-1", aliases=["acme inc", "the acme company"]),
@@ -523,7 +524,7 @@ async def test_list_entities_orders_by_name_then_uuid(
         EntityRecord(uuid=f"{group}-{suffix}", group_id=group, name=name)
         for name, suffix in [("Beta", "2"), ("Alpha", "9"), ("Beta", "1"), ("Zed", "0")]
     ]
-    await store.upsert_entities(group, records)
+    await upsert_entities(store, group, records)
     listed = await store.browse.list_entities(group)
     assert [(e.name, e.uuid[-1]) for e in listed] == [
         ("Alpha", "9"),
@@ -537,7 +538,7 @@ async def test_list_entities_orders_by_name_then_uuid(
 async def test_invalid_labels_are_dropped(store: GraphStore, new_group: Callable[..., str]) -> None:
     group = new_group()
     labels = ["Person", "bad label", "1abc", "x'}) DETACH", "Community", "Ok_2", "Person", ""]
-    await store.upsert_entities(group, [entity(group, "Ada", labels=labels)])
+    await upsert_entities(store, group, [entity(group, "Ada", labels=labels)])
     [stored] = await store.browse.list_entities(group)
     assert stored.labels == ["Person", "Ok_2"]
 
@@ -548,8 +549,8 @@ async def test_neo4j_type_labels_are_real_labels(neo4j_uri: str, neo4j_driver: A
     try:
         await store.setup(DIM)
         ada = entity(group, "Ada", labels=["Person", "bad label", "Episodic", "Ok_2"])
-        await store.upsert_entities(group, [ada])
-        await store.upsert_entities(group, [ada.model_copy(update={"labels": ["Engineer"]})])
+        await upsert_entities(store, group, [ada])
+        await upsert_entities(store, group, [ada.model_copy(update={"labels": ["Engineer"]})])
         result = await neo4j_driver.execute_query(
             "MATCH (e:Entity {uuid: $uuid}) RETURN labels(e) AS labels", {"uuid": ada.uuid}
         )
@@ -564,12 +565,12 @@ async def test_group_conflicts_are_refused(
 ) -> None:
     mine, theirs = new_group(), new_group()
     theirs_acme = entity(theirs, "Acme", summary="theirs")
-    await store.upsert_entities(theirs, [theirs_acme])
+    await upsert_entities(store, theirs, [theirs_acme])
     intruder = theirs_acme.model_copy(update={"group_id": mine, "summary": "mine"})
     with pytest.raises(StoreIntegrityError):
-        await store.upsert_entities(mine, [intruder])
+        await upsert_entities(store, mine, [intruder])
     with pytest.raises(ValueError):  # a record of another group
-        await store.upsert_entities(mine, [theirs_acme])
+        await upsert_entities(store, mine, [theirs_acme])
     [stored] = await store.browse.list_entities(theirs)
     assert stored.summary == "theirs"
     assert await store.browse.list_entities(mine) == []
@@ -589,7 +590,7 @@ async def test_write_referencing_missing_entities_writes_nothing(
     group = new_group()
     a = entity(group, "A")
     ghost = entity(group, "Ghost")
-    await store.upsert_entities(group, [a])
+    await upsert_entities(store, group, [a])
     ep = episode(group, "m-1", day(1))
     bad_fact = fact(group, a, ghost, "KNOWS", "A knows a ghost", valid_at=day(1))
     for write in (
@@ -614,9 +615,9 @@ async def test_write_referencing_missing_entities_writes_nothing(
 async def test_embeddings_are_checked(store: GraphStore, new_group: Callable[..., str]) -> None:
     group = new_group()
     with pytest.raises(ValueError, match="dimensions"):
-        await store.upsert_entities(group, [entity(group, "A", embedding=[1.0, 0.0])])
+        await upsert_entities(store, group, [entity(group, "A", embedding=[1.0, 0.0])])
     with pytest.raises(ValueError, match="non-zero"):
-        await store.upsert_entities(group, [entity(group, "A", embedding=vec())])
+        await upsert_entities(store, group, [entity(group, "A", embedding=vec())])
     with pytest.raises(ValueError, match="dimensions"):
         await store.vector_entities(group, [1.0], 5)
     with pytest.raises(ValueError, match="dimensions"):
@@ -633,7 +634,7 @@ async def test_datetimes_are_aware_utc(store: GraphStore, new_group: Callable[..
     group = new_group()
     plus_two = timezone(timedelta(hours=2))
     created = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=plus_two)
-    await store.upsert_entities(group, [entity(group, "A", created_at=created)])
+    await upsert_entities(store, group, [entity(group, "A", created_at=created)])
     [stored] = await store.browse.list_entities(group)
     assert stored.created_at == created
     assert stored.created_at is not None and stored.created_at.utcoffset() == timedelta(0)
@@ -647,7 +648,7 @@ async def test_times_before_1970_keep_their_microseconds(
     Neo4j store sends times as epoch pairs, floored)."""
     group = new_group()
     a, b = entity(group, "A"), entity(group, "B")
-    await store.upsert_entities(group, [a, b])
+    await upsert_entities(store, group, [a, b])
     starts = datetime(1955, 3, 4, 5, 6, 7, 123456, tzinfo=timezone(timedelta(hours=2)))
     just_before_epoch = datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
     earlier = datetime(1954, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
@@ -677,7 +678,7 @@ async def test_entities_carry_their_community(
     group = new_group()
     a = entity(group, "Acme", summary="printers", embedding=vec(1))
     b = entity(group, "Bolt", summary="printers", embedding=vec(1, 1))
-    await store.upsert_entities(group, [a, b])
+    await upsert_entities(store, group, [a, b])
     community = await _add_community(store, group, "Printing", [a.uuid])
     expected = {a.uuid: community, b.uuid: None}
     for records in (
@@ -693,7 +694,7 @@ async def test_entities_carry_their_community(
     )
     assert await store.communities.communities_of(new_group(), [a.uuid, b.uuid]) == {}
     # an upsert leaves the membership alone
-    await store.upsert_entities(group, [a.model_copy(update={"summary": "changed"})])
+    await upsert_entities(store, group, [a.model_copy(update={"summary": "changed"})])
     assert [e.community_uuid for e in await store.entities_by_uuids(group, [a.uuid])] == [community]
 
 
@@ -716,7 +717,7 @@ async def _search_corpus(store: GraphStore, group: str) -> dict[str, EntityRecor
         "umbrella": entity(group, "Umbrella", summary="Pharmaceuticals.", embedding=vec(-1, 0)),
         "plain": entity(group, "Hooli", summary="Search engine."),  # no embedding
     }
-    await store.upsert_entities(group, list(records.values()))
+    await upsert_entities(store, group, list(records.values()))
     return records
 
 
@@ -746,14 +747,14 @@ async def test_fulltext_ranking_and_isolation(
         mine["globex"].model_copy(update={"summary": "Globex now sells printers."}),
         mine["umbrella"].model_copy(update={"summary": "Vaccines."}),
     ]
-    await store.upsert_entities(group, changed)
+    await upsert_entities(store, group, changed)
     assert mine["globex"].uuid in uuids(await store.fulltext_entities(group, "printers", 10))
     assert await store.fulltext_entities(group, "widgets", 10) == []
     assert uuids(await store.fulltext_entities(group, "vaccines", 10)) == [mine["umbrella"].uuid]
     assert await store.fulltext_entities(group, "pharmaceuticals", 10) == []
     # new entities written in one batch are each found by their own words
     batch = [entity(group, f"Batch {word}", summary=f"about {word}") for word in ("kiwi", "mango")]
-    await store.upsert_entities(group, batch)
+    await upsert_entities(store, group, batch)
     for record, word in zip(batch, ("kiwi", "mango"), strict=True):
         assert uuids(await store.fulltext_entities(group, word, 10)) == [record.uuid]
     assert uuids(await store.fulltext_entities(other, "widgets", 10)) == [
@@ -785,10 +786,10 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
 ) -> None:
     big, small = new_group("big"), new_group("small")
     crowd = [entity(big, f"Crowd {i}", embedding=vec(1, i / 1000)) for i in range(130)]
-    await store.upsert_entities(big, crowd)
+    await upsert_entities(store, big, crowd)
     far = entity(small, "Far", embedding=vec(-1, 0.1))
     side = entity(small, "Side", embedding=vec(0, 1))
-    await store.upsert_entities(small, [far, side])
+    await upsert_entities(store, small, [far, side])
     assert uuids(await store.vector_entities(small, vec(1, 0), 5)) == [side.uuid, far.uuid]
     nearest = uuids(await store.vector_entities(big, vec(1, 0.05), 5))
     assert nearest[0] == crowd[50].uuid and set(nearest) == {c.uuid for c in crowd[48:53]}
@@ -804,7 +805,7 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
             del store.search.scan_below
 
     hub = entity(big, "Hub")
-    await store.upsert_entities(big, [hub])
+    await upsert_entities(store, big, [hub])
     big_facts = [
         fact(big, hub, crowd[i], "NEAR", f"near {i}", embedding=vec(1, i / 1000), tag=str(i))
         for i in range(130)
@@ -848,7 +849,7 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
     try:
         await store.setup(DIM)
         crowd = [entity(group, f"C{i}", embedding=vec(1, i / 10)) for i in range(6)]
-        await store.upsert_entities(group, crowd)
+        await upsert_entities(store, group, crowd)
         ran = recorded(store, monkeypatch)
         monkeypatch.setattr(store.search, "scan_below", 3)  # six entities: large
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
@@ -925,9 +926,9 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
     try:
         await store.setup(DIM)
         mine = [entity(group, f"M{i}", embedding=vec(1, i / 10)) for i in range(6)]
-        await store.upsert_entities(group, mine)
+        await upsert_entities(store, group, mine)
         crowd = [entity(other, f"T{i}", embedding=vec(i / 1000, 1)) for i in range(120)]
-        await store.upsert_entities(other, crowd)
+        await upsert_entities(store, other, crowd)
         ran = recorded(store, monkeypatch)
         monkeypatch.setattr(store.search, "scan_below", 3)  # six entities: large
         monkeypatch.setattr(store.search, "widen_above", widen_above)
@@ -958,8 +959,8 @@ async def test_entity_candidates_are_each_drafts_vector_and_fulltext_hits(
     group, other = new_group(), new_group()
     names = ["Acme Printers", "Acme Toner", "Globex Widgets", "Initech", *HOSTILE]
     mine = [entity(group, n, embedding=vec(1, i / 10)) for i, n in enumerate(names)]
-    await store.upsert_entities(group, mine)
-    await store.upsert_entities(other, [entity(other, "Acme Printers", embedding=vec(1, 0))])
+    await upsert_entities(store, group, mine)
+    await upsert_entities(store, other, [entity(other, "Acme Printers", embedding=vec(1, 0))])
     searches = [
         ("acme", vec(1, 0.05)),
         ("widgets initech", vec(1, 0.35)),
@@ -996,7 +997,7 @@ async def test_vector_facts_ranking_and_isolation(
     group, other = new_group(), new_group()
     for g in (group, other):
         a, b, c = (entity(g, n) for n in ("A", "B", "C"))
-        await store.upsert_entities(g, [a, b, c])
+        await upsert_entities(store, g, [a, b, c])
         facts = [
             fact(g, a, b, "LIKES", "A likes B", embedding=vec(1, 0)),
             fact(g, b, c, "LIKES", "B likes C", embedding=vec(0.6, 0.8)),
@@ -1017,7 +1018,7 @@ async def test_facts_touching(store: GraphStore, new_group: Callable[..., str]) 
     group, other = new_group(), new_group()
     for g in (group, other):
         a, b, c, d = (entity(g, n) for n in "ABCD")
-        await store.upsert_entities(g, [a, b, c, d])
+        await upsert_entities(store, g, [a, b, c, d])
         facts = [
             fact(g, a, b, "KNOWS", "A knows B", valid_at=day(1)),
             fact(g, b, c, "KNOWS", "B knows C", valid_at=day(2)),
@@ -1057,7 +1058,7 @@ async def test_write_episode_twice_is_identical(
 ) -> None:
     group = new_group()
     a, b, c = (entity(group, n, embedding=vec(1, i)) for i, n in enumerate("ABC"))
-    await store.upsert_entities(group, [a, b, c])
+    await upsert_entities(store, group, [a, b, c])
     ep1 = episode(group, "m-1", day(1))
     f1 = fact(group, a, b, "WORKS_AT", "A works at B", valid_at=day(1), episodes=[ep1.uuid])
     f2 = fact(
@@ -1103,7 +1104,7 @@ async def test_a_processed_episode_is_never_written_again(
     nothing: the marker is checked in the write's own transaction."""
     group = new_group()
     a, b, c = (entity(group, n) for n in "ABC")
-    await store.upsert_entities(group, [a, b, c])
+    await upsert_entities(store, group, [a, b, c])
     ep1, ep2 = episode(group, "m-1", day(1)), episode(group, "m-2", day(2))
     f1 = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(1), episodes=[ep1.uuid])
     f2 = fact(group, a, c, "PLAN", "A is on plan C", valid_at=day(2), episodes=[ep2.uuid])
@@ -1163,7 +1164,7 @@ async def test_a_moved_end_is_answered_as_believed_at_each_time(
     closures and by full-state upserts alike, and the history survives a rewrite."""
     group = new_group()
     a, b = entity(group, "A"), entity(group, "B")
-    await store.upsert_entities(group, [a, b])
+    await upsert_entities(store, group, [a, b])
     f = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(0), created_at=day(1))
 
     async def write(**change: Any) -> FactRecord:
@@ -1217,7 +1218,7 @@ async def test_a_moved_start_is_answered_as_believed_at_each_time(
     time; a closure and a full-state upsert that carries no start history keep it."""
     group = new_group()
     a, b = entity(group, "A"), entity(group, "B")
-    await store.upsert_entities(group, [a, b])
+    await upsert_entities(store, group, [a, b])
     f = fact(group, a, b, "ADVISES", "A advises B", valid_at=day(20), created_at=day(21))
 
     async def write(**change: Any) -> FactRecord:
@@ -1265,7 +1266,7 @@ async def test_expired_at_is_set_only_once(
 ) -> None:
     group = new_group()
     a, b = entity(group, "A"), entity(group, "B")
-    await store.upsert_entities(group, [a, b])
+    await upsert_entities(store, group, [a, b])
     f = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(1), created_at=day(1))
 
     async def write(
@@ -1309,7 +1310,7 @@ async def _timeline(store: GraphStore, group: str) -> dict[str, FactRecord]:
     acme, globex, bob = entity(group, "Acme"), entity(group, "Globex"), entity(group, "Bob")
     basic, pro = entity(group, "Basic plan"), entity(group, "Pro plan")
     berlin, widgets = entity(group, "Berlin"), entity(group, "Widgets")
-    await store.upsert_entities(group, [acme, globex, bob, basic, pro, berlin, widgets])
+    await upsert_entities(store, group, [acme, globex, bob, basic, pro, berlin, widgets])
     e1, e2 = episode(group, "crm:1", day(1)), episode(group, "crm:2", day(60))
     facts = {
         "basic": fact(
@@ -1465,7 +1466,7 @@ async def test_hostile_strings_are_stored_verbatim(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:
     canary = new_group("canary")
-    await store.upsert_entities(canary, [entity(canary, "Canary", summary="sings")])
+    await upsert_entities(store, canary, [entity(canary, "Canary", summary="sings")])
     canary_before = await snapshot(store, canary)
 
     for i, text in enumerate(HOSTILE):
@@ -1480,7 +1481,7 @@ async def test_hostile_strings_are_stored_verbatim(
             embedding=vec(1, i),
         )
         b = entity(group, f"{text} (other)", summary=text)
-        await store.upsert_entities(group, [a, b])
+        await upsert_entities(store, group, [a, b])
         ep = EpisodeRecord(
             uuid=stable_uuid("episode", group, text),
             group_id=group,
@@ -1531,7 +1532,7 @@ async def test_concurrent_calls(store: GraphStore, new_group: Callable[..., str]
 
     async def work(group: str) -> dict[str, int]:
         people = [entity(group, f"Person {i}", embedding=vec(1, i)) for i in range(10)]
-        await store.upsert_entities(group, people)
+        await upsert_entities(store, group, people)
         writes = [
             EpisodeWrite(
                 episode=episode(group, f"m-{i}", day(i)),
@@ -1563,7 +1564,7 @@ async def test_writes_committed_together_act_as_one_at_a_time(
     ann = entity(group, "Ann", embedding=vec(1))
     acme = entity(group, "Acme", embedding=vec(0, 1))
     stranger = entity(other, "Stranger", embedding=vec(0, 0, 1))
-    await store.upsert_entities(other, [stranger])
+    await upsert_entities(store, other, [stranger])
     works = fact(group, ann, acme, "WORKS_AT", "Ann works at Acme", valid_at=day(1))
     first = EpisodeWrite(
         episode=episode(group, "b-1", day(1)),
@@ -1645,7 +1646,7 @@ async def test_counts(store: GraphStore, new_group: Callable[..., str]) -> None:
         "mentions": 0,
     }
     a, b, c = (entity(group, n) for n in "ABC")
-    await store.upsert_entities(group, [a, b, c])
+    await upsert_entities(store, group, [a, b, c])
     await store.write_episode(
         group,
         EpisodeWrite(
@@ -1679,9 +1680,9 @@ async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group
     try:
         await store.setup(DIM)
         big = [entity("big", f"Acme {n} widget", summary="widget maker") for n in range(6)]
-        await store.upsert_entities("big", big)
+        await upsert_entities(store, "big", big)
         small = [entity("small", "Acme widget shop", summary="widget seller")]
-        await store.upsert_entities("small", small)
+        await upsert_entities(store, "small", small)
         scope = {
             g: SearchScope((g,), AsOf.resolve(None, None, False, None)) for g in ("big", "small")
         }
@@ -1709,7 +1710,7 @@ async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group
             assert with_token == [h.uuid for h in found[group]]
 
         more = [entity("small", f"Acme {n} widget depot") for n in range(10)]
-        await store.upsert_entities("small", more)  # now the small group holds most
+        await upsert_entities(store, "small", more)  # now the small group holds most
         assert await store.db.read(shares) == (False, True)
         again = await store.search.fulltext_search(scope["small"], "entity", "acme widget", 20)
         assert {h.uuid for h in again} == {e.uuid for e in [*small, *more]}
@@ -1756,11 +1757,11 @@ async def test_the_embedded_stores_vector_search_sees_every_write(tmp_path: Path
         await one.setup(DIM)
         await two.setup(DIM)
         a, b, c = (entity("g", n, embedding=vec(1, i)) for i, n in enumerate("ABC"))
-        await one.upsert_entities("g", [a])
+        await upsert_entities(one, "g", [a])
         assert uuids(await one.vector_entities("g", vec(0, 1), 5)) == [a.uuid]
-        await one.upsert_entities("g", [b])
+        await upsert_entities(one, "g", [b])
         assert uuids(await one.vector_entities("g", vec(0, 1), 5)) == [b.uuid, a.uuid]
-        await two.upsert_entities("g", [c])
+        await upsert_entities(two, "g", [c])
         assert uuids(await one.vector_entities("g", vec(0, 1), 5)) == [c.uuid, b.uuid, a.uuid]
         scope = SearchScope(("g",), AsOf.resolve(None, None, False, None))
         assert [h.uuid for h in await one.search.vector_search(scope, "entity", vec(0, 1), 1)] == [
@@ -1802,7 +1803,7 @@ async def test_the_embedded_store_runs_only_constant_sql(
             entity(group, t, summary=t, labels=["Person"], key=t, aliases=[t], embedding=vec(1, i))
             for i, t in enumerate(texts)
         ]
-        await store.upsert_entities(group, people)
+        await upsert_entities(store, group, people)
         facts = [
             fact(group, people[0], p, t, t, valid_at=day(1), embedding=vec(1))
             for p, t in zip(people[1:], texts, strict=False)
@@ -1866,7 +1867,7 @@ async def _scenario(store: GraphStore, group: str) -> dict[str, Any]:
     await _timeline(store, group)
     await _search_corpus(store, group)
     acme = entity(group, "Acme Printers", summary="Now also sells printer paper.", aliases=["ap"])
-    await store.upsert_entities(group, [acme])
+    await upsert_entities(store, group, [acme])
 
     def ranked(hits: list[tuple[Any, float]]) -> list[tuple[str, float]]:
         return [(record.uuid, round(score, 1)) for record, score in hits]
@@ -1910,7 +1911,7 @@ async def test_stores_agree(neo4j_uri: str, tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- communities
 async def _community_corpus(store: GraphStore, group: str) -> dict[str, EntityRecord]:
     people = {n: entity(group, n) for n in ("A", "B", "C", "D", "E")}
-    await store.upsert_entities(group, list(people.values()))
+    await upsert_entities(store, group, list(people.values()))
     a, b, c, d, e = people.values()
     facts = [
         fact(group, a, b, "KNOWS", "A knows B", valid_at=day(1)),

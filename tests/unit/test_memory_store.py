@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.stores import assign_member, neighbour_weights, vector_facts
+from tests.support.stores import assign_member, neighbour_weights, upsert_entities, vector_facts
 from tidegraph.records.asof import AsOf, end_known_at
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -148,9 +148,9 @@ async def test_entity_upserts_follow_the_merge_rules(store: MemoryStore) -> None
         name_embedding=[0.0, 1.0, 0.0, 0.0],
         created_at=learned(5),
     )
-    await store.upsert_entities(G, [first])
-    await store.upsert_entities(G, [later])
-    await store.upsert_entities(G, [entity("acme", key="crm:2", summary="sells anvils")])
+    await upsert_entities(store, G, [first])
+    await upsert_entities(store, G, [later])
+    await upsert_entities(store, G, [entity("acme", key="crm:2", summary="sells anvils")])
     [acme] = await store.entities_by_uuids(G, ["acme"])
     assert (acme.name, acme.created_at, acme.name_embedding) == (
         "Acme Corp",
@@ -221,7 +221,7 @@ async def test_writes_crossing_groups_or_dangling_are_refused_whole(store: Memor
         with pytest.raises(StoreIntegrityError):
             await store.write_episode(OTHER, write)
     with pytest.raises(StoreIntegrityError):
-        await store.upsert_entities(OTHER, [entity("alice", group=OTHER)])
+        await upsert_entities(store, OTHER, [entity("alice", group=OTHER)])
     assert await store.browse.counts(OTHER) == before  # nothing of a refused write is kept
     assert await store.entities_by_uuids(OTHER, ["bob", "alice"]) == []
     assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
@@ -309,7 +309,8 @@ async def test_query_facts_answers_what_asof_believes(store: MemoryStore) -> Non
 
 # ----------------------------------------------------------------------------- search
 async def test_vector_scores_are_one_plus_cosine_over_two(store: MemoryStore) -> None:
-    await store.upsert_entities(
+    await upsert_entities(
+        store,
         G,
         [
             entity("same", name_embedding=[1.0, 0.0, 0.0, 0.0]),
@@ -330,7 +331,8 @@ async def test_vector_scores_are_one_plus_cosine_over_two(store: MemoryStore) ->
 
 
 async def test_fulltext_finds_shared_words_of_name_and_summary(store: MemoryStore) -> None:
-    await store.upsert_entities(
+    await upsert_entities(
+        store,
         G,
         [
             entity("acme", "Acme Corp", summary="Makes anvils and rockets"),
@@ -347,7 +349,7 @@ async def test_fulltext_finds_shared_words_of_name_and_summary(store: MemoryStor
 async def test_setup_keeps_one_dimension() -> None:
     store = MemoryStore()
     with pytest.raises(StoreSchemaError):
-        await store.upsert_entities(G, [entity("alice")])  # no schema yet
+        await upsert_entities(store, G, [entity("alice")])  # no schema yet
     await store.setup(DIM)
     await store.setup(DIM)
     with pytest.raises(StoreSchemaError):
@@ -357,8 +359,8 @@ async def test_setup_keeps_one_dimension() -> None:
 # ----------------------------------------------------------------------------- communities
 async def test_communities_move_members_and_stay_in_their_group(store: MemoryStore) -> None:
     await write_alice_at_acme(store)
-    await store.upsert_entities(G, [entity("bob")])
-    await store.upsert_entities(OTHER, [entity("carol", group=OTHER)])
+    await upsert_entities(store, G, [entity("bob")])
+    await upsert_entities(store, OTHER, [entity("carol", group=OTHER)])
     await store.communities.write_communities(
         G,
         [

@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from tests.support.crm_feed import crm_mappings, owner_record, plan_record
+from tests.support.stores import upsert_entities
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.context import RecentEpisodes
@@ -188,7 +189,7 @@ async def write(
 # ============================================================================= resolution
 async def test_a_key_match_resolves_whatever_the_name(store: MemoryStore) -> None:
     acme = stored_entity("Acme Corp", key="crm:account:1", labels=["Account"])
-    await store.upsert_entities(G, [acme])
+    await upsert_entities(store, G, [acme])
     resolved = await resolve(
         store, mapped("e1", plan_record((1, "ACME Inc."), "Pro", day(1)), day(1))
     )
@@ -203,7 +204,7 @@ async def test_a_key_match_resolves_whatever_the_name(store: MemoryStore) -> Non
 
 async def test_an_exact_name_or_alias_match_resolves(store: MemoryStore) -> None:
     globex = stored_entity("Globex Corporation", aliases=["globex"])
-    await store.upsert_entities(G, [globex])
+    await upsert_entities(store, G, [globex])
     extraction = said(text_episode("e1", "GLOBEX hired Globex Corporation."),
                       ("GLOBEX", "HIRED", "Globex Corporation."))  # fmt: skip
     llm = ScriptedLLM()  # a request would fail: exact matches need no LLM
@@ -218,7 +219,7 @@ async def test_a_keyless_mention_joins_the_one_keyed_entity_of_its_name(
     store: MemoryStore,
 ) -> None:
     acme = stored_entity("Acme Corp", key="crm:account:1")
-    await store.upsert_entities(G, [acme])
+    await upsert_entities(store, G, [acme])
     episode = text_episode("e1", "Acme Corp called")
     extraction = Extraction(episode=episode, entities=[EntityDraft(name="Acme Corp")])
     llm = ScriptedLLM()  # a request would fail: the one keyed "Acme Corp" needs no LLM
@@ -233,7 +234,7 @@ async def test_two_keyed_entities_of_one_name_are_left_to_one_batched_llm_call(
 ) -> None:
     sales = stored_entity("John Smith", key="crm:contact:1", summary="sales")
     support = stored_entity("John Smith", key="crm:contact:2", summary="support")
-    await store.upsert_entities(G, [sales, support])
+    await upsert_entities(store, G, [sales, support])
 
     def support_is_john(user: str) -> dict[str, Any]:
         listed = user.split("New entities:")[0].splitlines()[1:]

@@ -152,7 +152,8 @@ class EpisodeWrite:
     mentions: list[str] = field(default_factory=list)  # entity uuids the episode mentions
     facts: list[FactRecord] = field(default_factory=list)  # upserted by uuid (full state)
     closures: list[FactClosure] = field(default_factory=list)
-    # Entity upserts (as ``upsert_entities``) written first, in the same transaction.
+    # Entity upserts (MERGE by uuid: ``tidegraph.stores.write_rules.merged_entity``) written
+    # first, in the same transaction.
     entities: list[EntityRecord] = field(default_factory=list)
     # The uuids of the entities this episode creates (``PendingWrite.created``), kept on its
     # marker so that a redelivery of the processed episode can send their events again.

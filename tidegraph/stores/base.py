@@ -212,12 +212,6 @@ class GraphStore(abc.ABC):
         n = len(searches)
         return list(zip(found[:n], found[n:], strict=True))
 
-    @abc.abstractmethod
-    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
-        """MERGE by uuid. On create: every field. On match: add labels and aliases (set
-        union), replace summary when the new one is non-empty, set key when null.
-        ``name``, ``created_at`` and ``name_embedding`` never change after creation."""
-
     async def lookup_entities(
         self,
         group_id: str,
@@ -298,11 +292,12 @@ class GraphStore(abc.ABC):
 
     @abc.abstractmethod
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
-        """One transaction: the entity upserts (as ``upsert_entities``), then MERGE the
-        Episodic node (the processed marker), its MENTIONS, the facts (MERGE by uuid, then SET
-        the given state except ``created_at`` which only applies on create, ``expired_at``
-        which is only set while null and ``fact_embedding`` which a record without one leaves
-        as stored), and closures (``invalid_at`` set, ``expired_at`` only while null).
+        """One transaction: the entity upserts (MERGE by uuid, ``write_rules.merged_entity``),
+        then MERGE the Episodic node (the processed marker), its MENTIONS, the facts (MERGE by
+        uuid, then SET the given state except ``created_at`` which only applies on create,
+        ``expired_at`` which is only set while null and ``fact_embedding`` which a record
+        without one leaves as stored), and closures (``invalid_at`` set, ``expired_at`` only
+        while null).
 
         When the episode's marker is already stored in the group, nothing is written and the
         answer is False (a late or repeated writer of a processed episode must not reopen what

@@ -396,20 +396,6 @@ class Neo4jStore(StoreCore):
         return sort_facts(fact_of(r) for r in await self.ex.rows(query, params))
 
     # ------------------------------------------------------------------ writes
-    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
-        if not entities:
-            return
-        dim = await self._embedding_dim()
-        now = now_utc()
-        rows = [with_epoch_times(entity_row(group_id, e, dim, now)) for e in entities]
-        uuids = unique(r["uuid"] for r in rows)
-
-        async def work(tx: Tx) -> None:
-            owners = await tx.rows(q.ENTITY_GROUPS, {"uuids": uuids})
-            errors.check_entity_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
-            await tx.rows(q.UPSERT_ENTITIES, {"group_id": group_id, "rows": rows})
-
-        await self.ex.write("upsert_entities", len(rows), work)
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         [written] = await self.write_episodes(group_id, [write])

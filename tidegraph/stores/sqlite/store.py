@@ -37,8 +37,6 @@ from tidegraph.stores.base import BatchRead, GraphStore, LookupRequest
 from tidegraph.stores.executor import observe_write
 from tidegraph.stores.rows import (
     check_embedding,
-    entity_row,
-    now_utc,
     sort_entities,
     sort_facts,
     unique,
@@ -82,8 +80,6 @@ from tidegraph.stores.sqlite.search import (
 from tidegraph.stores.sqlite.writes import (
     reindex_episodes,
     reindex_texts,
-    stored_owners,
-    upsert_entities,
     write_episodes,
 )
 
@@ -399,21 +395,6 @@ class SqliteStore(GraphStore):
         if not uuids:
             return []
         return await self.db.run(_entities, group_id, f"e.uuid {IN_LIST}", json_text(uuids))
-
-    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
-        if not entities:
-            return
-        dim, now = self._dimension(), now_utc()
-        rows = [entity_row(group_id, e, dim, now) for e in entities]
-
-        def write(conn: sqlite3.Connection) -> None:
-            with Transaction(conn):
-                owners = stored_owners(conn, unique(r["uuid"] for r in rows))
-                errors.check_entity_owners(group_id, owners)
-                upsert_entities(conn, group_id, rows)
-
-        with observe_write("upsert_entities", len(rows)):
-            await self.db.run(write)
 
     async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
         return await self.db.run(_lookup, group_id, ask)
