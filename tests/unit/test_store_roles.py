@@ -125,7 +125,8 @@ def test_each_backends_roles_are_its_own_classes() -> None:
     store = MemoryStore()
     for attr, implementation in BACKENDS[MemoryStore].items():
         role: Any = getattr(store, attr)
-        assert type(role) is implementation and role.store is store
+        assert role.store is store
+        assert type(role) is implementation
 
 
 def test_no_module_is_over_700_lines() -> None:
