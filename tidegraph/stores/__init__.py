@@ -1,4 +1,6 @@
-"""Graph stores: Neo4j (production) and the embedded SQLite store, behind one interface."""
+"""Graph stores: Neo4j (production), the embedded SQLite store and the in-memory store, each
+the write path holding one object per role (``base``, ``roles``). Not public API: ``Memory``
+is."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""The one graph-store interface. Neo4j and the embedded store implement it identically.
+"""The graph store: the write path's interface (``GraphStore``), holding the store's other
+roles (``tidegraph.stores.roles``: search, browsing, outbox, forgetting, communities) as
+attributes. Neo4j, the embedded store and the memory store implement them identically
+(docs/architecture.md "Store roles").
 
-Rules every implementation keeps:
+Rules every implementation of every role keeps:
 - every read and write is scoped by ``group_id`` (no call ever touches another group's data);
 - names, labels, relation types and any other user/LLM text travel only as query
   parameters, never as query text (labels that must become real node labels are checked
@@ -61,7 +64,8 @@ class BatchWriteError(Exception):
 
 
 class GraphStore(abc.ABC):
-    """Async graph store. All methods are group-scoped; see the module docstring."""
+    """Async graph store: setup and close, the write path, and the other roles as attributes.
+    All methods are group-scoped; see the module docstring."""
 
     name: str = "store"
     # The deployment the store writes for (its topic prefix, given when it is opened): the
