@@ -296,11 +296,11 @@ async def raw_baseline(feed: CrmFeed, uri: str, embedder_name: str, size: int) -
 
     from tidegraph.embed import make_embedder
     from tidegraph.settings import Settings
-    from tidegraph.stores.neo4j.store import Neo4jStore
+    from tidegraph.stores import open_store
 
     settings = Settings(store="neo4j", neo4j_uri=uri, embedder=embedder_name)
     embedder = make_embedder(settings)
-    store = Neo4jStore.from_settings(settings)
+    store = open_store(settings)
     await store.setup(embedder.dim)  # the same schema (constraints, indexes) as tidegraph's
     group = f"{feed.groups[0].rsplit('-tenant-', 1)[0]}-raw"
     rows = raw_rows(feed)
