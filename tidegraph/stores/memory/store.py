@@ -1,6 +1,8 @@
-"""An in-memory ``GraphStore``: the whole interface of ``tidegraph/stores/base.py``, faithful to
-its docstrings, with no server. It is the scratch store a forget replays a group's remaining
-episodes into (``tidegraph.pipelines.forget``), and the store of the unit tests.
+"""An in-memory ``GraphStore``: the whole interface of ``tidegraph/stores/base.py`` and its roles
+(``tidegraph/stores/roles.py``: one module each here, over this store's dictionaries),
+faithful to their docstrings, with no server. It is the scratch store a forget replays a
+group's remaining episodes into (``tidegraph.pipelines.forget``), and the store of the unit
+tests.
 
 It keeps the rules the steps rely on, with the helpers the Neo4j and embedded stores use
 themselves (``tidegraph/stores/rows.py``, ``errors.py``,

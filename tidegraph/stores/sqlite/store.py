@@ -8,10 +8,11 @@ before it changes anything, ``records.asof`` decides what a question believes), 
 the database's one thread (``sqlite_db.SqliteDatabase.run``): each method is one call there,
 a write one transaction. Every statement is constant text; names, labels, relation types and
 search words travel only as parameters (a fulltext search as quoted FTS5 strings,
-``sqlite_db.fulltext_phrase``). The search methods are in ``sqlite_search`` (they read on the
-database's read connections, ``SqliteDatabase.read``). About 600 lines: one class, the
-``GraphStore`` interface's non-search methods, each a short function run on the database's
-thread; its writes, lifecycle and communities are already modules of their own.
+``sqlite_db.fulltext_phrase``). This module is the write path (``GraphStore``), each method a
+short function run on the database's thread; the store's other roles are classes of their
+own over the same database, one module each (``search``, which reads on the database's read
+connections, ``SqliteDatabase.read``; ``browse``, ``outbox``, ``forget``, ``communities``),
+and its writes are in ``writes``.
 """
 
 from __future__ import annotations
