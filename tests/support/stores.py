@@ -43,10 +43,10 @@ async def vector_facts(
     store: GraphStore, group_id: str, embedding: list[float], limit: int
 ) -> list[tuple[FactRecord, float]]:
     """The group's facts nearest to ``embedding`` (every fact believed now, ended or not) as a
-    fact search finds them, best first, with their cosine similarity clamped to [0, 1]."""
+    fact search finds them, best first, scored ``(1 + cos) / 2``."""
     scope = SearchScope((group_id,), AsOf.resolve(None, None, True, None))
     hits = await store.search.vector_search(scope, "fact", embedding, limit)
-    return [(hit.record, max(0.0, 2 * hit.score - 1)) for hit in hits]  # type: ignore[misc]
+    return [(hit.record, hit.score) for hit in hits]  # type: ignore[misc]
 
 
 async def upsert_entities(store: GraphStore, group_id: str, entities: list[EntityRecord]) -> None:
