@@ -15,11 +15,7 @@ from tidegraph.records.graph import (
 )
 from tidegraph.records.times import utc
 from tidegraph.stores.roles import Browsing
-from tidegraph.stores.rows import (
-    fact_view,
-    page_of,
-    sort_views,
-)
+from tidegraph.stores.rows import fact_view, page_of, sort_views
 
 if TYPE_CHECKING:
     from tidegraph.stores.memory.store import MemoryStore

@@ -6,10 +6,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tidegraph.records.asof import AsOf
-from tidegraph.records.graph import (
-    CommunityRecord,
-    WeightedEdge,
-)
+from tidegraph.records.graph import CommunityRecord, WeightedEdge
 from tidegraph.stores import errors
 from tidegraph.stores.memory.search import StoredCommunity
 from tidegraph.stores.roles import Communities

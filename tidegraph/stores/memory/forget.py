@@ -5,23 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from tidegraph.records.changes import (
-    group_forgotten,
-)
-from tidegraph.records.graph import (
-    ChangeLog,
-    GroupHistory,
-    Rebuild,
-)
+from tidegraph.records.changes import group_forgotten
+from tidegraph.records.graph import ChangeLog, GroupHistory, Rebuild
 from tidegraph.records.times import utc
 from tidegraph.stores import errors
 from tidegraph.stores.roles import Forgetting
-from tidegraph.stores.rows import (
-    copied,
-    entity_row,
-    fact_row,
-    now_utc,
-)
+from tidegraph.stores.rows import copied, entity_row, fact_row, now_utc
 
 if TYPE_CHECKING:
     from tidegraph.stores.memory.store import MemoryStore

@@ -6,15 +6,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from tidegraph.records.changes import (
-    Change,
-    PublishedChange,
-    published_form,
-    stored_form,
-)
-from tidegraph.records.graph import (
-    ChangeLog,
-)
+from tidegraph.records.changes import Change, PublishedChange, published_form, stored_form
+from tidegraph.records.graph import ChangeLog
 from tidegraph.records.times import utc
 from tidegraph.stores.roles import Outbox
 

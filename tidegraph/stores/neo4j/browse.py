@@ -18,11 +18,7 @@ from tidegraph.records.times import utc
 from tidegraph.stores.neo4j import lifecycle_queries as lq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.roles import Browsing
-from tidegraph.stores.rows import (
-    fact_view,
-    sort_views,
-    to_utc,
-)
+from tidegraph.stores.rows import fact_view, sort_views, to_utc
 
 if TYPE_CHECKING:
     from tidegraph.stores.neo4j.store import Neo4jStore

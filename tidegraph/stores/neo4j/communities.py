@@ -9,10 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tidegraph.records.asof import AsOf
-from tidegraph.records.graph import (
-    CommunityRecord,
-    WeightedEdge,
-)
+from tidegraph.records.graph import CommunityRecord, WeightedEdge
 from tidegraph.stores.errors import check_community_owners
 from tidegraph.stores.executor import Tx, observe_write
 from tidegraph.stores.neo4j import common_queries as cq

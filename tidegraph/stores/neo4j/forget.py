@@ -7,10 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tidegraph.records.changes import group_forgotten
-from tidegraph.records.graph import (
-    GroupHistory,
-    Rebuild,
-)
+from tidegraph.records.graph import GroupHistory, Rebuild
 from tidegraph.stores import errors
 from tidegraph.stores.executor import Tx
 from tidegraph.stores.neo4j import lifecycle_queries as lq

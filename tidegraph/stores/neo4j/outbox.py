@@ -7,17 +7,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tidegraph.records.changes import Change, PublishedChange
-from tidegraph.records.graph import (
-    ChangeLog,
-)
+from tidegraph.records.graph import ChangeLog
 from tidegraph.stores.executor import Tx
 from tidegraph.stores.neo4j import lifecycle_queries as lq
 from tidegraph.stores.roles import Outbox
-from tidegraph.stores.rows import (
-    change_of,
-    epoch_micros,
-    published_change,
-)
+from tidegraph.stores.rows import change_of, epoch_micros, published_change
 
 if TYPE_CHECKING:
     from tidegraph.stores.neo4j.store import Neo4jStore

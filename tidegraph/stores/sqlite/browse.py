@@ -1,4 +1,4 @@
-"""Browsing a group on the sqlite store (``roles.Browsing``)."""
+"""Browsing a group on the embedded store (``roles.Browsing``)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tidegraph.records.asof import AsOf
-from tidegraph.records.graph import (
-    EntityRecord,
-    EpisodeDetail,
-    EpisodeEntry,
-    FactView,
-)
+from tidegraph.records.graph import EntityRecord, EpisodeDetail, EpisodeEntry, FactView
 from tidegraph.stores.roles import Browsing
-from tidegraph.stores.rows import (
-    fact_view,
-    sort_entities,
-    sort_views,
-)
-from tidegraph.stores.sqlite.lifecycle import (
-    episode_detail,
-    list_episodes,
-)
+from tidegraph.stores.rows import fact_view, sort_entities, sort_views
+from tidegraph.stores.sqlite.lifecycle import episode_detail, list_episodes
 from tidegraph.stores.sqlite.rows import (
     ENTITY_FULL,
     believed_facts,
@@ -36,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class SqliteBrowsing(Browsing):
-    """``Browsing`` on the sqlite store's database."""
+    """``Browsing`` on the embedded store's database."""
 
     def __init__(self, store: SqliteStore) -> None:
         self.store = store

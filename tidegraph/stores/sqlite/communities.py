@@ -22,13 +22,7 @@ from tidegraph.stores.rows import (
     now_utc,
     unique,
 )
-from tidegraph.stores.sqlite.db import (
-    Transaction,
-    ids,
-    json_text,
-    micros,
-    vector_blob,
-)
+from tidegraph.stores.sqlite.db import Transaction, ids, json_text, micros, vector_blob
 from tidegraph.stores.sqlite.rows import COMMUNITY_OF, IN_LIST, believed_facts
 from tidegraph.stores.sqlite.writes import delete_communities, index_text, stored_owners
 

@@ -1,4 +1,4 @@
-"""What a forget reads and writes on the sqlite store (``roles.Forgetting``)."""
+"""What a forget reads and writes on the embedded store (``roles.Forgetting``)."""
 
 from __future__ import annotations
 
@@ -6,32 +6,19 @@ import sqlite3
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from tidegraph.records.graph import (
-    GroupHistory,
-    Rebuild,
-)
+from tidegraph.records.graph import GroupHistory, Rebuild
 from tidegraph.stores.executor import observe_write
 from tidegraph.stores.roles import Forgetting
-from tidegraph.stores.rows import (
-    entity_row,
-    fact_row,
-    now_utc,
-)
-from tidegraph.stores.sqlite.db import (
-    Transaction,
-)
-from tidegraph.stores.sqlite.lifecycle import (
-    apply_rebuild,
-    forget_group,
-    group_history,
-)
+from tidegraph.stores.rows import entity_row, fact_row, now_utc
+from tidegraph.stores.sqlite.db import Transaction
+from tidegraph.stores.sqlite.lifecycle import apply_rebuild, forget_group, group_history
 
 if TYPE_CHECKING:
     from tidegraph.stores.sqlite.store import SqliteStore
 
 
 class SqliteForgetting(Forgetting):
-    """``Forgetting`` on the sqlite store's database."""
+    """``Forgetting`` on the embedded store's database."""
 
     def __init__(self, store: SqliteStore) -> None:
         self.store = store

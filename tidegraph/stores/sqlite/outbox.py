@@ -1,4 +1,4 @@
-"""The sqlite store's change outbox (``roles.Outbox``)."""
+"""The embedded store's change outbox (``roles.Outbox``)."""
 
 from __future__ import annotations
 
@@ -8,32 +8,19 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tidegraph.records.changes import Change, PublishedChange
-from tidegraph.records.graph import (
-    ChangeLog,
-)
+from tidegraph.records.graph import ChangeLog
 from tidegraph.stores.roles import Outbox
-from tidegraph.stores.rows import (
-    change_of,
-    published_change,
-)
-from tidegraph.stores.sqlite.db import (
-    Transaction,
-    json_text,
-    micros,
-)
-from tidegraph.stores.sqlite.rows import (
-    IN_LIST,
-)
-from tidegraph.stores.sqlite.writes import (
-    skip_dropped,
-)
+from tidegraph.stores.rows import change_of, published_change
+from tidegraph.stores.sqlite.db import Transaction, json_text, micros
+from tidegraph.stores.sqlite.rows import IN_LIST
+from tidegraph.stores.sqlite.writes import skip_dropped
 
 if TYPE_CHECKING:
     from tidegraph.stores.sqlite.store import SqliteStore
 
 
 class SqliteOutbox(Outbox):
-    """``Outbox`` on the sqlite store's database."""
+    """``Outbox`` on the embedded store's database."""
 
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
