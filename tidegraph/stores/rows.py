@@ -547,7 +547,7 @@ def page_of(
     after: tuple[datetime, str] | None,
     limit: int,
 ) -> list[EpisodeEntry]:
-    """One page of an episode listing (``Browsing.list_episodes``), from its entries in
+    """One page of an episode listing (``GraphStore.list_episodes``), from its entries in
     any order: in the range, after the position, by (valid_at, uuid)."""
     low, high = (utc(since) if since else None), (utc(until) if until else None)
     kept = [
