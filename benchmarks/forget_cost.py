@@ -77,7 +77,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         report = await ingest(runner, episodes)
         ingest_seconds = time.perf_counter() - started
-        size = await store.counts(group)
+        size = await store.browse.counts(group)
         rng = random.Random(args.seed)
         ids = [e.id for e in episodes]
         single: list[float] = []
@@ -85,7 +85,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             started = time.perf_counter()
             await forget_episodes(runner, group, [producer])
             single.append(time.perf_counter() - started)
-        history = await store.group_history(group)
+        history = await store.forget.group_history(group)
         mentions: dict[str, int] = {}
         for entities in history.mentions.values():
             for entity in entities:
@@ -109,7 +109,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "subject_episodes": subject_mentions,
         }
     finally:
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
         await store.close()
 
 

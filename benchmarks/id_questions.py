@@ -76,7 +76,7 @@ async def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     store = await _open(args, folder)
     result: dict[str, Any] = {"facts": 3 * args.subjects * args.changes}
     try:
-        counts = await store.counts(group_id)
+        counts = await store.browse.counts(group_id)
         started = time.perf_counter()
         if not counts.get("episodes"):
             runner = GroupRunner.of(
@@ -85,7 +85,7 @@ async def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             report = await ingest(runner, log.episodes)
             assert not report.failures, report.failures[:3]
         result["build_seconds"] = round(time.perf_counter() - started, 1)
-        searcher = Searcher(store, embedder)
+        searcher = Searcher(store.search, embedder)
         right = {"now": 0, "as of": 0}
         asked = {"now": 0, "as of": 0}
         as_of_ms: list[float] = []
@@ -114,7 +114,7 @@ async def measure(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         }
     finally:
         if not args.keep:
-            await store.delete_group(group_id)
+            await store.forget.delete_group(group_id)
         await store.close()
     return result
 

@@ -272,12 +272,12 @@ class _Run:
                 for episode in await store.recent_episodes(group, far, 10 * len(feed.episodes)):
                     if episode.created_at is not None:
                         written[episode.uuid] = episode.created_at
-                got = await store.counts(group)
+                got = await store.browse.counts(group)
                 for key in counts:
                     counts[key] += got[key]
         finally:
             for group in feed.groups:
-                await store.delete_group(group)
+                await store.forget.delete_group(group)
             await store.close()
         return written, {"check": checked, "graph": counts}
 
@@ -331,7 +331,7 @@ class ChangeWatch:
         try:
             deadline = time.monotonic() + timeout
             while True:
-                logs = await store.change_logs(self.groups)
+                logs = await store.outbox.change_logs(self.groups)
                 if all(self.last_seq.get(log.group_id, 0) >= log.seq for log in logs):
                     break
                 if time.monotonic() > deadline:

@@ -163,7 +163,7 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
         else:
             build = await build_group(store, group_id, args.facts, args.seed, args.episodes)
             result["build_seconds"] = round(build, 1)
-        searcher = Searcher(store, embedder)
+        searcher = Searcher(store.search, embedder)
         rng = random.Random(args.seed + 1)
         words = vocabulary(random.Random(args.seed))
         queries = [" ".join(rng.sample(words, rng.randint(2, 4))) for _ in range(args.queries)]
@@ -192,7 +192,7 @@ async def measure(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             }
     finally:
         if args.store == "neo4j" and not args.keep:
-            await store.delete_group(group_id)
+            await store.forget.delete_group(group_id)
         await store.close()
     return result
 

@@ -296,7 +296,7 @@ async def run_conversations(args: argparse.Namespace, data_dir: Path) -> dict[st
 async def _cleanup(memory: Any, groups: set[str], args: argparse.Namespace) -> None:
     if args.store == "neo4j":
         for group in groups:
-            await memory.runtime.store.delete_group(group)
+            await memory.runtime.store.forget.delete_group(group)
 
 
 def print_table(result: dict[str, Any]) -> None:

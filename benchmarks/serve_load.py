@@ -147,7 +147,7 @@ async def seed_synthetic(data: Path, facts: int, episodes: int | None, keep: boo
         per = FACTS_PER_EPISODE if episodes is None else max(1, -(-facts // episodes))
         last = _id(GROUP, "ep", (facts - 1) // per * per)
         if not (keep and await store.episode_status(GROUP, last) == "processed"):
-            await store.delete_group(GROUP)
+            await store.forget.delete_group(GROUP)
             await build_group(store, GROUP, facts, 3, episodes)
     finally:
         await store.close()
@@ -434,7 +434,7 @@ async def _delete_seeded_group() -> None:
 
     store = open_store(Settings())
     try:
-        await store.delete_group(GROUP)
+        await store.forget.delete_group(GROUP)
     finally:
         await store.close()
 

@@ -286,7 +286,7 @@ async def run_variant(
     finally:
         stop_worker(worker)
         for group in groups:
-            await store.delete_group(group)
+            await store.forget.delete_group(group)
         await store.close()
         await delete_topics(args.bootstrap, [*names.all(), source_topic])
     timed = len(feed) - 1
@@ -307,7 +307,7 @@ async def _until_written(
     while True:
         if worker.poll() is not None:
             raise RuntimeError(f"the worker exited {worker.returncode}; see its worker.log")
-        written = sum([(await store.counts(g))["episodes"] for g in groups])
+        written = sum([(await store.browse.counts(g))["episodes"] for g in groups])
         if written >= episodes:
             return
         if time.monotonic() > deadline:
@@ -398,7 +398,7 @@ async def run_latency(args: argparse.Namespace, rate: float) -> dict[str, Any]:
         finally:
             stop_worker(worker)
             for group in groups:
-                await store.delete_group(group)
+                await store.forget.delete_group(group)
             await store.close()
     return {
         "rows": args.latency_rows,

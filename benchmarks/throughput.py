@@ -130,7 +130,7 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
         finally:
             if job.store == "neo4j" and not job.keep:
                 for group in feed.groups:
-                    await runtime.store.delete_group(group)
+                    await runtime.store.forget.delete_group(group)
             await runtime.close()
     return {
         "seconds": round(seconds, 3),
@@ -153,7 +153,7 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
 async def _counts(store: Any, groups: list[str]) -> dict[str, int]:
     totals = {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
     for group in groups:
-        got = await store.counts(group)
+        got = await store.browse.counts(group)
         for key in totals:
             totals[key] += got[key]
     return totals
@@ -296,11 +296,11 @@ async def raw_baseline(feed: CrmFeed, uri: str, embedder_name: str, size: int) -
 
     from tidegraph.embed import make_embedder
     from tidegraph.settings import Settings
-    from tidegraph.stores.neo4j.store import Neo4jStore
+    from tidegraph.stores import open_store
 
     settings = Settings(store="neo4j", neo4j_uri=uri, embedder=embedder_name)
     embedder = make_embedder(settings)
-    store = Neo4jStore.from_settings(settings)
+    store = open_store(settings)
     await store.setup(embedder.dim)  # the same schema (constraints, indexes) as tidegraph's
     group = f"{feed.groups[0].rsplit('-tenant-', 1)[0]}-raw"
     rows = raw_rows(feed)
@@ -328,7 +328,7 @@ async def raw_baseline(feed: CrmFeed, uri: str, embedder_name: str, size: int) -
         written = dict(found.records[0])
     finally:
         await driver.close()
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
         await store.close()
         await embedder.close()
     total = len(rows.episodes) + len(rows.entities) + len(rows.facts)

@@ -10,7 +10,8 @@ The public API, in one import (docs/retrieval.md "Memory retrieval")::
         results = await memory.search(SearchRequest(query="Acme's plan", group_ids=["acme"]))
 
 Names are imported when first used, so ``import tidegraph`` stays instant and loads nothing of
-the pipeline, the stores or the servers.
+the pipeline, the stores or the servers. The stores are not public: ``Memory`` reads and
+writes them (docs/architecture.md "Store roles").
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from tidegraph.records.graph import EntityRecord, FactView
     from tidegraph.records.search import Hit, SearchRequest
     from tidegraph.settings import Settings
-    from tidegraph.stores import GraphStore, open_store
 
 # name -> the module that defines it
 _PUBLIC = {
@@ -43,8 +43,6 @@ _PUBLIC = {
     "FactView": "tidegraph.records.graph",
     "EntityRecord": "tidegraph.records.graph",
     "Settings": "tidegraph.settings",
-    "GraphStore": "tidegraph.stores",
-    "open_store": "tidegraph.stores",
 }
 
 __all__ = [
@@ -52,7 +50,6 @@ __all__ = [
     "EntityRecord",
     "Episode",
     "FactView",
-    "GraphStore",
     "Hit",
     "InvalidEpisode",
     "Memory",
@@ -61,7 +58,6 @@ __all__ = [
     "SearchRequest",
     "SearchResults",
     "Settings",
-    "open_store",
     "parse_episode",
 ]
 assert set(__all__) == set(_PUBLIC)

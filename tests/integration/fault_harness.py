@@ -158,7 +158,7 @@ async def check_run(
             if got != reference[i]:
                 found.differing_groups.append(i)
                 found.differing_facts += differing_facts(got, reference[i])
-        changes = {g: await store.changes(g, 0, 1_000_000) for g in names}
+        changes = {g: await store.outbox.changes(g, 0, 1_000_000) for g in names}
     finally:
         await store.close()
     found.order_problems = await written_order_problems(neo4j.uri, names)

@@ -17,10 +17,10 @@ from tidegraph.stores.base import GraphStore
 
 
 async def comparable(store: GraphStore, group: str, *, exact_times: bool = False) -> dict[str, Any]:
-    facts = await store.query_facts(group, include_invalid=True)
-    entities = await store.list_entities(group)
+    facts = await store.browse.query_facts(group, include_invalid=True)
+    entities = await store.browse.list_entities(group)
     return {
-        "counts": await store.counts(group),
+        "counts": await store.browse.counts(group),
         "facts": sorted(
             (
                 f.subject,
@@ -53,10 +53,10 @@ async def timelines(store: GraphStore, group: str) -> dict[str, Any]:
 
 
 async def exact(store: GraphStore, group: str) -> dict[str, Any]:
-    facts = await store.query_facts(group, include_invalid=True)
-    entities = await store.list_entities(group)
+    facts = await store.browse.query_facts(group, include_invalid=True)
+    entities = await store.browse.list_entities(group)
     return {
-        "counts": await store.counts(group),
+        "counts": await store.browse.counts(group),
         "facts": [f.model_dump() for f in facts],
         "entities": [e.model_dump() for e in entities],
     }
@@ -70,7 +70,7 @@ def episode_index(producer_id: str) -> int:
 async def creation_order_problems(store: GraphStore, group: str) -> list[str]:
     """Facts must be created (T') in the order of the episodes that stated them: sorted by
     created_at, the index of a fact's first episode never goes down."""
-    facts = await store.query_facts(group, include_invalid=True)
+    facts = await store.browse.query_facts(group, include_invalid=True)
     ordered = sorted(facts, key=lambda f: (f.created_at or "", episode_index(f.episodes[0])))
     problems = []
     for earlier, later in zip(ordered, ordered[1:], strict=False):

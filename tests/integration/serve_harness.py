@@ -36,6 +36,7 @@ from tidegraph.records.graph import CommunityRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.settings import Settings
 from tidegraph.stores.memory.store import MemoryStore
+from tidegraph.stores.roles import Search
 
 REPO = Path(__file__).resolve().parents[2]
 TIDEGRAPH = str(Path(sys.executable).with_name("tidegraph"))
@@ -43,17 +44,30 @@ START_TIMEOUT = 60.0
 
 
 class SearchableMemoryStore(MemoryStore):
-    """The in-memory store plus the five search methods (tidegraph/recall/source.py), exact
-    and brute force over a snapshot of its records (tests/unit/recall_fixtures.RecallGraph)."""
+    """The in-memory store with its search (tidegraph/recall/source.py) exact and brute force
+    over a snapshot of its records (tests/unit/recall_fixtures.RecallGraph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.search = _SnapshotSearch(self)
+
+
+class _SnapshotSearch(Search):
+    """The five searches over a ``RecallGraph`` of the store's records as they are at each
+    call."""
+
+    def __init__(self, store: SearchableMemoryStore) -> None:
+        self._store = store
 
     def _graph(self) -> RecallGraph:
+        store = self._store
         graph = RecallGraph()
-        graph.entities = dict(self._entities)
-        graph.facts = dict(self._facts)
-        graph.episodes = dict(self._episodes)
-        graph.mentions = sorted(self._mentions)
-        for uuid, c in self._communities.items():
-            members = sorted(e for cu, e in self._members if cu == uuid)
+        graph.entities = dict(store._entities)
+        graph.facts = dict(store._facts)
+        graph.episodes = dict(store._episodes)
+        graph.mentions = sorted(store._mentions)
+        for uuid, c in store._communities.items():
+            members = sorted(e for cu, e in store._members if cu == uuid)
             record = CommunityRecord(
                 uuid=uuid,
                 name=c.name,

@@ -373,6 +373,6 @@ async def count_written(data: Path, groups: list[str], written: list[dict[str, A
         for envelope in written:
             episode = Episode.model_validate(envelope)
             assert await store.episode_processed(episode.group_id, episode.uuid), episode.id
-        return sum([(await store.counts(g))["episodes"] for g in groups])
+        return sum([(await store.browse.counts(g))["episodes"] for g in groups])
     finally:
         await store.close()

@@ -96,13 +96,13 @@ async def graph_and_outcomes(
             results = await chain(store, batch).run(episodes)
         graph: dict[str, Any] = await comparable(store, group)
         for at in sorted({r.at for r in records}):
-            graph[iso(at) or ""] = rows(await store.query_facts(group, valid_at=at))
+            graph[iso(at) or ""] = rows(await store.browse.query_facts(group, valid_at=at))
         graph["outcomes"] = [
             tuple(str(v).replace(group, "<group>") for v in outcome(r)) for r in results
         ]
         return graph
     finally:
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
 
 
 def batches_done() -> float:
@@ -240,7 +240,7 @@ async def text_run(
         return graph
     finally:
         await llm.close()
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
 
 
 async def test_llm_extractions_run_ahead_with_the_prompts_and_graph_of_one_at_a_time(
@@ -465,12 +465,12 @@ async def plans_run(
             graph[schema] = asked
         for at in sorted({crm.START + timedelta(hours=h) for h, _, _ in PLANS}):
             graph[iso(at) or ""] = sorted(
-                f.fact for f in await store.query_facts(group, valid_at=at)
+                f.fact for f in await store.browse.query_facts(group, valid_at=at)
             )
         return graph
     finally:
         await llm.close()
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
 
 
 @pytest.mark.parametrize("fault", [None, "judge_500"])

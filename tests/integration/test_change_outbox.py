@@ -23,6 +23,7 @@ from tidegraph.settings import Settings
 from tidegraph.stores import open_store
 from tidegraph.stores.base import GraphStore
 from tidegraph.stores.neo4j.store import Neo4jStore
+from tidegraph.stores.roles import Outbox
 from tidegraph.stores.sqlite.db import DB_FILE, Transaction
 from tidegraph.stores.sqlite.store import SqliteStore
 
@@ -41,29 +42,29 @@ def plan_records(account: tuple[int, str], plans: list[str]) -> list[Record]:
 
 async def relay_all(store: GraphStore, producer: Producer) -> None:
     """Relay rounds until one publishes nothing."""
-    while await relay_changes(store, producer.send, *EVERY_PARTITION):
+    while await relay_changes(store.outbox, producer.send, *EVERY_PARTITION):
         pass
 
 
 class DuringRound:
-    """A store whose relay round is interleaved with other work, as another worker's writes
+    """A store's outbox whose relay round is interleaved with other work, as another worker's writes
     or a forget are: ``after_logs`` runs right after the round's read of the outbox's state,
     ``after_read`` right after its read of the changes (before the cursors move)."""
 
-    def __init__(self, store: GraphStore, after_logs: Any = None, after_read: Any = None):
-        self.store, self.after_logs, self.after_read = store, after_logs, after_read
+    def __init__(self, outbox: Outbox, after_logs: Any = None, after_read: Any = None):
+        self.outbox, self.after_logs, self.after_read = outbox, after_logs, after_read
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
+        return getattr(self.outbox, name)
 
     async def change_logs(self, *args: Any, **kwargs: Any) -> Any:
-        logs = await self.store.change_logs(*args, **kwargs)
+        logs = await self.outbox.change_logs(*args, **kwargs)
         if self.after_logs is not None:
             await self.after_logs()
         return logs
 
     async def unpublished_changes(self, *args: Any, **kwargs: Any) -> Any:
-        changes = await self.store.unpublished_changes(*args, **kwargs)
+        changes = await self.outbox.unpublished_changes(*args, **kwargs)
         if self.after_read is not None:
             await self.after_read()
         return changes
@@ -79,36 +80,38 @@ async def test_the_relay_reads_each_groups_changes_after_its_cursor(any_store: G
     try:
         for group in groups:
             await feed(any_store, group, records, clock_of(records))
-        logs = {log.group_id: log for log in await any_store.change_logs(groups)}
+        logs = {log.group_id: log for log in await any_store.outbox.change_logs(groups)}
         assert all(log.seq > 3 and log.published == 0 for log in logs.values())
-        first = await any_store.unpublished_changes(groups, 2)
+        first = await any_store.outbox.unpublished_changes(groups, 2)
         assert [(c.group_id, c.seq) for c in first] == [(g, s) for g in groups for s in (1, 2)]
         # What the relay publishes is each change's JSON as a reader gets it, byte for byte.
-        read = [c for g in groups for c in await any_store.changes(g, 0, 2)]
+        read = [c for g in groups for c in await any_store.outbox.changes(g, 0, 2)]
         assert [c.value for c in first] == [c.model_dump_json().encode() for c in read]
         a, b, c = groups
-        [b_last] = (await any_store.unpublished_changes([b], 1000))[-1:]
-        await any_store.mark_published([first[1], b_last])  # a's second change, b's last
-        await any_store.mark_published([first[0]])  # never back
+        [b_last] = (await any_store.outbox.unpublished_changes([b], 1000))[-1:]
+        await any_store.outbox.mark_published([first[1], b_last])  # a's second change, b's last
+        await any_store.outbox.mark_published([first[0]])  # never back
         # A change that is not the one stored at its seq (another group's, a made-up one)
         # moves nothing.
         c_seq_2 = dataclasses.replace(first[1], group_id=c)
-        await any_store.mark_published([c_seq_2, dataclasses.replace(b_last, seq=b_last.seq + 1)])
-        after = {log.group_id: log for log in await any_store.change_logs(groups)}
+        await any_store.outbox.mark_published(
+            [c_seq_2, dataclasses.replace(b_last, seq=b_last.seq + 1)]
+        )
+        after = {log.group_id: log for log in await any_store.outbox.change_logs(groups)}
         assert after[a].published == 2
         assert after[b].published == logs[b].seq == b_last.seq
         assert after[c].published == 0
-        unpublished = {log.group_id for log in await any_store.change_logs(unpublished=True)}
+        unpublished = {log.group_id for log in await any_store.outbox.change_logs(unpublished=True)}
         assert {a, c} <= unpublished and b not in unpublished
-        rest = await any_store.unpublished_changes(groups, 1000)
+        rest = await any_store.outbox.unpublished_changes(groups, 1000)
         assert [(x.group_id, x.seq) for x in rest] == [
             *((a, s) for s in range(3, logs[a].seq + 1)),
             *((c, s) for s in range(1, logs[c].seq + 1)),
         ]
-        assert await any_store.unpublished_changes([b], 1000) == []
+        assert await any_store.outbox.unpublished_changes([b], 1000) == []
     finally:
         for group in groups:
-            await any_store.delete_group(group)
+            await any_store.forget.delete_group(group)
 
 
 async def test_the_outbox_keeps_a_change_for_its_retention(any_store: GraphStore) -> None:
@@ -122,27 +125,30 @@ async def test_the_outbox_keeps_a_change_for_its_retention(any_store: GraphStore
     group = f"outbox-{uuidlib.uuid4().hex[:12]}"
     try:
         await feed(any_store, group, records, times)
-        outbox = await any_store.changes(group, 0, 1000)
+        outbox = await any_store.outbox.changes(group, 0, 1000)
         cutoff = times["rec-2"]  # the changes of rec-0 and rec-1 are older
         older = [c for c in outbox if c.committed_at is not None and c.committed_at < cutoff]
         assert older and len(older) < len(outbox)
         # Through a relay: nothing unpublished goes.
-        assert await any_store.prune_changes(group, cutoff, published_only=True) == 0
-        [first] = await any_store.unpublished_changes([group], 1)
+        assert await any_store.outbox.prune_changes(group, cutoff, published_only=True) == 0
+        [first] = await any_store.outbox.unpublished_changes([group], 1)
         assert first.seq == older[0].seq
-        await any_store.mark_published([first])
-        assert await any_store.prune_changes(group, cutoff, published_only=True) == 1
+        await any_store.outbox.mark_published([first])
+        assert await any_store.outbox.prune_changes(group, cutoff, published_only=True) == 1
         # Without one (the embedded store served in-process): every older change goes.
-        assert await any_store.prune_changes(group, cutoff, published_only=False) == len(older) - 1
-        kept = await any_store.changes(group, 0, 1000)
+        assert (
+            await any_store.outbox.prune_changes(group, cutoff, published_only=False)
+            == len(older) - 1
+        )
+        kept = await any_store.outbox.changes(group, 0, 1000)
         assert [c.seq for c in kept] == [c.seq for c in outbox if c not in older]
-        [log] = await any_store.change_logs([group])
+        [log] = await any_store.outbox.change_logs([group])
         assert log.seq == outbox[-1].seq  # the cursor's numbering goes on
         # The relay's cursor moved past the unpublished changes that went, in the same write:
         # it never waits for a change that is gone.
         assert log.published == older[-1].seq
     finally:
-        await any_store.delete_group(group)
+        await any_store.forget.delete_group(group)
 
 
 async def test_an_embedded_store_from_before_the_rowid_outbox_keeps_its_changes(
@@ -158,7 +164,7 @@ async def test_an_embedded_store_from_before_the_rowid_outbox_keeps_its_changes(
     store = SqliteStore(tmp_path)
     await store.setup(DIM)
     await feed(store, "old", records[:2], clock_of(records))
-    before = await store.changes("old", 0, 1000)
+    before = await store.outbox.changes("old", 0, 1000)
     await store.close()
     with sqlite3.connect(tmp_path / DB_FILE) as conn:  # the outbox as earlier files have it
         conn.executescript(
@@ -177,9 +183,9 @@ async def test_an_embedded_store_from_before_the_rowid_outbox_keeps_its_changes(
     reopened = SqliteStore(tmp_path)
     try:
         await reopened.setup(DIM)
-        assert await reopened.changes("old", 0, 1000) == before
+        assert await reopened.outbox.changes("old", 0, 1000) == before
         await feed(reopened, "old", records[2:], clock_of(records))
-        after = await reopened.changes("old", 0, 1000)
+        after = await reopened.outbox.changes("old", 0, 1000)
         assert after[: len(before)] == before
         assert [c.seq for c in after] == list(range(1, len(after) + 1)) and len(after) > len(before)
 
@@ -207,7 +213,7 @@ async def test_a_group_purged_and_written_anew_during_a_relay_round_loses_no_cha
     anew = plan_records((2, "Globex"), ["Basic", "Pro"])
 
     async def purge() -> None:
-        await any_store.forget_group(group, T0, purge=True)
+        await any_store.forget.forget_group(group, T0, purge=True)
 
     async def rewrite() -> None:
         await feed(any_store, group, anew, clock_of(anew))
@@ -218,24 +224,24 @@ async def test_a_group_purged_and_written_anew_during_a_relay_round_loses_no_cha
 
     try:
         await feed(any_store, group, before, clock_of(before))
-        [log] = await any_store.change_logs([group])
+        [log] = await any_store.outbox.change_logs([group])
         assert log.seq > 3 and log.published == 0
         round_ = (
-            DuringRound(any_store, after_logs=purge, after_read=rewrite)
+            DuringRound(any_store.outbox, after_logs=purge, after_read=rewrite)
             if when == "between the relay's reads"
-            else DuringRound(any_store, after_read=purge_and_rewrite)
+            else DuringRound(any_store.outbox, after_read=purge_and_rewrite)
         )
         producer = Producer()
         await relay_changes(round_, producer.send, *EVERY_PARTITION)  # type: ignore[arg-type]
         await relay_all(any_store, producer)
-        written = await any_store.changes(group, 0, 1000)
+        written = await any_store.outbox.changes(group, 0, 1000)
         assert written and all(c.episode_id in {r.id for r in anew} for c in written)
         published = {value["change_id"] for key, value in producer.sent if key == group.encode()}
         assert {c.change_id for c in written} <= published
-        [log] = await any_store.change_logs([group])
+        [log] = await any_store.outbox.change_logs([group])
         assert log.published == log.seq == written[-1].seq
     finally:
-        await any_store.delete_group(group)
+        await any_store.forget.delete_group(group)
 
 
 @pytest.mark.parametrize("kind", ["neo4j", "sqlite"])
@@ -269,25 +275,29 @@ async def test_each_deployment_relays_only_the_groups_it_writes(
         await feed(a, shared, acme[1:], clock_of(acme))
         await feed(a, legacy, acme[:1], clock_of(acme))
         await _forget_deployment(a, legacy)  # as written before deployments were recorded
-        assert {log.group_id for log in await a.change_logs(own=True)} == {ga}
-        assert {log.group_id for log in await b.change_logs(own=True)} == {gb, shared}
+        assert {log.group_id for log in await a.outbox.change_logs(own=True)} == {ga}
+        assert {log.group_id for log in await b.outbox.change_logs(own=True)} == {gb, shared}
         # a's relay never marks b's groups, even given b's changes.
-        await a.mark_published(await b.unpublished_changes([gb], 1))
-        assert [log.published for log in await b.change_logs([gb])] == [0]
+        await a.outbox.mark_published(await b.outbox.unpublished_changes([gb], 1))
+        assert [log.published for log in await b.outbox.change_logs([gb])] == [0]
         from_a, from_b = Producer(), Producer()
         await relay_all(a, from_a)
         assert {key.decode() for key, _ in from_a.sent} == {ga}
-        assert [log.published for log in await a.change_logs([gb, shared, legacy])] == [0, 0, 0]
+        assert [log.published for log in await a.outbox.change_logs([gb, shared, legacy])] == [
+            0,
+            0,
+            0,
+        ]
         await feed(b, legacy, globex[:1], clock_of(globex))  # its next writer takes it
         await relay_all(b, from_b)
         assert {key.decode() for key, _ in from_b.sent} == {gb, shared, legacy}
         for store, producer, groups in ((a, from_a, [ga]), (b, from_b, [gb, shared, legacy])):
             for group in groups:
                 sent = [v["change_id"] for k, v in producer.sent if k == group.encode()]
-                assert sent == [c.change_id for c in await store.changes(group, 0, 1000)]
+                assert sent == [c.change_id for c in await store.outbox.changes(group, 0, 1000)]
     finally:
         for group in (ga, gb, shared, legacy):
-            await a.delete_group(group)
+            await a.forget.delete_group(group)
         await a.close()
         await b.close()
 

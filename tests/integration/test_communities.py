@@ -14,6 +14,7 @@ import pytest
 from neo4j import AsyncGraphDatabase
 
 from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
+from tests.support.stores import upsert_entities
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm.client import LLMClient
 from tidegraph.pipelines.community_service import CommunityService
@@ -70,7 +71,7 @@ class Graph:
         names = sorted({n for pair in pairs for n in pair} - set(self.entities))
         new = [ent(self.group, n) for n in names]
         self.entities.update({e.name: e for e in new})
-        await self.store.upsert_entities(self.group, new)
+        await upsert_entities(self.store, self.group, new)
         facts = [
             rel(self.group, self.entities[a], self.entities[b], f"{a}-{b}-{i}{tag}")
             for a, b in pairs
@@ -107,7 +108,7 @@ class Graph:
         names = {e.uuid: e.name for e in self.entities.values()}
         return {
             c.uuid: sorted(names[m] for m in c.members)
-            for c in await self.store.communities(self.group)
+            for c in await self.store.communities.list_communities(self.group)
         }
 
 
@@ -222,7 +223,7 @@ async def test_refresh_rewrites_only_what_changed(
     service = CommunityService(graph.store, llm, HashingEmbedder(dim=DIM))
     community_a, community_b = await _two_communities(graph, service)
     assert llm_server.count(SCHEMA) == 2
-    before = {c.uuid: c for c in await graph.store.communities(graph.group)}
+    before = {c.uuid: c for c in await graph.store.communities.list_communities(graph.group)}
     assert before[community_a].name == "Around a1"  # a1 has the bridge: the highest degree
 
     # nothing changed: nothing rewritten, no LLM call
@@ -254,7 +255,7 @@ async def test_refresh_rewrites_only_what_changed(
     keeper = min((cs, ds), key=lambda half: min(graph.uuid(n) for n in half))
     assert members[cd] == keeper
     assert sorted(members.values()) == [A, B, ["c1", "c2", "c3"], ["d1", "d2", "d3"]]
-    after = {c.uuid: c for c in await graph.store.communities(graph.group)}
+    after = {c.uuid: c for c in await graph.store.communities.list_communities(graph.group)}
     for kept in (community_a, community_b):
         assert (after[kept].name, after[kept].summary) == (before[kept].name, before[kept].summary)
 
@@ -266,9 +267,9 @@ async def test_refresh_rewrites_only_what_changed(
     assert (await graph.members())[min(halves)] == sorted(cs + ds)
 
     # what label propagation dictates, on the stored graph
-    nodes, edges = await graph.store.entity_graph(graph.group)
+    nodes, edges = await graph.store.communities.entity_graph(graph.group)
     expected = [g for g in groups(label_propagation(nodes, edges).labels) if len(g) > 1]
-    stored = sorted(c.members for c in await graph.store.communities(graph.group))
+    stored = sorted(c.members for c in await graph.store.communities.list_communities(graph.group))
     assert stored == expected
 
 
@@ -278,7 +279,7 @@ async def test_refresh_without_llm_names_by_top_members(graph: Graph) -> None:
     await graph.link([("a2", "hub"), ("a3", "hub")])
     assert service.refresh_trigger(graph.group, 0.5, timedelta(hours=1)) == "initial"
     await service.refresh(graph.group)
-    [community] = await graph.store.communities(graph.group)
+    [community] = await graph.store.communities.list_communities(graph.group)
     # degree a2 = a3 = 4, then a1 = a4 = 3 (ties by name)
     assert community.name == "a2, a3, a1 +2"
     assert community.summary == "5 entities, most connected: a2, a3, a1, a4, hub"
@@ -294,21 +295,30 @@ async def test_refresh_without_llm_names_by_top_members(graph: Graph) -> None:
 
 
 class GatedStore:
-    """The store, with ``write_communities`` held until ``release`` is set."""
+    """The store, with its ``communities.write_communities`` held until ``release`` is set."""
 
     def __init__(self, store: GraphStore) -> None:
         self._store = store
         self.reached = asyncio.Event()
         self.release = asyncio.Event()
         self.release.set()
+        self.communities = _GatedCommunities(self)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
+
+class _GatedCommunities:
+    def __init__(self, gate: GatedStore) -> None:
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gate._store.communities, name)
+
     async def write_communities(self, *args: Any) -> None:
-        self.reached.set()
-        await self.release.wait()
-        await self._store.write_communities(*args)
+        self._gate.reached.set()
+        await self._gate.release.wait()
+        await self._gate._store.communities.write_communities(*args)
 
 
 async def test_an_entity_assigned_during_a_refresh_keeps_its_place(graph: Graph) -> None:

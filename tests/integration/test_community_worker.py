@@ -109,10 +109,10 @@ async def partition(topo: Topology, group: str) -> dict[str, list[str]]:
     """{community uuid: sorted member names} as stored."""
     store = topo.store()
     try:
-        names = {e.uuid: e.name for e in await store.list_entities(group)}
+        names = {e.uuid: e.name for e in await store.browse.list_entities(group)}
         return {
             c.uuid: sorted(names.get(m, m) for m in c.members)
-            for c in await store.communities(group)
+            for c in await store.communities.list_communities(group)
         }
     finally:
         await store.close()

@@ -38,6 +38,7 @@ import yaml
 from tests.support import crm_feed as crm
 from tests.support.extraction_requests import JOINT_EXTRACTION, on_extraction
 from tests.support.fake_llm import TIMEOUT_STATUS, FakeRequest, ScriptedLLMServer
+from tests.support.stores import upsert_entities
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
 from tidegraph.pipelines.ingest import IngestReport, ingest
@@ -261,7 +262,7 @@ async def group_id(store: GraphStore) -> AsyncIterator[str]:
     """A group id of this test's own; every node of it is deleted afterwards."""
     gid = f"test-{os.urandom(6).hex()}"
     yield gid
-    await store.delete_group(gid)
+    await store.forget.delete_group(gid)
 
 
 @pytest.fixture
@@ -316,7 +317,7 @@ def pipeline(store: GraphStore, embedder: HashingEmbedder, llm: LLMClient) -> Gr
 async def other_group(store: GraphStore) -> AsyncIterator[str]:
     gid = f"test-other-{os.urandom(6).hex()}"
     yield gid
-    await store.delete_group(gid)
+    await store.forget.delete_group(gid)
 
 
 # ============================================================================= helpers
@@ -396,7 +397,7 @@ async def snapshot(store: GraphStore, group: str) -> dict[str, Any]:
 
 async def facts_of(store: GraphStore, group: str) -> dict[tuple[str, str, str], Any]:
     """Every stored fact (whole history) by (subject, relation, object)."""
-    views = await store.query_facts(group, include_invalid=True)
+    views = await store.browse.query_facts(group, include_invalid=True)
     out: dict[tuple[str, str, str], Any] = {}
     for v in views:
         key = (v.subject, v.relation, v.object)
@@ -406,7 +407,7 @@ async def facts_of(store: GraphStore, group: str) -> dict[tuple[str, str, str], 
 
 
 async def values_at(store: GraphStore, group: str, t: datetime, **kw: Any) -> set[tuple]:
-    views = await store.query_facts(group, valid_at=t, **kw)
+    views = await store.browse.query_facts(group, valid_at=t, **kw)
     return {(v.subject, v.relation, v.object) for v in views}
 
 
@@ -681,7 +682,7 @@ async def test_mapped_cardinality_one_after_out_of_order_delivery(
         got = {f for f in await values_at(store, group_id, t) if f[1] != "FOR_ACCOUNT"}
         assert got == expected_at(events, t), t
     # The relation type from the mapping (`has`plan`) is stored normalised.
-    relations = {v.relation for v in await store.query_facts(group_id, include_invalid=True)}
+    relations = {v.relation for v in await store.browse.query_facts(group_id, include_invalid=True)}
     assert relations == {"HAS_PLAN", "OWNED_BY", "HAS_STATUS", "FOR_ACCOUNT", "WORKS_AT"}
     # Plans are shared entities: Acme's changes never closed Globex's or Initech's plan.
     assert ("Initech", "HAS_PLAN", "Basic") in await values_at(store, group_id, datetime.now(UTC))
@@ -784,14 +785,14 @@ async def test_a_replay_after_a_crash_mid_episode_gives_the_same_graph(
     resolution = ResolutionStep(store=store, embedder=embedder, llm=llm)
     resolved = await resolution.run(await clean.extraction.run(crashed[1]))
     assert resolved.pending.created  # resolution leaves its upserts to the episode's write
-    await store.upsert_entities(group_id, resolved.pending.entities)  # then the worker dies
+    await upsert_entities(store, group_id, resolved.pending.entities)  # then the worker dies
     assert not await store.episode_processed(group_id, crashed[1].uuid)
     await run(clean, crashed)
 
     async def by_name(group: str) -> tuple[list, list]:
         entities = sorted(
             (e.name, e.labels, e.summary, e.key, sorted(e.aliases))
-            for e in await store.list_entities(group)
+            for e in await store.browse.list_entities(group)
         )
         facts = sorted(
             (
@@ -804,12 +805,12 @@ async def test_a_replay_after_a_crash_mid_episode_gives_the_same_graph(
                 v.expired_at is None,
                 [ep.split(":", 1)[1] for ep in v.episodes],
             )
-            for v in await store.query_facts(group, include_invalid=True)
+            for v in await store.browse.query_facts(group, include_invalid=True)
         )
         return entities, facts
 
     assert await by_name(group_id) == await by_name(other_group)
-    assert await store.counts(group_id) == await store.counts(other_group)
+    assert await store.browse.counts(group_id) == await store.browse.counts(other_group)
 
 
 # ============================================================================= resolution
@@ -836,24 +837,24 @@ async def test_acme_corp_and_acme_corporation_resolve_to_one_entity_when_the_llm
     feed = Feed(group_id)
     await run(pipeline, [feed.text(contents[0]), feed.text(contents[1])])
     assert server.count(ENTITY_RES) == 1  # only "ACME Corporation" was undecided
-    entities = await store.list_entities(group_id)
+    entities = await store.browse.list_entities(group_id)
     assert sorted(e.name for e in entities) == ["Acme Corp", "Invoice 7", "Pro"]
     acme = next(e for e in entities if e.name == "Acme Corp")
     assert "acme corporation" in acme.aliases
-    subjects = {v.subject for v in await store.query_facts(group_id, include_invalid=True)}
+    subjects = {v.subject for v in await store.browse.query_facts(group_id, include_invalid=True)}
     assert subjects == {"Acme Corp"}
 
     # Now a known alias: exact match, no LLM call.
     await run(pipeline, [feed.text(contents[2])])
     assert server.count(ENTITY_RES) == 1
-    assert len(await store.list_entities(group_id)) == 3
+    assert len(await store.browse.list_entities(group_id)) == 3
 
     # Control: when the LLM says they differ, they stay two entities.
     script.same.clear()
     other = Feed(other_group)
     await run(pipeline, [other.text(contents[0]), other.text(contents[1])])
     assert server.count(ENTITY_RES) == 2
-    names = sorted(e.name for e in await store.list_entities(other_group))
+    names = sorted(e.name for e in await store.browse.list_entities(other_group))
     assert names == ["ACME Corporation", "Acme Corp", "Invoice 7", "Pro"]
 
 
@@ -898,7 +899,7 @@ async def test_records_with_the_same_crm_key_resolve_without_any_llm_call(
     ]
     report = await run(pipeline, episodes)
     assert server.requests == []  # not one LLM request, of any kind
-    entities = await store.list_entities(group_id)
+    entities = await store.browse.list_entities(group_id)
     assert report.entities_new == len(entities) == 6  # 2 accounts, 3 plans, 1 contact
     assert "6 new entities" in report.line()
     keyed = {e.key: e for e in entities if e.key}
@@ -912,7 +913,7 @@ async def test_records_with_the_same_crm_key_resolve_without_any_llm_call(
         ("Alice", "WORKS_AT", "Acme Corp"),
         ("Acme Corp", "HAS_PLAN", "Basic"),
     }
-    views = await store.query_facts(group_id, entity_uuid=keyed["crm:account:43"].uuid)
+    views = await store.browse.query_facts(group_id, entity_uuid=keyed["crm:account:43"].uuid)
     assert [(v.relation, v.object) for v in views] == [("HAS_PLAN", "Basic")]
 
 
@@ -941,14 +942,14 @@ async def test_a_text_mention_joins_the_one_crm_entity_of_its_name_without_an_ll
     feed = Feed(group_id)
     await run(pipeline, [account(feed, 42, 1), feed.text(said)])
     assert server.count(ENTITY_RES) == 0
-    entities = await store.list_entities(group_id)
+    entities = await store.browse.list_entities(group_id)
     assert sorted(e.name for e in entities) == ["Acme Corp", "Printer", "Pro"]
     [acme] = [e for e in entities if e.name == "Acme Corp"]
     assert acme.key == "crm:account:42" and "Organization" in acme.labels
-    reported = {(v.subject, v.relation) for v in await store.query_facts(group_id)}
+    reported = {(v.subject, v.relation) for v in await store.browse.query_facts(group_id)}
     assert ("Acme Corp", "REPORTED") in reported
-    assert {v.uuid for v in await store.query_facts(group_id, entity_uuid=acme.uuid)} == {
-        v.uuid for v in await store.query_facts(group_id)
+    assert {v.uuid for v in await store.browse.query_facts(group_id, entity_uuid=acme.uuid)} == {
+        v.uuid for v in await store.browse.query_facts(group_id)
     }
 
     other = Feed(other_group)
@@ -993,12 +994,12 @@ async def test_hostile_names_and_relation_types_are_stored_verbatim_and_harm_not
     await run(pipeline, [text])
     await run(mapped, [record])
 
-    entities = {e.name: e for e in await store.list_entities(group_id)}
+    entities = {e.name: e for e in await store.browse.list_entities(group_id)}
     assert set(entities) == {HOSTILE_NAME, "Bob `the` builder", "`Pro`}) DETACH DELETE n"}
     # The text mention and the CRM record are one entity (same name; the record adds its key).
     assert entities[HOSTILE_NAME].key == "crm:account:1' OR 1=1 //"
     assert entities[HOSTILE_NAME].labels == ["Person_MATCH_n_DETACH_DELETE_n_", "Account"]
-    facts = await store.query_facts(group_id, include_invalid=True)
+    facts = await store.browse.query_facts(group_id, include_invalid=True)
     relations = sorted((v.subject, v.relation, v.object) for v in facts)
     assert relations == [
         (HOSTILE_NAME, "HAS_PLAN", "`Pro`}) DETACH DELETE n"),
@@ -1009,7 +1010,12 @@ async def test_hostile_names_and_relation_types_are_stored_verbatim_and_harm_not
     assert hostile_fact.episodes == [text.id]
     plan_fact = next(v for v in facts if v.relation == "HAS_PLAN")
     assert plan_fact.episodes == ["crm:`hostile`'"]
-    assert await store.counts(group_id) == {"episodes": 2, "entities": 3, "facts": 2, "mentions": 4}
+    assert await store.browse.counts(group_id) == {
+        "episodes": 2,
+        "entities": 3,
+        "facts": 2,
+        "mentions": 4,
+    }
     assert await snapshot(store, other_group) == canary_before
 
 
@@ -1235,10 +1241,10 @@ async def test_llm_calls_per_episode_by_stage_on_a_small_text_feed(
     ]
     try:
         report = await run(pipeline, episodes)
-        names = {e.name for e in await store.list_entities(third.group)}
+        names = {e.name for e in await store.browse.list_entities(third.group)}
         assert "Contoso" in names and "Contoso Ltd" not in names  # resolved by the LLM
     finally:
-        await store.delete_group(third.group)
+        await store.forget.delete_group(third.group)
     counts = counts_by_schema(server)
     n = len(episodes)
     per_episode = {name: round(c / n, 2) for name, c in counts.items()}
@@ -1337,7 +1343,7 @@ async def test_cli_mapped_feed_answers_valid_at_and_known_at(
     assert f"{len(first_half)} episodes" in done.stdout and "0 LLM calls" in done.stdout
     known = datetime.now(UTC)
     times = CHECK_TIMES[::2]  # every instant is asked in the in-process test above
-    belief = {t: await neo4j_store.query_facts(group_id, valid_at=t) for t in times}
+    belief = {t: await neo4j_store.browse.query_facts(group_id, valid_at=t) for t in times}
     done = cli(cli_env, "ingest", str(two), "--mapping", str(mapping))
     assert done.returncode == 0, done.stderr
     assert "born closed" in done.stdout
@@ -1354,7 +1360,7 @@ async def test_cli_mapped_feed_answers_valid_at_and_known_at(
         == {("Initech", "HAS_PLAN", "Trial")}
     )
     for t in [at(2023, 11, 1), at(2023, 12, 20), *times]:
-        views = await neo4j_store.query_facts(group_id, valid_at=t)
+        views = await neo4j_store.browse.query_facts(group_id, valid_at=t)
         assert triples([v.model_dump() for v in views]) == expected_at(all_events, t), t
 
     # --known-at: the belief right after part one, although part two changed the past.
@@ -1372,7 +1378,7 @@ async def test_cli_mapped_feed_answers_valid_at_and_known_at(
     assert triples(rows) == expected_at(first_half, t)
     assert triples(rows) != expected_at(all_events, t)  # the belief did change since
     for t, before in belief.items():
-        views = await neo4j_store.query_facts(group_id, valid_at=t, known_at=known)
+        views = await neo4j_store.browse.query_facts(group_id, valid_at=t, known_at=known)
         assert strip([v.model_dump() for v in views]) == strip([v.model_dump() for v in before])
         assert triples([v.model_dump() for v in views]) == expected_at(first_half, t), t
     # The moved end, asked directly: on 20 January Acme Corp was on Basic as known after part

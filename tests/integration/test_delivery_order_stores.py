@@ -127,13 +127,13 @@ async def graph_of(store: GraphStore, records: list[Record]) -> dict[str, list[R
         for record in records:
             [outcome] = await pipeline.run([record.episode(group)])
             assert outcome.failure is None, outcome.failure
-        graph = {"all": rows(await store.query_facts(group, include_invalid=True))}
+        graph = {"all": rows(await store.browse.query_facts(group, include_invalid=True))}
         for at in sorted({r.at for r in records}):
             for t in (at, at + timedelta(hours=12)):
-                graph[iso(t) or ""] = rows(await store.query_facts(group, valid_at=t))
+                graph[iso(t) or ""] = rows(await store.browse.query_facts(group, valid_at=t))
         return graph
     finally:
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
 
 
 @settings(

@@ -68,9 +68,9 @@ async def feed(store: GraphStore, group: str, records: list[Record], times: dict
 async def graph(store: GraphStore, group: str) -> dict[str, Any]:
     """Everything the group's graph says, by names (uuids derive from the group), both
     timelines exact, and what a search finds."""
-    names = {e.uuid: e.name for e in await store.list_entities(group)}
+    names = {e.uuid: e.name for e in await store.browse.list_entities(group)}
     scope = SearchScope((group,), AsOf.resolve(None, None, True, None))
-    found = await store.fulltext_search(scope, "fact", "plan Acme status ticket", 20)
+    found = await store.search.fulltext_search(scope, "fact", "plan Acme status ticket", 20)
     return {
         **await timelines(store, group),
         "search": sorted(h.text for h in found),
@@ -109,8 +109,8 @@ async def test_forgetting_gives_the_graph_of_the_remaining_episodes(
                 status = await any_store.episode_status(group, record.episode(group).uuid)
                 assert status == "forgotten"
     finally:
-        await any_store.delete_group(group)
-        await any_store.delete_group(expected_group)
+        await any_store.forget.delete_group(group)
+        await any_store.forget.delete_group(expected_group)
 
 
 async def test_a_forgotten_subjects_episodes_go_and_the_changes_say_what_changed(
@@ -131,23 +131,29 @@ async def test_a_forgotten_subjects_episodes_go_and_the_changes_say_what_changed
     try:
         pipeline = await feed(any_store, group, records, clock_of(records))
         await CommunityService(any_store, None, HashingEmbedder(dim=DIM)).refresh(group)
-        grouped = await any_store.communities(group)
+        grouped = await any_store.communities.list_communities(group)
         assert any("Dana" in c.name + c.summary for c in grouped), grouped
-        [dana] = [e for e in await any_store.list_entities(group) if e.name == "Dana Reyes"]
-        seq = (await any_store.change_logs([group]))[0].seq
+        [dana] = [e for e in await any_store.browse.list_entities(group) if e.name == "Dana Reyes"]
+        seq = (await any_store.outbox.change_logs([group]))[0].seq
         dry = await forget_subject(pipeline, group, dana.uuid, dry_run=True)
         assert dry.dry_run and sorted(dry.episodes) == ["rec-1", "rec-2"]
-        assert (await any_store.change_logs([group]))[0].seq == seq  # a dry run writes nothing
+        assert (await any_store.outbox.change_logs([group]))[
+            0
+        ].seq == seq  # a dry run writes nothing
         report = await forget_subject(pipeline, group, dana.uuid)
         assert sorted(report.episodes) == ["rec-1", "rec-2"] and report.entities_removed >= 1
-        names = {e.name for e in await any_store.list_entities(group)}
+        names = {e.name for e in await any_store.browse.list_entities(group)}
         assert "Dana Reyes" not in names and {"Acme Corp", "Globex"} <= names
         # The community she was in goes at once (its name and summary carried her name).
-        assert all("Dana" not in c.name + c.summary for c in await any_store.communities(group))
         assert all(
-            "Dana" not in f.fact for f in await any_store.query_facts(group, include_invalid=True)
+            "Dana" not in c.name + c.summary
+            for c in await any_store.communities.list_communities(group)
         )
-        outbox = await any_store.changes(group, 0, 1000)
+        assert all(
+            "Dana" not in f.fact
+            for f in await any_store.browse.query_facts(group, include_invalid=True)
+        )
+        outbox = await any_store.outbox.changes(group, 0, 1000)
         assert [c.seq for c in outbox] == sorted(c.seq for c in outbox)
         kinds = {c.kind for c in outbox if c.seq > seq}
         assert {"episode.forgotten", "entity.forgotten", "fact.forgotten"} <= kinds
@@ -157,7 +163,7 @@ async def test_a_forgotten_subjects_episodes_go_and_the_changes_say_what_changed
         )
         assert await any_store.episode_status(group, episode.uuid) == "forgotten"
     finally:
-        await any_store.delete_group(group)
+        await any_store.forget.delete_group(group)
 
 
 async def test_forgetting_a_group_leaves_the_other_groups_as_they_were(
@@ -178,28 +184,30 @@ async def test_forgetting_a_group_leaves_the_other_groups_as_they_were(
         pipeline = await feed(any_store, leaving, records, times)
         await feed(any_store, staying, records, times)
         kept = await graph(any_store, staying)
-        kept_changes = await any_store.changes(staying, 0, 1000)
-        assert await any_store.forget_group(leaving, T0) == 3
-        assert await any_store.counts(leaving) == {
+        kept_changes = await any_store.outbox.changes(staying, 0, 1000)
+        assert await any_store.forget.forget_group(leaving, T0) == 3
+        assert await any_store.browse.counts(leaving) == {
             "episodes": 0, "entities": 0, "facts": 0, "mentions": 0
         }  # fmt: skip
-        assert await any_store.list_entities(leaving) == []
-        assert [c.kind for c in await any_store.changes(leaving, 0, 1000)] == ["group.forgotten"]
-        assert len(await any_store.list_episodes(leaving, status="forgotten")) == 3
+        assert await any_store.browse.list_entities(leaving) == []
+        assert [c.kind for c in await any_store.outbox.changes(leaving, 0, 1000)] == [
+            "group.forgotten"
+        ]
+        assert len(await any_store.browse.list_episodes(leaving, status="forgotten")) == 3
         for record in records:  # replayed: skipped, as forgotten
             [outcome] = await pipeline.run([record.episode(leaving)])
             assert outcome.status == "processed"
-        assert await any_store.counts(leaving) == {
+        assert await any_store.browse.counts(leaving) == {
             "episodes": 0, "entities": 0, "facts": 0, "mentions": 0
         }  # fmt: skip
-        assert await any_store.forget_group(leaving, T0, purge=True) == 0
-        assert await any_store.list_episodes(leaving, status="forgotten") == []
-        assert await any_store.change_logs([leaving]) == []
+        assert await any_store.forget.forget_group(leaving, T0, purge=True) == 0
+        assert await any_store.browse.list_episodes(leaving, status="forgotten") == []
+        assert await any_store.outbox.change_logs([leaving]) == []
         assert await graph(any_store, staying) == kept
-        assert await any_store.changes(staying, 0, 1000) == kept_changes
+        assert await any_store.outbox.changes(staying, 0, 1000) == kept_changes
     finally:
-        await any_store.delete_group(leaving)
-        await any_store.delete_group(staying)
+        await any_store.forget.delete_group(leaving)
+        await any_store.forget.delete_group(staying)
 
 
 async def test_a_groups_episodes_are_listed_by_time_in_pages(any_store: GraphStore) -> None:
@@ -211,24 +219,26 @@ async def test_a_groups_episodes_are_listed_by_time_in_pages(any_store: GraphSto
     group = f"browse-{uuidlib.uuid4().hex[:12]}"
     try:
         pipeline = await feed(any_store, group, records, clock_of(records))
-        first = await any_store.list_episodes(group, limit=2)
+        first = await any_store.browse.list_episodes(group, limit=2)
         assert [e.producer_id for e in first] == ["rec-0", "rec-1"]
         last = first[-1]
         assert last.valid_at is not None
-        rest = await any_store.list_episodes(group, after=(last.valid_at, last.uuid), limit=10)
+        rest = await any_store.browse.list_episodes(
+            group, after=(last.valid_at, last.uuid), limit=10
+        )
         assert [e.producer_id for e in rest] == ["rec-2", "rec-3", "rec-4"]
-        ranged = await any_store.list_episodes(group, since=at[1], until=at[3])
+        ranged = await any_store.browse.list_episodes(group, since=at[1], until=at[3])
         assert [e.producer_id for e in ranged] == ["rec-1", "rec-2"]
         assert all(e.status == "written" and e.content for e in ranged)
         await forget_episodes(pipeline, group, ["rec-2"])
-        assert [e.producer_id for e in await any_store.list_episodes(group)] == [
+        assert [e.producer_id for e in await any_store.browse.list_episodes(group)] == [
             "rec-0", "rec-1", "rec-3", "rec-4"
         ]  # fmt: skip
-        [tombstone] = await any_store.list_episodes(group, status="forgotten")
+        [tombstone] = await any_store.browse.list_episodes(group, status="forgotten")
         assert tombstone.status == "forgotten" and tombstone.content == ""
         assert tombstone.producer_id == "" and tombstone.forgotten_at is not None
     finally:
-        await any_store.delete_group(group)
+        await any_store.forget.delete_group(group)
 
 
 async def test_a_forgotten_unextracted_episode_is_not_extracted_later(
@@ -259,4 +269,4 @@ async def test_a_forgotten_unextracted_episode_is_not_extracted_later(
         assert (report.extracted, report.still_pending, report.failed) == (0, {}, {})
         assert await any_store.episode_status(group, note.uuid) == "forgotten"
     finally:
-        await any_store.delete_group(group)
+        await any_store.forget.delete_group(group)

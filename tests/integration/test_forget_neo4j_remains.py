@@ -94,4 +94,4 @@ async def test_after_a_forget_no_query_reaches_what_it_erased(
         await forget_planted(memory, group)
         assert await reachable(neo4j_uri, wanted) == {}
     finally:
-        await memory.store.delete_group(group)
+        await memory.store.forget.delete_group(group)

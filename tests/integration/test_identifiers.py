@@ -35,9 +35,9 @@ async def test_the_first_fact_about_a_ticket_named_by_its_id_is_its_status_then(
     try:
         report = await ingest(runner, log.episodes)
         assert report.failures == []
-        await _ask(Searcher(store, embedder), log.questions(QUESTIONS), group_id)
+        await _ask(Searcher(store.search, embedder), log.questions(QUESTIONS), group_id)
     finally:
-        await store.delete_group(group_id)  # in batches: a long history is large
+        await store.forget.delete_group(group_id)  # in batches: a long history is large
 
 
 async def _ask(searcher: Searcher, questions: list[Question], group_id: str) -> None:

@@ -351,7 +351,7 @@ async def _relay(folder: Path, bootstrap: str, prefix: str) -> int:
         async def send(key: bytes, value: bytes) -> Any:
             return await producer.send(topic, value, key=key)
 
-        return await relay_changes(store, send, {0, 1}, 2)
+        return await relay_changes(store.outbox, send, {0, 1}, 2)
     finally:
         await producer.stop()
         await store.close()

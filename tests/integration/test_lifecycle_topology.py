@@ -39,7 +39,7 @@ def forget_record(group_id: str, episode_ids: list[str]) -> dict[str, Any]:
 async def outbox(topology: Topology, groups: list[str]) -> dict[str, list[Change]]:
     store = topology.store()
     try:
-        return {g: await store.changes(g, 0, 100_000) for g in groups}
+        return {g: await store.outbox.changes(g, 0, 100_000) for g in groups}
     finally:
         await store.close()
 
@@ -106,9 +106,9 @@ async def test_a_forget_on_the_input_topic_stays_forgotten_through_a_replay(
             timeout=90,
             what="the forget request to run",
         )
-        facts = await store.query_facts(target, include_invalid=True)
+        facts = await store.browse.query_facts(target, include_invalid=True)
         assert not any(set(f.episodes) & set(doomed) for f in facts)
-        kept = await store.counts(target)
+        kept = await store.browse.counts(target)
         # The whole input topic again, into fresh workers of another consumer group.
         worker.stop()
         replayer = topology.start_worker(
@@ -118,7 +118,7 @@ async def test_a_forget_on_the_input_topic_stays_forgotten_through_a_replay(
         again = await topology.produce(feed[:1])  # something to wait for behind the replay
         await topology.wait_reflected(again)
         assert set((await statuses()).values()) == {"forgotten"}
-        assert await store.counts(target) == kept
+        assert await store.browse.counts(target) == kept
         changes = await published_all(topology, groups)
         check_stream(changes, await outbox(topology, groups))
         assert any(c.kind == "episode.forgotten" for c in changes)
@@ -158,7 +158,7 @@ async def test_a_forget_interrupted_by_a_killed_worker_is_finished_by_the_next(
     await topology.wait_reflected(await topology.produce(feed))
     store = topology.store()
     try:
-        before = {g: await store.counts(g) for g in others}
+        before = {g: await store.browse.counts(g) for g in others}
         uuids = [parse_episode(orjson.dumps(e)).uuid for e in feed if e["id"] in doomed]
 
         async def statuses() -> dict[str, str]:
@@ -181,9 +181,9 @@ async def test_a_forget_interrupted_by_a_killed_worker_is_finished_by_the_next(
             timeout=90,
             what="the next worker to finish the forgets",
         )
-        facts = await store.query_facts(target, include_invalid=True)
+        facts = await store.browse.query_facts(target, include_invalid=True)
         assert not any(set(f.episodes) & set(doomed) for f in facts)
-        assert {g: await store.counts(g) for g in others} == before
+        assert {g: await store.browse.counts(g) for g in others} == before
         check_stream(await published_all(topology, groups), await outbox(topology, groups))
     finally:
         await store.close()
@@ -215,7 +215,7 @@ async def test_a_worker_publishes_only_the_changes_of_its_own_deployment(
     assert {c.group_id for c in await read_changes(topology.settings())} == set(groups)
     store = topology.store()
     try:
-        logs = await store.change_logs(their_groups)
+        logs = await store.outbox.change_logs(their_groups)
     finally:
         await store.close()
     assert [log.group_id for log in logs] == their_groups

@@ -58,7 +58,7 @@ async def group(memory: Memory) -> AsyncIterator[str]:
         )
         assert added.status == "written", added
     yield group_id
-    await memory.store.delete_group(group_id)
+    await memory.store.forget.delete_group(group_id)
 
 
 async def test_episodes_are_listed_in_pages_and_shown_with_what_they_produced(
@@ -94,7 +94,7 @@ async def test_a_subject_named_by_name_is_forgotten_after_a_dry_run(
     memory: Memory, group: str
 ) -> None:
     await CommunityService(memory.store, None, memory.runtime.embedder).refresh(group)
-    before = await memory.store.communities(group)
+    before = await memory.store.communities.list_communities(group)
     assert any("Dana Reyes" in c.name + c.summary for c in before), before
     ask = ForgetRequest(group_id=group, subject="dana reyes")  # as a person would say it
     dry = await memory.forget(ask, dry_run=True)
@@ -106,7 +106,7 @@ async def test_a_subject_named_by_name_is_forgotten_after_a_dry_run(
     names = {e.name for e in await memory.entities(group)}
     assert "Dana Reyes" not in names and {"Acme Corp", "Ravi Shah", "Sam Lee"} <= names
     # No community keeps the forgotten member's name; the others are grouped again.
-    communities = await memory.store.communities(group)
+    communities = await memory.store.communities.list_communities(group)
     assert communities and all("Dana" not in c.name + c.summary for c in communities)
     forgotten = await memory.episodes(group, status="forgotten")
     assert len(forgotten.episodes) == 2 and all(not e.episode_id for e in forgotten.episodes)
@@ -119,7 +119,7 @@ async def test_a_subject_named_by_name_is_forgotten_after_a_dry_run(
 async def test_a_long_poll_answers_as_soon_as_a_change_is_committed(
     memory: Memory, group: str
 ) -> None:
-    [log] = await memory.store.change_logs([group])
+    [log] = await memory.store.outbox.change_logs([group])
     first = await memory.changes(group, after=0, limit=3)
     assert [c.seq for c in first.changes] == [1, 2, 3] and first.cursor == 3
     caught_up = await memory.changes(group, after=log.seq)

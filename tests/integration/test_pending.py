@@ -95,9 +95,9 @@ async def test_without_an_llm_episodes_are_stored_searchable_and_pending(
     assert [r.producer_id for r in pending] == ["chat-0", "chat-1", "chat-2"]
     assert {r.not_extracted for r in pending} == {"no_llm"}
     assert group_id in await store.pending_groups()
-    assert (await store.counts(group_id)).get("facts", 0) == 0
+    assert (await store.browse.counts(group_id)).get("facts", 0) == 0
 
-    searcher = Searcher(store, HashingEmbedder(dim=STORE_DIM))
+    searcher = Searcher(store.search, HashingEmbedder(dim=STORE_DIM))
     for recipe in ("episodes_bm25", "episodes_vector", "combined"):
         found = await searcher.search(
             SearchRequest(query="invoices shown twice", group_ids=[group_id], recipe=recipe)
@@ -137,7 +137,7 @@ async def test_extract_pending_extracts_in_order_and_loses_nothing_when_cut_off(
             await llm.close()
     assert await store.pending_episodes(group_id, 10) == []
     assert group_id not in await store.pending_groups()
-    facts = await store.query_facts(group_id, include_invalid=True)
+    facts = await store.browse.query_facts(group_id, include_invalid=True)
     assert sorted(v.episodes[0] for v in facts) == ["chat-0", "chat-1", "chat-2"]
     # In event order: each extraction was given the earlier episodes as context.
     contexts = [r.user for name, r, status in server.requests if name == "ExtractionOutput"]
@@ -190,7 +190,7 @@ async def test_a_worker_with_an_llm_extracts_the_pending_episodes_of_its_partiti
                 timeout=120,
                 what="the worker to extract the pending episodes",
             )
-        facts = await store.query_facts(group, include_invalid=True)
+        facts = await store.browse.query_facts(group, include_invalid=True)
         assert sorted(v.episodes[0] for v in facts) == ["chat-0", "chat-1", "chat-2"]
     finally:
         await store.close()

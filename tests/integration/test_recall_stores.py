@@ -44,7 +44,7 @@ async def test_the_current_plan_ranks_first_and_the_old_one_only_when_asked(
     between = datetime.now(UTC)  # known-at: after Basic was stored, before Pro was
     second = await ingest(chain, feed[1:])
     assert first.failures == second.failures == []
-    searcher = Searcher(store, embedder)
+    searcher = Searcher(store.search, embedder)
 
     now = await searcher.search(
         SearchRequest(query=QUERY, group_ids=[group_id], recipe="facts_rrf")

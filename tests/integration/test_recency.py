@@ -35,7 +35,7 @@ async def test_the_first_episode_about_a_subject_is_its_latest_statement_then(
     ]
     report = await ingest(chain, feed)
     assert report.failures == []
-    searcher = Searcher(store, embedder)
+    searcher = Searcher(store.search, embedder)
 
     wrong = []
     for q in questions:
@@ -75,7 +75,7 @@ async def test_a_forgotten_message_leaves_no_trace_in_the_context_of_its_replies
     scope = SearchScope((group_id,), AsOf.resolve(None, None, False, None))
 
     async def found(text: str) -> set[str]:
-        hits = await store.fulltext_search(scope, "episode", text, 10)
+        hits = await store.search.fulltext_search(scope, "episode", text, 10)
         return {h.record.producer_id for h in hits}
 
     assert await found("Bluefinch") == {"q", "a"}  # the reply through its context

@@ -89,7 +89,7 @@ async def test_a_text_record_over_its_time_budget_is_stored_unextracted_and_othe
     store = topology.store()
     try:
         [stuck] = await store.pending_episodes(stuck_group, 10)
-        after = await store.query_facts(stuck_group)
+        after = await store.browse.query_facts(stuck_group)
     finally:
         await store.close()
     assert (stuck.producer_id, stuck.not_extracted) == ("stuck", "timeout")

@@ -18,7 +18,6 @@ from tests.integration.test_topology import read_topic
 from tests.integration.topology_harness import Topology, eventually
 from tests.support.crm_feed import crm_feed
 from tidegraph.records.sealed import is_sealed
-from tidegraph.stores.keys import GroupKeys
 
 pytestmark = pytest.mark.integration
 
@@ -42,15 +41,14 @@ async def test_a_purged_groups_records_on_the_topic_can_no_longer_be_read(
     hops = await read_topic(topology, topology.names.extracted)  # the hop topic too
     assert hops and all(set(r) == {"group_id", "sealed"} for r in hops)
     store = topology.store()
-    assert isinstance(store, GroupKeys)
     try:
-        assert (await store.counts(purged))["facts"] > 0  # written from the sealed records
-        kept_counts = await store.counts(kept)
+        assert (await store.browse.counts(purged))["facts"] > 0  # written from the sealed records
+        kept_counts = await store.browse.counts(kept)
 
         forget = {"forget": {"group_id": purged, "group": True, "purge": True}}
         await topology.produce([forget])
         await eventually(
-            lambda: store.group_keys(purged),
+            lambda: store.keys.group_keys(purged),
             lambda keys: keys == [],
             timeout=90,
             what="the purge to erase the group's data key",
@@ -65,13 +63,13 @@ async def test_a_purged_groups_records_on_the_topic_can_no_longer_be_read(
         again = await topology.produce(after)  # behind the replay, in the kept group
         await topology.wait_reflected(again)
 
-        assert await store.counts(purged) == {
+        assert await store.browse.counts(purged) == {
             "episodes": 0,
             "entities": 0,
             "facts": 0,
             "mentions": 0,
         }
-        assert (await store.counts(kept))["episodes"] == kept_counts["episodes"] + len(after)
+        assert (await store.browse.counts(kept))["episodes"] == kept_counts["episodes"] + len(after)
         # Each of the group's records on the input topic and on the hop topic (the fresh
         # consumer group reads both from the start) is a dead letter, unread.
         letters = await eventually(
@@ -89,5 +87,5 @@ async def test_a_purged_groups_records_on_the_topic_can_no_longer_be_read(
         assert {d.reason for d in letters} == {"key_erased"}
         assert replayer.alive()
     finally:
-        await store.erase_group_keys(kept)
+        await store.keys.erase_group_keys(kept)
         await store.close()

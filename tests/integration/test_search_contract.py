@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from neo4j import AsyncGraphDatabase
 
+from tests.support.stores import upsert_entities
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -179,7 +180,7 @@ async def corpus(store: GraphStore, group: str) -> Corpus:
         members=sorted([e["acme"].uuid, e["globex"].uuid]),
         name_embedding=vec(*([0.0] * 7), 1.0),
     )
-    await store.write_communities(group, [community], [])
+    await store.communities.write_communities(group, [community], [])
     return Corpus(group, entities, facts, episodes, community)
 
 
@@ -201,15 +202,15 @@ async def test_each_kind_is_found_by_fulltext_and_by_vector(
     }
     for kind in KINDS:
         uuid, text, embedding = expected[kind]
-        by_text = await any_store.fulltext_search(now, kind, text, 5)
+        by_text = await any_store.search.fulltext_search(now, kind, text, 5)
         assert by_text and by_text[0].uuid == uuid, kind
-        by_vector = await any_store.vector_search(now, kind, embedding, 5)
+        by_vector = await any_store.search.vector_search(now, kind, embedding, 5)
         assert by_vector[0].uuid == uuid and by_vector[0].score == pytest.approx(1.0), kind
         assert [h.score for h in by_vector] == sorted((h.score for h in by_vector), reverse=True)
         for hit in [*by_text, *by_vector]:
             assert (hit.kind, hit.group_id) == (kind, c.group)
             assert hit.embedding is not None  # for MMR
-    assert await any_store.fulltext_search(now, "fact", "the of and", 5) == []
+    assert await any_store.search.fulltext_search(now, "fact", "the of and", 5) == []
 
 
 async def test_hits_carry_their_sources(
@@ -217,7 +218,7 @@ async def test_hits_carry_their_sources(
 ) -> None:
     c = await corpus(any_store, new_group())
     now = scope(c.group)
-    [fact] = await any_store.fulltext_search(now, "fact", "works", 5)
+    [fact] = await any_store.search.fulltext_search(now, "fact", "works", 5)
     assert (fact.subject, fact.object, fact.episodes, fact.mentions) == (
         "Alice",
         "Acme Corp",
@@ -225,23 +226,23 @@ async def test_hits_carry_their_sources(
         1,
     )
     assert fact.as_json(1)["relation"] == "WORKS_AT"
-    [acme] = await any_store.vector_search(now, "entity", vec(1), 1)
+    [acme] = await any_store.search.vector_search(now, "entity", vec(1), 1)
     assert (acme.record.name, acme.episodes, acme.mentions) == (
         "Acme Corp",
         ["msg-order", "msg-hired"],  # what was said of it most recently first
         2,
     )
-    [episode] = await any_store.fulltext_search(now, "episode", "joined", 5)
+    [episode] = await any_store.search.fulltext_search(now, "episode", "joined", 5)
     assert episode.record.producer_id == "msg-hired" and episode.episodes == ["msg-hired"]
-    [community] = await any_store.fulltext_search(now, "community", "printing", 5)
+    [community] = await any_store.search.fulltext_search(now, "community", "printing", 5)
     assert community.record.members == c.community.members
     # entities and episodes known only later, or happened later, are not seen earlier
     before = scope(c.group, valid_at=day(1.5), known_at=day(1.5))
-    assert uuids(await any_store.fulltext_search(before, "episode", "Acme", 5)) == [
+    assert uuids(await any_store.search.fulltext_search(before, "episode", "Acme", 5)) == [
         c.episodes["hired"].uuid
     ]
-    assert await any_store.fulltext_search(before, "fact", "copier paper", 5) == []
-    [early] = await any_store.fulltext_search(before, "entity", "acme", 5)
+    assert await any_store.search.fulltext_search(before, "fact", "copier paper", 5) == []
+    [early] = await any_store.search.fulltext_search(before, "entity", "acme", 5)
     assert (early.episodes, early.mentions) == (["msg-hired"], 1)
 
 
@@ -258,15 +259,15 @@ async def test_hits_read_without_details_are_completed_to_what_a_read_with_them_
         bare = dataclasses.replace(full, details=False)
         for kind in KINDS:
             for text in ("works", "Acme copier paper", "Alice Globex printing"):
-                detailed = await any_store.fulltext_search(full, kind, text, 5)
-                light = await any_store.fulltext_search(bare, kind, text, 5)
+                detailed = await any_store.search.fulltext_search(full, kind, text, 5)
+                light = await any_store.search.fulltext_search(bare, kind, text, 5)
                 assert uuids(light) == uuids(detailed), (kind, text)
-                assert await any_store.complete_hits(bare, light) == detailed, (kind, text)
+                assert await any_store.search.complete_hits(bare, light) == detailed, (kind, text)
         start = [c.entities["alice"].uuid]
-        walked = await any_store.expand_facts(bare, start, 2, 10)
-        detailed = await any_store.expand_facts(full, start, 2, 10)
-        assert walked and await any_store.complete_hits(bare, walked) == detailed
-    assert await any_store.complete_hits(scope(c.group), []) == []
+        walked = await any_store.search.expand_facts(bare, start, 2, 10)
+        detailed = await any_store.search.expand_facts(full, start, 2, 10)
+        assert walked and await any_store.search.complete_hits(bare, walked) == detailed
+    assert await any_store.search.complete_hits(scope(c.group), []) == []
 
 
 async def test_a_search_never_crosses_tenants(
@@ -274,14 +275,18 @@ async def test_a_search_never_crosses_tenants(
 ) -> None:
     mine, theirs = await corpus(any_store, new_group()), await corpus(any_store, new_group())
     for kind in KINDS:
-        alone = await any_store.fulltext_search(scope(mine.group), kind, "acme paper printers", 20)
+        alone = await any_store.search.fulltext_search(
+            scope(mine.group), kind, "acme paper printers", 20
+        )
         assert alone and {h.group_id for h in alone} == {mine.group}
-        both = await any_store.fulltext_search(
+        both = await any_store.search.fulltext_search(
             scope(mine.group, theirs.group), kind, "acme paper printers", 20
         )
         assert {h.group_id for h in both} == {mine.group, theirs.group}
         assert len(both) == 2 * len(alone)
-        vectors = await any_store.vector_search(scope(theirs.group), kind, vec(1, 1, 1, 1), 20)
+        vectors = await any_store.search.vector_search(
+            scope(theirs.group), kind, vec(1, 1, 1, 1), 20
+        )
         assert vectors and {h.group_id for h in vectors} == {theirs.group}
     # everything a hit carries is of its own group
     owned = {
@@ -292,7 +297,9 @@ async def test_a_search_never_crosses_tenants(
     }
     both_groups = scope(mine.group, theirs.group)
     for kind in KINDS:
-        for hit in await any_store.vector_search(both_groups, kind, vec(1, 1, 1, 1, 1, 1, 1), 20):
+        for hit in await any_store.search.vector_search(
+            both_groups, kind, vec(1, 1, 1, 1, 1, 1, 1), 20
+        ):
             assert hit.record.uuid == hit.uuid
             corpus_of = mine if hit.group_id == mine.group else theirs
             if kind == "fact":
@@ -398,28 +405,30 @@ async def test_facts_are_found_exactly_as_query_facts_answers(
     asked = 0
     for valid_at in instants:
         for known_at in [*instants, None]:
-            expected = await any_store.query_facts(
+            expected = await any_store.browse.query_facts(
                 group, valid_at=valid_at, known_at=known_at, include_invalid=include_invalid
             )
             where = scope(
                 group, valid_at=valid_at, known_at=known_at, include_invalid=include_invalid
             )
-            by_text = await any_store.fulltext_search(where, "fact", "acme plan", 10)
-            by_vector = await any_store.vector_search(where, "fact", vec(1), 10)
+            by_text = await any_store.search.fulltext_search(where, "fact", "acme plan", 10)
+            by_vector = await any_store.search.vector_search(where, "fact", vec(1), 10)
             # as a search reads them (no details, no embeddings), then completed
             bare = dataclasses.replace(where, details=False, embeddings=False)
-            light = await any_store.fulltext_search(bare, "fact", "acme plan", 10)
-            walked = await any_store.expand_facts(
+            light = await any_store.search.fulltext_search(bare, "fact", "acme plan", 10)
+            walked = await any_store.search.expand_facts(
                 bare, [stable_uuid("entity", group, "Acme")], 1, 10
             )
-            completed = [await any_store.complete_hits(bare, hits) for hits in (light, walked)]
+            completed = [
+                await any_store.search.complete_hits(bare, hits) for hits in (light, walked)
+            ]
             for hits in (by_text, by_vector, *completed):
                 got = sorted((view(h) for h in hits), key=lambda v: v.uuid)
                 assert got == sorted(expected, key=lambda v: v.uuid), (valid_at, known_at)
             asked += bool(expected)
     assert asked > 20
     if include_invalid:  # ended facts too: Basic is found although it ended
-        ended = await any_store.fulltext_search(
+        ended = await any_store.search.fulltext_search(
             scope(group, include_invalid=True), "fact", "basic", 5
         )
         assert [h.record.invalid_at for h in ended] == [day(30)]
@@ -492,24 +501,24 @@ async def test_expand_facts_walks_breadth_first_over_valid_facts(
     a, b, c, d, e = await _chain(any_store, group)
     await _chain(any_store, other)
     now = scope(group, other)
-    hits = await any_store.expand_facts(now, [a.uuid], 2, 10)
+    hits = await any_store.search.expand_facts(now, [a.uuid], 2, 10)
     assert [(h.subject, h.object, h.distance, h.score) for h in hits] == [
         ("a", "b", 1, 1.0),
         ("b", "c", 2, 0.5),
     ]
     assert {h.group_id for h in hits} == {group}
-    three = await any_store.expand_facts(now, [a.uuid], 3, 10)
+    three = await any_store.search.expand_facts(now, [a.uuid], 3, 10)
     assert [h.distance for h in three] == [1, 2, 3]
-    assert len(await any_store.expand_facts(now, [a.uuid], 3, 2)) == 2
+    assert len(await any_store.search.expand_facts(now, [a.uuid], 3, 2)) == 2
     # as of day 1.5 the a - d fact still held
     then = scope(group, valid_at=day(1.5))
     assert sorted(
-        (h.object, h.distance) for h in await any_store.expand_facts(then, [a.uuid], 1, 10)
+        (h.object, h.distance) for h in await any_store.search.expand_facts(then, [a.uuid], 1, 10)
     ) == [
         ("b", 1),
         ("d", 1),
     ]
-    assert await any_store.expand_facts(now, [e.uuid], 3, 10) == []
+    assert await any_store.search.expand_facts(now, [e.uuid], 3, 10) == []
 
 
 async def test_entity_distances_and_recent_episode_entities(
@@ -519,21 +528,21 @@ async def test_entity_distances_and_recent_episode_entities(
     a, b, c, d, e = await _chain(any_store, group)
     now = scope(group)
     everyone = [p.uuid for p in (a, b, c, d, e)]
-    assert await any_store.entity_distances(now, a.uuid, everyone, 2) == {
+    assert await any_store.search.entity_distances(now, a.uuid, everyone, 2) == {
         a.uuid: 0,
         b.uuid: 1,
         c.uuid: 2,
     }
-    assert (await any_store.entity_distances(now, a.uuid, everyone, 5))[d.uuid] == 3
+    assert (await any_store.search.entity_distances(now, a.uuid, everyone, 5))[d.uuid] == 3
     then = scope(group, valid_at=day(1.5))
-    assert (await any_store.entity_distances(then, a.uuid, [d.uuid], 5)) == {d.uuid: 1}
+    assert (await any_store.search.entity_distances(then, a.uuid, [d.uuid], 5)) == {d.uuid: 1}
     # the latest episodes first (the last one mentions nobody)
-    recent = await any_store.recent_episode_entities(now, 2)
+    recent = await any_store.search.recent_episode_entities(now, 2)
     assert recent == sorted([c.uuid, d.uuid])
-    assert await any_store.recent_episode_entities(scope(group, valid_at=day(1.5)), 5) == sorted(
-        [a.uuid, b.uuid]
-    )
-    assert await any_store.recent_episode_entities(scope(new_group()), 5) == []
+    assert await any_store.search.recent_episode_entities(
+        scope(group, valid_at=day(1.5)), 5
+    ) == sorted([a.uuid, b.uuid])
+    assert await any_store.search.recent_episode_entities(scope(new_group()), 5) == []
 
 
 async def test_the_latest_episodes_are_ordered_by_time_then_uuid(
@@ -545,7 +554,7 @@ async def test_the_latest_episodes_are_ordered_by_time_then_uuid(
     people = [
         EntityRecord(uuid=stable_uuid("entity", group, n), group_id=group, name=n) for n in "pqrst"
     ]
-    await any_store.upsert_entities(group, people)
+    await upsert_entities(any_store, group, people)
     said = [
         (day(3), day(3)),
         (day(3), day(3)),
@@ -560,9 +569,11 @@ async def test_the_latest_episodes_are_ordered_by_time_then_uuid(
         await any_store.write_episode(group, EpisodeWrite(episode=ep, mentions=[people[n].uuid]))
     tied = sorted(range(3), key=lambda n: episodes[n].uuid, reverse=True)
     then = scope(group, known_at=day(5))
-    assert await any_store.recent_episode_entities(then, 2) == [people[n].uuid for n in tied[:2]]
+    assert await any_store.search.recent_episode_entities(then, 2) == [
+        people[n].uuid for n in tied[:2]
+    ]
     # the latest, said on day 4, was stored on day 9: not seen on day 5
-    assert await any_store.recent_episode_entities(then, 4) == [
+    assert await any_store.search.recent_episode_entities(then, 4) == [
         *(people[n].uuid for n in tied),
         people[3].uuid,
     ]

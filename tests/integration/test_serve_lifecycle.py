@@ -215,7 +215,7 @@ async def test_forget_over_http_leaves_the_graph_memory_forget_leaves(
             names = {e["name"] for e in entities["entities"]}
             assert "Sam Lee" not in names and "Dana Reyes" in names  # rec-5 still names Dana
         finally:
-            await reference.store.delete_group(mirror)
+            await reference.store.forget.delete_group(mirror)
 
 
 async def test_a_tenant_leaving_forgets_its_whole_group_and_no_other(served: Served):
@@ -488,7 +488,7 @@ async def test_serve_prunes_the_change_outbox_as_it_starts_and_keeps_a_timer(tmp
         group_id=group, content=RECORDS[0], reference_time=AT[0], episode_id="rec-0"
     )
     assert added.status == "written"
-    committed = await service.store.changes(group, 0, 100)
+    committed = await service.store.outbox.changes(group, 0, 100)
     assert committed  # the outbox holds the episode's changes
 
     async def opened() -> Any:
@@ -496,8 +496,8 @@ async def test_serve_prunes_the_change_outbox_as_it_starts_and_keeps_a_timer(tmp
 
     app = create_app(opened, KeyRing({}))
     async with app.router.lifespan_context(app):
-        assert await service.store.changes(group, 0, 100) == []  # pruned at startup
-        [log] = await service.store.change_logs([group])
+        assert await service.store.outbox.changes(group, 0, 100) == []  # pruned at startup
+        [log] = await service.store.outbox.change_logs([group])
         assert log.seq == committed[-1].seq  # the cursor's numbering goes on
         timer = service._upkeep
         assert timer is not None and not timer.done()  # the next rounds are on a timer

@@ -114,8 +114,8 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
         try:
 
             async def state() -> Any:
-                plans = await store.query_facts(group + "north", include_invalid=True)
-                notes_now = await store.query_facts(group + "notes")
+                plans = await store.browse.query_facts(group + "north", include_invalid=True)
+                notes_now = await store.browse.query_facts(group + "notes")
                 letters = await topology.dead_letters()
                 return plans, notes_now, letters
 
@@ -160,7 +160,7 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
             topology.cli("dlq", "replay", "--stage", "source")
 
             async def owners() -> list[Any]:
-                return await store.query_facts(group + "north")
+                return await store.browse.query_facts(group + "north")
 
             now = await eventually(
                 owners,

@@ -26,7 +26,7 @@ TENANTS = ("north", "south")
 async def valid_facts(
     store: GraphStore, group: str, at: datetime | None = None, known_at: datetime | None = None
 ) -> set[tuple[str, str, str]]:
-    facts = await store.query_facts(group, valid_at=at, known_at=known_at)
+    facts = await store.browse.query_facts(group, valid_at=at, known_at=known_at)
     return {(f.subject, f.relation, f.object) for f in facts}
 
 
@@ -109,7 +109,7 @@ async def test_the_graph_follows_the_tables_history(
                 probes.append((db_clock(db.dsn), tables.copy()))
             await _until_graph_is(store, group, tables)
             for tenant in TENANTS:  # one episode per change event, none twice
-                assert (await store.counts(group + tenant))["episodes"] == events[tenant]
+                assert (await store.browse.counts(group + tenant))["episodes"] == events[tenant]
             far = datetime.now(UTC) + timedelta(days=1)
             for tenant in TENANTS:
                 episodes = await store.recent_episodes(group + tenant, far, 1000)
@@ -126,7 +126,7 @@ async def test_the_graph_follows_the_tables_history(
                     known = await valid_facts(store, group + tenant, at, known_at=captured)
                     assert known == state.facts(tenant), (at, tenant)
             # A deleted row's entity and its history stay: Globex (account 2) had two owners.
-            history = await store.query_facts(group + "north", include_invalid=True)
+            history = await store.browse.query_facts(group + "north", include_invalid=True)
             owners = [f.object for f in history if f.subject == "Account 2" and
                       f.relation == "OWNED_BY" and f.valid_at != f.invalid_at]  # fmt: skip
             assert sorted(owners) == ["Bob", "Dana"]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from neo4j import AsyncGraphDatabase
 
+from tests.support.stores import assign_member, neighbour_weights, upsert_entities, vector_facts
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -45,7 +46,7 @@ from tidegraph.stores.memory.store import MemoryStore
 from tidegraph.stores.neo4j import queries as neo4j_queries
 from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
-from tidegraph.stores.neo4j.search_core import SearchCore
+from tidegraph.stores.neo4j.search import Neo4jSearch
 from tidegraph.stores.neo4j.store import Neo4jStore
 from tidegraph.stores.rows import vector_candidates
 from tidegraph.stores.sqlite import db as sqlite_db
@@ -158,14 +159,16 @@ def episode(
 
 async def snapshot(store: GraphStore, group: str) -> dict[str, Any]:
     """Everything the store says about a group, for before/after comparisons."""
-    entities = await store.list_entities(group)
+    entities = await store.browse.list_entities(group)
     facts = await store.facts_touching(group, [e.uuid for e in entities])
     return {
-        "counts": await store.counts(group),
+        "counts": await store.browse.counts(group),
         "entities": [e.model_dump() for e in entities],
         "facts": [f.model_dump() for f in facts],
         "episodes": [e.model_dump() for e in await store.recent_episodes(group, FAR_FUTURE, 1000)],
-        "history": [v.model_dump() for v in await store.query_facts(group, include_invalid=True)],
+        "history": [
+            v.model_dump() for v in await store.browse.query_facts(group, include_invalid=True)
+        ],
     }
 
 
@@ -220,7 +223,7 @@ async def test_setup_is_idempotent_and_refuses_another_dimension(
         await store.setup(DIM + 1)
     # still usable after the refusal, indexes answering right away
     acme = entity(group, "Acme Corp", summary="printers", embedding=vec(1))
-    await store.upsert_entities(group, [acme])
+    await upsert_entities(store, group, [acme])
     assert uuids(await store.fulltext_entities(group, "acme", 5)) == [acme.uuid]
     assert uuids(await store.vector_entities(group, vec(1), 5)) == [acme.uuid]
 
@@ -243,7 +246,7 @@ async def test_embedded_store_reopens_with_its_data(tmp_path: Path) -> None:
     first = SqliteStore(tmp_path / "graph")
     await first.setup(DIM)
     acme = entity(group, "Acme Corp", summary="printers", embedding=vec(1))
-    await first.upsert_entities(group, [acme])
+    await upsert_entities(first, group, [acme])
     await first.close()
     second = SqliteStore(tmp_path / "graph")
     try:
@@ -251,7 +254,7 @@ async def test_embedded_store_reopens_with_its_data(tmp_path: Path) -> None:
             await second.setup(DIM * 2)
         await second.setup(DIM)
         globex = entity(group, "Globex", summary="printers too", embedding=vec(0.9, 0.1))
-        await second.upsert_entities(group, [globex])  # indexes follow after a reopen
+        await upsert_entities(second, group, [globex])  # indexes follow after a reopen
         assert uuids(await second.vector_entities(group, vec(1), 5)) == [acme.uuid, globex.uuid]
         assert set(uuids(await second.fulltext_entities(group, "printers", 5))) == {
             acme.uuid,
@@ -274,7 +277,12 @@ async def test_write_episode_marks_it_processed(
     [stored] = await store.recent_episodes(group, FAR_FUTURE, 10)
     assert stored == ep
     assert stored.valid_at.tzinfo is not None and stored.valid_at.utcoffset() == timedelta(0)
-    assert await store.counts(group) == {"episodes": 1, "entities": 0, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(group) == {
+        "episodes": 1,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_an_episode_id_reused_for_other_content_is_refused(
@@ -320,16 +328,19 @@ async def test_a_processed_episode_answers_with_the_entities_it_created(
     )
     written.created = [globex.uuid, acme.uuid]
     assert await store.write_episode(group, written)
-    assert await store.episode_marker(group, first.uuid) == [globex.uuid, acme.uuid]
+    assert (await store.episode_markers(group, [(first.uuid, None)])).get(first.uuid) == [
+        globex.uuid,
+        acme.uuid,
+    ]
     lookup = await store.lookup_entities(group, ["k"], ["acme corp"], first.uuid, ["X"])
     assert (lookup.processed, lookup.created_entities) == (True, [globex.uuid, acme.uuid])
     assert (lookup.by_key, lookup.by_name, lookup.facts) == ([], [], None)
     # a later episode that created nothing, and other groups, answer with none
     second = episode(group, "ticket-2", day(2))
     await store.write_episode(group, EpisodeWrite(episode=second, mentions=[acme.uuid]))
-    assert await store.episode_marker(group, second.uuid) == []
+    assert (await store.episode_markers(group, [(second.uuid, None)])).get(second.uuid) == []
     assert (await store.lookup_entities(group, [], [], second.uuid)).created_entities == []
-    assert await store.episode_marker(other, first.uuid) is None
+    assert (await store.episode_markers(other, [(first.uuid, None)])).get(first.uuid) is None
     assert not (await store.lookup_entities(other, [], [], first.uuid)).processed
 
 
@@ -378,7 +389,7 @@ async def test_entity_upsert_semantics(store: GraphStore, new_group: Callable[..
         embedding=vec(1, 0),
         created_at=day(1),
     )
-    await store.upsert_entities(group, [first])
+    await upsert_entities(store, group, [first])
     second = first.model_copy(
         update={
             "name": "ACME Corporation",
@@ -390,7 +401,7 @@ async def test_entity_upsert_semantics(store: GraphStore, new_group: Callable[..
             "created_at": day(9),
         }
     )
-    await store.upsert_entities(group, [second])
+    await upsert_entities(store, group, [second])
     [stored] = await store.entities_by_uuids(group, [first.uuid])
     assert stored.name == "Acme Corp"
     assert stored.labels == ["Organization", "Customer"]
@@ -401,13 +412,18 @@ async def test_entity_upsert_semantics(store: GraphStore, new_group: Callable[..
     assert stored.created_at == day(1)
 
     third = second.model_copy(update={"summary": "Makes printers and toner.", "key": "crm-2"})
-    await store.upsert_entities(group, [third])
+    await upsert_entities(store, group, [third])
     [stored] = await store.entities_by_uuids(group, [first.uuid])
     assert stored.summary == "Makes printers and toner."
     assert stored.key == "crm-1"  # never replaced once set
     # the name lookup still works by the first name
     assert [e.uuid for e in await store.entities_by_names(group, ["acme corp"])] == [first.uuid]
-    assert await store.counts(group) == {"episodes": 0, "entities": 1, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(group) == {
+        "episodes": 0,
+        "entities": 1,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_repeated_uuid_in_one_batch_applies_in_order(
@@ -417,8 +433,8 @@ async def test_repeated_uuid_in_one_batch_applies_in_order(
     a = entity(group, "Acme", labels=["A"], summary="one", aliases=["x"], embedding=vec(1))
     b = a.model_copy(update={"labels": ["B"], "summary": "", "aliases": ["y"], "key": "k"})
     c = a.model_copy(update={"labels": ["A", "C"], "summary": "three", "key": "other"})
-    await store.upsert_entities(group, [a, b, c])
-    [stored] = await store.list_entities(group)
+    await upsert_entities(store, group, [a, b, c])
+    [stored] = await store.browse.list_entities(group)
     assert (stored.labels, stored.aliases, stored.summary, stored.key) == (
         ["A", "B", "C"],
         ["x", "y"],
@@ -430,7 +446,8 @@ async def test_repeated_uuid_in_one_batch_applies_in_order(
 async def test_entity_lookups(store: GraphStore, new_group: Callable[..., str]) -> None:
     group, other = new_group(), new_group()
     for g in (group, other):
-        await store.upsert_entities(
+        await upsert_entities(
+            store,
             g,
             [
                 entity(g, "Acme Corp.", key="crm-1", aliases=["acme inc", "the acme company"]),
@@ -457,7 +474,11 @@ async def test_entity_lookups(store: GraphStore, new_group: Callable[..., str]) 
     assert ids(await store.entities_by_uuids(group, [globex, acme, "missing"])) == [acme, globex]
     other_acme = stable_uuid("entity", other, "Acme Corp.")
     assert ids(await store.entities_by_uuids(group, [other_acme])) == []
-    assert [e.name for e in await store.list_entities(group)] == ["Acme Corp.", "Globex", "Initech"]
+    assert [e.name for e in await store.browse.list_entities(group)] == [
+        "Acme Corp.",
+        "Globex",
+        "Initech",
+    ]
 
 
 async def test_batch_reads_of_several_groups_answer_each_group_alone(
@@ -519,8 +540,8 @@ async def test_list_entities_orders_by_name_then_uuid(
         EntityRecord(uuid=f"{group}-{suffix}", group_id=group, name=name)
         for name, suffix in [("Beta", "2"), ("Alpha", "9"), ("Beta", "1"), ("Zed", "0")]
     ]
-    await store.upsert_entities(group, records)
-    listed = await store.list_entities(group)
+    await upsert_entities(store, group, records)
+    listed = await store.browse.list_entities(group)
     assert [(e.name, e.uuid[-1]) for e in listed] == [
         ("Alpha", "9"),
         ("Beta", "1"),
@@ -533,8 +554,8 @@ async def test_list_entities_orders_by_name_then_uuid(
 async def test_invalid_labels_are_dropped(store: GraphStore, new_group: Callable[..., str]) -> None:
     group = new_group()
     labels = ["Person", "bad label", "1abc", "x'}) DETACH", "Community", "Ok_2", "Person", ""]
-    await store.upsert_entities(group, [entity(group, "Ada", labels=labels)])
-    [stored] = await store.list_entities(group)
+    await upsert_entities(store, group, [entity(group, "Ada", labels=labels)])
+    [stored] = await store.browse.list_entities(group)
     assert stored.labels == ["Person", "Ok_2"]
 
 
@@ -544,8 +565,8 @@ async def test_neo4j_type_labels_are_real_labels(neo4j_uri: str, neo4j_driver: A
     try:
         await store.setup(DIM)
         ada = entity(group, "Ada", labels=["Person", "bad label", "Episodic", "Ok_2"])
-        await store.upsert_entities(group, [ada])
-        await store.upsert_entities(group, [ada.model_copy(update={"labels": ["Engineer"]})])
+        await upsert_entities(store, group, [ada])
+        await upsert_entities(store, group, [ada.model_copy(update={"labels": ["Engineer"]})])
         result = await neo4j_driver.execute_query(
             "MATCH (e:Entity {uuid: $uuid}) RETURN labels(e) AS labels", {"uuid": ada.uuid}
         )
@@ -560,15 +581,15 @@ async def test_group_conflicts_are_refused(
 ) -> None:
     mine, theirs = new_group(), new_group()
     theirs_acme = entity(theirs, "Acme", summary="theirs")
-    await store.upsert_entities(theirs, [theirs_acme])
+    await upsert_entities(store, theirs, [theirs_acme])
     intruder = theirs_acme.model_copy(update={"group_id": mine, "summary": "mine"})
     with pytest.raises(StoreIntegrityError):
-        await store.upsert_entities(mine, [intruder])
+        await upsert_entities(store, mine, [intruder])
     with pytest.raises(ValueError):  # a record of another group
-        await store.upsert_entities(mine, [theirs_acme])
-    [stored] = await store.list_entities(theirs)
+        await upsert_entities(store, mine, [theirs_acme])
+    [stored] = await store.browse.list_entities(theirs)
     assert stored.summary == "theirs"
-    assert await store.list_entities(mine) == []
+    assert await store.browse.list_entities(mine) == []
 
     ep = episode(theirs, "m-1", day(1))
     await store.write_episode(theirs, EpisodeWrite(episode=ep))
@@ -585,7 +606,7 @@ async def test_write_referencing_missing_entities_writes_nothing(
     group = new_group()
     a = entity(group, "A")
     ghost = entity(group, "Ghost")
-    await store.upsert_entities(group, [a])
+    await upsert_entities(store, group, [a])
     ep = episode(group, "m-1", day(1))
     bad_fact = fact(group, a, ghost, "KNOWS", "A knows a ghost", valid_at=day(1))
     for write in (
@@ -599,28 +620,38 @@ async def test_write_referencing_missing_entities_writes_nothing(
         with pytest.raises(StoreIntegrityError):
             await store.write_episode(group, write)
     assert not await store.episode_processed(group, ep.uuid)
-    assert await store.counts(group) == {"episodes": 0, "entities": 1, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(group) == {
+        "episodes": 0,
+        "entities": 1,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_embeddings_are_checked(store: GraphStore, new_group: Callable[..., str]) -> None:
     group = new_group()
     with pytest.raises(ValueError, match="dimensions"):
-        await store.upsert_entities(group, [entity(group, "A", embedding=[1.0, 0.0])])
+        await upsert_entities(store, group, [entity(group, "A", embedding=[1.0, 0.0])])
     with pytest.raises(ValueError, match="non-zero"):
-        await store.upsert_entities(group, [entity(group, "A", embedding=vec())])
+        await upsert_entities(store, group, [entity(group, "A", embedding=vec())])
     with pytest.raises(ValueError, match="dimensions"):
         await store.vector_entities(group, [1.0], 5)
     with pytest.raises(ValueError, match="dimensions"):
-        await store.vector_facts(group, [1.0], 5)
-    assert await store.counts(group) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+        await vector_facts(store, group, [1.0], 5)
+    assert await store.browse.counts(group) == {
+        "episodes": 0,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_datetimes_are_aware_utc(store: GraphStore, new_group: Callable[..., str]) -> None:
     group = new_group()
     plus_two = timezone(timedelta(hours=2))
     created = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=plus_two)
-    await store.upsert_entities(group, [entity(group, "A", created_at=created)])
-    [stored] = await store.list_entities(group)
+    await upsert_entities(store, group, [entity(group, "A", created_at=created)])
+    [stored] = await store.browse.list_entities(group)
     assert stored.created_at == created
     assert stored.created_at is not None and stored.created_at.utcoffset() == timedelta(0)
     assert stored.created_at.hour == 10
@@ -633,7 +664,7 @@ async def test_times_before_1970_keep_their_microseconds(
     Neo4j store sends times as epoch pairs, floored)."""
     group = new_group()
     a, b = entity(group, "A"), entity(group, "B")
-    await store.upsert_entities(group, [a, b])
+    await upsert_entities(store, group, [a, b])
     starts = datetime(1955, 3, 4, 5, 6, 7, 123456, tzinfo=timezone(timedelta(hours=2)))
     just_before_epoch = datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
     earlier = datetime(1954, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
@@ -651,7 +682,9 @@ async def test_times_before_1970_keep_their_microseconds(
 
 async def _add_community(store: GraphStore, group: str, name: str, members: list[str]) -> str:
     community = stable_uuid("community", group, name)
-    await store.write_communities(group, [CommunityRecord(community, name, "", members)], [])
+    await store.communities.write_communities(
+        group, [CommunityRecord(community, name, "", members)], []
+    )
     return community
 
 
@@ -661,20 +694,23 @@ async def test_entities_carry_their_community(
     group = new_group()
     a = entity(group, "Acme", summary="printers", embedding=vec(1))
     b = entity(group, "Bolt", summary="printers", embedding=vec(1, 1))
-    await store.upsert_entities(group, [a, b])
+    await upsert_entities(store, group, [a, b])
     community = await _add_community(store, group, "Printing", [a.uuid])
     expected = {a.uuid: community, b.uuid: None}
     for records in (
-        await store.list_entities(group),
+        await store.browse.list_entities(group),
         await store.entities_by_uuids(group, [a.uuid, b.uuid]),
         [e for e, _ in await store.fulltext_entities(group, "printers", 5)],
         [e for e, _ in await store.vector_entities(group, vec(1), 5)],
     ):
         assert {e.uuid: e.community_uuid for e in records} == expected
-    assert await store.communities_of(group, [b.uuid, a.uuid, a.uuid, "missing"]) == expected
-    assert await store.communities_of(new_group(), [a.uuid, b.uuid]) == {}
+    assert (
+        await store.communities.communities_of(group, [b.uuid, a.uuid, a.uuid, "missing"])
+        == expected
+    )
+    assert await store.communities.communities_of(new_group(), [a.uuid, b.uuid]) == {}
     # an upsert leaves the membership alone
-    await store.upsert_entities(group, [a.model_copy(update={"summary": "changed"})])
+    await upsert_entities(store, group, [a.model_copy(update={"summary": "changed"})])
     assert [e.community_uuid for e in await store.entities_by_uuids(group, [a.uuid])] == [community]
 
 
@@ -697,7 +733,7 @@ async def _search_corpus(store: GraphStore, group: str) -> dict[str, EntityRecor
         "umbrella": entity(group, "Umbrella", summary="Pharmaceuticals.", embedding=vec(-1, 0)),
         "plain": entity(group, "Hooli", summary="Search engine."),  # no embedding
     }
-    await store.upsert_entities(group, list(records.values()))
+    await upsert_entities(store, group, list(records.values()))
     return records
 
 
@@ -723,7 +759,7 @@ async def test_fulltext_ranking_and_isolation(
         assert await store.fulltext_entities(group, text, 10) == []
     for text in HOSTILE:
         await store.fulltext_entities(group, text, 10)  # plain text: no syntax error
-    assert (await store.counts(group))["entities"] == 5
+    assert (await store.browse.counts(group))["entities"] == 5
 
     # the index follows updates (several in one batch): a replaced summary is searched, the
     # old one is not
@@ -731,14 +767,14 @@ async def test_fulltext_ranking_and_isolation(
         mine["globex"].model_copy(update={"summary": "Globex now sells printers."}),
         mine["umbrella"].model_copy(update={"summary": "Vaccines."}),
     ]
-    await store.upsert_entities(group, changed)
+    await upsert_entities(store, group, changed)
     assert mine["globex"].uuid in uuids(await store.fulltext_entities(group, "printers", 10))
     assert await store.fulltext_entities(group, "widgets", 10) == []
     assert uuids(await store.fulltext_entities(group, "vaccines", 10)) == [mine["umbrella"].uuid]
     assert await store.fulltext_entities(group, "pharmaceuticals", 10) == []
     # new entities written in one batch are each found by their own words
     batch = [entity(group, f"Batch {word}", summary=f"about {word}") for word in ("kiwi", "mango")]
-    await store.upsert_entities(group, batch)
+    await upsert_entities(store, group, batch)
     for record, word in zip(batch, ("kiwi", "mango"), strict=True):
         assert uuids(await store.fulltext_entities(group, word, 10)) == [record.uuid]
     assert uuids(await store.fulltext_entities(other, "widgets", 10)) == [
@@ -770,15 +806,15 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
 ) -> None:
     big, small = new_group("big"), new_group("small")
     crowd = [entity(big, f"Crowd {i}", embedding=vec(1, i / 1000)) for i in range(130)]
-    await store.upsert_entities(big, crowd)
+    await upsert_entities(store, big, crowd)
     far = entity(small, "Far", embedding=vec(-1, 0.1))
     side = entity(small, "Side", embedding=vec(0, 1))
-    await store.upsert_entities(small, [far, side])
+    await upsert_entities(store, small, [far, side])
     assert uuids(await store.vector_entities(small, vec(1, 0), 5)) == [side.uuid, far.uuid]
     nearest = uuids(await store.vector_entities(big, vec(1, 0.05), 5))
     assert nearest[0] == crowd[50].uuid and set(nearest) == {c.uuid for c in crowd[48:53]}
-    if isinstance(store, SearchCore):  # the same answers from the global index as the scan
-        store.scan_below = 1  # every group is "large": the index, then the scan of a share
+    if isinstance(store.search, Neo4jSearch):  # the same answers from the global index as the scan
+        store.search.scan_below = 1  # every group is "large": the index, then the scan of a share
         try:
             assert uuids(await store.vector_entities(small, vec(1, 0), 5)) == [
                 side.uuid,
@@ -786,10 +822,10 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
             ]
             assert uuids(await store.vector_entities(big, vec(1, 0.05), 5)) == nearest
         finally:
-            del store.scan_below
+            del store.search.scan_below
 
     hub = entity(big, "Hub")
-    await store.upsert_entities(big, [hub])
+    await upsert_entities(store, big, [hub])
     big_facts = [
         fact(big, hub, crowd[i], "NEAR", f"near {i}", embedding=vec(1, i / 1000), tag=str(i))
         for i in range(130)
@@ -799,7 +835,7 @@ async def test_vector_search_finds_a_small_group_beside_a_big_one(
     await store.write_episode(
         small, EpisodeWrite(episode=episode(small, "e", day(1)), facts=[lone])
     )
-    [(found, score)] = await store.vector_facts(small, vec(1, 0), 5)
+    [(found, score)] = await vector_facts(store, small, vec(1, 0), 5)
     assert found.uuid == lone.uuid and score == pytest.approx(0.0, abs=0.02)
 
 
@@ -826,29 +862,29 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
     """Neo4j: whether a group is small enough for an exact scan is read once (the check reads
     up to ``scan_below`` vectors); a group found large goes straight to the index for
     ``LARGE_FOR_SECONDS``, with the same answers, and is checked again after that."""
-    from tidegraph.stores.neo4j import search_core
+    from tidegraph.stores.neo4j import search as search_core
 
     group = f"large-{uuidlib.uuid4().hex[:12]}"
     store = Neo4jStore(neo4j_uri)
     try:
         await store.setup(DIM)
         crowd = [entity(group, f"C{i}", embedding=vec(1, i / 10)) for i in range(6)]
-        await store.upsert_entities(group, crowd)
+        await upsert_entities(store, group, crowd)
         ran = recorded(store, monkeypatch)
-        monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
+        monkeypatch.setattr(store.search, "scan_below", 3)  # six entities: large
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
         checks = lambda: statements(ran).count(sq.SMALL_SCAN_HITS["entity"])  # noqa: E731
-        first = await store.vector_search(scope, "entity", vec(1, 0.2), 3)
+        first = await store.search.vector_search(scope, "entity", vec(1, 0.2), 3)
         assert checks() == 1
-        assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
+        assert await store.search.vector_search(scope, "entity", vec(1, 0.2), 3) == first
         assert checks() == 1  # not counted again
         clock = search_core.time.monotonic() + search_core.LARGE_FOR_SECONDS + 1
         monkeypatch.setattr(search_core.time, "monotonic", lambda: clock)
-        assert await store.vector_search(scope, "entity", vec(1, 0.2), 3) == first
+        assert await store.search.vector_search(scope, "entity", vec(1, 0.2), 3) == first
         assert checks() == 2  # a while later, checked again
         assert [h.uuid for h in first] == [crowd[2].uuid, crowd[3].uuid, crowd[1].uuid]
     finally:
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
         await store.close()
 
 
@@ -876,22 +912,22 @@ async def test_a_search_list_and_the_recent_episodes_entities_are_one_read_each(
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
         for kind, reads in (("fact", 1), ("entity", 1), ("episode", 2)):
             ran.clear()
-            by_text = await store.fulltext_search(scope, kind, "Acme Corp", 5)
+            by_text = await store.search.fulltext_search(scope, kind, "Acme Corp", 5)
             assert (len(ran), statements(ran)[-1]) == (reads, sq.FULLTEXT_HITS[kind])
             ran.clear()
-            by_vector = await store.vector_search(scope, kind, vec(1), 1)
+            by_vector = await store.search.vector_search(scope, kind, vec(1), 1)
             assert statements(ran) == [sq.SMALL_SCAN_HITS[kind]]  # scanned, with its hits
             assert [h.uuid for h in by_text] == [h.uuid for h in by_vector]
-            separately = await store._hits(group, kind, scope.asof, {by_text[0].uuid: 1.0})
+            separately = await store.search._hits(group, kind, scope.asof, {by_text[0].uuid: 1.0})
             assert [dataclasses.replace(h, score=1.0) for h in by_text] == separately
         assert by_text[0].uuid == said.uuid
-        [found] = await store.fulltext_search(scope, "fact", "Acme Corp", 5)
+        [found] = await store.search.fulltext_search(scope, "fact", "Acme Corp", 5)
         assert (found.uuid, found.episodes) == (plan.uuid, ["msg-1"])  # details came too
         ran.clear()
-        assert await store.recent_episode_entities(scope, 3) == [acme.uuid]
+        assert await store.search.recent_episode_entities(scope, 3) == [acme.uuid]
         assert len(ran) == 1
     finally:
-        await store.delete_group(group)
+        await store.forget.delete_group(group)
         await store.close()
 
 
@@ -903,22 +939,22 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
     group's among its first candidates. Groups holding more than ``widen_above`` records of
     the kind are asked for ``MAX_VECTOR_K`` neighbours and answered from them (a scan of them
     costs too much), smaller ones are scanned at once; the answer is the same."""
-    from tidegraph.stores.neo4j import search_core
+    from tidegraph.stores.neo4j import search as search_core
 
     group, other = (f"{name}-{uuidlib.uuid4().hex[:12]}" for name in ("mine", "theirs"))
     store = Neo4jStore(neo4j_uri)
     try:
         await store.setup(DIM)
         mine = [entity(group, f"M{i}", embedding=vec(1, i / 10)) for i in range(6)]
-        await store.upsert_entities(group, mine)
+        await upsert_entities(store, group, mine)
         crowd = [entity(other, f"T{i}", embedding=vec(i / 1000, 1)) for i in range(120)]
-        await store.upsert_entities(other, crowd)
+        await upsert_entities(store, other, crowd)
         ran = recorded(store, monkeypatch)
-        monkeypatch.setattr(store, "scan_below", 3)  # six entities: large
-        monkeypatch.setattr(store, "widen_above", widen_above)
+        monkeypatch.setattr(store.search, "scan_below", 3)  # six entities: large
+        monkeypatch.setattr(store.search, "widen_above", widen_above)
         monkeypatch.setattr(search_core, "MAX_VECTOR_K", 200)
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
-        found = await store.vector_search(scope, "entity", vec(0, 1), 3)
+        found = await store.search.vector_search(scope, "entity", vec(0, 1), 3)
         first = vector_candidates(3)  # fewer than the crowd: none of mine among them
         candidates, scan, _ = sq.SEARCH_VECTOR["entity"]
         asked = [params["k"] for statement, params in ran if statement == candidates]
@@ -930,7 +966,7 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
         assert [h.uuid for h in found] == [mine[5].uuid, mine[4].uuid, mine[3].uuid]
     finally:
         for name in (group, other):
-            await store.delete_group(name)
+            await store.forget.delete_group(name)
         await store.close()
 
 
@@ -943,8 +979,8 @@ async def test_entity_candidates_are_each_drafts_vector_and_fulltext_hits(
     group, other = new_group(), new_group()
     names = ["Acme Printers", "Acme Toner", "Globex Widgets", "Initech", *HOSTILE]
     mine = [entity(group, n, embedding=vec(1, i / 10)) for i, n in enumerate(names)]
-    await store.upsert_entities(group, mine)
-    await store.upsert_entities(other, [entity(other, "Acme Printers", embedding=vec(1, 0))])
+    await upsert_entities(store, group, mine)
+    await upsert_entities(store, other, [entity(other, "Acme Printers", embedding=vec(1, 0))])
     searches = [
         ("acme", vec(1, 0.05)),
         ("widgets initech", vec(1, 0.35)),
@@ -958,16 +994,18 @@ async def test_entity_candidates_are_each_drafts_vector_and_fulltext_hits(
             for n, e in searches
         ]
 
-    # a store with a global vector index (SearchCore) also through it
-    for scan_below in (SearchCore.scan_below, 1) if isinstance(store, SearchCore) else (None,):
+    # a store with a global vector index (Neo4jSearch) also through it
+    for scan_below in (
+        (Neo4jSearch.scan_below, 1) if isinstance(store.search, Neo4jSearch) else (None,)
+    ):
         if scan_below is not None:
-            store.scan_below = scan_below  # type: ignore[attr-defined]
+            store.search.scan_below = scan_below  # type: ignore[attr-defined]
         try:
             expected = await one_by_one()
             assert await store.entity_candidates(group, searches, 3) == expected
         finally:
             if scan_below is not None:
-                del store.scan_below  # type: ignore[attr-defined]
+                del store.search.scan_below  # type: ignore[attr-defined]
     assert expected[0][1] and expected[2][1] == [] and all(len(v) == 3 for v, _ in expected)
     assert {e.group_id for v, t in expected for e, _ in [*v, *t]} == {group}
     assert await store.entity_candidates(group, [], 3) == []
@@ -979,7 +1017,7 @@ async def test_vector_facts_ranking_and_isolation(
     group, other = new_group(), new_group()
     for g in (group, other):
         a, b, c = (entity(g, n) for n in ("A", "B", "C"))
-        await store.upsert_entities(g, [a, b, c])
+        await upsert_entities(store, g, [a, b, c])
         facts = [
             fact(g, a, b, "LIKES", "A likes B", embedding=vec(1, 0)),
             fact(g, b, c, "LIKES", "B likes C", embedding=vec(0.6, 0.8)),
@@ -987,12 +1025,12 @@ async def test_vector_facts_ranking_and_isolation(
             fact(g, c, a, "KNOWS", "C knows A"),  # no embedding
         ]
         await store.write_episode(g, EpisodeWrite(episode=episode(g, "e1", day(1)), facts=facts))
-    hits = await store.vector_facts(group, vec(1, 0), 10)
+    hits = await vector_facts(store, group, vec(1, 0), 10)
     assert [f.fact for f, _ in hits] == ["A likes B", "B likes C", "A hates C"]
     assert [round(s, 1) for _, s in hits] == [1.0, 0.8, 0.0]
     assert all(f.group_id == group for f, _ in hits)
     assert hits[0][0].fact_embedding == vec(1, 0)
-    assert [f.fact for f, _ in await store.vector_facts(group, vec(-1, 0), 1)] == ["A hates C"]
+    assert [f.fact for f, _ in await vector_facts(store, group, vec(-1, 0), 1)] == ["A hates C"]
 
 
 # ----------------------------------------------------------------------------- facts
@@ -1000,7 +1038,7 @@ async def test_facts_touching(store: GraphStore, new_group: Callable[..., str]) 
     group, other = new_group(), new_group()
     for g in (group, other):
         a, b, c, d = (entity(g, n) for n in "ABCD")
-        await store.upsert_entities(g, [a, b, c, d])
+        await upsert_entities(store, g, [a, b, c, d])
         facts = [
             fact(g, a, b, "KNOWS", "A knows B", valid_at=day(1)),
             fact(g, b, c, "KNOWS", "B knows C", valid_at=day(2)),
@@ -1040,7 +1078,7 @@ async def test_write_episode_twice_is_identical(
 ) -> None:
     group = new_group()
     a, b, c = (entity(group, n, embedding=vec(1, i)) for i, n in enumerate("ABC"))
-    await store.upsert_entities(group, [a, b, c])
+    await upsert_entities(store, group, [a, b, c])
     ep1 = episode(group, "m-1", day(1))
     f1 = fact(group, a, b, "WORKS_AT", "A works at B", valid_at=day(1), episodes=[ep1.uuid])
     f2 = fact(
@@ -1086,7 +1124,7 @@ async def test_a_processed_episode_is_never_written_again(
     nothing: the marker is checked in the write's own transaction."""
     group = new_group()
     a, b, c = (entity(group, n) for n in "ABC")
-    await store.upsert_entities(group, [a, b, c])
+    await upsert_entities(store, group, [a, b, c])
     ep1, ep2 = episode(group, "m-1", day(1)), episode(group, "m-2", day(2))
     f1 = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(1), episodes=[ep1.uuid])
     f2 = fact(group, a, c, "PLAN", "A is on plan C", valid_at=day(2), episodes=[ep2.uuid])
@@ -1109,8 +1147,13 @@ async def test_write_episode_upserts_its_entities_in_the_same_write(
     f = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(1), episodes=[ep.uuid])
     write = EpisodeWrite(episode=ep, mentions=[a.uuid, b.uuid], facts=[f], entities=[a, b])
     assert await store.write_episode(group, write)
-    assert [e.name for e in await store.list_entities(group)] == ["A", "B"]
-    assert await store.counts(group) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    assert [e.name for e in await store.browse.list_entities(group)] == ["A", "B"]
+    assert await store.browse.counts(group) == {
+        "episodes": 1,
+        "entities": 2,
+        "facts": 1,
+        "mentions": 2,
+    }
     lookup = await store.lookup_entities(group, ["crm:a"], ["b"], "nope", ["PLAN"])
     assert not lookup.processed
     assert [e.name for e in lookup.by_key] == ["A"] and [e.name for e in lookup.by_name] == ["B"]
@@ -1125,7 +1168,12 @@ async def test_write_episode_upserts_its_entities_in_the_same_write(
     bad = EpisodeWrite(episode(other, "m-1", day(1)), facts=[ghost], entities=[entity(other, "X")])
     with pytest.raises(StoreIntegrityError):
         await store.write_episode(other, bad)
-    assert await store.counts(other) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(other) == {
+        "episodes": 0,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_a_moved_end_is_answered_as_believed_at_each_time(
@@ -1136,7 +1184,7 @@ async def test_a_moved_end_is_answered_as_believed_at_each_time(
     closures and by full-state upserts alike, and the history survives a rewrite."""
     group = new_group()
     a, b = entity(group, "A"), entity(group, "B")
-    await store.upsert_entities(group, [a, b])
+    await upsert_entities(store, group, [a, b])
     f = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(0), created_at=day(1))
 
     async def write(**change: Any) -> FactRecord:
@@ -1145,11 +1193,11 @@ async def test_a_moved_end_is_answered_as_believed_at_each_time(
         return {x.uuid: x for x in await store.facts_touching(group, [a.uuid])}[f.uuid]
 
     async def believed(valid: int, known: float) -> list[str]:
-        views = await store.query_facts(group, valid_at=day(valid), known_at=day(known))
+        views = await store.browse.query_facts(group, valid_at=day(valid), known_at=day(known))
         return [v.fact for v in views]
 
     async def ends(known: float) -> list[tuple[str | None, str | None]]:
-        views = await store.query_facts(group, known_at=day(known), include_invalid=True)
+        views = await store.browse.query_facts(group, known_at=day(known), include_invalid=True)
         return [(v.invalid_at, v.expired_at) for v in views]
 
     await write(facts=[f])
@@ -1190,7 +1238,7 @@ async def test_a_moved_start_is_answered_as_believed_at_each_time(
     time; a closure and a full-state upsert that carries no start history keep it."""
     group = new_group()
     a, b = entity(group, "A"), entity(group, "B")
-    await store.upsert_entities(group, [a, b])
+    await upsert_entities(store, group, [a, b])
     f = fact(group, a, b, "ADVISES", "A advises B", valid_at=day(20), created_at=day(21))
 
     async def write(**change: Any) -> FactRecord:
@@ -1199,11 +1247,11 @@ async def test_a_moved_start_is_answered_as_believed_at_each_time(
         return {x.uuid: x for x in await store.facts_touching(group, [a.uuid])}[f.uuid]
 
     async def believed(valid: int, known: float) -> list[str]:
-        views = await store.query_facts(group, valid_at=day(valid), known_at=day(known))
+        views = await store.browse.query_facts(group, valid_at=day(valid), known_at=day(known))
         return [v.fact for v in views]
 
     async def starts(known: float) -> list[str | None]:
-        views = await store.query_facts(group, known_at=day(known), include_invalid=True)
+        views = await store.browse.query_facts(group, known_at=day(known), include_invalid=True)
         return [v.valid_at for v in views]
 
     assert (await write(facts=[f])).prior_starts == []
@@ -1238,7 +1286,7 @@ async def test_expired_at_is_set_only_once(
 ) -> None:
     group = new_group()
     a, b = entity(group, "A"), entity(group, "B")
-    await store.upsert_entities(group, [a, b])
+    await upsert_entities(store, group, [a, b])
     f = fact(group, a, b, "PLAN", "A is on plan B", valid_at=day(1), created_at=day(1))
 
     async def write(
@@ -1282,7 +1330,7 @@ async def _timeline(store: GraphStore, group: str) -> dict[str, FactRecord]:
     acme, globex, bob = entity(group, "Acme"), entity(group, "Globex"), entity(group, "Bob")
     basic, pro = entity(group, "Basic plan"), entity(group, "Pro plan")
     berlin, widgets = entity(group, "Berlin"), entity(group, "Widgets")
-    await store.upsert_entities(group, [acme, globex, bob, basic, pro, berlin, widgets])
+    await upsert_entities(store, group, [acme, globex, bob, basic, pro, berlin, widgets])
     e1, e2 = episode(group, "crm:1", day(1)), episode(group, "crm:2", day(60))
     facts = {
         "basic": fact(
@@ -1352,7 +1400,7 @@ async def test_query_facts_as_of(store: GraphStore, new_group: Callable[..., str
     await _timeline(store, other)
 
     async def ask(**kwargs: Any) -> list[str]:
-        return [v.fact for v in await store.query_facts(group, **kwargs)]
+        return [v.fact for v in await store.browse.query_facts(group, **kwargs)]
 
     # now: everything is known; the plan is Pro, Bob has left
     assert await ask() == ["Acme is on the Pro plan", "Globex makes widgets"]
@@ -1386,7 +1434,7 @@ async def test_query_facts_as_of(store: GraphStore, new_group: Callable[..., str
         "Globex makes widgets",
     ]
     # whole history, ordered by subject, relation, valid_at
-    history = await store.query_facts(group, include_invalid=True)
+    history = await store.browse.query_facts(group, include_invalid=True)
     assert [v.uuid for v in history] == [
         facts[k].uuid for k in ("late", "basic", "pro", "job", "globex")
     ]
@@ -1408,7 +1456,7 @@ async def test_query_facts_views(store: GraphStore, new_group: Callable[..., str
     facts = await _timeline(store, group)
     basic = facts["basic"]
     [now_view] = [
-        v for v in await store.query_facts(group, valid_at=day(45)) if v.uuid == basic.uuid
+        v for v in await store.browse.query_facts(group, valid_at=day(45)) if v.uuid == basic.uuid
     ]
     assert now_view == FactView(
         uuid=basic.uuid,
@@ -1425,11 +1473,11 @@ async def test_query_facts_views(store: GraphStore, new_group: Callable[..., str
     # as believed before the closure was learned, the fact has no known end yet
     [then_view] = [
         v
-        for v in await store.query_facts(group, valid_at=day(45), known_at=day(61))
+        for v in await store.browse.query_facts(group, valid_at=day(45), known_at=day(61))
         if v.uuid == basic.uuid
     ]
     assert (then_view.invalid_at, then_view.expired_at) == (None, None)
-    [globex] = [v for v in await store.query_facts(group) if v.relation == "MAKES"]
+    [globex] = [v for v in await store.browse.query_facts(group) if v.relation == "MAKES"]
     assert globex.episodes == ["not-an-episode-uuid"]  # unknown episode: its uuid is shown
 
 
@@ -1438,7 +1486,7 @@ async def test_hostile_strings_are_stored_verbatim(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:
     canary = new_group("canary")
-    await store.upsert_entities(canary, [entity(canary, "Canary", summary="sings")])
+    await upsert_entities(store, canary, [entity(canary, "Canary", summary="sings")])
     canary_before = await snapshot(store, canary)
 
     for i, text in enumerate(HOSTILE):
@@ -1453,7 +1501,7 @@ async def test_hostile_strings_are_stored_verbatim(
             embedding=vec(1, i),
         )
         b = entity(group, f"{text} (other)", summary=text)
-        await store.upsert_entities(group, [a, b])
+        await upsert_entities(store, group, [a, b])
         ep = EpisodeRecord(
             uuid=stable_uuid("episode", group, text),
             group_id=group,
@@ -1480,7 +1528,7 @@ async def test_hostile_strings_are_stored_verbatim(
         [stored_ep] = await store.recent_episodes(group, FAR_FUTURE, 5)
         assert (stored_ep.name, stored_ep.content, stored_ep.producer_id) == (text, text, text)
         assert await store.episode_processed(group, ep.uuid)
-        [view] = await store.query_facts(group)
+        [view] = await store.browse.query_facts(group)
         assert (view.subject, view.relation, view.fact, view.episodes) == (
             text,
             text,
@@ -1489,7 +1537,7 @@ async def test_hostile_strings_are_stored_verbatim(
         )
         assert uuids(await store.vector_entities(group, vec(1, i), 1)) == [a.uuid]
         await store.fulltext_entities(group, text, 5)
-        assert await store.counts(group) == {
+        assert await store.browse.counts(group) == {
             "episodes": 1,
             "entities": 2,
             "facts": 1,
@@ -1504,7 +1552,7 @@ async def test_concurrent_calls(store: GraphStore, new_group: Callable[..., str]
 
     async def work(group: str) -> dict[str, int]:
         people = [entity(group, f"Person {i}", embedding=vec(1, i)) for i in range(10)]
-        await store.upsert_entities(group, people)
+        await upsert_entities(store, group, people)
         writes = [
             EpisodeWrite(
                 episode=episode(group, f"m-{i}", day(i)),
@@ -1517,9 +1565,9 @@ async def test_concurrent_calls(store: GraphStore, new_group: Callable[..., str]
         await asyncio.gather(
             store.vector_entities(group, vec(1), 3),
             store.fulltext_entities(group, "person", 3),
-            store.query_facts(group),
+            store.browse.query_facts(group),
         )
-        return await store.counts(group)
+        return await store.browse.counts(group)
 
     results = await asyncio.gather(*(work(g) for g in groups))
     assert results == [{"episodes": 5, "entities": 10, "facts": 5, "mentions": 5}] * 4
@@ -1536,7 +1584,7 @@ async def test_writes_committed_together_act_as_one_at_a_time(
     ann = entity(group, "Ann", embedding=vec(1))
     acme = entity(group, "Acme", embedding=vec(0, 1))
     stranger = entity(other, "Stranger", embedding=vec(0, 0, 1))
-    await store.upsert_entities(other, [stranger])
+    await upsert_entities(store, other, [stranger])
     works = fact(group, ann, acme, "WORKS_AT", "Ann works at Acme", valid_at=day(1))
     first = EpisodeWrite(
         episode=episode(group, "b-1", day(1)),
@@ -1555,7 +1603,7 @@ async def test_writes_committed_together_act_as_one_at_a_time(
         store.write_episode(group, first),
     )
     assert together == [True, True, False]
-    [view] = await store.query_facts(group, include_invalid=True)
+    [view] = await store.browse.query_facts(group, include_invalid=True)
     assert (view.uuid, view.invalid_at) == (works.uuid, iso(day(2)))
 
     crossing = EpisodeWrite(episode=episode(group, "b-3", day(3)), mentions=[stranger.uuid])
@@ -1567,7 +1615,12 @@ async def test_writes_committed_together_act_as_one_at_a_time(
     )
     assert isinstance(outcomes[0], StoreIntegrityError)
     assert outcomes[1] is True
-    assert await store.counts(group) == {"episodes": 3, "entities": 2, "facts": 1, "mentions": 4}
+    assert await store.browse.counts(group) == {
+        "episodes": 3,
+        "entities": 2,
+        "facts": 1,
+        "mentions": 4,
+    }
 
 
 # ----------------------------------------------------------------------------- maintenance
@@ -1582,13 +1635,18 @@ async def test_delete_group_removes_only_that_group(
     # "Globex" is in both corpora: one entity
     assert kept_before["counts"] == {"episodes": 2, "entities": 11, "facts": 5, "mentions": 0}
 
-    await store.delete_group(doomed)
-    assert await store.counts(doomed) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
-    assert await store.list_entities(doomed) == []
+    await store.forget.delete_group(doomed)
+    assert await store.browse.counts(doomed) == {
+        "episodes": 0,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
+    assert await store.browse.list_entities(doomed) == []
     assert await store.fulltext_entities(doomed, "printer", 10) == []
     assert await store.vector_entities(doomed, vec(1), 10) == []
-    assert await store.vector_facts(doomed, vec(1), 10) == []
-    assert await store.query_facts(doomed, include_invalid=True) == []
+    assert await vector_facts(store, doomed, vec(1), 10) == []
+    assert await store.browse.query_facts(doomed, include_invalid=True) == []
     assert await store.recent_episodes(doomed, FAR_FUTURE, 10) == []
     assert await snapshot(store, kept) == kept_before
     found = uuids(await store.fulltext_entities(kept, "printer", 10))
@@ -1596,14 +1654,19 @@ async def test_delete_group_removes_only_that_group(
     assert found == expected if ranks_fulltext(store) else sorted(found) == sorted(expected)
     # Globex was created by the timeline without an embedding, which never changes afterwards
     assert len(await store.vector_entities(kept, vec(1), 10)) == 3
-    await store.delete_group(doomed)  # deleting nothing is fine
+    await store.forget.delete_group(doomed)  # deleting nothing is fine
 
 
 async def test_counts(store: GraphStore, new_group: Callable[..., str]) -> None:
     group = new_group()
-    assert await store.counts(group) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(group) == {
+        "episodes": 0,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
     a, b, c = (entity(group, n) for n in "ABC")
-    await store.upsert_entities(group, [a, b, c])
+    await upsert_entities(store, group, [a, b, c])
     await store.write_episode(
         group,
         EpisodeWrite(
@@ -1615,7 +1678,12 @@ async def test_counts(store: GraphStore, new_group: Callable[..., str]) -> None:
     await store.write_episode(
         group, EpisodeWrite(episode=episode(group, "m-2", day(2)), mentions=[a.uuid])
     )
-    assert await store.counts(group) == {"episodes": 2, "entities": 3, "facts": 2, "mentions": 4}
+    assert await store.browse.counts(group) == {
+        "episodes": 2,
+        "entities": 3,
+        "facts": 2,
+        "mentions": 4,
+    }
 
 
 async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group_token(
@@ -1632,9 +1700,9 @@ async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group
     try:
         await store.setup(DIM)
         big = [entity("big", f"Acme {n} widget", summary="widget maker") for n in range(6)]
-        await store.upsert_entities("big", big)
+        await upsert_entities(store, "big", big)
         small = [entity("small", "Acme widget shop", summary="widget seller")]
-        await store.upsert_entities("small", small)
+        await upsert_entities(store, "small", small)
         scope = {
             g: SearchScope((g,), AsOf.resolve(None, None, False, None)) for g in ("big", "small")
         }
@@ -1645,7 +1713,8 @@ async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group
 
         assert await store.db.read(shares) == (True, False)
         found = {
-            g: await store.fulltext_search(scope[g], "entity", "acme widget", 10) for g in scope
+            g: await store.search.fulltext_search(scope[g], "entity", "acme widget", 10)
+            for g in scope
         }
         assert {h.uuid for h in found["big"]} == {e.uuid for e in big}
         assert [h.uuid for h in found["small"]] == [small[0].uuid]
@@ -1661,9 +1730,9 @@ async def test_the_embedded_store_finds_the_same_words_with_or_without_the_group
             assert with_token == [h.uuid for h in found[group]]
 
         more = [entity("small", f"Acme {n} widget depot") for n in range(10)]
-        await store.upsert_entities("small", more)  # now the small group holds most
+        await upsert_entities(store, "small", more)  # now the small group holds most
         assert await store.db.read(shares) == (False, True)
-        again = await store.fulltext_search(scope["small"], "entity", "acme widget", 20)
+        again = await store.search.fulltext_search(scope["small"], "entity", "acme widget", 20)
         assert {h.uuid for h in again} == {e.uuid for e in [*small, *more]}
     finally:
         await store.close()
@@ -1708,14 +1777,16 @@ async def test_the_embedded_stores_vector_search_sees_every_write(tmp_path: Path
         await one.setup(DIM)
         await two.setup(DIM)
         a, b, c = (entity("g", n, embedding=vec(1, i)) for i, n in enumerate("ABC"))
-        await one.upsert_entities("g", [a])
+        await upsert_entities(one, "g", [a])
         assert uuids(await one.vector_entities("g", vec(0, 1), 5)) == [a.uuid]
-        await one.upsert_entities("g", [b])
+        await upsert_entities(one, "g", [b])
         assert uuids(await one.vector_entities("g", vec(0, 1), 5)) == [b.uuid, a.uuid]
-        await two.upsert_entities("g", [c])
+        await upsert_entities(two, "g", [c])
         assert uuids(await one.vector_entities("g", vec(0, 1), 5)) == [c.uuid, b.uuid, a.uuid]
         scope = SearchScope(("g",), AsOf.resolve(None, None, False, None))
-        assert [h.uuid for h in await one.vector_search(scope, "entity", vec(0, 1), 1)] == [c.uuid]
+        assert [h.uuid for h in await one.search.vector_search(scope, "entity", vec(0, 1), 1)] == [
+            c.uuid
+        ]
     finally:
         await one.close()
         await two.close()
@@ -1752,7 +1823,7 @@ async def test_the_embedded_store_runs_only_constant_sql(
             entity(group, t, summary=t, labels=["Person"], key=t, aliases=[t], embedding=vec(1, i))
             for i, t in enumerate(texts)
         ]
-        await store.upsert_entities(group, people)
+        await upsert_entities(store, group, people)
         facts = [
             fact(group, people[0], p, t, t, valid_at=day(1), embedding=vec(1))
             for p, t in zip(people[1:], texts, strict=False)
@@ -1767,19 +1838,19 @@ async def test_the_embedded_store_runs_only_constant_sql(
             group, EpisodeWrite(episode=later, closures=[FactClosure.of(closed)])
         )
         community = CommunityRecord(stable_uuid("c", group), texts[2], texts[3], [people[1].uuid])
-        await store.write_communities(group, [community], [])
+        await store.communities.write_communities(group, [community], [])
         await store.lookup_entities(group, texts, texts, ep.uuid, texts, "hash")
         await store.read_batch(group, texts, texts, texts, [(ep.uuid, None)])
-        await store.query_facts(group, include_invalid=True)
+        await store.browse.query_facts(group, include_invalid=True)
         await store.entity_candidates(group, [(t, vec(1)) for t in texts], 3)
         scope = SearchScope((group,), AsOf.resolve(day(5), None, False, None))
         for kind in KINDS:
             for t in texts:
-                await store.fulltext_search(scope, kind, t, 5)
-            await store.vector_search(scope, kind, vec(1), 5)
-        await store.expand_facts(scope, [people[0].uuid], 2, 10)
-        await store.entity_graph(group)
-        await store.delete_group(group)
+                await store.search.fulltext_search(scope, kind, t, 5)
+            await store.search.vector_search(scope, kind, vec(1), 5)
+        await store.search.expand_facts(scope, [people[0].uuid], 2, 10)
+        await store.communities.entity_graph(group)
+        await store.forget.delete_group(group)
     finally:
         await store.close()
     assert statements
@@ -1816,7 +1887,7 @@ async def _scenario(store: GraphStore, group: str) -> dict[str, Any]:
     await _timeline(store, group)
     await _search_corpus(store, group)
     acme = entity(group, "Acme Printers", summary="Now also sells printer paper.", aliases=["ap"])
-    await store.upsert_entities(group, [acme])
+    await upsert_entities(store, group, [acme])
 
     def ranked(hits: list[tuple[Any, float]]) -> list[tuple[str, float]]:
         return [(record.uuid, round(score, 1)) for record, score in hits]
@@ -1826,7 +1897,7 @@ async def _scenario(store: GraphStore, group: str) -> dict[str, Any]:
         for known_at in (None, day(1), day(61)):
             for include_invalid in (False, True):
                 key = f"{valid_at}|{known_at}|{include_invalid}"
-                views[key] = await store.query_facts(
+                views[key] = await store.browse.query_facts(
                     group, valid_at=valid_at, known_at=known_at, include_invalid=include_invalid
                 )
     return {
@@ -1865,7 +1936,7 @@ async def test_stores_agree(neo4j_uri: str, tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- communities
 async def _community_corpus(store: GraphStore, group: str) -> dict[str, EntityRecord]:
     people = {n: entity(group, n) for n in ("A", "B", "C", "D", "E")}
-    await store.upsert_entities(group, list(people.values()))
+    await upsert_entities(store, group, list(people.values()))
     a, b, c, d, e = people.values()
     facts = [
         fact(group, a, b, "KNOWS", "A knows B", valid_at=day(1)),
@@ -1888,7 +1959,7 @@ async def test_entity_graph_counts_valid_facts(
     p = await _community_corpus(store, group)
     other = new_group()
     await _community_corpus(store, other)
-    nodes, edges = await store.entity_graph(group, at=day(2))
+    nodes, edges = await store.communities.entity_graph(group, at=day(2))
     assert nodes == sorted(e.uuid for e in p.values())
 
     def pair(x: str, y: str, w: int) -> WeightedEdge:
@@ -1899,20 +1970,22 @@ async def test_entity_graph_counts_valid_facts(
         [pair("A", "B", 2), pair("B", "C", 1), pair("C", "D", 1)],
         key=lambda e: (e.source, e.target),
     )
-    _, later = await store.entity_graph(group, at=day(6))
+    _, later = await store.communities.entity_graph(group, at=day(6))
     assert {(e.source, e.target) for e in later} == {
         (x.source, x.target) for x in (pair("A", "B", 2), pair("B", "C", 1), pair("D", "E", 1))
     }
-    assert await store.neighbour_weights(group, p["B"].uuid, at=day(2)) == dict(
+    assert await neighbour_weights(store, group, p["B"].uuid, at=day(2)) == dict(
         sorted({p["A"].uuid: 2, p["C"].uuid: 1}.items())
     )
-    assert await store.neighbour_weights(group, p["E"].uuid, at=day(2)) == {}
+    assert await neighbour_weights(store, group, p["E"].uuid, at=day(2)) == {}
     # several entities in one read: each as asked alone, in order, repeats included
     asked = [p[n].uuid for n in ("B", "E", "A", "B", "D")] + ["not-an-entity"]
     for at in (day(2), day(6)):
-        alone = [await store.neighbour_weights(group, uuid, at=at) for uuid in asked]
-        assert await store.neighbour_weights_many(group, asked, at=at) == alone
-    assert await store.neighbour_weights_many(new_group(), asked, at=day(2)) == [{}] * len(asked)
+        alone = [await neighbour_weights(store, group, uuid, at=at) for uuid in asked]
+        assert await store.communities.neighbour_weights_many(group, asked, at=at) == alone
+    assert await store.communities.neighbour_weights_many(new_group(), asked, at=day(2)) == [
+        {}
+    ] * len(asked)
 
 
 async def test_write_communities_is_idempotent_and_scoped(
@@ -1924,19 +1997,19 @@ async def test_write_communities_is_idempotent_and_scoped(
     one = CommunityRecord("c1-" + group, "One", "first", [u["A"], u["B"]], vec(1))
     two = CommunityRecord("c2-" + group, "Two", "second", [u["C"], u["D"]])
     for _ in range(2):
-        await store.write_communities(group, [one, two], [])
-    got = await store.communities(group)
+        await store.communities.write_communities(group, [one, two], [])
+    got = await store.communities.list_communities(group)
     assert [(c.uuid, c.name, c.summary, c.members) for c in got] == [
         (one.uuid, "One", "first", sorted(one.members)),
         (two.uuid, "Two", "second", sorted(two.members)),
     ]
-    by_entity = {e.uuid: e.community_uuid for e in await store.list_entities(group)}
+    by_entity = {e.uuid: e.community_uuid for e in await store.browse.list_entities(group)}
     assert by_entity[u["A"]] == one.uuid and by_entity[u["E"]] is None
     # rewriting `two` with B moves B out of `one`; `one` keeps its name and summary
     moved = CommunityRecord(two.uuid, "Two'", "second'", [u["B"], u["C"]])
     three = CommunityRecord("c3-" + group, "Three", "", [u["D"], u["E"]])
-    await store.write_communities(group, [moved, three], [])
-    got = await store.communities(group)
+    await store.communities.write_communities(group, [moved, three], [])
+    got = await store.communities.list_communities(group)
     assert [(c.uuid, c.name, c.members) for c in got] == sorted(
         [
             (one.uuid, "One", [u["A"]]),
@@ -1944,11 +2017,11 @@ async def test_write_communities_is_idempotent_and_scoped(
             (three.uuid, "Three", sorted([u["D"], u["E"]])),
         ]
     )
-    await store.write_communities(group, [], [one.uuid, three.uuid])
-    assert [c.uuid for c in await store.communities(group)] == [two.uuid]
+    await store.communities.write_communities(group, [], [one.uuid, three.uuid])
+    assert [c.uuid for c in await store.communities.list_communities(group)] == [two.uuid]
     with pytest.raises(StoreIntegrityError):
-        await store.write_communities(new_group(), [moved], [])
-    assert [c.name for c in await store.communities(group)] == ["Two'"]
+        await store.communities.write_communities(new_group(), [moved], [])
+    assert [c.name for c in await store.communities.list_communities(group)] == ["Two'"]
 
 
 async def _two_communities(
@@ -1959,7 +2032,7 @@ async def _two_communities(
     u = {n: e.uuid for n, e in p.items()}
     one = CommunityRecord("c1-" + group, "One", "", [u["A"]])
     two = CommunityRecord("c2-" + group, "Two", "", [u["B"]])
-    await store.write_communities(group, [one, two], [])
+    await store.communities.write_communities(group, [one, two], [])
     return u, one, two
 
 
@@ -1969,11 +2042,11 @@ async def test_assign_member_moves_and_is_idempotent(
     group = new_group()
     u, one, two = await _two_communities(store, group)
     for _ in range(2):
-        await store.assign_member(group, one.uuid, u["E"])
-    await store.assign_member(group, two.uuid, u["A"])
-    await store.assign_member(group, "missing", u["B"])  # no such community: nothing changes
-    await store.assign_member(new_group(), one.uuid, u["C"])  # another group: nothing changes
-    got = {c.uuid: c.members for c in await store.communities(group)}
+        await assign_member(store, group, one.uuid, u["E"])
+    await assign_member(store, group, two.uuid, u["A"])
+    await assign_member(store, group, "missing", u["B"])  # no such community: nothing changes
+    await assign_member(store, new_group(), one.uuid, u["C"])  # another group: nothing changes
+    got = {c.uuid: c.members for c in await store.communities.list_communities(group)}
     assert got == {one.uuid: [u["E"]], two.uuid: sorted([u["A"], u["B"]])}
 
 
@@ -1982,7 +2055,7 @@ async def test_assign_members_applies_each_in_order_in_one_call(
 ) -> None:
     group = new_group()
     u, one, two = await _two_communities(store, group)
-    await store.assign_members(
+    await store.communities.assign_members(
         group,
         [
             (one.uuid, u["E"]),
@@ -1991,10 +2064,10 @@ async def test_assign_members_applies_each_in_order_in_one_call(
             (one.uuid, u["B"]),
         ],
     )
-    got = {c.uuid: c.members for c in await store.communities(group)}
+    got = {c.uuid: c.members for c in await store.communities.list_communities(group)}
     assert got == {one.uuid: sorted([u["A"], u["B"]]), two.uuid: [u["E"]]}
-    await store.assign_members(group, [])  # nothing to do: nothing changes
-    assert {c.uuid: c.members for c in await store.communities(group)} == got
+    await store.communities.assign_members(group, [])  # nothing to do: nothing changes
+    assert {c.uuid: c.members for c in await store.communities.list_communities(group)} == got
 
 
 async def test_assignments_of_several_groups_at_once_stay_in_their_groups(
@@ -2006,12 +2079,15 @@ async def test_assignments_of_several_groups_at_once_stay_in_their_groups(
     first, second = new_group(), new_group()
     (u1, one1, two1), (u2, one2, two2) = [await _two_communities(store, g) for g in (first, second)]
     await asyncio.gather(
-        store.assign_members(first, [(one1.uuid, u1["E"]), (two1.uuid, u1["C"])]),
-        store.assign_members(second, [(two2.uuid, u2["E"]), (one1.uuid, u2["C"])]),
-        store.assign_members(first, [(one1.uuid, u1["C"]), (one1.uuid, u2["D"])]),
-        store.assign_members(second, [(one2.uuid, u2["E"])]),
+        store.communities.assign_members(first, [(one1.uuid, u1["E"]), (two1.uuid, u1["C"])]),
+        store.communities.assign_members(second, [(two2.uuid, u2["E"]), (one1.uuid, u2["C"])]),
+        store.communities.assign_members(first, [(one1.uuid, u1["C"]), (one1.uuid, u2["D"])]),
+        store.communities.assign_members(second, [(one2.uuid, u2["E"])]),
     )
-    got = {g: {c.uuid: c.members for c in await store.communities(g)} for g in (first, second)}
+    got = {
+        g: {c.uuid: c.members for c in await store.communities.list_communities(g)}
+        for g in (first, second)
+    }
     assert got[first] == {one1.uuid: sorted([u1["A"], u1["C"], u1["E"]]), two1.uuid: [u1["B"]]}
     assert got[second] == {one2.uuid: sorted([u2["A"], u2["E"]]), two2.uuid: [u2["B"]]}
 
@@ -2032,15 +2108,15 @@ async def test_a_partial_hit_whose_record_was_deleted_since_is_left_out(tmp_path
         full = SearchScope(("g",), AsOf.resolve(None, None, False, None), embeddings=False)
         bare = dataclasses.replace(full, details=False)
         found = [
-            *await store.fulltext_search(bare, "fact", "Acme", 5),
-            *await store.fulltext_search(bare, "entity", "Acme", 5),
-            *await store.fulltext_search(bare, "episode", "Acme", 5),
+            *await store.search.fulltext_search(bare, "fact", "Acme", 5),
+            *await store.search.fulltext_search(bare, "entity", "Acme", 5),
+            *await store.search.fulltext_search(bare, "episode", "Acme", 5),
         ]
         assert {h.kind for h in found} == {"fact", "entity", "episode"}
         assert [h.record.fact for h in found if isinstance(h.record, FactRecord)] == [""]  # partial
-        completed = await store.complete_hits(bare, found)
+        completed = await store.search.complete_hits(bare, found)
         assert [h.record for h in completed if h.kind == "fact"] == [
-            h.record for h in await store.fulltext_search(full, "fact", "Acme", 5)
+            h.record for h in await store.search.fulltext_search(full, "fact", "Acme", 5)
         ]
 
         def forget(conn: sqlite3.Connection) -> None:
@@ -2048,7 +2124,7 @@ async def test_a_partial_hit_whose_record_was_deleted_since_is_left_out(tmp_path
             conn.execute("DELETE FROM entity WHERE uuid = ?", (acme.uuid,))
 
         await store.db.run(forget)
-        left = await store.complete_hits(bare, found)
+        left = await store.search.complete_hits(bare, found)
         assert [h.kind for h in left] == ["episode"]
     finally:
         await store.close()

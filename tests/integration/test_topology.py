@@ -59,7 +59,7 @@ async def reference(neo4j_uri: str, tmp_path_factory: pytest.TempPathFactory) ->
         return {i: await comparable(runtime.store, group(run, i)) for i in range(GROUPS)}
     finally:
         for i in range(GROUPS):
-            await runtime.store.delete_group(group(run, i))
+            await runtime.store.forget.delete_group(group(run, i))
         await runtime.close()
 
 
@@ -189,8 +189,8 @@ async def test_twenty_back_to_back_episodes_of_one_group_yield_one_acme(
 
     store = topology.store()
     try:
-        entities = await store.list_entities(gid)
-        counts = await store.counts(gid)
+        entities = await store.browse.list_entities(gid)
+        counts = await store.browse.counts(gid)
     finally:
         await store.close()
     acme = [e for e in entities if "Organization" in e.labels]
@@ -363,7 +363,7 @@ async def test_malformed_records_are_dead_lettered_and_fixed_records_replay(
             timeout=60,
             what="the replayed episode to be written",
         )
-        names = [e.name for e in await store.list_entities(gid)]
+        names = [e.name for e in await store.browse.list_entities(gid)]
     finally:
         await store.close()
     assert "Acme" in names
@@ -450,7 +450,7 @@ async def test_llm_429s_and_500s_are_retried_and_a_poison_episode_is_stored_unex
                         reason="llm_invalid_output") == 1  # fmt: skip
     store = topology.store()
     try:
-        facts = await store.query_facts(gid)
+        facts = await store.browse.query_facts(gid)
         [pending] = await store.pending_episodes(gid, 10)
     finally:
         await store.close()
@@ -488,7 +488,7 @@ async def test_a_groups_waiting_text_records_share_extraction_calls_in_the_worke
     assert calls == len(joint) + len(alone)
     store = topology.store()
     try:
-        facts = await store.query_facts(gid)
+        facts = await store.browse.query_facts(gid)
     finally:
         await store.close()
     assert sorted((f.subject, f.object) for f in facts) == sorted(

@@ -33,7 +33,7 @@ async def neo4j_store(neo4j_uri: str) -> AsyncIterator[Neo4jStore]:
     try:
         yield store
     finally:
-        await store.delete_group(GROUP)
+        await store.forget.delete_group(GROUP)
         await store.close()
 
 
@@ -48,6 +48,6 @@ async def test_neo4j_folds_writes_as_the_write_rules_do(
 ) -> None:
     batches: list[list[EpisodeWrite]] = data.draw(write_sequences(GROUP))
     expected = reference_snapshot(GROUP, batches)
-    await neo4j_store.delete_group(GROUP)  # each example starts from an empty group
+    await neo4j_store.forget.delete_group(GROUP)  # each example starts from an empty group
     found = await store_snapshot(neo4j_store, GROUP, batches)
     assert differences(expected, found) == []

@@ -276,7 +276,7 @@ class Topology:
     async def episodes_written(self, groups: list[str]) -> int:
         store = self.store()
         try:
-            return sum([(await store.counts(g))["episodes"] for g in groups])
+            return sum([(await store.browse.counts(g))["episodes"] for g in groups])
         finally:
             await store.close()
 

@@ -287,8 +287,8 @@ async def check_graph(store: GraphStore, feed: CrmFeed) -> dict[str, Any]:
     """Every subject's current value in the store (facts valid now) against the truth."""
     found: dict[tuple[str, str, str], list[str]] = {}
     for group in feed.groups:
-        keys = {e.name: e.key for e in await store.list_entities(group)}  # names are unique
-        for view in await store.query_facts(group):
+        keys = {e.name: e.key for e in await store.browse.list_entities(group)}  # names are unique
+        for view in await store.browse.query_facts(group):
             key = keys.get(view.subject)
             if key is not None:
                 found.setdefault((group, key, view.relation), []).append(view.object)

@@ -240,7 +240,7 @@ async def store_snapshot(
     written: list[bool] = []
     for batch in batches:
         written += await store.write_episodes(group, batch)
-    held = await store.group_history(group)  # the whole group, as a forget reads it
+    held = await store.forget.group_history(group)  # the whole group, as a forget reads it
     return Snapshot(
         written,
         {u: _fields(e, ENTITY) for u, e in sorted(held.entities.items())},

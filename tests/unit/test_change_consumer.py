@@ -66,7 +66,7 @@ async def test_a_consumer_that_follows_the_docs_keeps_nothing_of_a_forget(
         await forget_planted(memory)
         await consumer.read(memory)
         entities = {e.uuid for e in await memory.entities(GROUP)}
-        facts = {f.uuid for f in await memory.store.query_facts(GROUP, include_invalid=True)}
+        facts = {f.uuid for f in await memory.store.browse.query_facts(GROUP, include_invalid=True)}
     kept = repr([consumer.records, consumer.log]).lower()
     assert [n for n in wanted if n in kept] == []
     assert set(consumer.records) == entities | facts

@@ -80,10 +80,10 @@ def owned_by(groups: list[str]) -> set[int]:
 async def test_relays_every_change_once_in_commit_order() -> None:
     store = await fed(["t1"], plans=3)
     producer = Producer()
-    [log] = await store.change_logs(["t1"])
+    [log] = await store.outbox.change_logs(["t1"])
     rounds = []  # two per group and round: the rest waits for the next rounds
     while published := await relay_changes(
-        store, producer.send, owned_by(["t1"]), PARTITIONS, batch=2
+        store.outbox, producer.send, owned_by(["t1"]), PARTITIONS, batch=2
     ):
         rounds.append(published)
     seqs = [value["seq"] for _, value in producer.sent]
@@ -98,11 +98,11 @@ async def test_relays_every_change_once_in_commit_order() -> None:
 @pytest.mark.asyncio
 async def test_a_failed_acknowledgement_stops_its_group_there_and_the_others_move() -> None:
     store = await fed(["t1", "t2"], plans=3)
-    logs = {log.group_id: log for log in await store.change_logs(["t1", "t2"])}
+    logs = {log.group_id: log for log in await store.outbox.change_logs(["t1", "t2"])}
     failing = Producer(failing={b"t1"}, fail_after=2)
     with pytest.raises(ConnectionError):
-        await relay_changes(store, failing.send, owned_by(["t1", "t2"]), PARTITIONS)
-    after = {log.group_id: log for log in await store.change_logs(["t1", "t2"])}
+        await relay_changes(store.outbox, failing.send, owned_by(["t1", "t2"]), PARTITIONS)
+    after = {log.group_id: log for log in await store.outbox.change_logs(["t1", "t2"])}
     # t1's cursor stops at its last acknowledged change; t2 was published entirely.
     acked_t1 = [v["seq"] for k, v in failing.sent if k == b"t1"]
     assert acked_t1 == [1, 2] and after["t1"].published == 2
@@ -110,7 +110,7 @@ async def test_a_failed_acknowledgement_stops_its_group_there_and_the_others_mov
     assert CHANGES_BEHIND._value.get() == logs["t1"].seq - 2  # the backlog the round left
     # The next round publishes the rest of t1, starting right after its cursor.
     retry = Producer()
-    await relay_changes(store, retry.send, owned_by(["t1", "t2"]), PARTITIONS)
+    await relay_changes(store.outbox, retry.send, owned_by(["t1", "t2"]), PARTITIONS)
     assert [v["seq"] for _, v in retry.sent] == list(range(3, logs["t1"].seq + 1))
     assert {k for k, _ in retry.sent} == {b"t1"}
 
@@ -121,7 +121,7 @@ async def test_relays_only_the_groups_of_owned_partitions() -> None:
     store = await fed(groups, plans=1)
     mine = {partition_of(groups[0], PARTITIONS)}
     producer = Producer()
-    await relay_changes(store, producer.send, mine, PARTITIONS)
+    await relay_changes(store.outbox, producer.send, mine, PARTITIONS)
     keys = {key.decode() for key, _ in producer.sent}
     assert keys == {g for g in groups if partition_of(g, PARTITIONS) in mine}
     assert keys != set(groups)
@@ -152,7 +152,7 @@ def test_a_stored_change_is_published_byte_for_byte_as_the_change_serializes(
 @pytest.mark.asyncio
 async def test_the_relay_publishes_what_a_reader_of_the_outbox_reads() -> None:
     store = await fed(["t1"], plans=2)
-    published = await store.unpublished_changes(["t1"], 1000)
-    read = await store.changes("t1", 0, 1000)
+    published = await store.outbox.unpublished_changes(["t1"], 1000)
+    read = await store.outbox.changes("t1", 0, 1000)
     assert [p.value for p in published] == [c.model_dump_json().encode() for c in read]
     assert [(p.group_id, p.seq) for p in published] == [(c.group_id, c.seq) for c in read]

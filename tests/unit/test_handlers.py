@@ -110,7 +110,12 @@ async def test_a_mapped_envelope_becomes_one_extracted_record_with_its_origin() 
     out = decode(ExtractedRecord, emit.value)
     assert out.origin == record.ref  # the episode's place on the input topic
     assert out.extraction.mapped and out.extraction.episode == parse_episode(record.value or b"")
-    assert await w.store.counts(GROUP) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    assert await w.store.browse.counts(GROUP) == {
+        "episodes": 0,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 async def test_the_write_hop_writes_the_episode_and_announces_each_new_entity() -> None:
@@ -118,11 +123,11 @@ async def test_the_write_hop_writes_the_episode_and_announces_each_new_entity() 
     episodes = [parse_episode(orjson.dumps(e)) for e in FEED[:2]]
     announced: list[set[str]] = []
     for record in FEED[:2]:
-        before = {e.uuid for e in await w.store.list_entities(GROUP)}
+        before = {e.uuid for e in await w.store.browse.list_entities(GROUP)}
         emits = await handle(w.write, await extracted(w, record))
         assert {(e.topic, e.key) for e in emits} <= {(NAMES.entities_new, GROUP.encode())}
         events = [decode(NewEntityRecord, e.value) for e in emits]
-        after = {e.uuid for e in await w.store.list_entities(GROUP)}
+        after = {e.uuid for e in await w.store.browse.list_entities(GROUP)}
         assert sorted(e.entity_uuid for e in events) == sorted(after - before)  # one per entity
         assert {(e.group_id, e.episode_uuid) for e in events} == {(GROUP, record_uuid(record))}
         announced.append({e.entity_uuid for e in events})
@@ -139,15 +144,15 @@ async def test_a_redelivered_record_writes_nothing_again() -> None:
     w = await worker()
     first = await extracted(w, FEED[0])
     await handle(w.write, first)
-    facts = await w.store.query_facts(GROUP, include_invalid=True)
-    counts = await w.store.counts(GROUP)
+    facts = await w.store.browse.query_facts(GROUP, include_invalid=True)
+    counts = await w.store.browse.counts(GROUP)
 
     again = await extracted(w, FEED[0])  # a mapped episode is mapped again and forwarded
     for record in (first, again):
         emits = await handle(w.write, record)
         assert all(e.topic == NAMES.entities_new for e in emits)  # no dead letter
-    assert await w.store.query_facts(GROUP, include_invalid=True) == facts  # created_at too
-    assert await w.store.counts(GROUP) == counts
+    assert await w.store.browse.query_facts(GROUP, include_invalid=True) == facts  # created_at too
+    assert await w.store.browse.counts(GROUP) == counts
 
 
 async def test_a_redelivered_record_sends_its_new_entity_events_again() -> None:
@@ -185,7 +190,12 @@ async def test_an_unreadable_hop_record_is_dead_lettered() -> None:
     for value in (b"not a hop record", orjson.dumps(valid)):
         letter = dead_letter(await handle(w.write, consumed(NAMES.extracted, value, b"k")))
         assert (letter.stage, letter.reason) == ("resolution", "bad_hop_record")
-    assert await w.store.counts(GROUP) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    assert await w.store.browse.counts(GROUP) == {
+        "episodes": 0,
+        "entities": 0,
+        "facts": 0,
+        "mentions": 0,
+    }
 
 
 class FailingWrites(MemoryStore):
@@ -239,7 +249,7 @@ async def test_a_sealed_episode_goes_through_both_hops_sealed_and_its_dead_lette
     the episode as produced; once the key is erased the hop record is ``key_erased``."""
     store = FailingWrites()
     w = await worker(store)
-    sealed = await Sealer(store).seal(orjson.dumps(FEED[0]), GROUP)
+    sealed = await Sealer(store.keys).seal(orjson.dumps(FEED[0]), GROUP)
     first = consumed(NAMES.episodes, sealed, GROUP.encode())
     [emit] = await handle(w.extraction, first)
     assert emit.topic == NAMES.extracted and is_sealed(emit.value)
@@ -247,11 +257,11 @@ async def test_a_sealed_episode_goes_through_both_hops_sealed_and_its_dead_lette
     assert (letter.reason, letter.episode_id) == ("io", FEED[0]["id"])
     kept = letter.original_bytes()
     assert is_sealed(kept) and b"content" not in kept
-    [opened] = await open_sealed(store, [kept])
+    [opened] = await open_sealed(store.keys, [kept])
     assert isinstance(opened, Opened)
     assert parse_episode(opened.value) == parse_episode(orjson.dumps(FEED[0]))
 
-    await store.erase_group_keys(GROUP)
+    await store.keys.erase_group_keys(GROUP)
     erased = dead_letter(await handle(w.write, hop_record(emit)))
     assert (erased.stage, erased.reason) == ("resolution", "key_erased")
     assert dead_letter(await handle(w.extraction, first)).reason == "key_erased"

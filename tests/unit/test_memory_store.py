@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.stores import assign_member, neighbour_weights, upsert_entities, vector_facts
 from tidegraph.records.asof import AsOf, end_known_at
 from tidegraph.records.graph import (
     CommunityRecord,
@@ -87,11 +88,11 @@ async def write_alice_at_acme(store: MemoryStore) -> EpisodeWrite:
 async def test_an_episode_written_again_changes_nothing(store: MemoryStore) -> None:
     write = await write_alice_at_acme(store)
     stored = await store.facts_touching(G, ["alice"])
-    assert await store.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
 
     assert not await store.write_episode(G, write)  # the marker is checked by the write itself
     assert await store.facts_touching(G, ["alice"]) == stored
-    assert await store.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
 
     stored[0].invalid_at = day(9)  # reads are copies: plan_facts may change them freely
     assert (await store.facts_touching(G, ["alice"]))[0].invalid_at is None
@@ -147,9 +148,9 @@ async def test_entity_upserts_follow_the_merge_rules(store: MemoryStore) -> None
         name_embedding=[0.0, 1.0, 0.0, 0.0],
         created_at=learned(5),
     )
-    await store.upsert_entities(G, [first])
-    await store.upsert_entities(G, [later])
-    await store.upsert_entities(G, [entity("acme", key="crm:2", summary="sells anvils")])
+    await upsert_entities(store, G, [first])
+    await upsert_entities(store, G, [later])
+    await upsert_entities(store, G, [entity("acme", key="crm:2", summary="sells anvils")])
     [acme] = await store.entities_by_uuids(G, ["acme"])
     assert (acme.name, acme.created_at, acme.name_embedding) == (
         "Acme Corp",
@@ -199,7 +200,7 @@ async def test_the_lookup_reads_entities_and_their_facts_of_the_relations_asked(
 # ----------------------------------------------------------------------------- groups
 async def test_writes_crossing_groups_or_dangling_are_refused_whole(store: MemoryStore) -> None:
     await write_alice_at_acme(store)
-    before = await store.counts(OTHER)
+    before = await store.browse.counts(OTHER)
     refused = [
         EpisodeWrite(episode=episode("x1", OTHER), entities=[entity("alice", group=OTHER)]),
         EpisodeWrite(episode=episode("x2", OTHER), mentions=["alice"]),
@@ -220,29 +221,29 @@ async def test_writes_crossing_groups_or_dangling_are_refused_whole(store: Memor
         with pytest.raises(StoreIntegrityError):
             await store.write_episode(OTHER, write)
     with pytest.raises(StoreIntegrityError):
-        await store.upsert_entities(OTHER, [entity("alice", group=OTHER)])
-    assert await store.counts(OTHER) == before  # nothing of a refused write is kept
+        await upsert_entities(store, OTHER, [entity("alice", group=OTHER)])
+    assert await store.browse.counts(OTHER) == before  # nothing of a refused write is kept
     assert await store.entities_by_uuids(OTHER, ["bob", "alice"]) == []
-    assert await store.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
 
 
 async def test_reads_never_see_another_group(store: MemoryStore) -> None:
     await write_alice_at_acme(store)
     assert await store.entities_by_uuids(OTHER, ["alice"]) == []
     assert await store.entities_by_names(OTHER, ["alice"]) == []
-    assert await store.list_entities(OTHER) == []
+    assert await store.browse.list_entities(OTHER) == []
     assert await store.facts_touching(OTHER, ["alice", "acme"]) == []
-    assert await store.query_facts(OTHER, include_invalid=True) == []
+    assert await store.browse.query_facts(OTHER, include_invalid=True) == []
     assert await store.vector_entities(OTHER, [1.0, 0.0, 0.0, 0.0], 5) == []
-    assert await store.vector_facts(OTHER, [0.0, 1.0, 0.0, 0.0], 5) == []
+    assert await vector_facts(store, OTHER, [0.0, 1.0, 0.0, 0.0], 5) == []
     assert await store.fulltext_entities(OTHER, "Acme", 5) == []
     assert await store.recent_episodes(OTHER, day(1), 5) == []
-    assert await store.entity_graph(OTHER) == ([], [])
+    assert await store.communities.entity_graph(OTHER) == ([], [])
 
-    await store.delete_group(OTHER)
-    assert await store.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
-    await store.delete_group(G)
-    assert await store.counts(G) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    await store.forget.delete_group(OTHER)
+    assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    await store.forget.delete_group(G)
+    assert await store.browse.counts(G) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
 
 
 # ----------------------------------------------------------------------------- as of
@@ -283,7 +284,7 @@ async def test_query_facts_answers_what_asof_believes(store: MemoryStore) -> Non
     for known_at in [*known_ats, learned(2), learned(3)]:
         for valid_at in [day(-1), day(5), day(15), day(25), day(45), day(70)]:
             asof = AsOf(valid_at, known_at, include_invalid=False, entity_uuid=None)
-            views = await store.query_facts(G, valid_at=valid_at, known_at=known_at)
+            views = await store.browse.query_facts(G, valid_at=valid_at, known_at=known_at)
             assert sorted(v.uuid for v in views) == sorted(
                 f.uuid for f in facts if asof.believed(f)
             ), (valid_at, known_at)
@@ -292,11 +293,11 @@ async def test_query_facts_answers_what_asof_believes(store: MemoryStore) -> Non
                 assert view.invalid_at == iso(end_known_at(stored, known_at))
 
     for known_at, end in ((learned(1), day(60)), (learned(2), day(30))):
-        [view] = await store.query_facts(
+        [view] = await store.browse.query_facts(
             G, known_at=known_at, include_invalid=True, entity_uuid="basic_plan"
         )
         assert (view.uuid, view.invalid_at) == ("basic", iso(end))  # the end believed then
-    history = await store.query_facts(
+    history = await store.browse.query_facts(
         G, known_at=learned(3), include_invalid=True, entity_uuid="acme"
     )
     assert [(v.subject, v.object) for v in history] == [
@@ -308,7 +309,8 @@ async def test_query_facts_answers_what_asof_believes(store: MemoryStore) -> Non
 
 # ----------------------------------------------------------------------------- search
 async def test_vector_scores_are_one_plus_cosine_over_two(store: MemoryStore) -> None:
-    await store.upsert_entities(
+    await upsert_entities(
+        store,
         G,
         [
             entity("same", name_embedding=[1.0, 0.0, 0.0, 0.0]),
@@ -329,7 +331,8 @@ async def test_vector_scores_are_one_plus_cosine_over_two(store: MemoryStore) ->
 
 
 async def test_fulltext_finds_shared_words_of_name_and_summary(store: MemoryStore) -> None:
-    await store.upsert_entities(
+    await upsert_entities(
+        store,
         G,
         [
             entity("acme", "Acme Corp", summary="Makes anvils and rockets"),
@@ -346,7 +349,7 @@ async def test_fulltext_finds_shared_words_of_name_and_summary(store: MemoryStor
 async def test_setup_keeps_one_dimension() -> None:
     store = MemoryStore()
     with pytest.raises(StoreSchemaError):
-        await store.upsert_entities(G, [entity("alice")])  # no schema yet
+        await upsert_entities(store, G, [entity("alice")])  # no schema yet
     await store.setup(DIM)
     await store.setup(DIM)
     with pytest.raises(StoreSchemaError):
@@ -356,9 +359,9 @@ async def test_setup_keeps_one_dimension() -> None:
 # ----------------------------------------------------------------------------- communities
 async def test_communities_move_members_and_stay_in_their_group(store: MemoryStore) -> None:
     await write_alice_at_acme(store)
-    await store.upsert_entities(G, [entity("bob")])
-    await store.upsert_entities(OTHER, [entity("carol", group=OTHER)])
-    await store.write_communities(
+    await upsert_entities(store, G, [entity("bob")])
+    await upsert_entities(store, OTHER, [entity("carol", group=OTHER)])
+    await store.communities.write_communities(
         G,
         [
             CommunityRecord("c1", "Acme people", "", ["alice", "acme"]),
@@ -366,25 +369,29 @@ async def test_communities_move_members_and_stay_in_their_group(store: MemorySto
         ],
         [],
     )
-    await store.write_communities(
+    await store.communities.write_communities(
         G, [CommunityRecord("c2", "Bob and Alice", "", ["bob", "alice"])], []
     )
-    communities = await store.communities(G)
+    communities = await store.communities.list_communities(G)
     assert [(c.uuid, c.name, c.members) for c in communities] == [
         ("c1", "Acme people", ["acme"]),
         ("c2", "Bob and Alice", ["alice", "bob"]),
     ]
-    await store.assign_member(G, "c1", "alice")
-    await store.assign_member(G, "c1", "carol")  # not in the group: nothing
+    await assign_member(store, G, "c1", "alice")
+    await assign_member(store, G, "c1", "carol")  # not in the group: nothing
     [alice] = await store.entities_by_uuids(G, ["alice"])
     assert alice.community_uuid == "c1"
     with pytest.raises(StoreIntegrityError):
-        await store.write_communities(OTHER, [CommunityRecord("c1", "taken", "", [])], [])
-    await store.write_communities(G, [], ["c2"])
-    assert [(c.uuid, c.members) for c in await store.communities(G)] == [("c1", ["acme", "alice"])]
+        await store.communities.write_communities(
+            OTHER, [CommunityRecord("c1", "taken", "", [])], []
+        )
+    await store.communities.write_communities(G, [], ["c2"])
+    assert [(c.uuid, c.members) for c in await store.communities.list_communities(G)] == [
+        ("c1", ["acme", "alice"])
+    ]
 
-    nodes, edges = await store.entity_graph(G)
+    nodes, edges = await store.communities.entity_graph(G)
     assert nodes == ["acme", "alice", "bob"]
     assert [(e.source, e.target, e.weight) for e in edges] == [("acme", "alice", 1)]
-    assert await store.neighbour_weights(G, "alice") == {"acme": 1}
-    assert await store.entity_graph(G, at=day(-1)) == (nodes, [])  # before the fact
+    assert await neighbour_weights(store, G, "alice") == {"acme": 1}
+    assert await store.communities.entity_graph(G, at=day(-1)) == (nodes, [])  # before the fact

@@ -26,14 +26,14 @@ def test_import_tidegraph_loads_nothing_else_and_names_the_public_api():
     found = in_fresh_python(
         "import sys, orjson, tidegraph\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('tidegraph.'))\n"
-        "from tidegraph import Memory, SearchRequest, open_store, Episode, AddResult\n"
+        "from tidegraph import Memory, SearchRequest, Episode, AddResult\n"
         "print(orjson.dumps({'loaded': loaded, 'all': tidegraph.__all__,\n"
         "                   'memory': Memory.__module__}).decode())"
     )
     assert found["loaded"] == []
-    assert {"Memory", "SearchRequest", "SearchResults", "open_store", "AddResult"} <= set(
-        found["all"]
-    )
+    assert {"Memory", "SearchRequest", "SearchResults", "AddResult"} <= set(found["all"])
+    # the stores are not public: Memory reads and writes them
+    assert not {"GraphStore", "open_store"} & set(found["all"])
     assert found["memory"] == "tidegraph.app.memory"
 
 

@@ -73,26 +73,26 @@ def test_the_newest_key_seals_and_every_kept_key_opens() -> None:
 async def test_a_producer_seals_and_a_purge_leaves_its_records_unreadable() -> None:
     store = MemoryStore()
     raw = orjson.dumps(ENVELOPE)
-    sealed = await Sealer(store).seal(raw, "acme")
+    sealed = await Sealer(store.keys).seal(raw, "acme")
     plain = orjson.dumps({**ENVELOPE, "group_id": "globex", "id": "other"})
-    [opened, untouched] = await open_sealed(store, [sealed, plain])
+    [opened, untouched] = await open_sealed(store.keys, [sealed, plain])
     assert isinstance(opened, Opened) and orjson.loads(opened.value) == ENVELOPE
     assert untouched is None  # another producer's record is read as it is
     # What the extraction hop makes of it is sealed with the same key, and opens again.
     hop = b'{"v":1,"extraction":{"said":"Zephyrine Quillfeather"}}'
     sealed_hop = seal_hop(hop, "acme", opened.key)
     assert b"Zephyrine" not in sealed_hop
-    [hop_opened] = await open_sealed(store, [sealed_hop])
+    [hop_opened] = await open_sealed(store.keys, [sealed_hop])
     assert isinstance(hop_opened, Opened) and hop_value(hop_opened) == hop
-    assert await store.erase_group_keys("acme") == 1
-    [gone] = await open_sealed(store, [sealed])
+    assert await store.keys.erase_group_keys("acme") == 1
+    [gone] = await open_sealed(store.keys, [sealed])
     assert isinstance(gone, InvalidEpisode) and gone.reason == "key_erased"
 
 
 async def test_rotate_key_adds_a_newer_key_and_keeps_the_older(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "graph")
     await store.setup(384)
-    first = await Sealer(store).seal(orjson.dumps(ENVELOPE), "acme")
+    first = await Sealer(store.keys).seal(orjson.dumps(ENVELOPE), "acme")
     await store.close()
     tidegraph = str(Path(sys.executable).with_name("tidegraph"))
     command = [tidegraph, "rotate-key", "--group", "acme", "--data-dir", str(tmp_path), "--json"]
@@ -110,9 +110,9 @@ async def test_rotate_key_adds_a_newer_key_and_keeps_the_older(tmp_path: Path) -
     assert rotated["keys"] == 2
     store = SqliteStore(tmp_path / "graph")
     try:
-        second = await Sealer(store).seal(orjson.dumps(ENVELOPE), "acme")
+        second = await Sealer(store.keys).seal(orjson.dumps(ENVELOPE), "acme")
         assert orjson.loads(second)["sealed"]["key"] == rotated["key_id"]  # the newest seals
-        opened = await open_sealed(store, [first, second])
+        opened = await open_sealed(store.keys, [first, second])
         assert [orjson.loads(o.value) for o in opened if isinstance(o, Opened)] == [ENVELOPE] * 2
     finally:
         await store.close()

@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from tests.support.crm_feed import crm_mappings, owner_record, plan_record
+from tests.support.stores import upsert_entities
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.context import RecentEpisodes
@@ -188,7 +189,7 @@ async def write(
 # ============================================================================= resolution
 async def test_a_key_match_resolves_whatever_the_name(store: MemoryStore) -> None:
     acme = stored_entity("Acme Corp", key="crm:account:1", labels=["Account"])
-    await store.upsert_entities(G, [acme])
+    await upsert_entities(store, G, [acme])
     resolved = await resolve(
         store, mapped("e1", plan_record((1, "ACME Inc."), "Pro", day(1)), day(1))
     )
@@ -203,7 +204,7 @@ async def test_a_key_match_resolves_whatever_the_name(store: MemoryStore) -> Non
 
 async def test_an_exact_name_or_alias_match_resolves(store: MemoryStore) -> None:
     globex = stored_entity("Globex Corporation", aliases=["globex"])
-    await store.upsert_entities(G, [globex])
+    await upsert_entities(store, G, [globex])
     extraction = said(text_episode("e1", "GLOBEX hired Globex Corporation."),
                       ("GLOBEX", "HIRED", "Globex Corporation."))  # fmt: skip
     llm = ScriptedLLM()  # a request would fail: exact matches need no LLM
@@ -218,7 +219,7 @@ async def test_a_keyless_mention_joins_the_one_keyed_entity_of_its_name(
     store: MemoryStore,
 ) -> None:
     acme = stored_entity("Acme Corp", key="crm:account:1")
-    await store.upsert_entities(G, [acme])
+    await upsert_entities(store, G, [acme])
     episode = text_episode("e1", "Acme Corp called")
     extraction = Extraction(episode=episode, entities=[EntityDraft(name="Acme Corp")])
     llm = ScriptedLLM()  # a request would fail: the one keyed "Acme Corp" needs no LLM
@@ -233,7 +234,7 @@ async def test_two_keyed_entities_of_one_name_are_left_to_one_batched_llm_call(
 ) -> None:
     sales = stored_entity("John Smith", key="crm:contact:1", summary="sales")
     support = stored_entity("John Smith", key="crm:contact:2", summary="support")
-    await store.upsert_entities(G, [sales, support])
+    await upsert_entities(store, G, [sales, support])
 
     def support_is_john(user: str) -> dict[str, Any]:
         listed = user.split("New entities:")[0].splitlines()[1:]
@@ -267,7 +268,7 @@ async def test_new_entities_get_deterministic_uuids_and_are_created(store: Memor
     assert first.entity_uuids == again.entity_uuids == [account, plan]
     assert first.pending.created == [account, plan] and first.entities_new == 2
     assert all(e.name_embedding for e in first.pending.entities)  # upserted with the episode
-    assert await store.counts(G) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
+    assert await store.browse.counts(G) == {"episodes": 0, "entities": 0, "facts": 0, "mentions": 0}
 
 
 async def test_a_processed_episode_stops_at_the_lookup(store: MemoryStore) -> None:
@@ -314,7 +315,7 @@ async def test_a_mapped_episode_is_written_in_one_call_from_what_resolution_read
     basic = await stamp(store, mapped("e1", plan_record(ACME, "Basic", day(1)), day(1)))
     first = await step.run(basic)
     assert counted.calls == ["write_episode"]
-    assert await store.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
+    assert await store.browse.counts(G) == {"episodes": 1, "entities": 2, "facts": 1, "mentions": 2}
     assert await store.episode_processed(G, basic.episode.uuid)
     assert first.created_entities == basic.pending.created and first.facts_new == 1
 
@@ -323,7 +324,7 @@ async def test_a_mapped_episode_is_written_in_one_call_from_what_resolution_read
     second = await step.run(pro)
     assert counted.calls == ["write_episode", "write_episode"]  # no read of its own
     assert (second.facts_new, second.facts_closed) == (1, 1)
-    history = await store.query_facts(G, include_invalid=True)
+    history = await store.browse.query_facts(G, include_invalid=True)
     assert [(v.object, v.valid_at, v.invalid_at) for v in history] == [
         ("Basic", iso(day(1)), iso(day(5))),
         ("Pro", iso(day(5)), None),
@@ -388,7 +389,7 @@ async def test_an_llm_contradiction_closes_only_a_fact_sharing_an_endpoint(
     [judged] = [c for c in llm.calls if c.schema is FactResolutionOutput]
     assert "Carol lives in London" in judged.user and "Globex" not in judged.user
     assert summary.facts_closed == 1
-    views = await store.query_facts(G, include_invalid=True)
+    views = await store.browse.query_facts(G, include_invalid=True)
     assert {(v.subject, v.object): v.invalid_at for v in views} == {
         ("Alice", "Acme"): iso(day(10)),  # closed when Initech starts
         ("Alice", "Initech"): None,
@@ -404,12 +405,12 @@ async def test_a_write_finding_the_episode_processed_is_skipped_and_keeps_its_cr
     stamped = await stamp(store, mapped("e1", plan_record(ACME, "Basic", day(1)), day(1)))
     step = InvalidationStep(store=store, embedder=EMBEDDER, llm=None)
     await step.run(stamped)
-    counts = await store.counts(G)
+    counts = await store.browse.counts(G)
 
     again = await step.run(stamped)  # e.g. a retry after a commit whose answer was lost
     assert isinstance(again, Processed)
     assert again.created_entities == stamped.pending.created != []  # entities.new re-sent
-    assert await store.counts(G) == counts
+    assert await store.browse.counts(G) == counts
 
 
 @pytest.mark.parametrize("embed_mapped_content", [False, True])
@@ -426,7 +427,7 @@ async def test_a_mapped_records_content_is_embedded_only_when_asked(
     scope = SearchScope((G,), AsOf.resolve(None, None, False, None))
 
     async def nearest(kind: Kind, text: str) -> set[str]:
-        hits = await store.vector_search(scope, kind, await EMBEDDER.embed_one(text), 10)
+        hits = await store.search.vector_search(scope, kind, await EMBEDDER.embed_one(text), 10)
         return {hit.uuid for hit in hits}
 
     record_uuid, note_uuid = record.episode.uuid, note.episode.uuid
@@ -435,7 +436,7 @@ async def test_a_mapped_records_content_is_embedded_only_when_asked(
     assert note_uuid in await nearest("episode", note.episode.content_text())  # text: always
     # Either way the record's fact is embedded and the record itself found by its words.
     assert await nearest("fact", record.facts[0].fact)
-    found = await store.fulltext_search(scope, "episode", "Basic", 10)
+    found = await store.search.fulltext_search(scope, "episode", "Basic", 10)
     assert record_uuid in {hit.uuid for hit in found}
 
 

@@ -199,7 +199,7 @@ async def _show_extracted(runtime: Runtime, console: Console, episodes: list[Epi
     ids = {e.id for e in episodes}
     rows = []
     for group in sorted({e.group_id for e in episodes}):
-        for v in await runtime.store.query_facts(group, include_invalid=True):
+        for v in await runtime.store.browse.query_facts(group, include_invalid=True):
             if ids.intersection(v.episodes):
                 rows.append((group, v.subject, v.relation, v.object, _day(v.valid_at), v.fact))
     columns = ("tenant", "subject", "relation", "object", "valid from", "fact")
@@ -219,7 +219,7 @@ async def _show_recall(runtime: Runtime, console: Console) -> None:
     from tidegraph.recall.search import Searcher
     from tidegraph.records.search import SearchRequest
 
-    searcher = Searcher(runtime.store, runtime.embedder, runtime.cross_encoder)
+    searcher = Searcher(runtime.store.search, runtime.embedder, runtime.cross_encoder)
     results = await searcher.search(SearchRequest(query=RECALL_QUERY, group_ids=[RECALL_GROUP]))
     _heading(console, "Recall: what an agent answering the ticket puts in its prompt")
     _say(console, f"  tidegraph search --group {RECALL_GROUP} --context {RECALL_QUERY!r}")
@@ -246,9 +246,9 @@ class PlanAnswer:
 async def _show_graph(runtime: Runtime, console: Console) -> None:
     store = runtime.store
     await _show_tenants(runtime, console)
-    entities = await store.list_entities(DEMO_GROUP)
+    entities = await store.browse.list_entities(DEMO_GROUP)
     _print_entities(console, entities)
-    _print_facts_now(console, await store.query_facts(DEMO_GROUP))
+    _print_facts_now(console, await store.browse.query_facts(DEMO_GROUP))
     featured = _by_key(entities, account_key(FEATURED_ACCOUNT_ID))
     late = _by_key(entities, account_key(LATE_ACCOUNT_ID))
     featured_history = await plan_history(runtime, featured)
@@ -266,7 +266,7 @@ async def _show_tenants(runtime: Runtime, console: Console) -> None:
     for column in ("episodes", "entities", "facts"):
         table.add_column(column, justify="right")
     for group in sorted({e.group_id for e in _read_episodes(FEED_FILE)}):
-        counts = await runtime.store.counts(group)
+        counts = await runtime.store.browse.counts(group)
         table.add_row(
             Text(group), str(counts["episodes"]), str(counts["entities"]), str(counts["facts"])
         )
@@ -304,7 +304,7 @@ def _print_facts_now(console: Console, views: list[FactView]) -> None:
 
 async def plan_history(runtime: Runtime, account: EntityRecord) -> list[FactView]:
     """Every version of the account's plan fact, valid or not, oldest first."""
-    views = await runtime.store.query_facts(
+    views = await runtime.store.browse.query_facts(
         account.group_id, include_invalid=True, entity_uuid=account.uuid
     )
     return [v for v in views if v.relation == PLAN and v.subject == account.name]
@@ -327,7 +327,7 @@ async def _plan_at(
     valid_at: datetime | None = None,
     known_at: datetime | None = None,
 ) -> str | None:
-    views = await runtime.store.query_facts(
+    views = await runtime.store.browse.query_facts(
         account.group_id, valid_at=valid_at, known_at=known_at, entity_uuid=account.uuid
     )
     plans = [v.object for v in views if v.relation == PLAN and v.subject == account.name]

@@ -178,7 +178,7 @@ class Memory:
         self.settings = parts.settings
         self.store = parts.store
         self.via = via
-        self.searcher = Searcher(parts.store, parts.embedder, parts.cross_encoder)
+        self.searcher = Searcher(parts.store.search, parts.embedder, parts.cross_encoder)
         self._runner: GroupRunner | None = None
         self._group_locks: dict[str, asyncio.Lock] = {}
 
@@ -321,13 +321,13 @@ class Memory:
     ) -> list[FactView]:
         """The group's facts valid at ``valid_at`` as believed at ``known_at`` (both default
         to now; ``include_invalid``: every fact, valid or not)."""
-        return await self.store.query_facts(
+        return await self.store.browse.query_facts(
             group_id, valid_at=valid_at, known_at=known_at, include_invalid=include_invalid
         )
 
     async def entities(self, group_id: str) -> list[EntityRecord]:
         """The group's entities."""
-        return await self.store.list_entities(group_id)
+        return await self.store.browse.list_entities(group_id)
 
     async def missing_facts_note(self, results: SearchResults) -> str | None:
         """Why a search found no facts, when it is that no LLM extracts these groups' episodes
@@ -364,7 +364,9 @@ class Memory:
             self._runner = self.runtime.runner()
         lock = self._group_locks.setdefault(request.group_id, asyncio.Lock())
         async with lock:  # after the group's adds in this process, before the next ones
-            grouped = not dry_run and bool(await self.store.communities(request.group_id))
+            grouped = not dry_run and bool(
+                await self.store.communities.list_communities(request.group_id)
+            )
             report = await forget_in_store(self._runner, request, dry_run=dry_run)
             if grouped and (report.entities_removed or report.entities_changed):
                 await self._regroup(request.group_id)
@@ -386,7 +388,7 @@ class Memory:
         from tidegraph.pipelines.forget import ForgetError
         from tidegraph.records.ids import normalize_name
 
-        entities = await self.store.list_entities(group_id)
+        entities = await self.store.browse.list_entities(group_id)
         for rule in (
             lambda e: e.uuid == subject,
             lambda e: e.key is not None and e.key == subject,
@@ -453,7 +455,7 @@ class Memory:
         after = read_episode_cursor(cursor, group_id) if cursor else None
         if status == "dead_lettered":
             return await self._dead_lettered(group_id, since, until, after, limit)
-        entries = await self.store.list_episodes(
+        entries = await self.store.browse.list_episodes(
             group_id, since=since, until=until, status=status, after=after, limit=limit + 1
         )
         page = entries[:limit]
@@ -517,7 +519,7 @@ class Memory:
         from tidegraph.records.ids import stable_uuid
 
         for uuid in dict.fromkeys([stable_uuid("episode", group_id, episode_id), episode_id]):
-            detail = await self.store.episode_detail(group_id, uuid)
+            detail = await self.store.browse.episode_detail(group_id, uuid)
             if detail is None:
                 continue
             entities = await self.store.entities_by_uuids(group_id, detail.mentions)
@@ -536,13 +538,13 @@ class Memory:
     async def groups(self, allowed: Iterable[str] | None = None) -> list[GroupView]:
         """The groups a caller may read (``allowed``; None: every group the store has
         written) with what each holds."""
-        logs = {log.group_id: log for log in await self.store.change_logs(
+        logs = {log.group_id: log for log in await self.store.outbox.change_logs(
             None if allowed is None else sorted(set(allowed))
         )}  # fmt: skip
         names = sorted(logs) if allowed is None else sorted(set(allowed))
         views = []
         for group_id in names:
-            counts = await self.store.counts(group_id)
+            counts = await self.store.browse.counts(group_id)
             log = logs.get(group_id)
             views.append(
                 GroupView(
@@ -568,7 +570,7 @@ class Memory:
         deadline = time.monotonic() + max(0.0, wait_seconds)
         pause = CHANGE_POLL_SECONDS
         while True:
-            found = await self.store.changes(group_id, after, limit)
+            found = await self.store.outbox.changes(group_id, after, limit)
             left = deadline - time.monotonic()
             if found or left <= 0:
                 return ChangePage(group_id, found, found[-1].seq if found else after)
@@ -581,9 +583,9 @@ class Memory:
         published. How many went."""
         from tidegraph.pipelines.outbox import prune_outbox
 
-        groups = [log.group_id for log in await self.store.change_logs(own=True)]
+        groups = [log.group_id for log in await self.store.outbox.change_logs(own=True)]
         return await prune_outbox(
-            self.store,
+            self.store.outbox,
             groups,
             self.settings.changes_retention_hours,
             published_only=self.via == "kafka",

@@ -1,6 +1,5 @@
-"""Community maintenance over a ``GraphStore`` (docs/communities.md "Communities"), used by the CLI
-and
-the worker.
+"""Community maintenance over a store's communities (docs/communities.md "Communities"), used
+by the CLI and the worker.
 
     service = CommunityService(store, llm, embedder)
     await service.assign(group_id, entity_uuid)     # each new entity (new-entities topic)
@@ -22,6 +21,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from tidegraph.embed.base import Embedder
 from tidegraph.llm.client import LLMClient
@@ -48,9 +48,8 @@ from tidegraph.processors.communities import (
     plan_refresh,
     summary_prompt,
 )
-from tidegraph.records.graph import CommunityRecord
+from tidegraph.records.graph import CommunityRecord, EntityRecord, WeightedEdge
 from tidegraph.records.times import utcnow
-from tidegraph.stores.base import GraphStore
 
 LLM_STAGE = "communities"
 
@@ -76,9 +75,44 @@ class _GroupState:
     assigned_during_refresh: set[str] = field(default_factory=set)
 
 
+class Memberships(Protocol):
+    """A store's ``communities`` (``tidegraph.stores.roles.Communities`` says what each
+    method does)."""
+
+    async def entity_graph(
+        self, group_id: str, at: datetime | None = None
+    ) -> tuple[list[str], list[WeightedEdge]]: ...
+
+    async def neighbour_weights_many(
+        self, group_id: str, entity_uuids: list[str], at: datetime | None = None
+    ) -> list[dict[str, int]]: ...
+
+    async def communities_of(
+        self, group_id: str, entity_uuids: list[str]
+    ) -> dict[str, str | None]: ...
+
+    async def list_communities(self, group_id: str) -> list[CommunityRecord]: ...
+
+    async def write_communities(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
+    ) -> None: ...
+
+    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None: ...
+
+
+class CommunityStore(Protocol):
+    """What community maintenance reads and writes: the store's communities, and its entities
+    (their names and summaries describe a community)."""
+
+    @property
+    def communities(self) -> Memberships: ...
+
+    async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]: ...
+
+
 class CommunityService:
     def __init__(
-        self, store: GraphStore, llm: LLMClient | None = None, embedder: Embedder | None = None
+        self, store: CommunityStore, llm: LLMClient | None = None, embedder: Embedder | None = None
     ) -> None:
         self.store = store
         self.llm = llm
@@ -109,9 +143,9 @@ class CommunityService:
         return choices
 
     async def _place(self, group_id: str, entity_uuids: list[str]) -> list[str | None]:
-        weights = await self.store.neighbour_weights_many(group_id, entity_uuids)
+        weights = await self.store.communities.neighbour_weights_many(group_id, entity_uuids)
         neighbours = sorted({n for w in weights for n in w})
-        held = await self.store.communities_of(group_id, neighbours)
+        held = await self.store.communities.communities_of(group_id, neighbours)
         choices: list[str | None] = []
         writes: list[tuple[str, str]] = []
         for entity_uuid, entity_weights in zip(entity_uuids, weights, strict=True):
@@ -120,7 +154,7 @@ class CommunityService:
             if choice is not None:
                 writes.append((choice, entity_uuid))
                 held[entity_uuid] = choice  # a later entity of the batch sees it
-        await self.store.assign_members(group_id, writes)
+        await self.store.communities.assign_members(group_id, writes)
         return choices
 
     # ------------------------------------------------------------------ scheduling
@@ -189,15 +223,15 @@ class CommunityService:
         async with self._locks[group_id]:
             started = time.perf_counter()
             assigned_before = self._state[group_id].assignments_since_refresh
-            nodes, edges = await self.store.entity_graph(group_id)
-            stored = await self.store.communities(group_id)
+            nodes, edges = await self.store.communities.entity_graph(group_id)
+            stored = await self.store.communities.list_communities(group_id)
             fresh = label_propagation(nodes, edges, seed=seed, max_iterations=max_iterations)
             plan = plan_refresh(group_id, stored, fresh.labels)
             ari = adjusted_rand_index(
                 partition_of(stored), partition_of(plan.unchanged + plan.rewrites)
             )
             rewrites, calls = await self._describe(group_id, plan.rewrites, degrees(edges))
-            await self.store.write_communities(group_id, rewrites, plan.deleted)
+            await self.store.communities.write_communities(group_id, rewrites, plan.deleted)
             state = self._state[group_id]
             # entities the projection did not see may have lost the membership that their
             # assignment wrote meanwhile: place them again, on the new communities

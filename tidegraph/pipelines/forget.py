@@ -6,7 +6,7 @@ written and each at its original ingestion time (so both timelines of everything
 as they were), from their stored extractions (no extraction call) into an empty in-memory
 store, through the group runner's own write path: the same units, steps and write rules as
 ingestion. The difference between that graph and the stored one is written in one
-transaction (``GraphStore.apply_rebuild``): the forgotten episodes become tombstones (kept
+transaction (``Forgetting.apply_rebuild``): the forgotten episodes become tombstones (kept
 so that a replay of the input topic, ``extract --pending`` or a dead letter replayed never
 brings them back: their writes are skipped as a processed episode's are), facts only they
 supported are gone, facts they closed are open again (or closed by whatever else closes
@@ -50,7 +50,6 @@ from tidegraph.records.ids import stable_uuid
 from tidegraph.records.stages import Extraction, extraction_of
 from tidegraph.records.times import utc, utcnow
 from tidegraph.stores.errors import RebuildConflict
-from tidegraph.stores.keys import GroupKeys
 from tidegraph.stores.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -100,14 +99,15 @@ async def forget(
     store = runner.components.store
     report = ForgetReport(group, dry_run=dry_run)
     if dry_run:
-        report.episodes = [e.producer_id for e in (await store.group_history(group)).episodes]
+        history = await store.forget.group_history(group)
+        report.episodes = [e.producer_id for e in history.episodes]
         report.forgotten = len(report.episodes)
         return report
-    forgotten = await store.forget_group(group, utcnow(), purge=request.purge)
-    if request.purge and isinstance(store, GroupKeys):
+    forgotten = await store.forget.forget_group(group, utcnow(), purge=request.purge)
+    if request.purge:
         # The group's sealed records on the input topic can no longer be read
         # (docs/streaming.md "Sealed episodes").
-        report.keys_erased = await store.erase_group_keys(group)
+        report.keys_erased = await store.keys.erase_group_keys(group)
     FORGOTTEN.labels("group").inc(forgotten)
     report.forgotten = forgotten
     purged = f" (purged, {report.keys_erased} data keys erased)" if request.purge else ""
@@ -124,7 +124,7 @@ async def forget_episodes(
     store = runner.components.store
     wanted = set(episode_ids)
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        history = await store.group_history(group_id)
+        history = await store.forget.group_history(group_id)
         targets = [e for e in history.episodes if e.producer_id in wanted]
         report = ForgetReport(
             group_id, [e.producer_id for e in targets], len(targets), dry_run=dry_run
@@ -137,7 +137,7 @@ async def forget_episodes(
         if dry_run:
             return report
         try:
-            await store.apply_rebuild(group_id, rebuild)
+            await store.forget.apply_rebuild(group_id, rebuild)
         except RebuildConflict:
             log.info(
                 "group %s was written during its forget (attempt %d); again", group_id, attempt
@@ -158,7 +158,7 @@ async def forget_subject(
 ) -> ForgetReport:
     """Forget every episode of ``group_id`` that mentions the entity (a person asking to be
     erased); a dry run lists them and what would go."""
-    history = await runner.components.store.group_history(group_id)
+    history = await runner.components.store.forget.group_history(group_id)
     if entity_uuid not in history.entities:
         raise ForgetError(f"group {group_id!r} has no entity {entity_uuid}")
     ids = [
@@ -204,7 +204,7 @@ async def _rebuild(
             f"({first.failure.line() if first.failure else ''}); nothing was forgotten: "
             "try again once that is fixed"
         )
-    after = await scratch.group_history(group_id)
+    after = await scratch.forget.group_history(group_id)
     rebuild = _difference(group_id, history, after, forgotten, remaining)
     if not components.record_changes:
         rebuild.changes = []

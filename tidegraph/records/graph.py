@@ -152,7 +152,8 @@ class EpisodeWrite:
     mentions: list[str] = field(default_factory=list)  # entity uuids the episode mentions
     facts: list[FactRecord] = field(default_factory=list)  # upserted by uuid (full state)
     closures: list[FactClosure] = field(default_factory=list)
-    # Entity upserts (as ``upsert_entities``) written first, in the same transaction.
+    # Entity upserts (MERGE by uuid: ``tidegraph.stores.write_rules.merged_entity``) written
+    # first, in the same transaction.
     entities: list[EntityRecord] = field(default_factory=list)
     # The uuids of the entities this episode creates (``PendingWrite.created``), kept on its
     # marker so that a redelivery of the processed episode can send their events again.
@@ -218,7 +219,7 @@ class ChangeLog:
 
 @dataclass
 class GroupHistory:
-    """What a rebuild of a group starts from (``GraphStore.group_history``): its episodes
+    """What a rebuild of a group starts from (``Forgetting.group_history``): its episodes
     that are not forgotten, in the order their effects were written, with their stored
     extractions; its entities and facts with their embeddings; each episode's mentions and
     the entities it created; the group's write version."""
@@ -233,7 +234,7 @@ class GroupHistory:
 
 @dataclass
 class Rebuild:
-    """What a forget changes, written in one transaction (``GraphStore.apply_rebuild``): the
+    """What a forget changes, written in one transaction (``Forgetting.apply_rebuild``): the
     difference between the group's graph and the one its remaining episodes give.
 
     The store refuses it (``RebuildConflict``) when the group's write version is no longer
@@ -258,7 +259,7 @@ EpisodeState = Literal["written", "not_extracted", "forgotten"]
 
 @dataclass(frozen=True)
 class EpisodeEntry:
-    """One stored episode as a listing shows it (``GraphStore.list_episodes``); a forgotten
+    """One stored episode as a listing shows it (``Browsing.list_episodes``); a forgotten
     one is its tombstone: uuid and when, nothing else."""
 
     uuid: str
@@ -275,7 +276,7 @@ class EpisodeEntry:
 
 @dataclass(frozen=True)
 class EpisodeDetail:
-    """One episode and the entities it mentions (``GraphStore.episode_detail``); a
+    """One episode and the entities it mentions (``Browsing.episode_detail``); a
     tombstone's mentions are gone with it."""
 
     entry: EpisodeEntry

@@ -1,6 +1,9 @@
-"""The one graph-store interface. Neo4j and the embedded store implement it identically.
+"""The graph store: the write path's interface (``GraphStore``), holding the store's other
+roles (``tidegraph.stores.roles``: search, browsing, outbox, forgetting, communities) as
+attributes. Neo4j, the embedded store and the memory store implement them identically
+(docs/architecture.md "Store roles").
 
-Rules every implementation keeps:
+Rules every implementation of every role keeps:
 - every read and write is scoped by ``group_id`` (no call ever touches another group's data);
 - names, labels, relation types and any other user/LLM text travel only as query
   parameters, never as query text (labels that must become real node labels are checked
@@ -14,29 +17,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from tidegraph.records.asof import AsOf
-from tidegraph.records.changes import Change, PublishedChange
 from tidegraph.records.graph import (
-    ChangeLog,
-    CommunityRecord,
     EntityLookup,
     EntityRecord,
-    EpisodeDetail,
-    EpisodeEntry,
     EpisodeRecord,
     EpisodeWrite,
     FactRecord,
-    FactView,
-    GroupHistory,
-    Rebuild,
-    WeightedEdge,
 )
-from tidegraph.records.search import Hit, Kind, MethodSearch, SearchScope
 from tidegraph.settings import DEFAULT_TOPIC_PREFIX
+from tidegraph.stores.roles import Browsing, Communities, Forgetting, Keys, Outbox, Search
 from tidegraph.stores.rows import unique
 
 
@@ -72,12 +64,20 @@ class BatchWriteError(Exception):
 
 
 class GraphStore(abc.ABC):
-    """Async graph store. All methods are group-scoped; see the module docstring."""
+    """Async graph store: setup and close, the write path, and the other roles as attributes.
+    All methods are group-scoped; see the module docstring."""
 
     name: str = "store"
     # The deployment the store writes for (its topic prefix, given when it is opened): the
     # change logs of the groups it writes name it, and its relay publishes only those.
     deployment: str = DEFAULT_TOPIC_PREFIX
+    # The store's other roles (``tidegraph.stores.roles``), each over the same connection.
+    outbox: Outbox
+    forget: Forgetting
+    browse: Browsing
+    communities: Communities
+    search: Search
+    keys: Keys
 
     # ---------------------------------------------------------------- lifecycle
     @abc.abstractmethod
@@ -104,10 +104,10 @@ class GraphStore(abc.ABC):
         marker; an episode stored without extraction is not processed yet). With
         ``content_hash``, an episode stored with another hash raises EpisodeConflictError
         (its id was reused for other content)."""
-        return await self.episode_marker(group_id, episode_uuid, content_hash) is not None
+        return await self._episode_marker(group_id, episode_uuid, content_hash) is not None
 
     @abc.abstractmethod
-    async def episode_marker(
+    async def _episode_marker(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> list[str] | None:
         """The uuids of the entities the processed episode created (``EpisodeWrite.created``,
@@ -117,11 +117,11 @@ class GraphStore(abc.ABC):
     async def episode_markers(
         self, group_id: str, episodes: list[tuple[str, str | None]]
     ) -> dict[str, list[str]]:
-        """``episode_marker`` of each (uuid, content hash): the processed ones only, by uuid.
+        """``_episode_marker`` of each (uuid, content hash): the processed ones only, by uuid.
         EpisodeConflictError as there."""
         found: dict[str, list[str]] = {}
         for uuid, content_hash in episodes:
-            created = await self.episode_marker(group_id, uuid, content_hash)
+            created = await self._episode_marker(group_id, uuid, content_hash)
             if created is not None:
                 found[uuid] = created
         return found
@@ -217,12 +217,6 @@ class GraphStore(abc.ABC):
         n = len(searches)
         return list(zip(found[:n], found[n:], strict=True))
 
-    @abc.abstractmethod
-    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
-        """MERGE by uuid. On create: every field. On match: add labels and aliases (set
-        union), replace summary when the new one is non-empty, set key when null.
-        ``name``, ``created_at`` and ``name_embedding`` never change after creation."""
-
     async def lookup_entities(
         self,
         group_id: str,
@@ -233,7 +227,7 @@ class GraphStore(abc.ABC):
         content_hash: str | None = None,
     ) -> EntityLookup:
         """``entities_by_keys(keys)`` and ``entities_by_names(names)`` (without name
-        embeddings) and, when ``episode_uuid`` is given, ``episode_marker`` (with
+        embeddings) and, when ``episode_uuid`` is given, ``_episode_marker`` (with
         ``content_hash``, as there: a processed episode answers with its created entities and
         nothing else); with ``relations``, the found entities' facts of those relations too
         (see ``EntityLookup``) — in one round trip where the store can."""
@@ -249,7 +243,7 @@ class GraphStore(abc.ABC):
     async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
         """``lookup_entities`` from the other methods (up to four calls)."""
         if ask.episode_uuid:
-            created = await self.episode_marker(group_id, ask.episode_uuid, ask.content_hash)
+            created = await self._episode_marker(group_id, ask.episode_uuid, ask.content_hash)
             if created is not None:
                 return EntityLookup(processed=True, created_entities=created)
         by_key = await self.entities_by_keys(group_id, ask.keys) if ask.keys else []
@@ -264,10 +258,6 @@ class GraphStore(abc.ABC):
                 await self.fact_candidates(group_id, pairs, [], embeddings=False) if pairs else []
             )
         return lookup
-
-    @abc.abstractmethod
-    async def list_entities(self, group_id: str) -> list[EntityRecord]:
-        """All entities of the group, ordered by name then uuid."""
 
     # ---------------------------------------------------------------- facts
     @abc.abstractmethod
@@ -306,18 +296,13 @@ class GraphStore(abc.ABC):
         return [f.model_copy(update={"fact_embedding": None}) for f in found]
 
     @abc.abstractmethod
-    async def vector_facts(
-        self, group_id: str, embedding: list[float], limit: int
-    ) -> list[tuple[FactRecord, float]]:
-        """Nearest facts by fact embedding (cosine similarity), best first."""
-
-    @abc.abstractmethod
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
-        """One transaction: the entity upserts (as ``upsert_entities``), then MERGE the
-        Episodic node (the processed marker), its MENTIONS, the facts (MERGE by uuid, then SET
-        the given state except ``created_at`` which only applies on create, ``expired_at``
-        which is only set while null and ``fact_embedding`` which a record without one leaves
-        as stored), and closures (``invalid_at`` set, ``expired_at`` only while null).
+        """One transaction: the entity upserts (MERGE by uuid, ``write_rules.merged_entity``),
+        then MERGE the Episodic node (the processed marker), its MENTIONS, the facts (MERGE by
+        uuid, then SET the given state except ``created_at`` which only applies on create,
+        ``expired_at`` which is only set while null and ``fact_embedding`` which a record
+        without one leaves as stored), and closures (``invalid_at`` set, ``expired_at`` only
+        while null).
 
         When the episode's marker is already stored in the group, nothing is written and the
         answer is False (a late or repeated writer of a processed episode must not reopen what
@@ -336,253 +321,6 @@ class GraphStore(abc.ABC):
             except Exception as exc:
                 raise BatchWriteError(written) from exc
         return written
-
-    async def query_facts(
-        self,
-        group_id: str,
-        *,
-        valid_at: datetime | None = None,
-        known_at: datetime | None = None,
-        include_invalid: bool = False,
-        entity_uuid: str | None = None,
-    ) -> list[FactView]:
-        """Facts as docs/architecture.md "Two timelines" defines them (the rules:
-        ``tidegraph.records.asof``):
-        - believed at ``known_at`` (None = now): only facts with ``created_at <= known_at``,
-          and ``invalid_at`` counts only when ``expired_at <= known_at``;
-        - valid at ``valid_at`` (None = now): ``valid_at <= t < invalid_at`` (open end when
-          null); ``include_invalid`` skips this filter (a fact's whole history);
-        - ``entity_uuid`` keeps facts with that entity as source or target.
-        Ordered by subject, relation, valid_at, uuid. ``episodes`` holds producer ids."""
-        asof = AsOf.resolve(valid_at, known_at, include_invalid, entity_uuid)
-        return await self.facts_as_of(group_id, asof)
-
-    @abc.abstractmethod
-    async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
-        """``query_facts`` of a resolved question."""
-
-    # ---------------------------------------------------------------- search
-    # docs/retrieval.md "Memory retrieval". Every search reads only ``scope.group_ids`` (each hit is
-    # of one of them, and so is everything it carries); facts are those ``query_facts`` answers for
-    # ``scope.asof``, each as believed then; entities and communities those created by its known-at
-    # time, episodes also happened by its valid-at time (``store.hits``).
-    @abc.abstractmethod
-    async def fulltext_search(
-        self, scope: SearchScope, kind: Kind, text: str, limit: int
-    ) -> list[Hit]:
-        """The ``kind`` records matching ``text`` (plain user text): facts on their sentence,
-        entities and communities on name and summary, episodes on content. Best first, scored
-        by the engine (BM25-like)."""
-
-    @abc.abstractmethod
-    async def vector_search(
-        self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
-    ) -> list[Hit]:
-        """The nearest ``kind`` records (fact, entity name, episode content, community name
-        embeddings), scored ``(1 + cos) / 2``, best first."""
-
-    async def search_lists(
-        self, scope: SearchScope, searches: Sequence[MethodSearch]
-    ) -> list[list[Hit]]:
-        """Each search's hits, in order (``fulltext_search`` for a text, ``vector_search``
-        for an embedding). By default they run side by side; a store that answers several
-        reads at once more cheaply overrides it (the embedded store: one hand-off to its
-        thread)."""
-        return list(await asyncio.gather(*(self._method_search(scope, s) for s in searches)))
-
-    async def _method_search(self, scope: SearchScope, search: MethodSearch) -> list[Hit]:
-        if search.text is not None:
-            return await self.fulltext_search(scope, search.kind, search.text, search.limit)
-        assert search.embedding is not None  # MethodSearch has one or the other
-        return await self.vector_search(scope, search.kind, search.embedding, search.limit)
-
-    async def complete_hits(self, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
-        """``hits`` read with ``scope.details`` off, with their details (a fact's end names
-        and episodes' producer ids, an entity's mentioning episodes). By default a store's
-        hits always carry them and come back as they are; a store that reads them only when
-        asked (the embedded store) overrides it."""
-        return list(hits)
-
-    @abc.abstractmethod
-    async def expand_facts(
-        self, scope: SearchScope, seeds: list[str], hops: int, limit: int
-    ) -> list[Hit]:
-        """The facts within ``hops`` of the ``seeds`` entities, breadth first over the
-        scope's facts: ``distance`` the hop each was reached at (1: touches a seed), score
-        ``1 / distance``; nearest first, at most ``limit``."""
-
-    @abc.abstractmethod
-    async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
-        """The entities mentioned by each group's ``episodes`` latest episodes (by valid_at),
-        most recent episode first, each uuid once."""
-
-    @abc.abstractmethod
-    async def entity_distances(
-        self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
-    ) -> dict[str, int]:
-        """Hops from ``centre`` to each of ``uuids`` over the scope's facts (0 for the centre
-        itself); a uuid farther than ``max_hops`` or unreachable is left out."""
-
-    # ---------------------------------------------------------------- the change stream
-    # docs/streaming.md "Change stream". A committed episode write appends its changes
-    # (``EpisodeWrite.changes``) to its group's outbox in the same transaction, numbered in
-    # commit order (``Change.seq``), and bumps the group's write version. The group's log
-    # names the deployment of its first writer (``ChangeLog.deployment``; a log without one
-    # takes the writer's at its next write): only that deployment's relay publishes it.
-    @abc.abstractmethod
-    async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
-        """The group's changes with ``seq > after``, in ``seq`` order, at most ``limit``."""
-
-    @abc.abstractmethod
-    async def change_logs(
-        self, group_ids: list[str] | None = None, *, unpublished: bool = False, own: bool = False
-    ) -> list[ChangeLog]:
-        """The outbox state of these groups (None: of every group with a log), by group;
-        ``unpublished``: only those with changes the relay has not published; ``own``: only
-        those of this store's ``deployment``."""
-
-    @abc.abstractmethod
-    async def unpublished_changes(
-        self, group_ids: list[str], per_group: int
-    ) -> list[PublishedChange]:
-        """Each group's changes after its relay cursor (``ChangeLog.published``), at most
-        ``per_group`` of each, by group then ``seq``, as the relay produces them (the JSON of
-        ``changes`` without decoding it): one read for a relay round. Only the groups of this
-        store's ``deployment``."""
-
-    @abc.abstractmethod
-    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
-        """The relay published each group's changes up to ``acknowledged`` (its last change
-        Kafka acknowledged, one per group), in one write: the group's cursor moves to that
-        change's ``seq`` when the change stored there is still that one (``change_id``; a
-        group purged and written anew since keeps its cursor), and never back. Only the
-        groups of this store's ``deployment``: the others are left alone."""
-
-    @abc.abstractmethod
-    async def prune_changes(
-        self, group_id: str, before: datetime, *, published_only: bool = True
-    ) -> int:
-        """Drop the group's changes committed before ``before`` (the outbox's retention);
-        ``published_only``: only those the relay has published. How many went. Unpublished
-        changes dropped right after the relay's cursor move it past them, in the same
-        transaction: the relay moves a cursor only past changes Kafka acknowledged, and never
-        waits for one that is gone."""
-
-    # ---------------------------------------------------------------- forgetting
-    # docs/architecture.md "Forgetting": a forget replays the group's remaining episodes into a
-    # scratch store and writes the difference.
-    @abc.abstractmethod
-    async def group_history(self, group_id: str) -> GroupHistory:
-        """What a rebuild starts from (``GroupHistory``): the group's episodes but the
-        forgotten ones, in the order their effects were written (``extracted_at``, else
-        ``created_at``, then uuid), its entities and facts with their embeddings, each
-        episode's mentions and created entities, and its write version."""
-
-    @abc.abstractmethod
-    async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
-        """One transaction: RebuildConflict when the group's write version moved; else the
-        forgotten episodes become tombstones (uuid and group only: no content, name,
-        embedding or mentions; a write of them is skipped from then on, as of a processed
-        episode), the deleted facts and entities go (entities with their mentions and
-        memberships), the entities and facts given are written in full (created or
-        overwritten, including ends set back to null), the episodes named in ``mentions`` get
-        exactly those mentions and those in ``created`` those created entities, the outbox
-        loses the changes of ``purged`` records (the relay's cursor moves past those right
-        after it, as ``prune_changes`` does) and gains ``changes``, and the version moves."""
-
-    @abc.abstractmethod
-    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
-        """Every record of the group goes: its entities, facts, mentions, communities and
-        their index entries, and its episodes' content: each episode stays a tombstone (so
-        that a replay of its records never brings it back) unless ``purge``, which takes the
-        tombstones and the change log too. The outbox keeps one ``group.forgotten`` change
-        (none with ``purge``). Returns how many episodes were forgotten. No other group is
-        touched. Re-running it finishes one that was cut off."""
-
-    # ---------------------------------------------------------------- browsing
-    @abc.abstractmethod
-    async def list_episodes(
-        self,
-        group_id: str,
-        *,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        status: str | None = None,
-        after: tuple[datetime, str] | None = None,
-        limit: int = 100,
-    ) -> list[EpisodeEntry]:
-        """The group's episodes by ``valid_at`` then uuid, from after the ``after`` position
-        (the last entry's (valid_at, uuid) of the previous page), ``since <= valid_at <
-        until``, of one ``status`` (written, not_extracted) or both, at most ``limit``.
-        ``status="forgotten"`` lists the tombstones instead, by when they were forgotten
-        (their ``forgotten_at`` stands for ``valid_at`` in the range and the position)."""
-
-    # ---------------------------------------------------------------- maintenance
-    @abc.abstractmethod
-    async def episode_detail(self, group_id: str, episode_uuid: str) -> EpisodeDetail | None:
-        """The group's episode (or its tombstone) and the entities it mentions; None when the
-        group holds no such episode."""
-
-    @abc.abstractmethod
-    async def counts(self, group_id: str) -> dict[str, int]:
-        """{"episodes", "entities", "facts", "mentions"} for the group."""
-
-    @abc.abstractmethod
-    async def delete_group(self, group_id: str) -> None:
-        """Remove every node and relationship of the group."""
-
-    # ---------------------------------------------------------------- communities
-    @abc.abstractmethod
-    async def entity_graph(
-        self, group_id: str, at: datetime | None = None
-    ) -> tuple[list[str], list[WeightedEdge]]:
-        """The group's entity graph over facts valid at ``at`` (None = now, as believed
-        now): every entity uuid (sorted) and one undirected edge per connected pair
-        (``source < target``, no self-loops) weighted by its number of valid facts, sorted.
-        A fixed number of queries, whatever the size of the group."""
-
-    @abc.abstractmethod
-    async def neighbour_weights(
-        self, group_id: str, entity_uuid: str, at: datetime | None = None
-    ) -> dict[str, int]:
-        """{neighbour uuid: number of facts valid at ``at`` between it and the entity}."""
-
-    async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
-        """{entity uuid: the uuid of the community it is a member of, or None} for the group's
-        entities among these (a light read: no names, summaries nor embeddings, where the
-        store can)."""
-        return {
-            e.uuid: e.community_uuid for e in await self.entities_by_uuids(group_id, entity_uuids)
-        }
-
-    async def neighbour_weights_many(
-        self, group_id: str, entity_uuids: list[str], at: datetime | None = None
-    ) -> list[dict[str, int]]:
-        """``neighbour_weights`` of each entity, in order, in one read where the store can."""
-        return [await self.neighbour_weights(group_id, uuid, at) for uuid in entity_uuids]
-
-    @abc.abstractmethod
-    async def communities(self, group_id: str) -> list[CommunityRecord]:
-        """The group's communities ordered by uuid, members sorted (empty ones included)."""
-
-    @abc.abstractmethod
-    async def write_communities(
-        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
-    ) -> None:
-        """One transaction: delete the ``deletes`` communities (of this group), then MERGE
-        each upsert by uuid (name, summary and, when given, name_embedding set) and replace
-        its HAS_MEMBER edges by ``members``, removing those members from any other community
-        of the group. Communities not named are left alone. Idempotent."""
-
-    async def assign_member(self, group_id: str, community_uuid: str, entity_uuid: str) -> None:
-        """Make the entity a member of that (existing) community and of no other. Idempotent;
-        a no-op when the community or the entity is not in the group."""
-        await self.assign_members(group_id, [(community_uuid, entity_uuid)])
-
-    @abc.abstractmethod
-    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
-        """``assign_member`` for each ``(community_uuid, entity_uuid)`` in order, in one
-        transaction."""
 
 
 def _without_embeddings(records: list[EntityRecord]) -> list[EntityRecord]:

@@ -16,28 +16,30 @@ from tidegraph.records import jsontext
 from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.sealed import SEALED, DataKey, seal, sealed_group, unseal
 from tidegraph.settings import Settings
-from tidegraph.stores.keys import GroupKeys, sealing_key
+from tidegraph.stores.base import GraphStore
+from tidegraph.stores.keys import sealing_key
+from tidegraph.stores.roles import Keys
 
 
 class Sealer:
     """Seals envelopes with their group's newest key (read once per group)."""
 
-    def __init__(self, store: GroupKeys) -> None:
-        self.store = store
+    def __init__(self, keys: Keys) -> None:
+        self.keys = keys
         self._keys: dict[str, DataKey] = {}
 
     async def seal(self, raw: bytes, group_id: str) -> bytes:
         """The envelope ``raw`` (a valid episode of ``group_id``) sealed."""
         key = self._keys.get(group_id)
         if key is None:
-            key = self._keys[group_id] = await sealing_key(self.store, group_id)
+            key = self._keys[group_id] = await sealing_key(self.keys, group_id)
         return jsontext.dumps(seal(jsontext.loads(raw), key))
 
 
-def sealer_for(settings: Settings, store: object) -> Sealer | None:
+def sealer_for(settings: Settings, store: GraphStore | None) -> Sealer | None:
     """The sealer of a producer on ``store`` when ``TIDEGRAPH_ENCRYPT_EPISODES`` is on."""
-    if settings.encrypt_episodes and isinstance(store, GroupKeys):
-        return Sealer(store)
+    if settings.encrypt_episodes and store is not None:
+        return Sealer(store.keys)
     return None
 
 
@@ -65,13 +67,13 @@ def hop_value(opened: Opened) -> bytes:
 
 
 async def open_sealed(
-    store: GroupKeys | None, values: Sequence[bytes | None]
+    keys: Keys | None, values: Sequence[bytes | None]
 ) -> list[Opened | InvalidEpisode | None]:
     """For each consumed value: None when it is not sealed (it is read as it is), what it
     seals with its key, or why it cannot be opened (``key_erased``, ``seal_broken``). The
     keys are read from the store once per group, at every call: a key erased by a purge is
     never used again."""
-    keys: dict[str, dict[str, DataKey]] = {}
+    by_group: dict[str, dict[str, DataKey]] = {}
     opened: list[Opened | InvalidEpisode | None] = []
     for value in values:
         try:
@@ -85,12 +87,12 @@ async def open_sealed(
         if not group:
             opened.append(InvalidEpisode("a sealed record names no group_id", reason="seal_broken"))
             continue
-        if group not in keys:
-            found = await store.group_keys(group) if store is not None else []
-            keys[group] = {k.key_id: k for k in found}
+        if group not in by_group:
+            found = await keys.group_keys(group) if keys is not None else []
+            by_group[group] = {k.key_id: k for k in found}
         try:
-            envelope = unseal(data, keys[group])  # it names a key of the group's
-            opened.append(Opened(jsontext.dumps(envelope), keys[group][data[SEALED]["key"]]))
+            envelope = unseal(data, by_group[group])  # it names a key of the group's
+            opened.append(Opened(jsontext.dumps(envelope), by_group[group][data[SEALED]["key"]]))
         except InvalidEpisode as exc:
             opened.append(exc)
     return opened

@@ -91,7 +91,7 @@ def _print(group: str, as_json: bool) -> None:
 
 async def _rows(group: str) -> list[dict[str, Any]]:
     async with await open_reading() as memory:
-        communities = await memory.store.communities(group)
+        communities = await memory.store.communities.list_communities(group)
         members = sorted({m for c in communities for m in c.members})
         found = await memory.store.entities_by_uuids(group, members)
     names = {e.uuid: e.name for e in found}

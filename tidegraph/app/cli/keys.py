@@ -48,13 +48,12 @@ def rotate_key_command(
 
 async def _rotate(group: str) -> tuple[str, int]:
     from tidegraph.app.memory import open_reader
-    from tidegraph.stores.keys import GroupKeys, rotate_key
+    from tidegraph.stores.keys import rotate_key
 
     reader = await open_reader(get_settings())
     try:
-        store = reader.store
-        assert isinstance(store, GroupKeys)  # every store holds the groups' data keys
-        key = await rotate_key(store, group)
-        return key.key_id, len(await store.group_keys(group))
+        keys = reader.store.keys
+        key = await rotate_key(keys, group)
+        return key.key_id, len(await keys.group_keys(group))
     finally:
         await reader.close()

@@ -191,7 +191,7 @@ class ChangeWatch:
         self, owner: SessionState, session: ServerSession, uri: str, group_id: str
     ) -> None:
         service = await self.holder.get()
-        logs = await service.store.change_logs([group_id])
+        logs = await service.store.outbox.change_logs([group_id])
         if (owner, uri) not in self.subscriptions:
             SERVE_WAITS.labels("subscription").inc()
         seen = logs[0].seq if logs else 0
@@ -229,7 +229,7 @@ class ChangeWatch:
             return
         try:
             service = await self.holder.get()
-            last = {log.group_id: log.seq for log in await service.store.change_logs(groups)}
+            last = {log.group_id: log.seq for log in await service.store.outbox.change_logs(groups)}
         except Exception:  # the store is down: the next round looks again
             log.warning("reading the change logs of subscribed groups failed", exc_info=True)
             return

@@ -569,7 +569,7 @@ class MemoryService:
     ) -> dict[str, Any]:
         """The group's last ``limit`` changes and the cursor (the MCP changes resource)."""
         group = self.group(principal, group_id)
-        logs = await self.store.change_logs([group])
+        logs = await self.store.outbox.change_logs([group])
         last = logs[0].seq if logs else 0
         page = await self._changes(group, max(0, last - limit), limit, 0.0)
         return page.as_json()
@@ -581,7 +581,7 @@ class MemoryService:
         never be served."""
         group = self.group(principal, group_id)
         if after > 0:
-            logs = await self.store.change_logs([group])
+            logs = await self.store.outbox.change_logs([group])
             last = logs[0].seq if logs else 0
             if after > last:
                 raise BadRequest(

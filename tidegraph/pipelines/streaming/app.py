@@ -357,7 +357,7 @@ def _change_stream(
         while not app.should_stop:
             try:
                 published = await relay_changes(
-                    runtime.store, send_change, set(owned), partitions, RELAY_BATCH
+                    runtime.store.outbox, send_change, set(owned), partitions, RELAY_BATCH
                 )
                 failing = False
             except Exception as exc:
@@ -375,11 +375,11 @@ def _change_stream(
         try:
             groups = [
                 log_.group_id
-                for log_ in await runtime.store.change_logs(own=True)
+                for log_ in await runtime.store.outbox.change_logs(own=True)
                 if partition_of(log_.group_id, partitions) in owned
             ]
             await prune_outbox(
-                runtime.store,
+                runtime.store.outbox,
                 groups,
                 runtime.settings.changes_retention_hours,
                 published_only=True,

@@ -33,7 +33,7 @@ from tidegraph.records.sealed import DataKey, is_sealed, seal
 from tidegraph.records.stages import WriteSummary
 from tidegraph.records.times import utcnow
 from tidegraph.stores.errors import StoreUnreachable
-from tidegraph.stores.keys import GroupKeys
+from tidegraph.stores.roles import Keys
 from tidegraph.topics.names import TopicNames
 from tidegraph.topics.records import (
     MAX_RECORD_VALUE_BYTES,
@@ -107,7 +107,7 @@ class RecordHandler:
     # while it does not.
     outage: StoreOutage | None = None
     # The groups' data keys that open sealed records (docs/streaming.md "Sealed episodes").
-    keys: GroupKeys | None = None
+    keys: Keys | None = None
 
     def __init__(self, names: TopicNames, worker: WorkerSettings, record_timeout: float) -> None:
         self.names = names
@@ -232,8 +232,7 @@ class ExtractionHandler(RecordHandler):
         super().__init__(names, worker, record_timeout)
         self.runner = runner
         self.outage = runner.outage
-        store = runner.components.store
-        self.keys = store if isinstance(store, GroupKeys) else None  # every store's do
+        self.keys = runner.components.store.keys
 
     @property
     def group_take(self) -> int:
@@ -331,8 +330,7 @@ class WriteHandler(RecordHandler):
         super().__init__(names, worker, record_timeout)
         self.runner = runner
         self.outage = runner.outage
-        store = runner.components.store
-        self.keys = store if isinstance(store, GroupKeys) else None  # every store's do
+        self.keys = runner.components.store.keys
 
     @property
     def group_take(self) -> int:  # one unit, as in-process

@@ -24,9 +24,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from tidegraph.metrics import CHANGES_BEHIND, CHANGES_PUBLISHED
+from tidegraph.pipelines.outbox import ChangeOutbox
 from tidegraph.pipelines.pending import partition_of
 from tidegraph.records.changes import PublishedChange
-from tidegraph.stores.base import GraphStore
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ Send = Callable[[bytes, bytes], Awaitable[Awaitable[object]]]
 
 
 async def relay_changes(
-    store: GraphStore, send: Send, owned: set[int], partitions: int, batch: int = 500
+    outbox: ChangeOutbox, send: Send, owned: set[int], partitions: int, batch: int = 500
 ) -> int:
     """Publish the unpublished changes of the deployment's groups on ``owned`` input
     partitions, up to ``batch`` per group; how many were published. A round is two reads and
@@ -43,7 +43,7 @@ async def relay_changes(
     (each moved only past its group's changes Kafka acknowledged)."""
     logs = {
         log_.group_id: log_
-        for log_ in await store.change_logs(unpublished=True, own=True)
+        for log_ in await outbox.change_logs(unpublished=True, own=True)
         if partition_of(log_.group_id, partitions) in owned
     }
     # Set before publishing, so a round that fails (broker down) still shows the backlog.
@@ -51,7 +51,7 @@ async def relay_changes(
     CHANGES_BEHIND.set(behind)
     if not logs:
         return 0
-    changes = await store.unpublished_changes(list(logs), batch)
+    changes = await outbox.unpublished_changes(list(logs), batch)
     # As stored: the outbox keeps each change's JSON, published without decoding it.
     deliveries = [await send(change.group_id.encode(), change.value) for change in changes]
     # Kafka acknowledges a partition's records in order: each group's cursor moves to its
@@ -67,7 +67,7 @@ async def relay_changes(
             continue
         if change.group_id not in failed:
             acked[change.group_id] = change
-    await store.mark_published(list(acked.values()))
+    await outbox.mark_published(list(acked.values()))
     last = {group: change.seq for group, change in acked.items()}
     published = sum(1 for change in changes if change.seq <= last.get(change.group_id, 0))
     CHANGES_PUBLISHED.inc(published)

@@ -1,16 +1,24 @@
-"""``GroupKeys`` in a dictionary (``tidegraph/stores/keys.py``), for the in-memory store."""
+"""``roles.Keys`` in a dictionary (``tidegraph/stores/keys.py``), for the in-memory store."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tidegraph.records.sealed import DataKey
+from tidegraph.stores.roles import Keys
+
+if TYPE_CHECKING:
+    from tidegraph.stores.memory.store import MemoryStore
 
 
-class MemoryKeys:
-    _group_keys: dict[str, dict[str, DataKey]]
+class MemoryKeys(Keys):
+    """``Keys`` in a dictionary of the in-memory store's."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self._group_keys: dict[str, dict[str, DataKey]] = {}
 
     def _keys_of(self, group_id: str) -> dict[str, DataKey]:
-        if not hasattr(self, "_group_keys"):
-            self._group_keys = {}
         return self._group_keys.setdefault(group_id, {})
 
     async def group_keys(self, group_id: str) -> list[DataKey]:

@@ -10,11 +10,11 @@ of the text's words it has; no stemming, no term weights. Vector scores are exac
 
 from __future__ import annotations
 
-import abc
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, EntityRecord, EpisodeRecord, FactRecord
@@ -22,9 +22,12 @@ from tidegraph.records.ids import normalize_name
 from tidegraph.records.search import Hit, Kind, SearchScope
 from tidegraph.records.vectors import cosine
 from tidegraph.stores import hits as rules
-from tidegraph.stores.base import GraphStore
+from tidegraph.stores.roles import Search
 from tidegraph.stores.rows import check_embedding, cosine_score, unique
 from tidegraph.stores.search_text import search_terms, text_words
+
+if TYPE_CHECKING:
+    from tidegraph.stores.memory.store import MemoryStore
 
 # (record, its text, its embedding) of one kind, as a scope sees them.
 Candidate = tuple[
@@ -104,18 +107,11 @@ class StoredCommunity:
     created_at: datetime | None = None
 
 
-class MemorySearch(GraphStore):
-    """The search methods over ``MemoryStore``'s dictionaries."""
+class MemorySearch(Search):
+    """``Search`` by brute force over the memory store's dictionaries."""
 
-    _episodes: dict[str, EpisodeRecord]
-    _entities: Entities
-    _facts: Facts
-    _mentions: set[tuple[str, str]]  # (episode uuid, entity uuid)
-    _communities: dict[str, StoredCommunity]
-    _members: set[tuple[str, str]]  # (community uuid, entity uuid)
-
-    @abc.abstractmethod
-    def _dimension(self) -> int: ...
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
 
     async def fulltext_search(
         self, scope: SearchScope, kind: Kind, text: str, limit: int
@@ -134,7 +130,7 @@ class MemorySearch(GraphStore):
     async def vector_search(
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
     ) -> list[Hit]:
-        vector = check_embedding(embedding, self._dimension(), "query embedding")
+        vector = check_embedding(embedding, self.store._dimension(), "query embedding")
         rules.check_kind(kind)
         if vector is None or limit <= 0:
             return []
@@ -160,14 +156,14 @@ class MemorySearch(GraphStore):
         for group_id in unique(scope.group_ids):
             seen = [
                 e
-                for e in self._of_group(self._episodes, group_id)
+                for e in self._of_group(self.store._episodes, group_id)
                 if rules.episode_seen(e, scope.asof)
             ]
             latest = sorted(seen, key=lambda e: (e.valid_at, e.uuid), reverse=True)[
                 : max(episodes, 0)
             ]
             for episode in latest:
-                found += sorted(e for ep, e in self._mentions if ep == episode.uuid)
+                found += sorted(e for ep, e in self.store._mentions if ep == episode.uuid)
         return unique(found)
 
     async def entity_distances(
@@ -188,7 +184,7 @@ class MemorySearch(GraphStore):
             ends = set(entity_uuids)
             return [
                 f.model_copy(deep=True)
-                for f in self._facts.values()
+                for f in self.store._facts.values()
                 if f.group_id == group_id
                 and {f.source_uuid, f.target_uuid} & ends
                 and asof.believed(f)
@@ -216,29 +212,29 @@ class MemorySearch(GraphStore):
         if kind == "fact":
             return [
                 (f.model_copy(deep=True), f.fact, f.fact_embedding)
-                for f in self._facts.values()
+                for f in self.store._facts.values()
                 if f.group_id == group_id and asof.believed(f)
             ]
         if kind == "entity":
             return [
                 (e.model_copy(deep=True), f"{e.name} {e.summary}", e.name_embedding)
-                for e in self._entities.values()
+                for e in self.store._entities.values()
                 if e.group_id == group_id and rules.known_by(e.created_at, asof)
             ]
         if kind == "episode":
             return [
                 (e.model_copy(deep=True), e.content, e.content_embedding)
-                for e in self._of_group(self._episodes, group_id)
+                for e in self._of_group(self.store._episodes, group_id)
                 if rules.episode_seen(e, asof)
             ]
         return [
             (self._community(uuid, c), f"{c.name} {c.summary}", c.name_embedding)
-            for uuid, c in self._communities.items()
+            for uuid, c in self.store._communities.items()
             if c.group_id == group_id and rules.known_by(c.created_at, asof)
         ]
 
     def _community(self, uuid: str, stored: StoredCommunity) -> CommunityRecord:
-        members = sorted(e for c, e in self._members if c == uuid)
+        members = sorted(e for c, e in self.store._members if c == uuid)
         embedding = None if stored.name_embedding is None else list(stored.name_embedding)
         return CommunityRecord(
             uuid, stored.name, stored.summary, members, embedding, stored.created_at
@@ -255,9 +251,9 @@ class MemorySearch(GraphStore):
             return self._fact_hit(record, score, asof, None)
         if isinstance(record, EntityRecord):
             producers = rules.latest_first(
-                (self._episodes[ep].valid_at, self._episodes[ep].producer_id)
-                for ep, e in self._mentions
-                if e == record.uuid and rules.known_by(self._episodes[ep].created_at, asof)
+                (self.store._episodes[ep].valid_at, self.store._episodes[ep].producer_id)
+                for ep, e in self.store._mentions
+                if e == record.uuid and rules.known_by(self.store._episodes[ep].created_at, asof)
             )
             return rules.entity_hit(record, score, producers)
         if isinstance(record, EpisodeRecord):
@@ -265,10 +261,11 @@ class MemorySearch(GraphStore):
         return rules.community_hit(record, group_id, score)
 
     def _fact_hit(self, fact: FactRecord, score: float, asof: AsOf, distance: int | None) -> Hit:
-        names = {u: self._entities[u].name for u in (fact.source_uuid, fact.target_uuid)}
+        names = {u: self.store._entities[u].name for u in (fact.source_uuid, fact.target_uuid)}
         producers = {
             u: episode.producer_id
             for u in fact.episodes
-            if (episode := self._episodes.get(u)) is not None and episode.group_id == fact.group_id
+            if (episode := self.store._episodes.get(u)) is not None
+            and episode.group_id == fact.group_id
         }
         return rules.fact_hit(fact, score, asof, names, producers, distance)

@@ -1,4 +1,4 @@
-"""Cypher of the Neo4j store shared by ``core`` and ``search_core``: the group's entity
+"""Cypher of the Neo4j store shared by ``core`` and ``search``: the group's entity
 uuids and the community queries (the as-of filter is ``tidegraph.stores.neo4j.asof``). Fully
 parameterised; answers with the column names ``tidegraph.stores.neo4j.core`` reads."""
 
@@ -63,7 +63,7 @@ MERGE (c)-[m:HAS_MEMBER]->(e)
 ON CREATE SET m.group_id = $group_id
 """
 
-# ---- search (tidegraph.stores.neo4j.search_core)
+# ---- search (tidegraph.stores.neo4j.search)
 COMMUNITIES_BY_UUIDS = """
 MATCH (c:Community) WHERE c.uuid IN $uuids AND c.group_id = $group_id
 RETURN c.uuid AS uuid, c.name AS name, c.summary AS summary,

@@ -3,10 +3,10 @@
 into records. The queries answer with fixed column names (an entity ``e`` with
 ``community_uuid``, a fact ``r`` with ``source_uuid`` and ``target_uuid``, an episode ``ep``),
 so reading, checking, folding, sorting and the exact as-of filter (``AsOf.believed``) happen
-here. The store is split by concern, one class each, mixed into ``store.Neo4jStore``: these
-operations, the searches (``search_core.SearchCore``), the memory lifecycle
-(``lifecycle.Lifecycle``), and in ``store`` the schema, the batched reads and the group
-commit. The embedded store speaks SQL: ``tidegraph.stores.sqlite.store``.
+here. ``store.Neo4jStore`` adds the schema, the batched reads and the group commit; the
+store's other roles are classes of their own over the same executor (``search``,
+``browse``, ``outbox``, ``forget``, ``communities``). The embedded store speaks SQL:
+``tidegraph.stores.sqlite.store``.
 """
 
 from __future__ import annotations
@@ -18,51 +18,41 @@ from typing import Any
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import (
-    CommunityRecord,
     EntityRecord,
     EpisodeRecord,
     FactRecord,
-    FactView,
-    WeightedEdge,
 )
 from tidegraph.records.times import utc
-from tidegraph.stores.errors import StoreSchemaError, check_community_owners, check_same_episode
-from tidegraph.stores.executor import Row, Tx
+from tidegraph.stores.base import GraphStore
+from tidegraph.stores.errors import StoreSchemaError, check_same_episode
+from tidegraph.stores.executor import Row
 from tidegraph.stores.neo4j import common_queries as cq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as sq
-from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
+from tidegraph.stores.neo4j.asof import as_of_params, as_of_query
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
-from tidegraph.stores.neo4j.search_core import LargeGroups, SearchCore
+from tidegraph.stores.neo4j.search import Neo4jSearch
 from tidegraph.stores.rows import (
-    community_rows,
     entity_record,
     episode_record,
     fact_of,
-    fact_view,
-    fold_communities,
-    fold_edges,
-    neighbour_weights_of,
-    now_utc,
     rank,
     sort_entities,
     sort_facts,
-    sort_views,
     unique,
 )
 
-# Rows deleted per transaction by ``delete_group``.
-DELETE_BATCH = 2000
 
-
-class StoreCore(SearchCore):
+class StoreCore(GraphStore):
     """``GraphStore``'s common operations over the executor (see the module docstring; the
-    search methods: ``search_core.SearchCore``)."""
+    searches: ``search.Neo4jSearch``)."""
+
+    search: Neo4jSearch
 
     def __init__(self, executor: Neo4jExecutor) -> None:
         self.ex = executor
         self._dim: int | None = None
-        self._large_groups: LargeGroups = {}
+        self.search = Neo4jSearch(self)
 
     # ------------------------------------------------------------------ Neo4jStore's hooks
     @abc.abstractmethod
@@ -84,16 +74,6 @@ class StoreCore(SearchCore):
         rows = await self.ex.rows(q.FACTS_BY_UUIDS, {"group_id": group_id, "uuids": uuids})
         return [fact_of(r) for r in rows]
 
-    @abc.abstractmethod
-    async def _upsert_communities(
-        self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]
-    ) -> None:
-        """MERGE the community rows (``rows.community_rows``); ``stored``: the uuids among
-        them that exist in the group."""
-
-    async def _communities_deleted(self, tx: Tx, group_id: str, uuids: list[str]) -> None:
-        """After a community write deleted these communities (and upserted the others)."""
-
     # ------------------------------------------------------------------ plumbing
     async def _embedding_dim(self) -> int:
         if self._dim is None:
@@ -107,7 +87,7 @@ class StoreCore(SearchCore):
         await self.ex.close()
 
     # ------------------------------------------------------------------ episodes
-    async def episode_marker(
+    async def _episode_marker(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> list[str] | None:
         params = {"group_id": group_id, "uuid": episode_uuid}
@@ -179,9 +159,6 @@ class StoreCore(SearchCore):
             return []
         return await self._entities(group_id, q.ENTITIES_BY_UUIDS, uuids=unique(uuids))
 
-    async def list_entities(self, group_id: str) -> list[EntityRecord]:
-        return await self._entities(group_id, q.LIST_ENTITIES)
-
     async def fulltext_entities(
         self, group_id: str, text: str, limit: int
     ) -> list[tuple[EntityRecord, float]]:
@@ -199,7 +176,7 @@ class StoreCore(SearchCore):
     ) -> list[tuple[EntityRecord, float]]:
         candidates, scan = sq.VECTOR["entity"]
         small = sq.SMALL_SCAN["entity"]
-        hits, _ = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
+        hits, _ = await self.search._nearest(candidates, scan, [group_id], embedding, limit, small)
         found = {e.uuid: e for e in await self.entities_by_uuids(group_id, [u for u, _ in hits])}
         return rank(((found[u], s) for u, s in hits if u in found), limit)
 
@@ -211,15 +188,6 @@ class StoreCore(SearchCore):
         rows = [row for query in q.FACTS_TOUCHING for row in await self.ex.rows(query, params)]
         facts = sort_facts({f.uuid: f for f in map(fact_of, rows)}.values())  # each once
         return await self._with_fact_embeddings(group_id, facts)
-
-    async def vector_facts(
-        self, group_id: str, embedding: list[float], limit: int
-    ) -> list[tuple[FactRecord, float]]:
-        candidates, scan = sq.VECTOR["fact"]
-        small = sq.SMALL_SCAN["fact"]
-        hits, _ = await self._nearest(candidates, scan, [group_id], embedding, limit, small)
-        found = {f.uuid: f for f in await self._facts_by_uuids(group_id, [u for u, _ in hits])}
-        return rank(((found[u], s) for u, s in hits if u in found), limit)
 
     async def _believed(self, group_id: str, asof: AsOf) -> list[Row]:
         """The rows (``FACT_VIEW_RETURN``) of the facts ``asof`` believes: the Cypher filter's
@@ -233,103 +201,6 @@ class StoreCore(SearchCore):
                 kept.append({**row, "fact": fact})
         return kept
 
-    async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
-        rows = await self._believed(group_id, asof)
-        producers = await self._producers(group_id, (u for r in rows for u in r["fact"].episodes))
-        return sort_views(
-            (fact_view(r["fact"], r["subject"], r["object"], producers, asof), r["fact"])
-            for r in rows
-        )
-
     # ------------------------------------------------------------------ communities
-    async def _edge_rows(self, group_id: str, asof: AsOf) -> list[tuple[str, str, int]]:
-        query = as_of_query(asof, ENTITY_GRAPH_RETURN, q.ANCHOR_HINTS)
-        rows = await self.ex.rows(query, as_of_params(group_id, asof))
-        return [(r["source"], r["target"], int(r["weight"])) for r in rows]
-
-    async def entity_graph(
-        self, group_id: str, at: datetime | None = None
-    ) -> tuple[list[str], list[WeightedEdge]]:
-        asof = AsOf.resolve(at, None, False, None)
-        nodes = await self.ex.rows(cq.GROUP_ENTITY_UUIDS, {"group_id": group_id})
-        edges = fold_edges(await self._edge_rows(group_id, asof))
-        return sorted(r["uuid"] for r in nodes), [WeightedEdge(a, b, w) for a, b, w in edges]
-
-    async def neighbour_weights(
-        self, group_id: str, entity_uuid: str, at: datetime | None = None
-    ) -> dict[str, int]:
-        asof = AsOf.resolve(at, None, False, entity_uuid)
-        return neighbour_weights_of(entity_uuid, await self._edge_rows(group_id, asof))
-
-    async def communities(self, group_id: str) -> list[CommunityRecord]:
-        params = {"group_id": group_id}
-        heads = await self.ex.rows(cq.GROUP_COMMUNITIES, params)
-        members = await self.ex.rows(cq.GROUP_COMMUNITY_MEMBERS, params)
-        folded = fold_communities(
-            ((r["uuid"], r["name"], r["summary"]) for r in heads),
-            ((r["community"], r["entity"]) for r in members),
-        )
-        return [CommunityRecord(u, n, s, m) for u, n, s, m in folded]
-
-    async def write_communities(
-        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
-    ) -> None:
-        if not upserts and not deletes:
-            return
-        dim = await self._embedding_dim()
-        rows, memberships, members = community_rows(upserts, dim, now_utc())
-        uuids = [r["uuid"] for r in rows]
-        params = {"group_id": group_id}
-
-        async def work(tx: Tx) -> None:
-            owners = await tx.rows(cq.COMMUNITY_GROUPS, {"uuids": unique([*uuids, *deletes])})
-            check_community_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
-            if deletes:
-                await tx.rows(cq.DELETE_COMMUNITIES, {**params, "uuids": unique(deletes)})
-            if rows:
-                stored = {r["uuid"] for r in owners} - set(deletes)
-                await self._upsert_communities(tx, group_id, rows, stored)
-                await tx.rows(cq.DROP_MEMBERSHIPS, {**params, "uuids": uuids, "members": members})
-            if memberships:
-                await tx.rows(cq.ADD_MEMBERSHIPS, {**params, "rows": memberships})
-            if deletes:
-                await self._communities_deleted(tx, group_id, unique(deletes))
-
-        await self.ex.write("write_communities", len(rows) + len(memberships), work)
-
-    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
-        if not assignments:
-            return
-
-        async def work(tx: Tx) -> None:
-            for community_uuid, entity_uuid in assignments:
-                params = {
-                    "group_id": group_id,
-                    "community_uuid": community_uuid,
-                    "entity_uuid": entity_uuid,
-                }
-                found = await tx.rows(cq.MEMBER_TARGETS, params)
-                if not found or int(found[0]["found"]) == 0:
-                    continue
-                await tx.rows(cq.DROP_OTHER_MEMBERSHIPS, params)
-                await tx.rows(cq.MERGE_MEMBERSHIP, params)
-
-        await self.ex.write("assign_member", len(assignments), work)
 
     # ------------------------------------------------------------------ maintenance
-    async def counts(self, group_id: str) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for query in q.COUNTS:
-            [row] = await self.ex.rows(query, {"group_id": group_id})
-            found.update({name: int(value) for name, value in row.items()})
-        return {name: found[name] for name in ("episodes", "entities", "facts", "mentions")}
-
-    async def delete_group(self, group_id: str) -> None:
-        params = {"group_id": group_id, "batch": DELETE_BATCH}
-        for query in q.DELETE_GROUP:
-
-            async def batch(tx: Tx, query: str = query) -> int:
-                return int((await tx.rows(query, params))[0]["deleted"])
-
-            while await self.ex.write("delete_group", DELETE_BATCH, batch) > 0:
-                pass

@@ -1,4 +1,4 @@
-"""``GroupKeys`` on Neo4j (``tidegraph/stores/keys.py``): one ``(:GroupKey {group_id,
+"""``roles.Keys`` on Neo4j (``tidegraph/stores/keys.py``): one ``(:GroupKey {group_id,
 key_id, secret, created_at})`` node per key (``created_at`` in microseconds since the epoch).
 An erased key's node is deleted; its bytes may stay in Neo4j's store files and transaction
 logs until they are reused or pruned (docs/operations.md "What a forget leaves behind")."""
@@ -6,10 +6,14 @@ logs until they are reused or pruned (docs/operations.md "What a forget leaves b
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from tidegraph.records.sealed import DataKey
 from tidegraph.stores.executor import Tx
-from tidegraph.stores.neo4j.executor import Neo4jExecutor
+from tidegraph.stores.roles import Keys
+
+if TYPE_CHECKING:
+    from tidegraph.stores.neo4j.store import Neo4jStore
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -34,11 +38,14 @@ def _micros(at: datetime) -> int:
     return (at - _EPOCH) // timedelta(microseconds=1)
 
 
-class Neo4jKeys:
-    ex: Neo4jExecutor
+class Neo4jKeys(Keys):
+    """``Keys`` over the Neo4j store's executor."""
+
+    def __init__(self, store: Neo4jStore) -> None:
+        self.store = store
 
     async def group_keys(self, group_id: str) -> list[DataKey]:
-        rows = await self.ex.rows(GROUP_KEYS, {"group_id": group_id})
+        rows = await self.store.ex.rows(GROUP_KEYS, {"group_id": group_id})
         return [
             DataKey(
                 r["key_id"], bytes(r["secret"]), _EPOCH + timedelta(microseconds=r["created_at"])
@@ -57,12 +64,12 @@ class Neo4jKeys:
         async def work(tx: Tx) -> None:
             await tx.rows(ADD_GROUP_KEY, params)
 
-        await self.ex.execute(GROUP_KEY_INDEX, {}, schema=True)
-        await self.ex.write("add_group_key", 1, work)
+        await self.store.ex.execute(GROUP_KEY_INDEX, {}, schema=True)
+        await self.store.ex.write("add_group_key", 1, work)
 
     async def erase_group_keys(self, group_id: str) -> int:
         async def work(tx: Tx) -> int:
             [row] = await tx.rows(ERASE_GROUP_KEYS, {"group_id": group_id})
             return int(row["erased"])
 
-        return await self.ex.write("erase_group_keys", 1, work)
+        return await self.store.ex.write("erase_group_keys", 1, work)

@@ -354,7 +354,7 @@ PURGE_GROUP = (
 def list_episodes_query(
     *, forgotten: bool, status: str | None, ranged: tuple[bool, bool], paged: bool
 ) -> str:
-    """The listing of ``GraphStore.list_episodes`` for one combination of filters (the
+    """The listing of ``Browsing.list_episodes`` for one combination of filters (the
     statement is made of constant fragments; every value is a parameter)."""
     at = "ep.forgotten_at" if forgotten else "ep.valid_at"
     where = ["ep.group_id = $group_id"]

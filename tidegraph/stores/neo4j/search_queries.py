@@ -1,11 +1,11 @@
-"""The Neo4j store's search queries (``tidegraph.stores.neo4j.search_core``): fulltext and vector
+"""The Neo4j store's search queries (``tidegraph.stores.neo4j.search``): fulltext and vector
 candidates of each kind, and the reads that turn them into hits. Parameterised like
 ``queries``; index names are our constants.
 
 Fulltext: Lucene indexes with the English analyzer, queried with ``search_text.lucene_query``.
 Vector: HNSW indexes (cosine); the index's top candidates are rescored exactly on the stored
 vectors, scored ``(1 + cos) / 2``, with an exact scan of the groups when they are small or
-the candidates hold too few of them (``SearchCore._nearest``).
+the candidates hold too few of them (``Neo4jSearch._nearest``).
 """
 
 from __future__ import annotations
@@ -158,14 +158,14 @@ VECTOR = {
     kind: (_candidates(call, index, prop), _scan(kind, prop))
     for kind, (call, index, prop) in _VECTOR.items()
 }
-# A small group is scanned exactly before any index query (``SearchCore._nearest``).
+# A small group is scanned exactly before any index query (``Neo4jSearch._nearest``).
 SMALL_SCAN: dict[str, str | None] = {
     kind: _small_scan(_MATCH[kind], prop) for kind, (_, _, prop) in _VECTOR.items()
 }
 
 # The walk's facts: what it walks on (the ends) and what decides whether the scope believes
 # one (its times and their history), not its sentence, episodes or embedding: a walk reads a
-# few hundred and keeps a few (``SearchCore.expand_facts`` reads those as hits).
+# few hundred and keeps a few (``Neo4jSearch.expand_facts`` reads those as hits).
 FACTS_NEAR = (  # statements whose rows are concatenated (here one)
     """
 UNWIND $uuids AS uuid
@@ -184,7 +184,7 @@ RETURN r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at
 """,
 )
 
-# Hits are read in one round trip each (``SearchCore._hits``), times as epoch microseconds
+# Hits are read in one round trip each (``Neo4jSearch._hits``), times as epoch microseconds
 # (the driver builds its own DateTime objects slowly). Hits carry their embeddings (MMR
 # compares them), except the facts a walk reads: it may read hundreds. Each kind's read is a
 # match on ``uuid`` and its columns, read after the uuids it reads: $uuids

@@ -1,5 +1,6 @@
-"""The Neo4j graph store: ``StoreCore``, ``SearchCore`` and ``Lifecycle`` on a
-``Neo4jExecutor`` (``core`` says how the store is split), and what Neo4j does its own way:
+"""The Neo4j graph store: ``StoreCore`` on a ``Neo4jExecutor``, with one class per role over
+the same executor (``search``, ``browse``, ``outbox``, ``forget``, ``communities``; ``core``
+says how the store is split), and what Neo4j does its own way:
 the schema, writes of many rows in one UNWIND statement, the one-round-trip resolution
 lookup, and the group commit of episode writes (``batching.GroupCommit``: writes that arrive
 while a transaction runs share the next one).
@@ -14,9 +15,8 @@ from typing import Any
 
 from neo4j import AsyncGraphDatabase, basic_auth
 
-from tidegraph.connections import NEO4J_NOTIFICATIONS, neo4j_driver_options
+from tidegraph.connections import NEO4J_NOTIFICATIONS
 from tidegraph.metrics import STORE_BATCH_SIZE
-from tidegraph.records.asof import AsOf
 from tidegraph.records.conversation import search_fields
 from tidegraph.records.graph import (
     EntityLookup,
@@ -26,19 +26,25 @@ from tidegraph.records.graph import (
     FactRecord,
 )
 from tidegraph.records.times import utc
-from tidegraph.settings import DEFAULT_TOPIC_PREFIX, Settings
+from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores import errors
 from tidegraph.stores.base import BatchRead, BatchWriteError, LookupRequest
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.executor import Row, Tx, observe_write
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as sq
-from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, anchored_query, as_of_params
-from tidegraph.stores.neo4j.batching import GroupCommit
+from tidegraph.stores.neo4j.batching import (
+    MAX_WRITES_PER_TRANSACTION,
+    TRANSACTIONS_IN_FLIGHT,
+    GroupCommit,
+)
+from tidegraph.stores.neo4j.browse import Neo4jBrowsing
+from tidegraph.stores.neo4j.communities import Neo4jCommunities
 from tidegraph.stores.neo4j.core import StoreCore
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
+from tidegraph.stores.neo4j.forget import Neo4jForgetting
 from tidegraph.stores.neo4j.keys import Neo4jKeys
-from tidegraph.stores.neo4j.lifecycle import Lifecycle
+from tidegraph.stores.neo4j.outbox import Neo4jOutbox
 from tidegraph.stores.rows import (
     change_row,
     check_embedding,
@@ -50,7 +56,6 @@ from tidegraph.stores.rows import (
     fact_of,
     fact_record,
     fact_row,
-    neighbour_weights_of,
     now_utc,
     rank,
     sort_entities,
@@ -63,14 +68,6 @@ from tidegraph.stores.search_text import identifier_words
 
 log = logging.getLogger(__name__)
 
-# Episode writes that arrive while a transaction runs share the next one (GroupCommit), up
-# to this many calls (an episode or a micro-batch each).
-MAX_WRITES_PER_TRANSACTION = 32
-# Episode-write transactions at once (never two with writes of one group). One: two were no
-# faster on two cores (in-process 5,000 records 314-322 against 303-347 events/s; Kafka
-# 10,000 records 77.8 against 86.9-93.2) and met deadlocks (NODE_RELATIONSHIP_GROUP_DELETE)
-# that the driver retries after about a second.
-TRANSACTIONS_IN_FLIGHT = 1
 # Batch reads (``read_batch``) that arrive while one runs share the next statement, up to this
 # many groups' batches; two such statements at most run at once (reads take no locks).
 MAX_BATCH_READS_PER_STATEMENT = 16
@@ -137,14 +134,6 @@ def _lookup_of(found: list[Row], *, with_facts: bool) -> EntityLookup:
     )
 
 
-@dataclass(frozen=True)
-class _Assignments:
-    """One ``assign_members`` call: its rows name its group."""
-
-    group_id: str
-    rows: list[dict[str, str]]
-
-
 @dataclass(eq=False)  # an ask is its own key in the shared reads (no order between them)
 class _BatchAsk:
     group_id: str
@@ -154,7 +143,7 @@ class _BatchAsk:
     episodes: list[str]
 
 
-class Neo4jStore(Lifecycle, StoreCore, Neo4jKeys):
+class Neo4jStore(StoreCore):
     """``GraphStore`` on a Neo4j 5.26+ server (Community edition is enough)."""
 
     name = "neo4j"
@@ -174,6 +163,11 @@ class Neo4jStore(Lifecycle, StoreCore, Neo4jKeys):
         )
         super().__init__(Neo4jExecutor(driver, database))
         self.deployment = deployment
+        self.outbox = Neo4jOutbox(self)
+        self.forget = Neo4jForgetting(self)
+        self.keys = Neo4jKeys(self)
+        self.browse = Neo4jBrowsing(self)
+        self.communities = Neo4jCommunities(self)
         # An item is the writes of one call: one episode, or a group's micro-batch.
         self._episodes: GroupCommit[list[_EpisodeJob], list[bool]] = GroupCommit(
             self._commit_batches,
@@ -181,28 +175,11 @@ class Neo4jStore(Lifecycle, StoreCore, Neo4jKeys):
             key=lambda jobs: jobs[0].group_id,
             max_in_flight=TRANSACTIONS_IN_FLIGHT,
         )
-        self._assignments: GroupCommit[_Assignments, None] = GroupCommit(
-            self._commit_assignments,
-            MAX_WRITES_PER_TRANSACTION,
-            key=lambda item: item.group_id,
-            max_in_flight=TRANSACTIONS_IN_FLIGHT,
-        )
         self._batch_reads: GroupCommit[_BatchAsk, Row] = GroupCommit(
             self._read_batches,
             MAX_BATCH_READS_PER_STATEMENT,
             key=lambda ask: ask,
             max_in_flight=BATCH_READS_IN_FLIGHT,
-        )
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Neo4jStore:
-        return cls(
-            settings.neo4j_uri,
-            settings.neo4j_user,
-            settings.neo4j_password.get_secret_value(),
-            settings.neo4j_database,
-            driver_options=neo4j_driver_options(settings),
-            deployment=settings.topic_prefix,
         )
 
     # ------------------------------------------------------------------ schema
@@ -370,7 +347,7 @@ class Neo4jStore(Lifecycle, StoreCore, Neo4jKeys):
             "group_id": group_id,
             "drafts": drafts,
             "limit": limit,
-            "scan_below": self.scan_below,
+            "scan_below": self.search.scan_below,
         }
         rows = sorted(await self.ex.rows(q.ENTITY_CANDIDATES, params), key=lambda r: r["i"])
         if not all(row["small"] for row in rows):
@@ -389,33 +366,6 @@ class Neo4jStore(Lifecycle, StoreCore, Neo4jKeys):
             )
             answers.append((vector, text))
         return answers
-
-    async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
-        if not entity_uuids:
-            return {}
-        params = {"group_id": group_id, "uuids": unique(entity_uuids)}
-        rows = await self.ex.rows(q.COMMUNITIES_OF, params)
-        return {row["uuid"]: row["community_uuid"] for row in rows}
-
-    async def neighbour_weights_many(
-        self, group_id: str, entity_uuids: list[str], at: datetime | None = None
-    ) -> list[dict[str, int]]:
-        """One statement: ``neighbour_weights``' question for each entity, in a ``CALL``."""
-        if not entity_uuids:
-            return []
-        asof = AsOf.resolve(at, None, False, None)
-        question = anchored_query(asof, ENTITY_GRAPH_RETURN, q.ANCHOR_HINTS, "entity_uuid")
-        query = (
-            "UNWIND $entity_uuids AS entity_uuid\nCALL (entity_uuid) {\n"
-            + question
-            + "}\nRETURN entity_uuid, source, target, weight"
-        )
-        params = {**as_of_params(group_id, asof), "entity_uuids": unique(entity_uuids)}
-        edges: dict[str, list[tuple[str, str, int]]] = {}
-        for row in await self.ex.rows(query, params):
-            edge = (row["source"], row["target"], int(row["weight"]))
-            edges.setdefault(row["entity_uuid"], []).append(edge)
-        return [neighbour_weights_of(uuid, edges.get(uuid, [])) for uuid in entity_uuids]
 
     async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
         params = {
@@ -448,47 +398,6 @@ class Neo4jStore(Lifecycle, StoreCore, Neo4jKeys):
         return sort_facts(fact_of(r) for r in await self.ex.rows(query, params))
 
     # ------------------------------------------------------------------ writes
-    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
-        if not entities:
-            return
-        dim = await self._embedding_dim()
-        now = now_utc()
-        rows = [with_epoch_times(entity_row(group_id, e, dim, now)) for e in entities]
-        uuids = unique(r["uuid"] for r in rows)
-
-        async def work(tx: Tx) -> None:
-            owners = await tx.rows(q.ENTITY_GROUPS, {"uuids": uuids})
-            errors.check_entity_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
-            await tx.rows(q.UPSERT_ENTITIES, {"group_id": group_id, "rows": rows})
-
-        await self.ex.write("upsert_entities", len(rows), work)
-
-    async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
-        """One statement for all of them (``q.ASSIGN_MEMBERS``), not three per assignment,
-        in a transaction shared with the other groups' assignments submitted meanwhile
-        (``GroupCommit``, in submission order per group)."""
-        if not assignments:
-            return
-        rows = [
-            {"group_id": group_id, "community_uuid": c, "entity_uuid": e} for c, e in assignments
-        ]
-        with observe_write("assign_member", len(assignments)):
-            await self._assignments.submit(_Assignments(group_id, rows))
-
-    async def _commit_assignments(self, items: list[_Assignments]) -> list[None]:
-        rows = [row for item in items for row in item.rows]
-
-        async def work(tx: Tx) -> None:
-            await tx.rows(q.ASSIGN_MEMBERS, {"rows": rows})
-
-        await self.ex.transaction(work)
-        return [None] * len(items)
-
-    async def _upsert_communities(
-        self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]
-    ) -> None:
-        times = [with_epoch_times(row) for row in rows]
-        await tx.rows(q.UPSERT_COMMUNITIES, {"group_id": group_id, "rows": times})
 
     async def write_episode(self, group_id: str, write: EpisodeWrite) -> bool:
         [written] = await self.write_episodes(group_id, [write])

@@ -1,20 +1,19 @@
 """The embedded store's communities (docs/communities.md "Communities"): the valid-fact graph
 the label propagation reads, neighbour weights for a new entity's assignment, and the
-communities with their memberships, written in one transaction each. Mixed into
-``SqliteStore``, over its database."""
+communities with their memberships, written in one transaction each. ``SqliteStore.communities``,
+over its database."""
 
 from __future__ import annotations
 
-import abc
 import sqlite3
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, WeightedEdge
 from tidegraph.stores import errors
-from tidegraph.stores.base import GraphStore
 from tidegraph.stores.executor import observe_write
+from tidegraph.stores.roles import Communities
 from tidegraph.stores.rows import (
     community_rows,
     fold_communities,
@@ -25,7 +24,6 @@ from tidegraph.stores.rows import (
 )
 from tidegraph.stores.sqlite import write_sql
 from tidegraph.stores.sqlite.db import (
-    SqliteDatabase,
     Transaction,
     ids,
     json_text,
@@ -33,14 +31,15 @@ from tidegraph.stores.sqlite.db import (
 from tidegraph.stores.sqlite.rows import COMMUNITY_OF, IN_LIST, believed_facts
 from tidegraph.stores.sqlite.writes import delete_communities, index_text, stored_owners
 
+if TYPE_CHECKING:
+    from tidegraph.stores.sqlite.store import SqliteStore
 
-class SqliteCommunities(GraphStore):
-    """The community methods of ``SqliteStore``."""
 
-    db: SqliteDatabase
+class SqliteCommunities(Communities):
+    """``Communities`` on the embedded store's database."""
 
-    @abc.abstractmethod
-    def _dimension(self) -> int: ...
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
 
     async def entity_graph(
         self, group_id: str, at: datetime | None = None
@@ -53,13 +52,7 @@ class SqliteCommunities(GraphStore):
             edges = fold_edges((f.source_uuid, f.target_uuid, 1) for f in facts)
             return nodes, [WeightedEdge(a, b, w) for a, b, w in edges]
 
-        return await self.db.run(read)
-
-    async def neighbour_weights(
-        self, group_id: str, entity_uuid: str, at: datetime | None = None
-    ) -> dict[str, int]:
-        [weights] = await self.neighbour_weights_many(group_id, [entity_uuid], at)
-        return weights
+        return await self.store.db.run(read)
 
     async def neighbour_weights_many(
         self, group_id: str, entity_uuids: list[str], at: datetime | None = None
@@ -82,7 +75,7 @@ class SqliteCommunities(GraphStore):
                 for uuid in entity_uuids
             ]
 
-        return await self.db.run(read)
+        return await self.store.db.run(read)
 
     async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
         def read(conn: sqlite3.Connection) -> dict[str, str | None]:
@@ -92,9 +85,9 @@ class SqliteCommunities(GraphStore):
             )
             return dict(conn.execute(query, (group_id, json_text(entity_uuids))).fetchall())
 
-        return await self.db.run(read) if entity_uuids else {}
+        return await self.store.db.run(read) if entity_uuids else {}
 
-    async def communities(self, group_id: str) -> list[CommunityRecord]:
+    async def list_communities(self, group_id: str) -> list[CommunityRecord]:
         def read(conn: sqlite3.Connection) -> list[CommunityRecord]:
             heads = conn.execute(
                 "SELECT uuid, name, summary FROM community WHERE group_id = ?", (group_id,)
@@ -105,14 +98,14 @@ class SqliteCommunities(GraphStore):
             folded = fold_communities(list(heads), list(members))
             return [CommunityRecord(u, n, s, m) for u, n, s, m in folded]
 
-        return await self.db.run(read)
+        return await self.store.db.run(read)
 
     async def write_communities(
         self, group_id: str, upserts: list[CommunityRecord], deletes: list[str]
     ) -> None:
         if not upserts and not deletes:
             return
-        rows, memberships, members = community_rows(upserts, self._dimension(), now_utc())
+        rows, memberships, members = community_rows(upserts, self.store._dimension(), now_utc())
 
         def write(conn: sqlite3.Connection) -> None:
             with Transaction(conn):
@@ -142,7 +135,7 @@ class SqliteCommunities(GraphStore):
                 )
 
         with observe_write("write_communities", len(rows) + len(memberships)):
-            await self.db.run(write)
+            await self.store.db.run(write)
 
     async def assign_members(self, group_id: str, assignments: list[tuple[str, str]]) -> None:
         if not assignments:
@@ -169,7 +162,7 @@ class SqliteCommunities(GraphStore):
                     )
 
         with observe_write("assign_member", len(assignments)):
-            await self.db.run(write)
+            await self.store.db.run(write)
 
 
 def _upsert_community(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:

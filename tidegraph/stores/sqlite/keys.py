@@ -1,14 +1,19 @@
-"""``GroupKeys`` on the embedded store (``tidegraph/stores/keys.py``): the table
+"""``roles.Keys`` on the embedded store (``tidegraph/stores/keys.py``): the table
 ``group_key``, made at first use. Erasing a group's keys zeroes their bytes
 (``secure_delete``) and truncates the write-ahead log (``erasure.truncate_log``)."""
 
 from __future__ import annotations
 
 import sqlite3
+from typing import TYPE_CHECKING
 
 from tidegraph.records.sealed import DataKey
-from tidegraph.stores.sqlite.db import SqliteDatabase, Transaction, micros, time_of
+from tidegraph.stores.roles import Keys
+from tidegraph.stores.sqlite.db import Transaction, micros, time_of
 from tidegraph.stores.sqlite.erasure import truncate_log
+
+if TYPE_CHECKING:
+    from tidegraph.stores.sqlite.store import SqliteStore
 
 _TABLE = """CREATE TABLE IF NOT EXISTS group_key (
     group_id TEXT NOT NULL,
@@ -18,8 +23,11 @@ _TABLE = """CREATE TABLE IF NOT EXISTS group_key (
     PRIMARY KEY (group_id, key_id)) WITHOUT ROWID"""
 
 
-class SqliteKeys:
-    db: SqliteDatabase
+class SqliteKeys(Keys):
+    """``Keys`` in the embedded store's database."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
 
     async def group_keys(self, group_id: str) -> list[DataKey]:
         def read(conn: sqlite3.Connection) -> list[DataKey]:
@@ -31,7 +39,7 @@ class SqliteKeys:
             )
             return [DataKey(k, bytes(s), time_of(at)) for k, s, at in rows]  # type: ignore[arg-type]
 
-        return await self.db.run(read)
+        return await self.store.db.run(read)
 
     async def add_group_key(self, group_id: str, key: DataKey) -> None:
         def write(conn: sqlite3.Connection) -> None:
@@ -43,7 +51,7 @@ class SqliteKeys:
                     (group_id, key.key_id, key.secret, micros(key.created_at)),
                 )
 
-        await self.db.run(write)
+        await self.store.db.run(write)
 
     async def erase_group_keys(self, group_id: str) -> int:
         def write(conn: sqlite3.Connection) -> int:
@@ -52,7 +60,7 @@ class SqliteKeys:
                 erased = conn.execute(
                     "DELETE FROM group_key WHERE group_id = ?", (group_id,)
                 ).rowcount
-            truncate_log(conn, self.db.path)
+            truncate_log(conn, self.store.db.path)
             return int(erased)
 
-        return await self.db.run(write)
+        return await self.store.db.run(write)

@@ -38,7 +38,7 @@ from tidegraph.stores.sqlite.writes import (
 
 
 def group_history(conn: sqlite3.Connection, group_id: str) -> GroupHistory:
-    """``GraphStore.group_history`` in one read transaction."""
+    """``Forgetting.group_history`` in one read transaction."""
     episodes = [
         episode_of(row)
         for row in conn.execute(
@@ -88,7 +88,7 @@ def apply_rebuild(
     facts: list[dict[str, Any]],
     deployment: str,
 ) -> None:
-    """``GraphStore.apply_rebuild`` inside the caller's transaction."""
+    """``Forgetting.apply_rebuild`` inside the caller's transaction."""
     row = conn.execute("SELECT version FROM change_log WHERE group_id = ?", (group_id,)).fetchone()
     if (row[0] if row else 0) != rebuild.version:
         raise errors.RebuildConflict(group_id)
@@ -280,7 +280,7 @@ def _forget_in_threads(
 def forget_group(
     conn: sqlite3.Connection, group_id: str, at: datetime, purge: bool, deployment: str
 ) -> int:
-    """``GraphStore.forget_group`` inside the caller's transaction."""
+    """``Forgetting.forget_group`` inside the caller's transaction."""
     [forgotten] = conn.execute(
         "SELECT count(*) FROM episode WHERE group_id = ? AND forgotten_at IS NULL", (group_id,)
     ).fetchone()
@@ -324,7 +324,7 @@ def list_episodes(
     after: tuple[datetime, str] | None,
     limit: int,
 ) -> list[EpisodeEntry]:
-    """``GraphStore.list_episodes`` in one read."""
+    """``Browsing.list_episodes`` in one read."""
     forgotten = status == "forgotten"
     at = "forgotten_at" if forgotten else "valid_at"
     where = ["group_id = ?", "forgotten_at IS NOT NULL" if forgotten else "forgotten_at IS NULL"]
@@ -373,7 +373,7 @@ def list_episodes(
 def episode_detail(
     conn: sqlite3.Connection, group_id: str, episode_uuid: str
 ) -> EpisodeDetail | None:
-    """``GraphStore.episode_detail`` in one read."""
+    """``Browsing.episode_detail`` in one read."""
     row = conn.execute(
         "SELECT uuid, producer_id, name, source, valid_at, created_at, not_extracted, content, "
         "forgotten_at FROM episode WHERE uuid = ? AND +group_id = ?",

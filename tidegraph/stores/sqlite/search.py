@@ -14,25 +14,23 @@ dropped after scoring, so more are taken until ``limit`` hits are found or none 
 
 from __future__ import annotations
 
-import abc
 import sqlite3
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, EntityRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, MethodSearch, SearchScope
 from tidegraph.stores import hits as rules
-from tidegraph.stores.base import GraphStore
 from tidegraph.stores.episode_search import episode_query
-from tidegraph.stores.rows import check_embedding, rank, to_utc, unique
+from tidegraph.stores.roles import Search
+from tidegraph.stores.rows import rank, to_utc, unique
 from tidegraph.stores.search_text import search_terms
 from tidegraph.stores.sqlite.db import (
     BELIEVED_GROUP,
     BM25_WEIGHTS,
     FULLTEXT,
-    SqliteDatabase,
     fulltext_phrase,
     ids,
     json_text,
@@ -61,6 +59,9 @@ from tidegraph.stores.sqlite.rows import (
     names_of,
     producers_of,
 )
+
+if TYPE_CHECKING:
+    from tidegraph.stores.sqlite.store import SqliteStore
 
 
 # ----------------------------------------------------------------------------- candidates
@@ -378,59 +379,11 @@ def seen(
 
 
 # ----------------------------------------------------------------------------- the methods
-class SqliteSearch(GraphStore):
-    """The search methods over ``SqliteStore``'s database."""
+class SqliteSearch(Search):
+    """``Search`` on the embedded store's database."""
 
-    db: SqliteDatabase
-
-    @abc.abstractmethod
-    def _dimension(self) -> int: ...
-
-    def _vector(self, embedding: Sequence[float]) -> list[float] | None:
-        return check_embedding(embedding, self._dimension(), "query embedding")
-
-    async def fulltext_entities(
-        self, group_id: str, text: str, limit: int
-    ) -> list[tuple[EntityRecord, float]]:
-        return await self.db.run(_entity_text_hits, group_id, text, limit)
-
-    async def vector_entities(
-        self, group_id: str, embedding: list[float], limit: int
-    ) -> list[tuple[EntityRecord, float]]:
-        return await self.db.run(_entity_vector_hits, group_id, self._vector(embedding), limit)
-
-    async def entity_candidates(
-        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
-    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
-        """Every search in one call on the database's thread."""
-        vectors = [self._vector(embedding) for _, embedding in searches]
-
-        def read(conn: sqlite3.Connection) -> list[tuple[EntityHits, EntityHits]]:
-            return [
-                (
-                    _entity_vector_hits(conn, group_id, vector, limit),
-                    _entity_text_hits(conn, group_id, name, limit),
-                )
-                for (name, _), vector in zip(searches, vectors, strict=True)
-            ]
-
-        return await self.db.run(read)
-
-    async def vector_facts(
-        self, group_id: str, embedding: list[float], limit: int
-    ) -> list[tuple[FactRecord, float]]:
-        vector = self._vector(embedding)
-        if vector is None or limit <= 0:
-            return []
-
-        def read(conn: sqlite3.Connection) -> list[tuple[FactRecord, float]]:
-            scores = VectorScores(conn, group_vectors(conn), group_id, "fact", vector)
-            best = dict(scores.best(limit))
-            query = f"SELECT {FACT_FULL} FROM fact f WHERE +f.group_id = ? AND f.uuid {IN_LIST}"
-            facts = map(fact_of, conn.execute(query, (group_id, json_text(best))))
-            return rank(((f, best[f.uuid]) for f in facts), limit)
-
-        return await self.db.run(read)
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
 
     async def fulltext_search(
         self, scope: SearchScope, kind: Kind, text: str, limit: int
@@ -438,16 +391,16 @@ class SqliteSearch(GraphStore):
         kind = rules.check_kind(kind)
         if not search_terms(text) or limit <= 0:
             return []
-        return await self.db.read(_fulltext_hits, scope, kind, text, limit)
+        return await self.store.db.read(_fulltext_hits, scope, kind, text, limit)
 
     async def vector_search(
         self, scope: SearchScope, kind: Kind, embedding: list[float], limit: int
     ) -> list[Hit]:
         kind = rules.check_kind(kind)
-        vector = self._vector(embedding)
+        vector = self.store._vector(embedding)
         if vector is None or limit <= 0:
             return []
-        return await self.db.read(_vector_hits, scope, kind, vector, limit)
+        return await self.store.db.read(_vector_hits, scope, kind, vector, limit)
 
     async def search_lists(
         self, scope: SearchScope, searches: Sequence[MethodSearch]
@@ -460,7 +413,7 @@ class SqliteSearch(GraphStore):
         checked: dict[int, list[float] | None] = {}
         for search in searches:
             if search.embedding is not None and id(search.embedding) not in checked:
-                checked[id(search.embedding)] = self._vector(search.embedding)
+                checked[id(search.embedding)] = self.store._vector(search.embedding)
         vectors = [None if s.embedding is None else checked[id(s.embedding)] for s in searches]
 
         def read(conn: sqlite3.Connection) -> list[list[Hit]]:
@@ -482,12 +435,12 @@ class SqliteSearch(GraphStore):
                     found.append(hits)
             return found
 
-        return await self.db.read(read)
+        return await self.store.db.read(read)
 
     async def complete_hits(self, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
         if scope.details or not hits:
             return list(hits)
-        return await self.db.read(completed, scope, hits)
+        return await self.store.db.read(completed, scope, hits)
 
     async def expand_facts(
         self, scope: SearchScope, seeds: list[str], hops: int, limit: int
@@ -499,7 +452,7 @@ class SqliteSearch(GraphStore):
             facts_of = self._touching(group_id, scope.asof, partial_records(scope))
             nearest = await rules.expanded(facts_of, seeds, hops, limit, WALK_FIRST_CHUNK)
             found = [(f, 1 / d, d) for f, d in nearest]
-            hits += await self.db.read(fact_hits, group_id, scope, found)
+            hits += await self.store.db.read(fact_hits, group_id, scope, found)
         return rules.best(hits, limit)
 
     async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
@@ -528,7 +481,7 @@ class SqliteSearch(GraphStore):
                 found += [e for episode in latest for e in sorted(mentioned.get(episode, []))]
             return unique(found)
 
-        return await self.db.read(read)
+        return await self.store.db.read(read)
 
     async def entity_distances(
         self, scope: SearchScope, centre: str, uuids: list[str], max_hops: int
@@ -542,7 +495,7 @@ class SqliteSearch(GraphStore):
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
             uuids = unique(entity_uuids)
-            return await self.db.read(believed_facts, group_id, asof, uuids, ends_only)
+            return await self.store.db.read(believed_facts, group_id, asof, uuids, ends_only)
 
         return facts_of
 
@@ -612,14 +565,14 @@ EntityHits = list[tuple[EntityRecord, float]]
 ScoredBy = Callable[[int], Scored]
 
 
-def _entity_text_hits(conn: sqlite3.Connection, group_id: str, text: str, limit: int) -> EntityHits:
+def entity_text_hits(conn: sqlite3.Connection, group_id: str, text: str, limit: int) -> EntityHits:
     query = fulltext_query(group_id, text)
     if query is None or limit <= 0:
         return []
     return _entities_scored(conn, group_id, fulltext_scored(conn, group_id, "entity", query, limit))
 
 
-def _entity_vector_hits(
+def entity_vector_hits(
     conn: sqlite3.Connection,
     group_id: str,
     vector: Sequence[float] | None,

@@ -8,10 +8,11 @@ before it changes anything, ``records.asof`` decides what a question believes), 
 the database's one thread (``sqlite_db.SqliteDatabase.run``): each method is one call there,
 a write one transaction. Every statement is constant text; names, labels, relation types and
 search words travel only as parameters (a fulltext search as quoted FTS5 strings,
-``sqlite_db.fulltext_phrase``). The search methods are in ``sqlite_search`` (they read on the
-database's read connections, ``SqliteDatabase.read``). About 600 lines: one class, the
-``GraphStore`` interface's non-search methods, each a short function run on the database's
-thread; its writes, lifecycle and communities are already modules of their own.
+``sqlite_db.fulltext_phrase``). This module is the write path (``GraphStore``), each method a
+short function run on the database's thread; the store's other roles are classes of their
+own over the same database, one module each (``search``, which reads on the database's read
+connections, ``SqliteDatabase.read``; ``browse``, ``outbox``, ``forget``, ``communities``),
+and its writes are in ``writes``.
 """
 
 from __future__ import annotations
@@ -24,37 +25,24 @@ from pathlib import Path
 from typing import Any
 
 from tidegraph.metrics import STORE_BATCH_SIZE
-from tidegraph.records.asof import AsOf
-from tidegraph.records.changes import Change, PublishedChange
 from tidegraph.records.graph import (
-    ChangeLog,
     EntityLookup,
     EntityRecord,
-    EpisodeDetail,
-    EpisodeEntry,
     EpisodeRecord,
     EpisodeWrite,
     FactRecord,
-    FactView,
-    GroupHistory,
-    Rebuild,
 )
 from tidegraph.settings import DEFAULT_TOPIC_PREFIX
 from tidegraph.stores import errors
-from tidegraph.stores.base import BatchRead, LookupRequest
+from tidegraph.stores.base import BatchRead, GraphStore, LookupRequest
 from tidegraph.stores.executor import observe_write
 from tidegraph.stores.rows import (
-    change_of,
-    entity_row,
-    fact_row,
-    fact_view,
-    now_utc,
-    published_change,
+    check_embedding,
     sort_entities,
     sort_facts,
-    sort_views,
     unique,
 )
+from tidegraph.stores.sqlite.browse import SqliteBrowsing
 from tidegraph.stores.sqlite.communities import SqliteCommunities
 from tidegraph.stores.sqlite.db import (
     ADDED_COLUMNS,
@@ -71,15 +59,9 @@ from tidegraph.stores.sqlite.db import (
     migrate_outbox,
     outbox_before_migration,
 )
-from tidegraph.stores.sqlite.erasure import merge_fulltext, rebuilt_fulltext, truncate_log
+from tidegraph.stores.sqlite.forget import SqliteForgetting
 from tidegraph.stores.sqlite.keys import SqliteKeys
-from tidegraph.stores.sqlite.lifecycle import (
-    apply_rebuild,
-    episode_detail,
-    forget_group,
-    group_history,
-    list_episodes,
-)
+from tidegraph.stores.sqlite.outbox import SqliteOutbox
 from tidegraph.stores.sqlite.rows import (
     ENTITY,
     ENTITY_FULL,
@@ -87,20 +69,19 @@ from tidegraph.stores.sqlite.rows import (
     FACT,
     FACT_FULL,
     IN_LIST,
-    believed_facts,
     entity_of,
     episode_of,
     fact_of,
-    names_of,
-    producers_of,
 )
-from tidegraph.stores.sqlite.search import SqliteSearch
+from tidegraph.stores.sqlite.search import (
+    EntityHits,
+    SqliteSearch,
+    entity_text_hits,
+    entity_vector_hits,
+)
 from tidegraph.stores.sqlite.writes import (
     reindex_episodes,
     reindex_texts,
-    skip_dropped,
-    stored_owners,
-    upsert_entities,
     write_episodes,
 )
 
@@ -210,7 +191,7 @@ def _lookup(conn: sqlite3.Connection, group_id: str, ask: LookupRequest) -> Enti
 
 # ----------------------------------------------------------------------------- writes
 # ----------------------------------------------------------------------------- the store
-class SqliteStore(SqliteCommunities, SqliteSearch, SqliteKeys):
+class SqliteStore(GraphStore):
     """``GraphStore`` on the SQLite file ``DB_FILE`` in the folder ``path``."""
 
     name = "sqlite"
@@ -220,6 +201,12 @@ class SqliteStore(SqliteCommunities, SqliteSearch, SqliteKeys):
     ) -> None:
         self.db = SqliteDatabase(Path(path), cache_mb)
         self.deployment = deployment
+        self.outbox = SqliteOutbox(self)
+        self.forget = SqliteForgetting(self)
+        self.keys = SqliteKeys(self)
+        self.browse = SqliteBrowsing(self)
+        self.search = SqliteSearch(self)
+        self.communities = SqliteCommunities(self)
         self._dim: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -301,7 +288,7 @@ class SqliteStore(SqliteCommunities, SqliteSearch, SqliteKeys):
         return self._dim
 
     # ------------------------------------------------------------------ episodes
-    async def episode_marker(
+    async def _episode_marker(
         self, group_id: str, episode_uuid: str, content_hash: str | None = None
     ) -> list[str] | None:
         return await self.db.run(_marker, group_id, episode_uuid, content_hash)
@@ -371,6 +358,36 @@ class SqliteStore(SqliteCommunities, SqliteSearch, SqliteKeys):
         return await self.db.run(read)
 
     # ------------------------------------------------------------------ entities
+    def _vector(self, embedding: Sequence[float]) -> list[float] | None:
+        return check_embedding(embedding, self._dimension(), "query embedding")
+
+    async def fulltext_entities(
+        self, group_id: str, text: str, limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        return await self.db.run(entity_text_hits, group_id, text, limit)
+
+    async def vector_entities(
+        self, group_id: str, embedding: list[float], limit: int
+    ) -> list[tuple[EntityRecord, float]]:
+        return await self.db.run(entity_vector_hits, group_id, self._vector(embedding), limit)
+
+    async def entity_candidates(
+        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
+        """Every search in one call on the database's thread."""
+        vectors = [self._vector(embedding) for _, embedding in searches]
+
+        def read(conn: sqlite3.Connection) -> list[tuple[EntityHits, EntityHits]]:
+            return [
+                (
+                    entity_vector_hits(conn, group_id, vector, limit),
+                    entity_text_hits(conn, group_id, name, limit),
+                )
+                for (name, _), vector in zip(searches, vectors, strict=True)
+            ]
+
+        return await self.db.run(read)
+
     async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
         return await self.db.run(_by_names, group_id, names) if names else []
 
@@ -381,24 +398,6 @@ class SqliteStore(SqliteCommunities, SqliteSearch, SqliteKeys):
         if not uuids:
             return []
         return await self.db.run(_entities, group_id, f"e.uuid {IN_LIST}", json_text(uuids))
-
-    async def list_entities(self, group_id: str) -> list[EntityRecord]:
-        return await self.db.run(_entities, group_id, "1 = ?", 1)
-
-    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
-        if not entities:
-            return
-        dim, now = self._dimension(), now_utc()
-        rows = [entity_row(group_id, e, dim, now) for e in entities]
-
-        def write(conn: sqlite3.Connection) -> None:
-            with Transaction(conn):
-                owners = stored_owners(conn, unique(r["uuid"] for r in rows))
-                errors.check_entity_owners(group_id, owners)
-                upsert_entities(conn, group_id, rows)
-
-        with observe_write("upsert_entities", len(rows)):
-            await self.db.run(write)
 
     async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
         return await self.db.run(_lookup, group_id, ask)
@@ -429,213 +428,13 @@ class SqliteStore(SqliteCommunities, SqliteSearch, SqliteKeys):
         with observe_write("write_episode", rows):
             return await self.db.run(write_episodes, group_id, writes, dim, self.deployment)
 
-    async def facts_as_of(self, group_id: str, asof: AsOf) -> list[FactView]:
-        def read(conn: sqlite3.Connection) -> list[FactView]:
-            about = None if asof.entity_uuid is None else [asof.entity_uuid]
-            facts = believed_facts(conn, group_id, asof, about)
-            names = names_of(conn, (u for f in facts for u in (f.source_uuid, f.target_uuid)))
-            producers = producers_of(conn, group_id, (u for f in facts for u in f.episodes))
-            return sort_views(
-                (fact_view(f, names[f.source_uuid], names[f.target_uuid], producers, asof), f)
-                for f in facts
-            )
-
-        return await self.db.run(read)
-
     # ------------------------------------------------------------------ maintenance
-    async def counts(self, group_id: str) -> dict[str, int]:
-        def read(conn: sqlite3.Connection) -> dict[str, int]:
-            tables = {
-                "episodes": "episode",
-                "entities": "entity",
-                "facts": "fact",
-                "mentions": "mention",
-            }
-            counts = {
-                name: conn.execute(
-                    f"SELECT count(*) FROM {table} WHERE group_id = ?", (group_id,)
-                ).fetchone()[0]
-                for name, table in tables.items()
-            }
-            [tombstones] = conn.execute(
-                "SELECT count(*) FROM episode WHERE group_id = ? AND forgotten_at IS NOT NULL",
-                (group_id,),
-            ).fetchone()
-            counts["episodes"] -= tombstones  # a forgotten episode's tombstone is not one
-            return counts
-
-        return await self.db.run(read)
-
-    async def delete_group(self, group_id: str) -> None:
-        def delete(conn: sqlite3.Connection) -> None:
-            with Transaction(conn):
-                for table, kind in (
-                    ("fact_text", "fact"),
-                    ("entity_text", "entity"),
-                    ("episode_search", "episode"),
-                    ("community_text", "community"),
-                ):
-                    conn.execute(
-                        f"DELETE FROM {table} WHERE rowid IN "
-                        f"(SELECT id FROM {kind} WHERE group_id = ?)",
-                        (group_id,),
-                    )
-                for table in (
-                    "fact",
-                    "speaker_word",
-                    "mention",
-                    "member",
-                    "entity_name",
-                    "entity",
-                    "episode",
-                    "community",
-                    "change",
-                    "change_log",
-                ):
-                    conn.execute(f"DELETE FROM {table} WHERE group_id = ?", (group_id,))
-                merge_fulltext(conn)
-            truncate_log(conn, self.db.path)
-
-        with observe_write("delete_group", 1):
-            await self.db.run(delete)
 
     # ------------------------------------------------------------------ browsing
-    async def list_episodes(
-        self,
-        group_id: str,
-        *,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        status: str | None = None,
-        after: tuple[datetime, str] | None = None,
-        limit: int = 100,
-    ) -> list[EpisodeEntry]:
-        return await self.db.run(
-            list_episodes, group_id, since, until, status, after, max(limit, 0)
-        )
-
-    async def episode_detail(self, group_id: str, episode_uuid: str) -> EpisodeDetail | None:
-        return await self.db.run(episode_detail, group_id, episode_uuid)
-
-    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
-        def write(conn: sqlite3.Connection) -> int:
-            with Transaction(conn):
-                forgotten = forget_group(conn, group_id, at, purge, self.deployment)
-                merge_fulltext(conn)
-            truncate_log(conn, self.db.path)
-            return forgotten
-
-        with observe_write("forget_group", 1):
-            return await self.db.run(write)
 
     # ------------------------------------------------------------------ the change stream
-    async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
-        def read(conn: sqlite3.Connection) -> list[Change]:
-            rows = conn.execute(
-                "SELECT body, seq FROM change WHERE group_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (group_id, after, max(limit, 0)),
-            )
-            return [change_of(body, seq) for body, seq in rows]
-
-        return await self.db.run(read)
-
-    async def change_logs(
-        self, group_ids: list[str] | None = None, *, unpublished: bool = False, own: bool = False
-    ) -> list[ChangeLog]:
-        def read(conn: sqlite3.Connection) -> list[ChangeLog]:
-            rows = conn.execute(
-                "SELECT group_id, seq, published, version, deployment FROM change_log "
-                "WHERE (:groups IS NULL OR group_id IN (SELECT value FROM json_each(:groups))) "
-                "AND (NOT :unpublished OR seq > published) "
-                "AND (NOT :own OR deployment = :deployment) ORDER BY group_id",
-                {
-                    "groups": None if group_ids is None else json_text(group_ids),
-                    "unpublished": unpublished,
-                    "own": own,
-                    "deployment": self.deployment,
-                },
-            )
-            return [ChangeLog(*row) for row in rows]
-
-        return await self.db.run(read)
-
-    async def unpublished_changes(
-        self, group_ids: list[str], per_group: int
-    ) -> list[PublishedChange]:
-        def read(conn: sqlite3.Connection) -> list[PublishedChange]:
-            rows = conn.execute(
-                "SELECT group_id, body, seq, change_id FROM (SELECT c.body, c.seq, c.group_id, "
-                "c.change_id, "
-                "row_number() OVER "
-                "(PARTITION BY c.group_id ORDER BY c.seq) AS n FROM change c "
-                "JOIN change_log log ON log.group_id = c.group_id "
-                f"WHERE log.group_id {IN_LIST} AND log.deployment = ? "
-                "AND c.seq > log.published) WHERE n <= ? ORDER BY group_id, seq",
-                (json_text(sorted(set(group_ids))), self.deployment, max(per_group, 0)),
-            )
-            return [published_change(*row) for row in rows]
-
-        return await self.db.run(read)
-
-    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
-        def write(conn: sqlite3.Connection) -> None:
-            with Transaction(conn):
-                conn.executemany(
-                    "UPDATE change_log SET published = max(published, :seq) "
-                    "WHERE group_id = :group AND deployment = :deployment AND EXISTS "
-                    "(SELECT 1 FROM change WHERE group_id = :group AND seq = :seq "
-                    "AND change_id = :change_id)",
-                    [
-                        {
-                            "group": c.group_id,
-                            "seq": c.seq,
-                            "change_id": c.change_id,
-                            "deployment": self.deployment,
-                        }
-                        for c in acknowledged
-                    ],
-                )
-
-        if acknowledged:
-            await self.db.run(write)
-
-    async def prune_changes(
-        self, group_id: str, before: datetime, *, published_only: bool = True
-    ) -> int:
-        def write(conn: sqlite3.Connection) -> int:
-            with Transaction(conn):
-                dropped = [
-                    seq
-                    for (seq,) in conn.execute(
-                        "DELETE FROM change WHERE group_id = ? AND coalesce(committed_at, 0) < ? "
-                        "AND (NOT ? OR seq <= "
-                        "(SELECT published FROM change_log WHERE group_id = ?)) RETURNING seq",
-                        (group_id, micros(before), published_only, group_id),
-                    )
-                ]
-                skip_dropped(conn, group_id, dropped)
-                return len(dropped)
-
-        return await self.db.run(write)
 
     # ------------------------------------------------------------------ forgetting
-    async def group_history(self, group_id: str) -> GroupHistory:
-        return await self.db.run(group_history, group_id)
-
-    async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
-        dim = self._dimension()
-        now = now_utc()
-        entities = [entity_row(group_id, e, dim, now) for e in rebuild.entities]
-        facts = [fact_row(group_id, f, dim, now) for f in rebuild.facts]
-
-        def write(conn: sqlite3.Connection) -> None:
-            with Transaction(conn):
-                apply_rebuild(conn, group_id, rebuild, entities, facts, self.deployment)
-                merge_fulltext(conn, rebuilt_fulltext(rebuild))
-            truncate_log(conn, self.db.path)
-
-        with observe_write("apply_rebuild", len(entities) + len(facts) + len(rebuild.forgotten)):
-            await self.db.run(write)
 
 
 def _stored_dimension(conn: sqlite3.Connection) -> int | None:

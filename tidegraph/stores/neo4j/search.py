@@ -1,6 +1,6 @@
 """The search methods of the Cypher store (docs/retrieval.md "Memory retrieval"; the embedded
 store's:
-``sqlite/search.py``): ``SearchCore`` asks the search queries (``search_queries``)
+``sqlite/search.py``): ``Neo4jSearch`` asks the search queries (``search_queries``)
 for scored candidates of one group at a time, reads their records,
 keeps those the scope sees (``store.hits``) and turns them into hits.
 
@@ -12,16 +12,14 @@ an entity created later) are dropped after the index answered, so more are asked
 
 from __future__ import annotations
 
-import abc
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import CommunityRecord, FactRecord
 from tidegraph.records.search import Hit, Kind, SearchScope
-from tidegraph.stores.base import GraphStore
 from tidegraph.stores.episode_search import episode_query, lucene_episode_query
 from tidegraph.stores.executor import Params
 from tidegraph.stores.hits import (
@@ -39,7 +37,7 @@ from tidegraph.stores.hits import (
 from tidegraph.stores.neo4j import common_queries as cq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as sq
-from tidegraph.stores.neo4j.executor import Neo4jExecutor
+from tidegraph.stores.roles import Search
 from tidegraph.stores.rows import (
     check_embedding,
     entity_record,
@@ -51,6 +49,9 @@ from tidegraph.stores.rows import (
     vector_candidates,
 )
 from tidegraph.stores.search_text import search_terms
+
+if TYPE_CHECKING:
+    from tidegraph.stores.neo4j.core import StoreCore
 
 # How many candidates one group is asked for at most (``_seen``; the statements find only
 # what the scope sees, so k grows only past facts whose end or start moved later).
@@ -80,22 +81,17 @@ WIDEN_ABOVE = 10_000
 LargeGroups = dict[tuple[tuple[str, ...], str | None], tuple[float, int]]
 
 
-class SearchCore(GraphStore):
-    """The search methods over an executor, given the hooks ``StoreCore`` implements."""
+class Neo4jSearch(Search):
+    """``Search`` on the Neo4j store's executor; also the nearest-neighbour reads of its
+    entity and fact searches (``_nearest``)."""
 
-    ex: Neo4jExecutor
-    _large_groups: LargeGroups
     scan_below = SCAN_BELOW  # see SCAN_BELOW (an attribute, so that tests can move it)
     widen_above = WIDEN_ABOVE  # see WIDEN_ABOVE (the same)
 
-    @abc.abstractmethod
-    async def _embedding_dim(self) -> int: ...
-
-    @abc.abstractmethod
-    async def _facts_by_uuids(self, group_id: str, uuids: list[str]) -> list[FactRecord]: ...
-
-    @abc.abstractmethod
-    async def _producers(self, group_id: str, episode_uuids: Iterable[str]) -> dict[str, str]: ...
+    def __init__(self, store: StoreCore) -> None:
+        self.store = store
+        self.ex = store.ex
+        self._large_groups: LargeGroups = {}
 
     # ------------------------------------------------------------------ the methods
     async def fulltext_search(
@@ -215,7 +211,7 @@ class SearchCore(GraphStore):
         answered from them, never scanned. With the
         statements of ``sq.VECTOR_HITS`` and ``sq.SMALL_SCAN_HITS`` (and their ``reads``
         parameters), the hits' rows come with the best, else None."""
-        vector = check_embedding(embedding, await self._embedding_dim(), "query embedding")
+        vector = check_embedding(embedding, await self.store._embedding_dim(), "query embedding")
         if limit <= 0 or vector is None:
             return [], None
         params = {**(reads or {}), "group_ids": group_ids, "embedding": vector, "limit": limit}

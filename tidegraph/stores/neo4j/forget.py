@@ -1,0 +1,141 @@
+"""What a forget reads and writes on Neo4j (``roles.Forgetting``, docs/architecture.md
+"Forgetting"); the queries are in ``lifecycle_queries``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from tidegraph.records.changes import group_forgotten
+from tidegraph.records.graph import GroupHistory, Rebuild
+from tidegraph.stores import errors
+from tidegraph.stores.executor import Tx
+from tidegraph.stores.neo4j import lifecycle_queries as lq
+from tidegraph.stores.neo4j import queries as q
+from tidegraph.stores.roles import Forgetting
+from tidegraph.stores.rows import (
+    change_row,
+    entity_record,
+    entity_row,
+    episode_record,
+    fact_record,
+    fact_row,
+    now_utc,
+    with_epoch_times,
+)
+
+if TYPE_CHECKING:
+    from tidegraph.stores.neo4j.store import Neo4jStore
+
+# Rows deleted per transaction by a forget and by ``delete_group``.
+PRUNE_BATCH = 5_000
+DELETE_BATCH = 2000
+
+
+class Neo4jForgetting(Forgetting):
+    """``Forgetting`` on the Neo4j store's executor."""
+
+    def __init__(self, store: Neo4jStore) -> None:
+        self.store = store
+
+    async def group_history(self, group_id: str) -> GroupHistory:
+        params = {"group_id": group_id}
+        [version] = await self.store.ex.rows(lq.GROUP_VERSION, params)
+        episodes = await self.store.ex.rows(lq.HISTORY_EPISODES, params)
+        entities = await self.store.ex.rows(lq.HISTORY_ENTITIES, params)
+        facts = await self.store.ex.rows(lq.HISTORY_FACTS, params)
+        return GroupHistory(
+            episodes=[episode_record(r["ep"]) for r in episodes],
+            entities={(e := entity_record(r["e"])).uuid: e for r in entities},
+            facts={
+                (f := fact_record(r["r"], r["source_uuid"], r["target_uuid"])).uuid: f
+                for r in facts
+            },
+            mentions={r["ep"]["uuid"]: sorted(r["mentions"]) for r in episodes},
+            created={
+                r["ep"]["uuid"]: list(r["ep"].get("created_entities") or []) for r in episodes
+            },
+            version=int(version["version"]),
+        )
+
+    async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
+        dim = await self.store._embedding_dim()
+        now = now_utc()
+        entities = [with_epoch_times(entity_row(group_id, e, dim, now)) for e in rebuild.entities]
+        facts = [with_epoch_times(fact_row(group_id, f, dim, now)) for f in rebuild.facts]
+        changes = [change_row(c) for c in rebuild.changes]
+        g = {"group_id": group_id}
+        stamped = {**g, "deployment": self.store.deployment}
+
+        async def work(tx: Tx) -> None:
+            [row] = await tx.rows(lq.REBUILD_VERSION, g)
+            if int(row["version"]) != rebuild.version:
+                raise errors.RebuildConflict(group_id)
+            owners = await tx.rows(
+                "UNWIND $uuids AS uuid MATCH (e:Entity {uuid: uuid}) "
+                "RETURN e.uuid AS uuid, e.group_id AS group_id",
+                {"uuids": [e["uuid"] for e in entities]},
+            )
+            errors.check_entity_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
+            forgotten_at: Any = with_epoch_times({"created_at": rebuild.forgotten_at})
+            thread = {**g, "uuids": rebuild.forgotten, **q.thread_params()}
+            [threads] = await tx.rows(lq.FORGOTTEN_THREADS, thread)
+            await tx.rows(
+                lq.TOMBSTONES,
+                {**g, "uuids": rebuild.forgotten, "forgotten_at": forgotten_at["created_at"]},
+            )
+            followers = [u for u in threads["followers"] if u not in set(rebuild.forgotten)]
+            await tx.rows(lq.REINDEX_THREADS, {**g, "followers": followers, **q.thread_params()})
+            words = sorted({w for ws in threads["words"] for w in ws or []})
+            await tx.rows(lq.DROP_SPEAKER_WORDS, {**g, "words": words})
+            touched = [*rebuild.delete_entities, *(e["uuid"] for e in entities)]
+            await tx.rows(lq.DELETE_STALE_COMMUNITIES, {**g, "uuids": touched})
+            await tx.rows(lq.DELETE_FACTS, {**g, "uuids": rebuild.delete_facts})
+            await tx.rows(lq.DELETE_ENTITIES, {**g, "uuids": rebuild.delete_entities})
+            await tx.rows(lq.OVERWRITE_ENTITIES, {**g, "rows": entities})
+            await tx.rows(lq.OVERWRITE_FACTS, {**g, "rows": facts})
+            mentions = [{"episode": u, "entities": m} for u, m in rebuild.mentions.items()]
+            await tx.rows(lq.REPLACE_MENTIONS, {**g, "rows": mentions})
+            created = [{"episode": u, "created": c} for u, c in rebuild.created.items()]
+            await tx.rows(lq.SET_CREATED, {**g, "rows": created})
+            [purged] = await tx.rows(lq.PURGE_CHANGES, {**g, "uuids": rebuild.purged})
+            await tx.rows(lq.SKIP_DROPPED, {**g, "dropped": purged["dropped"]})
+            await tx.rows(q.RECORD_CHANGES, {**stamped, "changes": changes})
+
+        size = len(entities) + len(facts) + len(rebuild.forgotten)
+        await self.store.ex.write("apply_rebuild", size, work)
+
+    async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
+        g = {"group_id": group_id}
+        [live] = await self.store.ex.rows(lq.GROUP_LIVE_EPISODES, g)
+        stamp = with_epoch_times({"created_at": at})["created_at"]
+        batch = {**g, "batch": PRUNE_BATCH, "forgotten_at": stamp}
+        for query in lq.PURGE_GROUP if purge else lq.FORGET_GROUP:
+
+            async def step(tx: Tx, query: str = query) -> int:
+                rows = await tx.rows(query, batch)
+                return int(rows[0]["deleted"]) if rows else 0
+
+            while await self.store.ex.write("forget_group", PRUNE_BATCH, step) >= PRUNE_BATCH:
+                pass
+        if not purge:
+
+            async def record(tx: Tx) -> None:
+                forgotten = [change_row(group_forgotten(group_id, at))]
+                await tx.rows(
+                    q.RECORD_CHANGES,
+                    {**g, "deployment": self.store.deployment, "changes": forgotten},
+                )
+
+            await self.store.ex.write("forget_group", 1, record)
+        return int(live["episodes"])
+
+    async def delete_group(self, group_id: str) -> None:
+        params = {"group_id": group_id, "batch": DELETE_BATCH}
+        for query in q.DELETE_GROUP:
+
+            async def batch(tx: Tx, query: str = query) -> int:
+                return int((await tx.rows(query, params))[0]["deleted"])
+
+            while await self.store.ex.write("delete_group", DELETE_BATCH, batch) > 0:
+                pass

@@ -1,0 +1,99 @@
+"""The Neo4j store's change outbox (``roles.Outbox``); the queries are in ``lifecycle_queries``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from tidegraph.records.changes import Change, PublishedChange
+from tidegraph.records.graph import ChangeLog
+from tidegraph.stores.executor import Tx
+from tidegraph.stores.neo4j import lifecycle_queries as lq
+from tidegraph.stores.roles import Outbox
+from tidegraph.stores.rows import change_of, epoch_micros, published_change
+
+if TYPE_CHECKING:
+    from tidegraph.stores.neo4j.store import Neo4jStore
+
+PRUNE_BATCH = 5_000
+
+
+class Neo4jOutbox(Outbox):
+    """``Outbox`` on the Neo4j store's executor."""
+
+    def __init__(self, store: Neo4jStore) -> None:
+        self.store = store
+
+    async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
+        rows = await self.store.ex.rows(
+            lq.CHANGES, {"group_id": group_id, "after": after, "limit": max(limit, 0)}
+        )
+        return [change_of(r["body"], int(r["seq"])) for r in rows]
+
+    async def change_logs(
+        self, group_ids: list[str] | None = None, *, unpublished: bool = False, own: bool = False
+    ) -> list[ChangeLog]:
+        params = {
+            "groups": group_ids,
+            "unpublished": unpublished,
+            "own": own,
+            "deployment": self.store.deployment,
+        }
+        rows = await self.store.ex.rows(lq.CHANGE_LOGS, params)
+        return [
+            ChangeLog(
+                r["group_id"],
+                int(r["seq"]),
+                int(r["published"]),
+                int(r["version"]),
+                r["deployment"],
+            )  # fmt: skip
+            for r in rows
+        ]
+
+    async def unpublished_changes(
+        self, group_ids: list[str], per_group: int
+    ) -> list[PublishedChange]:
+        params = {
+            "groups": sorted(set(group_ids)),
+            "limit": max(per_group, 0),
+            "deployment": self.store.deployment,
+        }
+        rows = await self.store.ex.rows(lq.UNPUBLISHED_CHANGES, params)
+        return [
+            published_change(r["group_id"], r["body"], int(r["seq"]), r["change_id"]) for r in rows
+        ]
+
+    async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
+        rows = [
+            {"group_id": c.group_id, "seq": c.seq, "change_id": c.change_id} for c in acknowledged
+        ]
+
+        async def work(tx: Tx) -> None:
+            await tx.rows(lq.MARK_PUBLISHED, {"cursors": rows, "deployment": self.store.deployment})
+
+        if rows:
+            await self.store.ex.write("mark_published", len(rows), work)
+
+    async def prune_changes(
+        self, group_id: str, before: datetime, *, published_only: bool = True
+    ) -> int:
+        params = {
+            "group_id": group_id,
+            "before": epoch_micros(before),
+            "published_only": published_only,
+            "batch": PRUNE_BATCH,
+        }
+        pruned = 0
+        while True:
+
+            async def work(tx: Tx) -> int:
+                [row] = await tx.rows(lq.PRUNE_CHANGES, params)
+                await tx.rows(lq.SKIP_DROPPED, {"group_id": group_id, "dropped": row["dropped"]})
+                return int(row["deleted"])
+
+            deleted = await self.store.ex.write("prune_changes", PRUNE_BATCH, work)
+            pruned += deleted
+            if deleted < PRUNE_BATCH:
+                return pruned
