@@ -24,14 +24,16 @@ is the answer, however well an older one matches the words. Two rules, both LLM-
 
 from __future__ import annotations
 
+import functools
 import re
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 
 from tidegraph.records.conversation import split_speaker
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.records.search import Hit
-from tidegraph.stores.search_text import search_terms, text_words
+from tidegraph.stores.search_text import SEARCH_STOP_WORDS, identifier_words, search_terms
 
 # Restatements are looked for among the best this many episodes: one found lower says the
 # question's words in a way the ranking thinks much less of (and the first results, which
@@ -69,13 +71,35 @@ def _stem(word: str) -> str:
     return word
 
 
+# A word as the comparisons here read it: letters only (the search splits at digits too).
+_LETTERS = re.compile(r"[^\W\d_]+")
+
+
+def _term(word: str) -> str | None:
+    """A word as a search term, stemmed; None for a stop word."""
+    word = word.lower()
+    return None if word in SEARCH_STOP_WORDS else _stem(word)
+
+
+_DIGIT = re.compile(r"\d")
+# Texts whose words are kept (an episode's are compared with several others in one search,
+# and the best episodes come back in the next searches).
+WORDS_CACHED = 4096
+
+
+@functools.lru_cache(maxsize=WORDS_CACHED)
 def _words(text: str) -> frozenset[str]:
-    return frozenset(_stem(w) for w in text_words(text))
+    """The search terms of ``text``, stemmed, with its identifiers' words
+    (``search_text.identifier_words``: a query that names ``NW-1002`` is about it)."""
+    words = {t for w in _LETTERS.findall(text) if (t := _term(w))}
+    if _DIGIT.search(text):
+        words.update(identifier_words(text))
+    return frozenset(words)
 
 
 # A word written with a capital inside a sentence: a name (the first word of a sentence is
 # capitalised whatever it is).
-_SENTENCE_WORD = re.compile(r"(?:^|(?<=[.!?]\s))\s*([^\W_]+)|([^\W_]+)")
+_SENTENCE_WORD = re.compile(r"(?:^|(?<=[.!?]\s))\s*([^\W\d_]+)|([^\W\d_]+)")
 
 
 def subject_words(query: str, ignore: str = "") -> frozenset[str]:
@@ -85,6 +109,7 @@ def subject_words(query: str, ignore: str = "") -> frozenset[str]:
     return _capitalised(query)[0] - _words(ignore)
 
 
+@functools.lru_cache(maxsize=WORDS_CACHED)
 def _capitalised(text: str) -> tuple[frozenset[str], frozenset[str]]:
     """The words written with a capital inside a sentence of ``text``, and its sentences'
     first words written with one (capitalised whatever they are)."""
@@ -92,8 +117,8 @@ def _capitalised(text: str) -> tuple[frozenset[str], frozenset[str]]:
     first: set[str] = set()
     for match in _SENTENCE_WORD.finditer(text):
         word = match.group(2) or match.group(1)
-        if word[0].isupper():
-            (inside if match.group(2) else first).update(_words(word))
+        if word[0].isupper() and (term := _term(word)):
+            (inside if match.group(2) else first).add(term)
     return frozenset(inside), frozenset(first)
 
 
@@ -111,8 +136,8 @@ def asked_words(query: str, ignore: str = "") -> str:
     names = subject_words(query, ignore)
     if not names:
         return ""
-    skipped = _words(ignore)
-    rest = [t for t in search_terms(query) if _stem(t) not in names and _stem(t) not in skipped]
+    skipped = set(search_terms(ignore))
+    rest = [t for t in search_terms(query) if _stem(t) not in names and t not in skipped]
     return " ".join(rest)
 
 
@@ -174,16 +199,18 @@ def _restating(
     carried: dict[int, frozenset[str]] = {}
     for i in about:
         inside, first = _capitalised(bodies[i])
-        carried[i] = (inside | (first & value_names)) - terms
+        carried[i] = (inside | (first & value_names)) & said[i]
     joined = set(group)
     known = set(values).union(*(said[i] for i in joined))
+    # How many statements about the subject outside the group say each word: a word is
+    # carried by another when its count is more than the statement's own.
+    outside = Counter(w for i in about if i not in joined for w in said[i])
     while True:
-        rest = [i for i in about if i not in joined]
         found = next(
             (
                 i
-                for i in rest
-                if (carried[i] & known) - set().union(*(said[o] for o in rest if o != i))
+                for i in about
+                if i not in joined and any(outside[w] == 1 for w in carried[i] & known)
             ),
             None,
         )
@@ -191,6 +218,7 @@ def _restating(
             return joined - group
         joined.add(found)
         known |= said[found]
+        outside.subtract(said[found])
 
 
 def _by_shared_words(
