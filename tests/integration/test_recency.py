@@ -68,9 +68,10 @@ async def test_the_first_episode_about_a_subject_is_its_latest_statement_then(
 
 
 # The wide feed, measured when this was written: now 0.725, as of 0.750 on the embedded
-# store, 0.700 and 0.762 on Neo4j (the named-attribute feed's rule alone: 0.33 and 0.49). The misses are
-# statements whose value is written in lower case ("marking Acme as trial") or never stated
-# with the attribute's name anywhere in the group (docs/retrieval.md "Now and as of").
+# store, 0.700 and 0.762 on Neo4j (the named-attribute feed's rule alone: 0.33 and 0.49).
+# The misses are statements whose value is written in lower case ("marking Acme as trial")
+# or never stated with the attribute's name anywhere in the group (docs/retrieval.md "Now
+# and as of").
 WIDE_NOW = 0.65
 WIDE_AS_OF = 0.70
 
