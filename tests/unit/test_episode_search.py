@@ -173,15 +173,17 @@ def test_a_restatement_that_does_not_name_the_attribute_comes_first_by_the_value
         _said("pro", "Dana: Acme moved to the Pro plan", 10, 0.9),  # says "plan", oldest
         _said("owner", "Omar: Acme is looked after by Lena Fischer now", 300, 0.8),  # newest
         _said("note", "Lena: Acme sent a thank-you note", 250, 0.7),
-        _said("upgrade", "Lena: Acme upgraded to Enterprise", 200, 0.6),  # no "plan"
+        _said("upgrade", "Lena: Acme upgraded to Enterprise Plus", 200, 0.6),  # no "plan"
         _said("other", "Dana: Bluebird moved to the Basic plan", 280, 0.5),
     ]
     # Another subject's statement of the plan (found by searching "plan" alone) carries
-    # "Enterprise": a value of the plan, which the upgrade carries and nothing else of Acme's.
-    stating = [_said("bb", "Priya: Bluebird is on the Enterprise plan", 50, 1.0)]
+    # "Enterprise Plus": a value of the plan, which the upgrade carries and nothing else of
+    # Acme's.
+    stating = [_said("bb", "Priya: Bluebird is on the Enterprise Plus plan", 50, 1.0)]
     ordered = [h.uuid for h in supersede(ranked, "Which plan is Acme on?", stating=stating)]
     assert ordered == ["upgrade", "pro", "owner", "note", "other"]
-    # Without it nothing says that Enterprise is a plan: the upgrade keeps its place.
+    # Without it nothing says that Enterprise Plus is a plan (a name of two words, where
+    # Acme's plan was one): the upgrade keeps its place.
     alone = [h.uuid for h in supersede(ranked, "Which plan is Acme on?")]
     assert alone == ["pro", "owner", "note", "upgrade", "other"]
 
@@ -210,3 +212,18 @@ def test_a_sentence_first_word_is_a_value_when_statements_of_the_attribute_name_
     stating = [_said("bb", "Priya: Bluebird chose the Business plan", 5, 1.0)]
     ordered = [h.uuid for h in supersede(ranked, "Which plan is Acme on?", stating=stating)]
     assert ordered == ["biz", "free", "please"]
+
+
+def test_a_name_of_the_shape_the_statements_of_the_attribute_carry_is_a_value():
+    # Nobody ever said "Tom Becker" with "owner", but the statement of Acme's owner carries a
+    # person's name (two capitalised words besides Acme's): a name of that shape that no
+    # other statement about Acme carries is a value of the owner. One word alone ("Pro") is
+    # of another shape, an address ("12 Mill Lane, Leith") of a third.
+    ranked = [
+        _said("dana", "Omar: Dana Reyes is the new account owner for Acme", 10, 0.9),
+        _said("plan", "Omar: Acme upgraded to Pro", 300, 0.8),
+        _said("moved", "Lena: Acme moved to 12 Mill Lane, Leith", 280, 0.7),
+        _said("tom", "Lena: Tom Becker will look after Acme from here on", 200, 0.6),
+    ]
+    ordered = [h.uuid for h in supersede(ranked, "Who is the account owner for Acme?")]
+    assert ordered == ["tom", "dana", "plan", "moved"]

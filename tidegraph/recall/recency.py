@@ -11,10 +11,10 @@ is the answer, however well an older one matches the words. Two rules, both LLM-
 - ``supersede(hits, query)``: the statements of what is asked come first, newest first. The
   subject is what the question writes with capitals inside a sentence (``subject_words``),
   what is asked its other words (``asked_words``); the statements of it are those about the
-  subject that say the most of what is asked, and those about the subject that restate it
-  without saying it: they carry a value (a name) that statements of what is asked carry,
-  whatever their subject, and that no other statement about the subject carries
-  (``_restating``). Only the best ``RESTATEMENT_DEPTH`` episodes are reordered, and one found
+  subject that say the most of what is asked, and those that name the subject and restate
+  it without saying it: they carry a value (a name) that statements of what is asked carry,
+  whatever their subject, or a name of the shape of the values the subject's statements of
+  it carry, and that no other statement about the subject carries (``_restating``). Only the best ``RESTATEMENT_DEPTH`` episodes are reordered, and one found
   further down when it is newer than all of them; the other hits keep their order after
   them. A question that names no subject keeps the rule of shared words: the episodes that
   contain the most of the query's words first, a later one that contains every query word an
@@ -122,6 +122,45 @@ def _capitalised(text: str) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(inside), frozenset(first)
 
 
+# A token of a name or a number; tokens of one name are apart by spaces or commas only.
+_TOKEN = re.compile(r"[^\W_]+")
+_WITHIN_NAME = re.compile(r"[\s,]*")
+
+
+@functools.lru_cache(maxsize=WORDS_CACHED)
+def _name_runs(text: str) -> tuple[tuple[tuple[int, bool], frozenset[str]], ...]:
+    """The names of ``text`` with their shape: each run of words written with a capital and
+    numbers ("Tom Becker", "88 Mill Lane, Bristol", "Pro"), as (how many words, whether it
+    holds a number) and its words. A sentence's first word starts a run only when the next
+    word continues it (a capitalised first word alone is any word)."""
+    tokens = list(_TOKEN.finditer(text))
+    first = {m.start(1) for m in _SENTENCE_WORD.finditer(text) if m.group(1)}
+    runs: list[list[str]] = []
+    previous_end = -1
+    for n, token in enumerate(tokens):
+        word = token.group()
+        named = word[0].isupper() or word.isdigit()
+        if named and token.start() in first and not word.isdigit():
+            following = tokens[n + 1] if n + 1 < len(tokens) else None
+            named = following is not None and following.group()[0].isupper()
+        if not named:
+            previous_end = -1
+            continue
+        gap = text[previous_end : token.start()] if previous_end >= 0 else None
+        if gap is not None and _WITHIN_NAME.fullmatch(gap):
+            runs[-1].append(word)
+        else:
+            runs.append([word])
+        previous_end = token.end()
+    return tuple(
+        (
+            (sum(not w.isdigit() for w in run), any(w.isdigit() for w in run)),
+            frozenset(t for w in run if not w.isdigit() and (t := _term(w))),
+        )
+        for run in runs
+    )
+
+
 def _body(hit: Hit) -> str:
     record = hit.record
     if isinstance(record, EpisodeRecord):
@@ -171,7 +210,10 @@ def supersede(
     stated += [_body(h) for h in stating if len(asked & _words(h.text)) == most]
     values = frozenset().union(*map(_words, stated)) - terms
     value_names = frozenset().union(*(_capitalised(text)[0] for text in stated))
-    group |= _restating(hits, about, group, terms, values, value_names)
+    # Restating without saying it, a statement names the subject in what it says: one that
+    # a speaker of that name said is about the speaker's many things.
+    naming = [i for i in about if names <= _words(_body(hits[i]))]
+    group |= _restating(hits, naming, group, terms, values, value_names, names)
     # The best ``depth`` hits are reordered; one found further down comes up only when it is
     # later than all of them (a newer restatement the ranking thought less of).
     newest = max((at[i] for i in group if i < depth), default=None)
@@ -188,20 +230,27 @@ def _restating(
     terms: set[str],
     values: frozenset[str],
     value_names: frozenset[str],
+    names: frozenset[str],
 ) -> set[int]:
-    """The statements about the subject (``about``) that restate what is asked without
-    saying it: each carries a name among ``values`` (a word written with a capital inside a
-    sentence, or a sentence's first word that ``value_names`` knows as one) that no other
-    statement about the subject outside the group carries; one at a time, a joined
-    statement's words counting as values, until none joins."""
-    bodies = {i: _body(hits[i]) for i in about}
-    said = {i: _words(bodies[i]) - terms for i in about}
+    """The statements that name the subject (``about``) that restate what is asked without
+    saying it: each carries a name that no other statement about the subject outside the
+    group carries, and that is a value of what is asked: among ``values`` (a word written
+    with a capital inside a sentence, or a sentence's first word that ``value_names`` knows
+    as one), or of the shape of a name the group's statements carry besides the subject's
+    (``_name_runs``: "Tom Becker" where the group says "Dana Reyes", "44 Elm Avenue, Austin"
+    where it says "5 Canal Street, Ghent"); one at a time, a joined statement's words counting
+    as values (its names' shapes do not: the group's own statements say what is asked),
+    until none joins."""
+    bodies = {i: _body(hits[i]) for i in set(about) | group}
+    said = {i: _words(body) - terms for i, body in bodies.items()}
     carried: dict[int, frozenset[str]] = {}
     for i in about:
         inside, first = _capitalised(bodies[i])
         carried[i] = (inside | (first & value_names)) & said[i]
+    runs = {i: [r for r in _name_runs(body) if not r[1] & names] for i, body in bodies.items()}
     joined = set(group)
     known = set(values).union(*(said[i] for i in joined))
+    shapes = {shape for i in joined for shape, _ in runs[i]}
     # How many statements about the subject outside the group say each word: a word is
     # carried by another when its count is more than the statement's own.
     outside = Counter(w for i in about if i not in joined for w in said[i])
@@ -210,7 +259,14 @@ def _restating(
             (
                 i
                 for i in about
-                if i not in joined and any(outside[w] == 1 for w in carried[i] & known)
+                if i not in joined
+                and (
+                    any(outside[w] == 1 for w in carried[i] & known)
+                    or any(
+                        shape in shapes and all(outside[w] == 1 for w in run)
+                        for shape, run in runs[i]
+                    )
+                )
             ),
             None,
         )
