@@ -14,12 +14,13 @@ is the answer, however well an older one matches the words. Two rules, both LLM-
   subject that say the most of what is asked, and those that name the subject and restate
   it without saying it: they carry a value (a name) that statements of what is asked carry,
   whatever their subject, or a name of the shape of the values the subject's statements of
-  it carry, and that no other statement about the subject carries (``_restating``). Only the best ``RESTATEMENT_DEPTH`` episodes are reordered, and one found
-  further down when it is newer than all of them; the other hits keep their order after
-  them. A question that names no subject keeps the rule of shared words: the episodes that
-  contain the most of the query's words first, a later one that contains every query word an
-  earlier one contains before it. Episodes said after a valid-at are not searched, so the
-  newest is the newest said by then.
+  it carry, and that no other statement about the subject carries (``_restating``). Only
+  the best ``RESTATEMENT_DEPTH`` episodes are reordered, and one found further down when it
+  is newer than all of them; the other hits keep their order after them. A question that
+  names no subject keeps the rule of shared words: the episodes that contain the most of the
+  query's words first, a later one that contains every query word an earlier one contains
+  before it. Episodes said after a valid-at are not searched, so the newest is the newest
+  said by then.
 """
 
 from __future__ import annotations
