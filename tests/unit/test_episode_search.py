@@ -227,3 +227,10 @@ def test_a_name_of_the_shape_the_statements_of_the_attribute_carry_is_a_value():
     ]
     ordered = [h.uuid for h in supersede(ranked, "Who is the account owner for Acme?")]
     assert ordered == ["tom", "dana", "plan", "moved"]
+    # A number alone names nothing: "Acme called 3 times" is no address for "at 12".
+    ranked = [
+        _said("at", "Omar: the address of Acme is 12", 10, 0.9),
+        _said("calls", "Lena: Acme called 3 times", 300, 0.8),
+    ]
+    ordered = [h.uuid for h in supersede(ranked, "What is the address of Acme?")]
+    assert ordered == ["at", "calls"]

@@ -264,7 +264,7 @@ def _restating(
                 and (
                     any(outside[w] == 1 for w in carried[i] & known)
                     or any(
-                        shape in shapes and all(outside[w] == 1 for w in run)
+                        run and shape in shapes and all(outside[w] == 1 for w in run)
                         for shape, run in runs[i]
                     )
                 )
