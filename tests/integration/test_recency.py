@@ -1,7 +1,9 @@
 """Now and as of, LLM-free, on both real stores (docs/retrieval.md "Now and as of"): a feed
-restates one attribute (plan, owner, address, status) of many subjects as it changes over a
-year; asked "now" and "as of" each change, the first episode about the subject in the default
-context is the statement valid then in at least 95 % of the questions."""
+restates four attributes (plan, owner, address, status) of many subjects as they change over
+a year; asked "now" and "as of" each change, the first episode about the subject in the
+default context is the statement valid then: in at least 95 % of the questions of each kind
+where every statement names its attribute, and at the measured floors where most do not
+(tests/support/restatements.py, the wide feed)."""
 
 from __future__ import annotations
 
@@ -16,10 +18,13 @@ from tidegraph.records.search import SearchRequest
 from tidegraph.stores.base import GraphStore
 
 
-async def test_the_first_episode_about_a_subject_is_its_latest_statement_then(
-    store: GraphStore, group_id: str
-) -> None:
-    said, questions = restatement_feed(subjects=10, changes=3, seed=7)
+async def _first_statement_rates(
+    store: GraphStore, group_id: str, *, wide: bool
+) -> tuple[float, float, list[tuple[object, ...]]]:
+    """The feed ingested with no LLM, every question asked with the default recipe: the
+    share of "now" and of "as of" questions whose first episode about the subject in the
+    default context is the statement valid then, and the misses."""
+    said, questions = restatement_feed(subjects=10, changes=3, seed=7, wide=wide)
     embedder = MiniLMEmbedder()  # the default embedder: the default context as a user gets it
     chain = GroupRunner.of(store=store, embedder=embedder, llm=None, mappings=None)
     feed = [
@@ -37,17 +42,45 @@ async def test_the_first_episode_about_a_subject_is_its_latest_statement_then(
     assert report.failures == []
     searcher = Searcher(store.search, embedder)
 
-    wrong = []
+    right = {True: 0, False: 0}  # by "now"
+    wrong: list[tuple[object, ...]] = []
     for q in questions:
         results = await searcher.search(
             SearchRequest(query=q.query, group_ids=[group_id], valid_at=q.valid_at)
         )
         line = first_episode_about(build_context(results), q.subject)
-        if line is None or q.answer.text not in line:
+        if line is not None and q.answer.text in line:
+            right[q.valid_at is None] += 1
+        else:
             wrong.append((q.query, q.valid_at, q.answer.text, line))
     asked_now = sum(q.valid_at is None for q in questions)
-    assert asked_now and len(questions) - asked_now  # both kinds are asked
-    assert len(wrong) <= 0.05 * len(questions), wrong
+    asked_then = len(questions) - asked_now
+    assert asked_now and asked_then  # both kinds are asked
+    return right[True] / asked_now, right[False] / asked_then, wrong
+
+
+async def test_the_first_episode_about_a_subject_is_its_latest_statement_then(
+    store: GraphStore, group_id: str
+) -> None:
+    # Every statement names its attribute as the questions do.
+    now, then, wrong = await _first_statement_rates(store, group_id, wide=False)
+    assert now >= 0.95 and then >= 0.95, (now, then, wrong)
+
+
+# The wide feed, measured when this was written: now 0.725, as of 0.825 on both stores (the
+# named-attribute feed's rule alone: 0.33 and 0.49). The misses are mostly statements whose
+# value is written in lower case ("marking Acme as trial": docs/retrieval.md "Now and as
+# of").
+WIDE_NOW = 0.65
+WIDE_AS_OF = 0.75
+
+
+async def test_the_latest_statement_comes_first_when_most_statements_do_not_name_it(
+    store: GraphStore, group_id: str
+) -> None:
+    now, then, wrong = await _first_statement_rates(store, group_id, wide=True)
+    print(f"wide feed: now {now:.3f}, as of {then:.3f}")
+    assert now >= WIDE_NOW and then >= WIDE_AS_OF, (now, then, wrong)
 
 
 async def test_a_forgotten_message_leaves_no_trace_in_the_context_of_its_replies(

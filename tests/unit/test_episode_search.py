@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tidegraph.recall.recency import asks_current, supersede
+from tidegraph.recall.recency import asked_words, asks_current, subject_words, supersede
 from tidegraph.records.conversation import (
     CONTEXT_TURNS,
     EPISODE_EMBED_CHARS,
@@ -151,3 +151,86 @@ def test_a_later_restatement_found_further_down_is_brought_up_an_older_one_is_no
     ]
     ordered = [h.uuid for h in supersede(ranked, "Which plan is Acme on?", depth=2)]
     assert ordered == ["basic", "pro", "note", "free"]
+
+
+@pytest.mark.parametrize(
+    ("query", "ignore", "names", "asked"),
+    [
+        ("Which plan is Acme Corp on?", "", {"acme", "corp"}, "plan"),
+        ("Who is the account owner for Acme now?", "", {"acme"}, "account owner"),
+        ("Which plan was Acme on in March 2024?", "in March 2024", {"acme"}, "plan"),
+        ("Acme plan", "", set(), ""),  # a sentence's first word is capitalised anyway
+        ("which plan is acme on?", "", set(), ""),  # nothing written as a name
+    ],
+)
+def test_a_question_names_its_subject_by_capitals_inside_a_sentence(query, ignore, names, asked):
+    assert subject_words(query, ignore) == names
+    assert asked_words(query, ignore) == asked
+
+
+def test_a_restatement_that_does_not_name_the_attribute_comes_first_by_the_value_it_carries():
+    ranked = [
+        _said("pro", "Dana: Acme moved to the Pro plan", 10, 0.9),  # says "plan", oldest
+        _said("owner", "Omar: Acme is looked after by Lena Fischer now", 300, 0.8),  # newest
+        _said("note", "Lena: Acme sent a thank-you note", 250, 0.7),
+        _said("upgrade", "Lena: Acme upgraded to Enterprise Plus", 200, 0.6),  # no "plan"
+        _said("other", "Dana: Bluebird moved to the Basic plan", 280, 0.5),
+    ]
+    # Another subject's statement of the plan (found by searching "plan" alone) carries
+    # "Enterprise Plus": a value of the plan, which the upgrade carries and nothing else of
+    # Acme's.
+    stating = [_said("bb", "Priya: Bluebird is on the Enterprise Plus plan", 50, 1.0)]
+    ordered = [h.uuid for h in supersede(ranked, "Which plan is Acme on?", stating=stating)]
+    assert ordered == ["upgrade", "pro", "owner", "note", "other"]
+    # Without it nothing says that Enterprise Plus is a plan (a name of two words, where
+    # Acme's plan was one): the upgrade keeps its place.
+    alone = [h.uuid for h in supersede(ranked, "Which plan is Acme on?")]
+    assert alone == ["pro", "owner", "note", "upgrade", "other"]
+
+
+def test_a_word_every_kind_of_statement_says_is_no_value():
+    ranked = [
+        _said("pro", "Dana: Acme moved to the Pro plan today", 10, 0.9),
+        # Newer, about Acme, and each shares a word with the statements of the plan; but a
+        # lower-case word ("today") is no value, and "Lena Fischer" is said by two of
+        # Acme's other statements: a value of something else of Acme's, not of its plan.
+        _said("status", "Omar: Acme went quiet today", 300, 0.8),
+        _said("visit", "Omar: Acme had a visit from Lena Fischer", 250, 0.7),
+        _said("call", "Omar: Acme booked a call with Lena Fischer", 260, 0.6),
+    ]
+    stating = [_said("bb", "Priya: Lena Fischer put Bluebird on the Basic plan today", 5, 1.0)]
+    ordered = [h.uuid for h in supersede(ranked, "Which plan is Acme on?", stating=stating)]
+    assert ordered == ["pro", "status", "visit", "call"]
+
+
+def test_a_sentence_first_word_is_a_value_when_statements_of_the_attribute_name_it():
+    ranked = [
+        _said("free", "Dana: Acme is on the Free plan", 10, 0.9),
+        _said("biz", "Lena: Business is what Acme picked in the end", 200, 0.5),
+        _said("please", "Lena: Please send Acme the contract", 300, 0.4),
+    ]
+    stating = [_said("bb", "Priya: Bluebird chose the Business plan", 5, 1.0)]
+    ordered = [h.uuid for h in supersede(ranked, "Which plan is Acme on?", stating=stating)]
+    assert ordered == ["biz", "free", "please"]
+
+
+def test_a_name_of_the_shape_the_statements_of_the_attribute_carry_is_a_value():
+    # Nobody ever said "Tom Becker" with "owner", but the statement of Acme's owner carries a
+    # person's name (two capitalised words besides Acme's): a name of that shape that no
+    # other statement about Acme carries is a value of the owner. One word alone ("Pro") is
+    # of another shape, an address ("12 Mill Lane, Leith") of a third.
+    ranked = [
+        _said("dana", "Omar: Dana Reyes is the new account owner for Acme", 10, 0.9),
+        _said("plan", "Omar: Acme upgraded to Pro", 300, 0.8),
+        _said("moved", "Lena: Acme moved to 12 Mill Lane, Leith", 280, 0.7),
+        _said("tom", "Lena: Tom Becker will look after Acme from here on", 200, 0.6),
+    ]
+    ordered = [h.uuid for h in supersede(ranked, "Who is the account owner for Acme?")]
+    assert ordered == ["tom", "dana", "plan", "moved"]
+    # A number alone names nothing: "Acme called 3 times" is no address for "at 12".
+    ranked = [
+        _said("at", "Omar: the address of Acme is 12", 10, 0.9),
+        _said("calls", "Lena: Acme called 3 times", 300, 0.8),
+    ]
+    ordered = [h.uuid for h in supersede(ranked, "What is the address of Acme?")]
+    assert ordered == ["at", "calls"]

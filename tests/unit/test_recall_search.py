@@ -10,7 +10,14 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import REGISTRY
 
-from tests.unit.recall_fixtures import EMBEDDER, LengthEncoder, RecallGraph, day, people_graph
+from tests.unit.recall_fixtures import (
+    EMBEDDER,
+    LengthEncoder,
+    RecallGraph,
+    day,
+    episode,
+    people_graph,
+)
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.recall.recipes import (
     RECIPES,
@@ -231,6 +238,37 @@ async def test_the_query_is_embedded_once_and_the_searches_are_asked_together():
     kinds = ["fact", "entity", "episode", "community"]
     assert sorted(batches) == sorted([[(k, "bm25") for k in kinds], [(k, "vector") for k in kinds]])
     assert most == 2
+
+
+async def test_a_question_about_a_subject_now_finds_what_it_asks_in_the_same_read():
+    # What is asked of Acme ("plan") is searched alone beside the query's own lists: the
+    # statements of any subject's plan carry the values a plan takes ("Enterprise"), so
+    # Acme's newest statement, which does not say "plan", comes first.
+    graph = RecallGraph().add(
+        episode("pro", "Dana: Acme moved to the Pro plan", day(10)),
+        episode("note", "Omar: Acme sent a thank-you note", day(150)),
+        episode("upgrade", "Lena: Acme upgraded to Enterprise", day(120)),
+        episode("bb", "Priya: Bluebird is on the Enterprise plan", day(5)),
+    )
+    batches: list[list[str | None]] = []
+    search_lists = graph.search_lists
+
+    async def recorded(scope, searches):
+        batches.append([s.text for s in searches])
+        return await search_lists(scope, searches)
+
+    graph.search_lists = recorded  # type: ignore[method-assign]
+
+    def ask(query: str) -> SearchRequest:
+        return SearchRequest(query=query, group_ids=["g"], recipe="episodes_rrf", known_at=NOW)
+
+    found = await searcher(graph).search(ask("Which plan is Acme on?"))
+    assert [b for b in batches if None not in b] == [["Which plan is Acme on?", "plan"]]
+    assert uuids(found.episodes)[:2] == ["upgrade", "pro"]
+    # A question about the past asks nothing more.
+    batches.clear()
+    await searcher(graph).search(ask("Which plan was Acme on?"))
+    assert [b for b in batches if None not in b] == [["Which plan was Acme on?"]]
 
 
 async def test_the_walk_starts_at_the_query_entities_recent_ones_and_the_centre():

@@ -8,7 +8,9 @@ A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a 
    (episodes: those said by then);
 2. every BM25 and vector search of the recipe at once (``asyncio.gather``), the query
    embedded once, plus, when the recipe walks the graph, the seed entities: those BM25 and
-   vector search find for the query, and those the most recent episodes mention;
+   vector search find for the query, and those the most recent episodes mention; and where
+   the question is about a state and names a subject, the episodes that state what it asks
+   (its words less the subject's, one BM25 list more in the same read: recency.py);
 3. breadth-first search over valid facts from the seeds (and the ends of the best facts
    found, and the centre entity);
 4. each kind reranked as the recipe says and cut to its limit; where the question is about a
@@ -31,7 +33,7 @@ from typing import Any
 
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import SEARCH_LATENCY, SEARCHES
-from tidegraph.recall.recency import asks_current, supersede
+from tidegraph.recall.recency import asked_words, asks_current, supersede
 from tidegraph.recall.recipes import (
     KindSearch,
     Recipe,
@@ -66,6 +68,10 @@ SEED_ENTITIES = 5  # best entities of the query that seed the walk
 SEED_FACTS = 3  # best facts of the query whose ends seed the walk
 RECENT_EPISODES = 3  # most recent episodes whose entities seed the walk
 DISTANCE_HOPS = 3  # beyond this a hit counts as unreached by the distance reranker
+# The episodes that state what a question asks of a subject, whatever their subject
+# (recency.py): one BM25 list of the question's words less the subject's, in the first read.
+STATING = ("episode", "stating")
+STATING_CANDIDATES = 20
 
 
 @dataclass
@@ -168,7 +174,8 @@ class Searcher:
         current = valid_at is not None or asks_current(text)
         started = time.perf_counter()
         try:
-            results = await self._run(chosen, text, scope, limit, centre, current)
+            said_when = found_time.phrase if found_time else ""
+            results = await self._run(chosen, text, scope, limit, centre, current, said_when)
         except BaseException:
             SEARCHES.labels(chosen.name, "error").inc()
             raise
@@ -185,9 +192,18 @@ class Searcher:
         limit: int | None,
         centre: str | None,
         current: bool,
+        said_when: str = "",
     ) -> SearchResults:
-        """``current``: the question asks about a state (``search``): episodes superseded."""
-        found = await self._first_round(recipe, text, scope, limit)
+        """``current``: the question asks about a state (``search``): episodes superseded;
+        ``said_when``: the query's time phrase, if one set the valid-at."""
+        # What is asked of a named subject, searched alone among the episodes (recency.py):
+        # the statements of it, whatever their subject, carry the values it takes.
+        asked = (
+            asked_words(text, said_when)
+            if current and recipe.search_for("episode") is not None
+            else ""
+        )
+        found = await self._first_round(recipe, text, scope, limit, asked)
         query_embedding: list[float] | None = found.get(("query", "embedding"))
         fact_search = recipe.search_for("fact")
         if fact_search is not None and "bfs" in fact_search.methods:
@@ -219,7 +235,7 @@ class Searcher:
         kept: list[Hit] = []
         for search, hits in zip(recipe.searches, ranked, strict=True):
             if search.kind == "episode" and current:
-                hits = supersede(hits, text)
+                hits = supersede(hits, text, ignore=said_when, stating=found.get(STATING, []))
             kept += hits[: limit or search.limit]
         # The kept hits with their details, read once for all (candidates were read without).
         results = SearchResults(text, recipe.name, scope)
@@ -232,12 +248,13 @@ class Searcher:
         return results
 
     async def _first_round(
-        self, recipe: Recipe, text: str, scope: SearchScope, limit: int | None
+        self, recipe: Recipe, text: str, scope: SearchScope, limit: int | None, stating: str = ""
     ) -> dict[tuple[str, str], Any]:
         """Every first-round search at once, by (kind, method): the BM25 lists in one read, the
         vector lists in another once the query is embedded; with a walk, its seeds (the
-        query's best entities by both methods, the recent episodes' entities), and the query's
-        embedding as ("query", "embedding") when it was embedded."""
+        query's best entities by both methods, the recent episodes' entities), the query's
+        embedding as ("query", "embedding") when it was embedded, and the episodes found for
+        ``stating`` (what a question about a state asks of its subject) as ``STATING``."""
         needs_embedding = recipe.uses("vector") or any(s.reranker == "mmr" for s in recipe.searches)
         embedding = (
             asyncio.ensure_future(self.embedder.embed_one(text)) if needs_embedding else None
@@ -261,14 +278,18 @@ class Searcher:
             asked = [MethodSearch(k, n, embedding=vector) for (k, _), n in nearest.items()]
             return await self.source.search_lists(scope, asked)
 
-        asked = [MethodSearch(k, n, text=text) for (k, _), n in texts.items()]
-        jobs: list[Awaitable[Any]] = [self.source.search_lists(scope, asked), vectors()]
+        lists = [MethodSearch(k, n, text=text) for (k, _), n in texts.items()]
+        if stating:  # in the same read as the query's own lists
+            lists.append(MethodSearch("episode", STATING_CANDIDATES, text=stating))
+        jobs: list[Awaitable[Any]] = [self.source.search_lists(scope, lists), vectors()]
         if walk:
             jobs.append(self.source.recent_episode_entities(scope, RECENT_EPISODES))
         if embedding is not None:
             jobs.append(embedding)
         done = await _all(jobs)
-        found: dict[tuple[str, str], Any] = dict(zip(texts, done[0], strict=True))
+        found: dict[tuple[str, str], Any] = dict(zip(texts, done[0][: len(texts)], strict=True))
+        if stating:
+            found[STATING] = done[0][-1]
         found |= dict(zip(nearest, done[1], strict=True))
         if walk:
             found["seed", "recent"] = done[2]
