@@ -56,13 +56,20 @@ async def upsert_entities(store: GraphStore, group_id: str, entities: list[Entit
     if not entities:
         return
     if isinstance(store, MemoryStore):
-        await store.upsert_entities(group_id, entities)
+        _memory_upsert(store, group_id, entities)
     elif isinstance(store, SqliteStore):
         await _sqlite_upsert(store, group_id, entities)
     elif isinstance(store, Neo4jStore):
         await _neo4j_upsert(store, group_id, entities)
     else:
         raise TypeError(f"no entity upsert for {type(store).__name__}")
+
+
+def _memory_upsert(store: MemoryStore, group_id: str, entities: list[EntityRecord]) -> None:
+    now = now_utc()
+    rows = [entity_row(group_id, e, store._dimension(), now) for e in entities]  # checked
+    errors.check_entity_owners(group_id, store._owners(unique(r["uuid"] for r in rows)))
+    store._upsert(group_id, entities, now)
 
 
 async def _sqlite_upsert(store: SqliteStore, group_id: str, entities: list[EntityRecord]) -> None:

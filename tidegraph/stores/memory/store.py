@@ -232,14 +232,6 @@ class MemoryStore(GraphStore):
         ]
         return rank(hits, limit)
 
-    async def upsert_entities(self, group_id: str, entities: list[EntityRecord]) -> None:
-        if not entities:
-            return
-        now = now_utc()
-        rows = [entity_row(group_id, e, self._dimension(), now) for e in entities]  # checked
-        errors.check_entity_owners(group_id, self._owners(unique(r["uuid"] for r in rows)))
-        self._upsert(group_id, entities, now)
-
     def _owners(self, uuids: Iterable[str]) -> dict[str, str]:
         """The group of each stored entity among ``uuids``."""
         return {u: self._entities[u].group_id for u in uuids if u in self._entities}
