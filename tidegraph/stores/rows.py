@@ -35,7 +35,8 @@ RESERVED_LABELS = frozenset({"Entity", "Episodic", "Community"})
 
 def vector_candidates(limit: int) -> int:
     """How many neighbours to ask a global vector index for first, before filtering by group
-    (more are asked for while too few are of the group: ``SearchCore._nearest``)."""
+    (more are asked for while too few are of the group:
+    ``tidegraph.stores.neo4j.search.Neo4jSearch._nearest``)."""
     return max(limit * 4, 80)
 
 

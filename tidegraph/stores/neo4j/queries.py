@@ -430,9 +430,9 @@ WITH e, score
 
 # Entity resolution's candidate searches for several drafts of one group in one round trip
 # (``Neo4jStore.entity_candidates``): when the group holds fewer than $scan_below name
-# embeddings (``small``), each draft's best $limit by exact cosine over them (the small-group
-# scan of ``SearchCore._nearest``) and, when it has a fulltext query, its best $limit of
-# FULLTEXT_ENTITIES; [uuid, score] pairs, one row per draft (``i``).
+# embeddings (``small``), each draft's best $limit by exact cosine over them (the
+# small-group scan of ``tidegraph.stores.neo4j.search.Neo4jSearch._nearest``) and, when it
+# has a fulltext query, its best $limit of FULLTEXT_ENTITIES; [uuid, score] pairs, one row per draft (``i``).
 ENTITY_CANDIDATES = f"""
 CALL () {{
   MATCH (x:Entity)

@@ -270,7 +270,8 @@ CALL (w) {
 )
 
 # Community memberships in order (each row names its group: the assignments of several
-# groups share a transaction), each as ``StoreCore.assign_members`` does it in three
+# groups share a transaction), each as
+# ``tidegraph.stores.neo4j.communities.Neo4jCommunities.assign_members`` does it in three
 # statements: an assignment whose community or entity is not in the group changes nothing;
 # otherwise the entity leaves its other communities and joins this one (each run of the
 # subquery sees the runs before it, so a later assignment of an entity wins).
