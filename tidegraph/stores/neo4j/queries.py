@@ -432,7 +432,8 @@ WITH e, score
 # (``Neo4jStore.entity_candidates``): when the group holds fewer than $scan_below name
 # embeddings (``small``), each draft's best $limit by exact cosine over them (the
 # small-group scan of ``tidegraph.stores.neo4j.search.Neo4jSearch._nearest``) and, when it
-# has a fulltext query, its best $limit of FULLTEXT_ENTITIES; [uuid, score] pairs, one row per draft (``i``).
+# has a fulltext query, its best $limit of FULLTEXT_ENTITIES; [uuid, score] pairs, one row
+# per draft (``i``).
 ENTITY_CANDIDATES = f"""
 CALL () {{
   MATCH (x:Entity)
