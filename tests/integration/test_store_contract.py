@@ -81,6 +81,11 @@ def vec(*head: float) -> list[float]:
     return [float(v) for v in head] + [0.0] * (DIM - len(head))
 
 
+def apart(*values: float, at: int = DIM - 8) -> list[float]:
+    """A vector whose only non-zero values are at ``at`` and after, where ``vec`` puts none."""
+    return [0.0] * at + [float(v) for v in values] + [0.0] * (DIM - at - len(values))
+
+
 def day(n: float) -> datetime:
     return T0 + timedelta(days=n)
 
@@ -945,16 +950,18 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
     store = Neo4jStore(neo4j_uri)
     try:
         await store.setup(DIM)
-        mine = [entity(group, f"M{i}", embedding=vec(1, i / 10)) for i in range(6)]
+        # In dimensions no other test writes (the Neo4j is shared): the crowd nearest the
+        # query, mine next, nothing else near.
+        mine = [entity(group, f"M{i}", embedding=apart(1, 1 + i / 10)) for i in range(6)]
         await upsert_entities(store, group, mine)
-        crowd = [entity(other, f"T{i}", embedding=vec(i / 1000, 1)) for i in range(120)]
+        crowd = [entity(other, f"T{i}", embedding=apart(i / 1000, 1)) for i in range(120)]
         await upsert_entities(store, other, crowd)
         ran = recorded(store, monkeypatch)
         monkeypatch.setattr(store.search, "scan_below", 3)  # six entities: large
         monkeypatch.setattr(store.search, "widen_above", widen_above)
         monkeypatch.setattr(search_core, "MAX_VECTOR_K", 200)
         scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
-        found = await store.search.vector_search(scope, "entity", vec(0, 1), 3)
+        found = await store.search.vector_search(scope, "entity", apart(0, 1), 3)
         first = vector_candidates(3)  # fewer than the crowd: none of mine among them
         candidates, scan, _ = sq.SEARCH_VECTOR["entity"]
         asked = [params["k"] for statement, params in ran if statement == candidates]
