@@ -233,6 +233,10 @@ def test_episodes_page_with_the_printed_cursor_and_refuse_one_not_given_out(
     refused(run(store, "episodes", "--group", GROUP, "--status", "gone"), 2, "--status")
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_changes_resume_after_a_cursor_and_follow_until_ctrl_c(store: Path) -> None:
     *history, last = rows(run(store, "changes", "--group", GROUP, "--json"))
     cursor = last["cursor"]
@@ -253,6 +257,9 @@ def test_changes_resume_after_a_cursor_and_follow_until_ctrl_c(store: Path) -> N
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As in a terminal: Ctrl-C is not ignored, even when this test runs in a shell's
+        # background job (which starts with SIGINT ignored, and a child inherits that).
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )
     watchdog = threading.Timer(TIMEOUT, follow.kill)  # a hang fails the test, never blocks it
     watchdog.start()
