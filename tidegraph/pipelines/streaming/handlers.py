@@ -219,12 +219,8 @@ class RecordHandler:
         )
 
 
-class ExtractionHandler(RecordHandler):
-    """The extraction hop: envelopes from ``{prefix}.episodes`` checked and extracted by the
-    group runner (``GroupRunner.extract``), each extraction produced to
-    ``{prefix}.extracted`` with the origin of its envelope."""
-
-    stage = "extraction"
+class RunnerHandler(RecordHandler):
+    """A hop over the group runner: its outage tracker and its store's data keys."""
 
     def __init__(
         self, runner: GroupRunner, names: TopicNames, worker: WorkerSettings, record_timeout: float
@@ -233,6 +229,14 @@ class ExtractionHandler(RecordHandler):
         self.runner = runner
         self.outage = runner.outage
         self.keys = runner.components.store.keys
+
+
+class ExtractionHandler(RunnerHandler):
+    """The extraction hop: envelopes from ``{prefix}.episodes`` checked and extracted by the
+    group runner (``GroupRunner.extract``), each extraction produced to
+    ``{prefix}.extracted`` with the origin of its envelope."""
+
+    stage = "extraction"
 
     @property
     def group_take(self) -> int:
@@ -317,20 +321,12 @@ class ExtractionHandler(RecordHandler):
         return self.dead(record, failure, origin=record.ref, raw=record.value)
 
 
-class WriteHandler(RecordHandler):
+class WriteHandler(RunnerHandler):
     """The write hop: extractions from ``{prefix}.extracted`` resolved, stamped, invalidated
     and written by the group runner (``GroupRunner.write``); then each episode's new-entity
     events to ``{prefix}.entities.new``."""
 
     stage = "resolution"  # the hop's first stage names it (metrics, dead letters)
-
-    def __init__(
-        self, runner: GroupRunner, names: TopicNames, worker: WorkerSettings, record_timeout: float
-    ) -> None:
-        super().__init__(names, worker, record_timeout)
-        self.runner = runner
-        self.outage = runner.outage
-        self.keys = runner.components.store.keys
 
     @property
     def group_take(self) -> int:  # one unit, as in-process
