@@ -150,3 +150,74 @@ async def _until_graph_is(store: GraphStore, group: str, tables: Tables) -> Any:
 
     expected = {t: tables.facts(t) for t in TENANTS}
     return await eventually(now, lambda got: got == expected, timeout=120, what="the tables")
+
+
+async def test_a_truncate_closes_the_tables_facts_when_the_source_says_so(
+    topology: Topology,
+    postgres_dsn: str,
+    connect_url: str,
+    kafka_bootstrap: str,
+    unique_id: str,
+    tmp_path: Path,
+) -> None:
+    """One tenant's database (a constant group), ``truncate: close``, and the connector set to
+    send truncates (``skipped.operations=none``; its default skips them)."""
+    topology.mapping.write_text(MAPPING)
+    group = f"{topology.run}-north"
+    name = f"trunc{unique_id}"
+    extra = {"skipped.operations": "none"}
+    async with CapturedDatabase(postgres_dsn, connect_url, name, extra=extra) as db:
+        db.execute(SCHEMA)
+        db.execute(
+            "INSERT INTO accounts VALUES (1, 'north', 'Acme', 'Pro', 'Alice'),"
+            " (2, 'north', 'Globex', 'Free', 'Bob');"
+            "INSERT INTO contacts VALUES (7, 'north', 'Carol', 1);"
+        )
+        await db.capture(["public.accounts", "public.contacts"])
+        topics = [db.topic("accounts"), db.topic("contacts")]
+        await wait_topics(kafka_bootstrap, topics)
+        sources = tmp_path / "sources.yaml"
+        sources.write_text(
+            f"sources:\n  - name: north\n    topics: [{', '.join(topics)}]\n"
+            f"    envelope: debezium\n    group: {group}\n    truncate: close\n"
+        )
+        topology.start_worker(TIDEGRAPH_SOURCES=str(sources), TIDEGRAPH_COMMUNITIES_ENABLED="false")
+        store = topology.store()
+        contact = ("Carol", "WORKS_AT", "Account 1")  # another table's: untouched
+        rows = {
+            ("Account 1", "HAS_PLAN", "Pro"), ("Account 1", "OWNED_BY", "Alice"),
+            ("Account 2", "HAS_PLAN", "Free"), ("Account 2", "OWNED_BY", "Bob"), contact,
+        }  # fmt: skip
+        try:
+            await _until_facts(store, group, rows)
+            before = db_clock(db.dsn)
+            db.execute("TRUNCATE accounts")
+            truncated = db_clock(db.dsn)
+            await _until_facts(store, group, {contact})
+            learned = datetime.now(UTC)
+            db.execute("INSERT INTO accounts VALUES (3, 'north', 'Initech', 'Team', 'Dana')")
+            after = {("Account 3", "HAS_PLAN", "Team"), ("Account 3", "OWNED_BY", "Dana")}
+            await _until_facts(store, group, {*after, contact})
+            assert await valid_facts(store, group, before) == rows
+            assert await valid_facts(store, group, truncated) == {contact}
+            # Known before the truncate was read, the rows were still there.
+            assert await valid_facts(store, group, truncated, known_at=before) == rows
+            captured = await valid_facts(store, group, truncated, known_at=learned)
+            assert captured == {contact}
+            # The entities and their history stay: the facts end at the truncate's time.
+            history = await store.browse.query_facts(group, include_invalid=True)
+            ended = {(f.subject, f.relation, f.object) for f in history
+                     if f.invalid_at is not None and f.valid_at != f.invalid_at}  # fmt: skip
+            assert ended == rows - {contact}
+            # One episode per change event: 3 snapshot reads, the truncate, the insert.
+            assert (await store.browse.counts(group))["episodes"] == 5
+            assert await topology.dead_letters() == []
+        finally:
+            await store.close()
+
+
+async def _until_facts(store: GraphStore, group: str, expected: set[tuple[str, str, str]]) -> Any:
+    async def now() -> set[tuple[str, str, str]]:
+        return await valid_facts(store, group)
+
+    return await eventually(now, lambda got: got == expected, timeout=120, what="the facts")

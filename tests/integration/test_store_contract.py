@@ -476,6 +476,11 @@ async def test_entity_lookups(store: GraphStore, new_group: Callable[..., str]) 
     assert ids(await store.entities_by_names(group, [])) == []
     assert ids(await store.entities_by_keys(group, ["crm-2", "crm-1", "crm-9"])) == [acme, globex]
     assert ids(await store.entities_by_keys(group, [])) == []
+    # A table's rows by their keys' fixed beginning (a truncate); % and _ are no wildcards.
+    assert ids(await store.entities_by_key_prefix(group, "crm-")) == [acme, globex]
+    assert ids(await store.entities_by_key_prefix(group, "crm-2")) == [globex]
+    assert ids(await store.entities_by_key_prefix(group, "crm_")) == []
+    assert ids(await store.entities_by_key_prefix(group, "%")) == []
     assert ids(await store.entities_by_uuids(group, [globex, acme, "missing"])) == [acme, globex]
     other_acme = stable_uuid("entity", other, "Acme Corp.")
     assert ids(await store.entities_by_uuids(group, [other_acme])) == []

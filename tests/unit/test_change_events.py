@@ -3,6 +3,9 @@ declared sources turning records into episodes (tidegraph/processors/sources.py)
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +13,7 @@ import pytest
 import yaml
 
 from tests.support.crm_tables import MAPPING
+from tidegraph.app.memory import Memory
 from tidegraph.processors.mapping import UNAVAILABLE_VALUE, MappingSet
 from tidegraph.processors.sources import (
     Skipped,
@@ -20,6 +24,8 @@ from tidegraph.processors.sources import (
 )
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import RecordError
+from tidegraph.records.times import utcnow
+from tidegraph.settings import Settings
 
 MAPPINGS = MappingSet.model_validate(yaml.safe_load(MAPPING))
 ACME = {"id": 1, "tenant": "north", "name": "Acme", "plan": "Pro", "owner": "Alice"}
@@ -247,3 +253,121 @@ def test_a_registry_password_may_come_from_the_environment(
     monkeypatch.delenv("REG_PASSWORD")
     with pytest.raises(ValueError, match="REG_PASSWORD"):
         RegistrySpec(url="http://r:8081", username="u", password="${REG_PASSWORD}")
+
+
+# ----------------------------------------------------------------------------- truncates
+def test_a_truncate_closes_the_tables_facts_by_its_rows_keys() -> None:
+    episode = Episode(id="t1", group_id="g", content=event("t", None, None),
+                      reference_time="2025-01-01T00:00Z")  # fmt: skip
+    extraction = MAPPINGS.extract(episode)
+    assert extraction is not None and extraction.entities == [] and extraction.facts == []
+    closes = [(c.key_prefix, c.relation, c.cardinality) for c in extraction.table_closes]
+    assert closes == [("crm:account:", "HAS_PLAN", "one"), ("crm:account:", "OWNED_BY", "one")]
+
+
+@pytest.mark.parametrize("key", [None, "{row.id}"])
+def test_a_truncate_of_a_table_whose_rows_have_no_fixed_key_says_what_to_give(
+    key: str | None,
+) -> None:
+    row = {"name": "Row {row.id}", **({"key": key} if key else {})}
+    mapping = MappingSet.model_validate({"mappings": [{
+        "name": "rows", "match": {"source.table": "t"}, "change_events": True,
+        "entities": {"row": row, "tag": {"name": "{row.tag}"}},
+        "facts": [{"relation": "TAGGED", "subject": "row", "object": "tag"}],
+    }]})  # fmt: skip
+    episode = Episode(id="t1", group_id="g", content=event("t", None, None, table="t"),
+                      reference_time="2025-01-01T00:00Z")  # fmt: skip
+    with pytest.raises(RecordError, match="crm:account:") as failed:
+        mapping.extract(episode)
+    assert failed.value.reason == "truncate_unkeyed"
+
+
+def test_a_source_that_closes_on_truncate_makes_it_an_episode_at_its_position() -> None:
+    truncate = event("t", None, None)
+    source = debezium_source(group="north", truncate="close")
+    first = source.episode(record(truncate, key=None, offset=5))
+    again = source.episode(record(truncate, key=None, offset=77))
+    assert isinstance(first, Episode) and isinstance(again, Episode)
+    assert first.id == again.id and first.group_id == "north"
+    assert first.reference_time.timestamp() == 1_700_000_000
+    assert debezium_source(group="north").episode(record(truncate)) == Skipped("truncate")
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"group": "{row.tenant}"}, "{row...} is read from a row"),
+        ({"group": "{key.id}"}, "{key...} is read from a row"),
+        ({"group": "g", "envelope": "none"}, "envelope: debezium"),
+    ],
+)
+def test_closing_on_truncate_needs_a_group_a_truncate_carries(
+    extra: dict[str, str], says: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        debezium_source(truncate="close", **extra)
+    debezium_source(truncate="close", group="crm-{source.db}")  # a field a truncate has
+
+
+async def test_a_truncate_closes_every_open_fact_of_the_table_on_both_timelines(
+    tmp_path: Path,
+) -> None:
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text(MAPPING)
+    settings = Settings(data_dir=tmp_path / "data", embedder="hashing", mappings=mapping)
+    source = debezium_source(group="north", truncate="close")
+    globex = {**ACME, "id": 2, "name": "Globex", "plan": "Free", "owner": "Bob"}
+    bob = {"id": 7, "tenant": "north", "name": "Bob", "account_id": 2}
+    t0 = 1_700_000_000_000
+    changes = [
+        record(event("c", None, ACME, ts=t0), offset=0),
+        record(event("c", None, globex, ts=t0 + 1000), key={"id": 2}, offset=1),
+        record(event("c", None, bob, table="contacts", ts=t0 + 1500), key={"id": 7}, offset=2),
+        record(event("d", globex, None, ts=t0 + 2000), key={"id": 2}, offset=3),
+        record(event("t", None, None, ts=t0 + 3000), key=None, offset=4),
+        record(event("c", None, {**ACME, "plan": "Team"}, ts=t0 + 4000), offset=5),
+    ]
+    async with await Memory.open(settings) as memory:
+        for change in changes:
+            episode = source.episode(change)
+            assert isinstance(episode, Episode)
+            await memory.add(episode)
+        learned = utcnow()
+        # Read again (a redelivery, a restarted connector): nothing more.
+        for change in changes:
+            episode = source.episode(replace(change, offset=change.offset + 100))
+            assert isinstance(episode, Episode)
+            await memory.add(episode)
+
+        def at(ms: int) -> datetime:
+            return datetime.fromtimestamp(ms / 1000, UTC)
+
+        async def valid(ms: int, known_at: datetime | None = None) -> set[tuple[str, str, str]]:
+            facts = await memory.facts("north", valid_at=at(ms), known_at=known_at)
+            return {(f.subject, f.relation, f.object) for f in facts}
+
+        contact = ("Bob", "WORKS_AT", "Account 2")  # another table's fact: untouched
+        assert await valid(t0 + 2500) == {
+            ("Account 1", "HAS_PLAN", "Pro"), ("Account 1", "OWNED_BY", "Alice"), contact
+        }  # fmt: skip
+        assert await valid(t0 + 3500) == {contact}
+        assert await valid(t0 + 4500) == {
+            ("Account 1", "HAS_PLAN", "Team"), ("Account 1", "OWNED_BY", "Alice"), contact
+        }  # fmt: skip
+        # Known before the truncate was read, the rows were still there.
+        stored = await memory.facts("north", include_invalid=True)
+        first = min(datetime.fromisoformat(str(f.created_at)) for f in stored)
+        assert await valid(t0 + 3500, known_at=first) != {contact}
+        assert await valid(t0 + 3500, known_at=learned) == {contact}
+        # The entities and their history stay; the truncate is one episode, read once.
+        history = await memory.facts("north", include_invalid=True)
+        plans = sorted((f.object, f.valid_at, f.invalid_at) for f in history
+                       if f.relation == "HAS_PLAN" and f.valid_at != f.invalid_at)  # fmt: skip
+
+        def iso(ms: int) -> str:
+            return at(ms).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+        assert plans == [("Free", iso(t0 + 1000), iso(t0 + 2000)),
+                         ("Pro", iso(t0), iso(t0 + 3000)),
+                         ("Team", iso(t0 + 4000), None)]  # fmt: skip
+        assert (await memory.store.browse.counts("north"))["episodes"] == len(changes)

@@ -176,6 +176,18 @@ class BatchView:
         names = {**self._names_of, **{u: e.name for u, e in self.entities.items()}}
         return {u: names[u] for u in uuids if u in names}
 
+    async def entities_by_key_prefix(self, group_id: str, prefix: str) -> list[EntityRecord]:
+        """The store's entities of keys starting with ``prefix``, and the view's (those the
+        unit's earlier episodes create)."""
+        self._same_group(group_id)
+        for entity in await self.store.entities_by_key_prefix(group_id, prefix):
+            if entity.uuid not in self.entities:
+                self._put_entity(entity)
+            if entity.key is not None:
+                self._keys.add(entity.key)
+        keys = [k for k in self._by_key if k.startswith(prefix)]
+        return _entity_copies(self._entities(self._by_key, keys))
+
     async def entity_candidates(
         self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
     ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:

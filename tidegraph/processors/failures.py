@@ -75,8 +75,11 @@ REASONS: dict[str, str] = {
     "credentials, permissions)",
     "registry_unavailable": "the schema registry stayed unreachable after every retry (replay "
     "the dead letter's source record once it answers)",
-    "unknown_op": "a change event's op is not a row change tidegraph knows (r, c, u, d; t and "
-    "m are skipped by the source)",
+    "unknown_op": "a change event's op is not a row change tidegraph knows (r, c, u, d, t; m "
+    "is skipped by the source, and t too unless the source declares truncate: close)",
+    "truncate_unkeyed": "a truncate (truncate: close) matched a mapping rule whose facts' "
+    "subject has no key with a fixed beginning (like crm:account:{row.id}) to tell the "
+    "table's rows by",
     # -- extraction
     "no_extractor": "no mapping rule matches the json record and no LLM is configured (a "
     "text or message episode without an LLM is stored unextracted instead: docs/"

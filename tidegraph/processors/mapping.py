@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tidegraph.records.episode import MAX_NAME_CHARS, Episode
 from tidegraph.records.errors import BadTime, MappingError, RecordError, ValueTooLong
 from tidegraph.records.ids import id_problem, to_label
-from tidegraph.records.stages import EntityDraft, Extraction, FactDraft
+from tidegraph.records.stages import EntityDraft, Extraction, FactDraft, TableClose
 
 _TEMPLATE_FIELD = re.compile(r"\{\{|\}\}|\{([^{}]+)\}")
 # The numbers a time field may hold: what tidegraph/processors/temporal.py reads as epoch seconds
@@ -153,8 +153,9 @@ class MappingSet(BaseModel):
 
 # ----------------------------------------------------------------------------- change events
 # The operations of a row change event (Debezium's ``op``): snapshot read, create, update,
-# delete. Truncates and messages never reach a mapping (the source handles them).
-CHANGE_OPS = ("r", "c", "u", "d")
+# delete, and truncate (only from a source declared ``truncate: close``). Messages never reach
+# a mapping (the source skips them).
+CHANGE_OPS = ("r", "c", "u", "d", "t")
 # What Debezium's connectors send for a column whose value did not change and was not read
 # (an unchanged TOASTed column): its default ``unavailable.value.placeholder``.
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
@@ -180,7 +181,9 @@ def apply_change_rule(rule: MappingRule, episode: Episode) -> Extraction:
       are untouched (without a full ``before``, REPLICA IDENTITY DEFAULT, every fact is
       restated: a restatement of a stored value merges into it);
     - ``d``: every fact of the row (rendered from ``before``) is closed at the delete's time;
-      the entities and their history stay.
+      the entities and their history stay;
+    - ``t`` (truncate): every open fact of the table's rows is closed at the truncate's time,
+      as a delete of each row would (``table_closes``).
 
     A fact that would carry the unavailable placeholder (an unchanged TOASTed column) is left
     out, so the stored value stands."""
@@ -192,6 +195,8 @@ def apply_change_rule(rule: MappingRule, episode: Episode) -> Extraction:
             f"rule {rule.name!r}: op {op!r} is not a row change (one of {', '.join(CHANGE_OPS)})",
             reason="unknown_op",
         )
+    if op == "t":
+        return Extraction(episode=episode, mapped=True, table_closes=table_closes(rule, record))
     row = with_row(record)["row"]
     if not isinstance(row, dict):
         side = "before" if op == "d" else "after"
@@ -220,6 +225,43 @@ def apply_change_rule(rule: MappingRule, episode: Episode) -> Extraction:
     except RecordError:
         return now  # a partial before (REPLICA IDENTITY DEFAULT): restate every fact
     return _moved_only(now, then)
+
+
+def table_closes(rule: MappingRule, record: dict[str, Any]) -> list[TableClose]:
+    """What a truncate of the rule's table closes: per fact of the rule, the open facts of
+    that relation whose subject is one of the table's rows, told by the fixed beginning of the
+    subject's key template (``crm:account:{row.id}``: the keys starting ``crm:account:``)."""
+    table = (record.get("source") or {}).get("table") or "the table"
+    closes = []
+    for spec in rule.facts:
+        subject = rule.entities[spec.subject]
+        prefix = key_prefix(subject.key) if subject.key else ""
+        if not prefix:
+            raise MappingError(
+                f"rule {rule.name!r}: a truncate closes the facts of the table's rows, told "
+                f"by their key's fixed beginning; entity {spec.subject!r} has "
+                + (f"the key {subject.key!r}, which begins with a field" if subject.key
+                   else "no key")
+                + " (give it one like 'crm:account:{row.id}')",
+                reason="truncate_unkeyed",
+            )  # fmt: skip
+        closes.append(
+            TableClose(
+                key_prefix=prefix,
+                relation=spec.relation,
+                cardinality=spec.cardinality,
+                fact=f"{spec.relation} (ended: {table} truncated)",
+            )
+        )
+    return closes
+
+
+def key_prefix(template: str) -> str:
+    """A key template's fixed beginning, before its first field (``{{``/``}}`` read as
+    braces)."""
+    first = next((m for m in _TEMPLATE_FIELD.finditer(template) if m.group(1)), None)
+    head = template if first is None else template[: first.start()]
+    return head.replace("{{", "{").replace("}}", "}")
 
 
 def _without_unavailable(extraction: Extraction) -> Extraction:

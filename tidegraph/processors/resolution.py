@@ -9,7 +9,8 @@ resolved only once this one is committed and sees its entities.
 
 The lookup is one store round trip: the episode's processed marker, the stored entities the
 drafts' keys and names match, and for a mapped episode the facts its relations can merge with
-or close (read here so that the write need not read them again).
+or close (read here so that the write need not read them again). A truncate's episode first
+reads the table's entities (by their keys' fixed beginning: ``with_table_closes``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ from tidegraph.processors.steps import UnitStore
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EntityLookup, EntityRecord
 from tidegraph.records.ids import normalize_name, stable_uuid
-from tidegraph.records.stages import Extraction, PendingWrite, Processed, ResolvedEpisode
+from tidegraph.records.stages import (
+    EntityDraft,
+    Extraction,
+    FactDraft,
+    PendingWrite,
+    Processed,
+    ResolvedEpisode,
+)
 from tidegraph.records.times import now_for
 
 log = logging.getLogger(__name__)
@@ -46,8 +54,44 @@ def lookup_terms(extraction: Extraction) -> tuple[list[str], list[str], list[str
     drafts = extraction.entities
     keys = sorted({d.key for d in drafts if d.key})
     names = sorted({normalize_name(d.name) or d.name for d in drafts})
-    relations = sorted({f.relation for f in extraction.facts}) if extraction.mapped else None
+    relations = None
+    if extraction.mapped:
+        closes = extraction.table_closes
+        relations = sorted({*(f.relation for f in extraction.facts), *(c.relation for c in closes)})
     return keys, names, relations
+
+
+def with_table_closes(extraction: Extraction, lookup: EntityLookup) -> Extraction:
+    """A truncate's extraction (``Extraction.table_closes``) as the closing facts it makes:
+    one per found entity of the table (its key starts with the close's prefix) with an open
+    fact of the close's relation, its subject that entity, of no object (every object), as a
+    delete of its row would close it. Pure; ``lookup`` read those entities and their facts."""
+    if not extraction.table_closes:
+        return extraction
+    open_pairs = {(f.source_uuid, f.name) for f in lookup.facts or [] if f.invalid_at is None}
+    entities = list(extraction.entities)
+    facts = list(extraction.facts)
+    index: dict[str, int] = {}
+    for record in sorted(lookup.by_key, key=lambda e: (e.key or "", e.uuid)):
+        for close in extraction.table_closes:
+            if not (record.key or "").startswith(close.key_prefix):
+                continue
+            if (record.uuid, close.relation) not in open_pairs:
+                continue
+            if record.uuid not in index:
+                index[record.uuid] = len(entities)
+                entities.append(EntityDraft(name=record.name, key=record.key))
+            facts.append(
+                FactDraft(
+                    subject=index[record.uuid],
+                    object=-1,
+                    relation=close.relation,
+                    fact=f"{record.name} {close.fact}",
+                    cardinality=close.cardinality,
+                    closes=True,
+                )
+            )
+    return extraction.model_copy(update={"entities": entities, "facts": facts, "table_closes": []})
 
 
 def new_entity_uuid(group_id: str, name: str, key: str | None) -> str:
@@ -144,6 +188,10 @@ class ResolutionStep:
         its relations."""
         keys, names, relations = lookup_terms(extraction)
         episode = extraction.episode
+        prefixes = sorted({c.key_prefix for c in extraction.table_closes})
+        for prefix in prefixes:  # a truncate: the table's entities, by their keys
+            found = await self.store.entities_by_key_prefix(episode.group_id, prefix)
+            keys = sorted({*keys, *(e.key for e in found if e.key is not None)})
         return await self.store.lookup_entities(
             episode.group_id, keys, names, episode.uuid, relations, episode.content_hash
         )
@@ -167,6 +215,7 @@ class ResolutionStep:
             # Its new-entity events go out again (a crash may have come between the write and
             # the send; docs/streaming.md "At-least-once with idempotent effects").
             return Processed(episode=extraction.episode, created_entities=lookup.created_entities)
+        extraction = with_table_closes(extraction, lookup)
         resolution = await self.resolve(extraction, lookup)
         resolved, writes = resolution.resolved, resolution.writes
         found = {e.uuid for e in [*lookup.by_key, *lookup.by_name]}

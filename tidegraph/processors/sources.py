@@ -32,6 +32,8 @@ from tidegraph.records.errors import MappingError, RecordError
 CHANGE_FIELDS = ("op", "before", "after", "source")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+# A template field read from a row (what a truncate event lacks).
+_ROW_FIELD = re.compile(r"(?<!\{)\{\s*(row|after|before|key)\b")
 
 
 class SourceFileError(ValueError):
@@ -78,7 +80,9 @@ class SourceSpec(BaseModel):
     group: str  # a template ({after.tenant}, {key.id}, {headers.tenant}) or a constant
     episode_id: str | None = None  # a template; default: the source position
     reference_time: str | None = None  # a field path; default: source.ts_ms, else the record's
-    truncate: Literal["ignore"] = "ignore"
+    # What a truncate (op t) does: ignore (skipped, counted), or close every open fact of
+    # the table's rows in the group at the truncate's time (docs/sources.md "Truncates").
+    truncate: Literal["ignore", "close"] = "ignore"
 
     @field_validator("name")
     @classmethod
@@ -112,6 +116,20 @@ class SourceSpec(BaseModel):
             raise ValueError(
                 f"source {self.name!r}: format {self.format} needs a registry (its url)"
             )
+        if self.truncate == "close":
+            if self.envelope != "debezium":
+                raise ValueError(
+                    f"source {self.name!r}: truncate: close reads Debezium's truncates "
+                    "(envelope: debezium)"
+                )
+            rowwise = _ROW_FIELD.search(self.group)
+            if rowwise:
+                raise ValueError(
+                    f"source {self.name!r}: truncate: close needs a group a truncate carries "
+                    f"(a constant, {{source.db}}, {{headers.NAME}}, {{kafka.topic}}); "
+                    f"{{{rowwise.group(1)}...}} is read from a row or its key, and a truncate has "
+                    "neither"
+                )
         return self
 
     def reads(self, topic: str) -> bool:
@@ -136,8 +154,8 @@ class SourceSpec(BaseModel):
             skipped = _not_a_row_change(value)
             if skipped is not None:
                 return skipped
-            if value["op"] == "t":
-                return Skipped("truncate")  # truncate: ignore (the only choice so far)
+            if value["op"] == "t" and self.truncate == "ignore":
+                return Skipped("truncate")
             content = {field: value.get(field) for field in CHANGE_FIELDS}
         else:
             content = value

@@ -74,10 +74,29 @@ class FactDraft(BaseModel):
         return to_relation_name(v)
 
 
+class TableClose(BaseModel):
+    """A table's facts that a truncate closes (``truncate: close``, docs/sources.md): every
+    open ``relation`` fact of the group's entities whose key starts with ``key_prefix`` (the
+    rows of the table, as its mapping keys them). Resolution turns it into one closing fact
+    per such entity (``tidegraph.processors.resolution.with_table_closes``)."""
+
+    key_prefix: str = Field(min_length=1)
+    relation: str
+    cardinality: Literal["one", "many"] | None = None
+    fact: str  # the closing facts' text, after the entity's name
+
+    @field_validator("relation")
+    @classmethod
+    def _relation_name(cls, v: str) -> str:
+        return to_relation_name(v)
+
+
 class Extraction(BaseModel):
     episode: Episode
     entities: list[EntityDraft] = Field(default_factory=list)
     facts: list[FactDraft] = Field(default_factory=list)
+    # A truncate's closes, expanded at resolution (its entities are the stored ones).
+    table_closes: list[TableClose] = Field(default_factory=list)
     mapped: bool = False  # produced by a declared mapping (no LLM)
     llm_calls: int = 0
     # Why nothing was extracted yet (docs/architecture.md "Episodes without an LLM"): the episode is

@@ -185,6 +185,11 @@ class GraphStore(abc.ABC):
         """Entities whose stable external ``key`` is in ``keys``."""
 
     @abc.abstractmethod
+    async def entities_by_key_prefix(self, group_id: str, prefix: str) -> list[EntityRecord]:
+        """Entities whose stable external ``key`` starts with ``prefix`` (the rows of one
+        table, as its mapping keys them: what a truncate closes)."""
+
+    @abc.abstractmethod
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]: ...
 
     async def entity_names(self, group_id: str, uuids: list[str]) -> dict[str, str]:

@@ -202,6 +202,11 @@ class MemoryStore(GraphStore):
         found = (u for k in set(keys) for u in self._entities.by_key.get((group_id, k), ()))
         return self._group_entities(group_id, among=found)
 
+    async def entities_by_key_prefix(self, group_id: str, prefix: str) -> list[EntityRecord]:
+        return self._group_entities(
+            group_id, lambda e: e.key is not None and e.key.startswith(prefix)
+        )
+
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         return self._group_entities(group_id, among=uuids)
 

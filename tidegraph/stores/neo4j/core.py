@@ -154,6 +154,9 @@ class StoreCore(GraphStore):
             return []
         return await self._entities(group_id, q.ENTITIES_BY_KEYS, keys=unique(keys))
 
+    async def entities_by_key_prefix(self, group_id: str, prefix: str) -> list[EntityRecord]:
+        return await self._entities(group_id, q.ENTITIES_BY_KEY_PREFIX, prefix=prefix)
+
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         if not uuids:
             return []

@@ -296,6 +296,15 @@ ENTITIES_BY_NAMES = _ENTITIES_NAMED + _ENTITY_RETURN
 
 ENTITIES_BY_KEYS = _ENTITIES_KEYED + _ENTITY_RETURN
 
+ENTITIES_BY_KEY_PREFIX = (
+    """
+MATCH (e:Entity)
+USING INDEX e:Entity(group_id, key)
+WHERE e.group_id = $group_id AND e.key STARTS WITH $prefix
+"""
+    + _ENTITY_RETURN
+)
+
 
 def epoch_micros(expression: str) -> str:
     """Cypher for a datetime as microseconds since the epoch (null stays null): the driver

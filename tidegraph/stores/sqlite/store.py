@@ -394,6 +394,11 @@ class SqliteStore(GraphStore):
     async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
         return await self.db.run(_by_keys, group_id, keys) if keys else []
 
+    async def entities_by_key_prefix(self, group_id: str, prefix: str) -> list[EntityRecord]:
+        # substr, not LIKE: a key's own % and _ are no wildcards (?2: the prefix, each time).
+        where = "e.key >= ?2 AND substr(e.key, 1, length(?2)) = ?2"
+        return await self.db.run(_entities, group_id, where, prefix)
+
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         if not uuids:
             return []
