@@ -6,6 +6,7 @@ relay (tests/support/registry_relay.py) that counts its fetches and cuts it off 
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 
@@ -17,6 +18,13 @@ from tests.support.avro_events import (
     account_event,
     account_schema,
     schema_id_of,
+)
+from tests.support.protobuf_events import (
+    COMMON_PROTO,
+    envelope_classes,
+    proto_classes,
+    register_envelope,
+    wire,
 )
 from tests.support.registry_relay import RegistryRelay
 from tidegraph.pipelines.streaming.sources import RegistryDecoder, RegistryUnavailable
@@ -126,3 +134,61 @@ async def test_json_schema_values_decode_through_the_registry(
         await json_decoder.decode(topic, data[:5] + b'{"after": {}}')
     assert failed.value.reason == "source_undecodable"
     assert relay.fetches == {schema_id_of(data): 1}
+
+
+# ----------------------------------------------------------------------------- protobuf
+async def test_protobuf_values_of_a_proto_text_schema_with_imports_decode(
+    schema_registry_url: str, relay: RegistryRelay, topic: str
+) -> None:
+    """The schema registered as .proto text referencing another subject (as Java's
+    serializers and Apicurio register it); the bytes framed with the message indexes."""
+    schema_id = register_envelope(schema_registry_url, topic)
+    classes = envelope_classes()
+    event = classes["crm.Envelope"](
+        op="c",
+        after=classes["crm.Envelope.Row"](**ACME),
+        source=classes["crm.Source"](table="accounts", ts_ms=1_700_000_000_000),
+    )
+    event.seen.FromSeconds(1_700_000_000)
+    protobuf = decoder(relay, "protobuf")
+    decoded = await protobuf.decode(topic, wire(schema_id, [0], event))
+    assert decoded["op"] == "c" and decoded["source"] == {"table": "accounts",
+                                                          "ts_ms": 1_700_000_000_000}  # fmt: skip
+    assert decoded["after"] == ACME
+    assert decoded["seen"] == "2023-11-14T22:13:20Z"
+    # A nested message by its indexes; a default value is there (proto3 sends none).
+    row = await protobuf.decode(topic, wire(schema_id, [0, 0], classes["crm.Envelope.Row"](id=0)))
+    assert row == {"id": 0, "tenant": "", "name": "", "plan": "", "owner": ""}
+    # A 64-bit integer past 2**53 keeps its exact digits (as text: a float would round it).
+    big = classes["crm.Envelope.Row"](id=2**62 + 1)
+    assert (await protobuf.decode(topic, wire(schema_id, [0, 0], big)))["id"] == str(2**62 + 1)
+    assert relay.fetches == {schema_id: 1}  # once per id, whatever the message
+    for bad, says in [
+        (wire(schema_id, [3], event), "message index [3]"),
+        (wire(schema_id, [0], event)[:-3] + b"\xff\xff\xff", "does not parse"),
+    ]:
+        with pytest.raises(RecordError, match=re.escape(says)) as failed:
+            await protobuf.decode(topic, bad)
+        assert failed.value.reason == "source_undecodable"
+    with pytest.raises(RecordError) as unknown:
+        await protobuf.decode(topic, b"\x00" + UNKNOWN_SCHEMA_ID.to_bytes(4, "big") + b"\x00")
+    assert unknown.value.reason == "unknown_schema"
+
+
+async def test_protobuf_values_of_confluent_kafkas_serializer_decode(
+    schema_registry_url: str, relay: RegistryRelay, topic: str
+) -> None:
+    """confluent-kafka's Python serializer registers the schema as a base64 descriptor."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    text = COMMON_PROTO.replace("package crm;", "package crmone;")
+    source = proto_classes({"one.proto": text}, "one.proto", ("crmone.Source",))["crmone.Source"]
+    client = SchemaRegistryClient({"url": schema_registry_url})
+    serializer = ProtobufSerializer(source, client, {"use.deprecated.format": False})
+    context = SerializationContext(topic, MessageField.VALUE)
+    data = serializer(source(table="tickets", ts_ms=5), context)
+    assert data is not None
+    decoded = await decoder(relay, "protobuf").decode(topic, data)
+    assert decoded == {"table": "tickets", "ts_ms": 5}

@@ -1,6 +1,6 @@
-"""Declared sources through a worker: Debezium-shaped change events in Avro and notes in JSON
-Schema, both in the schema registry's wire format through this checkout's schema registry
-(Apicurio Registry, Confluent's API), beside a plain JSON topic; bad records of either are
+"""Declared sources through a worker: Debezium-shaped change events in Avro (and in Protobuf)
+and notes in JSON Schema, all in the schema registry's wire format through this checkout's
+schema registry (Apicurio Registry, Confluent's API), beside a plain JSON topic; bad records are
 dead letters with their reasons, and everything else goes on; a registry outage (injected by
 a relay in front of the registry, tests/support/registry_relay.py) is retried."""
 
@@ -15,6 +15,12 @@ from aiokafka import AIOKafkaProducer
 from tests.integration.topology_harness import Topology, eventually
 from tests.support.avro_events import UNKNOWN_SCHEMA_ID, AvroEvents, account_event, account_schema
 from tests.support.crm_tables import MAPPING
+from tests.support.protobuf_events import (
+    ENVELOPE_MESSAGES,
+    envelope_classes,
+    register_envelope,
+    wire,
+)
 from tests.support.registry_relay import RegistryRelay
 from tidegraph.topics.admin import ensure_topics
 
@@ -173,3 +179,55 @@ async def test_avro_and_json_sources_with_bad_records_and_an_outage(
             ]  # fmt: skip
         finally:
             await store.close()
+
+
+async def test_a_protobuf_source_through_the_worker(
+    topology: Topology, kafka_bootstrap: str, schema_registry_url: str, tmp_path: Path
+) -> None:
+    """Debezium-shaped change events in Protobuf (a .proto text schema with an import,
+    Confluent's framing), read by a worker; bytes that do not parse are a dead letter."""
+    topology.mapping.write_text(MAPPING)
+    accounts = f"{topology.prefix}.proto.accounts"
+    await ensure_topics(kafka_bootstrap, [accounts], partitions=2, replication_factor=1)
+    group = f"{topology.run}-"
+    schema_id = register_envelope(schema_registry_url, accounts)
+    classes = envelope_classes()
+    envelope, row, source = (classes[n] for n in ENVELOPE_MESSAGES)
+    moved = {**ACME, "plan": "Enterprise"}
+    read = envelope(op="r", after=row(**ACME), source=source(table="accounts", ts_ms=T0))
+    update = envelope(op="u", before=row(**ACME), after=row(**moved),
+                      source=source(table="accounts", ts_ms=T0 + 60_000))  # fmt: skip
+    key = b'{"id": 1}'
+    await produce(kafka_bootstrap, accounts, [
+        (key, wire(schema_id, [0], read)),
+        (b'{"id": 2}', wire(schema_id, [0], read)[:-4] + b"\xff\xff\xff\xff"),  # cut short
+        (key, wire(schema_id, [0], update)),
+    ])  # fmt: skip
+    sources = tmp_path / "sources.yaml"
+    sources.write_text(
+        "sources:\n"
+        f"  - {{name: crm, topics: [{accounts}], format: protobuf, envelope: debezium,\n"
+        f"     registry: {{url: '{schema_registry_url}'}}, group: '{group}{{row.tenant}}'}}\n"
+    )
+    worker = topology.start_worker(
+        TIDEGRAPH_SOURCES=str(sources), TIDEGRAPH_COMMUNITIES_ENABLED="false"
+    )
+    store = topology.store()
+    try:
+
+        async def state() -> Any:
+            facts = await store.browse.query_facts(group + "north", include_invalid=True)
+            return facts, await topology.dead_letters()
+
+        facts, letters = await eventually(
+            state, lambda s: len(s[0]) == 3 and len(s[1]) == 1, timeout=120,
+            what="the account's facts and one dead letter",
+        )  # fmt: skip
+        history = sorted((f.relation, f.object, f.invalid_at is None) for f in facts)
+        assert history == [("HAS_PLAN", "Enterprise", True), ("HAS_PLAN", "Pro", False),
+                           ("OWNED_BY", "Alice", True)]  # fmt: skip
+        assert [(x.stage, x.reason) for x in letters] == [("source", "source_undecodable")]
+        assert worker.value("tidegraph_source_records_total", source="crm",
+                            outcome="episode") == 2  # fmt: skip
+    finally:
+        await store.close()

@@ -1,5 +1,6 @@
 """Declared sources: the feeds users already run (Debezium change events, schema-registry
-Avro, any JSON topic), read by the worker beside its input topic (docs/sources.md).
+Avro, Protobuf or JSON Schema, any JSON topic), read by the worker beside its input topic
+(docs/sources.md).
 
 A sources file (YAML) declares per source its topics, the value format, the envelope, and how
 each record becomes an episode: its group id, its id, its reference time. ``SourceSet.load``
@@ -74,7 +75,7 @@ class SourceSpec(BaseModel):
     name: str
     topics: list[str] = Field(default_factory=list)
     pattern: str | None = None  # a regular expression over topic names
-    format: Literal["json", "avro", "jsonschema"] = "json"
+    format: Literal["json", "avro", "jsonschema", "protobuf"] = "json"
     envelope: Literal["debezium", "none"] = "none"
     registry: RegistrySpec | None = None
     group: str  # a template ({after.tenant}, {key.id}, {headers.tenant}) or a constant

@@ -62,8 +62,8 @@ class RegistryUnavailable(ConnectionError):
 class RegistryDecoder:
     """Values in the schema registry's wire format, decoded by confluent-kafka's deserializer
     of the format (``avro``: fastavro underneath; ``jsonschema``: JSON checked against its
-    schema) with the schemas fetched from the registry once per id and cached (ids are
-    immutable)."""
+    schema; ``protobuf``: ``ProtobufValues``, the schema's descriptors built at run time)
+    with the schemas fetched from the registry once per id and cached (ids are immutable)."""
 
     def __init__(self, registry: RegistrySpec, format: str = "avro") -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -74,6 +74,10 @@ class RegistryDecoder:
             from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 
             self.deserializer = JSONDeserializer(None, schema_registry_client=self.client)
+        elif format == "protobuf":
+            from tidegraph.pipelines.streaming.protobuf import ProtobufValues
+
+            self.deserializer = ProtobufValues(self.client)
         else:
             from confluent_kafka.schema_registry.avro import AvroDeserializer
 
@@ -217,7 +221,7 @@ class SourceHandler(RecordHandler):
     async def _decode_value(self, spec: SourceSpec, record: Consumed) -> Any:
         if record.value is None:
             return None
-        if spec.format in ("avro", "jsonschema"):
+        if spec.format in ("avro", "jsonschema", "protobuf"):
             return await self.registry[spec.name].decode(record.topic, record.value)
         try:
             return jsontext.loads(record.value)
