@@ -37,6 +37,7 @@ placeholder (an unchanged TOASTed column) is never written.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from pathlib import Path
@@ -364,21 +365,38 @@ def render(template: str, record: dict[str, Any], *, key: bool = False) -> str:
     """Fill ``{dotted.path}`` fields of a template from the record. A ``key`` template's
     values are ``key_text`` and may not be blank (a key ``crm:account:{id}`` with an empty id
     would merge every such record into one entity)."""
-
-    def field(match: re.Match[str]) -> str:
-        if match.group(0) == "{{":
-            return "{"
-        if match.group(0) == "}}":
-            return "}"
-        value = _lookup(record, match.group(1).strip())
+    out = []
+    for text, field in _compiled(template):
+        if field is None:
+            out.append(text)
+            continue
+        value = _lookup(record, field)
         if value is None or isinstance(value, dict | list):
-            raise MappingError(f"field {match.group(1)!r} must be a non-null scalar")
-        text = key_text(value) if key else str(value)
-        if key and not text:
-            raise MappingError(f"field {match.group(1)!r} is empty")
-        return text
+            raise MappingError(f"field {text!r} must be a non-null scalar")
+        value_text = key_text(value) if key else str(value)
+        if key and not value_text:
+            raise MappingError(f"field {text!r} is empty")
+        out.append(value_text)
+    return "".join(out)
 
-    return _TEMPLATE_FIELD.sub(field, template)
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(template: str) -> tuple[tuple[str, str | None], ...]:
+    """A template as its parts, read once: (text, None) for literal text (``{{``/``}}`` as
+    braces), (the field as written, its path) for a field."""
+    parts: list[tuple[str, str | None]] = []
+    at = 0
+    for match in _TEMPLATE_FIELD.finditer(template):
+        if match.start() > at:
+            parts.append((template[at : match.start()], None))
+        if match.group(1) is None:
+            parts.append((match.group(0)[0], None))
+        else:
+            parts.append((match.group(1), match.group(1).strip()))
+        at = match.end()
+    if at < len(template):
+        parts.append((template[at:], None))
+    return tuple(parts)
 
 
 def key_text(value: str | int | float | bool) -> str:

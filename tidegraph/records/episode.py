@@ -63,20 +63,19 @@ MAX_JSON_DEPTH = 64
 
 
 def json_too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when ``value`` nests dicts/lists more than ``limit`` levels (no recursion)."""
+    """True when ``value`` nests dicts/lists more than ``limit`` levels (no recursion; only
+    containers are stacked)."""
+    if not isinstance(value, dict | list | tuple):
+        return False
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        children: Iterable[Any]
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list | tuple):
-            children = item
-        else:
-            continue
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in children)
+        children: Iterable[Any] = item.values() if isinstance(item, dict) else item
+        for child in children:
+            if isinstance(child, dict | list | tuple):
+                stack.append((child, depth + 1))
     return False
 
 

@@ -55,6 +55,7 @@ def normalize_name(name: str) -> str:
     return " ".join(text.split())
 
 
+@functools.lru_cache(maxsize=4096)  # a handful of relations, named on every fact
 def to_relation_name(raw: str) -> str:
     """UPPER_SNAKE_CASE relation type from any text; never empty, always RELATION_RE-valid."""
     text = unicodedata.normalize("NFKD", raw).encode("ascii", "ignore").decode()
