@@ -54,6 +54,7 @@ async def test_check_shows_episodes_entities_facts_and_dead_letters(
             b"not json",
             None,  # a tombstone
             change("d", {**ACME, "plan": "Enterprise"}, None, 3),
+            change("t", None, None, 4),
         ):
             await producer.send_and_wait(topic, value, key=b'{"id": 1}')
     finally:
@@ -61,7 +62,7 @@ async def test_check_shows_episodes_entities_facts_and_dead_letters(
     sources = tmp_path / "sources.yaml"
     sources.write_text(
         f"sources:\n  - {{name: crm, topics: [{topic}], envelope: debezium, "
-        "group: '{row.tenant}'}\n"
+        "group: 'north', truncate: close}\n"
     )
     out = topo.cli("sources", "check", str(sources), "--sample", "10").stdout
     assert "episode" in out and "group 'north'" in out
@@ -70,6 +71,7 @@ async def test_check_shows_episodes_entities_facts_and_dead_letters(
     assert "dead letter source_undecodable" in out
     assert "skipped (tombstone)" in out
     assert "closes: Account 1 HAS_PLAN Enterprise" in out
+    assert "closes: every open HAS_PLAN of the entities keyed crm:account:..." in out
     # Nothing was written: the worker's input topic was never even created.
     admin_topics = await _topics(kafka_bootstrap)
     assert topo.names.episodes not in admin_topics
@@ -91,6 +93,10 @@ async def _topics(bootstrap: str) -> set[str]:
     [
         ("{name: crm, topics: [no.such.topic], group: g}", "topic 'no.such.topic' does not exist"),
         ("{name: crm, topics: [t], group: '{row.tenant'}", "unpaired brace"),
+        (
+            "{name: crm, topics: [t], envelope: debezium, group: '{row.t}', truncate: close}",
+            "truncate: close needs a group",
+        ),
         (
             "{name: crm, topics: [t], group: g, format: avro, registry: {url: 'http://127.0.0.1:9'}}",
             "registry at http://127.0.0.1:9 does not answer",

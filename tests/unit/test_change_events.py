@@ -296,8 +296,8 @@ def test_a_source_that_closes_on_truncate_makes_it_an_episode_at_its_position() 
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
-        ({"group": "{row.tenant}"}, "{row...} is read from a row"),
-        ({"group": "{key.id}"}, "{key...} is read from a row"),
+        ({"group": "{row.tenant}"}, "a group without {row...}"),
+        ({"group": "{key.id}"}, "a group without {key...}"),
         ({"group": "g", "envelope": "none"}, "envelope: debezium"),
     ],
 )

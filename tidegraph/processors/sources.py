@@ -126,10 +126,9 @@ class SourceSpec(BaseModel):
             rowwise = _ROW_FIELD.search(self.group)
             if rowwise:
                 raise ValueError(
-                    f"source {self.name!r}: truncate: close needs a group a truncate carries "
-                    f"(a constant, {{source.db}}, {{headers.NAME}}, {{kafka.topic}}); "
-                    f"{{{rowwise.group(1)}...}} is read from a row or its key, and a truncate has "
-                    "neither"
+                    f"source {self.name!r}: truncate: close needs a group without "
+                    f"{{{rowwise.group(1)}...}} (a truncate has no row, no key): a constant, "
+                    "{source.db}, {headers.NAME}"
                 )
         return self
 

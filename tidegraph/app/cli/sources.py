@@ -187,5 +187,12 @@ async def _show(handler: SourceHandler, record: Any, mappings: MappingSet | None
             soft_wrap=True,
             markup=False,
         )
-    if not extraction.facts:
+    for close in extraction.table_closes:
+        console.print(
+            f"    closes: every open {close.relation} of the entities keyed "
+            f"{close.key_prefix}... (a truncate)",
+            soft_wrap=True,
+            markup=False,
+        )
+    if not extraction.facts and not extraction.table_closes:
         console.print("    no fact changes", soft_wrap=True)
