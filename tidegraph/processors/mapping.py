@@ -31,8 +31,8 @@ A rule with ``change_events: true`` maps row change events (Debezium's envelope:
 ``before``, ``after``, ``source``): its templates also read ``row``, the row's state the
 event leaves (``after``; ``before`` for a delete), and the operation decides what the facts do
 (``apply_change_rule``): a snapshot read or insert states them, an update restates only the
-facts whose value moved, a delete closes them; a value that is the connector's unavailable
-placeholder (an unchanged TOASTed column) is never written.
+facts whose value moved, a delete closes them, a truncate closes the table's; a value that
+is the connector's unavailable placeholder (an unchanged TOASTed column) is never written.
 """
 
 from __future__ import annotations
