@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tidegraph.processors.mapping import render
 from tidegraph.records import jsontext
@@ -260,6 +268,7 @@ class SourceSet(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     sources: list[SourceSpec]
+    _by_topic: dict[str, SourceSpec | None] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique(self) -> SourceSet:
@@ -291,7 +300,10 @@ class SourceSet(BaseModel):
             ) from None
 
     def for_topic(self, topic: str) -> SourceSpec | None:
-        return next((s for s in self.sources if s.reads(topic)), None)
+        """The source that reads ``topic`` (the first declared), looked up once per topic."""
+        if topic not in self._by_topic:
+            self._by_topic[topic] = next((s for s in self.sources if s.reads(topic)), None)
+        return self._by_topic[topic]
 
 
 # ----------------------------------------------------------------------------- helpers
