@@ -14,6 +14,7 @@ import yaml
 
 from tests.support.crm_tables import MAPPING
 from tidegraph.app.memory import Memory
+from tidegraph.pipelines.ingest import ingest
 from tidegraph.processors.mapping import UNAVAILABLE_VALUE, MappingSet
 from tidegraph.processors.sources import (
     Skipped,
@@ -309,9 +310,12 @@ def test_closing_on_truncate_needs_a_group_a_truncate_carries(
     debezium_source(truncate="close", group="crm-{source.db}")  # a field a truncate has
 
 
+@pytest.mark.parametrize("together", [False, True], ids=["one_by_one", "one_run"])
 async def test_a_truncate_closes_every_open_fact_of_the_table_on_both_timelines(
-    tmp_path: Path,
+    tmp_path: Path, together: bool
 ) -> None:
+    """``one_run``: the changes go through the group runner at once, so the truncate is
+    written in one unit with the inserts before it (their entities not yet in the store)."""
     mapping = tmp_path / "mapping.yaml"
     mapping.write_text(MAPPING)
     settings = Settings(data_dir=tmp_path / "data", embedder="hashing", mappings=mapping)
@@ -328,10 +332,14 @@ async def test_a_truncate_closes_every_open_fact_of_the_table_on_both_timelines(
         record(event("c", None, {**ACME, "plan": "Team"}, ts=t0 + 4000), offset=5),
     ]
     async with await Memory.open(settings) as memory:
-        for change in changes:
-            episode = source.episode(change)
-            assert isinstance(episode, Episode)
-            await memory.add(episode)
+        episodes = [source.episode(change) for change in changes]
+        assert all(isinstance(e, Episode) for e in episodes)
+        if together:
+            report = await ingest(memory.runtime.runner(), episodes)  # type: ignore[arg-type]
+            assert report.failures == [] and report.episodes == len(changes)
+        else:
+            for episode in episodes:
+                await memory.add(episode)  # type: ignore[arg-type]
         learned = utcnow()
         # Read again (a redelivery, a restarted connector): nothing more.
         for change in changes:
