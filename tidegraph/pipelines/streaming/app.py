@@ -18,7 +18,7 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -446,7 +446,7 @@ def stage_agent(
             # A group's waiting records in one job (docs: "Batch-native stages"); its lane
             # keeps the group's jobs in order. Records taken while the lanes are closed are
             # dropped, unacked (Kafka hands them out again), and kept nowhere.
-            for key, group_events in by_key(events).items():
+            for key, group_events in by_key(events, handler.lane_of).items():
                 for start in range(0, len(group_events), backlog.most):
                     if lanes.closed:
                         return
@@ -469,11 +469,15 @@ def stage_agent(
     return agent
 
 
-def by_key(events: Sequence[faust.EventT]) -> dict[Any, list[faust.EventT]]:
-    """The events of a micro-batch by record key (group), each key's in offset order."""
+def by_key(
+    events: Sequence[faust.EventT], lane_of: Callable[[str, int, bytes | None], Hashable]
+) -> dict[Any, list[faust.EventT]]:
+    """The events of a micro-batch by lane (``RecordHandler.lane_of``: the record key, the
+    group, on tidegraph's topics), each lane's in offset order."""
     groups: dict[Any, list[faust.EventT]] = {}
     for event in events:
-        groups.setdefault(event.message.key, []).append(event)
+        message = event.message
+        groups.setdefault(lane_of(message.topic, message.partition, message.key), []).append(event)
     return groups
 
 

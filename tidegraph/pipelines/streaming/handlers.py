@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -129,6 +129,11 @@ class RecordHandler:
         """The most records of one group ``handle_group`` is given at once: the group's
         records waiting, up to this (``tidegraph.pipelines.streaming.lanes.KeyedBacklog``)."""
         return self.worker.batch_size
+
+    def lane_of(self, topic: str, partition: int, key: bytes | None) -> Hashable:
+        """The lane a record runs in (its lane's records in order, lanes concurrently): its
+        Kafka key, the group on tidegraph's own topics."""
+        return key
 
     def decode_hop(self, model: type[M], record: Consumed) -> M | Emit:
         """The hop record, or a dead letter when it cannot be read (a producer bug)."""

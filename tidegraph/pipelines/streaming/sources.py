@@ -4,10 +4,11 @@ or Avro through a schema registry), turned into episodes by their declared sourc
 the extraction hop takes them like any other envelope (the one group runner, the declared
 mappings). A record is acked once its episode (or its dead letter) is acknowledged by Kafka.
 
-Order: the source agent's lanes are keyed by the source record's key (a row's primary key for
-Debezium), so each row's changes reach ``{prefix}.episodes`` in their source order; records of
-other rows of one group may interleave differently, which the temporal rules absorb (a record
-older than what is stored is late, and stored closed).
+Order: the source agent has one lane per source partition (``SourceHandler.lane_of``), so each
+row's changes (Debezium keys them by primary key: one partition) and a table's truncate reach
+``{prefix}.episodes`` in their source order; records of other partitions of one group may
+interleave differently, which the temporal rules absorb (a record older than what is stored is
+late, and stored closed).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,12 @@ class SourceHandler(RecordHandler):
             if s.registry is not None
         }
 
+    def lane_of(self, topic: str, partition: int, key: bytes | None) -> Hashable:
+        """A source partition's records run in one lane, in offset order: every change of a
+        row (keyed by its primary key) and a table's truncate (no key) on that partition keep
+        their source order, and a lane's job carries many records rather than one row's."""
+        return (topic, partition)
+
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
         return [await self._one(record) for record in records]
 
@@ -262,7 +269,7 @@ def install_sources(
     run_agent: Callable[[RecordHandler], Callable[[Any], Awaitable[None]]],
 ) -> None:
     """The source agent on the declared topics (the app's ``stage_agent`` around
-    ``handler``): its lanes are keyed by the source record's key."""
+    ``handler``): one lane per source partition."""
     topic = app.topic(*declared.topics, key_serializer="raw", value_serializer="raw")
     app.agent(topic, name="tidegraph.source")(run_agent(handler))
 
