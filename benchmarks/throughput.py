@@ -141,6 +141,7 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
             _stop_profiler(profiler, job.profile)
             checked = await check_graph(runtime.store, feed)
             counts = await _counts(runtime.store, feed.groups)
+            logs = await runtime.store.outbox.change_logs(feed.groups)
         finally:
             if job.store == "neo4j" and not job.keep:
                 for group in feed.groups:
@@ -158,6 +159,7 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
         "llm_calls": report.llm_calls,
         "check": checked,
         "graph": counts,
+        "changes": sum(log.seq for log in logs),  # in the outbox: none with the stream off
         # VmHWM, not rusage: a spawned child's ru_maxrss starts at its parent's peak (Linux
         # keeps it across exec), and the parent may have built the raw path's rows
         "peak_rss_mb": peak_rss_mb(),
