@@ -22,6 +22,12 @@ once)
               produce->queryable latency at a fixed offered load (``--rate``, default half
               the measured maximum) for ``--latency-seconds`` (see benchmarks.kafka_throughput).
 
+The change stream is on in every path but raw, as deployed (``--stream on``); ``--stream off``
+runs them with ``TIDEGRAPH_CHANGES_ENABLED=false`` (no outbox written, no relay), and
+``--stream both`` runs each of them both ways in every round, side by side in the table (a
+path's row with the stream off is named ``<path>/off``), every share against the raw run of
+its own round.
+
 Every path runs the same feed under its own group ids, is checked against the feed's truth
 and deleted afterwards. The in-process paths each run in a fresh child process, so that their
 peak RSS is their own; the workers' peak RSS is their ``VmHWM``. Prints a table and writes
@@ -61,6 +67,7 @@ from tidegraph.records.stages import Extraction
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 PATHS = ("raw", "embedded", "neo4j", "kafka-1w", "kafka-2w")
+STREAM_OFF = "/off"  # the suffix of a path's name when it runs with the change stream off
 DESCRIPTIONS = {
     "raw": "Neo4j raw: batched UNWIND ... MERGE",
     "embedded": "in-process -> embedded SQLite",
@@ -98,6 +105,7 @@ class InProcessJob:
     neo4j_uri: str
     profile: Path | None = None
     keep: bool = False  # leave the groups in Neo4j
+    changes: bool = True  # the change stream (the outbox written with each write)
 
 
 def run_in_process(job: InProcessJob) -> dict[str, Any]:
@@ -106,6 +114,7 @@ def run_in_process(job: InProcessJob) -> dict[str, Any]:
 
 
 async def _in_process(job: InProcessJob) -> dict[str, Any]:
+    from tidegraph.pipelines.collector import settle_collector
     from tidegraph.pipelines.ingest import ingest
     from tidegraph.pipelines.runtime import open_runtime
     from tidegraph.settings import Settings
@@ -116,9 +125,14 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
         mapping = Path(tmp) / "mapping.yaml"
         mapping.write_text(CRM_MAPPING)
         settings = Settings(
-            store=job.store, neo4j_uri=job.neo4j_uri, embedder=job.embedder, data_dir=Path(tmp)
+            store=job.store,
+            neo4j_uri=job.neo4j_uri,
+            embedder=job.embedder,
+            data_dir=Path(tmp),
+            changes_enabled=job.changes,
         )
         runtime = await open_runtime(settings, mapping_path=mapping, use_llm=False)
+        settle_collector()  # as `tidegraph ingest` does
         try:
             profiler = _start_profiler(job.profile)
             started = time.perf_counter()
@@ -127,6 +141,7 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
             _stop_profiler(profiler, job.profile)
             checked = await check_graph(runtime.store, feed)
             counts = await _counts(runtime.store, feed.groups)
+            logs = await runtime.store.outbox.change_logs(feed.groups)
         finally:
             if job.store == "neo4j" and not job.keep:
                 for group in feed.groups:
@@ -144,6 +159,7 @@ async def _in_process(job: InProcessJob) -> dict[str, Any]:
         "llm_calls": report.llm_calls,
         "check": checked,
         "graph": counts,
+        "changes": sum(log.seq for log in logs),  # in the outbox: none with the stream off
         # VmHWM, not rusage: a spawned child's ru_maxrss starts at its parent's peak (Linux
         # keeps it across exec), and the parent may have built the raw path's rows
         "peak_rss_mb": peak_rss_mb(),
@@ -388,8 +404,36 @@ async def neo4j_version(uri: str) -> str | None:
         return None
 
 
-def run_path(name: str, args: argparse.Namespace, spec: FeedSpec, run_id: str) -> dict[str, Any]:
-    prefix = f"{run_id}-{name}"
+def described(name: str) -> str:
+    """A run's row name in the table: its path's description, and whether the stream is off."""
+    path, off = _stream_of(name)
+    return DESCRIPTIONS[path] + (", change stream off" if off else "")
+
+
+def _stream_of(name: str) -> tuple[str, bool]:
+    """A run's path and whether it runs with the change stream off (``<path>/off``)."""
+    if name.endswith(STREAM_OFF):
+        return name[: -len(STREAM_OFF)], True
+    return name, False
+
+
+def runs_of(paths: list[str], stream: str) -> list[str]:
+    """The runs of one round, in order: each path with the stream on, off, or both (raw has
+    no stream: it runs once)."""
+    runs: list[str] = []
+    for path in paths:
+        if path == "raw" or stream == "on":
+            runs.append(path)
+        elif stream == "off":
+            runs.append(path + STREAM_OFF)
+        else:
+            runs += [path, path + STREAM_OFF]
+    return runs
+
+
+def run_path(run: str, args: argparse.Namespace, spec: FeedSpec, run_id: str) -> dict[str, Any]:
+    name, off = _stream_of(run)
+    prefix = f"{run_id}-{name}{'-off' if off else ''}"
     if name == "raw":
         return asyncio.run(
             raw_baseline(spec.build(prefix), args.neo4j_uri, args.embedder, args.raw_batch)
@@ -397,9 +441,16 @@ def run_path(name: str, args: argparse.Namespace, spec: FeedSpec, run_id: str) -
     if name in ("embedded", "neo4j"):
         profile = None
         if args.profile:
-            profile = args.out.with_name(f"{args.out.stem}-{name}.profile.html")
+            profile = args.out.with_name(f"{args.out.stem}-{prefix}.profile.html")
         job = InProcessJob(
-            name, spec, prefix, args.embedder, args.concurrency, args.neo4j_uri, profile
+            name,
+            spec,
+            prefix,
+            args.embedder,
+            args.concurrency,
+            args.neo4j_uri,
+            profile,
+            changes=not off,
         )
         return in_child(job)
     path = KafkaPath(
@@ -413,10 +464,11 @@ def run_path(name: str, args: argparse.Namespace, spec: FeedSpec, run_id: str) -
         latency_seconds=args.latency_seconds,
         work=(args.work_dir or REPO / ".tidegraph" / "bench") / run_id,
         communities=not args.no_communities,
+        changes=not off,
     )
 
     def make(records: int, group_prefix: str) -> CrmFeed:
-        return spec.build(group_prefix, records)
+        return spec.build(group_prefix + ("-off" if off else ""), records)
 
     result = asyncio.run(run_kafka_path(path, make, spec.records, spec.groups))
     maximum, paced = result["maximum"], result["paced"]
@@ -461,14 +513,15 @@ def run(args: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     rounds: list[dict[str, dict[str, Any]]] = []
+    runs = runs_of(paths, args.stream)
     for round_no in range(args.repeat):
         # Alternate the order, so that no path always runs on a server the previous one
         # just loaded (Neo4j checkpoints, log rotation).
         done: dict[str, dict[str, Any]] = {}
-        for name in paths if round_no % 2 == 0 else paths[::-1]:
-            print(f"{name}: {DESCRIPTIONS[name]} ...", flush=True)
+        for name in runs if round_no % 2 == 0 else runs[::-1]:
+            print(f"{name}: {described(name)} ...", flush=True)
             began = time.perf_counter()
-            if name != "embedded":
+            if _stream_of(name)[0] != "embedded":
                 print(f"{name}: waited {settle()} s for Neo4j to be idle", flush=True)
             done[name] = run_path(name, args, spec, f"{run_id}r{round_no}")
             done[name]["wall_seconds"] = round(time.perf_counter() - began, 1)
@@ -478,7 +531,7 @@ def run(args: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
             rate = result.get("events_per_s")
             result["fraction_of_raw"] = round(rate / raw, 4) if raw and rate else None
         rounds.append(done)
-    results = {name: _median_run([r[name] for r in rounds]) for name in paths}
+    results = {name: _median_run([r[name] for r in rounds]) for name in runs}
     return {
         "benchmark": "throughput",
         "when": datetime.now(UTC).isoformat(),
@@ -497,6 +550,7 @@ def run(args: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
             "late_fraction": args.late_fraction,
             "embedder": args.embedder,
             "concurrency": args.concurrency,
+            "stream": args.stream,
         },
         "paths": results,
         "wall_seconds": round(time.perf_counter() - started, 1),
@@ -529,7 +583,7 @@ def table(document: dict[str, Any]) -> str:
                 share += f" ({min(shares):.2f}-{max(shares):.2f})"
         rows.append(
             (
-                DESCRIPTIONS[name],
+                described(name),
                 rate,
                 share,
                 _cell(r["seconds"], "{:.1f}"),
@@ -574,6 +628,13 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument(
         "--latency-seconds", type=float, default=60.0, help="length of the paced phase"
+    )
+    parser.add_argument(
+        "--stream",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the change stream in the paths but raw: on (as deployed), off, or both ways in "
+        "every round, side by side",
     )
     parser.add_argument("--neo4j-uri", default="bolt://127.0.0.1:17687")
     parser.add_argument("--bootstrap", default="127.0.0.1:19092")

@@ -59,6 +59,23 @@ def test_throughput_every_path_on_a_tiny_feed(
         assert result["maximum"]["processed"] == 40 and result["dead_lettered"] == 0
 
 
+def test_throughput_shows_the_change_stream_on_and_off_side_by_side(
+    neo4j_uri: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "throughput.json"
+    argv = ["--records", "40", "--groups", "4", "--paths", "raw,embedded,neo4j",
+            "--stream", "both", "--neo4j-uri", neo4j_uri, "--out", str(out)]  # fmt: skip
+    assert throughput.main(argv) == 0
+    paths = read(out)["paths"]
+    assert list(paths) == ["raw", "embedded", "embedded/off", "neo4j", "neo4j/off"]
+    for name in ("embedded", "neo4j"):
+        on, off = paths[name], paths[f"{name}/off"]
+        assert on["check"]["subjects_wrong"] == off["check"]["subjects_wrong"] == 0
+        assert on["fraction_of_raw"] > 0 and off["fraction_of_raw"] > 0
+        assert on["changes"] > 40 and off["changes"] == 0, name  # the stream is on, then off
+    assert "in-process -> Neo4j, change stream off" in throughput.table(read(out))
+
+
 def test_mapped_ingest_runs_one_in_process_path(tmp_path: Path) -> None:
     out = tmp_path / "mapped_ingest.json"
     argv = ["--records", "24", "--groups", "2", "--store", "embedded", "--out", str(out)]

@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from tidegraph.records.graph import EntityRecord, FactRecord
-from tidegraph.records.ids import stable_uuid
+from tidegraph.records.ids import derived_uuid
 
 ChangeKind = Literal[
     "fact.created",
@@ -110,7 +110,7 @@ def published_form(stored: str, seq: int) -> bytes:
 
 def change_id(group_id: str, cause: str, kind: str, uuid: str) -> str:
     """Stable across replays: the same cause changing the same record the same way."""
-    return stable_uuid("change", group_id, cause, kind, uuid)
+    return derived_uuid("change", group_id, cause, kind, uuid)
 
 
 def fact_state(fact: FactRecord | None) -> dict[str, Any] | None:

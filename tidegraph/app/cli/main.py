@@ -244,10 +244,12 @@ def _report_failures(failures: list, path: Path | None) -> None:
 async def _ingest(episodes, mapping: Path | None, settings: Settings, concurrency: int):
     from rich.progress import Progress
 
+    from tidegraph.pipelines.collector import settle_collector
     from tidegraph.pipelines.ingest import ingest as run_ingest
     from tidegraph.pipelines.runtime import open_runtime
 
     runtime = await open_runtime(settings, mapping_path=mapping)
+    settle_collector()  # the episodes read and the runtime are held to the end
     try:
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task("ingesting", total=len(episodes))

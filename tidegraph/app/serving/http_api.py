@@ -57,11 +57,12 @@ from tidegraph.app.serving.models import (
     error_body,
     send_error,
 )
-from tidegraph.app.serving.server import BodyGuard, settle_collector
+from tidegraph.app.serving.server import BodyGuard
 from tidegraph.app.serving.service import MemoryService
 from tidegraph.app.serving.settings import KeyRing, Principal, bearer_or_header
 from tidegraph.app.serving.times import warm_time_phrases
 from tidegraph.metrics import HTTP_ERRORS, HTTP_LATENCY, HTTP_REQUESTS
+from tidegraph.pipelines.collector import settle_collector
 from tidegraph.records import jsontext
 from tidegraph.stores.errors import StoreUnreachable
 

@@ -56,10 +56,11 @@ from tidegraph.app.serving.models import (
     number_text_problem,
     send_error,
 )
-from tidegraph.app.serving.server import BodyGuard, settle_collector
+from tidegraph.app.serving.server import BodyGuard
 from tidegraph.app.serving.service import MemoryService
 from tidegraph.app.serving.settings import KeyRing, Principal, ServeSettings, bearer_or_header
 from tidegraph.metrics import MCP_TOOL_CALLS, SERVE_WAITS
+from tidegraph.pipelines.collector import settle_collector
 from tidegraph.records import jsontext
 
 M = TypeVar("M", bound=BaseModel)

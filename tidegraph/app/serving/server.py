@@ -2,13 +2,12 @@
 clients (docs/serving.md "Serving memory to agents"): uvicorn with a deadline for a request's
 headers (``TimedH11Protocol``), and ``BodyGuard``, which receives a request's body, within a
 size and a deadline, before the app sees it. Both answer in the one error shape
-(``ErrorOut``). ``settle_collector``: the garbage collector of a started server.
+(``ErrorOut``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 from typing import Any
 
 import h11
@@ -162,21 +161,3 @@ def uvicorn_config(
         header_timeout = settings.serve_header_timeout_seconds
 
     return uvicorn.Config(app, host=host, port=port, http=Protocol, server_header=False, **options)
-
-
-# Container objects allocated (net) between young collections of a started server. A search
-# allocates a few thousand and frees nearly all by reference counting, so the default (700)
-# ran a young collection every few searches.
-SERVING_GEN0_THRESHOLD = 20_000
-
-
-def settle_collector() -> None:
-    """Once a server has started: what it has allocated so far (modules, the app, the store's
-    caches) is moved out of the collector's sight (``gc.freeze``) and young collections are
-    made rarer. Otherwise a full collection walked every object of the process, about 160 ms
-    at 10,000 episodes, stalling every request then in flight (most of the p99 of search;
-    docs/performance.md "Serving over HTTP"). Cycles are still collected."""
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(SERVING_GEN0_THRESHOLD, older, oldest)

@@ -27,6 +27,7 @@ from neo4j.exceptions import (
 )
 
 from tidegraph.connections import ConnectionSettingsError, KafkaConnection, neo4j_driver_options
+from tidegraph.pipelines.collector import settle_collector
 from tidegraph.pipelines.runtime import Runtime, open_runtime
 from tidegraph.pipelines.streaming.app import create_app
 from tidegraph.pipelines.streaming.config import WorkerSettings
@@ -181,6 +182,7 @@ def run_worker(settings: Settings, worker: WorkerSettings) -> NoReturn:
         worker.group_id(settings.topic_prefix), settings.topic_prefix, settings.partitions,
         settings.store, "yes" if runtime.llm else "no", settings.mappings or "none",
     )  # fmt: skip
+    settle_collector()
     faust_worker = QuietWorker(
         app,
         loop=loop,
