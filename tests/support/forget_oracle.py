@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidegraph.pipelines.forget import _rebuild
-from tidegraph.pipelines.forget_reach import Reach, reach
+from tidegraph.pipelines.forget_reach import Reach, read_reach
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.records.graph import Rebuild
 from tidegraph.stores.base import GraphStore
@@ -39,10 +39,11 @@ async def forget_both_ways(
     """Forget ``forgotten`` (episode uuids) from ``group_id``: the incremental difference
     checked against the whole group's replay, then written. Returns the path the forget
     takes on its own: incremental or whole."""
-    history = await store.forget.group_history(group_id)
-    path = "incremental" if isinstance(reach(group_id, history, forgotten), Reach) else "whole"
-    part = await _rebuild(runner, group_id, history, forgotten, most=1.0)
-    whole = await _rebuild(runner, group_id, history, forgotten, most=0.0)
+    first = await store.forget.history_part(group_id, sorted(forgotten), [])
+    found, _ = await read_reach(store, group_id, first, forgotten, 1.0)
+    path = "incremental" if isinstance(found, Reach) else "whole"
+    part, _ = await _rebuild(runner, group_id, first, forgotten, most=1.0)
+    whole, _ = await _rebuild(runner, group_id, first, forgotten, most=0.0)
     assert comparable(part) == comparable(whole)
     await store.forget.apply_rebuild(group_id, part)
     after = await store.forget.group_history(group_id)

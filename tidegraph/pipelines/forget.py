@@ -31,7 +31,7 @@ import orjson
 
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import FORGET_PATHS, FORGET_SECONDS, FORGOTTEN
-from tidegraph.pipelines.forget_reach import MOST, Reach, Whole, reach
+from tidegraph.pipelines.forget_reach import MOST, Reach, Whole, read_reach
 from tidegraph.pipelines.pending import rebuild_episode
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.resolution import merged_write, update_for
@@ -135,16 +135,20 @@ async def forget_episodes(
     group is replayed (``forget_reach``; 0 always replays it whole)."""
     store = runner.components.store
     wanted = set(episode_ids)
+    uuids = sorted({stable_uuid("episode", group_id, producer) for producer in wanted})
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        history = await store.forget.group_history(group_id)
-        targets = [e for e in history.episodes if e.producer_id in wanted]
+        # The forgotten episodes and the group's version, before anything else is read.
+        first = await store.forget.history_part(group_id, uuids, [])
+        targets = [e for e in first.episodes if e.producer_id in wanted]
         report = ForgetReport(
             group_id, [e.producer_id for e in targets], len(targets), dry_run=dry_run
         )
         if not targets:
             return report
         with FORGET_SECONDS.time():
-            rebuild = await _rebuild(runner, group_id, history, {e.uuid for e in targets}, most)
+            rebuild, history = await _rebuild(
+                runner, group_id, first, {e.uuid for e in targets}, most
+            )
         _tally(report, rebuild, history)
         if dry_run:
             return report
@@ -175,27 +179,33 @@ async def forget_subject(
 ) -> ForgetReport:
     """Forget every episode of ``group_id`` that mentions the entity (a person asking to be
     erased); a dry run lists them and what would go."""
-    history = await runner.components.store.forget.group_history(group_id)
-    if entity_uuid not in history.entities:
+    store = runner.components.store
+    if not await store.entities_by_uuids(group_id, [entity_uuid]):
         raise ForgetError(f"group {group_id!r} has no entity {entity_uuid}")
-    ids = [
-        e.producer_id for e in history.episodes if entity_uuid in history.mentions.get(e.uuid, [])
-    ]
+    mentioning = await store.forget.history_part(group_id, [], [entity_uuid])
+    ids = [e.producer_id for e in mentioning.episodes]
     return await forget_episodes(runner, group_id, ids, dry_run=dry_run, most=most)
 
 
 async def _rebuild(
     runner: GroupRunner,
     group_id: str,
-    history: GroupHistory,
+    first: GroupHistory,
     forgotten: set[str],
     most: float = MOST,
-) -> Rebuild:
-    """The group's graph without ``forgotten`` (episode uuids), as the difference to
-    write: from the part of the group the forget reaches (``forget_reach``), or, when that
-    cannot be told or is most of the group, from the whole group replayed."""
-    remaining = [e for e in history.episodes if e.uuid not in forgotten]
+) -> tuple[Rebuild, GroupHistory]:
+    """The group's graph without ``forgotten`` (episode uuids; ``first``: their part of the
+    history, read first), as the difference to write, and the history it was computed from:
+    the part of the group the forget reaches (``forget_reach``), or, when that cannot be told
+    or is most of the group, the whole group replayed."""
     components = runner.components
+    store = components.store
+    found, history = await read_reach(store, group_id, first, forgotten, most)
+    if isinstance(found, Whole):
+        FORGET_PATHS.labels("whole").inc()
+        log.info("forget group=%s replays the whole group: %s", group_id, found.reason)
+        history = await store.forget.group_history(group_id)
+    remaining = [e for e in history.episodes if e.uuid not in forgotten]
     if components.llm is None and any(not _mapped(e) for e in remaining if e.not_extracted is None):
         raise ForgetError(
             f"group {group_id!r} holds episodes the LLM extracted: forgetting replays their "
@@ -207,25 +217,22 @@ async def _rebuild(
         for e in history.episodes
         if e.not_extracted is None
     }
-    found = reach(group_id, history, forgotten, most=most)
     if isinstance(found, Whole):
-        FORGET_PATHS.labels("whole").inc()
-        log.info("forget group=%s replays the whole group: %s", group_id, found.reason)
         replay = [e for e in remaining if e.not_extracted is None]
         after = await _replayed(runner, group_id, replay, times)
         rebuild = _difference(group_id, history, after, forgotten, remaining)
     else:
         FORGET_PATHS.labels("incremental").inc()
         log.info(
-            "forget group=%s replays %d of %d episodes (%d fact slots), folds %d entities",
-            group_id, len(found.replay), len(remaining), len(found.slots), len(found.entities),
+            "forget group=%s replays %d episodes (%d fact slots), folds %d entities",
+            group_id, len(found.replay), len(found.slots), len(found.entities),
         )  # fmt: skip
         scratch = await _replayed(runner, group_id, found.replay, times)
         after, scope = await _reached_after(group_id, history, scratch, found, components, times)
         rebuild = _difference(group_id, history, after, forgotten, remaining, scope)
     if not components.record_changes:
         rebuild.changes = []
-    return rebuild
+    return rebuild, history
 
 
 async def _replayed(

@@ -26,13 +26,17 @@ where the reached part is most of it (``most``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import orjson
 
 from tidegraph.processors.resolution import new_entity_uuid
-from tidegraph.records.graph import EpisodeRecord, GroupHistory
+from tidegraph.records.graph import EntityRecord, EpisodeRecord, FactRecord, GroupHistory
 from tidegraph.records.ids import normalize_name
+from tidegraph.records.times import utc
+from tidegraph.stores.roles import Forgetting
 
 # The reached part, as a share of the group's extracted episodes, above which a forget
 # replays the whole group instead.
@@ -74,10 +78,19 @@ class Whole:
 
 
 def reach(
-    group_id: str, history: GroupHistory, forgotten: set[str], *, most: float = MOST
+    group_id: str,
+    history: GroupHistory,
+    forgotten: set[str],
+    *,
+    most: float = MOST,
+    entities: Iterable[EntityRecord] | None = None,
+    size: int | None = None,
 ) -> Reach | Whole:
     """The part of ``group_id`` forgetting ``forgotten`` (episode uuids) reaches, or why the
-    whole group is replayed (see the module docstring)."""
+    whole group is replayed (see the module docstring). ``history`` is the group's, or the
+    part of it ``read_reach`` read; ``entities``: every entity holding a key or name of its
+    drafts (default: the history's); ``size``: the group's extracted episodes (default: the
+    history's)."""
     extracted = [e for e in history.episodes if e.not_extracted is None]
     parsed: dict[str, dict] = {}
     for record in extracted:
@@ -87,7 +100,7 @@ def reach(
         if not data.get("mapped"):
             return Whole("episodes the LLM extracted")
         parsed[record.uuid] = data
-    holders = _holders(history)
+    holders = _holders(history.entities.values() if entities is None else entities)
     drafts = {u: _drafts(group_id, data, holders) for u, data in parsed.items()}
     gone = [e for e in extracted if e.uuid in forgotten]
     remaining = [e for e in extracted if e.uuid not in forgotten]
@@ -105,7 +118,8 @@ def reach(
     for record in [*replay, *writers]:
         if not all(d.settled for d in drafts[record.uuid]):
             return Whole("a name several entities share")
-    if len(replay) > most * max(1, len(remaining)):
+    left = len(remaining) if size is None else size - len(gone)
+    if most <= 0 or len(replay) > most * max(1, left):
         return Whole("most of the group")
     return Reach(
         replay=replay,
@@ -115,10 +129,23 @@ def reach(
     )
 
 
-def _holders(history: GroupHistory) -> dict[str, set[str]]:
+def written_slots(
+    group_id: str, episodes: Iterable[EpisodeRecord], entities: Iterable[EntityRecord]
+) -> set[Slot]:
+    """The fact slots ``episodes`` (mapped, with their extractions) write to; ``entities``:
+    every entity holding a key or name of their drafts."""
+    holders = _holders(entities)
+    slots: set[Slot] = set()
+    for record in episodes:
+        data = orjson.loads(record.extraction or "{}")
+        slots |= _slots(data, _drafts(group_id, data, holders), holders)
+    return slots
+
+
+def _holders(entities: Iterable[EntityRecord]) -> dict[str, set[str]]:
     """Each key and normalised name -> the entities holding it (as key, name or alias)."""
     holders: dict[str, set[str]] = {}
-    for entity in history.entities.values():
+    for entity in entities:
         tokens = {_name_token(normalize_name(entity.name) or entity.name)}
         tokens.update(_name_token(a) for a in entity.aliases)
         if entity.key:
@@ -175,3 +202,93 @@ def _slots(data: dict, drafts: list[Draft], holders: dict[str, set[str]]) -> set
         ends = {subject.uuid} if subject.settled else _holding(subject, holders)
         slots.update((u, relation) for u in ends)
     return slots
+
+
+class ReachStore(Protocol):
+    """What ``read_reach`` reads: the forget role's parts of the history, and entities and
+    facts through the write path's own lookups."""
+
+    @property
+    def forget(self) -> Forgetting: ...
+
+    async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]: ...
+
+    async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]: ...
+
+    async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]: ...
+
+    async def fact_candidates(
+        self,
+        group_id: str,
+        pairs: list[tuple[str, str]],
+        ends: list[str],
+        *,
+        embeddings: bool = True,
+    ) -> list[FactRecord]: ...
+
+
+async def read_reach(
+    store: ReachStore, group_id: str, first: GroupHistory, forgotten: set[str], most: float
+) -> tuple[Reach | Whole, GroupHistory]:
+    """``reach`` from reads of the part of the group around the forgotten episodes only
+    (``first``: the forgotten episodes and the group's version, read before anything else):
+    the entities they mention, the subjects of the fact slots they wrote and every entity
+    sharing a key or name with those, the episodes mentioning any of them, every entity
+    holding a key or name of those episodes' drafts, and the slots' facts. Returns the reach
+    and that part of the history (its entities: the touched ones; its facts: the slots')."""
+    profile = await store.forget.group_profile(group_id)
+    if profile.judged:
+        return Whole("episodes the LLM extracted"), first
+    if profile.without_extraction:
+        return Whole("an episode without a stored extraction"), first
+    known: dict[str, EntityRecord] = {}
+
+    async def holding(episodes: Iterable[EpisodeRecord], records: Iterable[EntityRecord]) -> None:
+        keys: set[str] = set()
+        names: set[str] = set()
+        for record in episodes:
+            data = orjson.loads(record.extraction or "{}")
+            for entity in data.get("entities") or []:
+                names.add(normalize_name(entity["name"]) or entity["name"])
+                if entity.get("key"):
+                    keys.add(entity["key"])
+        for entity in records:
+            names.add(normalize_name(entity.name) or entity.name)
+            names.update(entity.aliases)
+            if entity.key:
+                keys.add(entity.key)
+        for found in (
+            await store.entities_by_keys(group_id, sorted(keys)),
+            await store.entities_by_names(group_id, sorted(names)),
+        ):
+            known.update((e.uuid, e) for e in found)
+
+    gone = [e for e in first.episodes if e.uuid in forgotten]
+    touched = sorted({u for e in gone for u in first.mentions.get(e.uuid, [])})
+    touched_records = await store.entities_by_uuids(group_id, touched)
+    await holding(gone, touched_records)
+    # The slots the forgotten episodes wrote, and every entity sharing a name with their
+    # subjects or with the touched entities.
+    slots = written_slots(group_id, gone, known.values())
+    subjects = [known[s] for s, _ in slots if s in known]
+    await holding([], [*touched_records, *subjects])
+    around = sorted(set(touched) | {s for s, _ in slots} | set(known))
+    second = await store.forget.history_part(group_id, [], around)
+    await holding(second.episodes, [])
+    episodes = {e.uuid: e for e in [*first.episodes, *second.episodes]}
+    ordered = sorted(
+        episodes.values(), key=lambda e: (utc(e.extracted_at or e.created_at or e.valid_at), e.uuid)
+    )
+    facts = await store.fact_candidates(group_id, sorted(slots), [], embeddings=True)
+    part = GroupHistory(
+        episodes=ordered,
+        entities={e.uuid: e for e in touched_records},
+        facts={f.uuid: f for f in facts},
+        mentions={**second.mentions, **first.mentions},
+        created={**second.created, **first.created},
+        version=first.version,
+    )
+    found = reach(
+        group_id, part, forgotten, most=most, entities=known.values(), size=profile.extracted
+    )
+    return found, part
