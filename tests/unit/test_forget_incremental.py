@@ -80,7 +80,7 @@ feeds = st.one_of(
 
 
 @settings(
-    max_examples=200,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -206,7 +206,13 @@ async def _rebuild(
         log.info("forget group=%s replays the whole group: %s", group_id, found.reason)
         history = await store.forget.group_history(group_id)
     remaining = [e for e in history.episodes if e.uuid not in forgotten]
-    if components.llm is None and any(not _mapped(e) for e in remaining if e.not_extracted is None):
+    # An incremental forget reaches mapped episodes only (``forget_reach``).
+    whole = isinstance(found, Whole)
+    if (
+        whole
+        and components.llm is None
+        and any(not _mapped(e) for e in remaining if e.not_extracted is None)
+    ):
         raise ForgetError(
             f"group {group_id!r} holds episodes the LLM extracted: forgetting replays their "
             "judgements, which needs the LLM configured (TIDEGRAPH_LLM_BASE_URL, ...)"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Protocol
 
 import orjson
@@ -85,26 +86,28 @@ def reach(
     most: float = MOST,
     entities: Iterable[EntityRecord] | None = None,
     size: int | None = None,
+    touched: set[str] | None = None,
+    parsed: dict[str, dict] | None = None,
 ) -> Reach | Whole:
     """The part of ``group_id`` forgetting ``forgotten`` (episode uuids) reaches, or why the
     whole group is replayed (see the module docstring). ``history`` is the group's, or the
     part of it ``read_reach`` read; ``entities``: every entity holding a key or name of its
     drafts (default: the history's); ``size``: the group's extracted episodes (default: the
-    history's)."""
+    history's); ``touched``: the entities whose records may change (default: every entity the
+    forgotten episodes mention); ``parsed``: extractions already parsed, by episode uuid."""
     extracted = [e for e in history.episodes if e.not_extracted is None]
-    parsed: dict[str, dict] = {}
+    cache = {} if parsed is None else parsed
     for record in extracted:
         if record.extraction is None:
             return Whole("an episode without a stored extraction")
-        data = orjson.loads(record.extraction)
-        if not data.get("mapped"):
+        if not _data(record, cache).get("mapped"):
             return Whole("episodes the LLM extracted")
-        parsed[record.uuid] = data
     holders = _holders(history.entities.values() if entities is None else entities)
-    drafts = {u: _drafts(group_id, data, holders) for u, data in parsed.items()}
+    drafts = {e.uuid: _drafts(group_id, cache[e.uuid], holders) for e in extracted}
     gone = [e for e in extracted if e.uuid in forgotten]
     remaining = [e for e in extracted if e.uuid not in forgotten]
-    touched = {u for e in gone for u in history.mentions.get(e.uuid, [])}
+    if touched is None:
+        touched = {u for e in gone for u in history.mentions.get(e.uuid, [])}
     # An unsettled draft of a remaining episode naming a touched entity may resolve otherwise.
     for record in remaining:
         for draft in drafts[record.uuid]:
@@ -112,8 +115,8 @@ def reach(
                 return Whole("a name several entities share")
     slots: set[Slot] = set()
     for record in gone:
-        slots |= _slots(parsed[record.uuid], drafts[record.uuid], holders)
-    replay = [e for e in remaining if _slots(parsed[e.uuid], drafts[e.uuid], holders) & slots]
+        slots |= _slots(cache[record.uuid], drafts[record.uuid], holders)
+    replay = [e for e in remaining if _slots(cache[e.uuid], drafts[e.uuid], holders) & slots]
     writers = [e for e in remaining if any(d.uuid in touched for d in drafts[e.uuid])]
     for record in [*replay, *writers]:
         if not all(d.settled for d in drafts[record.uuid]):
@@ -130,23 +133,82 @@ def reach(
 
 
 def written_slots(
-    group_id: str, episodes: Iterable[EpisodeRecord], entities: Iterable[EntityRecord]
+    group_id: str,
+    episodes: Iterable[EpisodeRecord],
+    entities: Iterable[EntityRecord],
+    parsed: dict[str, dict],
 ) -> set[Slot]:
     """The fact slots ``episodes`` (mapped, with their extractions) write to; ``entities``:
     every entity holding a key or name of their drafts."""
     holders = _holders(entities)
     slots: set[Slot] = set()
     for record in episodes:
-        data = orjson.loads(record.extraction or "{}")
+        data = _data(record, parsed)
         slots |= _slots(data, _drafts(group_id, data, holders), holders)
     return slots
+
+
+def unchanged_entities(
+    group_id: str,
+    gone: list[EpisodeRecord],
+    mentions: dict[str, list[str]],
+    creators: GroupHistory,
+    entities: Iterable[EntityRecord],
+    parsed: dict[str, dict],
+) -> set[str]:
+    """The entities the forgotten episodes (``gone``) mention whose records stay as they are:
+    created by an episode that remains, and every forgotten draft of them (settled) brings
+    nothing its creator's draft did not (no label, name or key it lacked, no summary), so
+    that its write changed nothing (``resolution.update_for``). ``creators``: the episodes
+    that created them."""
+    holders = _holders(entities)
+    forgotten = {e.uuid for e in gone}
+    creator: dict[str, Draft | None] = {}
+    for record in creators.episodes:
+        drafts = _drafts(group_id, _data(record, parsed), holders)
+        for uuid in creators.created.get(record.uuid, []):
+            first = next((d for d in drafts if d.settled and d.uuid == uuid), None)
+            creator[uuid] = None if record.uuid in forgotten or uuid in creator else first
+    unchanged = {u for e in gone for u in mentions.get(e.uuid, [])}
+    for record in gone:
+        drafts = _drafts(group_id, _data(record, parsed), holders)
+        for uuid in mentions.get(record.uuid, []):
+            made = creator.get(uuid)
+            named = [d for d in drafts if d.uuid == uuid or uuid in _holding(d, holders)]
+            if made is None or not named or not all(_adds_nothing(d, made) for d in named):
+                unchanged.discard(uuid)
+    return unchanged
+
+
+def _adds_nothing(draft: Draft, creator: Draft) -> bool:
+    return (
+        draft.settled
+        and draft.uuid == creator.uuid
+        and set(draft.labels) <= set(creator.labels)
+        and draft.norm in {_norm(creator.name) or creator.name, creator.norm}
+        and (draft.key is None or creator.key is not None)
+        and not draft.summary
+    )
+
+
+def _data(record: EpisodeRecord, parsed: dict[str, dict]) -> dict:
+    """The episode's stored extraction, parsed once."""
+    data = parsed.get(record.uuid)
+    if data is None:
+        data = parsed[record.uuid] = orjson.loads(record.extraction or "{}")
+    return data
+
+
+# Names and the uuids they give recur across a group's drafts: each worked out once.
+_norm = lru_cache(maxsize=1 << 16)(normalize_name)
+_new_uuid = lru_cache(maxsize=1 << 16)(new_entity_uuid)
 
 
 def _holders(entities: Iterable[EntityRecord]) -> dict[str, set[str]]:
     """Each key and normalised name -> the entities holding it (as key, name or alias)."""
     holders: dict[str, set[str]] = {}
     for entity in entities:
-        tokens = {_name_token(normalize_name(entity.name) or entity.name)}
+        tokens = {_name_token(_norm(entity.name) or entity.name)}
         tokens.update(_name_token(a) for a in entity.aliases)
         if entity.key:
             tokens.add(_key_token(entity.key))
@@ -175,8 +237,8 @@ def _drafts(group_id: str, data: dict, holders: dict[str, set[str]]) -> list[Dra
     for entity in data.get("entities") or []:
         name = entity["name"]
         key = entity.get("key")
-        norm = normalize_name(name) or name
-        uuid = new_entity_uuid(group_id, name, key)
+        norm = _norm(name) or name
+        uuid = _new_uuid(group_id, name, key)
         draft = Draft(
             name=name,
             norm=norm,
@@ -242,37 +304,47 @@ async def read_reach(
     if profile.without_extraction:
         return Whole("an episode without a stored extraction"), first
     known: dict[str, EntityRecord] = {}
+    parsed: dict[str, dict] = {}
 
-    async def holding(episodes: Iterable[EpisodeRecord], records: Iterable[EntityRecord]) -> None:
+    async def holding(
+        episodes: Iterable[EpisodeRecord], records: Iterable[EntityRecord]
+    ) -> set[str]:
+        """Every entity holding a key or name of these episodes' drafts or of these entities
+        (kept in ``known``): their uuids."""
         keys: set[str] = set()
         names: set[str] = set()
         for record in episodes:
-            data = orjson.loads(record.extraction or "{}")
-            for entity in data.get("entities") or []:
-                names.add(normalize_name(entity["name"]) or entity["name"])
+            for entity in _data(record, parsed).get("entities") or []:
+                names.add(_norm(entity["name"]) or entity["name"])
                 if entity.get("key"):
                     keys.add(entity["key"])
         for entity in records:
-            names.add(normalize_name(entity.name) or entity.name)
+            names.add(_norm(entity.name) or entity.name)
             names.update(entity.aliases)
             if entity.key:
                 keys.add(entity.key)
-        for found in (
+        found: set[str] = set()
+        for entities in (
             await store.entities_by_keys(group_id, sorted(keys)),
             await store.entities_by_names(group_id, sorted(names)),
         ):
-            known.update((e.uuid, e) for e in found)
+            known.update((e.uuid, e) for e in entities)
+            found.update(e.uuid for e in entities)
+        return found
 
     gone = [e for e in first.episodes if e.uuid in forgotten]
-    touched = sorted({u for e in gone for u in first.mentions.get(e.uuid, [])})
-    touched_records = await store.entities_by_uuids(group_id, touched)
-    await holding(gone, touched_records)
+    mentioned = sorted({u for e in gone for u in first.mentions.get(e.uuid, [])})
+    creators = await store.forget.history_part(group_id, [], [], mentioned)
+    await holding([*gone, *creators.episodes], [])
+    unchanged = unchanged_entities(group_id, gone, first.mentions, creators, known.values(), parsed)
+    touched = {u for u in mentioned if u not in unchanged}
+    touched_records = await store.entities_by_uuids(group_id, sorted(touched))
     # The slots the forgotten episodes wrote, and every entity sharing a name with their
     # subjects or with the touched entities.
-    slots = written_slots(group_id, gone, known.values())
+    slots = written_slots(group_id, gone, known.values(), parsed)
     subjects = [known[s] for s, _ in slots if s in known]
-    await holding([], [*touched_records, *subjects])
-    around = sorted(set(touched) | {s for s, _ in slots} | set(known))
+    sharing = await holding([], [*touched_records, *subjects])
+    around = sorted(touched | {s for s, _ in slots} | sharing)
     second = await store.forget.history_part(group_id, [], around)
     await holding(second.episodes, [])
     episodes = {e.uuid: e for e in [*first.episodes, *second.episodes]}
@@ -289,6 +361,13 @@ async def read_reach(
         version=first.version,
     )
     found = reach(
-        group_id, part, forgotten, most=most, entities=known.values(), size=profile.extracted
+        group_id,
+        part,
+        forgotten,
+        most=most,
+        entities=known.values(),
+        size=profile.extracted,
+        touched=touched,
+        parsed=parsed,
     )
     return found, part

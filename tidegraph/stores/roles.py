@@ -94,10 +94,15 @@ class Forgetting(abc.ABC):
 
     @abc.abstractmethod
     async def history_part(
-        self, group_id: str, episodes: list[str], mentioning: list[str]
+        self,
+        group_id: str,
+        episodes: list[str],
+        mentioning: list[str],
+        creating: list[str] | None = None,
     ) -> GroupHistory:
         """Part of ``group_history`` (what an incremental forget reads): the episodes named
-        (uuids) and those mentioning an entity of ``mentioning``, forgotten ones left out, in
+        (uuids), those mentioning an entity of ``mentioning`` and those that created an
+        entity of ``creating`` (its ``created`` list holds it), forgotten ones left out, in
         the same order and with their extractions, mentions and created entities; the
         group's write version; no entities or facts (``GraphStore.entities_by_uuids``,
         ``fact_candidates`` read those)."""

@@ -46,11 +46,17 @@ class MemoryForgetting(Forgetting):
         )
 
     async def history_part(
-        self, group_id: str, episodes: list[str], mentioning: list[str]
+        self,
+        group_id: str,
+        episodes: list[str],
+        mentioning: list[str],
+        creating: list[str] | None = None,
     ) -> GroupHistory:
         wanted = set(episodes)
         entities = set(mentioning)
         wanted |= {p for p, e in self.store._mentions if e in entities}
+        made = set(creating or ())
+        wanted |= {p for p, created in self.store._created.items() if made & set(created)}
         part = [
             e for e in self.store._episodes.values() if e.group_id == group_id and e.uuid in wanted
         ]

@@ -59,12 +59,22 @@ class Neo4jForgetting(Forgetting):
         )
 
     async def history_part(
-        self, group_id: str, episodes: list[str], mentioning: list[str]
+        self,
+        group_id: str,
+        episodes: list[str],
+        mentioning: list[str],
+        creating: list[str] | None = None,
     ) -> GroupHistory:
         params = {"group_id": group_id}
         [version] = await self.store.ex.rows(lq.GROUP_VERSION, params)
         rows = await self.store.ex.rows(
-            lq.HISTORY_PART, {**params, "episodes": episodes, "mentioning": mentioning}
+            lq.HISTORY_PART,
+            {
+                **params,
+                "episodes": episodes,
+                "mentioning": mentioning,
+                "creating": list(creating or ()),
+            },
         )
         return GroupHistory(
             episodes=[episode_record(r["ep"]) for r in rows],

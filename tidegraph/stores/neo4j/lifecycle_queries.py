@@ -121,13 +121,16 @@ WHERE r.group_id = $group_id
 RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
 """
 
-# The episodes named and those mentioning the entities named (``Forgetting.history_part``),
-# each found through its uuid constraint.
+# The episodes named, those mentioning the entities named and those that created the entities
+# named (``Forgetting.history_part``), each found through a uuid constraint.
 HISTORY_PART = """
 CALL {
   MATCH (ep:Episodic) WHERE ep.uuid IN $episodes RETURN ep
   UNION
   MATCH (e:Entity)<-[:MENTIONS]-(ep:Episodic) WHERE e.uuid IN $mentioning RETURN ep
+  UNION
+  MATCH (e:Entity)<-[:MENTIONS]-(ep:Episodic)
+  WHERE e.uuid IN $creating AND e.uuid IN coalesce(ep.created_entities, []) RETURN ep
 }
 WITH ep WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL
 RETURN ep {.*} AS ep,

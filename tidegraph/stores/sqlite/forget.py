@@ -34,9 +34,15 @@ class SqliteForgetting(Forgetting):
         return await self.store.db.run(group_history, group_id)
 
     async def history_part(
-        self, group_id: str, episodes: list[str], mentioning: list[str]
+        self,
+        group_id: str,
+        episodes: list[str],
+        mentioning: list[str],
+        creating: list[str] | None = None,
     ) -> GroupHistory:
-        return await self.store.db.run(history_part, group_id, episodes, mentioning)
+        return await self.store.db.run(
+            history_part, group_id, episodes, mentioning, list(creating or ())
+        )
 
     async def group_profile(self, group_id: str) -> GroupProfile:
         return await self.store.db.run(group_profile, group_id)

@@ -89,18 +89,35 @@ def group_history(conn: sqlite3.Connection, group_id: str) -> GroupHistory:
 
 
 def history_part(
-    conn: sqlite3.Connection, group_id: str, episodes: list[str], mentioning: list[str]
+    conn: sqlite3.Connection,
+    group_id: str,
+    episodes: list[str],
+    mentioning: list[str],
+    creating: list[str],
 ) -> GroupHistory:
-    """``Forgetting.history_part`` in one read transaction."""
+    """``Forgetting.history_part`` in one read transaction: each episode found through its
+    uuid or its mentions' index."""
     row = conn.execute("SELECT version FROM change_log WHERE group_id = ?", (group_id,)).fetchone()
     rows = conn.execute(
+        "WITH wanted(uuid) AS ("
+        " SELECT value FROM json_each(:episodes)"
+        " UNION SELECT m.episode_uuid FROM mention m"
+        "  WHERE m.entity_uuid IN (SELECT value FROM json_each(:mentioning))"
+        "  AND m.group_id = :group_id"
+        " UNION SELECT m.episode_uuid FROM mention m JOIN episode c ON c.uuid = m.episode_uuid"
+        "  WHERE m.entity_uuid IN (SELECT value FROM json_each(:creating))"
+        "  AND m.group_id = :group_id"
+        "  AND EXISTS (SELECT 1 FROM json_each(c.created_entities) WHERE value = m.entity_uuid)) "
         f"SELECT {EPISODE}, ep.extraction, ep.extracted_at, ep.created_entities "
-        "FROM episode ep WHERE ep.group_id = ? AND ep.forgotten_at IS NULL AND ("
-        " ep.uuid IN (SELECT value FROM json_each(?)) OR ep.uuid IN ("
-        "  SELECT m.episode_uuid FROM mention m"
-        "  WHERE m.entity_uuid IN (SELECT value FROM json_each(?)) AND m.group_id = ?)) "
+        "FROM wanted w JOIN episode ep ON ep.uuid = w.uuid "
+        "WHERE ep.group_id = :group_id AND ep.forgotten_at IS NULL "
         "ORDER BY coalesce(ep.extracted_at, ep.created_at), ep.uuid",
-        (group_id, json_text(episodes), json_text(mentioning), group_id),
+        {
+            "group_id": group_id,
+            "episodes": json_text(episodes),
+            "mentioning": json_text(mentioning),
+            "creating": json_text(creating),
+        },
     ).fetchall()
     part = [episode_of(r) for r in rows]
     mentions: dict[str, list[str]] = {}
