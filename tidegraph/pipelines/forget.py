@@ -1,22 +1,25 @@
 """Forgetting: taking episodes out of a group's memory so that the graph is exactly the one its
 remaining episodes give (docs/architecture.md "Forgetting").
 
-A forget replays the group's remaining episodes, in the order their effects were first
-written and each at its original ingestion time (so both timelines of everything else stay
-as they were), from their stored extractions (no extraction call) into an empty in-memory
-store, through the group runner's own write path: the same units, steps and write rules as
-ingestion. The difference between that graph and the stored one is written in one
-transaction (``Forgetting.apply_rebuild``): the forgotten episodes become tombstones (kept
-so that a replay of the input topic, ``extract --pending`` or a dead letter replayed never
-brings them back: their writes are skipped as a processed episode's are), facts only they
-supported are gone, facts they closed are open again (or closed by whatever else closes
-them), entities no remaining episode mentions are gone, and the changes go to the change
-stream. When a write of the group came in while the replay ran, the store refuses the
-difference and the forget starts again from the group as it now is.
+A forget recomputes the part of the group the forgotten episodes reach (``forget_reach``: the
+fact slots they wrote, rebuilt by replaying the remaining episodes that write to them, and the
+entities whose records change, folded again from their remaining drafts), or, when that cannot
+be told or is most of the group, replays the group's remaining episodes whole. Either way
+episodes are replayed in the order their effects were first written and each at its original
+ingestion time (so both timelines of everything else stay as they were), from their stored
+extractions (no extraction call), into an empty in-memory store, through the group runner's
+own write path: the same units, steps and write rules as ingestion. The difference between
+that and the stored graph is written in one transaction (``Forgetting.apply_rebuild``): the
+forgotten episodes become tombstones (kept so that a replay of the input topic, ``extract
+--pending`` or a dead letter replayed never brings them back: their writes are skipped as a
+processed episode's are), facts only they supported are gone, facts they closed are open again
+(or closed by whatever else closes them), entities no remaining episode mentions are gone, and
+the changes go to the change stream. When a write of the group came in while it was computed,
+the store refuses the difference and the forget starts again from the group as it now is.
 
 A text episode's entity and fact judgements are made again over the remaining episodes (the
 LLM client's response cache answers a prompt it has seen); so a group with LLM-extracted
-episodes needs the LLM configured to be forgotten from.
+episodes needs the LLM configured to be forgotten from, and is replayed whole.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The part of a group a forget reaches (docs/architecture.md "Forgetting"), worked out from
-the group's history alone (pure: no store, no LLM).
+the group's history (``reach``: pure) as read around the forgotten episodes (``read_reach``: a
+few reads, none of the whole group but one count).
 
 A forget's result is the graph of the group's remaining episodes. Most of that graph does not
 depend on the forgotten episodes, and an incremental forget recomputes only what does:
@@ -11,8 +12,9 @@ depend on the forgotten episodes, and an incremental forget recomputes only what
   of every episode the forget replays or folds must be settled, and no unsettled draft of a
   remaining episode may name an entity the forget touches; else the whole group is replayed.
 - **entities**: the records of the entities the forgotten episodes mention are folded again
-  from the drafts of their remaining episodes, in order (``fold_entities`` in the forget), an
-  entity no remaining episode mentions is gone; every other entity keeps its record.
+  from the drafts of their remaining episodes, in order (``_fold`` in the forget), an entity
+  no remaining episode mentions is gone; one a forgotten episode only restated keeps its record
+  (``unchanged_entities``), as does every other entity.
 - **fact slots**: a mapped fact interacts only with the facts of its subject and relation
   (``tidegraph.processors.timeline.plan_facts``). The slots the forgotten episodes wrote are
   rebuilt by replaying every remaining episode that writes to them (into an empty scratch
