@@ -124,7 +124,7 @@ RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
 # The episodes named, those mentioning the entities named and those that created the entities
 # named (``Forgetting.history_part``), each found through a uuid constraint.
 HISTORY_PART = """
-CALL {
+CALL () {
   MATCH (ep:Episodic) WHERE ep.uuid IN $episodes RETURN ep
   UNION
   MATCH (e:Entity)<-[:MENTIONS]-(ep:Episodic) WHERE e.uuid IN $mentioning RETURN ep
