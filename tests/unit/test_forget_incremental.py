@@ -21,7 +21,7 @@ from tests.integration.test_delivery_order_stores import DIM, Record, deliveries
 from tests.support import crm_feed as crm
 from tests.support.forget_oracle import forget_both_ways
 from tidegraph.embed.hashing import HashingEmbedder
-from tidegraph.pipelines.forget_reach import Reach, Whole, reach
+from tidegraph.pipelines.forget_reach import MOST, Reach, Whole, reach, read_reach
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.steps import Components
 from tidegraph.records.graph import EpisodeRecord, GroupHistory
@@ -107,16 +107,21 @@ async def test_the_incremental_forget_equals_the_whole_replay(
 
 
 async def test_one_record_of_a_large_group_reaches_only_its_slots(store: GraphStore) -> None:
-    """Forgetting one plan change of a 400-record feed replays the few records of that
-    account's plan and folds its entities; the rest stays as it was."""
+    """Forgetting one plan change of a 400-record feed reads and replays a few records of that
+    account (not the group), and does not fold the plan entity every account shares."""
     group = f"inc-{uuidlib.uuid4().hex[:10]}"
     records = generated(400, 3)
     runner = await fed(store, group, records)
     history = await store.forget.group_history(group)
-    plan = next(e for e in history.episodes if e.name == "account.plan")
-    found = reach(group, history, {plan.uuid})
+    plans = [e for e in history.episodes if e.name == "account.plan"]
+    plan = plans[len(plans) // 2]
+    first = await store.forget.history_part(group, [plan.uuid], [])
+    found, part = await read_reach(store, group, first, {plan.uuid}, MOST)
     assert isinstance(found, Reach), found
-    assert 0 < len(found.replay) < len(history.episodes) / 10
+    assert 0 < len(found.replay) < len(history.episodes) / 20
+    assert len(part.episodes) < len(history.episodes) / 10
+    shared = {u for u, e in history.entities.items() if "Plan" in e.labels}
+    assert not found.entities & shared
     assert await forget_both_ways(store, runner, group, {plan.uuid}) == "incremental"
 
 
