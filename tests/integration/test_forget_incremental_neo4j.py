@@ -19,7 +19,7 @@ from tidegraph.stores.neo4j.store import Neo4jStore
 pytestmark = pytest.mark.integration
 
 # Smaller generated tenants than the unit test's: a Neo4j write costs a round trip.
-feeds = st.one_of(deliveries(), st.builds(generated, st.integers(10, 20), st.integers(0, 10_000)))
+feeds = st.one_of(deliveries(), st.builds(generated, st.integers(8, 15), st.integers(0, 10_000)))
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ async def neo4j_store(neo4j_uri: str) -> AsyncIterator[Neo4jStore]:
 
 
 @settings(
-    max_examples=4,
+    max_examples=3,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
