@@ -261,8 +261,15 @@ FORGET_REQUESTS = Counter(
 )
 FORGET_SECONDS = Histogram(
     "tidegraph_forget_seconds",
-    "Time a forget took to replay its group's remaining episodes and work out the difference.",
+    "Time a forget took to work out its difference (replaying the part of the group it "
+    "reaches, or the whole group).",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+)
+FORGET_PATHS = Counter(
+    "tidegraph_forget_paths_total",
+    "Forgets by how their difference was computed: incremental (the part of the group they "
+    "reach) or whole (the group's remaining episodes replayed; the log line says why).",
+    ["path"],
 )
 CHANGES_PUBLISHED = Counter(
     "tidegraph_changes_published_total",

@@ -255,14 +255,14 @@ class ResolutionStep:
             if i in found.matched:
                 record = found.matched[i]
                 uuids[i] = record.uuid
-                update = _update_for(record, draft.labels, draft.summary, draft.key, found.norms[i])
+                update = update_for(record, draft.labels, draft.summary, draft.key, found.norms[i])
                 if update is not None:
-                    writes[record.uuid] = _merge_write(writes.get(record.uuid), update)
+                    writes[record.uuid] = merged_write(writes.get(record.uuid), update)
             else:
                 found.methods[i] = "new"
                 uuid = new_entity_uuid(group, draft.name, draft.key)
                 uuids[i] = uuid
-                writes[uuid] = _merge_write(
+                writes[uuid] = merged_write(
                     writes.get(uuid),
                     EntityRecord(
                         uuid=uuid,
@@ -369,7 +369,7 @@ class JudgingRequest:
         return output
 
 
-def _update_for(
+def update_for(
     record: EntityRecord, labels: list[str], summary: str, key: str | None, norm: str
 ) -> EntityRecord | None:
     """The upsert that adds what a matched draft brings, or None when it brings nothing."""
@@ -391,7 +391,7 @@ def _update_for(
     )
 
 
-def _merge_write(previous: EntityRecord | None, update: EntityRecord) -> EntityRecord:
+def merged_write(previous: EntityRecord | None, update: EntityRecord) -> EntityRecord:
     if previous is None:
         return update
     return previous.model_copy(

@@ -232,6 +232,22 @@ class GroupHistory:
     version: int = 0
 
 
+# How a stored extraction says a mapping made it (``records.stages.stored_extraction``: pydantic's
+# compact JSON), for the stores to count the others.
+MAPPED = '"mapped":true'
+
+
+@dataclass(frozen=True)
+class GroupProfile:
+    """What decides how a forget works out its reach (``Forgetting.group_profile``): the
+    group's live extracted episodes, how many of them the LLM extracted (not a mapping), and
+    how many keep no extraction (stored before extractions were kept)."""
+
+    extracted: int = 0
+    judged: int = 0
+    without_extraction: int = 0
+
+
 @dataclass
 class Rebuild:
     """What a forget changes, written in one transaction (``Forgetting.apply_rebuild``): the

@@ -25,6 +25,7 @@ from tidegraph.records.graph import (
     EpisodeEntry,
     FactView,
     GroupHistory,
+    GroupProfile,
     Rebuild,
     WeightedEdge,
 )
@@ -90,6 +91,26 @@ class Forgetting(abc.ABC):
         forgotten ones, in the order their effects were written (``extracted_at``, else
         ``created_at``, then uuid), its entities and facts with their embeddings, each
         episode's mentions and created entities, and its write version."""
+
+    @abc.abstractmethod
+    async def history_part(
+        self,
+        group_id: str,
+        episodes: list[str],
+        mentioning: list[str],
+        creating: list[str] | None = None,
+    ) -> GroupHistory:
+        """Part of ``group_history`` (what an incremental forget reads): the episodes named
+        (uuids), those mentioning an entity of ``mentioning`` and those that created an
+        entity of ``creating`` (its ``created`` list holds it), forgotten ones left out, in
+        the same order and with their extractions, mentions and created entities; the
+        group's write version; no entities or facts (``GraphStore.entities_by_uuids``,
+        ``fact_candidates`` read those)."""
+
+    @abc.abstractmethod
+    async def group_profile(self, group_id: str) -> GroupProfile:
+        """How many live episodes of the group are extracted, by the LLM, or keep no
+        extraction (``GroupProfile``)."""
 
     @abc.abstractmethod
     async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tidegraph.records.changes import group_forgotten
-from tidegraph.records.graph import ChangeLog, GroupHistory, Rebuild
+from tidegraph.records.graph import MAPPED, ChangeLog, GroupHistory, GroupProfile, Rebuild
 from tidegraph.records.times import utc
 from tidegraph.stores import errors
 from tidegraph.stores.roles import Forgetting
@@ -43,6 +43,47 @@ class MemoryForgetting(Forgetting):
             mentions=mentions,
             created={u: list(self.store._created.get(u, [])) for u in uuids},
             version=log.version if log is not None else 0,
+        )
+
+    async def history_part(
+        self,
+        group_id: str,
+        episodes: list[str],
+        mentioning: list[str],
+        creating: list[str] | None = None,
+    ) -> GroupHistory:
+        wanted = set(episodes)
+        entities = set(mentioning)
+        wanted |= {p for p, e in self.store._mentions if e in entities}
+        made = set(creating or ())
+        wanted |= {p for p, created in self.store._created.items() if made & set(created)}
+        part = [
+            e for e in self.store._episodes.values() if e.group_id == group_id and e.uuid in wanted
+        ]
+        part.sort(key=lambda e: (utc(e.extracted_at or e.created_at or e.valid_at), e.uuid))
+        uuids = {e.uuid for e in part}
+        mentions: dict[str, list[str]] = {}
+        for episode, entity in sorted(self.store._mentions):
+            if episode in uuids:
+                mentions.setdefault(episode, []).append(entity)
+        log = self.store._logs.get(group_id)
+        return GroupHistory(
+            episodes=[e.model_copy(deep=True) for e in part],
+            mentions=mentions,
+            created={u: list(self.store._created.get(u, [])) for u in uuids},
+            version=log.version if log is not None else 0,
+        )
+
+    async def group_profile(self, group_id: str) -> GroupProfile:
+        extracted = [
+            e
+            for e in self.store._episodes.values()
+            if e.group_id == group_id and e.not_extracted is None
+        ]
+        return GroupProfile(
+            extracted=len(extracted),
+            judged=sum(1 for e in extracted if e.extraction and MAPPED not in e.extraction),
+            without_extraction=sum(1 for e in extracted if e.extraction is None),
         )
 
     async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:

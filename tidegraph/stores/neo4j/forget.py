@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tidegraph.records.changes import group_forgotten
-from tidegraph.records.graph import GroupHistory, Rebuild
+from tidegraph.records.graph import MAPPED, GroupHistory, GroupProfile, Rebuild
 from tidegraph.stores import errors
 from tidegraph.stores.executor import Tx
 from tidegraph.stores.neo4j import lifecycle_queries as lq
@@ -56,6 +56,39 @@ class Neo4jForgetting(Forgetting):
                 r["ep"]["uuid"]: list(r["ep"].get("created_entities") or []) for r in episodes
             },
             version=int(version["version"]),
+        )
+
+    async def history_part(
+        self,
+        group_id: str,
+        episodes: list[str],
+        mentioning: list[str],
+        creating: list[str] | None = None,
+    ) -> GroupHistory:
+        params = {"group_id": group_id}
+        [version] = await self.store.ex.rows(lq.GROUP_VERSION, params)
+        rows = await self.store.ex.rows(
+            lq.HISTORY_PART,
+            {
+                **params,
+                "episodes": episodes,
+                "mentioning": mentioning,
+                "creating": list(creating or ()),
+            },
+        )
+        return GroupHistory(
+            episodes=[episode_record(r["ep"]) for r in rows],
+            mentions={r["ep"]["uuid"]: sorted(r["mentions"]) for r in rows},
+            created={r["ep"]["uuid"]: list(r["ep"].get("created_entities") or []) for r in rows},
+            version=int(version["version"]),
+        )
+
+    async def group_profile(self, group_id: str) -> GroupProfile:
+        [row] = await self.store.ex.rows(lq.GROUP_PROFILE, {"group_id": group_id, "mapped": MAPPED})
+        return GroupProfile(
+            extracted=int(row["extracted"]),
+            judged=int(row["judged"]),
+            without_extraction=int(row["without_extraction"]),
         )
 
     async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:

@@ -121,6 +121,32 @@ WHERE r.group_id = $group_id
 RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
 """
 
+# The episodes named, those mentioning the entities named and those that created the entities
+# named (``Forgetting.history_part``), each found through a uuid constraint.
+HISTORY_PART = """
+CALL () {
+  MATCH (ep:Episodic) WHERE ep.uuid IN $episodes RETURN ep
+  UNION
+  MATCH (e:Entity)<-[:MENTIONS]-(ep:Episodic) WHERE e.uuid IN $mentioning RETURN ep
+  UNION
+  MATCH (e:Entity)<-[:MENTIONS]-(ep:Episodic)
+  WHERE e.uuid IN $creating AND e.uuid IN coalesce(ep.created_entities, []) RETURN ep
+}
+WITH ep WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL
+RETURN ep {.*} AS ep,
+       [(ep)-[:MENTIONS]->(e:Entity) WHERE e.group_id = $group_id | e.uuid] AS mentions
+ORDER BY coalesce(ep.extracted_at, ep.created_at), ep.uuid
+"""
+
+GROUP_PROFILE = """
+MATCH (ep:Episodic)
+WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL AND ep.not_extracted IS NULL
+RETURN count(ep) AS extracted,
+       count(CASE WHEN ep.extraction IS NOT NULL AND NOT ep.extraction CONTAINS $mapped
+             THEN 1 END) AS judged,
+       count(CASE WHEN ep.extraction IS NULL THEN 1 END) AS without_extraction
+"""
+
 # ---- what a forget writes, in one transaction, in this order
 REBUILD_VERSION = """
 OPTIONAL MATCH (log:ChangeLog {group_id: $group_id})

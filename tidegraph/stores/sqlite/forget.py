@@ -6,13 +6,19 @@ import sqlite3
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from tidegraph.records.graph import GroupHistory, Rebuild
+from tidegraph.records.graph import GroupHistory, GroupProfile, Rebuild
 from tidegraph.stores.executor import observe_write
 from tidegraph.stores.roles import Forgetting
 from tidegraph.stores.rows import entity_row, fact_row, now_utc
 from tidegraph.stores.sqlite.db import Transaction
 from tidegraph.stores.sqlite.erasure import merge_fulltext, rebuilt_fulltext, truncate_log
-from tidegraph.stores.sqlite.lifecycle import apply_rebuild, forget_group, group_history
+from tidegraph.stores.sqlite.lifecycle import (
+    apply_rebuild,
+    forget_group,
+    group_history,
+    group_profile,
+    history_part,
+)
 
 if TYPE_CHECKING:
     from tidegraph.stores.sqlite.store import SqliteStore
@@ -26,6 +32,20 @@ class SqliteForgetting(Forgetting):
 
     async def group_history(self, group_id: str) -> GroupHistory:
         return await self.store.db.run(group_history, group_id)
+
+    async def history_part(
+        self,
+        group_id: str,
+        episodes: list[str],
+        mentioning: list[str],
+        creating: list[str] | None = None,
+    ) -> GroupHistory:
+        return await self.store.db.run(
+            history_part, group_id, episodes, mentioning, list(creating or ())
+        )
+
+    async def group_profile(self, group_id: str) -> GroupProfile:
+        return await self.store.db.run(group_profile, group_id)
 
     async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
         dim = self.store._dimension()

@@ -11,7 +11,15 @@ from typing import Any
 
 from tidegraph.records.changes import group_forgotten
 from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN, split_speaker
-from tidegraph.records.graph import EpisodeDetail, EpisodeEntry, EpisodeState, GroupHistory, Rebuild
+from tidegraph.records.graph import (
+    MAPPED,
+    EpisodeDetail,
+    EpisodeEntry,
+    EpisodeState,
+    GroupHistory,
+    GroupProfile,
+    Rebuild,
+)
 from tidegraph.stores import errors
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.rows import change_row, to_utc, unique
@@ -78,6 +86,62 @@ def group_history(conn: sqlite3.Connection, group_id: str) -> GroupHistory:
     }
     row = conn.execute("SELECT version FROM change_log WHERE group_id = ?", (group_id,)).fetchone()
     return GroupHistory(episodes, entities, facts, mentions, created, row[0] if row else 0)
+
+
+def history_part(
+    conn: sqlite3.Connection,
+    group_id: str,
+    episodes: list[str],
+    mentioning: list[str],
+    creating: list[str],
+) -> GroupHistory:
+    """``Forgetting.history_part`` in one read transaction: each episode found through its
+    uuid or its mentions' index."""
+    row = conn.execute("SELECT version FROM change_log WHERE group_id = ?", (group_id,)).fetchone()
+    rows = conn.execute(
+        "WITH wanted(uuid) AS ("
+        " SELECT value FROM json_each(:episodes)"
+        " UNION SELECT m.episode_uuid FROM mention m"
+        "  WHERE m.entity_uuid IN (SELECT value FROM json_each(:mentioning))"
+        "  AND m.group_id = :group_id"
+        " UNION SELECT m.episode_uuid FROM mention m JOIN episode c ON c.uuid = m.episode_uuid"
+        "  WHERE m.entity_uuid IN (SELECT value FROM json_each(:creating))"
+        "  AND m.group_id = :group_id"
+        "  AND EXISTS (SELECT 1 FROM json_each(c.created_entities) WHERE value = m.entity_uuid)) "
+        f"SELECT {EPISODE}, ep.extraction, ep.extracted_at, ep.created_entities "
+        "FROM wanted w JOIN episode ep ON ep.uuid = w.uuid "
+        "WHERE ep.group_id = :group_id AND ep.forgotten_at IS NULL "
+        "ORDER BY coalesce(ep.extracted_at, ep.created_at), ep.uuid",
+        {
+            "group_id": group_id,
+            "episodes": json_text(episodes),
+            "mentioning": json_text(mentioning),
+            "creating": json_text(creating),
+        },
+    ).fetchall()
+    part = [episode_of(r) for r in rows]
+    mentions: dict[str, list[str]] = {}
+    for episode, entity in conn.execute(
+        "SELECT episode_uuid, entity_uuid FROM mention "
+        "WHERE episode_uuid IN (SELECT value FROM json_each(?)) AND group_id = ? ORDER BY 1, 2",
+        (json_text([e.uuid for e in part]), group_id),
+    ):
+        mentions.setdefault(episode, []).append(entity)
+    created = {r["uuid"]: json_list(r["created_entities"]) for r in rows}
+    return GroupHistory(
+        episodes=part, mentions=mentions, created=created, version=row[0] if row else 0
+    )
+
+
+def group_profile(conn: sqlite3.Connection, group_id: str) -> GroupProfile:
+    """``Forgetting.group_profile``: one pass over the group's live episodes."""
+    extracted, judged, without = conn.execute(
+        "SELECT count(*), coalesce(sum(extraction IS NOT NULL AND instr(extraction, ?) = 0), 0), "
+        "coalesce(sum(extraction IS NULL), 0) FROM episode "
+        "WHERE group_id = ? AND forgotten_at IS NULL AND not_extracted IS NULL",
+        (MAPPED, group_id),
+    ).fetchone()
+    return GroupProfile(extracted=extracted, judged=judged, without_extraction=without)
 
 
 def apply_rebuild(
