@@ -337,10 +337,16 @@ def supersede(
     if not most:
         return _by_shared_words(hits, terms, words, at, depth)
     # What is asked: the statements about the subject that say the most of the rest of the
-    # question; any subject's statements that say as much carry the values it takes.
+    # question; any subject's statements that say the most of it, among the hits and the
+    # statements of it found (said at any time known: "account" alone is not what "account
+    # owner" asks), carry the values it takes.
     group = {i for i in about if len(asked & words[i]) == most}
-    stated = [_body(hits[i]) for i in episodes if len(asked & words[i]) == most]
-    stated += [_body(h) for h in stating if len(asked & _words(h.text)) == most]
+    stating_words = [_words(h.text) for h in stating]
+    most_said = max([most, *(len(asked & w) for w in stating_words)])
+    stated = [_body(hits[i]) for i in episodes if len(asked & words[i]) == most_said]
+    stated += [
+        _body(h) for h, w in zip(stating, stating_words, strict=True) if len(asked & w) == most_said
+    ]
     # The slots of the templates among everything found, and among the statements that
     # carry the values found for them (``lexicon``); what the statements of what is asked
     # fill them with are its values.
