@@ -10,12 +10,14 @@ A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a 
    embedded once, plus, when the recipe walks the graph, the seed entities: those BM25 and
    vector search find for the query, and those the most recent episodes mention; and where
    the question is about a state and names a subject, the episodes that state what it asks
-   (its words less the subject's, one BM25 list more in the same read: recency.py);
+   (its words less the subject's, one BM25 list more: in the same read, or in one of its own
+   as known by the known-at when a valid-at is earlier; recency.py);
 3. breadth-first search over valid facts from the seeds (and the ends of the best facts
    found, and the centre entity);
 4. each kind reranked as the recipe says and cut to its limit; where the question is about a
    state (now, or at a valid-at), a later episode restating an earlier one comes first
-   (recency.py);
+   (recency.py), once the episodes that carry the values its statements carry are read (one
+   BM25 list more, as known by the known-at: ``recency.value_words``);
 5. the hits kept completed with their details (a fact's end names and episodes, an entity's
    mentioning episodes) and whole records: candidates are read without them (a store may
    read their records in part), unless a reranker counts mentions or reads their text;
@@ -239,13 +241,16 @@ class Searcher:
         kept: list[Hit] = []
         for search, hits in zip(recipe.searches, ranked, strict=True):
             if search.kind == "episode" and current:
+                # The statements that carry the values the statements of what is asked
+                # carry, said by the known-at: the templates they fill show which words of
+                # the subject's statements are values (recency.py).
                 stating = found.get(STATING, [])
                 lexicon: list[Hit] = []
                 values = value_words(hits, text, said_when, stating) if asked else ""
                 if values:
-                    wide = _lexicon_scope(scope) or scope
+                    known = _lexicon_scope(scope) or scope
                     asked_values = [MethodSearch("episode", LEXICON_CANDIDATES, text=values)]
-                    lexicon = (await self.source.search_lists(wide, asked_values))[0]
+                    lexicon = (await self.source.search_lists(known, asked_values))[0]
                 hits = supersede(hits, text, ignore=said_when, stating=stating, lexicon=lexicon)
             kept += hits[: limit or search.limit]
         # The kept hits with their details, read once for all (candidates were read without).
