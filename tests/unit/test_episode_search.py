@@ -237,6 +237,19 @@ def test_the_words_of_a_template_fill_no_slot():
     assert "update" not in value_words(ranked, "What is the status of Acme Corp?", stating=stating)
 
 
+def test_a_name_written_in_lower_case_is_the_name_still():
+    # "dana reyes", written in lower case, is the name "Dana Reyes" written elsewhere: so the
+    # rep's template holds two names, and Omar Haddad, in the slot of a value, is a value.
+    ranked = [
+        _said("dana", "Omar: Dana Reyes is the new account owner for Acme Corp", 10, 0.9),
+        _said("plan", "Omar: Acme Corp upgraded to Pro", 300, 0.8),  # newest, another thing
+        _said("omar", "Lena: the rep for Acme Corp is Omar Haddad going forward", 200, 0.7),
+    ]
+    lexicon = [_said("bb", "Dana: the rep for Bluebird Bakery is dana reyes going forward", 5, 1)]
+    query = "Who is the account owner for Acme Corp?"
+    assert [h.uuid for h in supersede(ranked, query, lexicon=lexicon)] == ["omar", "dana", "plan"]
+
+
 def test_the_slots_of_templates_are_what_differs_between_statements_alike():
     texts = [
         "Acme Corp status is now trial",

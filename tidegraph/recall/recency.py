@@ -209,15 +209,54 @@ def _side(symbols: Sequence[str | tuple[str, ...]], words: int, edge: str) -> li
     return [*side, edge]
 
 
+def _names(texts: Sequence[str]) -> frozenset[tuple[str, ...]]:
+    """The names written with capitals among ``texts``, as their words in lower case."""
+    return frozenset(
+        tuple(w.lower() for w in symbol)
+        for text in texts
+        for sentence in _sentences(text)
+        for symbol in sentence
+        if isinstance(symbol, tuple) and not any(w.isdigit() for w in symbol)
+    )
+
+
+def _named_as(text: str, names: frozenset[tuple[str, ...]]) -> frozenset[tuple[str, ...]]:
+    """The ``names`` that ``text`` writes in lower case."""
+    if not names:
+        return names
+    lowered = f" {' '.join(_WORD.findall(text.lower()))} "
+    return frozenset(n for n in names if f" {' '.join(n)} " in lowered)
+
+
+def _with_names(
+    sentence: tuple[str | tuple[str, ...], ...], names: frozenset[tuple[str, ...]]
+) -> tuple[str | tuple[str, ...], ...]:
+    """``sentence`` with the runs of words that spell one of ``names`` as that name."""
+    out: list[str | tuple[str, ...]] = []
+    n = 0
+    while n < len(sentence):
+        for name in sorted(names, key=len, reverse=True):
+            if tuple(sentence[n : n + len(name)]) == name:
+                out.append(name)
+                n += len(name)
+                break
+        else:
+            out.append(sentence[n])
+            n += 1
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=WORDS_CACHED)
-def _framed(text: str) -> tuple[tuple[Frame, frozenset[str]], ...]:
+def _framed(
+    text: str, names: frozenset[tuple[str, ...]] = frozenset()
+) -> tuple[tuple[Frame, frozenset[str]], ...]:
     """Each word of ``text`` that carries meaning and each name, with its frame and what it
     fills it with (``_filler``). A frame: the symbols on each side up to the nearest word of
     meaning, further on one side when the other ends the sentence, until it holds
     ``FRAME_WORDS`` words of meaning; only frames that hold one (a frame of names and stop
     words alone, "<name> to <name>", is no template)."""
     found: list[tuple[Frame, frozenset[str]]] = []
-    for sentence in _sentences(text):
+    for sentence in (_with_names(s, names) for s in _sentences(text)):
         for n, symbol in enumerate(sentence):
             filler = _filler(symbol)
             if not filler:
@@ -238,15 +277,22 @@ def _framed(text: str) -> tuple[tuple[Frame, frozenset[str]], ...]:
 Slot = frozenset[frozenset[str]]
 
 
-def slots(texts: Sequence[str], subject: frozenset[str] = frozenset()) -> dict[Frame, Slot]:
+def slots(
+    texts: Sequence[str],
+    subject: frozenset[str] = frozenset(),
+    named: frozenset[tuple[str, ...]] = frozenset(),
+) -> dict[Frame, Slot]:
     """The slots of the templates among ``texts``: what each frame holds (the words on each
     side of a word or a name up to one that carries meaning, names standing for any name;
     see ``_framed``), for the frames that hold more than one ("<name> status is now _":
     trial, active, churned). The words of a template ("we set the status of", "please
-    update the address") are the same whatever fills its slots, so they fill none."""
+    update the address") are the same whatever fills its slots, so they fill none. The slot
+    ``subject`` fills is none of a value; a name of ``named`` (``_names``: written with
+    capitals among the texts) is a name where a text writes it in lower case too ("the rep
+    for Acme is dana reyes going forward")."""
     held: dict[Frame, set[frozenset[str]]] = {}
     for text in dict.fromkeys(texts):
-        for frame, filler in _framed(text):
+        for frame, filler in _framed(text, _named_as(text, named)):
             held.setdefault(frame, set()).add(filler)
     return {
         frame: frozenset(fillers)
@@ -255,9 +301,12 @@ def slots(texts: Sequence[str], subject: frozenset[str] = frozenset()) -> dict[F
     }
 
 
-def _slotted(text: str, held: dict[Frame, Slot]) -> frozenset[str]:
-    """The words ``text`` fills a slot of ``held`` with."""
-    return frozenset(w for frame, filler in _framed(text) if frame in held for w in filler)
+def _slotted(
+    text: str, held: dict[Frame, Slot], named: frozenset[tuple[str, ...]] = frozenset()
+) -> frozenset[str]:
+    """The words ``text`` fills a slot of ``held`` with (``named``: as in ``slots``)."""
+    framed = _framed(text, _named_as(text, named))
+    return frozenset(w for frame, filler in framed if frame in held for w in filler)
 
 
 def _speaker(hit: Hit) -> str:
@@ -303,11 +352,12 @@ def value_words(
     most = max((len(asked & _words(t)) for t in texts), default=0)
     if not most:
         return ""
-    held = slots(texts, names)
+    named = _names(texts)
+    held = slots(texts, names, named)
     found: dict[str, None] = {}
     for text in texts:
         if len(asked & _words(text)) == most:
-            carried = _words(text) & (_capitalised(text)[0] | _slotted(text, held))
+            carried = _words(text) & (_capitalised(text)[0] | _slotted(text, held, named))
             found.update(dict.fromkeys(sorted(carried - terms)))
     return " ".join(list(found)[:VALUE_WORDS])
 
@@ -351,8 +401,9 @@ def supersede(
     # carry the values found for them (``lexicon``); what the statements of what is asked
     # fill them with are its values.
     pool = [_body(h) for h in [*(hits[i] for i in episodes), *stating, *lexicon]]
-    found_slots = slots(pool, names)
-    values = frozenset().union(*(_slotted(text, found_slots) for text in stated)) - terms
+    named = _names(pool)
+    found_slots = slots(pool, names, named)
+    values = frozenset().union(*(_slotted(t, found_slots, named) for t in stated)) - terms
     # Restating without saying it, a statement names the subject in what it says: one that
     # a speaker of that name said is about the speaker's many things.
     naming = [i for i in about if names <= _words(_body(hits[i]))]
