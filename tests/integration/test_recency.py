@@ -2,8 +2,9 @@
 restates four attributes (plan, owner, address, status) of many subjects as they change over
 a year; asked "now" and "as of" each change, the first episode about the subject in the
 default context is the statement valid then: in at least 95 % of the questions of each kind
-where every statement names its attribute, and at the measured floors where most do not
-(tests/support/restatements.py, the wide feed)."""
+where every statement names its attribute and where most do not (tests/support/
+restatements.py, the wide feed), and at the measured floors where values are also written
+in lower case."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from tidegraph.stores.base import GraphStore
 
 
 async def _first_statement_rates(
-    store: GraphStore, group_id: str, *, wide: bool
+    store: GraphStore, group_id: str, *, wide: bool, lower_case: float = 0.0
 ) -> tuple[float, float, list[tuple[object, ...]]]:
     """The feed ingested with no LLM, every question asked with the default recipe: the
     share of "now" and of "as of" questions whose first episode about the subject in the
     default context is the statement valid then, and the misses."""
-    said, questions = restatement_feed(subjects=10, changes=3, seed=7, wide=wide)
+    said, questions = restatement_feed(
+        subjects=10, changes=3, seed=7, wide=wide, lower_case=lower_case
+    )
     embedder = MiniLMEmbedder()  # the default embedder: the default context as a user gets it
     chain = GroupRunner.of(store=store, embedder=embedder, llm=None, mappings=None)
     feed = [
@@ -67,20 +70,31 @@ async def test_the_first_episode_about_a_subject_is_its_latest_statement_then(
     assert now >= 0.95 and then >= 0.95, (now, then, wrong)
 
 
-# The wide feed, measured when this was written: now 0.725, as of 0.825 on both stores (the
-# named-attribute feed's rule alone: 0.33 and 0.49). The misses are mostly statements whose
-# value is written in lower case ("marking Acme as trial": docs/retrieval.md "Now and as
-# of").
-WIDE_NOW = 0.65
-WIDE_AS_OF = 0.75
-
-
 async def test_the_latest_statement_comes_first_when_most_statements_do_not_name_it(
     store: GraphStore, group_id: str
 ) -> None:
+    # 63 % of the statements do not name the attribute; the status's values are written in
+    # lower case ("marking Acme Corp as trial"): a value is known by the slot it fills.
     now, then, wrong = await _first_statement_rates(store, group_id, wide=True)
     print(f"wide feed: now {now:.3f}, as of {then:.3f}")
-    assert now >= WIDE_NOW and then >= WIDE_AS_OF, (now, then, wrong)
+    assert now >= 0.95 and then >= 0.95, (now, then, wrong)
+
+
+# The wide feed with a quarter of every attribute's values written in lower case ("hand-off
+# done, tom becker has Acme Corp"), measured when this was written on the embedded store:
+# now 0.925, as of 0.938 (this seed; another, 11: 0.850 and 0.775). A value in lower case
+# that is never written with capitals is known only where other statements show its slot
+# (docs/retrieval.md "Now and as of").
+LOWER_NOW = 0.80
+LOWER_AS_OF = 0.80
+
+
+async def test_values_written_in_lower_case_are_values_still(
+    store: GraphStore, group_id: str
+) -> None:
+    now, then, wrong = await _first_statement_rates(store, group_id, wide=True, lower_case=0.25)
+    print(f"wide feed, values in lower case: now {now:.3f}, as of {then:.3f}")
+    assert now >= LOWER_NOW and then >= LOWER_AS_OF, (now, then, wrong)
 
 
 async def test_a_forgotten_message_leaves_no_trace_in_the_context_of_its_replies(

@@ -8,7 +8,8 @@ that answers it (the latest said by then). Two feeds:
 - the wide feed (``wide=True``): a subject's four attributes change around the same days, in
   widely varied words: most statements never name the attribute ("Acme Corp upgraded to
   Pro", "Tom Becker will look after Acme Corp from here on"), others use another word for it
-  ("tier", "rep", "office") or another word order; between them, chat about the subject
+  ("tier", "rep", "office") or another word order, values written in lower case if asked
+  (``lower_case``: "upgraded to pro"); between them, chat about the subject
   that names no value, and noise that names the same values without the subject ("the Pro
   plan gets a price rise").
 
@@ -163,11 +164,18 @@ class Question:
 
 
 def restatement_feed(
-    subjects: int = 12, changes: int = 3, seed: int = 7, *, wide: bool = False
+    subjects: int = 12,
+    changes: int = 3,
+    seed: int = 7,
+    *,
+    wide: bool = False,
+    lower_case: float = 0.0,
 ) -> tuple[list[Said], list[Question]]:
     """Messages in time order, and the questions (now, and as of each change but the last).
     In the wide feed a subject's attributes change around the same days (within three days
-    of each other), so its other attributes' statements are as recent as the answer."""
+    of each other), so its other attributes' statements are as recent as the answer; the
+    share ``lower_case`` of its statements write their value in lower case ("upgraded to
+    pro", "tom becker will look after ...")."""
     rng = random.Random(seed)
     said: list[Said] = []
     history: dict[tuple[str, str], list[Said]] = {}
@@ -184,7 +192,9 @@ def restatement_feed(
             chosen = rng.sample(values, changes)
             for n, (period, value) in enumerate(zip(periods, chosen, strict=True)):
                 template = rng.choice(STATEMENTS[attribute])
-                text = template.format(s=subject, v=value)
+                # People type a value as they please.
+                written = value.lower() if lower_case and rng.random() < lower_case else value
+                text = template.format(s=subject, v=written)
                 at = at_day(period + rng.randrange(4))
                 item = Said(f"{subject}:{attribute}:{n}", rng.choice(SPEAKERS), text, at)
                 said.append(item)

@@ -10,12 +10,14 @@ A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a 
    embedded once, plus, when the recipe walks the graph, the seed entities: those BM25 and
    vector search find for the query, and those the most recent episodes mention; and where
    the question is about a state and names a subject, the episodes that state what it asks
-   (its words less the subject's, one BM25 list more in the same read: recency.py);
+   (its words less the subject's, one BM25 list more: in the same read, or in one of its own
+   as known by the known-at when a valid-at is earlier; recency.py);
 3. breadth-first search over valid facts from the seeds (and the ends of the best facts
    found, and the centre entity);
 4. each kind reranked as the recipe says and cut to its limit; where the question is about a
    state (now, or at a valid-at), a later episode restating an earlier one comes first
-   (recency.py);
+   (recency.py), once the episodes that carry the values its statements carry are read (one
+   BM25 list more, as known by the known-at: ``recency.value_words``);
 5. the hits kept completed with their details (a fact's end names and episodes, an entity's
    mentioning episodes) and whole records: candidates are read without them (a store may
    read their records in part), unless a reranker counts mentions or reads their text;
@@ -26,6 +28,7 @@ A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -33,7 +36,7 @@ from typing import Any
 
 from tidegraph.embed.base import Embedder
 from tidegraph.metrics import SEARCH_LATENCY, SEARCHES
-from tidegraph.recall.recency import asked_words, asks_current, supersede
+from tidegraph.recall.recency import asked_words, asks_current, supersede, value_words
 from tidegraph.recall.recipes import (
     KindSearch,
     Recipe,
@@ -72,6 +75,9 @@ DISTANCE_HOPS = 3  # beyond this a hit counts as unreached by the distance reran
 # (recency.py): one BM25 list of the question's words less the subject's, in the first read.
 STATING = ("episode", "stating")
 STATING_CANDIDATES = 20
+# The episodes that carry the values those statements carry (recency.value_words), read when
+# they are known: their templates tell which words of the subject's statements are values.
+LEXICON_CANDIDATES = 40
 
 
 @dataclass
@@ -235,7 +241,17 @@ class Searcher:
         kept: list[Hit] = []
         for search, hits in zip(recipe.searches, ranked, strict=True):
             if search.kind == "episode" and current:
-                hits = supersede(hits, text, ignore=said_when, stating=found.get(STATING, []))
+                # The statements that carry the values the statements of what is asked
+                # carry, said by the known-at: the templates they fill show which words of
+                # the subject's statements are values (recency.py).
+                stating = found.get(STATING, [])
+                lexicon: list[Hit] = []
+                values = value_words(hits, text, said_when, stating) if asked else ""
+                if values:
+                    known = _lexicon_scope(scope) or scope
+                    asked_values = [MethodSearch("episode", LEXICON_CANDIDATES, text=values)]
+                    lexicon = (await self.source.search_lists(known, asked_values))[0]
+                hits = supersede(hits, text, ignore=said_when, stating=stating, lexicon=lexicon)
             kept += hits[: limit or search.limit]
         # The kept hits with their details, read once for all (candidates were read without).
         results = SearchResults(text, recipe.name, scope)
@@ -279,16 +295,26 @@ class Searcher:
             return await self.source.search_lists(scope, asked)
 
         lists = [MethodSearch(k, n, text=text) for (k, _), n in texts.items()]
-        if stating:  # in the same read as the query's own lists
+        # What the statements of it say, said at any time known by then: which words are
+        # values is learned from all of them (a value first said after the valid-at is still
+        # a value); the episodes searched are only those said by the valid-at.
+        lexicon = _lexicon_scope(scope) if stating else None
+        if stating and lexicon is None:  # in the same read as the query's own lists
             lists.append(MethodSearch("episode", STATING_CANDIDATES, text=stating))
         jobs: list[Awaitable[Any]] = [self.source.search_lists(scope, lists), vectors()]
+        if lexicon is not None:
+            asked = [MethodSearch("episode", STATING_CANDIDATES, text=stating)]
+            jobs.append(self.source.search_lists(lexicon, asked))
         if walk:
             jobs.append(self.source.recent_episode_entities(scope, RECENT_EPISODES))
         if embedding is not None:
             jobs.append(embedding)
         done = await _all(jobs)
         found: dict[tuple[str, str], Any] = dict(zip(texts, done[0][: len(texts)], strict=True))
-        if stating:
+        if lexicon is not None:
+            found[STATING] = done[2][0]
+            done = done[:2] + done[3:]
+        elif stating:
             found[STATING] = done[0][-1]
         found |= dict(zip(nearest, done[1], strict=True))
         if walk:
@@ -329,6 +355,16 @@ class Searcher:
             assert self.cross_encoder is not None  # checked by search()
             return await by_cross_encoder(fused, text, self.cross_encoder)
         return fused
+
+
+def _lexicon_scope(scope: SearchScope) -> SearchScope | None:
+    """The scope of what was said by the known-at, when ``scope`` asks about an earlier
+    valid-at (None: it is the same)."""
+    asof = scope.asof
+    if asof.valid_at >= asof.known_at:
+        return None
+    lexicon = AsOf(asof.known_at, asof.known_at, asof.include_invalid, asof.entity_uuid)
+    return dataclasses.replace(scope, asof=lexicon)
 
 
 def _seeds(found: dict[tuple[str, str], Any], centre: str | None) -> list[str]:
