@@ -898,6 +898,71 @@ async def test_a_group_found_large_is_not_counted_again_for_a_while(
         await store.close()
 
 
+async def test_a_group_of_many_records_few_embedded_is_not_scanned_for_them(
+    neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neo4j: whether a group is small enough for an exact scan is judged by how many records
+    of the kind it holds, not how many have an embedding: a group of many records with few
+    embeddings (a mapped feed's episodes) is found large after reading ``scan_below`` of them
+    (counting the embedded ones read them all, every search), and answered the same."""
+    group = f"few-embedded-{uuidlib.uuid4().hex[:12]}"
+    store = Neo4jStore(neo4j_uri)
+    try:
+        await store.setup(DIM)
+        embedded = [entity(group, f"E{i}", embedding=apart(1, 1 + i / 10)) for i in range(2)]
+        plain = [entity(group, f"P{i}") for i in range(4)]
+        await upsert_entities(store, group, embedded + plain)
+        scope = SearchScope((group,), AsOf.resolve(None, None, False, None))
+        scanned = await store.search.vector_search(scope, "entity", apart(0, 1), 3)
+        assert [h.uuid for h in scanned] == [embedded[1].uuid, embedded[0].uuid]
+        ran = recorded(store, monkeypatch)
+        monkeypatch.setattr(store.search, "scan_below", 3)  # six entities, two embedded: large
+        found = await store.search.vector_search(scope, "entity", apart(0, 1), 3)
+        [check] = [params for statement, params in ran if statement == sq.SMALL_SCAN_HITS["entity"]]
+        assert check["scan_below"] == 3
+        assert store.search._still_large(((group,), sq.SMALL_SCAN_HITS["entity"])) == 6
+        assert found == scanned
+    finally:
+        await store.forget.delete_group(group)
+        await store.close()
+
+
+async def test_a_walk_reads_of_an_entity_only_the_facts_it_can_keep(
+    neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neo4j: a walk that keeps ``limit`` facts reads of each entity at most that many (an
+    entity thousands of facts point to, like a status every ticket took, answers what the walk
+    can keep, not its history); its answer is that of the walk reading every fact."""
+    from tidegraph.stores.hits import expanded
+
+    group = f"hub-{uuidlib.uuid4().hex[:12]}"
+    store = Neo4jStore(neo4j_uri)
+    try:
+        await store.setup(DIM)
+        hub, seed = entity(group, "Closed"), entity(group, "Ticket 7")
+        tickets = [entity(group, f"Ticket {i}") for i in range(12)]
+        await upsert_entities(store, group, [hub, seed, *tickets])
+        facts = [
+            fact(group, t, hub, "HAS_STATUS", f"{t.name} status is Closed", valid_at=day(1))
+            for t in [seed, *tickets]
+        ] + [fact(group, seed, t, "RELATES", f"Ticket 7 relates to {t.name}") for t in tickets[:3]]
+        ep = episode(group, "hub-1", day(1))
+        await store.write_episode(group, EpisodeWrite(episode=ep, facts=facts))
+        asof = AsOf.resolve(day(5), None, False, None)
+        scope = SearchScope((group,), asof)
+        ran = recorded(store, monkeypatch)
+        walked = await store.search.expand_facts(scope, [seed.uuid, hub.uuid], 2, 5)
+        assert [params["per_entity"] for statement, params in ran if "per_entity" in params] == [5]
+        whole = await expanded(
+            store.search._believed_touching(group, asof), [seed.uuid, hub.uuid], 2, 5
+        )
+        assert {h.uuid for h in walked} == {f.uuid for f, _ in whole}  # the same five
+        assert len(walked) == 5
+    finally:
+        await store.forget.delete_group(group)
+        await store.close()
+
+
 async def test_a_search_list_and_the_recent_episodes_entities_are_one_read_each(
     neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

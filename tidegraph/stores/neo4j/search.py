@@ -13,7 +13,9 @@ an entity created later) are dropped after the index answered, so more are asked
 from __future__ import annotations
 
 import math
+import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -59,13 +61,13 @@ MAX_CANDIDATES = 1_000
 # The most neighbours a global vector index is asked for (an HNSW search costs about its k)
 # before scanning the groups instead.
 MAX_VECTOR_K = 1000
-# Groups with fewer embeddings of a kind than this are scanned exactly instead of asking the
+# Groups with fewer records of a kind than this are scanned exactly instead of asking the
 # global index: a tenant among many holds a small share of the index, and the index query
 # that finds its top hits returns hundreds of other tenants' (measured on the Graphiti
 # comparison's 16 groups: 22.4 → 32.0 episodes/s, Neo4j's CPU per episode 39 → 25 ms).
 SCAN_BELOW = 1000
-# How long groups found to hold at least SCAN_BELOW embeddings of a kind skip the check (it
-# reads up to SCAN_BELOW nodes' vectors, several megabytes, a search and kind). Groups only
+# How long groups found to hold at least SCAN_BELOW records of a kind skip the check (it
+# reads up to SCAN_BELOW records from the group index, a search and kind). Groups only
 # shrink by a forget or a delete, and the index path answers a small group correctly too.
 LARGE_FOR_SECONDS = 60.0
 # The best k candidates of a group, best first, as (uuid, score), with their hits' rows
@@ -160,7 +162,7 @@ class Neo4jSearch(Search):
             return []
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
-            facts_of = self._believed_touching(group_id, scope.asof)
+            facts_of = self._believed_touching(group_id, scope.asof, limit)
             hops_of = {f.uuid: d for f, d in await expanded(facts_of, seeds, hops, limit)}
             scores = {uuid: 1 / d for uuid, d in hops_of.items()}
             hits += await self._hits(
@@ -202,7 +204,7 @@ class Neo4jSearch(Search):
         reads: Params | None = None,
     ) -> Candidates:
         """(uuid, score) of the groups' nearest neighbours, best first: by an exact scan when
-        the groups hold fewer than ``scan_below`` embeddings (``small_scan``); else from
+        the groups hold fewer than ``scan_below`` records of the kind (``small_scan``); else from
         Neo4j's global vector index (``candidates``: its top
         k neighbours, rescored exactly on the stored vectors; k grows while too few are of
         the groups), or by an exact ``scan`` of the groups when more than ``MAX_VECTOR_K``
@@ -263,15 +265,40 @@ class Neo4jSearch(Search):
         return seen[1]
 
     def _believed_touching(
-        self, group_id: str, asof: AsOf
+        self, group_id: str, asof: AsOf, per_entity: int | None = None
     ) -> Callable[[list[str]], Awaitable[list[FactRecord]]]:
         """The walk's read: the group's facts touching some entities that the scope sees, as
-        light records (``sq.FACTS_NEAR``: ends and times; a walk may read hundreds)."""
+        light records (``sq.FACTS_NEAR``: ends and times; a walk may read hundreds).
+
+        ``per_entity`` (a walk that keeps at most that many facts, ``expanded``): of each
+        entity only the first that many by uuid. The walk's answer is the same: a fact left
+        out has that many before it (by hop, then seed, then uuid) from the entity it would be
+        ranked by, and the walk stops at this read. The statement's filter lets through a
+        superset of what the scope believes (``sq.seen_by_scope``): when an entity's facts
+        were cut and some read are not believed, they are read again without the cut."""
+
+        async def read(uuids: list[str], cut: int | None) -> list[dict[str, Any]]:
+            params = {
+                "group_id": group_id,
+                "uuids": uuids,
+                "per_entity": sys.maxsize if cut is None else cut,
+                **scope_params(asof),
+            }
+            return [row for query in sq.FACTS_NEAR for row in await self.ex.rows(query, params)]
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:
-            params = {"group_id": group_id, "uuids": unique(entity_uuids), **scope_params(asof)}
-            rows = [row for query in sq.FACTS_NEAR for row in await self.ex.rows(query, params)]
-            return [f for f in map(fact_of, rows) if asof.believed(f)]
+            uuids = unique(entity_uuids)
+            asked = set(uuids)
+            facts = [fact_of(row) for row in await read(uuids, per_entity)]
+            believed = [f for f in facts if asof.believed(f)]
+            if per_entity is not None and len(believed) < len(facts):
+                touching = Counter(
+                    end for f in facts for end in {f.source_uuid, f.target_uuid} if end in asked
+                )
+                if any(n >= per_entity for n in touching.values()):  # maybe cut: read all
+                    facts = [fact_of(row) for row in await read(uuids, None)]
+                    believed = [f for f in facts if asof.believed(f)]
+            return believed
 
         return facts_of
 

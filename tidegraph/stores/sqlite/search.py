@@ -116,21 +116,25 @@ def fulltext_scored(
     asof: AsOf | None = None,
 ) -> Scored:
     """The group's best ``limit`` records of ``kind`` for an FTS5 ``query`` (BM25); with
-    ``asof`` (facts), of those ``believed_sql`` lets through."""
+    ``asof`` (facts), of those ``believed_sql`` lets through: the matches are checked against
+    those ids (read from the ``fact_believed`` index, without the facts' rows) before a fact's
+    row is read or a score computed, so a question on a long history reads the rows of what
+    is valid then, not of every match (its common words match most of the history: 82 → 31
+    ms for 30,000 facts; the ``+`` keeps FTS5 from looking each id up apart, 25 s)."""
     table, records = FULLTEXT[kind]
     seen, params = "", list[Any]()
     if asof is not None and kind == "fact":
         where, believed = believed_sql(asof)
         params = [group_id, *believed]
         seen = (
-            " AND f.id IN (SELECT f.id FROM fact f INDEXED BY fact_believed "
+            " AND +t.rowid IN (SELECT f.id FROM fact f INDEXED BY fact_believed "
             f"WHERE {BELIEVED_GROUP} = ? AND {where})"
         )
     rows = conn.execute(
         f"SELECT f.uuid, -bm25({table}, {BM25_WEIGHTS[table]}) AS score FROM {table} t "
-        f"JOIN {records} f ON f.id = t.rowid "
-        f"WHERE {table} MATCH ? AND f.group_id = ?{seen} ORDER BY score DESC, f.uuid LIMIT ?",
-        (query, group_id, *params, limit),
+        f"JOIN {records} f ON f.id = t.rowid WHERE {table} MATCH ?{seen} AND f.group_id = ? "
+        "ORDER BY score DESC, f.uuid LIMIT ?",
+        (query, *params, group_id, limit),
     )
     return [(uuid, float(score)) for uuid, score in rows]
 
@@ -516,12 +520,10 @@ def _fulltext_hits(
         else:
             query = fulltext_query(group_id, text, by_group)
         assert query is not None  # the text has terms
-        scored = partial(fulltext_scored, conn, group_id, kind, query)
-        narrow = None
-        if kind == "fact" and not scope.asof.include_invalid:
-            narrowed = partial(fulltext_scored, conn, group_id, kind, query, asof=scope.asof)
-            narrow = partial(_same, narrowed)
-        hits += seen(conn, group_id, kind, scope, scored, limit, narrow)
+        # facts: of those the scope may believe from the first read (``fulltext_scored``)
+        asof = scope.asof if kind == "fact" else None
+        scored = partial(fulltext_scored, conn, group_id, kind, query, asof=asof)
+        hits += seen(conn, group_id, kind, scope, scored, limit)
     return rules.best(hits, limit)
 
 
@@ -545,10 +547,6 @@ def _vector_hits(
 
         hits += seen(conn, group_id, kind, scope, every.best, limit, narrow)
     return rules.best(hits, limit)
-
-
-def _same(scored: ScoredBy) -> ScoredBy:
-    return scored
 
 
 def believed_uuids(conn: sqlite3.Connection, group_id: str, asof: AsOf) -> set[str]:
