@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -23,8 +24,19 @@ class MemoryForgetting(Forgetting):
         self.store = store
 
     async def group_history(self, group_id: str) -> GroupHistory:
+        history = self._episodes_history(group_id, lambda _: True)
+        history.entities = {
+            u: copied(self.store._entities[u], community_uuid=None)
+            for u in self.store._entities.by_group.get(group_id, ())
+        }
+        history.facts = {f.uuid: copied(f) for f in self.store._group_facts(group_id)}
+        return history
+
+    def _episodes_history(self, group_id: str, wanted: Callable[[str], bool]) -> GroupHistory:
+        """The group's episodes ``wanted`` takes (by uuid), in the order their effects were
+        written, with their mentions and created entities and the group's version."""
         episodes = sorted(
-            (e for e in self.store._episodes.values() if e.group_id == group_id),
+            (e for e in self.store._episodes.values() if e.group_id == group_id and wanted(e.uuid)),
             key=lambda e: (utc(e.extracted_at or e.created_at or e.valid_at), e.uuid),
         )
         uuids = {e.uuid for e in episodes}
@@ -35,11 +47,6 @@ class MemoryForgetting(Forgetting):
         log = self.store._logs.get(group_id)
         return GroupHistory(
             episodes=[e.model_copy(deep=True) for e in episodes],
-            entities={
-                u: copied(self.store._entities[u], community_uuid=None)
-                for u in self.store._entities.by_group.get(group_id, ())
-            },
-            facts={f.uuid: copied(f) for f in self.store._group_facts(group_id)},
             mentions=mentions,
             created={u: list(self.store._created.get(u, [])) for u in uuids},
             version=log.version if log is not None else 0,
@@ -57,22 +64,7 @@ class MemoryForgetting(Forgetting):
         wanted |= {p for p, e in self.store._mentions if e in entities}
         made = set(creating or ())
         wanted |= {p for p, created in self.store._created.items() if made & set(created)}
-        part = [
-            e for e in self.store._episodes.values() if e.group_id == group_id and e.uuid in wanted
-        ]
-        part.sort(key=lambda e: (utc(e.extracted_at or e.created_at or e.valid_at), e.uuid))
-        uuids = {e.uuid for e in part}
-        mentions: dict[str, list[str]] = {}
-        for episode, entity in sorted(self.store._mentions):
-            if episode in uuids:
-                mentions.setdefault(episode, []).append(entity)
-        log = self.store._logs.get(group_id)
-        return GroupHistory(
-            episodes=[e.model_copy(deep=True) for e in part],
-            mentions=mentions,
-            created={u: list(self.store._created.get(u, [])) for u in uuids},
-            version=log.version if log is not None else 0,
-        )
+        return self._episodes_history(group_id, wanted.__contains__)
 
     async def group_profile(self, group_id: str) -> GroupProfile:
         extracted = [
