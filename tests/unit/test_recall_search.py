@@ -195,7 +195,7 @@ async def test_the_fusion_depth_does_not_follow_the_limit():
 def test_the_fusion_weighs_each_method_as_the_recipe_says():
     episodes = RECIPES["episodes_rrf"].search_for("episode")
     assert episodes is not None
-    assert (episodes.weight("bm25"), episodes.weight("vector")) == (1.0, 0.3)
+    assert (episodes.weight("bm25"), episodes.weight("vector")) == (1.0, 0.4)
     assert episodes.rrf_k == 20
     facts = RECIPES["facts_rrf"].search_for("fact")
     assert facts is not None and (facts.weight("vector"), facts.weight("bfs")) == (1.0, 0.5)
