@@ -157,7 +157,7 @@ def create_app(
         app.agent(topics[topic], name=f"tidegraph.{handler.stage}")(agent)
     if sources is not None:  # declared source topics -> episodes (streaming/sources.py)
         install_sources(
-            app, sources, SourceHandler(sources.sources, names, worker, budget),
+            app, sources, SourceHandler(sources.sources, names, worker, budget, runner.map_now),
             run_agent=partial(stage_agent, sender=sender, worker=worker, registry=lanes,
                               generation=lambda: app.consumer_generation_id),
         )  # fmt: skip
