@@ -30,6 +30,8 @@ from tests.support.local_services import (
 )
 
 CONNECTOR_TIMEOUT_SECONDS = 90.0
+# The connector's poll interval (docs/sources.md "Walkthrough: a Debezium feed").
+POLL_INTERVAL_MS = 50
 
 
 def avro_converter(registry_url: str) -> dict[str, str]:
@@ -117,6 +119,10 @@ class CapturedDatabase:
             "publication.autocreate.mode": "filtered",
             "table.include.list": ",".join(tables),
             "snapshot.mode": "initial",
+            # Debezium waits this long for more changes before it hands a batch to Connect
+            # (and again before it reads the WAL when nothing was pending): its default, 500
+            # ms, is up to a second between a commit and its change on Kafka.
+            "poll.interval.ms": str(POLL_INTERVAL_MS),
             **self.converter,
             **self.extra,
         }

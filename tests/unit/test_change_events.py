@@ -63,6 +63,31 @@ def test_an_update_states_only_what_moved() -> None:
     assert facts_of(event("u", ACME, dict(ACME))) == []  # a write of the same values
 
 
+def entities_of(content: dict[str, Any], mapping: MappingSet = MAPPINGS) -> list[tuple[str, str]]:
+    episode = Episode(id="e1", group_id="g", content=content, reference_time="2025-01-01T00:00Z")
+    extraction = mapping.extract(episode)
+    assert extraction is not None
+    return [(e.name, e.summary) for e in extraction.entities]
+
+
+def test_an_update_writes_only_the_entities_its_moved_facts_need() -> None:
+    moved = {**ACME, "owner": "Erin"}
+    assert entities_of(event("u", ACME, moved)) == [("Account 1", "Acme"), ("Erin", "")]
+    assert entities_of(event("u", ACME, dict(ACME))) == []  # a write of the same values
+
+
+def test_an_update_of_an_entitys_own_values_writes_that_entity() -> None:
+    mapping = MappingSet.model_validate({"mappings": [{
+        "name": "noted", "match": {"source.table": "t"}, "change_events": True,
+        "entities": {"row": {"name": "Row {row.id}", "key": "k:{row.id}",
+                             "summary": "{row.note}"},
+                     "tag": {"name": "{row.tag}"}},
+        "facts": [{"relation": "TAGGED", "subject": "row", "object": "tag"}],
+    }]})  # fmt: skip
+    then, now = {"id": 1, "tag": "red", "note": "old"}, {"id": 1, "tag": "red", "note": "new"}
+    assert entities_of(event("u", then, now, table="t"), mapping) == [("Row 1", "new")]
+
+
 def test_an_update_without_the_full_before_restates_every_fact() -> None:
     moved = {**ACME, "owner": "Erin"}
     assert len(facts_of(event("u", {"id": 1}, moved))) == 2

@@ -285,11 +285,10 @@ class GroupRunner:
         return Outcome.failed(episode, Failure.of(stage, error, "timeout", attempt + 1))
 
     # ------------------------------------------------------------------ extraction
-    async def extract_now(self, episode: Episode) -> Outcome[Extraction]:
-        """The extraction of an episode that needs no LLM call ahead: a record a declared
-        mapping extracts, mapped here (pure and quick: no retries, no budget; a rule that
-        matches but cannot map it fails it with the rule's reason); any other through the
-        extraction step with its retries and budget."""
+    async def map_now(self, episode: Episode) -> Outcome[Extraction] | None:
+        """The extraction of an episode a declared mapping extracts (pure and quick: no
+        retries, no budget; a rule that matches but cannot map it fails it with the rule's
+        reason); None when no rule matches it (nothing done)."""
         step = self.extraction
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -299,10 +298,20 @@ class GroupRunner:
             verdict = classify(exc)
             STAGE_EVENTS.labels(step.stage, "error").inc()
             return Outcome.failed(episode, Failure.of(step.stage, exc, verdict.reason))
+        if mapped is None:
+            return None
+        STAGE_EVENTS.labels(step.stage, "ok").inc()
+        STAGE_LATENCY.labels(step.stage).observe(loop.time() - started)
+        return Outcome(episode, mapped)
+
+    async def extract_now(self, episode: Episode) -> Outcome[Extraction]:
+        """The extraction of an episode that needs no LLM call ahead: a record a declared
+        mapping extracts, mapped here (``map_now``); any other through the extraction step with
+        its retries and budget."""
+        mapped = await self.map_now(episode)
         if mapped is not None:
-            STAGE_EVENTS.labels(step.stage, "ok").inc()
-            STAGE_LATENCY.labels(step.stage).observe(loop.time() - started)
-            return Outcome(episode, mapped)
+            return mapped
+        step = self.extraction
         return await run_step(
             step,
             episode,

@@ -302,7 +302,9 @@ def _keep(extraction: Extraction, facts: list[FactDraft], drop: set[int]) -> Ext
 
 def _moved_only(now: Extraction, then: Extraction) -> Extraction:
     """The facts of ``now`` (after an update) whose value moved since ``then`` (before it),
-    and a closing fact for each previous value of a fact without ``cardinality: one``."""
+    and a closing fact for each previous value of a fact without ``cardinality: one``; the
+    entities those facts need and those whose own values (name, labels, summary, key,
+    attributes) moved, not the others: an update rewrites nothing it did not change."""
 
     def ident(x: Extraction, f: FactDraft) -> tuple[Any, ...]:
         subject = x.entities[f.subject]
@@ -337,7 +339,9 @@ def _moved_only(now: Extraction, then: Extraction) -> Extraction:
                 }
             )
         )
-    return now.model_copy(update={"entities": entities, "facts": facts})
+    needed = {f.subject for f in facts} | {f.object for f in facts if f.object >= 0}
+    unchanged = {i for i, e in enumerate(entities) if i not in needed and e in then.entities}
+    return _keep(now.model_copy(update={"entities": entities}), facts, unchanged)
 
 
 def _unavailable(value: str | None) -> bool:

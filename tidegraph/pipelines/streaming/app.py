@@ -155,9 +155,9 @@ def create_app(
     for topic, handler in hops:
         agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)
         app.agent(topics[topic], name=f"tidegraph.{handler.stage}")(agent)
-    if sources is not None:  # declared source topics -> episodes (streaming/sources.py)
+    if sources is not None:  # source topics -> extracted, episodes (streaming/sources.py)
         install_sources(
-            app, sources, SourceHandler(sources.sources, names, worker, budget),
+            app, sources, SourceHandler(sources.sources, names, worker, budget, runner.map_now),
             run_agent=partial(stage_agent, sender=sender, worker=worker, registry=lanes,
                               generation=lambda: app.consumer_generation_id),
         )  # fmt: skip

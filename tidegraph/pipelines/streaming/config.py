@@ -27,9 +27,9 @@ class WorkerSettings(BaseSettings):
     extraction_batch_within_seconds: float = Field(
         0.05,
         gt=0,
-        description="The same for the extraction hop: its micro-batches only group the "
-        "records of a job, and a group's records waiting behind a busy lane are taken "
-        "together anyway.",
+        description="The same for the extraction hop and the source stage (which extracts "
+        "the records a declared mapping maps): their micro-batches only group the records "
+        "of a job, and a lane's records waiting behind a busy job are taken together anyway.",
     )
 
     def retry_policy(self) -> RetryPolicy:
@@ -43,7 +43,7 @@ class WorkerSettings(BaseSettings):
 
     def batch_within(self, stage: str) -> float:
         """The micro-batch wait of the hop that starts with ``stage``."""
-        if stage == "extraction":
+        if stage in ("extraction", "source"):
             return self.extraction_batch_within_seconds
         return self.batch_within_seconds
 

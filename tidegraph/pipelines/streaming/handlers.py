@@ -30,7 +30,7 @@ from tidegraph.records.errors import InvalidEpisode
 from tidegraph.records.forget import ForgetRequest, parse_record
 from tidegraph.records.outcome import Failure, Outcome
 from tidegraph.records.sealed import DataKey, is_sealed, seal
-from tidegraph.records.stages import WriteSummary
+from tidegraph.records.stages import Extraction, WriteSummary
 from tidegraph.records.times import utcnow
 from tidegraph.stores.errors import StoreUnreachable
 from tidegraph.stores.roles import Keys
@@ -54,6 +54,10 @@ from tidegraph.topics.sealing import Opened, hop_value, open_sealed, seal_hop
 log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
+
+# The extraction stage: the extraction hop's, and a declared source's records that a mapping
+# extracts where they are read (tidegraph/pipelines/streaming/sources.py).
+EXTRACTION = "extraction"
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,21 @@ class RecordHandler:
         """The dead letter of an episode the runner gave up on."""
         return self.dead(record, failure, episode=taken.episode, origin=taken.origin, key=taken.key)
 
+    def extracted_hop(self, record: Consumed, read: Taken, extraction: Extraction) -> Emit:
+        """The episode's extraction as its ``{prefix}.extracted`` record, keyed by group
+        (sealed as the episode came), or its dead letter when it is too large for Kafka."""
+        group_id = read.episode.group_id
+        data = encode(ExtractedRecord(origin=read.origin, extraction=extraction))
+        if read.key is not None:
+            data = seal_hop(data, group_id, read.key)
+        if len(data) > MAX_RECORD_VALUE_BYTES:
+            error = ValueError(
+                f"the {self.names.extracted} record of this episode would be {len(data)} "
+                f"bytes; Kafka takes at most {MAX_RECORD_VALUE_BYTES}"
+            )
+            return self.failed(record, Failure.of(EXTRACTION, error, "too_large"), read)
+        return Emit(self.names.extracted, encode_key(group_id), data)
+
     async def open_sealed(
         self, records: Sequence[Consumed]
     ) -> list[Opened | InvalidEpisode | None]:
@@ -241,7 +260,7 @@ class ExtractionHandler(RunnerHandler):
     group runner (``GroupRunner.extract``), each extraction produced to
     ``{prefix}.extracted`` with the origin of its envelope."""
 
-    stage = "extraction"
+    stage = EXTRACTION
 
     @property
     def group_take(self) -> int:
@@ -269,28 +288,12 @@ class ExtractionHandler(RunnerHandler):
                 elif outcome.processed or outcome.value is None:
                     outputs.append([])  # already in the graph: nothing to hand on
                 else:
-                    hop = ExtractedRecord(origin=read.origin, extraction=outcome.value)
-                    outputs.append([self._hop_record(hop, record, read.episode.group_id, read)])
+                    outputs.append([self.extracted_hop(record, read, outcome.value)])
         return outputs
 
-    def _hop_record(
-        self,
-        hop: ExtractedRecord | ForgetRecord,
-        record: Consumed,
-        group_id: str,
-        read: Taken | None = None,
-    ) -> Emit:
-        """The hop record, or a dead letter when an extraction's is too large for Kafka."""
-        data = encode(hop)
-        if read is not None and read.key is not None:  # sealed as the episode came
-            data = seal_hop(data, group_id, read.key)
-        if read is not None and len(data) > MAX_RECORD_VALUE_BYTES:
-            error = ValueError(
-                f"the {self.names.extracted} record of this episode would be {len(data)} "
-                f"bytes; Kafka takes at most {MAX_RECORD_VALUE_BYTES}"
-            )
-            return self.failed(record, Failure.of(self.stage, error, "too_large"), read)
-        return Emit(self.names.extracted, encode_key(group_id), data)
+    def _hop_record(self, hop: ForgetRecord, record: Consumed, group_id: str) -> Emit:
+        """A forget request handed on to the write hop, in its group's order."""
+        return Emit(self.names.extracted, encode_key(group_id), encode(hop))
 
     def _read_episode(
         self, record: Consumed, opened: Opened | InvalidEpisode | None

@@ -1,12 +1,15 @@
 """Declared sources in the worker (docs/sources.md): the source topics' records decoded (JSON,
-or Avro through a schema registry), turned into episodes by their declared source
-(``tidegraph.processors.sources``) and produced to ``{prefix}.episodes``, keyed by group, where
-the extraction hop takes them like any other envelope (the one group runner, the declared
-mappings). A record is acked once its episode (or its dead letter) is acknowledged by Kafka.
+or Avro through a schema registry) and turned into episodes by their declared source
+(``tidegraph.processors.sources``). An episode a declared mapping extracts is mapped here, where
+it is read (the mapping is pure), and its extraction produced to ``{prefix}.extracted``, keyed
+by group, where the write hop takes it like any other (the one group runner: one writer per
+group, the group's records in order); an episode no rule matches goes to ``{prefix}.episodes``,
+keyed by group, for the extraction hop (the LLM's extraction). A record is acked once what it
+became (or its dead letter) is acknowledged by Kafka.
 
 Order: the source agent has one lane per source partition (``SourceHandler.lane_of``), so each
 row's changes (Debezium keys them by primary key: one partition) and a table's truncate reach
-``{prefix}.episodes`` in their source order; records of other partitions of one group may
+``{prefix}.extracted`` in their source order; records of other partitions of one group may
 interleave differently, which the temporal rules absorb (a record older than what is stored is
 late, and stored closed).
 """
@@ -31,7 +34,7 @@ from tidegraph.metrics import (
     SOURCE_SKIPPED,
 )
 from tidegraph.pipelines.streaming.config import WorkerSettings
-from tidegraph.pipelines.streaming.handlers import Consumed, Emit, RecordHandler
+from tidegraph.pipelines.streaming.handlers import Consumed, Emit, RecordHandler, Taken
 from tidegraph.processors.sources import (
     RegistrySpec,
     Skipped,
@@ -43,7 +46,8 @@ from tidegraph.processors.sources import (
 from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import RecordError
-from tidegraph.records.outcome import Failure
+from tidegraph.records.outcome import Failure, Outcome
+from tidegraph.records.stages import Extraction
 from tidegraph.topics.admin import admin_client
 from tidegraph.topics.names import TopicNames
 from tidegraph.topics.records import encode, encode_key
@@ -144,9 +148,15 @@ def _is_transport_error(exc: BaseException) -> bool:
                for c in type(exc).__mro__)  # fmt: skip
 
 
+# A declared mapping's extraction of an episode (``GroupRunner.map_now``): None when no rule
+# matches it.
+Mapper = Callable[[Episode], Awaitable[Outcome[Extraction] | None]]
+
+
 class SourceHandler(RecordHandler):
-    """The source stage: records of the declared source topics in, envelopes on
-    ``{prefix}.episodes`` (or dead letters) out."""
+    """The source stage: records of the declared source topics in; out, each one's extraction
+    on ``{prefix}.extracted`` when ``mapper`` maps it, else its envelope on
+    ``{prefix}.episodes`` (or its dead letter)."""
 
     stage = "source"
 
@@ -156,9 +166,11 @@ class SourceHandler(RecordHandler):
         names: TopicNames,
         worker: WorkerSettings,
         record_timeout: float,
+        mapper: Mapper | None = None,
     ) -> None:
         super().__init__(names, worker, record_timeout)
         self.sources = sources
+        self.mapper = mapper
         self.registry = {
             s.name: RegistryDecoder(s.registry, s.format)
             for s in sources.sources
@@ -185,6 +197,13 @@ class SourceHandler(RecordHandler):
             SOURCE_RECORDS.labels(spec.name, "skipped").inc()
             return []
         SOURCE_RECORDS.labels(spec.name, "episode").inc()
+        if self.mapper is not None:
+            mapped = await self.mapper(result)
+            read = Taken(result, record.ref)
+            if mapped is not None and mapped.failure is not None:  # a rule that cannot map it
+                return [self.failed(record, mapped.failure, read)]
+            if mapped is not None and mapped.value is not None:  # straight to the write hop
+                return [self.extracted_hop(record, read, mapped.value)]
         return [Emit(self.names.episodes, encode_key(result.group_id), encode(result))]
 
     async def convert(self, record: Consumed) -> tuple[SourceSpec, Episode | Skipped | Failure]:
