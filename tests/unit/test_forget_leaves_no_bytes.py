@@ -16,7 +16,6 @@ without purge, leaves none either.
 from __future__ import annotations
 
 import re
-import sqlite3
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.search import SearchRequest
 from tidegraph.settings import Settings
 from tidegraph.stores.sqlite.db import DB_FILE
+from tidegraph.stores.sqlite.driver import sqlite3
 
 
 def store_tokenizer(store_file: Path) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import sqlite3
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Sequence
@@ -37,6 +36,7 @@ import orjson
 
 from tidegraph.records.times import utc
 from tidegraph.stores.executor import count_errors
+from tidegraph.stores.sqlite.driver import sqlite3
 
 T = TypeVar("T")
 P = ParamSpec("P")

@@ -5,7 +5,6 @@ caller's transaction (docs/architecture.md "Forgetting").
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +23,7 @@ from tidegraph.stores import errors
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.rows import change_row, to_utc, unique
 from tidegraph.stores.sqlite.db import FULLTEXT, json_list, json_text, micros, vector_blob
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.rows import (
     ENTITY_FULL,
     EPISODE,
