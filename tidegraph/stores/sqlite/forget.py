@@ -14,6 +14,7 @@ from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.erasure import truncate_log
 from tidegraph.stores.sqlite.lifecycle import (
     apply_rebuild,
+    extracted_episodes,
     forget_group,
     group_history,
     group_profile,
@@ -46,6 +47,9 @@ class SqliteForgetting(Forgetting):
 
     async def group_profile(self, group_id: str) -> GroupProfile:
         return await self.store.db.run(group_profile, group_id)
+
+    async def extracted_episodes(self, group_id: str, up_to: int) -> int:
+        return await self.store.db.run(extracted_episodes, group_id, up_to)
 
     async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
         dim = self.store._dimension()

@@ -45,6 +45,7 @@ from tidegraph.stores.sqlite.browse import SqliteBrowsing
 from tidegraph.stores.sqlite.communities import SqliteCommunities
 from tidegraph.stores.sqlite.db import (
     ADDED_COLUMNS,
+    ADDED_INDEXES,
     DB_FILE,
     DROPPED,
     SCHEMA,
@@ -254,6 +255,8 @@ class SqliteStore(GraphStore):
                 for column in columns:
                     if column.split()[0] not in have:
                         conn.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+            for statement in ADDED_INDEXES:
+                conn.execute(statement)
             meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
             if meta.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
                 indexed = reindex_episodes(conn)
