@@ -128,6 +128,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "group_size": size,
             "forget_one_episode_seconds": quantiles(single),
             "forget_subject_seconds": quantiles(by_subject),
+            # in the order they ran: whether a slow one is the first (a cold cache, plans)
+            "each_episode_seconds": [round(x, 3) for x in single],
+            "each_subject_seconds": [round(x, 3) for x in by_subject],
             "subject_episodes": subject_mentions,
             "paths": paths,
         }

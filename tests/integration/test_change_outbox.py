@@ -6,7 +6,6 @@ change; each deployment relays only the groups it writes."""
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
 import uuid as uuidlib
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +24,7 @@ from tidegraph.stores.base import GraphStore
 from tidegraph.stores.neo4j.store import Neo4jStore
 from tidegraph.stores.roles import Outbox
 from tidegraph.stores.sqlite.db import DB_FILE, Transaction
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.store import SqliteStore
 
 pytestmark = pytest.mark.integration

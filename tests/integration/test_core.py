@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 from collections import Counter
@@ -50,6 +49,7 @@ from tidegraph.records.episode import Episode
 from tidegraph.records.ids import normalize_name, to_relation_name
 from tidegraph.stores.base import GraphStore
 from tidegraph.stores.neo4j.store import Neo4jStore
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.store import SqliteStore
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,10 @@ in their counts and in what a search finds.
 
 from __future__ import annotations
 
+import re
 import uuid as uuidlib
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,7 +27,10 @@ from hypothesis import strategies as st
 from tests.integration.graph_compare import timelines
 from tests.integration.test_delivery_order_stores import DIM, Record, deliveries
 from tests.support import crm_feed as crm
+from tests.support.extraction_requests import on_extraction
+from tests.support.fake_llm import FakeRequest, ScriptedLLMServer
 from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.llm import LLMClient
 from tidegraph.pipelines.community_service import CommunityService
 from tidegraph.pipelines.forget import forget_episodes, forget_subject
 from tidegraph.pipelines.pending import extract_pending
@@ -270,3 +276,133 @@ async def test_a_forgotten_unextracted_episode_is_not_extracted_later(
         assert await any_store.episode_status(group, note.uuid) == "forgotten"
     finally:
         await any_store.forget.delete_group(group)
+
+
+# ---- text feeds: the LLM extracts and judges (a scripted server on loopback)
+SPEAKERS = ["Ana Lima", "Ben Okafor", "Chen Wu"]
+COMPANIES = ["Harbor Freight", "Acme", "Globex"]
+CLAIMS = ["moved to the Starter plan", "reports invoices shown twice", "renewed its contract"]
+
+
+@dataclass(frozen=True)
+class Message:
+    id: str
+    speaker: str
+    company: str
+    claim: str
+
+    def episode(self, group: str, at: datetime) -> Episode:
+        return Episode(
+            id=self.id,
+            group_id=group,
+            source="message",
+            content=f"{self.speaker}: {self.company} {self.claim}.",
+            reference_time=at,
+        )
+
+
+messages = st.lists(
+    st.builds(
+        Message,
+        st.just(""),
+        st.sampled_from(SPEAKERS),
+        st.sampled_from(COMPANIES),
+        st.sampled_from(CLAIMS),
+    ),
+    min_size=2,
+    max_size=8,
+).map(lambda drawn: [replace(m, id=f"chat-{n}") for n, m in enumerate(drawn)])
+
+_SAID = re.compile(
+    r"^(?P<speaker>[^:\n]+): (?P<company>.+?) (?P<claim>(?:{})).$".format(
+        "|".join(map(re.escape, CLAIMS))
+    ),
+    re.MULTILINE,
+)
+
+
+def extract_message(request: FakeRequest) -> dict[str, Any]:
+    """The speaker, the company and what the speaker says of it, from the message alone."""
+    current = request.user.split("Current episode", 1)[1].split("\n", 1)[1]
+    said = _SAID.search(current)
+    assert said, current
+    return {
+        "entities": [
+            {"name": said["speaker"], "type": "Person", "summary": None},
+            {"name": said["company"], "type": "Organization", "summary": None},
+        ],
+        "facts": [
+            {
+                "subject": said["company"],
+                "relation": "STATUS",
+                "object": said["speaker"],
+                "fact": f"{said['company']} {said['claim']} (as {said['speaker']} says)",
+                "valid_at": None,
+                "invalid_at": None,
+            }
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def text_llm() -> Iterator[ScriptedLLMServer]:
+    with ScriptedLLMServer() as server:
+        on_extraction(server, extract_message)
+        server.on("EntityResolutionOutput", lambda _: {"matches": []})
+        server.on("FactResolutionOutput", lambda _: {"judgements": []})
+        yield server
+
+
+async def feed_text(
+    store: GraphStore, server: ScriptedLLMServer, group: str, feed: list[Message]
+) -> GroupRunner:
+    """``feed`` written one message at a time, each at an ingestion time of its own (by its
+    place in the whole feed, as its reference time: the same in a feed without some)."""
+    llm = LLMClient(base_url=server.base_url, api_key="test", model="fake", cache=None)
+    components = Components.of(
+        store=store, embedder=HashingEmbedder(dim=DIM), llm=llm, mappings=None
+    )
+    components.clock = lambda episode: T0 + timedelta(minutes=int(episode.id.split("-")[1]))
+    pipeline = GroupRunner(components, unit_episodes=1)
+    for message in feed:
+        at = T0 + timedelta(hours=int(message.id.split("-")[1]))
+        [outcome] = await pipeline.run([message.episode(group, at)])
+        assert outcome.failure is None, outcome.failure
+    return pipeline
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(feed=messages, data=st.data())
+async def test_forgetting_in_a_text_group_gives_the_graph_of_the_remaining_episodes(
+    any_store: GraphStore, text_llm: ScriptedLLMServer, feed: list[Message], data: st.DataObject
+) -> None:
+    """A group the LLM extracted (its judgements search the whole group) is replayed whole,
+    and the result is the graph its remaining messages give, by episodes and by subject."""
+    group, expected_group = (f"forget-{uuidlib.uuid4().hex[:12]}" for _ in range(2))
+    ids = [m.id for m in feed]
+    named = set(data.draw(st.lists(st.sampled_from(ids), max_size=2, unique=True)))
+    by_subject = data.draw(st.sampled_from(["", *COMPANIES]), label="subject")
+    try:
+        pipeline = await feed_text(any_store, text_llm, group, feed)
+        forgotten = {m.id for m in feed if m.id in named}
+        if forgotten:
+            await forget_episodes(pipeline, group, forgotten)
+        if by_subject and by_subject in [m.company for m in feed if m.id not in forgotten]:
+            [entity] = [
+                e for e in await any_store.browse.list_entities(group) if e.name == by_subject
+            ]
+            report = await forget_subject(pipeline, group, entity.uuid)
+            assert report.forgotten == len(
+                [m for m in feed if m.company == by_subject and m.id not in forgotten]
+            )
+            forgotten |= {m.id for m in feed if m.company == by_subject}
+        remaining = [m for m in feed if m.id not in forgotten]
+        await feed_text(any_store, text_llm, expected_group, remaining)
+        assert await graph(any_store, group) == await graph(any_store, expected_group)
+    finally:
+        await any_store.forget.delete_group(group)
+        await any_store.forget.delete_group(expected_group)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sqlite3
 import uuid as uuidlib
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta, timezone
@@ -50,6 +49,7 @@ from tidegraph.stores.neo4j.search import Neo4jSearch
 from tidegraph.stores.neo4j.store import Neo4jStore
 from tidegraph.stores.rows import vector_candidates
 from tidegraph.stores.sqlite import db as sqlite_db
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.store import SqliteStore
 
 pytestmark = pytest.mark.integration

@@ -11,12 +11,12 @@ contact as a subject and the messages by their ids, as a person asking to be era
 from __future__ import annotations
 
 import re
-import sqlite3
 from datetime import UTC, datetime, timedelta
 
 from tidegraph.app.memory import Memory
 from tidegraph.records.forget import ForgetRequest
 from tidegraph.stores.search_text import identifier_words
+from tidegraph.stores.sqlite.driver import sqlite3
 
 GROUP = "northwind"
 AT = datetime(2025, 10, 1, 9, 0, tzinfo=UTC)

@@ -3,7 +3,6 @@ its product callers never use (docs/architecture.md "Store roles")."""
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
 
 from tidegraph.records.asof import AsOf
@@ -18,6 +17,7 @@ from tidegraph.stores.neo4j.store import Neo4jStore
 from tidegraph.stores.rows import entity_row, now_utc, unique, with_epoch_times
 from tidegraph.stores.sqlite import writes as sqlite_writes
 from tidegraph.stores.sqlite.db import Transaction
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.store import SqliteStore
 from tidegraph.stores.sqlite.writes import stored_owners
 

@@ -24,7 +24,7 @@ from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.pipelines.forget_reach import MOST, Reach, Whole, reach, read_reach
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.steps import Components
-from tidegraph.records.graph import EpisodeRecord, GroupHistory
+from tidegraph.records.graph import EpisodeRecord, GroupHistory, GroupProfile
 from tidegraph.stores.base import GraphStore
 from tidegraph.stores.memory.store import MemoryStore
 from tidegraph.stores.sqlite.store import SqliteStore
@@ -139,3 +139,20 @@ def test_a_group_with_llm_extracted_episodes_is_replayed_whole() -> None:
         extraction='{"entities": [{"name": "Ana"}], "facts": [], "mapped": false}',
     )
     assert reach("g", GroupHistory(episodes=[text]), {"e1"}) == Whole("episodes the LLM extracted")
+
+
+async def test_a_mapped_groups_profile_and_bounded_count(store: GraphStore) -> None:
+    """A mapped group holds no LLM-extracted episode and none without an extraction; its
+    live extracted episodes are counted up to the bound asked for, forgotten ones not."""
+    group = f"inc-{uuidlib.uuid4().hex[:10]}"
+    records = generated(30, 5)
+    runner = await fed(store, group, records)
+    history = await store.forget.group_history(group)
+    live = len(history.episodes)
+    assert await store.forget.group_profile(group) == GroupProfile()
+    assert await store.forget.extracted_episodes(group, 5) == 5
+    assert await store.forget.extracted_episodes(group, live + 10) == live
+    gone = sorted(history.episodes, key=lambda e: e.producer_id)[0].uuid
+    await forget_both_ways(store, runner, group, {gone})
+    assert await store.forget.extracted_episodes(group, live + 10) == live - 1
+    assert await store.forget.extracted_episodes(f"{group}-other", 5) == 0

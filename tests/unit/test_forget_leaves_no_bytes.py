@@ -16,7 +16,6 @@ without purge, leaves none either.
 from __future__ import annotations
 
 import re
-import sqlite3
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,9 @@ from tidegraph.records.forget import ForgetRequest
 from tidegraph.records.search import SearchRequest
 from tidegraph.settings import Settings
 from tidegraph.stores.sqlite.db import DB_FILE
+from tidegraph.stores.sqlite.driver import sqlite3
+from tidegraph.stores.sqlite.erasure import FULLTEXT_TABLES
+from tidegraph.stores.sqlite.store import SqliteStore
 
 
 def store_tokenizer(store_file: Path) -> str:
@@ -132,3 +134,35 @@ async def test_forgetting_the_whole_group_leaves_no_byte_of_it(tmp_path: Path, p
         assert done.forgotten > 0
         assert files_holding(data, wanted) == {}
     assert files_holding(data, wanted) == {}
+
+
+async def test_a_store_written_before_deletes_securely_once_opened(tmp_path: Path) -> None:
+    """A file whose fulltext indexes lack FTS5's secure-delete option (written before it was
+    set) keeps a deleted row's words in its index segments; opened by this version, its
+    indexes are merged once and delete securely from then on: the words are gone."""
+    folder = tmp_path / "graph"
+    word = "zanzibarquuxword"
+
+    def written_before(conn: sqlite3.Connection) -> None:
+        for table in FULLTEXT_TABLES:
+            conn.execute(f"INSERT INTO {table} ({table}, rank) VALUES ('secure-delete', 0)")
+        conn.execute("INSERT INTO fact_text (rowid, group_id, text) VALUES (-1, 'g', ?)", (word,))
+        conn.execute("DELETE FROM fact_text WHERE rowid = -1")
+
+    store = SqliteStore(folder)
+    await store.setup(8)
+    await store.db.run(written_before)
+    await store.close()
+    assert files_holding(folder, {word}), "the older file keeps the deleted row's word"
+    store = SqliteStore(folder)
+    await store.setup(8)
+
+    def option(conn: sqlite3.Connection) -> list[int]:
+        return [
+            conn.execute(f"SELECT v FROM {t}_config WHERE k = 'secure-delete'").fetchone()[0]
+            for t in FULLTEXT_TABLES
+        ]
+
+    assert await store.db.run(option) == [1] * len(FULLTEXT_TABLES)
+    await store.close()
+    assert not files_holding(folder, {word})

@@ -131,17 +131,22 @@ async def forget_episodes(
     *,
     dry_run: bool = False,
     most: float = MOST,
+    read: GroupHistory | None = None,
 ) -> ForgetReport:
     """Forget the episodes of ``group_id`` with these producer ids (see the module
     docstring). Ids the group does not hold are left out of the report; a dry run computes
     everything and writes nothing. ``most``: the share of the group above which the whole
-    group is replayed (``forget_reach``; 0 always replays it whole)."""
+    group is replayed (``forget_reach``; 0 always replays it whole). ``read``: these
+    episodes and the group's version as just read (``Forgetting.history_part``), used by the
+    first attempt instead of reading them again."""
     store = runner.components.store
     wanted = set(episode_ids)
     uuids = sorted({stable_uuid("episode", group_id, producer) for producer in wanted})
     for attempt in range(1, MAX_ATTEMPTS + 1):
         # The forgotten episodes and the group's version, before anything else is read.
-        first = await store.forget.history_part(group_id, uuids, [])
+        first = read if read is not None and attempt == 1 else None
+        if first is None:
+            first = await store.forget.history_part(group_id, uuids, [])
         targets = [e for e in first.episodes if e.producer_id in wanted]
         report = ForgetReport(
             group_id, [e.producer_id for e in targets], len(targets), dry_run=dry_run
@@ -185,9 +190,10 @@ async def forget_subject(
     store = runner.components.store
     if not await store.entities_by_uuids(group_id, [entity_uuid]):
         raise ForgetError(f"group {group_id!r} has no entity {entity_uuid}")
+    # The subject's episodes and the group's version: the forget's first read.
     mentioning = await store.forget.history_part(group_id, [], [entity_uuid])
     ids = [e.producer_id for e in mentioning.episodes]
-    return await forget_episodes(runner, group_id, ids, dry_run=dry_run, most=most)
+    return await forget_episodes(runner, group_id, ids, dry_run=dry_run, most=most, read=mentioning)
 
 
 async def _rebuild(

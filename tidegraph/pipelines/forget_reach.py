@@ -1,6 +1,6 @@
 """The part of a group a forget reaches (docs/architecture.md "Forgetting"), worked out from
 the group's history (``reach``: pure) as read around the forgotten episodes (``read_reach``: a
-few reads, none of the whole group but one count).
+few reads, none of the whole group: its count stops at what the decision needs).
 
 A forget's result is the graph of the group's remaining episodes. Most of that graph does not
 depend on the forgotten episodes, and an incremental forget recomputes only what does:
@@ -362,13 +362,17 @@ async def read_reach(
         created={**second.created, **first.created},
         version=first.version,
     )
+    # ``reach`` replays the whole group when it would replay more than ``most`` of what
+    # remains; the replay is a part of ``part``, so counting the group up to here decides it.
+    enough = len(forgotten) + int(len(part.episodes) / most) + 1 if most > 0 else 0
+    size = await store.forget.extracted_episodes(group_id, enough)
     found = reach(
         group_id,
         part,
         forgotten,
         most=most,
         entities=known.values(),
-        size=profile.extracted,
+        size=size,
         touched=touched,
         parsed=parsed,
     )

@@ -239,13 +239,12 @@ MAPPED = '"mapped":true'
 
 @dataclass(frozen=True)
 class GroupProfile:
-    """What decides how a forget works out its reach (``Forgetting.group_profile``): the
-    group's live extracted episodes, how many of them the LLM extracted (not a mapping), and
-    how many keep no extraction (stored before extractions were kept)."""
+    """What decides whether a forget may work out its reach (``Forgetting.group_profile``):
+    whether one of the group's live extracted episodes was extracted by the LLM (not a
+    mapping), and whether one keeps no extraction (stored before extractions were kept)."""
 
-    extracted: int = 0
-    judged: int = 0
-    without_extraction: int = 0
+    judged: bool = False
+    without_extraction: bool = False
 
 
 @dataclass

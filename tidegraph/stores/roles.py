@@ -109,8 +109,14 @@ class Forgetting(abc.ABC):
 
     @abc.abstractmethod
     async def group_profile(self, group_id: str) -> GroupProfile:
-        """How many live episodes of the group are extracted, by the LLM, or keep no
-        extraction (``GroupProfile``)."""
+        """Whether a live extracted episode of the group was extracted by the LLM, or keeps
+        no extraction (``GroupProfile``); without reading every episode of the group."""
+
+    @abc.abstractmethod
+    async def extracted_episodes(self, group_id: str, up_to: int) -> int:
+        """How many live episodes of the group are extracted, counted up to ``up_to`` (no
+        more than that many are read: a forget only needs to know whether the part it
+        reaches is most of the group)."""
 
     @abc.abstractmethod
     async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from tidegraph.records.changes import group_forgotten
-from tidegraph.records.graph import MAPPED, ChangeLog, GroupHistory, GroupProfile, Rebuild
+from tidegraph.records.graph import (
+    MAPPED,
+    ChangeLog,
+    EpisodeRecord,
+    GroupHistory,
+    GroupProfile,
+    Rebuild,
+)
 from tidegraph.records.times import utc
 from tidegraph.stores import errors
 from tidegraph.stores.roles import Forgetting
@@ -66,17 +74,21 @@ class MemoryForgetting(Forgetting):
         wanted |= {p for p, created in self.store._created.items() if made & set(created)}
         return self._episodes_history(group_id, wanted.__contains__)
 
+    def _extracted(self, group_id: str) -> Iterator[EpisodeRecord]:
+        """The group's live extracted episodes (tombstones are no longer stored here)."""
+        for episode in self.store._episodes.values():
+            if episode.group_id == group_id and episode.not_extracted is None:
+                yield episode
+
     async def group_profile(self, group_id: str) -> GroupProfile:
-        extracted = [
-            e
-            for e in self.store._episodes.values()
-            if e.group_id == group_id and e.not_extracted is None
-        ]
+        extracted = list(self._extracted(group_id))
         return GroupProfile(
-            extracted=len(extracted),
-            judged=sum(1 for e in extracted if e.extraction and MAPPED not in e.extraction),
-            without_extraction=sum(1 for e in extracted if e.extraction is None),
+            judged=any(e.extraction and MAPPED not in e.extraction for e in extracted),
+            without_extraction=any(e.extraction is None for e in extracted),
         )
+
+    async def extracted_episodes(self, group_id: str, up_to: int) -> int:
+        return sum(1 for _ in islice(self._extracted(group_id), up_to))
 
     async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
         log = self.store._logs.get(group_id)

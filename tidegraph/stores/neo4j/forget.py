@@ -86,10 +86,14 @@ class Neo4jForgetting(Forgetting):
     async def group_profile(self, group_id: str) -> GroupProfile:
         [row] = await self.store.ex.rows(lq.GROUP_PROFILE, {"group_id": group_id, "mapped": MAPPED})
         return GroupProfile(
-            extracted=int(row["extracted"]),
-            judged=int(row["judged"]),
-            without_extraction=int(row["without_extraction"]),
+            judged=bool(row["judged"]), without_extraction=bool(row["without_extraction"])
         )
+
+    async def extracted_episodes(self, group_id: str, up_to: int) -> int:
+        [row] = await self.store.ex.rows(
+            lq.EXTRACTED_EPISODES, {"group_id": group_id, "up_to": up_to}
+        )
+        return int(row["extracted"])
 
     async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
         dim = await self.store._embedding_dim()

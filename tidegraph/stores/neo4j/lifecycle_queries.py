@@ -139,12 +139,23 @@ ORDER BY coalesce(ep.extracted_at, ep.created_at), ep.uuid
 """
 
 GROUP_PROFILE = """
+RETURN EXISTS {
+         MATCH (ep:Episodic)
+         WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL AND ep.not_extracted IS NULL
+           AND ep.extraction IS NOT NULL AND NOT ep.extraction CONTAINS $mapped
+       } AS judged,
+       EXISTS {
+         MATCH (ep:Episodic)
+         WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL AND ep.not_extracted IS NULL
+           AND ep.extraction IS NULL
+       } AS without_extraction
+"""
+# Up to $up_to of the group's live extracted episodes (``Forgetting.extracted_episodes``).
+EXTRACTED_EPISODES = """
 MATCH (ep:Episodic)
 WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL AND ep.not_extracted IS NULL
-RETURN count(ep) AS extracted,
-       count(CASE WHEN ep.extraction IS NOT NULL AND NOT ep.extraction CONTAINS $mapped
-             THEN 1 END) AS judged,
-       count(CASE WHEN ep.extraction IS NULL THEN 1 END) AS without_extraction
+WITH ep LIMIT $up_to
+RETURN count(ep) AS extracted
 """
 
 # ---- what a forget writes, in one transaction, in this order

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -10,6 +9,7 @@ from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import EntityRecord, EpisodeDetail, EpisodeEntry, FactView
 from tidegraph.stores.roles import Browsing
 from tidegraph.stores.rows import fact_view, sort_entities, sort_views
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.lifecycle import episode_detail, list_episodes
 from tidegraph.stores.sqlite.rows import (
     ENTITY_FULL,

@@ -5,7 +5,6 @@ over its database."""
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ from tidegraph.stores.sqlite.db import (
     ids,
     json_text,
 )
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.rows import COMMUNITY_OF, IN_LIST, believed_facts
 from tidegraph.stores.sqlite.writes import delete_communities, index_text, stored_owners
 

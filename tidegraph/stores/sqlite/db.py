@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import sqlite3
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Sequence
@@ -35,8 +34,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import orjson
 
+from tidegraph.records.graph import MAPPED
 from tidegraph.records.times import utc
 from tidegraph.stores.executor import count_errors
+from tidegraph.stores.sqlite.driver import sqlite3
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -237,6 +238,18 @@ def migrate_outbox(conn: sqlite3.Connection) -> int:
     return moved
 
 
+# What a forget asks of a group before it works out its reach (``lifecycle.group_profile``,
+# ``lifecycle.extracted_episodes``), each answered from a partial index without reading the
+# group's episodes: its live extracted episodes, and those of them no mapping made (the LLM
+# extracted them, or they keep no extraction). The conditions are spelled here once: a query
+# must repeat them word for word for SQLite to use the index.
+EPISODE_LIVE = "forgotten_at IS NULL AND not_extracted IS NULL"
+EPISODE_UNMAPPED = f"{EPISODE_LIVE} AND (extraction IS NULL OR instr(extraction, '{MAPPED}') = 0)"
+# Indexes on columns ``ADDED_COLUMNS`` may add: created after them.
+ADDED_INDEXES = (
+    f"CREATE INDEX IF NOT EXISTS episode_live ON episode (group_id) WHERE {EPISODE_LIVE}",
+    f"CREATE INDEX IF NOT EXISTS episode_unmapped ON episode (group_id) WHERE {EPISODE_UNMAPPED}",
+)
 # Columns added to tables of older files (``ADDED_COLUMNS``: table -> column definitions),
 # added by setup when missing.
 ADDED_COLUMNS = {

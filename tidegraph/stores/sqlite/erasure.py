@@ -7,12 +7,12 @@ A deleted row's bytes survive a plain ``DELETE`` in three places:
   list): ``PRAGMA secure_delete``, set on every connection (``db.SqliteDatabase``), makes
   SQLite overwrite both with zeros;
 - the full-text indexes: FTS5 records a deletion as a new index entry and keeps the deleted
-  row's words (the stemmed tokens) in its older index segments until they are merged. SQLite
-  3.44 added an FTS5 ``secure-delete`` option for this; the SQLite Python links may be
-  older, so a forget merges every segment of each index it deleted from (``'optimize'``, in
-  the forget's own transaction): the merged index holds only the words of rows that remain,
-  and the old segments' pages are zeroed by ``secure_delete``. It costs a rewrite of the
-  index (all groups share it);
+  row's words (the stemmed tokens) in its older index segments until they are merged, unless
+  the table's ``secure-delete`` option is on (SQLite 3.44, the reason the store runs on
+  ``driver``'s build): a delete then removes the row's entries from the segments that hold
+  them, whose old pages ``secure_delete`` zeroes. ``secure_fulltext`` turns it on for every
+  fulltext table when the store is set up (a store written before merges its indexes once
+  then, so no word a delete left in a segment before stays);
 - the write-ahead log: every page a transaction wrote is in ``graph.sqlite-wal`` until a
   checkpoint copies it back and the log is started again. ``truncate_log`` checkpoints and
   truncates the log to zero bytes after the forget commits.
@@ -21,36 +21,28 @@ A deleted row's bytes survive a plain ``DELETE`` in three places:
 from __future__ import annotations
 
 import logging
-import sqlite3
-from collections.abc import Iterable
 
-from tidegraph.records.graph import Rebuild
 from tidegraph.stores.sqlite.db import FULLTEXT
+from tidegraph.stores.sqlite.driver import sqlite3
 
 log = logging.getLogger(__name__)
 
 FULLTEXT_TABLES = tuple(table for table, _ in FULLTEXT.values())
 
 
-def merge_fulltext(conn: sqlite3.Connection, tables: Iterable[str] = FULLTEXT_TABLES) -> None:
-    """Each fulltext table's index merged into one segment of the rows that remain (inside
-    the caller's transaction): the words of deleted rows are gone from it."""
-    for table in tables:
-        if table not in FULLTEXT_TABLES:
-            raise ValueError(f"{table!r} is not a fulltext table of the embedded store")
+def secure_fulltext(conn: sqlite3.Connection) -> list[str]:
+    """Every fulltext table's ``secure-delete`` option on (inside the caller's transaction);
+    a table that did not have it is first merged into one segment of the rows it holds (the
+    words of rows deleted before are gone from it). Returns the tables it turned it on for."""
+    turned = []
+    for table in FULLTEXT_TABLES:
+        row = conn.execute(f"SELECT v FROM {table}_config WHERE k = 'secure-delete'").fetchone()
+        if row is not None and row[0]:
+            continue
         conn.execute(f"INSERT INTO {table} ({table}) VALUES ('optimize')")
-
-
-def rebuilt_fulltext(rebuild: Rebuild) -> list[str]:
-    """The fulltext tables a forget's difference deletes from: the episodes' always (the
-    forgotten ones' entries), the facts' and entities' when it removes or rewrites some, and
-    the communities' then too (those with a member it touched are deleted)."""
-    tables = ["episode_search"]
-    if rebuild.delete_facts or rebuild.facts:
-        tables.append("fact_text")
-    if rebuild.delete_entities or rebuild.entities:
-        tables += ["entity_text", "community_text"]
-    return tables
+        conn.execute(f"INSERT INTO {table} ({table}, rank) VALUES ('secure-delete', 1)")
+        turned.append(table)
+    return turned
 
 
 def truncate_log(conn: sqlite3.Connection, path: object) -> bool:

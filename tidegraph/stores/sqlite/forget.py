@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -11,9 +10,11 @@ from tidegraph.stores.executor import observe_write
 from tidegraph.stores.roles import Forgetting
 from tidegraph.stores.rows import entity_row, fact_row, now_utc
 from tidegraph.stores.sqlite.db import Transaction
-from tidegraph.stores.sqlite.erasure import merge_fulltext, rebuilt_fulltext, truncate_log
+from tidegraph.stores.sqlite.driver import sqlite3
+from tidegraph.stores.sqlite.erasure import truncate_log
 from tidegraph.stores.sqlite.lifecycle import (
     apply_rebuild,
+    extracted_episodes,
     forget_group,
     group_history,
     group_profile,
@@ -47,6 +48,9 @@ class SqliteForgetting(Forgetting):
     async def group_profile(self, group_id: str) -> GroupProfile:
         return await self.store.db.run(group_profile, group_id)
 
+    async def extracted_episodes(self, group_id: str, up_to: int) -> int:
+        return await self.store.db.run(extracted_episodes, group_id, up_to)
+
     async def apply_rebuild(self, group_id: str, rebuild: Rebuild) -> None:
         dim = self.store._dimension()
         now = now_utc()
@@ -56,7 +60,6 @@ class SqliteForgetting(Forgetting):
         def write(conn: sqlite3.Connection) -> None:
             with Transaction(conn):
                 apply_rebuild(conn, group_id, rebuild, entities, facts, self.store.deployment)
-                merge_fulltext(conn, rebuilt_fulltext(rebuild))
             truncate_log(conn, self.store.db.path)
 
         with observe_write("apply_rebuild", len(entities) + len(facts) + len(rebuild.forgotten)):
@@ -66,7 +69,6 @@ class SqliteForgetting(Forgetting):
         def write(conn: sqlite3.Connection) -> int:
             with Transaction(conn):
                 forgotten = forget_group(conn, group_id, at, purge, self.store.deployment)
-                merge_fulltext(conn)
             truncate_log(conn, self.store.db.path)
             return forgotten
 
@@ -100,7 +102,6 @@ class SqliteForgetting(Forgetting):
                     "change_log",
                 ):
                     conn.execute(f"DELETE FROM {table} WHERE group_id = ?", (group_id,))
-                merge_fulltext(conn)
             truncate_log(conn, self.store.db.path)
 
         with observe_write("delete_group", 1):

@@ -6,7 +6,6 @@ rows (``GroupShares``, for the fulltext query), both dropped at any committed ch
 
 from __future__ import annotations
 
-import sqlite3
 from collections import OrderedDict
 from collections.abc import Sequence
 from functools import cache
@@ -17,6 +16,7 @@ from threadpoolctl import ThreadpoolController
 
 from tidegraph.records.search import Kind
 from tidegraph.stores.sqlite.db import FULLTEXT, kept
+from tidegraph.stores.sqlite.driver import sqlite3
 
 Scored = list[tuple[str, float]]  # (uuid, score), best first
 

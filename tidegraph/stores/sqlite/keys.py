@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import TYPE_CHECKING
 
 from tidegraph.records.sealed import DataKey
 from tidegraph.stores.roles import Keys
 from tidegraph.stores.sqlite.db import Transaction, micros, time_of
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.erasure import truncate_log
 
 if TYPE_CHECKING:

@@ -5,14 +5,12 @@ caller's transaction (docs/architecture.md "Forgetting").
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import datetime
 from typing import Any
 
 from tidegraph.records.changes import group_forgotten
 from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN, split_speaker
 from tidegraph.records.graph import (
-    MAPPED,
     EpisodeDetail,
     EpisodeEntry,
     EpisodeState,
@@ -23,7 +21,16 @@ from tidegraph.records.graph import (
 from tidegraph.stores import errors
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.rows import change_row, to_utc, unique
-from tidegraph.stores.sqlite.db import FULLTEXT, json_list, json_text, micros, vector_blob
+from tidegraph.stores.sqlite.db import (
+    EPISODE_LIVE,
+    EPISODE_UNMAPPED,
+    FULLTEXT,
+    json_list,
+    json_text,
+    micros,
+    vector_blob,
+)
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.rows import (
     ENTITY_FULL,
     EPISODE,
@@ -134,14 +141,27 @@ def history_part(
 
 
 def group_profile(conn: sqlite3.Connection, group_id: str) -> GroupProfile:
-    """``Forgetting.group_profile``: one pass over the group's live episodes."""
-    extracted, judged, without = conn.execute(
-        "SELECT count(*), coalesce(sum(extraction IS NOT NULL AND instr(extraction, ?) = 0), 0), "
-        "coalesce(sum(extraction IS NULL), 0) FROM episode "
-        "WHERE group_id = ? AND forgotten_at IS NULL AND not_extracted IS NULL",
-        (MAPPED, group_id),
+    """``Forgetting.group_profile``: from the index of the live extracted episodes no
+    mapping made (``db.EPISODE_UNMAPPED``), which holds none of a mapped group's."""
+    judged, without = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM episode INDEXED BY episode_unmapped "
+        f"WHERE group_id = ?1 AND {EPISODE_UNMAPPED} AND extraction IS NOT NULL), "
+        "EXISTS (SELECT 1 FROM episode INDEXED BY episode_unmapped "
+        f"WHERE group_id = ?1 AND {EPISODE_UNMAPPED} AND extraction IS NULL)",
+        (group_id,),
     ).fetchone()
-    return GroupProfile(extracted=extracted, judged=judged, without_extraction=without)
+    return GroupProfile(judged=bool(judged), without_extraction=bool(without))
+
+
+def extracted_episodes(conn: sqlite3.Connection, group_id: str, up_to: int) -> int:
+    """``Forgetting.extracted_episodes``: up to ``up_to`` entries of the group in the index
+    of its live extracted episodes (``db.EPISODE_LIVE``)."""
+    [count] = conn.execute(
+        "SELECT count(*) FROM (SELECT 1 FROM episode INDEXED BY episode_live "
+        f"WHERE group_id = ? AND {EPISODE_LIVE} LIMIT ?)",
+        (group_id, up_to),
+    ).fetchone()
+    return int(count)
 
 
 def apply_rebuild(

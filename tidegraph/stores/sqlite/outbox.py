@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -12,6 +11,7 @@ from tidegraph.records.graph import ChangeLog
 from tidegraph.stores.roles import Outbox
 from tidegraph.stores.rows import change_of, published_change
 from tidegraph.stores.sqlite.db import Transaction, json_text, micros
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.rows import IN_LIST
 from tidegraph.stores.sqlite.writes import skip_dropped
 

@@ -4,7 +4,6 @@ the columns each record is read with, the records built from rows (by
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -12,6 +11,7 @@ from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import EntityRecord, EpisodeRecord, FactRecord
 from tidegraph.stores.rows import unique
 from tidegraph.stores.sqlite.db import json_list, json_text, micros, time_of, times_of, vector_of
+from tidegraph.stores.sqlite.driver import sqlite3
 
 # A JSON array parameter as a set of values: ``IN (SELECT value FROM json_each(?))``.
 IN_LIST = "IN (SELECT value FROM json_each(?))"

@@ -14,7 +14,6 @@ dropped after scoring, so more are taken until ``limit`` hits are found or none 
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,7 @@ from tidegraph.stores.sqlite.db import (
     micros,
     vector_of,
 )
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.group_cache import (
     Scored,
     VectorScores,

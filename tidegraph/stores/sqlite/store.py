@@ -18,7 +18,6 @@ and its writes are in ``writes``.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -46,6 +45,7 @@ from tidegraph.stores.sqlite.browse import SqliteBrowsing
 from tidegraph.stores.sqlite.communities import SqliteCommunities
 from tidegraph.stores.sqlite.db import (
     ADDED_COLUMNS,
+    ADDED_INDEXES,
     DB_FILE,
     DROPPED,
     SCHEMA,
@@ -59,6 +59,8 @@ from tidegraph.stores.sqlite.db import (
     migrate_outbox,
     outbox_before_migration,
 )
+from tidegraph.stores.sqlite.driver import sqlite3
+from tidegraph.stores.sqlite.erasure import secure_fulltext
 from tidegraph.stores.sqlite.forget import SqliteForgetting
 from tidegraph.stores.sqlite.keys import SqliteKeys
 from tidegraph.stores.sqlite.outbox import SqliteOutbox
@@ -253,6 +255,8 @@ class SqliteStore(GraphStore):
                 for column in columns:
                     if column.split()[0] not in have:
                         conn.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+            for statement in ADDED_INDEXES:
+                conn.execute(statement)
             meta = dict(conn.execute("SELECT name, value FROM meta").fetchall())
             if meta.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
                 indexed = reindex_episodes(conn)
@@ -265,6 +269,9 @@ class SqliteStore(GraphStore):
                 )
             for statement in DROPPED:
                 conn.execute(statement)
+            secured = secure_fulltext(conn)
+            if secured and "schema_version" in meta:
+                log.info("%s: fulltext indexes %s now delete securely", self.db.path, secured)
             if "embedding_dim" in meta:
                 errors.check_dimensions(
                     {"embeddings": int(meta["embedding_dim"])},

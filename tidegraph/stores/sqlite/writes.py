@@ -5,7 +5,6 @@ changes appended to the group's outbox, all inside the caller's transaction.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -40,6 +39,7 @@ from tidegraph.stores.sqlite.db import (
     micros,
     vector_blob,
 )
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.rows import IN_LIST
 from tidegraph.stores.write_rules import ENTITY, merged_values, updated_fields
 
