@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 # The times tidegraph takes from outside (a record's reference_time, a mapped time, a request's
 # valid_at, known_at, since or until, a cursor): a day inside the years a datetime holds, so
@@ -49,3 +49,14 @@ def now_for(_: object) -> datetime:
     """The ingestion time (T') of a write about anything: now. A forget's replay writes at
     each episode's original time instead (``Components.clock``)."""
     return utcnow()
+
+
+# Where a time word's seconds count from (``time_word``).
+_WORD_ORIGIN = datetime(1, 1, 1, tzinfo=UTC)
+
+
+def time_word(dt: datetime) -> str:
+    """``dt`` as a word that sorts as times do: 't' and the whole seconds since
+    0001-01-01T00:00:00Z in twelve digits (the fact fulltext index's validity words, written
+    by ``neo4j.write_queries.set_fact_time_words``)."""
+    return f"t{(utc(dt) - _WORD_ORIGIN) // timedelta(seconds=1):012d}"

@@ -108,6 +108,8 @@ class Neo4jSearch(Search):
             query = words
             if kind == "episode":
                 query = await self._episode_query(group_id, text)
+            elif kind == "fact":
+                query = sq.fact_fulltext_query(words, scope.asof)
             params = {
                 "group_id": group_id,
                 "query": query,

@@ -10,6 +10,8 @@ the candidates hold too few of them (``Neo4jSearch._nearest``).
 
 from __future__ import annotations
 
+from tidegraph.records.asof import AsOf
+from tidegraph.records.times import time_word
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.search_text import lucene_query
 
@@ -38,6 +40,26 @@ _FULLTEXT = {
 def fulltext_query(text: str) -> str | None:
     """Search text as the fulltext indexes take it (None: nothing searchable)."""
     return lucene_query(text)
+
+
+def fact_fulltext_query(words: str, asof: AsOf) -> str:
+    """The Lucene query of ``words`` over the fact index, of only the facts that
+    ``seen_by_scope`` may let through: believed by $known_at and, unless the scope takes every
+    validity, started by $valid_at and not ended by then as known at $known_at, required of
+    the facts' validity words (``q.FACT_TIME_FIELDS``, whole seconds). Each bound is widened
+    to whole seconds, so the index passes a superset and the statement's filter decides; its
+    clauses score nothing (``^0``), so the facts keep the scores of ``words`` alone. Without
+    them, a question as of a past time on a long history read, best first and oldest first
+    among equal scores, the facts closed before that time until it found those valid then."""
+    created, valid_from, valid_to, ended = q.FACT_TIME_FIELDS
+    known, valid = time_word(asof.known_at), time_word(asof.valid_at)
+    clauses = [f"+({words})", f"+{created}:[* TO {known}]^0"]
+    if not asof.include_invalid:
+        clauses += [
+            f"+{valid_from}:[* TO {valid}]^0",
+            f"-(+{ended}:[* TO {known}}} +{valid_to}:[* TO {valid}}})",
+        ]
+    return " ".join(clauses)
 
 
 def _yielded(call: str) -> str:

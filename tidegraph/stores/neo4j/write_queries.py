@@ -5,7 +5,8 @@ What a write does to a stored entity, fact or episode is not written here: the O
 SET assignments are built from the write rules' tables (``tidegraph.stores.write_rules``,
 ``create_clause`` and ``set_clause``), field names from the tables only. What is written by
 hand is what the rules do not cover: the MERGE patterns (a record's key), and the derived
-search fields (``name_norm``, ``index_ids``, an episode's ``index_*``).
+search fields (``name_norm``, ``index_ids``, an episode's ``index_*``, a fact's validity words
+``set_fact_time_words``).
 
 Like every statement of the store, fully parameterised: user and LLM text only ever travels
 as a parameter.
@@ -106,6 +107,33 @@ UPSERT_ENTITIES = upsert_entity_rows("$rows", "$group_id")
 
 
 # ----------------------------------------------------------------------------- facts
+# A fact's times as words of the fact fulltext index, so that a search's Lucene query can
+# require what its scope sees (``search_queries.fact_fulltext_query``; docs/retrieval.md
+# "Validity in the fulltext index"): each the whole seconds since 0001-01-01T00:00:00Z, as
+# 't' and twelve digits (``records.times.time_word``), which sort as the times do. The start
+# of a fact with none is the earliest word; an open end has none.
+FACT_TIME_FIELDS = ("index_created", "index_valid_from", "index_valid_to", "index_ended")
+
+
+def _time_word(expression: str) -> str:
+    return (
+        f"CASE WHEN {expression} IS NULL THEN null ELSE 't' + "
+        f"right('000000000000' + toString({expression}.epochSeconds + 62135596800), 12) END"
+    )
+
+
+def set_fact_time_words(r: str) -> str:
+    """A SET clause of the fact ``r``'s validity words from its stored times (a clause of its
+    own, after the one that writes the times: it reads them as written)."""
+    created, valid_from, valid_to, ended = FACT_TIME_FIELDS
+    return (
+        f"SET {r}.{created} = {_time_word(f'{r}.created_at')},\n"
+        f"    {r}.{valid_from} = coalesce({_time_word(f'{r}.valid_at')}, 't000000000000'),\n"
+        f"    {r}.{valid_to} = {_time_word(f'{r}.invalid_at')},\n"
+        f"    {r}.{ended} = {_time_word(f'coalesce({r}.end_learned_at, {r}.expired_at)')}\n"
+    )
+
+
 def merge_fact_rows(rows: str, group: str) -> str:
     """One MERGE per row of ``rows`` (fact rows, a fact's full state), by
     ``write_rules.FACT``."""
@@ -116,7 +144,7 @@ MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
 ON CREATE SET {_listed(on_create("r", FACT, "row", group), "              ")}
 SET r.index_ids = row.index_ids,
     {_listed(on_write("r", FACT, "row", group), "    ")}
-"""
+{set_fact_time_words("r")}"""
 
 
 def close_fact_rows(rows: str, group: str) -> str:
@@ -128,7 +156,7 @@ MATCH ()-[r:RELATES_TO {{uuid: row.uuid}}]->()
 USING INDEX r:RELATES_TO(uuid)
 WHERE r.group_id = {group}
 SET {_listed(on_write("r", CLOSURE, "row", group), "    ")}
-"""
+{set_fact_time_words("r")}"""
 
 
 # ----------------------------------------------------------------------------- episodes
