@@ -41,7 +41,7 @@ RETURN r.uuid AS uuid, [field IN {list(q.FACT_TIME_FIELDS)!r} | r[field]] AS wor
 """
 REMOVE_WORDS = """
 MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id
-REMOVE r.index_created, r.index_valid_from, r.index_valid_to, r.index_ended
+REMOVE r.index_created_at, r.index_valid_at, r.index_invalid_at, r.index_ended_at
 """
 
 

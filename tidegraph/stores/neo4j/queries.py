@@ -37,7 +37,7 @@ COMMUNITY_VECTOR_INDEX = "community_name_embedding"
 # docs/retrieval.md "Identifiers"), and a fact's its validity words (``FACT_TIME_FIELDS``,
 # "Validity in the fulltext index"); older stores' indexes without them are dropped by setup.
 ENTITY_FULLTEXT_INDEX = "entity_search"
-FACT_FULLTEXT_INDEX = "relates_to_search_valid"
+FACT_FULLTEXT_INDEX = "relates_to_search_times"
 EPISODE_FULLTEXT_INDEX = "episodic_search_ids"
 COMMUNITY_FULLTEXT_INDEX = "community_name_summary"
 VECTOR_INDEXES = (
@@ -195,7 +195,7 @@ SET r.index_ids = row.ids
 FACT_TIMES_TO_INDEX = (
     """
 MATCH ()-[r:RELATES_TO]->()
-WHERE r.index_created IS NULL
+WHERE r.index_created_at IS NULL
 WITH r LIMIT $limit
 """
     + set_fact_time_words("r")

@@ -10,8 +10,10 @@ the candidates hold too few of them (``Neo4jSearch._nearest``).
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from tidegraph.records.asof import AsOf
-from tidegraph.records.times import time_word
+from tidegraph.records.times import TIME_WORD_LEVELS, time_digits
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.search_text import lucene_query
 
@@ -42,22 +44,46 @@ def fulltext_query(text: str) -> str | None:
     return lucene_query(text)
 
 
+def time_range(field: str, until: datetime, inclusive: bool = True) -> str:
+    """A Lucene query of the facts whose ``field`` (one of ``q.FACT_TIME_FIELDS``) holds a
+    time before ``until`` in whole seconds (or at it, ``inclusive``): the whole steps of each
+    level of ``TIME_WORD_LEVELS`` before the step ``until`` is in, then the seconds of that
+    last step (a few hundred words at most, where one word per second read tens of
+    thousands on a long history)."""
+    digits = time_digits(until)
+    ranges = []
+    below = 0  # where the level's range starts: the start of the coarser level's step
+    for n, (letter, kept) in enumerate(TIME_WORD_LEVELS):
+        step = int(digits[:kept])
+        last = n == len(TIME_WORD_LEVELS) - 1
+        if last and inclusive:
+            ranges.append(f"{field}:[{letter}{below:0{kept}d} TO {letter}{step:0{kept}d}]")
+        elif step > below:
+            ranges.append(f"{field}:[{letter}{below:0{kept}d} TO {letter}{step:0{kept}d}}}")
+        if not last:
+            below = step * 10 ** (TIME_WORD_LEVELS[n + 1][1] - kept)
+    if not ranges:  # before the earliest time: a range of no word
+        letter, kept = TIME_WORD_LEVELS[-1]
+        ranges.append(f"{field}:[{letter}{0:0{kept}d} TO {letter}{0:0{kept}d}}}")
+    return "(" + " ".join(ranges) + ")"
+
+
 def fact_fulltext_query(words: str, asof: AsOf) -> str:
     """The Lucene query of ``words`` over the fact index, of only the facts that
-    ``seen_by_scope`` may let through: believed by $known_at and, unless the scope takes every
+    ``seen_by_scope`` may let through: stored by $known_at and, unless the scope takes every
     validity, started by $valid_at and not ended by then as known at $known_at, required of
     the facts' validity words (``q.FACT_TIME_FIELDS``, whole seconds). Each bound is widened
     to whole seconds, so the index passes a superset and the statement's filter decides; its
     clauses score nothing (``^0``), so the facts keep the scores of ``words`` alone. Without
     them, a question as of a past time on a long history read, best first and oldest first
     among equal scores, the facts closed before that time until it found those valid then."""
-    created, valid_from, valid_to, ended = q.FACT_TIME_FIELDS
-    known, valid = time_word(asof.known_at), time_word(asof.valid_at)
-    clauses = [f"+({words})", f"+{created}:[* TO {known}]^0"]
+    created, valid, invalid, ended = q.FACT_TIME_FIELDS
+    clauses = [f"+({words})", f"+{time_range(created, asof.known_at)}^0"]
     if not asof.include_invalid:
         clauses += [
-            f"+{valid_from}:[* TO {valid}]^0",
-            f"-(+{ended}:[* TO {known}}} +{valid_to}:[* TO {valid}}})",
+            f"+{time_range(valid, asof.valid_at)}^0",
+            f"-(+{time_range(ended, asof.known_at, inclusive=False)} "
+            f"+{time_range(invalid, asof.valid_at, inclusive=False)})",
         ]
     return " ".join(clauses)
 

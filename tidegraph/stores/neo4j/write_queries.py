@@ -16,6 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tidegraph.records.times import (
+    TIME_DIGITS,
+    TIME_WORD_LEVELS,
+    WORDS_ORIGIN,
+    WORDS_ORIGIN_EPOCH_SECONDS,
+    time_words,
+)
 from tidegraph.stores.rows import TIME_FIELDS, TIME_LIST_FIELDS
 from tidegraph.stores.write_rules import (
     CLOSURE,
@@ -109,28 +116,31 @@ UPSERT_ENTITIES = upsert_entity_rows("$rows", "$group_id")
 # ----------------------------------------------------------------------------- facts
 # A fact's times as words of the fact fulltext index, so that a search's Lucene query can
 # require what its scope sees (``search_queries.fact_fulltext_query``; docs/retrieval.md
-# "Validity in the fulltext index"): each the whole seconds since 0001-01-01T00:00:00Z, as
-# 't' and twelve digits (``records.times.time_word``), which sort as the times do. The start
-# of a fact with none is the earliest word; an open end has none.
-FACT_TIME_FIELDS = ("index_created", "index_valid_from", "index_valid_to", "index_ended")
+# "Validity in the fulltext index"): its whole seconds at every level of
+# ``times.TIME_WORD_LEVELS``, which sort as the times do (``times.time_words``). The start of
+# a fact with none is the earliest time's; an open end has none.
+FACT_TIME_FIELDS = ("index_created_at", "index_valid_at", "index_invalid_at", "index_ended_at")
 
 
-def _time_word(expression: str) -> str:
-    return (
-        f"CASE WHEN {expression} IS NULL THEN null ELSE 't' + "
-        f"right('000000000000' + toString({expression}.epochSeconds + 62135596800), 12) END"
+def _time_words(expression: str) -> str:
+    digits = (
+        f"right('{'0' * TIME_DIGITS}' + toString({expression}.epochSeconds - "
+        f"({WORDS_ORIGIN_EPOCH_SECONDS})), {TIME_DIGITS})"
     )
+    words = " + ' ' + ".join(f"'{letter}' + left(d, {kept})" for letter, kept in TIME_WORD_LEVELS)
+    return f"CASE WHEN {expression} IS NULL THEN null ELSE [d IN [{digits}] | {words}][0] END"
 
 
 def set_fact_time_words(r: str) -> str:
     """A SET clause of the fact ``r``'s validity words from its stored times (a clause of its
     own, after the one that writes the times: it reads them as written)."""
-    created, valid_from, valid_to, ended = FACT_TIME_FIELDS
+    created, valid, invalid, ended = FACT_TIME_FIELDS
+    earliest = time_words(WORDS_ORIGIN)
     return (
-        f"SET {r}.{created} = {_time_word(f'{r}.created_at')},\n"
-        f"    {r}.{valid_from} = coalesce({_time_word(f'{r}.valid_at')}, 't000000000000'),\n"
-        f"    {r}.{valid_to} = {_time_word(f'{r}.invalid_at')},\n"
-        f"    {r}.{ended} = {_time_word(f'coalesce({r}.end_learned_at, {r}.expired_at)')}\n"
+        f"SET {r}.{created} = {_time_words(f'{r}.created_at')},\n"
+        f"    {r}.{valid} = coalesce({_time_words(f'{r}.valid_at')}, '{earliest}'),\n"
+        f"    {r}.{invalid} = {_time_words(f'{r}.invalid_at')},\n"
+        f"    {r}.{ended} = {_time_words(f'coalesce({r}.end_learned_at, {r}.expired_at)')}\n"
     )
 
 
