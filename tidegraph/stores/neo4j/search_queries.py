@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from tidegraph.records import times
 from tidegraph.records.asof import AsOf
-from tidegraph.records.times import TIME_WORD_LEVELS, time_digits
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.search_text import lucene_query
 
@@ -47,23 +47,23 @@ def fulltext_query(text: str) -> str | None:
 def time_range(field: str, until: datetime, inclusive: bool = True) -> str:
     """A Lucene query of the facts whose ``field`` (one of ``q.FACT_TIME_FIELDS``) holds a
     time before ``until`` in whole seconds (or at it, ``inclusive``): the whole steps of each
-    level of ``TIME_WORD_LEVELS`` before the step ``until`` is in, then the seconds of that
+    level of ``times.TIME_WORD_LEVELS`` before the step ``until`` is in, then the seconds of that
     last step (a few hundred words at most, where one word per second read tens of
     thousands on a long history)."""
-    digits = time_digits(until)
+    digits = times.time_digits(until)
     ranges = []
     below = 0  # where the level's range starts: the start of the coarser level's step
-    for n, (letter, kept) in enumerate(TIME_WORD_LEVELS):
+    for n, (letter, kept) in enumerate(times.TIME_WORD_LEVELS):
         step = int(digits[:kept])
-        last = n == len(TIME_WORD_LEVELS) - 1
+        last = n == len(times.TIME_WORD_LEVELS) - 1
         if last and inclusive:
             ranges.append(f"{field}:[{letter}{below:0{kept}d} TO {letter}{step:0{kept}d}]")
         elif step > below:
             ranges.append(f"{field}:[{letter}{below:0{kept}d} TO {letter}{step:0{kept}d}}}")
         if not last:
-            below = step * 10 ** (TIME_WORD_LEVELS[n + 1][1] - kept)
+            below = step * 10 ** (times.TIME_WORD_LEVELS[n + 1][1] - kept)
     if not ranges:  # before the earliest time: a range of no word
-        letter, kept = TIME_WORD_LEVELS[-1]
+        letter, kept = times.TIME_WORD_LEVELS[-1]
         ranges.append(f"{field}:[{letter}{0:0{kept}d} TO {letter}{0:0{kept}d}}}")
     return "(" + " ".join(ranges) + ")"
 
