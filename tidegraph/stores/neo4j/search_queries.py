@@ -141,16 +141,16 @@ def _candidates(
     call: str, index: str, prop: str, records: str | None = None, kind: str | None = None
 ) -> str:
     """The index's top $k neighbours in one row: ``found``, how many the index gave (fewer
-    than $k: it has no more), and ``hits``, those of the groups as [uuid, score] pairs
-    (``records``: a column read from them, ``_hit_maps``; ``kind``: only those the search's
-    scope sees, ``seen_by_scope``)."""
+    than $k: it has no more), ``of_groups``, how many of them are the groups' records, and
+    ``hits``, those of the groups as [uuid, score] pairs (``records``: a column read from
+    them, ``_hit_maps``; ``kind``: only those the search's scope sees, ``seen_by_scope``)."""
     return f"""
 CALL db.index.vector.{call}('{index}', $k, $embedding) YIELD {_yielded(call)} AS x
 WITH collect(x) AS xs
-WITH size(xs) AS found,
+WITH size(xs) AS found, size([x IN xs WHERE x.group_id IN $group_ids]) AS of_groups,
      [x IN xs WHERE {_of_groups(kind)}
       | [x.uuid, vector.similarity.cosine(x.{prop}, $embedding)]] AS hits
-RETURN found, hits{"" if records is None else ", " + records + " AS records"}
+RETURN found, of_groups, hits{"" if records is None else ", " + records + " AS records"}
 """
 
 
