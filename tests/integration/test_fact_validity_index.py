@@ -18,6 +18,7 @@ from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.pipelines.ingest import ingest
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.records.asof import AsOf
+from tidegraph.records.times import time_words
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.search import scope_params
@@ -37,7 +38,9 @@ RETURN r.uuid AS uuid, score, {sq.seen_by_scope("fact", "r")} AS seen,
 """
 WORDS = f"""
 MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id
-RETURN r.uuid AS uuid, [field IN {list(q.FACT_TIME_FIELDS)!r} | r[field]] AS words
+RETURN r.uuid AS uuid, [field IN {list(q.FACT_TIME_FIELDS)!r} | r[field]] AS words,
+       [r.created_at, r.valid_at, r.invalid_at, coalesce(r.end_learned_at, r.expired_at)]
+       AS times
 """
 REMOVE_WORDS = """
 MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id
@@ -110,8 +113,13 @@ async def test_the_index_answers_only_the_facts_the_scope_may_see(
 async def test_facts_stored_before_the_validity_words_get_them_at_setup(
     store: Neo4jStore, group_id: str
 ) -> None:
-    written = {r["uuid"]: r["words"] for r in await store.ex.rows(WORDS, {"group_id": group_id})}
-    assert all(created and valid_from for created, valid_from, _, _ in written.values())
+    rows = await store.ex.rows(WORDS, {"group_id": group_id})
+    written = {r["uuid"]: r["words"] for r in rows}
+    # the words written in Cypher are the stored times' words as a search's query reads them
+    for row in rows:
+        assert row["words"] == [
+            None if t is None else time_words(t.to_native()) for t in row["times"]
+        ]
     assert any(ended for *_, ended in written.values())  # most of the history is closed
     await store.ex.execute(REMOVE_WORDS, {"group_id": group_id})
 
