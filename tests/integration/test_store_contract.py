@@ -1047,6 +1047,49 @@ async def test_a_large_group_near_other_tenants_is_found_through_the_index_or_sc
         await store.close()
 
 
+async def test_a_large_group_whose_scope_sees_few_of_its_neighbours_widens_only_so_far(
+    neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neo4j: when the index gives enough of a large group's records but the search's scope
+    sees fewer (as of a past time, most of a long history is not seen), the index is asked
+    for at most ``MAX_SCOPED_K`` neighbours, not ``MAX_VECTOR_K``: the list is what the scope
+    sees among them, best first."""
+    from tidegraph.stores.neo4j import search as search_core
+
+    group, other = (f"{name}-{uuidlib.uuid4().hex[:12]}" for name in ("scoped", "crowd"))
+    store = Neo4jStore(neo4j_uri)
+    try:
+        await store.setup(DIM)
+        # in dimensions no other test writes: two entities stored on day 1, ten on day 5
+        early = [
+            entity(group, f"E{i}", embedding=apart(1, i / 10), created_at=day(1)) for i in range(2)
+        ]
+        late = [
+            entity(group, f"L{i}", embedding=apart(1, 0.05 + i / 100), created_at=day(5))
+            for i in range(10)
+        ]
+        await upsert_entities(store, group, early + late)
+        # far from the query, but the index holds more than it is asked for
+        crowd = [entity(other, f"C{i}", embedding=apart(0, 0, 1, i / 1000)) for i in range(200)]
+        await upsert_entities(store, other, crowd)
+        ran = recorded(store, monkeypatch)
+        monkeypatch.setattr(store.search, "scan_below", 3)  # twelve entities: large
+        monkeypatch.setattr(store.search, "widen_above", 4)  # too large to scan
+        monkeypatch.setattr(search_core, "MAX_VECTOR_K", 200)
+        monkeypatch.setattr(search_core, "MAX_SCOPED_K", 120)
+        scope = SearchScope((group,), AsOf.resolve(None, day(2), False, None))
+        found = await store.search.vector_search(scope, "entity", apart(1, 0), 3)
+        candidates, scan, _ = sq.SEARCH_VECTOR["entity"]
+        asked = [params["k"] for statement, params in ran if statement == candidates]
+        assert asked == [vector_candidates(3), 120]
+        assert not any(statement == scan for statement, _ in ran)
+        assert [h.uuid for h in found] == [early[0].uuid, early[1].uuid]
+    finally:
+        for name in (group, other):
+            await store.forget.delete_group(name)
+        await store.close()
+
+
 async def test_entity_candidates_are_each_drafts_vector_and_fulltext_hits(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 # The times tidegraph takes from outside (a record's reference_time, a mapped time, a request's
 # valid_at, known_at, since or until, a cursor): a day inside the years a datetime holds, so
@@ -49,3 +49,27 @@ def now_for(_: object) -> datetime:
     """The ingestion time (T') of a write about anything: now. A forget's replay writes at
     each episode's original time instead (``Components.clock``)."""
     return utcnow()
+
+
+# Where a time's words count its seconds from (``time_words``).
+WORDS_ORIGIN = datetime(1, 1, 1, tzinfo=UTC)
+WORDS_ORIGIN_EPOCH_SECONDS = -62135596800  # WORDS_ORIGIN in seconds since 1970
+# A time's words: its whole seconds since WORDS_ORIGIN in twelve digits, and those digits cut
+# to fewer, each with its letter: (letter, digits kept), coarsest first. A range of times is
+# then a few ranges of words (``neo4j.search_queries.time_range``): whole coarse steps (of
+# 10^7 s, about 116 days; of 10^5 s, about a day) and the seconds of the last, rather than
+# one word per second of the range.
+TIME_WORD_LEVELS = (("b", 5), ("c", 7), ("t", 12))
+TIME_DIGITS = TIME_WORD_LEVELS[-1][1]
+
+
+def time_digits(dt: datetime) -> str:
+    """``dt``'s whole seconds since WORDS_ORIGIN, in TIME_DIGITS digits."""
+    return f"{(utc(dt) - WORDS_ORIGIN) // timedelta(seconds=1):0{TIME_DIGITS}d}"
+
+
+def time_words(dt: datetime) -> str:
+    """``dt``'s words at every level of TIME_WORD_LEVELS (written in Cypher by
+    ``neo4j.write_queries.set_fact_time_words``)."""
+    digits = time_digits(dt)
+    return " ".join(letter + digits[:kept] for letter, kept in TIME_WORD_LEVELS)

@@ -5,7 +5,7 @@ scoped by its group."""
 from __future__ import annotations
 
 from tidegraph.stores.neo4j import queries as q
-from tidegraph.stores.neo4j.queries import at, ats
+from tidegraph.stores.neo4j.queries import at, ats, set_fact_time_words
 
 # ---- the change stream
 CHANGES = """
@@ -290,8 +290,8 @@ SET r.group_id = $group_id,
     + """ END,
     r.start_learned_at = """
     + at("row.start_learned_at")
-    + """
-"""
+    + "\n"
+    + set_fact_time_words("r")
 )
 
 REPLACE_MENTIONS = """

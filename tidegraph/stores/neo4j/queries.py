@@ -18,6 +18,7 @@ from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
 
 # The write statements, under the names the store's modules read them by.
 from tidegraph.stores.neo4j.write_queries import ASSIGN_MEMBERS as ASSIGN_MEMBERS
+from tidegraph.stores.neo4j.write_queries import FACT_TIME_FIELDS as FACT_TIME_FIELDS
 from tidegraph.stores.neo4j.write_queries import RECORD_CHANGES as RECORD_CHANGES
 from tidegraph.stores.neo4j.write_queries import UPSERT_COMMUNITIES as UPSERT_COMMUNITIES
 from tidegraph.stores.neo4j.write_queries import UPSERT_ENTITIES as UPSERT_ENTITIES
@@ -25,6 +26,7 @@ from tidegraph.stores.neo4j.write_queries import WRITE_EPISODES as WRITE_EPISODE
 from tidegraph.stores.neo4j.write_queries import WRITE_STATES as WRITE_STATES
 from tidegraph.stores.neo4j.write_queries import at as at
 from tidegraph.stores.neo4j.write_queries import ats as ats
+from tidegraph.stores.neo4j.write_queries import set_fact_time_words as set_fact_time_words
 from tidegraph.stores.neo4j.write_queries import thread_context as thread_context
 
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
@@ -32,9 +34,10 @@ FACT_VECTOR_INDEX = "relates_to_fact_embedding"
 EPISODE_VECTOR_INDEX = "episodic_content_embedding"
 COMMUNITY_VECTOR_INDEX = "community_name_embedding"
 # The fulltext indexes hold a record's identifier words beside its text (``index_ids``,
-# docs/retrieval.md "Identifiers"); older stores' indexes without them are dropped by setup.
+# docs/retrieval.md "Identifiers"), and a fact's its validity words (``FACT_TIME_FIELDS``,
+# "Validity in the fulltext index"); older stores' indexes without them are dropped by setup.
 ENTITY_FULLTEXT_INDEX = "entity_search"
-FACT_FULLTEXT_INDEX = "relates_to_search"
+FACT_FULLTEXT_INDEX = "relates_to_search_times"
 EPISODE_FULLTEXT_INDEX = "episodic_search_ids"
 COMMUNITY_FULLTEXT_INDEX = "community_name_summary"
 VECTOR_INDEXES = (
@@ -95,7 +98,10 @@ SCHEMA = (
     f"CREATE FULLTEXT INDEX {ENTITY_FULLTEXT_INDEX} IF NOT EXISTS "
     "FOR (n:Entity) ON EACH [n.name, n.summary, n.index_ids] " + _FULLTEXT_OPTIONS,
     f"CREATE FULLTEXT INDEX {FACT_FULLTEXT_INDEX} IF NOT EXISTS "
-    "FOR ()-[r:RELATES_TO]-() ON EACH [r.fact, r.index_ids] " + _FULLTEXT_OPTIONS,
+    "FOR ()-[r:RELATES_TO]-() ON EACH ["
+    + ", ".join(f"r.{field}" for field in ("fact", "index_ids", *FACT_TIME_FIELDS))
+    + "] "
+    + _FULLTEXT_OPTIONS,
     # an episode's conversation fields (tidegraph/records/conversation.py), not its content
     f"CREATE FULLTEXT INDEX {EPISODE_FULLTEXT_INDEX} IF NOT EXISTS FOR (n:Episodic) ON EACH "
     "[n.index_body, n.index_speaker, n.index_context, n.index_when, n.index_ids] "
@@ -118,12 +124,14 @@ SCHEMA = (
 # EPISODES_TO_INDEX, THREADS_TO_INDEX).
 # entity_name_summary, relates_to_fact, episodic_search: without the identifier words (migrated
 # at setup: FACTS_TO_INDEX, ENTITIES_TO_INDEX, EPISODES_TO_INDEX).
+# relates_to_search: without the validity words (migrated at setup: FACT_TIMES_TO_INDEX).
 DROPPED = (
     "DROP INDEX community_name IF EXISTS",
     "DROP INDEX episodic_content IF EXISTS",
     "DROP INDEX entity_name_summary IF EXISTS",
     "DROP INDEX relates_to_fact IF EXISTS",
     "DROP INDEX episodic_search IF EXISTS",
+    "DROP INDEX relates_to_search IF EXISTS",
 )
 
 
@@ -182,6 +190,17 @@ UNWIND $rows AS row
 MATCH ()-[r:RELATES_TO {uuid: row.uuid}]->()
 SET r.index_ids = row.ids
 """
+# The migration of facts stored before their validity words (``setup``): a batch of those
+# without them, their words set from their times.
+FACT_TIMES_TO_INDEX = (
+    """
+MATCH ()-[r:RELATES_TO]->()
+WHERE r.index_created_at IS NULL
+WITH r LIMIT $limit
+"""
+    + set_fact_time_words("r")
+    + "RETURN count(*) AS indexed\n"
+)
 ENTITIES_TO_INDEX = """
 MATCH (e:Entity)
 WHERE e.index_ids IS NULL

@@ -78,6 +78,13 @@ Found = Callable[[int], Awaitable[Candidates]]
 # scan them, the index is asked for MAX_VECTOR_K neighbours first (an exact scan of 100,000
 # facts took 1.07 s, an index query of k = 1,000 44-75 ms).
 WIDEN_ABOVE = 10_000
+# The most neighbours a vector index is asked for, for groups too large to scan
+# (``WIDEN_ABOVE``), when it already gave ``limit`` of the groups' records but the search's
+# scope sees fewer (a question as of a past time on a long
+# history, where most of a slot's facts are closed then): further neighbours are only less
+# like the question, and an HNSW query of k = 1,000 cost 3-7 times one of 320 at 60,000
+# facts (docs/retrieval.md "Long histories"). The list is then what the scope sees among them.
+MAX_SCOPED_K = 320
 # When groups were last found large and how many records of the kind they held then, by
 # (groups, small-scan statement).
 LargeGroups = dict[tuple[tuple[str, ...], str | None], tuple[float, int]]
@@ -108,6 +115,8 @@ class Neo4jSearch(Search):
             query = words
             if kind == "episode":
                 query = await self._episode_query(group_id, text)
+            elif kind == "fact":
+                query = sq.fact_fulltext_query(words, scope.asof)
             params = {
                 "group_id": group_id,
                 "query": query,
@@ -232,18 +241,26 @@ class Neo4jSearch(Search):
             hits = row["hits"]
             if len(hits) >= limit or row["found"] < k:
                 return _best(hits, limit), row.get("records")
+            large_enough = held is not None and held > self.widen_above
+            # Groups too large to scan, whose records the index gave enough of: the scope's
+            # filter, not the groups' share of the index, leaves the list short.
+            scoped = large_enough and row["of_groups"] >= limit
+            if scoped and k >= MAX_SCOPED_K:
+                return _best(hits, limit), row.get("records")
             # Each round trip costs more than a larger k (an HNSW query's cost grows slowly
             # with k), so k grows in few large steps: fourfold, or enough for ``limit`` at the
             # share of the groups seen so far with a margin. A group too small a share of the
             # index for that is scanned, unless the groups are too large to scan cheaply
             # (``widen_above``): a query near other tenants' records finds none of a large
             # group's among its first candidates, so the index is asked for MAX_VECTOR_K.
-            large_enough = held is not None and held > self.widen_above
             share = len(hits) / row["found"]
             if share:
                 needed = max(4 * k, math.ceil(2 * limit / share))
             else:
                 needed = MAX_VECTOR_K if large_enough else MAX_VECTOR_K + 1
+            if scoped:
+                k = min(needed, MAX_SCOPED_K)
+                continue
             if needed > MAX_VECTOR_K:
                 if not large_enough:
                     break

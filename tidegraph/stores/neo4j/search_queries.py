@@ -10,6 +10,10 @@ the candidates hold too few of them (``Neo4jSearch._nearest``).
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from tidegraph.records import times
+from tidegraph.records.asof import AsOf
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.search_text import lucene_query
 
@@ -38,6 +42,50 @@ _FULLTEXT = {
 def fulltext_query(text: str) -> str | None:
     """Search text as the fulltext indexes take it (None: nothing searchable)."""
     return lucene_query(text)
+
+
+def time_range(field: str, until: datetime, inclusive: bool = True) -> str:
+    """A Lucene query of the facts whose ``field`` (one of ``q.FACT_TIME_FIELDS``) holds a
+    time before ``until`` in whole seconds (or at it, ``inclusive``): the whole steps of each
+    level of ``times.TIME_WORD_LEVELS`` before the step ``until`` is in, then the seconds of that
+    last step (a few hundred words at most, where one word per second read tens of
+    thousands on a long history)."""
+    digits = times.time_digits(until)
+    ranges = []
+    below = 0  # where the level's range starts: the start of the coarser level's step
+    for n, (letter, kept) in enumerate(times.TIME_WORD_LEVELS):
+        step = int(digits[:kept])
+        last = n == len(times.TIME_WORD_LEVELS) - 1
+        if last and inclusive:
+            ranges.append(f"{field}:[{letter}{below:0{kept}d} TO {letter}{step:0{kept}d}]")
+        elif step > below:
+            ranges.append(f"{field}:[{letter}{below:0{kept}d} TO {letter}{step:0{kept}d}}}")
+        if not last:
+            below = step * 10 ** (times.TIME_WORD_LEVELS[n + 1][1] - kept)
+    if not ranges:  # before the earliest time: a range of no word
+        letter, kept = times.TIME_WORD_LEVELS[-1]
+        ranges.append(f"{field}:[{letter}{0:0{kept}d} TO {letter}{0:0{kept}d}}}")
+    return "(" + " ".join(ranges) + ")"
+
+
+def fact_fulltext_query(words: str, asof: AsOf) -> str:
+    """The Lucene query of ``words`` over the fact index, of only the facts that
+    ``seen_by_scope`` may let through: stored by $known_at and, unless the scope takes every
+    validity, started by $valid_at and not ended by then as known at $known_at, required of
+    the facts' validity words (``q.FACT_TIME_FIELDS``, whole seconds). Each bound is widened
+    to whole seconds, so the index passes a superset and the statement's filter decides; its
+    clauses score nothing (``^0``), so the facts keep the scores of ``words`` alone. Without
+    them, a question as of a past time on a long history read, best first and oldest first
+    among equal scores, the facts closed before that time until it found those valid then."""
+    created, valid, invalid, ended = q.FACT_TIME_FIELDS
+    clauses = [f"+({words})", f"+{time_range(created, asof.known_at)}^0"]
+    if not asof.include_invalid:
+        clauses += [
+            f"+{time_range(valid, asof.valid_at)}^0",
+            f"-(+{time_range(ended, asof.known_at, inclusive=False)} "
+            f"+{time_range(invalid, asof.valid_at, inclusive=False)})",
+        ]
+    return " ".join(clauses)
 
 
 def _yielded(call: str) -> str:
@@ -93,16 +141,16 @@ def _candidates(
     call: str, index: str, prop: str, records: str | None = None, kind: str | None = None
 ) -> str:
     """The index's top $k neighbours in one row: ``found``, how many the index gave (fewer
-    than $k: it has no more), and ``hits``, those of the groups as [uuid, score] pairs
-    (``records``: a column read from them, ``_hit_maps``; ``kind``: only those the search's
-    scope sees, ``seen_by_scope``)."""
+    than $k: it has no more), ``of_groups``, how many of them are the groups' records, and
+    ``hits``, those of the groups as [uuid, score] pairs (``records``: a column read from
+    them, ``_hit_maps``; ``kind``: only those the search's scope sees, ``seen_by_scope``)."""
     return f"""
 CALL db.index.vector.{call}('{index}', $k, $embedding) YIELD {_yielded(call)} AS x
 WITH collect(x) AS xs
-WITH size(xs) AS found,
+WITH size(xs) AS found, size([x IN xs WHERE x.group_id IN $group_ids]) AS of_groups,
      [x IN xs WHERE {_of_groups(kind)}
       | [x.uuid, vector.similarity.cosine(x.{prop}, $embedding)]] AS hits
-RETURN found, hits{"" if records is None else ", " + records + " AS records"}
+RETURN found, of_groups, hits{"" if records is None else ", " + records + " AS records"}
 """
 
 

@@ -244,7 +244,8 @@ class Neo4jStore(StoreCore):
 
     async def _index_stored_ids(self, batch: int = 2000) -> None:
         """The migration of facts and entities stored before their identifier words
-        (docs/retrieval.md "Identifiers"), a batch at a time; nothing to do (a read each)
+        (docs/retrieval.md "Identifiers"), and of facts stored before their validity words
+        ("Validity in the fulltext index"), a batch at a time; nothing to do (a read each)
         once migrated."""
         indexed = 0
         for to_index, set_ids in (
@@ -260,6 +261,16 @@ class Neo4jStore(StoreCore):
                 indexed += len(rows)
         if indexed:
             log.info("indexed the identifiers of %d stored facts and entities", indexed)
+
+        async def times(tx: Tx) -> int:
+            [row] = await tx.rows(q.FACT_TIMES_TO_INDEX, {"limit": batch})
+            return int(row["indexed"])
+
+        timed = 0
+        while indexed := await self.ex.transaction(times):
+            timed += indexed
+        if timed:
+            log.info("indexed the validity of %d stored facts", timed)
 
     async def open_existing(self, embedding_dim: int) -> bool:
         await self.ex.reachable()

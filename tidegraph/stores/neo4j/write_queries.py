@@ -5,7 +5,8 @@ What a write does to a stored entity, fact or episode is not written here: the O
 SET assignments are built from the write rules' tables (``tidegraph.stores.write_rules``,
 ``create_clause`` and ``set_clause``), field names from the tables only. What is written by
 hand is what the rules do not cover: the MERGE patterns (a record's key), and the derived
-search fields (``name_norm``, ``index_ids``, an episode's ``index_*``).
+search fields (``name_norm``, ``index_ids``, an episode's ``index_*``, a fact's validity words
+``set_fact_time_words``).
 
 Like every statement of the store, fully parameterised: user and LLM text only ever travels
 as a parameter.
@@ -15,6 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tidegraph.records.times import (
+    TIME_DIGITS,
+    TIME_WORD_LEVELS,
+    WORDS_ORIGIN,
+    WORDS_ORIGIN_EPOCH_SECONDS,
+    time_words,
+)
 from tidegraph.stores.rows import TIME_FIELDS, TIME_LIST_FIELDS
 from tidegraph.stores.write_rules import (
     CLOSURE,
@@ -106,6 +114,36 @@ UPSERT_ENTITIES = upsert_entity_rows("$rows", "$group_id")
 
 
 # ----------------------------------------------------------------------------- facts
+# A fact's times as words of the fact fulltext index, so that a search's Lucene query can
+# require what its scope sees (``search_queries.fact_fulltext_query``; docs/retrieval.md
+# "Validity in the fulltext index"): its whole seconds at every level of
+# ``times.TIME_WORD_LEVELS``, which sort as the times do (``times.time_words``). The start of
+# a fact with none is the earliest time's; an open end has none.
+FACT_TIME_FIELDS = ("index_created_at", "index_valid_at", "index_invalid_at", "index_ended_at")
+
+
+def _time_words(expression: str) -> str:
+    digits = (
+        f"right('{'0' * TIME_DIGITS}' + toString({expression}.epochSeconds - "
+        f"({WORDS_ORIGIN_EPOCH_SECONDS})), {TIME_DIGITS})"
+    )
+    words = " + ' ' + ".join(f"'{letter}' + left(d, {kept})" for letter, kept in TIME_WORD_LEVELS)
+    return f"CASE WHEN {expression} IS NULL THEN null ELSE [d IN [{digits}] | {words}][0] END"
+
+
+def set_fact_time_words(r: str) -> str:
+    """A SET clause of the fact ``r``'s validity words from its stored times (a clause of its
+    own, after the one that writes the times: it reads them as written)."""
+    created, valid, invalid, ended = FACT_TIME_FIELDS
+    earliest = time_words(WORDS_ORIGIN)
+    return (
+        f"SET {r}.{created} = {_time_words(f'{r}.created_at')},\n"
+        f"    {r}.{valid} = coalesce({_time_words(f'{r}.valid_at')}, '{earliest}'),\n"
+        f"    {r}.{invalid} = {_time_words(f'{r}.invalid_at')},\n"
+        f"    {r}.{ended} = {_time_words(f'coalesce({r}.end_learned_at, {r}.expired_at)')}\n"
+    )
+
+
 def merge_fact_rows(rows: str, group: str) -> str:
     """One MERGE per row of ``rows`` (fact rows, a fact's full state), by
     ``write_rules.FACT``."""
@@ -116,7 +154,7 @@ MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
 ON CREATE SET {_listed(on_create("r", FACT, "row", group), "              ")}
 SET r.index_ids = row.index_ids,
     {_listed(on_write("r", FACT, "row", group), "    ")}
-"""
+{set_fact_time_words("r")}"""
 
 
 def close_fact_rows(rows: str, group: str) -> str:
@@ -128,7 +166,7 @@ MATCH ()-[r:RELATES_TO {{uuid: row.uuid}}]->()
 USING INDEX r:RELATES_TO(uuid)
 WHERE r.group_id = {group}
 SET {_listed(on_write("r", CLOSURE, "row", group), "    ")}
-"""
+{set_fact_time_words("r")}"""
 
 
 # ----------------------------------------------------------------------------- episodes

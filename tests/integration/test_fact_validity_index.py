@@ -1,0 +1,129 @@
+"""The fact fulltext index holds each fact's validity, and a search's fact query requires what
+its scope sees (docs/retrieval.md "Validity in the fulltext index"), on Neo4j: on a long
+history (an incident log, most facts closed), the index answers a question as of a past time,
+as known at a past time, or now, with exactly the facts that the search's own filter lets
+through among the matches of its words (none lost, none of the closed history), each with
+the score its words give it; facts stored before the validity words get them at setup."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from tests.support.incident_log import incident_log, incident_mappings
+from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.pipelines.ingest import ingest
+from tidegraph.pipelines.runner import GroupRunner
+from tidegraph.records.asof import AsOf
+from tidegraph.records.times import time_words
+from tidegraph.stores.neo4j import queries as q
+from tidegraph.stores.neo4j import search_queries as sq
+from tidegraph.stores.neo4j.search import scope_params
+from tidegraph.stores.neo4j.store import Neo4jStore
+
+pytestmark = pytest.mark.integration
+
+DIM = 384
+# The group's matches of a fulltext query, with whether the search's filter lets each through.
+MATCHES = f"""
+CALL db.index.fulltext.queryRelationships('{q.FACT_FULLTEXT_INDEX}', $query)
+YIELD relationship AS r, score
+WITH r, score WHERE r.group_id = $group_id
+RETURN r.uuid AS uuid, score, {sq.seen_by_scope("fact", "r")} AS seen,
+       [t IN [r.created_at, coalesce(r.end_learned_at, r.expired_at), r.valid_at, r.invalid_at]
+        | t.epochSeconds] AS seconds
+"""
+WORDS = f"""
+MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id
+RETURN r.uuid AS uuid, [field IN {list(q.FACT_TIME_FIELDS)!r} | r[field]] AS words,
+       [r.created_at, r.valid_at, r.invalid_at, coalesce(r.end_learned_at, r.expired_at)]
+       AS times
+"""
+REMOVE_WORDS = """
+MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id
+REMOVE r.index_created_at, r.index_valid_at, r.index_invalid_at, r.index_ended_at
+"""
+
+
+@pytest.fixture
+async def store(neo4j_uri: str, group_id: str) -> AsyncIterator[Neo4jStore]:
+    """A long history in its own group: 30 tickets, 12 updates each of three attributes
+    (1,080 facts, 990 of them closed)."""
+    opened = Neo4jStore(neo4j_uri)
+    await opened.setup(DIM)
+    runner = GroupRunner.of(
+        store=opened, embedder=HashingEmbedder(dim=DIM), llm=None, mappings=incident_mappings()
+    )
+    try:
+        report = await ingest(runner, incident_log(group_id, subjects=30, changes=12).episodes)
+        assert report.failures == []
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def _matches(store: Neo4jStore, group_id: str, query: str, asof: AsOf) -> list[Any]:
+    params = {"group_id": group_id, "query": query, **scope_params(asof)}
+    return await store.ex.rows(MATCHES, params)
+
+
+async def _middle_of_ingestion(store: Neo4jStore, group_id: str) -> datetime:
+    """A time at which about half the group's facts were stored."""
+    [row] = await store.ex.rows(
+        "MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id "
+        "WITH r.created_at AS at ORDER BY at RETURN collect(at) AS times",
+        {"group_id": group_id},
+    )
+    times = row["times"]
+    return times[len(times) // 2].to_native()
+
+
+@pytest.mark.parametrize("scope", ["as of", "as known then", "now", "every validity"])
+async def test_the_index_answers_only_the_facts_the_scope_may_see(
+    store: Neo4jStore, group_id: str, scope: str
+) -> None:
+    log = incident_log(group_id, subjects=30, changes=12)
+    middle = await _middle_of_ingestion(store, group_id)
+    for question in [x for x in log.questions(12, seed=5) if x.valid_at is not None]:
+        valid_at = None if scope == "now" else question.valid_at
+        known_at = middle if scope in ("as known then", "every validity") else None
+        asof = AsOf.resolve(valid_at, known_at, scope == "every validity", None)
+        words = sq.fulltext_query(question.query)
+        assert words is not None
+        every = await _matches(store, group_id, words, asof)
+        required = await _matches(store, group_id, sq.fact_fulltext_query(words, asof), asof)
+        seen = {r["uuid"]: r["score"] for r in every if r["seen"]}
+        # the long history matches the words; the scope sees a part of it
+        assert len(seen) < len(every)
+        found = {r["uuid"]: r["score"] for r in required}
+        assert seen.keys() <= found.keys()
+        # more only where whole seconds cannot tell: a time in the same second as a bound
+        bounds = {int(asof.known_at.timestamp()), int(asof.valid_at.timestamp())}
+        for extra in (r for r in required if r["uuid"] not in seen):
+            assert bounds & set(extra["seconds"]), extra
+        # The scores are the words' alone (a validity clause that scored would add 1 to each):
+        # BM25's statistics are the whole index's, so other groups' writes between the two
+        # reads may move them a little.
+        assert {u: found[u] for u in seen} == pytest.approx(seen, rel=0.1)
+
+
+async def test_facts_stored_before_the_validity_words_get_them_at_setup(
+    store: Neo4jStore, group_id: str
+) -> None:
+    rows = await store.ex.rows(WORDS, {"group_id": group_id})
+    written = {r["uuid"]: r["words"] for r in rows}
+    # the words written in Cypher are the stored times' words as a search's query reads them
+    for row in rows:
+        assert row["words"] == [
+            None if t is None else time_words(t.to_native()) for t in row["times"]
+        ]
+    assert any(ended for *_, ended in written.values())  # most of the history is closed
+    await store.ex.execute(REMOVE_WORDS, {"group_id": group_id})
+
+    await store.setup(DIM)
+
+    migrated = {r["uuid"]: r["words"] for r in await store.ex.rows(WORDS, {"group_id": group_id})}
+    assert migrated == written
