@@ -48,6 +48,8 @@ from tidegraph.stores.sqlite.db import (
     ADDED_COLUMNS,
     DB_FILE,
     DROPPED,
+    OUTBOX_INDEX,
+    OUTBOX_ROWS,
     SCHEMA,
     SCHEMA_VERSION,
     SqliteDatabase,
@@ -263,6 +265,11 @@ class SqliteStore(GraphStore):
                     indexed,
                     texts,
                 )
+            if not conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (OUTBOX_INDEX,)
+            ).fetchone():
+                for statement in OUTBOX_ROWS:
+                    conn.execute(statement)
             for statement in DROPPED:
                 conn.execute(statement)
             if "embedding_dim" in meta:
