@@ -217,10 +217,13 @@ class Neo4jStore(StoreCore):
         indexes = await self.ex.rows(q.SHOW_INDEXES, {"names": [q.OLD_CHANGE_INDEX]})
         if not indexes:
             return
+
+        async def number(tx: Tx) -> int:
+            [row] = await tx.rows(lq.CHANGES_TO_NUMBER, {"limit": batch})
+            return int(row["numbered"])
+
         numbered = 0
-        while moved := int(
-            (await self.ex.rows(lq.CHANGES_TO_NUMBER, {"limit": batch}))[0]["numbered"]
-        ):
+        while moved := await self.ex.transaction(number):
             numbered += moved
         if numbered:
             log.info("numbered %d stored outbox changes as rows of one", numbered)
