@@ -140,9 +140,9 @@ async def test_a_unit_of_episodes_is_one_outbox_row_its_readers_split(
     any_store: GraphStore,
 ) -> None:
     """The episodes of a unit are written in one transaction: their changes are one row of the
-    outbox, which readers and the relay get as the changes, numbered in order, each as if it
-    were stored alone; a forget of one of those episodes takes its records' changes out of the
-    row and leaves the others where they were."""
+    outbox (a row per write without transactions), which readers and the relay get as the
+    changes, numbered in order, each as if it were stored alone; a forget of one of those
+    episodes takes its records' changes out of the row and leaves the others where they were."""
     at = [crm.START + timedelta(days=d) for d in range(4)]
     records = [
         Record("rec-0", at[0], crm.plan_record((1, "Acme Corp"), "Basic", at[0])),
@@ -156,7 +156,9 @@ async def test_a_unit_of_episodes_is_one_outbox_row_its_readers_split(
     try:
         outcomes = await unit.run([r.episode(group) for r in records])
         assert [o.status for o in outcomes] == ["written"] * len(records)
-        assert await outbox_rows(any_store, group) == 1
+        # (the in-memory store has no transactions: each write commits alone, a row each)
+        one_per_write = isinstance(any_store, MemoryStore)
+        assert await outbox_rows(any_store, group) == (len(records) if one_per_write else 1)
         changes = await any_store.outbox.changes(group, 0, 1000)
         assert [c.seq for c in changes] == list(range(1, len(changes) + 1))
         assert [c.episode_id for c in changes] == sorted(c.episode_id or "" for c in changes)
@@ -175,7 +177,7 @@ async def test_a_unit_of_episodes_is_one_outbox_row_its_readers_split(
         gone = {c.uuid for c in forget if c.kind in ("fact.forgotten", "entity.forgotten")}
         assert gone and gone <= {c.uuid for c in changes if c.episode_id == "rec-1"}
         assert after == [c for c in changes if c.uuid not in gone] + forget
-        assert await outbox_rows(any_store, group) == 2  # the unit's, and the forget's
+        assert await outbox_rows(any_store, group) == (len(records) if one_per_write else 1) + 1
     finally:
         await any_store.forget.delete_group(group)
 
