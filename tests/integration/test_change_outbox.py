@@ -14,13 +14,16 @@ from typing import Any
 import pytest
 
 from tests.integration.test_delivery_order_stores import DIM, Record
-from tests.integration.test_forget import T0, clock_of, feed
+from tests.integration.test_forget import T0, clock_of, feed, runner
 from tests.support import crm_feed as crm
 from tests.unit.test_change_relay import Producer
+from tidegraph.pipelines.forget import forget_episodes
+from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.pipelines.streaming.relay import relay_changes
 from tidegraph.settings import Settings
 from tidegraph.stores import open_store
 from tidegraph.stores.base import GraphStore
+from tidegraph.stores.memory.store import MemoryStore
 from tidegraph.stores.neo4j.store import Neo4jStore
 from tidegraph.stores.roles import Outbox
 from tidegraph.stores.sqlite.db import DB_FILE, Transaction
@@ -114,6 +117,71 @@ async def test_the_relay_reads_each_groups_changes_after_its_cursor(any_store: G
             await any_store.forget.delete_group(group)
 
 
+async def outbox_rows(store: GraphStore, group: str) -> int:
+    """How many rows the group's outbox holds, as the store keeps it."""
+    if isinstance(store, Neo4jStore):
+        query = "MATCH (c:Change) WHERE c.group_id = $group RETURN count(c) AS n"
+        return int((await store.ex.rows(query, {"group": group}))[0]["n"])
+    if isinstance(store, SqliteStore):
+
+        def count(conn: sqlite3.Connection) -> int:
+            return int(
+                conn.execute("SELECT count(*) FROM change WHERE group_id = ?", (group,)).fetchone()[
+                    0
+                ]
+            )
+
+        return await store.db.run(count)
+    assert isinstance(store, MemoryStore)
+    return len(store._changes.get(group, []))
+
+
+async def test_a_unit_of_episodes_is_one_outbox_row_its_readers_split(
+    any_store: GraphStore,
+) -> None:
+    """The episodes of a unit are written in one transaction: their changes are one row of the
+    outbox (a row per write without transactions), which readers and the relay get as the
+    changes, numbered in order, each as if it were stored alone; a forget of one of those
+    episodes takes its records' changes out of the row and leaves the others where they were."""
+    at = [crm.START + timedelta(days=d) for d in range(4)]
+    records = [
+        Record("rec-0", at[0], crm.plan_record((1, "Acme Corp"), "Basic", at[0])),
+        Record("rec-1", at[1], crm.plan_record((2, "Globex"), "Pro", at[1])),
+        Record("rec-2", at[2], crm.plan_record((1, "Acme Corp"), "Pro", at[2])),
+        Record("rec-3", at[3], crm.plan_record((3, "Initech"), "Basic", at[3])),
+    ]
+    group = f"outbox-{uuidlib.uuid4().hex[:12]}"
+    single = runner(any_store, clock_of(records))
+    unit = GroupRunner(single.components, unit_episodes=len(records))
+    try:
+        outcomes = await unit.run([r.episode(group) for r in records])
+        assert [o.status for o in outcomes] == ["written"] * len(records)
+        # (the in-memory store has no transactions: each write commits alone, a row each)
+        one_per_write = isinstance(any_store, MemoryStore)
+        assert await outbox_rows(any_store, group) == (len(records) if one_per_write else 1)
+        changes = await any_store.outbox.changes(group, 0, 1000)
+        assert [c.seq for c in changes] == list(range(1, len(changes) + 1))
+        assert [c.episode_id for c in changes] == sorted(c.episode_id or "" for c in changes)
+        assert {"fact.created", "fact.invalidated", "fact.expired"} <= {c.kind for c in changes}
+        # Pages of it, the relay's batches and the JSON it publishes: the same changes.
+        pages = [c for after in range(0, len(changes), 3) for c in
+                 await any_store.outbox.changes(group, after, 3) if c.seq <= after + 3]  # fmt: skip
+        assert pages == changes
+        published = await any_store.outbox.unpublished_changes([group], 5)
+        assert [c.value for c in published] == [c.model_dump_json().encode() for c in changes[:5]]
+        # Forgetting Globex's record: the changes of the records it removes leave the row,
+        # the others stay as they were.
+        await forget_episodes(unit, group, ["rec-1"])
+        after = await any_store.outbox.changes(group, 0, 1000)
+        forget = [c for c in after if c.seq > changes[-1].seq]
+        gone = {c.uuid for c in forget if c.kind in ("fact.forgotten", "entity.forgotten")}
+        assert gone and gone <= {c.uuid for c in changes if c.episode_id == "rec-1"}
+        assert after == [c for c in changes if c.uuid not in gone] + forget
+        assert await outbox_rows(any_store, group) == (len(records) if one_per_write else 1) + 1
+    finally:
+        await any_store.forget.delete_group(group)
+
+
 async def test_the_outbox_keeps_a_change_for_its_retention(any_store: GraphStore) -> None:
     """Changes committed before the cutoff go; through a relay only the published ones."""
     at = [crm.START + timedelta(days=d) for d in range(4)]
@@ -129,17 +197,24 @@ async def test_the_outbox_keeps_a_change_for_its_retention(any_store: GraphStore
         cutoff = times["rec-2"]  # the changes of rec-0 and rec-1 are older
         older = [c for c in outbox if c.committed_at is not None and c.committed_at < cutoff]
         assert older and len(older) < len(outbox)
-        # Through a relay: nothing unpublished goes.
+        # Through a relay: nothing unpublished goes, and a write's changes go together (the
+        # outbox keeps a row per write): once the last of them is published.
         assert await any_store.outbox.prune_changes(group, cutoff, published_only=True) == 0
+        first_write = [c for c in outbox if c.episode_id == older[0].episode_id]
+        assert len(first_write) > 1 and first_write == older[: len(first_write)]
         [first] = await any_store.outbox.unpublished_changes([group], 1)
         assert first.seq == older[0].seq
         await any_store.outbox.mark_published([first])
-        assert await any_store.outbox.prune_changes(group, cutoff, published_only=True) == 1
-        # Without one (the embedded store served in-process): every older change goes.
-        assert (
-            await any_store.outbox.prune_changes(group, cutoff, published_only=False)
-            == len(older) - 1
+        assert await any_store.outbox.prune_changes(group, cutoff, published_only=True) == 0
+        published = await any_store.outbox.unpublished_changes([group], len(first_write))
+        await any_store.outbox.mark_published(published[-1:])
+        assert await any_store.outbox.prune_changes(group, cutoff, published_only=True) == len(
+            first_write
         )
+        # Without one (the embedded store served in-process): every older change goes.
+        assert await any_store.outbox.prune_changes(group, cutoff, published_only=False) == len(
+            older
+        ) - len(first_write)
         kept = await any_store.outbox.changes(group, 0, 1000)
         assert [c.seq for c in kept] == [c.seq for c in outbox if c not in older]
         [log] = await any_store.outbox.change_logs([group])
@@ -194,7 +269,7 @@ async def test_an_embedded_store_from_before_the_rowid_outbox_keeps_its_changes(
             return sorted(f"{name}: {sql}" for name, sql in rows)
 
         tables = await reopened.db.run(schema)
-        assert [t.split(":")[0] for t in tables] == ["change", "change_group_seq", "change_uuid"]
+        assert [t.split(":")[0] for t in tables] == ["change", "change_group_last"]
         assert "WITHOUT ROWID" not in tables[0]
     finally:
         await reopened.close()

@@ -37,9 +37,11 @@ class Outbox(abc.ABC):
     """The change stream's outbox (docs/streaming.md "Change stream"). A committed episode
     write appends its changes (``EpisodeWrite.changes``) to its group's outbox in the same
     transaction, numbered in commit order (``Change.seq``), and bumps the group's write
-    version. The group's log names the deployment of its first writer
-    (``ChangeLog.deployment``; a log without one takes the writer's at its next write): only
-    that deployment's relay publishes it."""
+    version; the outbox keeps the changes one transaction commits for a group as one row
+    (``tidegraph.stores.rows.outbox_row``), which its readers split into the changes. The
+    group's log names the deployment of its first writer (``ChangeLog.deployment``; a log
+    without one takes the writer's at its next write): only that deployment's relay
+    publishes it."""
 
     @abc.abstractmethod
     async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
@@ -74,8 +76,9 @@ class Outbox(abc.ABC):
     async def prune_changes(
         self, group_id: str, before: datetime, *, published_only: bool = True
     ) -> int:
-        """Drop the group's changes committed before ``before`` (the outbox's retention);
-        ``published_only``: only those the relay has published. How many went. Unpublished
+        """Drop the group's changes committed before ``before`` (the outbox's retention), a
+        write's together once the last of them is; ``published_only``: only those the relay
+        has published. How many went. Unpublished
         changes dropped right after the relay's cursor move it past them, in the same
         transaction: the relay moves a cursor only past changes Kafka acknowledged, and never
         waits for one that is gone."""

@@ -221,17 +221,69 @@ def episode_row(
     }
 
 
-def change_row(change: Change) -> dict[str, Any]:
-    """A change as the outbox keeps it: what it is about (indexed), and the whole change as
-    JSON (``body``), numbered by the store when it commits (``seq``)."""
+# ---- the change outbox: one row per write of a group
+# A row holds the changes one write commits for one group (one transaction: a unit of
+# episodes, a forget), numbered ``seq`` (its first) to ``last``: line i of its
+# ``change_id``, ``kind``, ``uuid`` and ``body`` is change ``seq + i`` (a stored form has no
+# newline: JSON escapes it; ids and group ids have no control characters). A change a forget
+# purged is an empty line in each: its number stays unused, as a deleted row's did. A row
+# written before rows held several changes is a row of one (``last`` = ``seq``).
+LINE = "\n"
+
+
+def outbox_row(group_id: str, changes: Sequence[Change]) -> dict[str, Any]:
+    """One write's changes as the outbox keeps them (``n`` of them; the store numbers them
+    when it commits), kept until the last of them is past its retention (``committed_at``:
+    microseconds since the epoch, 0 unknown)."""
     return {
-        "change_id": change.change_id,
-        "kind": change.kind,
-        "uuid": change.uuid,
-        "body": stored_form(change),
-        # microseconds since the epoch, what the outbox's retention compares (0: unknown)
-        "committed_at": epoch_micros(change.committed_at),
+        "group_id": group_id,
+        "n": len(changes),
+        "change_id": LINE.join(c.change_id for c in changes),
+        "kind": LINE.join(c.kind for c in changes),
+        "uuid": LINE.join(c.uuid for c in changes),
+        "body": LINE.join(stored_form(c) for c in changes),
+        "committed_at": max((epoch_micros(c.committed_at) for c in changes), default=0),
     }
+
+
+def joined_outbox_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The outbox rows of several writes of one group (``outbox_row``, in order) as one."""
+    held = [row for row in rows if row["n"]]
+    joined = {
+        column: LINE.join(row[column] for row in held)
+        for column in ("change_id", "kind", "uuid", "body")
+    }
+    return {
+        **rows[0],
+        **joined,
+        "n": sum(row["n"] for row in held),
+        "committed_at": max((row["committed_at"] for row in held), default=0),
+    }
+
+
+def stored_changes(seq: int, change_ids: str, bodies: str) -> list[tuple[int, str, str]]:
+    """The changes an outbox row starting at ``seq`` still holds: (seq, change_id, body)."""
+    lines = zip(change_ids.split(LINE), bodies.split(LINE), strict=True)
+    return [(seq + i, cid, body) for i, (cid, body) in enumerate(lines) if body]
+
+
+def purged_row(row: dict[str, Any], purged: set[str]) -> dict[str, Any] | None:
+    """An outbox row (``change_id``, ``kind``, ``uuid``, ``body``) without the changes of
+    records ``purged`` (their lines emptied), None when it then holds none; ``row`` itself
+    when it holds none of theirs."""
+    uuids = row["uuid"].split(LINE)
+    gone = [u in purged for u in uuids]
+    if not any(gone):
+        return row
+    if all(g or not body for g, body in zip(gone, row["body"].split(LINE), strict=True)):
+        return None
+    emptied = {
+        column: LINE.join(
+            "" if g else line for g, line in zip(gone, row[column].split(LINE), strict=True)
+        )
+        for column in ("change_id", "kind", "uuid", "body")
+    }
+    return {**row, **emptied}
 
 
 def epoch_micros(value: datetime | None) -> int:
@@ -245,8 +297,20 @@ def change_of(body: str, seq: int) -> Change:
     return Change.model_validate_json(body).model_copy(update={"seq": seq})
 
 
-def published_change(group_id: str, body: str, seq: int, change_id: str) -> PublishedChange:
-    return PublishedChange(group_id, seq, published_form(body, seq), change_id)
+def row_changes(seq: int, change_ids: str, bodies: str, after: int) -> list[Change]:
+    """The changes of an outbox row numbered past ``after``."""
+    return [change_of(b, s) for s, _, b in stored_changes(seq, change_ids, bodies) if s > after]
+
+
+def row_published(
+    group_id: str, seq: int, change_ids: str, bodies: str, after: int
+) -> list[PublishedChange]:
+    """The changes of an outbox row numbered past ``after`` as the relay publishes them."""
+    return [
+        PublishedChange(group_id, s, published_form(b, s), cid)
+        for s, cid, b in stored_changes(seq, change_ids, bodies)
+        if s > after
+    ]
 
 
 def closure_row(closure: FactClosure) -> dict[str, Any]:

@@ -145,10 +145,7 @@ class MemoryForgetting(Forgetting):
             self.store._mentions.update((episode, e) for e in entities)
         for episode, created in rebuild.created.items():
             self.store._created[episode] = list(created)
-        purged = set(rebuild.purged)
-        outbox = self.store._changes.get(group_id, [])
-        self.store._changes[group_id] = [c for c in outbox if c.uuid not in purged]
-        self.store._skip_dropped(group_id, [c.seq for c in outbox if c.uuid in purged])
+        self.store._purge_changes(group_id, rebuild.purged)
         self.store._record(group_id, rebuild.changes)
 
     async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:

@@ -44,11 +44,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
+from typing import Any
 
 from tidegraph.records.asof import AsOf
-from tidegraph.records.changes import (
-    Change,
-)
+from tidegraph.records.changes import Change
 from tidegraph.records.graph import (
     ChangeLog,
     EntityRecord,
@@ -76,9 +75,12 @@ from tidegraph.stores.rows import (
     episode_row,
     fact_row,
     now_utc,
+    outbox_row,
+    purged_row,
     rank,
     sort_entities,
     sort_facts,
+    stored_changes,
     unique,
 )
 from tidegraph.stores.search_text import search_terms, text_words
@@ -108,7 +110,8 @@ class MemoryStore(GraphStore):
         # Forgotten episodes' tombstones: uuid -> (group, when); what stays of them.
         self._forgotten: dict[str, tuple[str, datetime]] = {}
         self._logs: dict[str, ChangeLog] = {}
-        self._changes: dict[str, list[Change]] = {}
+        # per group its outbox rows in order (``rows.outbox_row``, with ``seq`` and ``last``)
+        self._changes: dict[str, list[dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def setup(self, embedding_dim: int) -> None:
@@ -311,14 +314,16 @@ class MemoryStore(GraphStore):
         return True
 
     def _record(self, group_id: str, changes: list[Change]) -> None:
-        """Append to the group's outbox in commit order, bump its write version; the log
-        names the writer's deployment unless it has one."""
+        """Append one write's changes to the group's outbox (one row) in commit order, bump
+        its write version; the log names the writer's deployment unless it has one."""
         log = self._logs.setdefault(group_id, ChangeLog(group_id))
         log.deployment = log.deployment or self.deployment
-        outbox = self._changes.setdefault(group_id, [])
-        for change in changes:
-            log.seq += 1
-            outbox.append(change.model_copy(update={"seq": log.seq}))
+        if changes:
+            row = outbox_row(group_id, changes)
+            self._changes.setdefault(group_id, []).append(
+                {**row, "seq": log.seq + 1, "last": log.seq + len(changes)}
+            )
+            log.seq += len(changes)
         log.version += 1
 
     # ------------------------------------------------------------------ browsing
@@ -326,17 +331,36 @@ class MemoryStore(GraphStore):
     # ------------------------------------------------------------------ the change stream
 
     def _skip_dropped(self, group_id: str, dropped: list[int]) -> None:
-        """After the group's changes ``dropped`` (seqs) went: a relay cursor right before
-        dropped ones moves past them, up to the first change still there (the relay never
-        waits for a change that is gone)."""
+        """After the group's changes up to ``max(dropped)`` (seqs) went: a relay cursor right
+        before dropped ones moves past them, up to the first change still there (the relay
+        never waits for a change that is gone)."""
         log = self._logs.get(group_id)
         if log is None or not dropped:
             return
         past = max(dropped)
-        after = [c.seq for c in self._changes.get(group_id, []) if c.seq > log.published]
+        after = [
+            seq
+            for row in self._changes.get(group_id, [])
+            if row["last"] > log.published
+            for seq, _, _ in stored_changes(row["seq"], row["change_id"], row["body"])
+            if seq > log.published
+        ]
         if after:
             past = min(past, after[0] - 1)
         log.published = max(log.published, past)
+
+    def _purge_changes(self, group_id: str, uuids: list[str]) -> None:
+        """Take the changes of records ``uuids`` out of the group's outbox (a forget)."""
+        purged, kept, dropped = set(uuids), [], []
+        for row in self._changes.get(group_id, []):
+            left = purged_row(row, purged)
+            if left is not row:
+                dropped.append(row["last"])
+            if left is not None:
+                kept.append(left)
+        if dropped:
+            self._changes[group_id] = kept
+            self._skip_dropped(group_id, dropped)
 
     # ------------------------------------------------------------------ forgetting
 

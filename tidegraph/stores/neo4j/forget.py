@@ -14,13 +14,14 @@ from tidegraph.stores.neo4j import lifecycle_queries as lq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.roles import Forgetting
 from tidegraph.stores.rows import (
-    change_row,
     entity_record,
     entity_row,
     episode_record,
     fact_record,
     fact_row,
     now_utc,
+    outbox_row,
+    purged_row,
     with_epoch_times,
 )
 
@@ -100,7 +101,7 @@ class Neo4jForgetting(Forgetting):
         now = now_utc()
         entities = [with_epoch_times(entity_row(group_id, e, dim, now)) for e in rebuild.entities]
         facts = [with_epoch_times(fact_row(group_id, f, dim, now)) for f in rebuild.facts]
-        changes = [change_row(c) for c in rebuild.changes]
+        outbox = [outbox_row(group_id, rebuild.changes)]
         g = {"group_id": group_id}
         stamped = {**g, "deployment": self.store.deployment}
 
@@ -135,12 +136,27 @@ class Neo4jForgetting(Forgetting):
             await tx.rows(lq.REPLACE_MENTIONS, {**g, "rows": mentions})
             created = [{"episode": u, "created": c} for u, c in rebuild.created.items()]
             await tx.rows(lq.SET_CREATED, {**g, "rows": created})
-            [purged] = await tx.rows(lq.PURGE_CHANGES, {**g, "uuids": rebuild.purged})
-            await tx.rows(lq.SKIP_DROPPED, {**g, "dropped": purged["dropped"]})
-            await tx.rows(q.RECORD_CHANGES, {**stamped, "changes": changes})
+            await self._purge_changes(tx, group_id, rebuild.purged)
+            await tx.rows(q.RECORD_CHANGES, {**stamped, "outbox": outbox})
 
         size = len(entities) + len(facts) + len(rebuild.forgotten)
         await self.store.ex.write("apply_rebuild", size, work)
+
+    @staticmethod
+    async def _purge_changes(tx: Tx, group_id: str, uuids: list[str]) -> None:
+        """Take the changes of records ``uuids`` out of the group's outbox: a row holding
+        one of them is written again without it, or deleted when nothing is left."""
+        if not uuids:
+            return
+        g = {"group_id": group_id}
+        purged, rows, dropped = set(uuids), [], []
+        for found in await tx.rows(lq.ROWS_TO_PURGE, {**g, "uuids": uuids}):
+            left = purged_row(dict(found), purged)
+            rows.append({"id": found["id"], **(left or {"body": None})})
+            dropped.append(int(found["last"]))
+        if rows:
+            await tx.rows(lq.PURGED_ROWS, {**g, "rows": rows})
+            await tx.rows(lq.SKIP_DROPPED, {**g, "dropped": max(dropped)})
 
     async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
         g = {"group_id": group_id}
@@ -158,10 +174,9 @@ class Neo4jForgetting(Forgetting):
         if not purge:
 
             async def record(tx: Tx) -> None:
-                forgotten = [change_row(group_forgotten(group_id, at))]
+                forgotten = [outbox_row(group_id, [group_forgotten(group_id, at)])]
                 await tx.rows(
-                    q.RECORD_CHANGES,
-                    {**g, "deployment": self.store.deployment, "changes": forgotten},
+                    q.RECORD_CHANGES, {"deployment": self.store.deployment, "outbox": forgotten}
                 )
 
             await self.store.ex.write("forget_group", 1, record)

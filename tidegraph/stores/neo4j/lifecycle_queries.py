@@ -7,13 +7,15 @@ from __future__ import annotations
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j.queries import at, ats, set_fact_time_words
 
-# ---- the change stream
+# ---- the change stream: a ``Change`` node per write of a group, its changes numbered
+# ``seq`` to ``last`` one per line (``tidegraph.stores.rows.outbox_row``), found by
+# (group, last)
 CHANGES = """
 MATCH (c:Change)
-WHERE c.group_id = $group_id AND c.seq > $after
-RETURN c.body AS body, c.seq AS seq
-ORDER BY c.seq
-LIMIT $limit
+WHERE c.group_id = $group_id AND c.last > $after
+RETURN c.seq AS seq, c.last AS last, c.change_id AS change_ids, c.body AS body
+ORDER BY c.last
+LIMIT $rows
 """
 
 # The relay's cursor is a node of its own: the writes lock their group's ChangeLog for their
@@ -31,6 +33,9 @@ RETURN log.group_id AS group_id, log.seq AS seq, published, log.version AS versi
 ORDER BY group_id
 """
 
+# Each group's rows after its cursor, as many as its next ``$limit`` numbers reach (at least
+# one): a row's changes are numbered on from the row before, so the rows starting within
+# those numbers hold at most ``$limit`` changes, fewer where changes went.
 UNPUBLISHED_CHANGES = """
 UNWIND $groups AS group_id
 MATCH (log:ChangeLog {group_id: group_id})
@@ -40,12 +45,17 @@ WITH group_id, log, coalesce(cursor.published, 0) AS published
 WHERE log.seq > published
 CALL (group_id, published) {
   MATCH (c:Change)
-  WHERE c.group_id = group_id AND c.seq > published
-  RETURN c
-  ORDER BY c.seq
+  WHERE c.group_id = group_id AND c.last > published
+  WITH c
+  ORDER BY c.last
   LIMIT $limit
+  WITH collect(c) AS rows
+  UNWIND rows AS c
+  WITH c, rows[0] AS first
+  WHERE c = first OR c.seq <= published + $limit
+  RETURN c
 }
-RETURN group_id, c.body AS body, c.seq AS seq, c.change_id AS change_id
+RETURN group_id, published, c.seq AS seq, c.change_id AS change_ids, c.body AS body
 ORDER BY group_id, seq
 """
 
@@ -54,8 +64,16 @@ MARK_PUBLISHED = """
 UNWIND $cursors AS row
 MATCH (log:ChangeLog {group_id: row.group_id})
 WHERE log.deployment = $deployment
-MATCH (c:Change {group_id: row.group_id, seq: row.seq})
-WHERE c.change_id = row.change_id
+CALL (row) {
+  MATCH (c:Change)
+  WHERE c.group_id = row.group_id AND c.last >= row.seq
+  WITH c
+  ORDER BY c.last
+  LIMIT 1
+  WITH c
+  WHERE c.seq <= row.seq AND split(c.change_id, '\\n')[row.seq - c.seq] = row.change_id
+  RETURN c
+}
 WITH DISTINCT row
 MERGE (cursor:ChangeCursor {group_id: row.group_id})
 ON CREATE SET cursor.published = 0
@@ -68,24 +86,30 @@ OPTIONAL MATCH (cursor:ChangeCursor {group_id: $group_id})
 WITH coalesce(cursor.published, 0) AS published
 MATCH (c:Change)
 WHERE c.group_id = $group_id AND coalesce(c.committed_at, 0) < $before
-  AND (NOT $published_only OR c.seq <= published)
+  AND (NOT $published_only OR c.last <= published)
 WITH c LIMIT $batch
-WITH c, c.seq AS seq
+WITH c, c.last AS last, size([id IN split(c.change_id, '\\n') WHERE id <> '']) AS held
 DELETE c
-RETURN count(*) AS deleted, max(seq) AS dropped
+RETURN count(*) AS deleted, max(last) AS dropped, coalesce(sum(held), 0) AS changes
 """
 
 # After changes up to ``$dropped`` were deleted in this transaction: a cursor right before
 # deleted ones moves past them, up to the first change still there (the relay never waits for
-# a change that is gone, and moves a cursor itself only past changes Kafka acknowledged).
+# a change that is gone, and moves a cursor itself only past changes Kafka acknowledged). A
+# row holding the cursor's next change keeps it where it is.
 SKIP_DROPPED = """
 OPTIONAL MATCH (cursor:ChangeCursor {group_id: $group_id})
 WITH coalesce(cursor.published, 0) AS published
 WHERE $dropped > published
 CALL (published) {
   OPTIONAL MATCH (c:Change)
-  WHERE c.group_id = $group_id AND c.seq > published
-  RETURN min(c.seq) AS kept
+  WHERE c.group_id = $group_id AND c.last > published
+  WITH c
+  ORDER BY c.last
+  LIMIT 1
+  RETURN CASE WHEN c IS NULL THEN null
+              WHEN c.seq > published THEN c.seq
+              ELSE published + 1 END AS kept
 }
 WITH published,
      CASE WHEN kept IS NOT NULL AND kept - 1 < $dropped THEN kept - 1 ELSE $dropped END AS past
@@ -93,6 +117,16 @@ WHERE past > published
 MERGE (cursor:ChangeCursor {group_id: $group_id})
 ON CREATE SET cursor.published = 0
 SET cursor.published = CASE WHEN past > cursor.published THEN past ELSE cursor.published END
+"""
+
+# The stored changes numbered before ``last`` was kept (a row of one each), found by
+# (group, last) like the others (``Neo4jStore.setup``, while ``change_group_seq`` exists).
+CHANGES_TO_NUMBER = """
+MATCH (c:Change)
+WHERE c.last IS NULL
+WITH c LIMIT $limit
+SET c.last = c.seq
+RETURN count(*) AS numbered
 """
 
 # ---- what a forget reads (the version first: a write after it makes the rebuild refused)
@@ -314,13 +348,22 @@ WHERE ep.group_id = $group_id
 SET ep.created_entities = row.created
 """
 
-PURGE_CHANGES = """
-UNWIND $uuids AS uuid
-MATCH (c:Change {uuid: uuid})
-WHERE c.group_id = $group_id
-WITH c, c.seq AS seq
-DELETE c
-RETURN max(seq) AS dropped
+# The outbox rows holding a change of records ``$uuids`` (a forget takes those changes out:
+# ``PURGED_ROWS`` writes the rows without them).
+ROWS_TO_PURGE = """
+MATCH (c:Change)
+WHERE c.group_id = $group_id AND any(u IN split(c.uuid, '\\n') WHERE u IN $uuids)
+RETURN elementId(c) AS id, c.last AS last, c.change_id AS change_id, c.kind AS kind,
+       c.uuid AS uuid, c.body AS body
+"""
+
+PURGED_ROWS = """
+UNWIND $rows AS row
+MATCH (c:Change)
+WHERE elementId(c) = row.id AND c.group_id = $group_id
+FOREACH (_ IN CASE WHEN row.body IS NULL THEN [1] ELSE [] END | DELETE c)
+FOREACH (_ IN CASE WHEN row.body IS NULL THEN [] ELSE [1] END |
+  SET c.change_id = row.change_id, c.kind = row.kind, c.uuid = row.uuid, c.body = row.body)
 """
 
 

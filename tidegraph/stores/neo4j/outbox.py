@@ -1,4 +1,5 @@
-"""The Neo4j store's change outbox (``roles.Outbox``); the queries are in ``lifecycle_queries``."""
+"""The Neo4j store's change outbox (``roles.Outbox``): a ``Change`` node per write of a group
+(``tidegraph.stores.rows.outbox_row``); the queries are in ``lifecycle_queries``."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from tidegraph.records.graph import ChangeLog
 from tidegraph.stores.executor import Tx
 from tidegraph.stores.neo4j import lifecycle_queries as lq
 from tidegraph.stores.roles import Outbox
-from tidegraph.stores.rows import change_of, epoch_micros, published_change
+from tidegraph.stores.rows import epoch_micros, row_changes, row_published
 
 if TYPE_CHECKING:
     from tidegraph.stores.neo4j.store import Neo4jStore
 
-PRUNE_BATCH = 5_000
+PRUNE_BATCH = 5_000  # outbox rows deleted per transaction
+ROWS_PER_READ = 64  # outbox rows read at a time while a page of changes is not full
 
 
 class Neo4jOutbox(Outbox):
@@ -26,10 +28,19 @@ class Neo4jOutbox(Outbox):
         self.store = store
 
     async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
-        rows = await self.store.ex.rows(
-            lq.CHANGES, {"group_id": group_id, "after": after, "limit": max(limit, 0)}
-        )
-        return [change_of(r["body"], int(r["seq"])) for r in rows]
+        found: list[Change] = []
+        past = after
+        while len(found) < limit:
+            params = {"group_id": group_id, "after": past, "rows": ROWS_PER_READ}
+            rows = await self.store.ex.rows(lq.CHANGES, params)
+            for r in rows:
+                found += row_changes(int(r["seq"]), r["change_ids"], r["body"], after)
+                past = int(r["last"])
+                if len(found) >= limit:
+                    break
+            if len(rows) < ROWS_PER_READ:
+                break
+        return found[: max(limit, 0)]
 
     async def change_logs(
         self, group_ids: list[str] | None = None, *, unpublished: bool = False, own: bool = False
@@ -61,9 +72,14 @@ class Neo4jOutbox(Outbox):
             "deployment": self.store.deployment,
         }
         rows = await self.store.ex.rows(lq.UNPUBLISHED_CHANGES, params)
-        return [
-            published_change(r["group_id"], r["body"], int(r["seq"]), r["change_id"]) for r in rows
-        ]
+        found: dict[str, list[PublishedChange]] = {}
+        for r in rows:
+            found.setdefault(r["group_id"], []).extend(
+                row_published(
+                    r["group_id"], int(r["seq"]), r["change_ids"], r["body"], int(r["published"])
+                )
+            )
+        return [c for group in found.values() for c in group[: max(per_group, 0)]]
 
     async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
         rows = [
@@ -88,12 +104,12 @@ class Neo4jOutbox(Outbox):
         pruned = 0
         while True:
 
-            async def work(tx: Tx) -> int:
+            async def work(tx: Tx) -> tuple[int, int]:
                 [row] = await tx.rows(lq.PRUNE_CHANGES, params)
                 await tx.rows(lq.SKIP_DROPPED, {"group_id": group_id, "dropped": row["dropped"]})
-                return int(row["deleted"])
+                return int(row["deleted"]), int(row["changes"])
 
-            deleted = await self.store.ex.write("prune_changes", PRUNE_BATCH, work)
-            pruned += deleted
+            deleted, changes = await self.store.ex.write("prune_changes", PRUNE_BATCH, work)
+            pruned += changes
             if deleted < PRUNE_BATCH:
                 return pruned

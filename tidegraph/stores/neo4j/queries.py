@@ -46,6 +46,8 @@ VECTOR_INDEXES = (
     EPISODE_VECTOR_INDEX,
     COMMUNITY_VECTOR_INDEX,
 )
+CHANGE_INDEX = "change_group_last"
+OLD_CHANGE_INDEX = "change_group_seq"
 FULLTEXT_ANALYZER = "english"  # Porter stemming + English stop words
 
 _FULLTEXT_OPTIONS = "OPTIONS {indexConfig: {`fulltext.analyzer`: $analyzer}}"
@@ -62,13 +64,13 @@ SCHEMA = (
     "CREATE CONSTRAINT relates_to_uuid IF NOT EXISTS "
     "FOR ()-[r:RELATES_TO]-() REQUIRE r.uuid IS UNIQUE",
     # the change stream's outbox: one log per group (its last seq, the group's write
-    # version), the relay's cursor per group (what is published), the changes by (group, seq)
+    # version), the relay's cursor per group (what is published), a Change node per write
+    # by (group, last): its changes are numbered seq to last
     "CREATE CONSTRAINT change_log_group IF NOT EXISTS "
     "FOR (n:ChangeLog) REQUIRE n.group_id IS UNIQUE",
     "CREATE CONSTRAINT change_cursor_group IF NOT EXISTS "
     "FOR (n:ChangeCursor) REQUIRE n.group_id IS UNIQUE",
-    "CREATE INDEX change_group_seq IF NOT EXISTS FOR (n:Change) ON (n.group_id, n.seq)",
-    "CREATE INDEX change_uuid IF NOT EXISTS FOR (n:Change) ON (n.uuid)",
+    f"CREATE INDEX {CHANGE_INDEX} IF NOT EXISTS FOR (n:Change) ON (n.group_id, n.last)",
     # range
     "CREATE INDEX episodic_group_id IF NOT EXISTS FOR (n:Episodic) ON (n.group_id)",
     "CREATE INDEX episodic_valid_at IF NOT EXISTS FOR (n:Episodic) ON (n.valid_at)",
@@ -125,7 +127,11 @@ SCHEMA = (
 # entity_name_summary, relates_to_fact, episodic_search: without the identifier words (migrated
 # at setup: FACTS_TO_INDEX, ENTITIES_TO_INDEX, EPISODES_TO_INDEX).
 # relates_to_search: without the validity words (migrated at setup: FACT_TIMES_TO_INDEX).
+# change_group_seq, change_uuid: the outbox's indexes when a Change node was one change
+# (numbered at setup: CHANGES_TO_NUMBER).
 DROPPED = (
+    f"DROP INDEX {OLD_CHANGE_INDEX} IF EXISTS",
+    "DROP INDEX change_uuid IF EXISTS",
     "DROP INDEX community_name IF EXISTS",
     "DROP INDEX episodic_content IF EXISTS",
     "DROP INDEX entity_name_summary IF EXISTS",
@@ -225,6 +231,8 @@ SHOW VECTOR INDEXES YIELD name, options
 WHERE name IN $names
 RETURN name, options.indexConfig.`vector.dimensions` AS dim
 """
+
+SHOW_INDEXES = "SHOW INDEXES YIELD name WHERE name IN $names RETURN name"
 
 AWAIT_INDEXES = "CALL db.awaitIndexes($timeout)"
 

@@ -31,6 +31,7 @@ from tidegraph.stores import errors
 from tidegraph.stores.base import BatchRead, BatchWriteError, LookupRequest
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.executor import Row, Tx, observe_write
+from tidegraph.stores.neo4j import lifecycle_queries as lq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.batching import (
@@ -46,7 +47,6 @@ from tidegraph.stores.neo4j.forget import Neo4jForgetting
 from tidegraph.stores.neo4j.keys import Neo4jKeys
 from tidegraph.stores.neo4j.outbox import Neo4jOutbox
 from tidegraph.stores.rows import (
-    change_row,
     check_embedding,
     closure_row,
     entity_record,
@@ -56,7 +56,9 @@ from tidegraph.stores.rows import (
     fact_of,
     fact_record,
     fact_row,
+    joined_outbox_rows,
     now_utc,
+    outbox_row,
     rank,
     sort_entities,
     sort_facts,
@@ -82,6 +84,7 @@ class _EpisodeJob:
     group_id: str
     write: EpisodeWrite
     params: dict[str, Any]
+    outbox: dict[str, Any]  # its changes (``rows.outbox_row``)
 
     @property
     def rows(self) -> int:
@@ -111,7 +114,6 @@ def _write_params(group_id: str, write: EpisodeWrite, dim: int, now: datetime) -
         "mentions": unique(write.mentions),
         "facts": [with_epoch_times(fact_row(group_id, f, dim, now)) for f in write.facts],
         "closures": [with_epoch_times(closure_row(c)) for c in write.closures],
-        "changes": [change_row(c) for c in write.changes],
     }
 
 
@@ -198,6 +200,7 @@ class Neo4jStore(StoreCore):
         params = {"dim": embedding_dim, "analyzer": q.FULLTEXT_ANALYZER}
         for statement in q.SCHEMA:
             await self.ex.execute(statement, params, schema=True)
+        await self._number_stored_changes()
         for statement in q.DROPPED:
             await self.ex.execute(statement, {}, schema=True)
         # A concurrent setup with another dimension may have won the race.
@@ -206,6 +209,24 @@ class Neo4jStore(StoreCore):
         await self._index_stored_ids()
         await self.ex.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
+
+    async def _number_stored_changes(self, batch: int = 5000) -> None:
+        """The migration of an outbox whose ``Change`` nodes were one change each (while
+        their index, ``change_group_seq``, exists): each becomes a row of one, found by
+        (group, last) like the rows written since."""
+        indexes = await self.ex.rows(q.SHOW_INDEXES, {"names": [q.OLD_CHANGE_INDEX]})
+        if not indexes:
+            return
+
+        async def number(tx: Tx) -> int:
+            [row] = await tx.rows(lq.CHANGES_TO_NUMBER, {"limit": batch})
+            return int(row["numbered"])
+
+        numbered = 0
+        while moved := await self.ex.transaction(number):
+            numbered += moved
+        if numbered:
+            log.info("numbered %d stored outbox changes as rows of one", numbered)
 
     async def _index_stored_episodes(self, batch: int = 2000) -> None:
         """The migration of episodes stored before their conversation fields (docs/retrieval.md
@@ -422,7 +443,12 @@ class Neo4jStore(StoreCore):
         dim = await self._embedding_dim()
         now = now_utc()
         jobs = [
-            _EpisodeJob(group_id, write, _write_params(group_id, write, dim, now))
+            _EpisodeJob(
+                group_id,
+                write,
+                _write_params(group_id, write, dim, now),
+                outbox_row(group_id, write.changes),
+            )
             for write in writes
         ]
         rows = sum(job.rows for job in jobs)
@@ -465,12 +491,19 @@ class Neo4jStore(StoreCore):
                 },
             )
             written = [checks.admit(job.group_id, job.write) for job in jobs]
-            rows = [job.params for job, fresh in zip(jobs, written, strict=True) if fresh]
-            if rows:
-                await tx.rows(
-                    q.WRITE_EPISODES,
-                    {"writes": rows, "deployment": self.deployment, **q.thread_params()},
-                )
+            admitted = [job for job, fresh in zip(jobs, written, strict=True) if fresh]
+            # the outbox: one row per group for the changes of its writes here, in order
+            by_group: dict[str, list[dict[str, Any]]] = {}
+            for job in admitted:
+                by_group.setdefault(job.group_id, []).append(job.outbox)
+            if admitted:
+                params = {
+                    "writes": [job.params for job in admitted],
+                    "outbox": [joined_outbox_rows(rows) for rows in by_group.values()],
+                    "deployment": self.deployment,
+                    **q.thread_params(),
+                }
+                await tx.rows(q.WRITE_EPISODES, params)
             return written
 
         STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(jobs))

@@ -251,32 +251,34 @@ CALL () {
 RETURN episodes, entities, facts
 """
 
-# The changes of one write appended to its group's outbox in commit order (``seq``), the
-# group's write version bumped (a rebuild checks it did not move while it computed), the log
-# stamped with the writer's deployment unless it has one (its relay publishes the group). The
-# first SET reads what it writes, so Cypher takes the log's write lock before it: ``base`` is
-# read under the lock, and two writes of a group never number their changes alike.
+# The changes one transaction commits for a group (``o``: ``rows.outbox_row``) appended to
+# its outbox as one ``Change`` node numbered ``seq`` to ``last`` in commit order, the group's
+# write version bumped (a rebuild checks it did not move while it computed; bumped with no
+# change too), the log stamped with the writer's deployment unless it has one (its relay
+# publishes the group). The first SET reads what it writes, so Cypher takes the log's write
+# lock before it: ``base`` is read under the lock, and two writes of a group never number
+# their changes alike.
 _RECORD_CHANGES = """
-    MERGE (log:ChangeLog {{group_id: {group}}})
+    MERGE (log:ChangeLog {group_id: o.group_id})
     ON CREATE SET log.seq = 0, log.version = 0
     SET log.version = log.version + 1, log.deployment = coalesce(log.deployment, $deployment)
-    WITH log, log.seq AS base
-    SET log.seq = base + size({changes})
-    WITH base
-    UNWIND range(0, size({changes}) - 1) AS i
-    WITH {changes}[i] AS c, base + i + 1 AS seq
-    CREATE (:Change {{group_id: {group}, seq: seq, change_id: c.change_id, kind: c.kind,
-                      uuid: c.uuid, body: c.body, committed_at: c.committed_at}})
+    WITH o, log, log.seq AS base
+    SET log.seq = base + o.n
+    WITH o, base
+    WHERE o.n > 0
+    CREATE (:Change {group_id: o.group_id, seq: base + 1, last: base + o.n,
+                     change_id: o.change_id, kind: o.kind, uuid: o.uuid, body: o.body,
+                     committed_at: o.committed_at})
 """
-# The same for one group's changes alone (a forget's rebuild).
-RECORD_CHANGES = _RECORD_CHANGES.format(changes="$changes", group="$group_id")
+# The same alone (a forget's rebuild): ``$outbox`` holds the group's one row.
+RECORD_CHANGES = "UNWIND $outbox AS o\nCALL (o) {" + _RECORD_CHANGES + "}\n"
 
 
 # Every episode write of a transaction in one statement, in order: each write is one run of
 # the subquery, and a run sees what the runs before it wrote (Cypher's CALL semantics), so
 # the result is that of one statement per write. Per write: entities first (mentions and
 # facts point at them), then the Episodic marker, its MENTIONS, the facts (full state) and
-# the closures.
+# the closures; then each group's changes, one outbox row per group (``$outbox``).
 WRITE_EPISODES = (
     """
 UNWIND $writes AS w
@@ -300,11 +302,10 @@ CALL (w) {
   CALL (w) {"""
     + close_fact_rows("w.closures", "w.group_id")
     + """  }
-  CALL (w) {"""
-    + _RECORD_CHANGES.format(changes="w.changes", group="w.group_id")
-    + """  }
 }
+WITH count(*) AS written
 """
+    + RECORD_CHANGES
 )
 
 # Community memberships in order (each row names its group: the assignments of several

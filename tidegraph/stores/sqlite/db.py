@@ -169,9 +169,10 @@ SCHEMA = (
         PRIMARY KEY (community_uuid, entity_uuid)) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS member_entity ON member (entity_uuid)",
     # the change stream's outbox: per group the last seq, what is published and the write
-    # version; the changes by (group, seq). A rowid table: a change's JSON is about a
-    # kilobyte, and rows that large in a WITHOUT ROWID table (its b-tree keyed by group and
-    # seq, groups interleaved) took three times their size in pages (``migrate_outbox``).
+    # version; a row per write, its changes numbered seq to last (``rows.outbox_row``),
+    # found by (group, last): ``OUTBOX_ROWS``. A rowid table: a row's JSON is kilobytes,
+    # and rows that large in a WITHOUT ROWID table (its b-tree keyed by group and seq,
+    # groups interleaved) took three times their size in pages (``migrate_outbox``).
     """CREATE TABLE IF NOT EXISTS change_log (
         group_id TEXT PRIMARY KEY,
         seq INTEGER NOT NULL,
@@ -185,9 +186,8 @@ SCHEMA = (
         kind TEXT NOT NULL,
         uuid TEXT NOT NULL,
         body TEXT NOT NULL,
-        committed_at INTEGER)""",
-    "CREATE UNIQUE INDEX IF NOT EXISTS change_group_seq ON change (group_id, seq)",
-    "CREATE INDEX IF NOT EXISTS change_uuid ON change (uuid)",
+        committed_at INTEGER,
+        last INTEGER)""",
     "CREATE INDEX IF NOT EXISTS member_group ON member (group_id)",
     *(
         f"CREATE VIRTUAL TABLE IF NOT EXISTS {table} USING fts5("
@@ -250,11 +250,24 @@ ADDED_INDEXES = (
     f"CREATE INDEX IF NOT EXISTS episode_live ON episode (group_id) WHERE {EPISODE_LIVE}",
     f"CREATE INDEX IF NOT EXISTS episode_unmapped ON episode (group_id) WHERE {EPISODE_UNMAPPED}",
 )
+
+# The outbox as a row per write, indexed by (group, last): on a file whose rows were one
+# change each (indexed by (group, seq) and by uuid), each becomes a row of one (run by setup
+# while the index is missing).
+OUTBOX_INDEX = "change_group_last"
+OUTBOX_ROWS = (
+    "UPDATE change SET last = seq WHERE last IS NULL",
+    "DROP INDEX IF EXISTS change_group_seq",
+    "DROP INDEX IF EXISTS change_uuid",
+    f"CREATE UNIQUE INDEX IF NOT EXISTS {OUTBOX_INDEX} ON change (group_id, last)",
+)
+
+
 # Columns added to tables of older files (``ADDED_COLUMNS``: table -> column definitions),
 # added by setup when missing.
 ADDED_COLUMNS = {
     "episode": ("extraction TEXT", "extracted_at INTEGER", "forgotten_at INTEGER"),
-    "change": ("committed_at INTEGER",),
+    "change": ("committed_at INTEGER", "last INTEGER"),
     "change_log": ("deployment TEXT",),
 }
 

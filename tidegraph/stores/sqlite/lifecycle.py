@@ -20,7 +20,7 @@ from tidegraph.records.graph import (
 )
 from tidegraph.stores import errors
 from tidegraph.stores.episode_search import speaker_words
-from tidegraph.stores.rows import change_row, to_utc, unique
+from tidegraph.stores.rows import to_utc, unique
 from tidegraph.stores.sqlite.db import (
     EPISODE_LIVE,
     EPISODE_UNMAPPED,
@@ -46,8 +46,8 @@ from tidegraph.stores.sqlite.writes import (
     index_episode,
     index_text,
     merge_fact,
+    purge_changes,
     record_changes,
-    skip_dropped,
     stored_owners,
 )
 
@@ -201,12 +201,8 @@ def apply_rebuild(
         "UPDATE episode SET created_entities = ? WHERE group_id = ? AND uuid = ?",
         [(json_text(created), group_id, uuid) for uuid, created in rebuild.created.items()],
     )
-    purged = conn.execute(
-        f"DELETE FROM change WHERE group_id = ? AND uuid {IN_LIST} RETURNING seq",
-        (group_id, json_text(rebuild.purged)),
-    )
-    skip_dropped(conn, group_id, [seq for (seq,) in purged])
-    record_changes(conn, group_id, [change_row(c) for c in rebuild.changes], deployment)
+    purge_changes(conn, group_id, rebuild.purged)
+    record_changes(conn, group_id, rebuild.changes, deployment)
 
 
 def _tombstone(conn: sqlite3.Connection, group_id: str, rebuild: Rebuild) -> None:
@@ -395,7 +391,7 @@ def forget_group(
         "WHERE group_id = ? AND forgotten_at IS NULL",
         (micros(at), group_id),
     )
-    record_changes(conn, group_id, [change_row(group_forgotten(group_id, at))], deployment)
+    record_changes(conn, group_id, [group_forgotten(group_id, at)], deployment)
     return int(forgotten)
 
 

@@ -1,4 +1,5 @@
-"""The embedded store's change outbox (``roles.Outbox``)."""
+"""The embedded store's change outbox (``roles.Outbox``): the ``change`` table, a row per
+write (``tidegraph.stores.rows.outbox_row``) found by (group, last)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,40 @@ from typing import TYPE_CHECKING
 from tidegraph.records.changes import Change, PublishedChange
 from tidegraph.records.graph import ChangeLog
 from tidegraph.stores.roles import Outbox
-from tidegraph.stores.rows import change_of, published_change
+from tidegraph.stores.rows import row_changes, row_published, stored_changes
 from tidegraph.stores.sqlite.db import Transaction, json_text, micros
 from tidegraph.stores.sqlite.driver import sqlite3
-from tidegraph.stores.sqlite.rows import IN_LIST
 from tidegraph.stores.sqlite.writes import skip_dropped
 
 if TYPE_CHECKING:
     from tidegraph.stores.sqlite.store import SqliteStore
+
+# Rows read at a time while a page of changes is not full (each holds one or more).
+ROWS_PER_READ = 64
+
+
+def _rows_after(
+    conn: sqlite3.Connection, group_id: str, after: int, limit: int
+) -> list[tuple[int, str, str]]:
+    """The group's rows holding changes numbered past ``after`` (seq, change ids, bodies), in
+    order, as many as hold ``limit`` changes (or all there are)."""
+    found: list[tuple[int, str, str]] = []
+    held, past = 0, after
+    while held < limit:
+        rows = conn.execute(
+            "SELECT seq, last, change_id, body FROM change WHERE group_id = ? AND last > ? "
+            "ORDER BY last LIMIT ?",
+            (group_id, past, ROWS_PER_READ),
+        ).fetchall()
+        for seq, last, change_ids, body in rows:
+            found.append((seq, change_ids, body))
+            held += sum(1 for s, _, _ in stored_changes(seq, change_ids, body) if s > after)
+            past = last
+            if held >= limit:
+                break
+        if len(rows) < ROWS_PER_READ:
+            break
+    return found
 
 
 class SqliteOutbox(Outbox):
@@ -27,11 +54,12 @@ class SqliteOutbox(Outbox):
 
     async def changes(self, group_id: str, after: int, limit: int) -> list[Change]:
         def read(conn: sqlite3.Connection) -> list[Change]:
-            rows = conn.execute(
-                "SELECT body, seq FROM change WHERE group_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                (group_id, after, max(limit, 0)),
-            )
-            return [change_of(body, seq) for body, seq in rows]
+            found = [
+                change
+                for seq, change_ids, body in _rows_after(conn, group_id, after, limit)
+                for change in row_changes(seq, change_ids, body, after)
+            ]
+            return found[: max(limit, 0)]
 
         return await self.store.db.run(read)
 
@@ -59,38 +87,41 @@ class SqliteOutbox(Outbox):
         self, group_ids: list[str], per_group: int
     ) -> list[PublishedChange]:
         def read(conn: sqlite3.Connection) -> list[PublishedChange]:
-            rows = conn.execute(
-                "SELECT group_id, body, seq, change_id FROM (SELECT c.body, c.seq, c.group_id, "
-                "c.change_id, "
-                "row_number() OVER "
-                "(PARTITION BY c.group_id ORDER BY c.seq) AS n FROM change c "
-                "JOIN change_log log ON log.group_id = c.group_id "
-                f"WHERE log.group_id {IN_LIST} AND log.deployment = ? "
-                "AND c.seq > log.published) WHERE n <= ? ORDER BY group_id, seq",
-                (json_text(sorted(set(group_ids))), self.store.deployment, max(per_group, 0)),
-            )
-            return [published_change(*row) for row in rows]
+            logs = conn.execute(
+                "SELECT group_id, published FROM change_log WHERE group_id IN "
+                "(SELECT value FROM json_each(?)) AND deployment = ? AND seq > published "
+                "ORDER BY group_id",
+                (json_text(sorted(set(group_ids))), self.store.deployment),
+            ).fetchall()
+            found: list[PublishedChange] = []
+            for group_id, published in logs:
+                group = [
+                    change
+                    for seq, change_ids, body in _rows_after(conn, group_id, published, per_group)
+                    for change in row_published(group_id, seq, change_ids, body, published)
+                ]
+                found += group[: max(per_group, 0)]
+            return found
 
         return await self.store.db.run(read)
 
     async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:
         def write(conn: sqlite3.Connection) -> None:
             with Transaction(conn):
-                conn.executemany(
-                    "UPDATE change_log SET published = max(published, :seq) "
-                    "WHERE group_id = :group AND deployment = :deployment AND EXISTS "
-                    "(SELECT 1 FROM change WHERE group_id = :group AND seq = :seq "
-                    "AND change_id = :change_id)",
-                    [
-                        {
-                            "group": c.group_id,
-                            "seq": c.seq,
-                            "change_id": c.change_id,
-                            "deployment": self.store.deployment,
-                        }
-                        for c in acknowledged
-                    ],
-                )
+                for c in acknowledged:
+                    row = conn.execute(
+                        "SELECT seq, change_id, body FROM change "
+                        "WHERE group_id = ? AND last >= ? ORDER BY last LIMIT 1",
+                        (c.group_id, c.seq),
+                    ).fetchone()
+                    stored = {} if row is None else {s: i for s, i, _ in stored_changes(*row)}
+                    if stored.get(c.seq) != c.change_id:
+                        continue  # not the change stored at its seq: the cursor stays
+                    conn.execute(
+                        "UPDATE change_log SET published = max(published, ?) "
+                        "WHERE group_id = ? AND deployment = ?",
+                        (c.seq, c.group_id, self.store.deployment),
+                    )
 
         if acknowledged:
             await self.store.db.run(write)
@@ -100,16 +131,14 @@ class SqliteOutbox(Outbox):
     ) -> int:
         def write(conn: sqlite3.Connection) -> int:
             with Transaction(conn):
-                dropped = [
-                    seq
-                    for (seq,) in conn.execute(
-                        "DELETE FROM change WHERE group_id = ? AND coalesce(committed_at, 0) < ? "
-                        "AND (NOT ? OR seq <= "
-                        "(SELECT published FROM change_log WHERE group_id = ?)) RETURNING seq",
-                        (group_id, micros(before), published_only, group_id),
-                    )
-                ]
-                skip_dropped(conn, group_id, dropped)
-                return len(dropped)
+                dropped = conn.execute(
+                    "DELETE FROM change WHERE group_id = ? AND coalesce(committed_at, 0) < ? "
+                    "AND (NOT ? OR last <= "
+                    "(SELECT published FROM change_log WHERE group_id = ?)) "
+                    "RETURNING seq, last, change_id, body",
+                    (group_id, micros(before), published_only, group_id),
+                ).fetchall()
+                skip_dropped(conn, group_id, [last for _, last, _, _ in dropped])
+                return sum(len(stored_changes(seq, ids, body)) for seq, _, ids, body in dropped)
 
         return await self.store.db.run(write)

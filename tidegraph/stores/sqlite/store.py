@@ -48,6 +48,8 @@ from tidegraph.stores.sqlite.db import (
     ADDED_INDEXES,
     DB_FILE,
     DROPPED,
+    OUTBOX_INDEX,
+    OUTBOX_ROWS,
     SCHEMA,
     SCHEMA_VERSION,
     SqliteDatabase,
@@ -267,6 +269,11 @@ class SqliteStore(GraphStore):
                     indexed,
                     texts,
                 )
+            if not conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (OUTBOX_INDEX,)
+            ).fetchone():
+                for statement in OUTBOX_ROWS:
+                    conn.execute(statement)
             for statement in DROPPED:
                 conn.execute(statement)
             secured = secure_fulltext(conn)

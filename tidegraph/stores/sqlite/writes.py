@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from tidegraph.records.changes import Change
 from tidegraph.records.conversation import (
     CONTEXT_TURNS,
     CONTEXT_WITHIN,
@@ -21,12 +22,13 @@ from tidegraph.stores import errors
 from tidegraph.stores.base import BatchWriteError
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.rows import (
-    change_row,
     closure_row,
     entity_row,
     episode_row,
     fact_row,
     now_utc,
+    outbox_row,
+    purged_row,
     to_utc,
     unique,
 )
@@ -313,16 +315,15 @@ def write_episode(
         texts[row["uuid"]] = row["fact"]
     for row in closures:
         close_fact(conn, group_id, row)
-    record_changes(conn, group_id, [change_row(c) for c in write.changes], deployment)
     return True
 
 
 def record_changes(
-    conn: sqlite3.Connection, group_id: str, changes: list[dict[str, Any]], deployment: str
+    conn: sqlite3.Connection, group_id: str, changes: Sequence[Change], deployment: str
 ) -> None:
-    """Append changes to the group's outbox in commit order and bump its write version (a
-    rebuild checks that it did not move while it computed); the log names the writer's
-    deployment unless it has one (its relay publishes the group)."""
+    """Append one write's changes to the group's outbox (one row) in commit order and bump
+    its write version (a rebuild checks that it did not move while it computed); the log
+    names the writer's deployment unless it has one (its relay publishes the group)."""
     conn.execute(
         "INSERT INTO change_log (group_id, seq, published, version, deployment) "
         "VALUES (?, 0, 0, 0, ?) ON CONFLICT (group_id) DO NOTHING",
@@ -333,29 +334,59 @@ def record_changes(
         "deployment = coalesce(deployment, ?) WHERE group_id = ? RETURNING seq - ?",
         (len(changes), deployment, group_id, len(changes)),
     ).fetchone()
-    conn.executemany(
-        "INSERT INTO change (group_id, seq, change_id, kind, uuid, body, committed_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [
-            (group_id, base + n, c["change_id"], c["kind"], c["uuid"], c["body"], c["committed_at"])
-            for n, c in enumerate(changes, 1)
-        ],
-    )
+    if changes:
+        row = outbox_row(group_id, changes)
+        conn.execute(
+            "INSERT INTO change (group_id, seq, last, change_id, kind, uuid, body, committed_at) "
+            "VALUES (:group_id, :seq, :last, :change_id, :kind, :uuid, :body, :committed_at)",
+            {**row, "seq": base + 1, "last": base + len(changes)},
+        )
 
 
 def skip_dropped(conn: sqlite3.Connection, group_id: str, dropped: list[int]) -> None:
-    """After the group's changes ``dropped`` (seqs) were deleted in this transaction: a relay
-    cursor right before deleted ones moves past them, up to the first change still there (the
-    relay never waits for a change that is gone, and moves a cursor itself only past changes
-    Kafka acknowledged)."""
+    """After the group's changes up to ``max(dropped)`` (seqs) were deleted in this
+    transaction: a relay cursor right before deleted ones moves past them, up to the first
+    change still there (the relay never waits for a change that is gone, and moves a cursor
+    itself only past changes Kafka acknowledged). A row holding the cursor's next change
+    keeps it where it is."""
     if not dropped:
         return
     conn.execute(
         "UPDATE change_log SET published = max(published, min(:dropped, coalesce("
-        "(SELECT min(seq) FROM change WHERE group_id = :group AND seq > change_log.published)"
-        " - 1, :dropped))) WHERE group_id = :group",
+        "(SELECT min(max(seq, change_log.published + 1)) FROM change "
+        "WHERE group_id = :group AND last > change_log.published) - 1, :dropped))) "
+        "WHERE group_id = :group",
         {"group": group_id, "dropped": max(dropped)},
     )
+
+
+def purge_changes(conn: sqlite3.Connection, group_id: str, uuids: list[str]) -> None:
+    """Take the changes of records ``uuids`` out of the group's outbox (a forget): a row
+    holding one of them is written again without it, or deleted when nothing is left."""
+    if not uuids:
+        return
+    purged = set(uuids)
+    found = conn.execute(
+        "SELECT rowid, last, change_id, kind, uuid, body FROM change WHERE group_id = ? "
+        "AND EXISTS (SELECT 1 FROM json_each(?) WHERE instr(change.uuid, value) > 0)",
+        (group_id, json_text(sorted(purged))),
+    ).fetchall()
+    dropped = []
+    for rowid, last, *columns in found:
+        row = dict(zip(("change_id", "kind", "uuid", "body"), columns, strict=True))
+        left = purged_row(row, purged)
+        if left is row:
+            continue  # a uuid within another's text: none of its changes is about them
+        dropped.append(last)
+        if left is None:
+            conn.execute("DELETE FROM change WHERE rowid = ?", (rowid,))
+        else:
+            conn.execute(
+                "UPDATE change SET change_id = :change_id, kind = :kind, uuid = :uuid, "
+                "body = :body WHERE rowid = :rowid",
+                {**left, "rowid": rowid},
+            )
+    skip_dropped(conn, group_id, dropped)
 
 
 def write_episodes(
@@ -369,6 +400,7 @@ def write_episodes(
     failure the writes before it are committed and BatchWriteError says which they were."""
     now = now_utc()
     written: list[bool] = []
+    failure: Exception | None = None
     with Transaction(conn):
         for write in writes:
             conn.execute("SAVEPOINT episode")
@@ -377,11 +409,14 @@ def write_episodes(
             except Exception as exc:
                 conn.execute("ROLLBACK TO episode")
                 conn.execute("RELEASE episode")
-                failure: Exception = exc
+                failure = exc
                 break
             conn.execute("RELEASE episode")
-        else:
-            return written
+        if any(written):  # the outbox: one row for the changes of what was written
+            changes = [c for w, ok in zip(writes, written, strict=False) if ok for c in w.changes]
+            record_changes(conn, group_id, changes, deployment)
+    if failure is None:
+        return written
     if len(writes) == 1:
         raise failure
     raise BatchWriteError(written) from failure
