@@ -210,6 +210,19 @@ class Neo4jStore(StoreCore):
         await self.ex.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
 
+    async def _until_none(self, query: str, column: str, params: dict[str, Any]) -> int:
+        """Runs a migration statement, one transaction each, until it handles no row (the
+        count it returns in ``column``); the rows it handled in all."""
+
+        async def step(tx: Tx) -> int:
+            [row] = await tx.rows(query, params)
+            return int(row[column])
+
+        handled = 0
+        while done := await self.ex.transaction(step):
+            handled += done
+        return handled
+
     async def _number_stored_changes(self, batch: int = 5000) -> None:
         """The migration of an outbox whose ``Change`` nodes were one change each (while
         their index, ``change_group_seq``, exists): each becomes a row of one, found by
@@ -218,13 +231,7 @@ class Neo4jStore(StoreCore):
         if not indexes:
             return
 
-        async def number(tx: Tx) -> int:
-            [row] = await tx.rows(lq.CHANGES_TO_NUMBER, {"limit": batch})
-            return int(row["numbered"])
-
-        numbered = 0
-        while moved := await self.ex.transaction(number):
-            numbered += moved
+        numbered = await self._until_none(lq.CHANGES_TO_NUMBER, "numbered", {"limit": batch})
         if numbered:
             log.info("numbered %d stored outbox changes as rows of one", numbered)
 
@@ -254,12 +261,7 @@ class Neo4jStore(StoreCore):
             await self.ex.execute(q.SET_EPISODE_INDEX, {"rows": params})
             indexed += len(rows)
 
-        async def contexts(tx: Tx) -> int:
-            [row] = await tx.rows(q.THREADS_TO_INDEX, {"limit": batch, **q.thread_params()})
-            return int(row["indexed"])
-
-        while await self.ex.transaction(contexts):
-            pass
+        await self._until_none(q.THREADS_TO_INDEX, "indexed", {"limit": batch, **q.thread_params()})
         if indexed:
             log.info("indexed %d stored episodes for conversation search", indexed)
 
@@ -283,13 +285,7 @@ class Neo4jStore(StoreCore):
         if indexed:
             log.info("indexed the identifiers of %d stored facts and entities", indexed)
 
-        async def times(tx: Tx) -> int:
-            [row] = await tx.rows(q.FACT_TIMES_TO_INDEX, {"limit": batch})
-            return int(row["indexed"])
-
-        timed = 0
-        while indexed := await self.ex.transaction(times):
-            timed += indexed
+        timed = await self._until_none(q.FACT_TIMES_TO_INDEX, "indexed", {"limit": batch})
         if timed:
             log.info("indexed the validity of %d stored facts", timed)
 
