@@ -162,14 +162,19 @@ class Neo4jForgetting(Forgetting):
         g = {"group_id": group_id}
         [live] = await self.store.ex.rows(lq.GROUP_LIVE_EPISODES, g)
         stamp = with_epoch_times({"created_at": at})["created_at"]
-        batch = {**g, "batch": PRUNE_BATCH, "forgotten_at": stamp}
+        batch = {
+            **g,
+            "batch": PRUNE_BATCH,
+            "row_batch": q.OUTBOX_ROW_BATCH,
+            "forgotten_at": stamp,
+        }
         for query in lq.PURGE_GROUP if purge else lq.FORGET_GROUP:
 
             async def step(tx: Tx, query: str = query) -> int:
                 rows = await tx.rows(query, batch)
                 return int(rows[0]["deleted"]) if rows else 0
 
-            while await self.store.ex.write("forget_group", PRUNE_BATCH, step) >= PRUNE_BATCH:
+            while await self.store.ex.write("forget_group", PRUNE_BATCH, step) > 0:
                 pass
         if not purge:
 
@@ -183,7 +188,7 @@ class Neo4jForgetting(Forgetting):
         return int(live["episodes"])
 
     async def delete_group(self, group_id: str) -> None:
-        params = {"group_id": group_id, "batch": DELETE_BATCH}
+        params = {"group_id": group_id, "batch": DELETE_BATCH, "row_batch": q.OUTBOX_ROW_BATCH}
         for query in q.DELETE_GROUP:
 
             async def batch(tx: Tx, query: str = query) -> int:

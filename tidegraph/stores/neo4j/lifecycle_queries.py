@@ -407,7 +407,7 @@ def delete_group_nodes(label: str) -> str:
     return f"""
 MATCH (n:{label})
 WHERE n.group_id = $group_id
-WITH n LIMIT $batch
+WITH n LIMIT {q.batch_limit(label)}
 DETACH DELETE n
 RETURN count(*) AS deleted
 """

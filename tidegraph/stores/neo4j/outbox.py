@@ -11,13 +11,13 @@ from tidegraph.records.changes import Change, PublishedChange
 from tidegraph.records.graph import ChangeLog
 from tidegraph.stores.executor import Tx
 from tidegraph.stores.neo4j import lifecycle_queries as lq
+from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.roles import Outbox
 from tidegraph.stores.rows import epoch_micros, row_changes, row_published
 
 if TYPE_CHECKING:
     from tidegraph.stores.neo4j.store import Neo4jStore
 
-PRUNE_BATCH = 5_000  # outbox rows deleted per transaction
 ROWS_PER_READ = 64  # outbox rows read at a time while a page of changes is not full
 
 
@@ -99,7 +99,7 @@ class Neo4jOutbox(Outbox):
             "group_id": group_id,
             "before": epoch_micros(before),
             "published_only": published_only,
-            "batch": PRUNE_BATCH,
+            "batch": q.OUTBOX_ROW_BATCH,
         }
         pruned = 0
         while True:
@@ -109,7 +109,7 @@ class Neo4jOutbox(Outbox):
                 await tx.rows(lq.SKIP_DROPPED, {"group_id": group_id, "dropped": row["dropped"]})
                 return int(row["deleted"]), int(row["changes"])
 
-            deleted, changes = await self.store.ex.write("prune_changes", PRUNE_BATCH, work)
+            deleted, changes = await self.store.ex.write("prune_changes", q.OUTBOX_ROW_BATCH, work)
             pruned += changes
-            if deleted < PRUNE_BATCH:
+            if deleted < q.OUTBOX_ROW_BATCH:
                 return pruned

@@ -592,6 +592,17 @@ RETURN episodes, entities, facts, mentions
 """,
 )
 
+# Outbox rows deleted per transaction (a whole group, retention): a row holds a whole write's
+# changes, and Neo4j keeps a deleted node's properties in the transaction's memory
+# (``dbms.memory.transaction.total.max``), so these go in smaller batches than other nodes.
+OUTBOX_ROW_BATCH = 100
+
+
+def batch_limit(label: str) -> str:
+    """The parameter that bounds one batch of deleted ``label`` nodes."""
+    return "$row_batch" if label == "Change" else "$batch"
+
+
 # One batch per call, per label (the group_id index is per label); repeated until 0.
 DELETE_GROUP = (
     # Facts first, in batches of their own: deleting a well-connected entity would otherwise
@@ -607,7 +618,7 @@ RETURN count(*) AS deleted
         f"""
 MATCH (n:{label})
 WHERE n.group_id = $group_id
-WITH n LIMIT $batch
+WITH n LIMIT {batch_limit(label)}
 DETACH DELETE n
 RETURN count(*) AS deleted
 """

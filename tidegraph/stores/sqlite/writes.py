@@ -22,6 +22,7 @@ from tidegraph.stores import errors
 from tidegraph.stores.base import BatchWriteError
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.rows import (
+    LINE,
     closure_row,
     entity_row,
     episode_row,
@@ -366,17 +367,25 @@ def purge_changes(conn: sqlite3.Connection, group_id: str, uuids: list[str]) -> 
     if not uuids:
         return
     purged = set(uuids)
+    # The rows' record lists alone, matched here by set (one pass over the group's outbox,
+    # whatever the number of records purged); the bodies only of the rows that hold one.
+    holding = [
+        rowid
+        for rowid, held in conn.execute(
+            "SELECT rowid, uuid FROM change WHERE group_id = ?", (group_id,)
+        )
+        if not purged.isdisjoint(held.split(LINE))
+    ]
+    if not holding:
+        return
     found = conn.execute(
-        "SELECT rowid, last, change_id, kind, uuid, body FROM change WHERE group_id = ? "
-        "AND EXISTS (SELECT 1 FROM json_each(?) WHERE instr(change.uuid, value) > 0)",
-        (group_id, json_text(sorted(purged))),
+        f"SELECT rowid, last, change_id, kind, uuid, body FROM change WHERE rowid {IN_LIST}",
+        (json_text(holding),),
     ).fetchall()
     dropped = []
     for rowid, last, *columns in found:
         row = dict(zip(("change_id", "kind", "uuid", "body"), columns, strict=True))
         left = purged_row(row, purged)
-        if left is row:
-            continue  # a uuid within another's text: none of its changes is about them
         dropped.append(last)
         if left is None:
             conn.execute("DELETE FROM change WHERE rowid = ?", (rowid,))
