@@ -1,16 +1,34 @@
 """Declared sources (docs/sources.md): what reading a feed as it already runs costs.
 
-    python -m benchmarks.sources --records 3000 --groups 8 --runs 3 [--latency]
+    python -m benchmarks.sources --records 5000 --groups 16 --partitions 8 --runs 3 [--latency]
 
-1. **rate** (one worker, ``--runs`` rounds, the median): the same CRM changes (accounts
-   changing plan and owner, over ``--groups`` tenants) sent three ways, each on fresh topics
-   to a fresh worker, all produced at once: ``envelope`` (tidegraph's own envelopes on
-   ``{prefix}.episodes``, one mapped record per change), ``debezium-json`` (Debezium change
-   events as Connect's JSON converter writes them, schemas on, through a declared source and a
-   ``change_events`` rule), ``debezium-avro`` (the same events in Avro, the schema registry's
-   wire format). Events/s from the first produce to the last episode written, and the
-   worker's CPU seconds per 1,000 records (``/proc``), so that Avro's decoding cost shows
-   against JSON's.
+1. **rate** (one worker per round): the same CRM changes (accounts changing plan and owner,
+   over ``--groups`` tenants) sent three ways, each round on fresh topics to a fresh worker,
+   all produced at once: ``envelope`` (tidegraph's own envelopes on ``{prefix}.episodes``,
+   one mapped record per change), ``debezium-json`` (Debezium change events as Connect's JSON
+   converter writes them, schemas on, through a declared source and a ``change_events``
+   rule), ``debezium-avro`` (the same events in Avro, the schema registry's wire format).
+
+   What is measured is each variant's steady rate under the same conditions:
+
+   - one unmeasured warm-up round of every variant first (the first rounds of a sitting ran
+     at a third of the later ones' rate: Neo4j's query plans and JIT, Kafka's and the
+     worker's first requests), then ``--runs`` rounds, the variants interleaved and rotated
+     round by round (A B C, B C A, C A B, ...) so that none always runs first or last;
+   - before each round, Neo4j has finished with the previous round's writes and deletes
+     (``settle``: idle for a second);
+   - the worker joins its consumer group and writes one change before the clock starts;
+     the clock runs from the first record the worker's first hop handled (its first
+     extraction produced to ``{prefix}.extracted``) to the last episode written, both read
+     from the worker's own counters every 0.1 s (``tidegraph_records_produced_total``,
+     ``tidegraph_stage_events_total``), and the store is then checked to hold them all;
+   - the worker's CPU seconds (``/proc``) over the same window, per 1,000 changes, so that
+     Avro's decoding cost shows against JSON's.
+
+   Each round's breakdown is in ``runs``: the settle, the group join, the warm-up, the
+   produce, the window, and the CPU seconds of the worker, Neo4j, Kafka, the registry, this
+   process and the machine's other processes over the window (another program's load shows
+   there). The median of the rounds is reported, and the rounds' spread.
 2. **latency** (``--latency``; needs this checkout's PostgreSQL and Kafka Connect, started
    here if need be): rows committed in PostgreSQL at ``--rate`` per second (default: half the
    ``debezium-json`` rate just measured) through Debezium, Kafka and a worker; per row, its
@@ -39,12 +57,13 @@ import orjson
 
 from benchmarks.kafka_throughput import (
     percentile,
+    settle,
     start_worker,
     stop_worker,
     wait_assigned,
     worker_env,
 )
-from tests.support.metrics import free_port
+from tests.support.metrics import free_port, metric_value, scrape
 from tidegraph.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,30 +278,36 @@ async def run_variant(
         )
     port = free_port()
     env = _worker_env(args, run, work, port, sources=variant != "envelope")
+    settled = await asyncio.to_thread(settle)
+    began = time.monotonic()
     worker = start_worker(env, work / "worker.log")
+    cpu = CpuProbe.of_services(worker=worker.pid)
     store = open_store(_client_settings(args, run, work))
     try:
         await wait_assigned([port], "episodes", args.partitions, timeout=120)
+        joined = time.monotonic()
         # The first change warms the path up (the source's partitions, the store's first
         # writes); the rest is timed.
         warm = len(envelope(feed[0], run)) if variant == "envelope" else 1
+        episodes = len(records) if variant == "envelope" else len(feed)
         producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, linger_ms=20)
         await producer.start()
         try:
             for key, value in records[:warm]:
                 await producer.send_and_wait(topic, value, key=key)
             await _until_written(store, groups, warm, worker, args.timeout)
-            cpu_before = _cpu_seconds(worker.pid)
-            started = time.monotonic()
+            warmed = time.monotonic()
+            window = Window(port, cpu, wanted=episodes - warm)
+            watching = asyncio.create_task(window.watch(worker, args.timeout))
+            sent = time.monotonic()
             for key, value in records[warm:]:
                 await producer.send(topic, value, key=key)
             await producer.flush()
+            produced = time.monotonic()
         finally:
             await producer.stop()
-        episodes = len(records) if variant == "envelope" else len(feed)
-        await _until_written(store, groups, episodes, worker, args.timeout)
-        seconds = time.monotonic() - started
-        cpu = _cpu_seconds(worker.pid) - cpu_before
+        await watching
+        await _until_written(store, groups, episodes, worker, args.timeout)  # all are there
     finally:
         stop_worker(worker)
         for group in groups:
@@ -290,14 +315,88 @@ async def run_variant(
         await store.close()
         await delete_topics(args.bootstrap, [*names.all(), source_topic])
     timed = len(feed) - 1
+    seconds = window.seconds
     return {
         "changes": len(feed),
         "records": len(records),
         "episodes": episodes,
         "seconds": round(seconds, 2),
         "changes_per_s": round(timed / seconds, 1),
-        "worker_cpu_ms_per_change": round(1000 * cpu / timed, 3),
+        "worker_cpu_ms_per_change": round(1000 * window.cpu["worker"] / timed, 3),
+        "breakdown_s": {
+            "settle": settled,
+            "join": round(joined - began, 2),
+            "warm_up": round(warmed - joined, 2),
+            "produce": round(produced - sent, 2),
+            "to_first_record": round(window.first - sent, 2),
+            "window": round(seconds, 2),
+        },
+        "cpu_s": {k: round(v, 2) for k, v in window.cpu.items()},
     }
+
+
+class CpuProbe:
+    """CPU seconds (``/proc``) of the processes in play: the worker, this checkout's local
+    services, this process, and the machine's other processes."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+
+    @classmethod
+    def of_services(cls, worker: int) -> CpuProbe:
+        from tests.support.local_services import LocalServices
+
+        pids = {s.name: s.pid for s in LocalServices().status() if s.running and s.pid}
+        return cls({"worker": worker, **pids, "benchmark": os.getpid()})
+
+    def read(self) -> dict[str, float]:
+        used = {name: _cpu_seconds(pid) for name, pid in self.pids.items()}
+        # the machine's busy time: user, nice, system, irq, softirq, steal (not idle, iowait)
+        ticks = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+        used["others"] = busy - sum(used.values())
+        return used
+
+
+class Window:
+    """The timed window of a round, read from the worker's counters every 0.1 s: from its
+    first extraction produced to ``{prefix}.extracted`` (the first record its first hop
+    handled) to its ``wanted``-th episode written; the CPU of each process over it."""
+
+    def __init__(self, port: int, probe: CpuProbe, wanted: int) -> None:
+        self.port, self.probe, self.wanted = port, probe, wanted
+        self.extracted, self.written = self.counters()
+        self.first = self.last = 0.0
+        self.cpu: dict[str, float] = {}
+
+    def counters(self) -> tuple[float, float]:
+        text = scrape(self.port)
+        return (
+            metric_value(text, "tidegraph_records_produced_total", topic="extracted"),
+            metric_value(text, "tidegraph_stage_events_total", stage="invalidation", outcome="ok"),
+        )
+
+    @property
+    def seconds(self) -> float:
+        return self.last - self.first
+
+    async def watch(self, worker: Any, timeout: float) -> None:
+        start = self.probe.read()
+        deadline = time.monotonic() + timeout
+        while True:
+            extracted, written = await asyncio.to_thread(self.counters)
+            now = time.monotonic()
+            if not self.first and extracted > self.extracted:
+                self.first, start = now, self.probe.read()
+            if written - self.written >= self.wanted:
+                self.last, end = now, self.probe.read()
+                self.cpu = {k: end[k] - start[k] for k in end}
+                return
+            if worker.poll() is not None:
+                raise RuntimeError(f"the worker exited {worker.returncode}; see its worker.log")
+            if now > deadline:
+                raise TimeoutError(f"{written - self.written} of {self.wanted} written")
+            await asyncio.sleep(0.1)  # a sampling period, not a synchronisation
 
 
 async def _until_written(
@@ -457,8 +556,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.to_thread(local.up, ("registry",))
         registry_url = local.registry_url
     results: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants}
-    for _ in range(args.runs):
-        for variant in args.variants:
+    warm_up: dict[str, dict[str, Any]] = {}
+    for variant in args.variants:  # a warm-up round of each, not counted
+        warm_up[variant] = await run_variant(args, variant, registry_url)
+    for round_ in range(args.runs):  # interleaved, rotated: A B C, B C A, C A B, ...
+        shift = round_ % len(args.variants)
+        for variant in args.variants[shift:] + args.variants[:shift]:
             results[variant].append(await run_variant(args, variant, registry_url))
     medians = {v: _median(runs) for v, runs in results.items()}
     document: dict[str, Any] = {
@@ -466,15 +569,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "variants": medians,
         "runs": results,
+        "warm_up": warm_up,
     }
     if "envelope" in medians:
         base = medians["envelope"]["changes_per_s"]
         for v in medians:
             medians[v]["fraction_of_envelope"] = round(medians[v]["changes_per_s"] / base, 3)
     if {"debezium-json", "debezium-avro"} <= set(medians):
-        json_cpu = medians["debezium-json"]["worker_cpu_ms_per_change"]
+        # the medians of the rounds' CPU per change (the CPU is steadier than the rate)
+        json_cpu = medians["debezium-json"]["worker_cpu_ms_per_change_median"]
         document["avro_cpu_overhead"] = round(
-            medians["debezium-avro"]["worker_cpu_ms_per_change"] / json_cpu - 1, 3
+            medians["debezium-avro"]["worker_cpu_ms_per_change_median"] / json_cpu - 1, 3
         )
     if args.latency:
         measured = medians.get("debezium-json", {}).get("changes_per_s")
@@ -486,7 +591,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ordered = sorted(runs, key=lambda r: r["changes_per_s"])
     middle = dict(ordered[len(ordered) // 2])
-    middle["changes_per_s_all"] = [r["changes_per_s"] for r in runs]
+    rates = [r["changes_per_s"] for r in runs]
+    middle["changes_per_s_all"] = rates
+    middle["spread"] = round(max(rates) / min(rates), 2)
     middle["worker_cpu_ms_per_change_median"] = statistics.median(
         r["worker_cpu_ms_per_change"] for r in runs
     )
