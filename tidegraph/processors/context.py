@@ -28,9 +28,11 @@ class RecentEpisodes:
         self.store = store
         self.per_group = per_group
         self.max_groups = max_groups
-        self._groups: OrderedDict[str, deque[EpisodeRecord]] = OrderedDict()
+        self._groups: OrderedDict[str, deque[Episode]] = OrderedDict()
 
     def remember(self, episode: Episode) -> None:
+        """Keep ``episode`` as it is: its record (its content as text) is made only when a
+        prompt reads it (``merged``), not for every mapped record that never meets one."""
         if self.per_group <= 0:
             return
         recent = self._groups.pop(episode.group_id, None)
@@ -38,18 +40,7 @@ class RecentEpisodes:
             recent = deque(maxlen=self.per_group)
         uuid = episode.uuid
         if all(r.uuid != uuid for r in recent):
-            recent.append(
-                EpisodeRecord(
-                    uuid=uuid,
-                    group_id=episode.group_id,
-                    name=episode.name or episode.id,
-                    source=episode.source,
-                    source_description=episode.source_description,
-                    content=episode.content_text(),
-                    valid_at=episode.reference_time,
-                    producer_id=episode.id,
-                )
-            )
+            recent.append(episode)
         self._groups[episode.group_id] = recent
         while len(self._groups) > self.max_groups:
             self._groups.popitem(last=False)
@@ -68,8 +59,21 @@ class RecentEpisodes:
             return []
         merged = {r.uuid: r for r in stored}
         cutoff = utc(before)
-        for record in self._groups.get(group_id, ()):
-            if record.valid_at < cutoff:
-                merged.setdefault(record.uuid, record)
+        for episode in self._groups.get(group_id, ()):
+            if episode.reference_time < cutoff and episode.uuid not in merged:
+                merged[episode.uuid] = _record(episode)
         ordered = sorted(merged.values(), key=lambda r: (r.valid_at, r.uuid))
         return ordered[-limit:]
+
+
+def _record(episode: Episode) -> EpisodeRecord:
+    return EpisodeRecord(
+        uuid=episode.uuid,
+        group_id=episode.group_id,
+        name=episode.name or episode.id,
+        source=episode.source,
+        source_description=episode.source_description,
+        content=episode.content_text(),
+        valid_at=episode.reference_time,
+        producer_id=episode.id,
+    )
