@@ -6,6 +6,7 @@ relay (tests/support/registry_relay.py) that counts its fetches and cuts it off 
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -62,6 +63,36 @@ async def test_values_decode_and_each_schema_is_fetched_once(
         schema_ids.add(schema_id_of(data))
         assert await avro.decode(topic, data) == event
     assert relay.fetches == {schema_ids.pop(): 1}
+
+
+async def test_values_of_a_schema_that_references_another_subject_decode(
+    schema_registry_url: str, relay: RegistryRelay, topic: str
+) -> None:
+    """A named type of another subject (a schema reference) is fetched and parsed with it."""
+    from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    client = SchemaRegistryClient({"url": schema_registry_url})
+    row_fields = [{"name": "id", "type": "int"}, {"name": "plan", "type": "string"}]
+    row = {"type": "record", "name": "Row", "namespace": "crm", "fields": row_fields}
+    row_subject = f"{topic}-row"
+    client.register_schema(row_subject, Schema(json.dumps(row), "AVRO"))
+    version = client.get_latest_version(row_subject).version
+    change_fields = [
+        {"name": "op", "type": "string"},
+        {"name": "after", "type": ["null", "crm.Row"]},  # the other subject's type
+    ]
+    change = {"type": "record", "name": "Change", "namespace": "crm", "fields": change_fields}
+    schema = Schema(json.dumps(change), "AVRO", [SchemaReference("crm.Row", row_subject, version)])
+    serializer = AvroSerializer(client, schema)
+    event = {"op": "c", "after": {"id": 7, "plan": "Pro"}}
+    data = serializer(event, SerializationContext(topic, MessageField.VALUE))
+    assert data is not None
+    avro = decoder(relay)
+    assert await avro.decode(topic, data) == event
+    assert await avro.decode(topic, data) == event
+    assert relay.fetches == {schema_id_of(data): 1}
 
 
 async def test_a_new_schema_version_mid_stream(

@@ -65,10 +65,11 @@ class RegistryUnavailable(ConnectionError):
 
 
 class RegistryDecoder:
-    """Values in the schema registry's wire format, decoded by confluent-kafka's deserializer
-    of the format (``avro``: fastavro underneath; ``jsonschema``: JSON checked against its
-    schema; ``protobuf``: ``ProtobufValues``, the schema's descriptors built at run time)
-    with the schemas fetched from the registry once per id and cached (ids are immutable)."""
+    """Values in the schema registry's wire format, decoded with the schemas fetched from the
+    registry by confluent-kafka's client once per id and cached (ids are immutable):
+    ``avro``: ``AvroValues``, fastavro's reader with the schema parsed once; ``jsonschema``:
+    confluent-kafka's deserializer, JSON checked against its schema; ``protobuf``:
+    ``ProtobufValues``, the schema's descriptors built at run time."""
 
     def __init__(self, registry: RegistrySpec, format: str = "avro") -> None:
         from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -84,9 +85,9 @@ class RegistryDecoder:
 
             self.deserializer = ProtobufValues(self.client)
         else:
-            from confluent_kafka.schema_registry.avro import AvroDeserializer
+            from tidegraph.pipelines.streaming.avro import AvroValues
 
-            self.deserializer = AvroDeserializer(self.client)
+            self.deserializer = AvroValues(self.client)
         self._known: set[int] = set()
 
     async def decode(self, topic: str, data: bytes) -> Any:
