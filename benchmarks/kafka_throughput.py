@@ -399,8 +399,32 @@ def _phase_figures(
             "episodes": len(latencies),
             "histogram_p50": round(histogram_quantile(0.50, buckets), 3),
             "histogram_p99": round(histogram_quantile(0.99, buckets), 3),
+            "slowest": _slowest(sent, written, first),
         },
     }
+
+
+def _slowest(
+    sent: list[Any], written: dict[str, datetime], first: float, share: float = 0.01
+) -> list[dict[str, Any]]:
+    """The slowest ``share`` of the episodes (the tail the p99 reads), in produce order: when
+    each was produced (seconds into the phase), its group and latency. Tails that bunch in one
+    moment come from a stall of the whole worker; tails spread over the phase, from the path
+    of a record."""
+    timed = [
+        (
+            p.timestamp_ms / 1000,
+            p.group_id,
+            written[p.episode_uuid].timestamp() - p.timestamp_ms / 1000,
+        )
+        for p in sent
+        if p.episode_uuid in written
+    ]
+    tail = sorted(timed, key=lambda t: t[2])[-max(1, math.ceil(share * len(timed))) :]
+    return [
+        {"produced_s": round(at - first, 2), "group": group, "latency_s": round(lag, 3)}
+        for at, group, lag in sorted(tail)
+    ]
 
 
 def paced_records(rate: float, seconds: float, records: int, groups: int) -> int:

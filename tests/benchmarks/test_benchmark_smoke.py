@@ -49,6 +49,8 @@ def test_throughput_every_path_on_a_tiny_feed(
         check = paths[name]["check"]
         assert check["subjects_checked"] > 0 and check["subjects_wrong"] == 0, (name, check)
         assert paths[name]["peak_rss_mb"] > 0, name
+    for name in ("embedded", "neo4j"):
+        assert paths[name]["client_cpu_ms_per_record"] > 0, name
     for name, workers in (("kafka-1w", 1), ("kafka-2w", 2)):
         result = paths[name]
         assert len(result["workers_peak_rss_mb"]) == workers
@@ -56,6 +58,10 @@ def test_throughput_every_path_on_a_tiny_feed(
         assert result["offered_rate"] > 0
         latency = result["latency_s"]
         assert 0 < latency["p50"] <= latency["p99"], latency
+        # the tail the p99 reads, each episode with when it was produced
+        slowest = latency["slowest"]
+        assert slowest and min(s["latency_s"] for s in slowest) >= latency["p99"], latency
+        assert max(s["latency_s"] for s in slowest) == latency["max"], latency
         assert result["maximum"]["processed"] == 40 and result["dead_lettered"] == 0
 
 

@@ -9,7 +9,7 @@ tests/integration/test_lifecycle_topology.py).
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import orjson
 import pytest
@@ -21,9 +21,15 @@ from tidegraph.pipelines.pending import partition_of
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.pipelines.streaming.relay import relay_changes
 from tidegraph.processors.steps import Components
-from tidegraph.records.changes import Change, fact_changes, published_form, stored_form
+from tidegraph.records.changes import (
+    Change,
+    entity_changes,
+    fact_changes,
+    published_form,
+    stored_form,
+)
 from tidegraph.records.episode import Episode
-from tidegraph.records.graph import FactRecord
+from tidegraph.records.graph import EntityRecord, FactRecord
 from tidegraph.stores.memory.store import MemoryStore
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -128,10 +134,20 @@ async def test_relays_only_the_groups_of_owned_partitions() -> None:
 
 
 @pytest.mark.parametrize(
-    "group_id", ["t1", 'quoted ","kind":"fact.created" group', "ünïcödé \\ 日本 \U0001f600"]
+    "group_id",
+    [
+        "t1",
+        'quoted ","kind":"fact.created" group',
+        "ünïcödé \\ 日本 \U0001f600",
+        "ctl \x00\x1f\x7f /",
+    ],
+)
+@pytest.mark.parametrize(
+    "at",
+    [T0, T0 + timedelta(microseconds=120000), T0.astimezone(timezone(timedelta(hours=-5)))],
 )
 def test_a_stored_change_is_published_byte_for_byte_as_the_change_serializes(
-    group_id: str,
+    group_id: str, at: datetime
 ) -> None:
     """The relay splices the seq into the stored JSON instead of decoding it: what consumers
     get is exactly ``Change.model_dump_json()``, whatever the group id or the text holds."""
@@ -140,8 +156,15 @@ def test_a_stored_change_is_published_byte_for_byte_as_the_change_serializes(
         fact='Acme, "kind": on \u2028 the <Pro> plan', episodes=["e1", "e2"], valid_at=T0,
     )  # fmt: skip
     closed = fact.model_copy(update={"invalid_at": T0 + timedelta(days=1), "expired_at": T0})
-    changes = fact_changes(group_id, "cause", "crm:1", fact, closed, T0)
+    changes = fact_changes(group_id, "cause", "crm:1", fact, closed, at)
     assert len(changes) == 2  # invalidated, expired
+    entity = EntityRecord(
+        uuid="n1", group_id=group_id, name=f"Acme {group_id}", labels=["Account"], key="crm:7"
+    )
+    merged = entity.model_copy(update={"aliases": ["ACME \u0000 Inc"], "summary": "a <b> \t"})
+    changes += entity_changes(group_id, "cause", None, entity, merged, at)
+    changes += entity_changes(group_id, "cause", "crm:2", None, entity, at)
+    assert len(changes) == 5  # and merged, summary changed, created
     for seq, change in enumerate(changes, 41):
         numbered = change.model_copy(update={"seq": seq})
         value = published_form(stored_form(change), seq)

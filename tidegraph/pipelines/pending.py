@@ -21,6 +21,7 @@ from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord
 from tidegraph.stores.base import GraphStore
+from tidegraph.topics.partitioning import key_hash
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,7 @@ async def extract_pending(
 def partition_of(group_id: str, partitions: int) -> int:
     """The partition Kafka's default partitioner gives the key ``group_id`` (murmur2, as the
     producers of the input topic use)."""
-    from aiokafka.partitioner import murmur2
-
-    return (murmur2(group_id.encode()) & 0x7FFFFFFF) % partitions
+    return key_hash(group_id.encode()) % partitions
 
 
 async def pending_envelopes(

@@ -26,6 +26,7 @@ from tidegraph.settings import Settings
 from tidegraph.stores import GraphStore, open_store
 from tidegraph.topics.admin import ensure_topics, partitions_of
 from tidegraph.topics.names import TopicNames
+from tidegraph.topics.partitioning import KeyPartitioner
 from tidegraph.topics.records import DeadLetter, RecordRef, decode
 from tidegraph.topics.sealing import sealer_for
 
@@ -86,6 +87,7 @@ def producer_for(settings: Settings) -> AIOKafkaProducer:
         acks="all",
         enable_idempotence=True,
         linger_ms=5,
+        partitioner=KeyPartitioner(),  # Kafka's default placement, each key hashed once
     )
 
 

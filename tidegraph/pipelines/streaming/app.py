@@ -58,6 +58,7 @@ from tidegraph.processors.failures import STORE_MAY_BE_DOWN, classify
 from tidegraph.settings import Settings
 from tidegraph.stores.errors import StoreUnreachable
 from tidegraph.topics.names import TopicNames
+from tidegraph.topics.partitioning import KeyPartitioner
 from tidegraph.topics.sealing import sealer_for
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,8 @@ def _faust_app(
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=False,  # ensure_topics creates them, with checks
         topic_disable_leader=True,
+        # Kafka's default placement, each group's hash kept (tidegraph/topics/partitioning.py)
+        producer_partitioner=KeyPartitioner(),
         consumer_auto_offset_reset="earliest",
         processing_guarantee="at_least_once",
         broker_commit_every=worker.commit_every,
@@ -345,7 +348,8 @@ def _change_stream(
     async def send_change(key: bytes, value: bytes) -> Awaitable[object]:
         # Straight to the app's producer: the key and value are bytes already, and Faust's
         # channel layer (a future message and its callbacks per record) was half the send's
-        # cost; Kafka's partitioner still places each group's changes by its key.
+        # cost; the app's partitioner (Kafka's placement) still puts each group's changes on
+        # its key's partition.
         return await app.producer.send(topic, key, value, None, None, None)
 
     @app.task
