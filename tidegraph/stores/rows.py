@@ -261,6 +261,11 @@ def joined_outbox_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def held_records(uuids: str) -> list[str]:
+    """The records an outbox row's ``uuid`` column still holds changes of (each once)."""
+    return sorted({uuid for uuid in uuids.split(LINE) if uuid})
+
+
 def stored_changes(seq: int, change_ids: str, bodies: str) -> list[tuple[int, str, str]]:
     """The changes an outbox row starting at ``seq`` still holds: (seq, change_id, body)."""
     lines = zip(change_ids.split(LINE), bodies.split(LINE), strict=True)

@@ -262,6 +262,17 @@ OUTBOX_ROWS = (
     f"CREATE UNIQUE INDEX IF NOT EXISTS {OUTBOX_INDEX} ON change (group_id, last)",
 )
 
+# Each record's outbox rows: (group, the record's uuid, the row's last) per record a row
+# holds changes of, so that a forget reads only the rows of what it purges
+# (``writes.purge_changes``). Created, and filled from the rows there are, by setup while
+# it is missing (``writes.index_outbox_records``).
+OUTBOX_RECORDS = "change_record"
+OUTBOX_RECORDS_TABLE = f"""CREATE TABLE {OUTBOX_RECORDS} (
+    group_id TEXT NOT NULL,
+    uuid TEXT NOT NULL,
+    last INTEGER NOT NULL,
+    PRIMARY KEY (group_id, uuid, last)) WITHOUT ROWID"""
+
 
 # Columns added to tables of older files (``ADDED_COLUMNS``: table -> column definitions),
 # added by setup when missing.

@@ -377,6 +377,7 @@ def forget_group(
         "entity",
         "community",
         "change",
+        "change_record",
         "speaker_word",
     ):
         conn.execute(f"DELETE FROM {table} WHERE group_id = ?", (group_id,))

@@ -49,6 +49,8 @@ from tidegraph.stores.sqlite.db import (
     DB_FILE,
     DROPPED,
     OUTBOX_INDEX,
+    OUTBOX_RECORDS,
+    OUTBOX_RECORDS_TABLE,
     OUTBOX_ROWS,
     SCHEMA,
     SCHEMA_VERSION,
@@ -84,6 +86,7 @@ from tidegraph.stores.sqlite.search import (
     entity_vector_hits,
 )
 from tidegraph.stores.sqlite.writes import (
+    index_outbox_records,
     reindex_episodes,
     reindex_texts,
     write_episodes,
@@ -274,6 +277,12 @@ class SqliteStore(GraphStore):
             ).fetchone():
                 for statement in OUTBOX_ROWS:
                     conn.execute(statement)
+            if not conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (OUTBOX_RECORDS,)
+            ).fetchone():
+                conn.execute(OUTBOX_RECORDS_TABLE)
+                if indexed := index_outbox_records(conn):
+                    log.info("%s: %d outbox rows indexed by record", self.db.path, indexed)
             for statement in DROPPED:
                 conn.execute(statement)
             secured = secure_fulltext(conn)
