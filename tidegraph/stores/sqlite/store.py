@@ -104,6 +104,12 @@ def _entities(
     return sort_entities(map(entity_of, conn.execute(query, (group_id, param))))
 
 
+def _by_uuids(conn: sqlite3.Connection, group_id: str, uuids: list[str]) -> list[EntityRecord]:
+    # ``+``: found by uuid, not by reading the group's entities (the group index)
+    query = f"SELECT {ENTITY_FULL} FROM entity e WHERE +e.group_id = ? AND e.uuid {IN_LIST}"
+    return sort_entities(map(entity_of, conn.execute(query, (group_id, json_text(uuids)))))
+
+
 def _by_names(
     conn: sqlite3.Connection, group_id: str, names: list[str], *, full: bool = True
 ) -> list[EntityRecord]:
@@ -111,7 +117,7 @@ def _by_names(
         f"e.uuid IN (SELECT n.uuid FROM entity_name n WHERE n.group_id = ? AND n.name {IN_LIST})"
     )
     columns = ENTITY_FULL if full else ENTITY
-    query = f"SELECT {columns} FROM entity e WHERE e.group_id = ? AND {where}"
+    query = f"SELECT {columns} FROM entity e WHERE +e.group_id = ? AND {where}"
     rows = conn.execute(query, (group_id, group_id, json_text(names)))
     return sort_entities(map(entity_of, rows))
 
@@ -425,7 +431,7 @@ class SqliteStore(GraphStore):
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         if not uuids:
             return []
-        return await self.db.run(_entities, group_id, f"e.uuid {IN_LIST}", json_text(uuids))
+        return await self.db.run(_by_uuids, group_id, uuids)
 
     async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
         return await self.db.run(_lookup, group_id, ask)

@@ -378,14 +378,15 @@ def skip_dropped(conn: sqlite3.Connection, group_id: str, dropped: list[int]) ->
     transaction: a relay cursor right before deleted ones moves past them, up to the first
     change still there (the relay never waits for a change that is gone, and moves a cursor
     itself only past changes Kafka acknowledged). A row holding the cursor's next change
-    keeps it where it is."""
+    keeps it where it is (the first row after the cursor: a row's numbers follow the row
+    before's, so it has the least)."""
     if not dropped:
         return
     conn.execute(
         "UPDATE change_log SET published = max(published, min(:dropped, coalesce("
-        "(SELECT min(max(seq, change_log.published + 1)) FROM change "
-        "WHERE group_id = :group AND last > change_log.published) - 1, :dropped))) "
-        "WHERE group_id = :group",
+        "(SELECT max(seq, change_log.published + 1) FROM change "
+        "WHERE group_id = :group AND last > change_log.published ORDER BY last LIMIT 1) - 1, "
+        ":dropped))) WHERE group_id = :group",
         {"group": group_id, "dropped": max(dropped)},
     )
 
@@ -469,5 +470,5 @@ def delete_communities(conn: sqlite3.Connection, group_id: str, uuids: list[str]
         f"(SELECT id FROM community WHERE +group_id = ? AND uuid {IN_LIST})",
         param,
     )
-    conn.execute(f"DELETE FROM member WHERE group_id = ? AND community_uuid {IN_LIST}", param)
-    conn.execute(f"DELETE FROM community WHERE group_id = ? AND uuid {IN_LIST}", param)
+    conn.execute(f"DELETE FROM member WHERE +group_id = ? AND community_uuid {IN_LIST}", param)
+    conn.execute(f"DELETE FROM community WHERE +group_id = ? AND uuid {IN_LIST}", param)
