@@ -249,6 +249,10 @@ EPISODE_UNMAPPED = f"{EPISODE_LIVE} AND (extraction IS NULL OR instr(extraction,
 ADDED_INDEXES = (
     f"CREATE INDEX IF NOT EXISTS episode_live ON episode (group_id) WHERE {EPISODE_LIVE}",
     f"CREATE INDEX IF NOT EXISTS episode_unmapped ON episode (group_id) WHERE {EPISODE_UNMAPPED}",
+    # The entities each episode created, read without the episode's row (a forget asks which
+    # of an entity's mentions created it: ``lifecycle.history_part``; an entity such as a
+    # plan is mentioned by a large part of its group, and an episode's row is kilobytes).
+    "CREATE INDEX IF NOT EXISTS episode_created ON episode (uuid, created_entities)",
 )
 
 # The outbox as a row per write, indexed by (group, last): on a file whose rows were one
