@@ -90,6 +90,7 @@ WHERE c.group_id = $group_id AND coalesce(c.committed_at, 0) < $before
 WITH c LIMIT $batch
 CALL (c) {
   UNWIND split(c.uuid, '\\n') AS uuid
+  WITH DISTINCT c, uuid
   MATCH (r:ChangeRecord {uuid: uuid})
   WHERE r.group_id = c.group_id AND r.last = c.last
   DELETE r
@@ -375,6 +376,7 @@ SET ep.created_entities = row.created
 # (a forget takes those changes out: ``PURGED_ROWS`` writes the rows without them).
 ROWS_TO_PURGE = """
 MATCH (r:ChangeRecord)
+USING INDEX r:ChangeRecord(uuid)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
 WITH DISTINCT r.last AS last
 MATCH (c:Change)
@@ -386,6 +388,7 @@ RETURN elementId(c) AS id, c.last AS last, c.change_id AS change_id, c.kind AS k
 # The purged records out of the index of records.
 UNINDEX_PURGED = """
 MATCH (r:ChangeRecord)
+USING INDEX r:ChangeRecord(uuid)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
 DELETE r
 """
