@@ -391,3 +391,44 @@ async def _forget_deployment(store: GraphStore, group: str) -> None:
             conn.execute("UPDATE change_log SET deployment = NULL WHERE group_id = ?", (group,))
 
     await store.db.run(clear)
+
+
+async def _without_index_of_records(store: GraphStore) -> None:
+    """The store as one written before its outbox was indexed by record."""
+    if isinstance(store, SqliteStore):
+
+        def drop(conn: sqlite3.Connection) -> None:
+            conn.execute("DROP TABLE change_record")
+
+        await store.db.run(drop)
+    else:
+        assert isinstance(store, Neo4jStore)
+        await store.ex.execute("MATCH (r:ChangeRecord) DETACH DELETE r", {})
+        await store.ex.execute("DROP INDEX change_record_group IF EXISTS", {}, schema=True)
+
+
+async def test_a_forget_purges_the_changes_of_an_outbox_written_before_its_index(
+    store: GraphStore,
+) -> None:
+    """A store whose outbox rows were written before they were indexed by record: set up
+    again, it indexes them, and a forget then takes the erased person's changes out of those
+    rows (the purge finds rows only through that index)."""
+    at = [crm.START + timedelta(days=d) for d in range(3)]
+    contents = [
+        crm.plan_record((1, "Acme Corp"), "Basic", at[0]),
+        crm.contact_record("joined", (7, "Dana Reyes"), (1, "Acme Corp"), at[1]),
+        crm.plan_record((1, "Acme Corp"), "Pro", at[2]),
+    ]
+    records = [Record(f"rec-{i}", at[i], c) for i, c in enumerate(contents)]
+    group = f"index-{uuidlib.uuid4().hex[:12]}"
+    try:
+        pipeline = await feed(store, group, records, clock_of(records))
+        assert any("Dana" in c.model_dump_json() for c in await store.outbox.changes(group, 0, 99))
+        await _without_index_of_records(store)
+        await store.setup(DIM)
+        await forget_episodes(pipeline, group, ["rec-1"])
+        outbox = await store.outbox.changes(group, 0, 1000)
+        assert {c.kind for c in outbox} >= {"episode.forgotten", "fact.created"}
+        assert all("Dana" not in c.model_dump_json() for c in outbox)
+    finally:
+        await store.forget.delete_group(group)

@@ -243,6 +243,7 @@ def outbox_row(group_id: str, changes: Sequence[Change]) -> dict[str, Any]:
         "uuid": LINE.join(c.uuid for c in changes),
         "body": LINE.join(stored_form(c) for c in changes),
         "committed_at": max((epoch_micros(c.committed_at) for c in changes), default=0),
+        "records": sorted({c.uuid for c in changes}),  # the index of records (Neo4j)
     }
 
 
@@ -257,8 +258,14 @@ def joined_outbox_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         **rows[0],
         **joined,
         "n": sum(row["n"] for row in held),
+        "records": sorted({uuid for row in held for uuid in row["records"]}),
         "committed_at": max((row["committed_at"] for row in held), default=0),
     }
+
+
+def held_records(uuids: str) -> list[str]:
+    """The records an outbox row's ``uuid`` column still holds changes of (each once)."""
+    return sorted({uuid for uuid in uuids.split(LINE) if uuid})
 
 
 def stored_changes(seq: int, change_ids: str, bodies: str) -> list[tuple[int, str, str]]:

@@ -150,8 +150,13 @@ class Neo4jForgetting(Forgetting):
             return
         g = {"group_id": group_id}
         purged, rows, dropped = set(uuids), [], []
-        for found in await tx.rows(lq.ROWS_TO_PURGE, {**g, "uuids": uuids}):
-            left = purged_row(dict(found), purged)
+        found_rows = await tx.rows(lq.ROWS_TO_PURGE, {**g, "uuids": uuids})
+        await tx.rows(lq.UNINDEX_PURGED, {**g, "uuids": uuids})
+        for found in found_rows:
+            row = dict(found)
+            left = purged_row(row, purged)
+            if left is row:
+                continue  # an entry of a node that no longer holds the record
             rows.append({"id": found["id"], **(left or {"body": None})})
             dropped.append(int(found["last"]))
         if rows:

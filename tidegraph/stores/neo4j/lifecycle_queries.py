@@ -88,6 +88,13 @@ MATCH (c:Change)
 WHERE c.group_id = $group_id AND coalesce(c.committed_at, 0) < $before
   AND (NOT $published_only OR c.last <= published)
 WITH c LIMIT $batch
+CALL (c) {
+  UNWIND split(c.uuid, '\\n') AS uuid
+  WITH DISTINCT c, uuid
+  MATCH (r:ChangeRecord {uuid: uuid})
+  WHERE r.group_id = c.group_id AND r.last = c.last
+  DELETE r
+}
 WITH c, c.last AS last, size([id IN split(c.change_id, '\\n') WHERE id <> '']) AS held
 DELETE c
 RETURN count(*) AS deleted, max(last) AS dropped, coalesce(sum(held), 0) AS changes
@@ -117,6 +124,23 @@ WHERE past > published
 MERGE (cursor:ChangeCursor {group_id: $group_id})
 ON CREATE SET cursor.published = 0
 SET cursor.published = CASE WHEN past > cursor.published THEN past ELSE cursor.published END
+"""
+
+# Stored Change nodes not yet in the index of records (``Neo4jStore.setup``, while
+# ``change_record_group`` is missing), a batch at a time.
+CHANGES_TO_INDEX = """
+MATCH (c:Change)
+WITH c, [u IN split(c.uuid, '\\n') WHERE u <> ''] AS held
+WHERE size(held) > 0 AND NOT EXISTS {
+  MATCH (r:ChangeRecord {uuid: held[0]}) WHERE r.group_id = c.group_id AND r.last = c.last
+}
+WITH c, held LIMIT $limit
+CALL (c, held) {
+  UNWIND held AS uuid
+  WITH DISTINCT uuid
+  CREATE (:ChangeRecord {group_id: c.group_id, uuid: uuid, last: c.last})
+}
+RETURN count(*) AS indexed
 """
 
 # The stored changes numbered before ``last`` was kept (a row of one each), found by
@@ -348,13 +372,25 @@ WHERE ep.group_id = $group_id
 SET ep.created_entities = row.created
 """
 
-# The outbox rows holding a change of records ``$uuids`` (a forget takes those changes out:
-# ``PURGED_ROWS`` writes the rows without them).
+# The outbox rows holding a change of records ``$uuids``, found through the index of records
+# (a forget takes those changes out: ``PURGED_ROWS`` writes the rows without them).
 ROWS_TO_PURGE = """
+MATCH (r:ChangeRecord)
+USING INDEX r:ChangeRecord(uuid)
+WHERE r.uuid IN $uuids AND r.group_id = $group_id
+WITH DISTINCT r.last AS last
 MATCH (c:Change)
-WHERE c.group_id = $group_id AND any(u IN split(c.uuid, '\\n') WHERE u IN $uuids)
+WHERE c.group_id = $group_id AND c.last = last
 RETURN elementId(c) AS id, c.last AS last, c.change_id AS change_id, c.kind AS kind,
        c.uuid AS uuid, c.body AS body
+"""
+
+# The purged records out of the index of records.
+UNINDEX_PURGED = """
+MATCH (r:ChangeRecord)
+USING INDEX r:ChangeRecord(uuid)
+WHERE r.uuid IN $uuids AND r.group_id = $group_id
+DELETE r
 """
 
 PURGED_ROWS = """
@@ -417,13 +453,16 @@ RETURN count(*) AS deleted
 FORGET_GROUP = (
     TOMBSTONE_GROUP_BATCH,
     DELETE_GROUP_FACTS,
-    *(delete_group_nodes(label) for label in ("Community", "Entity", "Change", "SpeakerWord")),
+    *(
+        delete_group_nodes(label)
+        for label in ("Community", "Entity", "Change", "ChangeRecord", "SpeakerWord")
+    ),
 )
 PURGE_GROUP = (
     DELETE_GROUP_FACTS,
     *(
         delete_group_nodes(label)
-        for label in ("Episodic", "Community", "Entity", "Change", "SpeakerWord")
+        for label in ("Episodic", "Community", "Entity", "Change", "ChangeRecord", "SpeakerWord")
     ),
     delete_group_nodes("ChangeLog"),
     delete_group_nodes("ChangeCursor"),

@@ -48,6 +48,10 @@ VECTOR_INDEXES = (
 )
 CHANGE_INDEX = "change_group_last"
 OLD_CHANGE_INDEX = "change_group_seq"
+CHANGE_RECORD_GROUP_INDEX = "change_record_group"
+CREATE_CHANGE_RECORD_GROUP_INDEX = (
+    f"CREATE INDEX {CHANGE_RECORD_GROUP_INDEX} IF NOT EXISTS FOR (n:ChangeRecord) ON (n.group_id)"
+)
 FULLTEXT_ANALYZER = "english"  # Porter stemming + English stop words
 
 _FULLTEXT_OPTIONS = "OPTIONS {indexConfig: {`fulltext.analyzer`: $analyzer}}"
@@ -71,6 +75,10 @@ SCHEMA = (
     "CREATE CONSTRAINT change_cursor_group IF NOT EXISTS "
     "FOR (n:ChangeCursor) REQUIRE n.group_id IS UNIQUE",
     f"CREATE INDEX {CHANGE_INDEX} IF NOT EXISTS FOR (n:Change) ON (n.group_id, n.last)",
+    # each record's Change nodes: a ChangeRecord {group_id, uuid, last} per record a Change
+    # holds changes of, so that a forget reads only the nodes of what it purges (its group
+    # index, CHANGE_RECORD_GROUP_INDEX, is created once the stored nodes are indexed)
+    "CREATE INDEX change_record_uuid IF NOT EXISTS FOR (n:ChangeRecord) ON (n.uuid)",
     # range
     "CREATE INDEX episodic_group_id IF NOT EXISTS FOR (n:Episodic) ON (n.group_id)",
     "CREATE INDEX episodic_valid_at IF NOT EXISTS FOR (n:Episodic) ON (n.valid_at)",
@@ -627,6 +635,7 @@ RETURN count(*) AS deleted
             "Community",
             "Entity",
             "Change",
+            "ChangeRecord",
             "ChangeLog",
             "ChangeCursor",
             "SpeakerWord",

@@ -201,6 +201,7 @@ class Neo4jStore(StoreCore):
         for statement in q.SCHEMA:
             await self.ex.execute(statement, params, schema=True)
         await self._number_stored_changes()
+        await self._index_stored_changes()
         for statement in q.DROPPED:
             await self.ex.execute(statement, {}, schema=True)
         # A concurrent setup with another dimension may have won the race.
@@ -234,6 +235,18 @@ class Neo4jStore(StoreCore):
         numbered = await self._until_none(lq.CHANGES_TO_NUMBER, "numbered", {"limit": batch})
         if numbered:
             log.info("numbered %d stored outbox changes as rows of one", numbered)
+
+    async def _index_stored_changes(self, batch: int = 2000) -> None:
+        """The migration of an outbox written before its index of records (while its group
+        index, ``change_record_group``, is missing): every Change node's records indexed,
+        then that index created."""
+        names = [q.CHANGE_RECORD_GROUP_INDEX]
+        if await self.ex.rows(q.SHOW_INDEXES, {"names": names}):
+            return
+        indexed = await self._until_none(lq.CHANGES_TO_INDEX, "indexed", {"limit": batch})
+        if indexed:
+            log.info("indexed %d stored outbox rows by record", indexed)
+        await self.ex.execute(q.CREATE_CHANGE_RECORD_GROUP_INDEX, {}, schema=True)
 
     async def _index_stored_episodes(self, batch: int = 2000) -> None:
         """The migration of episodes stored before their conversation fields (docs/retrieval.md

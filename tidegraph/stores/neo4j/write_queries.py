@@ -269,6 +269,9 @@ _RECORD_CHANGES = """
     CREATE (:Change {group_id: o.group_id, seq: base + 1, last: base + o.n,
                      change_id: o.change_id, kind: o.kind, uuid: o.uuid, body: o.body,
                      committed_at: o.committed_at})
+    WITH o, base
+    UNWIND o.records AS uuid
+    CREATE (:ChangeRecord {group_id: o.group_id, uuid: uuid, last: base + o.n})
 """
 # The same alone (a forget's rebuild): ``$outbox`` holds the group's one row.
 RECORD_CHANGES = "UNWIND $outbox AS o\nCALL (o) {" + _RECORD_CHANGES + "}\n"

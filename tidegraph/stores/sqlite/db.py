@@ -249,6 +249,10 @@ EPISODE_UNMAPPED = f"{EPISODE_LIVE} AND (extraction IS NULL OR instr(extraction,
 ADDED_INDEXES = (
     f"CREATE INDEX IF NOT EXISTS episode_live ON episode (group_id) WHERE {EPISODE_LIVE}",
     f"CREATE INDEX IF NOT EXISTS episode_unmapped ON episode (group_id) WHERE {EPISODE_UNMAPPED}",
+    # The entities each episode created, read without the episode's row (a forget asks which
+    # of an entity's mentions created it: ``lifecycle.history_part``; an entity such as a
+    # plan is mentioned by a large part of its group, and an episode's row is kilobytes).
+    "CREATE INDEX IF NOT EXISTS episode_created ON episode (uuid, created_entities)",
 )
 
 # The outbox as a row per write, indexed by (group, last): on a file whose rows were one
@@ -261,6 +265,17 @@ OUTBOX_ROWS = (
     "DROP INDEX IF EXISTS change_uuid",
     f"CREATE UNIQUE INDEX IF NOT EXISTS {OUTBOX_INDEX} ON change (group_id, last)",
 )
+
+# Each record's outbox rows: (group, the record's uuid, the row's last) per record a row
+# holds changes of, so that a forget reads only the rows of what it purges
+# (``writes.purge_changes``). Created, and filled from the rows there are, by setup while
+# it is missing (``writes.index_outbox_records``).
+OUTBOX_RECORDS = "change_record"
+OUTBOX_RECORDS_TABLE = f"""CREATE TABLE {OUTBOX_RECORDS} (
+    group_id TEXT NOT NULL,
+    uuid TEXT NOT NULL,
+    last INTEGER NOT NULL,
+    PRIMARY KEY (group_id, uuid, last)) WITHOUT ROWID"""
 
 
 # Columns added to tables of older files (``ADDED_COLUMNS``: table -> column definitions),

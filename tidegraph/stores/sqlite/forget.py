@@ -99,6 +99,7 @@ class SqliteForgetting(Forgetting):
                     "episode",
                     "community",
                     "change",
+                    "change_record",
                     "change_log",
                 ):
                     conn.execute(f"DELETE FROM {table} WHERE group_id = ?", (group_id,))

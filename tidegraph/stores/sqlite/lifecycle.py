@@ -111,13 +111,14 @@ def history_part(
         " UNION SELECT m.episode_uuid FROM mention m"
         "  WHERE m.entity_uuid IN (SELECT value FROM json_each(:mentioning))"
         "  AND m.group_id = :group_id"
-        " UNION SELECT m.episode_uuid FROM mention m JOIN episode c ON c.uuid = m.episode_uuid"
+        " UNION SELECT m.episode_uuid FROM mention m"
+        "  JOIN episode c INDEXED BY episode_created ON c.uuid = m.episode_uuid"
         "  WHERE m.entity_uuid IN (SELECT value FROM json_each(:creating))"
-        "  AND m.group_id = :group_id"
+        "  AND m.group_id = :group_id AND instr(c.created_entities, m.entity_uuid) > 0"
         "  AND EXISTS (SELECT 1 FROM json_each(c.created_entities) WHERE value = m.entity_uuid)) "
         f"SELECT {EPISODE}, ep.extraction, ep.extracted_at, ep.created_entities "
-        "FROM wanted w JOIN episode ep ON ep.uuid = w.uuid "
-        "WHERE ep.group_id = :group_id AND ep.forgotten_at IS NULL "
+        "FROM wanted w CROSS JOIN episode ep ON ep.uuid = w.uuid "
+        "WHERE +ep.group_id = :group_id AND ep.forgotten_at IS NULL "
         "ORDER BY coalesce(ep.extracted_at, ep.created_at), ep.uuid",
         {
             "group_id": group_id,
@@ -183,7 +184,7 @@ def apply_rebuild(
         _overwrite_entity(conn, group_id, entity)
     texts = dict(
         conn.execute(
-            f"SELECT uuid, fact FROM fact WHERE group_id = ? AND uuid {IN_LIST}",
+            f"SELECT uuid, fact FROM fact WHERE +group_id = ? AND uuid {IN_LIST}",
             (group_id, json_text(r["uuid"] for r in facts)),
         ).fetchall()
     )
@@ -239,24 +240,26 @@ def _drop_removed(
 ) -> None:
     """The facts and entities no remaining episode gives, and the communities whose members
     the rebuild removes or changes."""
+    # Each statement finds its rows by uuid: ``+group_id`` keeps SQLite from reading the
+    # group's rows through a group index instead (a cost that grows with the group).
     gone_facts = json_text(rebuild.delete_facts)
     conn.execute(
-        f"DELETE FROM fact_text WHERE rowid IN (SELECT id FROM fact WHERE group_id = ? "
+        f"DELETE FROM fact_text WHERE rowid IN (SELECT id FROM fact WHERE +group_id = ? "
         f"AND uuid {IN_LIST})",
         (group_id, gone_facts),
     )
-    conn.execute(f"DELETE FROM fact WHERE group_id = ? AND uuid {IN_LIST}", (group_id, gone_facts))
+    conn.execute(f"DELETE FROM fact WHERE +group_id = ? AND uuid {IN_LIST}", (group_id, gone_facts))
     # Communities with a member removed or changed go (their names and summaries may carry
     # what was forgotten); the next refresh groups the remaining members again.
     touched = json_text([*rebuild.delete_entities, *(e["uuid"] for e in entities)])
     stale = conn.execute(
-        f"SELECT DISTINCT community_uuid FROM member WHERE group_id = ? AND entity_uuid {IN_LIST}",
+        f"SELECT DISTINCT community_uuid FROM member WHERE +group_id = ? AND entity_uuid {IN_LIST}",
         (group_id, touched),
     ).fetchall()
     delete_communities(conn, group_id, sorted(c for (c,) in stale))
     gone = json_text(rebuild.delete_entities)
     conn.execute(
-        f"DELETE FROM entity_text WHERE rowid IN (SELECT id FROM entity WHERE group_id = ? "
+        f"DELETE FROM entity_text WHERE rowid IN (SELECT id FROM entity WHERE +group_id = ? "
         f"AND uuid {IN_LIST})",
         (group_id, gone),
     )
@@ -267,7 +270,7 @@ def _drop_removed(
         ("entity", "uuid"),
     ):
         conn.execute(
-            f"DELETE FROM {table} WHERE group_id = ? AND {column} {IN_LIST}", (group_id, gone)
+            f"DELETE FROM {table} WHERE +group_id = ? AND {column} {IN_LIST}", (group_id, gone)
         )
 
 
@@ -377,6 +380,7 @@ def forget_group(
         "entity",
         "community",
         "change",
+        "change_record",
         "speaker_word",
     ):
         conn.execute(f"DELETE FROM {table} WHERE group_id = ?", (group_id,))

@@ -13,7 +13,7 @@ from tidegraph.stores.roles import Outbox
 from tidegraph.stores.rows import row_changes, row_published, stored_changes
 from tidegraph.stores.sqlite.db import Transaction, json_text, micros
 from tidegraph.stores.sqlite.driver import sqlite3
-from tidegraph.stores.sqlite.writes import skip_dropped
+from tidegraph.stores.sqlite.writes import skip_dropped, unindex_records
 
 if TYPE_CHECKING:
     from tidegraph.stores.sqlite.store import SqliteStore
@@ -135,10 +135,11 @@ class SqliteOutbox(Outbox):
                     "DELETE FROM change WHERE group_id = ? AND coalesce(committed_at, 0) < ? "
                     "AND (NOT ? OR last <= "
                     "(SELECT published FROM change_log WHERE group_id = ?)) "
-                    "RETURNING seq, last, change_id, body",
+                    "RETURNING seq, last, change_id, body, uuid",
                     (group_id, micros(before), published_only, group_id),
                 ).fetchall()
-                skip_dropped(conn, group_id, [last for _, last, _, _ in dropped])
-                return sum(len(stored_changes(seq, ids, body)) for seq, _, ids, body in dropped)
+                unindex_records(conn, group_id, [(last, uuids) for _, last, _, _, uuids in dropped])
+                skip_dropped(conn, group_id, [last for _, last, _, _, _ in dropped])
+                return sum(len(stored_changes(seq, ids, body)) for seq, _, ids, body, _ in dropped)
 
         return await self.store.db.run(write)

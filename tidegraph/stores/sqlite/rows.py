@@ -17,7 +17,7 @@ from tidegraph.stores.sqlite.driver import sqlite3
 IN_LIST = "IN (SELECT value FROM json_each(?))"
 COMMUNITY_OF = (
     "(SELECT min(m.community_uuid) FROM member m "
-    "WHERE m.entity_uuid = e.uuid AND m.group_id = e.group_id) AS community_uuid"
+    "WHERE m.entity_uuid = e.uuid AND +m.group_id = e.group_id) AS community_uuid"
 )
 ENTITY = "e.uuid, e.group_id, e.name, e.labels, e.summary, e.key, e.aliases, e.created_at"
 ENTITY_FULL = f"{ENTITY}, e.name_embedding, {COMMUNITY_OF}"

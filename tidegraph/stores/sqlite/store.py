@@ -49,6 +49,8 @@ from tidegraph.stores.sqlite.db import (
     DB_FILE,
     DROPPED,
     OUTBOX_INDEX,
+    OUTBOX_RECORDS,
+    OUTBOX_RECORDS_TABLE,
     OUTBOX_ROWS,
     SCHEMA,
     SCHEMA_VERSION,
@@ -84,6 +86,7 @@ from tidegraph.stores.sqlite.search import (
     entity_vector_hits,
 )
 from tidegraph.stores.sqlite.writes import (
+    index_outbox_records,
     reindex_episodes,
     reindex_texts,
     write_episodes,
@@ -101,6 +104,12 @@ def _entities(
     return sort_entities(map(entity_of, conn.execute(query, (group_id, param))))
 
 
+def _by_uuids(conn: sqlite3.Connection, group_id: str, uuids: list[str]) -> list[EntityRecord]:
+    # ``+``: found by uuid, not by reading the group's entities (the group index)
+    query = f"SELECT {ENTITY_FULL} FROM entity e WHERE +e.group_id = ? AND e.uuid {IN_LIST}"
+    return sort_entities(map(entity_of, conn.execute(query, (group_id, json_text(uuids)))))
+
+
 def _by_names(
     conn: sqlite3.Connection, group_id: str, names: list[str], *, full: bool = True
 ) -> list[EntityRecord]:
@@ -108,7 +117,7 @@ def _by_names(
         f"e.uuid IN (SELECT n.uuid FROM entity_name n WHERE n.group_id = ? AND n.name {IN_LIST})"
     )
     columns = ENTITY_FULL if full else ENTITY
-    query = f"SELECT {columns} FROM entity e WHERE e.group_id = ? AND {where}"
+    query = f"SELECT {columns} FROM entity e WHERE +e.group_id = ? AND {where}"
     rows = conn.execute(query, (group_id, group_id, json_text(names)))
     return sort_entities(map(entity_of, rows))
 
@@ -274,6 +283,12 @@ class SqliteStore(GraphStore):
             ).fetchone():
                 for statement in OUTBOX_ROWS:
                     conn.execute(statement)
+            if not conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (OUTBOX_RECORDS,)
+            ).fetchone():
+                conn.execute(OUTBOX_RECORDS_TABLE)
+                if indexed := index_outbox_records(conn):
+                    log.info("%s: %d outbox rows indexed by record", self.db.path, indexed)
             for statement in DROPPED:
                 conn.execute(statement)
             secured = secure_fulltext(conn)
@@ -416,7 +431,7 @@ class SqliteStore(GraphStore):
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         if not uuids:
             return []
-        return await self.db.run(_entities, group_id, f"e.uuid {IN_LIST}", json_text(uuids))
+        return await self.db.run(_by_uuids, group_id, uuids)
 
     async def _lookup(self, group_id: str, ask: LookupRequest) -> EntityLookup:
         return await self.db.run(_lookup, group_id, ask)

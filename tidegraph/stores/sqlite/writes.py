@@ -22,11 +22,11 @@ from tidegraph.stores import errors
 from tidegraph.stores.base import BatchWriteError
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.rows import (
-    LINE,
     closure_row,
     entity_row,
     episode_row,
     fact_row,
+    held_records,
     now_utc,
     outbox_row,
     purged_row,
@@ -337,11 +337,40 @@ def record_changes(
     ).fetchone()
     if changes:
         row = outbox_row(group_id, changes)
+        last = base + len(changes)
         conn.execute(
             "INSERT INTO change (group_id, seq, last, change_id, kind, uuid, body, committed_at) "
             "VALUES (:group_id, :seq, :last, :change_id, :kind, :uuid, :body, :committed_at)",
-            {**row, "seq": base + 1, "last": base + len(changes)},
+            {**row, "seq": base + 1, "last": last},
         )
+        index_records(conn, group_id, last, row["uuid"])
+
+
+def index_records(conn: sqlite3.Connection, group_id: str, last: int, uuids: str) -> None:
+    """The records an outbox row (ending at ``last``, its ``uuid`` column ``uuids``) holds
+    changes of, in the group's index of them (``db.OUTBOX_RECORDS``)."""
+    conn.executemany(
+        "INSERT OR IGNORE INTO change_record (group_id, uuid, last) VALUES (?, ?, ?)",
+        [(group_id, uuid, last) for uuid in held_records(uuids)],
+    )
+
+
+def unindex_records(
+    conn: sqlite3.Connection, group_id: str, rows: Sequence[tuple[int, str]]
+) -> None:
+    """Outbox rows deleted (each its last and ``uuid`` column) out of the index of records."""
+    conn.executemany(
+        "DELETE FROM change_record WHERE group_id = ? AND uuid = ? AND last = ?",
+        [(group_id, uuid, last) for last, uuids in rows for uuid in held_records(uuids)],
+    )
+
+
+def index_outbox_records(conn: sqlite3.Connection) -> int:
+    """Every stored outbox row in the index of records (a file written before it); how many."""
+    rows = conn.execute("SELECT group_id, last, uuid FROM change").fetchall()
+    for group_id, last, uuids in rows:
+        index_records(conn, group_id, last, uuids)
+    return len(rows)
 
 
 def skip_dropped(conn: sqlite3.Connection, group_id: str, dropped: list[int]) -> None:
@@ -349,43 +378,43 @@ def skip_dropped(conn: sqlite3.Connection, group_id: str, dropped: list[int]) ->
     transaction: a relay cursor right before deleted ones moves past them, up to the first
     change still there (the relay never waits for a change that is gone, and moves a cursor
     itself only past changes Kafka acknowledged). A row holding the cursor's next change
-    keeps it where it is."""
+    keeps it where it is (the first row after the cursor: a row's numbers follow the row
+    before's, so it has the least)."""
     if not dropped:
         return
     conn.execute(
         "UPDATE change_log SET published = max(published, min(:dropped, coalesce("
-        "(SELECT min(max(seq, change_log.published + 1)) FROM change "
-        "WHERE group_id = :group AND last > change_log.published) - 1, :dropped))) "
-        "WHERE group_id = :group",
+        "(SELECT max(seq, change_log.published + 1) FROM change "
+        "WHERE group_id = :group AND last > change_log.published ORDER BY last LIMIT 1) - 1, "
+        ":dropped))) WHERE group_id = :group",
         {"group": group_id, "dropped": max(dropped)},
     )
 
 
 def purge_changes(conn: sqlite3.Connection, group_id: str, uuids: list[str]) -> None:
     """Take the changes of records ``uuids`` out of the group's outbox (a forget): a row
-    holding one of them is written again without it, or deleted when nothing is left."""
+    holding one of them is written again without it, or deleted when nothing is left. The
+    rows are found through the index of records (``db.OUTBOX_RECORDS``): what this reads
+    grows with what is purged, not with the outbox."""
     if not uuids:
         return
     purged = set(uuids)
-    # The rows' record lists alone, matched here by set (one pass over the group's outbox,
-    # whatever the number of records purged); the bodies only of the rows that hold one.
-    holding = [
-        rowid
-        for rowid, held in conn.execute(
-            "SELECT rowid, uuid FROM change WHERE group_id = ?", (group_id,)
-        )
-        if not purged.isdisjoint(held.split(LINE))
-    ]
-    if not holding:
-        return
     found = conn.execute(
-        f"SELECT rowid, last, change_id, kind, uuid, body FROM change WHERE rowid {IN_LIST}",
-        (json_text(holding),),
+        "SELECT c.rowid, c.last, c.change_id, c.kind, c.uuid, c.body FROM change c "
+        "WHERE c.group_id = ?1 AND c.last IN (SELECT r.last FROM change_record r "
+        "WHERE r.group_id = ?1 AND r.uuid IN (SELECT value FROM json_each(?2)))",
+        (group_id, json_text(sorted(purged))),
     ).fetchall()
+    conn.execute(
+        f"DELETE FROM change_record WHERE group_id = ? AND uuid {IN_LIST}",
+        (group_id, json_text(sorted(purged))),
+    )
     dropped = []
     for rowid, last, *columns in found:
         row = dict(zip(("change_id", "kind", "uuid", "body"), columns, strict=True))
         left = purged_row(row, purged)
+        if left is row:
+            continue  # an entry of a row that no longer holds the record
         dropped.append(last)
         if left is None:
             conn.execute("DELETE FROM change WHERE rowid = ?", (rowid,))
@@ -441,5 +470,5 @@ def delete_communities(conn: sqlite3.Connection, group_id: str, uuids: list[str]
         f"(SELECT id FROM community WHERE +group_id = ? AND uuid {IN_LIST})",
         param,
     )
-    conn.execute(f"DELETE FROM member WHERE group_id = ? AND community_uuid {IN_LIST}", param)
-    conn.execute(f"DELETE FROM community WHERE group_id = ? AND uuid {IN_LIST}", param)
+    conn.execute(f"DELETE FROM member WHERE +group_id = ? AND community_uuid {IN_LIST}", param)
+    conn.execute(f"DELETE FROM community WHERE +group_id = ? AND uuid {IN_LIST}", param)
