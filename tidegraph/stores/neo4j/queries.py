@@ -18,6 +18,7 @@ from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
 
 # The write statements, under the names the store's modules read them by.
 from tidegraph.stores.neo4j.write_queries import ASSIGN_MEMBERS as ASSIGN_MEMBERS
+from tidegraph.stores.neo4j.write_queries import EPISODE_TIME_FIELDS as EPISODE_TIME_FIELDS
 from tidegraph.stores.neo4j.write_queries import FACT_TIME_FIELDS as FACT_TIME_FIELDS
 from tidegraph.stores.neo4j.write_queries import RECORD_CHANGES as RECORD_CHANGES
 from tidegraph.stores.neo4j.write_queries import UPSERT_COMMUNITIES as UPSERT_COMMUNITIES
@@ -26,8 +27,14 @@ from tidegraph.stores.neo4j.write_queries import WRITE_EPISODES as WRITE_EPISODE
 from tidegraph.stores.neo4j.write_queries import WRITE_STATES as WRITE_STATES
 from tidegraph.stores.neo4j.write_queries import at as at
 from tidegraph.stores.neo4j.write_queries import ats as ats
+from tidegraph.stores.neo4j.write_queries import (
+    set_episode_time_words as set_episode_time_words,
+)
 from tidegraph.stores.neo4j.write_queries import set_fact_time_words as set_fact_time_words
 from tidegraph.stores.neo4j.write_queries import thread_context as thread_context
+
+# The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
+EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when", "index_ids")
 
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
 FACT_VECTOR_INDEX = "relates_to_fact_embedding"
@@ -35,10 +42,11 @@ EPISODE_VECTOR_INDEX = "episodic_content_embedding"
 COMMUNITY_VECTOR_INDEX = "community_name_embedding"
 # The fulltext indexes hold a record's identifier words beside its text (``index_ids``,
 # docs/retrieval.md "Identifiers"), and a fact's its validity words (``FACT_TIME_FIELDS``,
-# "Validity in the fulltext index"); older stores' indexes without them are dropped by setup.
+# "Validity in the fulltext index"), an episode's when it was stored and said
+# (``EPISODE_TIME_FIELDS``); older stores' indexes without them are dropped by setup.
 ENTITY_FULLTEXT_INDEX = "entity_search"
 FACT_FULLTEXT_INDEX = "relates_to_search_times"
-EPISODE_FULLTEXT_INDEX = "episodic_search_ids"
+EPISODE_FULLTEXT_INDEX = "episodic_search_times"
 COMMUNITY_FULLTEXT_INDEX = "community_name_summary"
 VECTOR_INDEXES = (
     ENTITY_VECTOR_INDEX,
@@ -106,7 +114,9 @@ SCHEMA = (
     + _FULLTEXT_OPTIONS,
     # an episode's conversation fields (tidegraph/records/conversation.py), not its content
     f"CREATE FULLTEXT INDEX {EPISODE_FULLTEXT_INDEX} IF NOT EXISTS FOR (n:Episodic) ON EACH "
-    "[n.index_body, n.index_speaker, n.index_context, n.index_when, n.index_ids] "
+    "["
+    + ", ".join(f"n.{field}" for field in (*EPISODE_INDEX_FIELDS, *EPISODE_TIME_FIELDS))
+    + "] "
     + _FULLTEXT_OPTIONS,
     "CREATE FULLTEXT INDEX community_name_summary IF NOT EXISTS "
     "FOR (n:Community) ON EACH [n.name, n.summary] " + _FULLTEXT_OPTIONS,
@@ -127,6 +137,7 @@ SCHEMA = (
 # entity_name_summary, relates_to_fact, episodic_search: without the identifier words (migrated
 # at setup: FACTS_TO_INDEX, ENTITIES_TO_INDEX, EPISODES_TO_INDEX).
 # relates_to_search: without the validity words (migrated at setup: FACT_TIMES_TO_INDEX).
+# episodic_search_ids: without the validity words (migrated at setup: EPISODE_TIMES_TO_INDEX).
 # change_group_seq, change_uuid: the outbox's indexes when a Change node was one change
 # (numbered at setup: CHANGES_TO_NUMBER).
 DROPPED = (
@@ -138,6 +149,7 @@ DROPPED = (
     "DROP INDEX relates_to_fact IF EXISTS",
     "DROP INDEX episodic_search IF EXISTS",
     "DROP INDEX relates_to_search IF EXISTS",
+    "DROP INDEX episodic_search_ids IF EXISTS",
 )
 
 
@@ -148,10 +160,6 @@ def thread_params() -> dict[str, int]:
         "context_turns": CONTEXT_TURNS,
         "context_seconds": int(CONTEXT_WITHIN.total_seconds()),
     }
-
-
-# The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
-EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when", "index_ids")
 
 
 # The migration of episodes stored before the conversation fields (``setup``): a batch of
@@ -205,6 +213,16 @@ WHERE r.index_created_at IS NULL
 WITH r LIMIT $limit
 """
     + set_fact_time_words("r")
+    + "RETURN count(*) AS indexed\n"
+)
+# The same of episodes (not forgotten: a forgotten episode keeps no search field).
+EPISODE_TIMES_TO_INDEX = (
+    """
+MATCH (ep:Episodic)
+WHERE ep.index_said_at IS NULL AND ep.forgotten_at IS NULL
+WITH ep LIMIT $limit
+"""
+    + set_episode_time_words("ep")
     + "RETURN count(*) AS indexed\n"
 )
 ENTITIES_TO_INDEX = """

@@ -114,7 +114,9 @@ class Neo4jSearch(Search):
         for group_id in unique(scope.group_ids):
             query = words
             if kind == "episode":
-                query = await self._episode_query(group_id, text)
+                query = sq.episode_fulltext_query(
+                    await self._episode_query(group_id, text), scope.asof
+                )
             elif kind == "fact":
                 query = sq.fact_fulltext_query(words, scope.asof)
             params = {

@@ -88,6 +88,19 @@ def fact_fulltext_query(words: str, asof: AsOf) -> str:
     return " ".join(clauses)
 
 
+def episode_fulltext_query(words: str, asof: AsOf) -> str:
+    """The Lucene query ``words`` over the episode index, of only the episodes that
+    ``seen_by_scope`` may let through: stored by $known_at and said by $valid_at, required of
+    the episodes' validity words (``q.EPISODE_TIME_FIELDS``, whole seconds; the statement's
+    filter decides). The clauses score nothing, as the facts' (``fact_fulltext_query``).
+    Without them, a question's common words matched every episode of a long history, and the
+    index answered all of them before the statement filtered."""
+    created, said = q.EPISODE_TIME_FIELDS
+    return (
+        f"+({words}) +{time_range(created, asof.known_at)}^0 +{time_range(said, asof.valid_at)}^0"
+    )
+
+
 def _yielded(call: str) -> str:
     """What a ``queryNodes`` / ``queryRelationships`` procedure yields."""
     return "relationship" if call == "queryRelationships" else "node"

@@ -144,6 +144,24 @@ def set_fact_time_words(r: str) -> str:
     )
 
 
+# An episode's times as words of the episode fulltext index, the same words as a fact's
+# (``set_fact_time_words``), so that a search's Lucene query can require what its scope sees
+# of episodes (``search_queries.episode_fulltext_query``): stored (``created_at``) and said
+# (``valid_at``) by the asked times. An episode without a time takes the earliest time's.
+EPISODE_TIME_FIELDS = ("index_created_at", "index_said_at")
+
+
+def set_episode_time_words(ep: str) -> str:
+    """A SET clause of the episode ``ep``'s validity words from its stored times (a clause of
+    its own, after the one that writes the times: it reads them as written)."""
+    created, said = EPISODE_TIME_FIELDS
+    earliest = time_words(WORDS_ORIGIN)
+    return (
+        f"SET {ep}.{created} = coalesce({_time_words(f'{ep}.created_at')}, '{earliest}'),\n"
+        f"    {ep}.{said} = coalesce({_time_words(f'{ep}.valid_at')}, '{earliest}')\n"
+    )
+
+
 def merge_fact_rows(rows: str, group: str) -> str:
     """One MERGE per row of ``rows`` (fact rows, a fact's full state), by
     ``write_rules.FACT``."""
@@ -220,7 +238,7 @@ _MERGE_EPISODE = f"""
       ep.index_when = w.index.when,
       ep.index_ids = w.index.ids,
       ep.index_speaker_words = w.index.speaker_words
-  FOREACH (word IN w.index.speaker_words |
+  {set_episode_time_words("ep")}  FOREACH (word IN w.index.speaker_words |
     MERGE (:SpeakerWord {{group_id: w.group_id, word: word}}))
 """
 
