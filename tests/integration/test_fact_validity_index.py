@@ -191,3 +191,62 @@ async def test_episodes_stored_before_the_validity_words_get_them_at_setup(
         r["uuid"]: r["words"] for r in await store.ex.rows(EPISODE_WORDS, {"group_id": group_id})
     }
     assert migrated == written
+
+
+@pytest.mark.parametrize("scope", ["as of", "as known then", "now", "every validity"])
+async def test_the_walk_reads_from_the_index_what_it_read_from_the_entities(
+    store: Neo4jStore, group_id: str, scope: str
+) -> None:
+    """The walk's read of a seed's facts from the fact index (its end and validity words)
+    gives the rows of the read from the entity's node: the same facts, cut the same way."""
+    log = incident_log(group_id, subjects=30, changes=12)
+    middle = await _middle_of_ingestion(store, group_id)
+    [row] = await store.ex.rows(
+        "MATCH (e:Entity) WHERE e.group_id = $group_id "
+        "WITH e ORDER BY COUNT { (e)--() } DESC, e.uuid RETURN collect(e.uuid) AS uuids",
+        {"group_id": group_id},
+    )
+    # the most linked entities (a status every ticket took), a ticket, and one with both
+    seeds = [row["uuids"][:1], row["uuids"][-1:], row["uuids"][:3] + row["uuids"][-2:]]
+    read = 0
+    for question in [x for x in log.questions(12, seed=5) if x.valid_at is not None][:4]:
+        valid_at = None if scope == "now" else question.valid_at
+        known_at = middle if scope in ("as known then", "every validity") else None
+        asof = AsOf.resolve(valid_at, known_at, scope == "every validity", None)
+        for uuids in seeds:
+            for cut in (3, 2**62):
+                params = {
+                    "group_id": group_id,
+                    "uuids": uuids,
+                    "per_entity": cut,
+                    **scope_params(asof),
+                }
+                [near] = sq.FACTS_NEAR
+                from_nodes = await store.ex.rows(near, params)
+                query = sq.walk_fulltext_query(uuids, asof)
+                assert query is not None
+                indexed = await store.ex.rows(sq.FACTS_NEAR_INDEXED, {**params, "query": query})
+                key = lambda r: (r["r"]["uuid"], r["source_uuid"], r["target_uuid"])  # noqa: E731
+                assert sorted(map(key, indexed)) == sorted(map(key, from_nodes))
+                read += len(from_nodes)
+    assert read  # the rows compared are not all empty
+
+
+async def test_facts_stored_before_the_end_words_get_them_at_setup(
+    store: Neo4jStore, group_id: str
+) -> None:
+    ends = """
+    MATCH (s)-[r:RELATES_TO]->(t) WHERE r.group_id = $group_id
+    RETURN r.index_ends AS words, s.uuid AS source, t.uuid AS target
+    """
+    for row in await store.ex.rows(ends, {"group_id": group_id}):
+        assert row["words"] == f"{sq.end_word(row['source'])} {sq.end_word(row['target'])}"
+    await store.ex.execute(
+        "MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id REMOVE r.index_ends",
+        {"group_id": group_id},
+    )
+
+    await store.setup(DIM)
+
+    for row in await store.ex.rows(ends, {"group_id": group_id}):
+        assert row["words"] == f"{sq.end_word(row['source'])} {sq.end_word(row['target'])}"

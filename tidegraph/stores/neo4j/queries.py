@@ -19,6 +19,7 @@ from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
 # The write statements, under the names the store's modules read them by.
 from tidegraph.stores.neo4j.write_queries import ASSIGN_MEMBERS as ASSIGN_MEMBERS
 from tidegraph.stores.neo4j.write_queries import EPISODE_TIME_FIELDS as EPISODE_TIME_FIELDS
+from tidegraph.stores.neo4j.write_queries import FACT_ENDS_FIELD as FACT_ENDS_FIELD
 from tidegraph.stores.neo4j.write_queries import FACT_TIME_FIELDS as FACT_TIME_FIELDS
 from tidegraph.stores.neo4j.write_queries import RECORD_CHANGES as RECORD_CHANGES
 from tidegraph.stores.neo4j.write_queries import UPSERT_COMMUNITIES as UPSERT_COMMUNITIES
@@ -30,6 +31,7 @@ from tidegraph.stores.neo4j.write_queries import ats as ats
 from tidegraph.stores.neo4j.write_queries import (
     set_episode_time_words as set_episode_time_words,
 )
+from tidegraph.stores.neo4j.write_queries import set_fact_end_words as set_fact_end_words
 from tidegraph.stores.neo4j.write_queries import set_fact_time_words as set_fact_time_words
 from tidegraph.stores.neo4j.write_queries import thread_context as thread_context
 
@@ -41,11 +43,11 @@ FACT_VECTOR_INDEX = "relates_to_fact_embedding"
 EPISODE_VECTOR_INDEX = "episodic_content_embedding"
 COMMUNITY_VECTOR_INDEX = "community_name_embedding"
 # The fulltext indexes hold a record's identifier words beside its text (``index_ids``,
-# docs/retrieval.md "Identifiers"), and a fact's its validity words (``FACT_TIME_FIELDS``,
-# "Validity in the fulltext index"), an episode's when it was stored and said
-# (``EPISODE_TIME_FIELDS``); older stores' indexes without them are dropped by setup.
+# docs/retrieval.md "Identifiers"), a fact's validity words (``FACT_TIME_FIELDS``, "Validity
+# in the fulltext index") and its ends' words (``FACT_ENDS_FIELD``), an episode's times stored
+# and said (``EPISODE_TIME_FIELDS``); older stores' indexes without them are dropped by setup.
 ENTITY_FULLTEXT_INDEX = "entity_search"
-FACT_FULLTEXT_INDEX = "relates_to_search_times"
+FACT_FULLTEXT_INDEX = "relates_to_search_ends"
 EPISODE_FULLTEXT_INDEX = "episodic_search_times"
 COMMUNITY_FULLTEXT_INDEX = "community_name_summary"
 VECTOR_INDEXES = (
@@ -109,7 +111,7 @@ SCHEMA = (
     "FOR (n:Entity) ON EACH [n.name, n.summary, n.index_ids] " + _FULLTEXT_OPTIONS,
     f"CREATE FULLTEXT INDEX {FACT_FULLTEXT_INDEX} IF NOT EXISTS "
     "FOR ()-[r:RELATES_TO]-() ON EACH ["
-    + ", ".join(f"r.{field}" for field in ("fact", "index_ids", *FACT_TIME_FIELDS))
+    + ", ".join(f"r.{field}" for field in ("fact", "index_ids", *FACT_TIME_FIELDS, FACT_ENDS_FIELD))
     + "] "
     + _FULLTEXT_OPTIONS,
     # an episode's conversation fields (tidegraph/records/conversation.py), not its content
@@ -138,6 +140,7 @@ SCHEMA = (
 # at setup: FACTS_TO_INDEX, ENTITIES_TO_INDEX, EPISODES_TO_INDEX).
 # relates_to_search: without the validity words (migrated at setup: FACT_TIMES_TO_INDEX).
 # episodic_search_ids: without the validity words (migrated at setup: EPISODE_TIMES_TO_INDEX).
+# relates_to_search_times: without the end words (migrated at setup: FACT_ENDS_TO_INDEX).
 # change_group_seq, change_uuid: the outbox's indexes when a Change node was one change
 # (numbered at setup: CHANGES_TO_NUMBER).
 DROPPED = (
@@ -150,6 +153,7 @@ DROPPED = (
     "DROP INDEX episodic_search IF EXISTS",
     "DROP INDEX relates_to_search IF EXISTS",
     "DROP INDEX episodic_search_ids IF EXISTS",
+    "DROP INDEX relates_to_search_times IF EXISTS",
 )
 
 
@@ -213,6 +217,16 @@ WHERE r.index_created_at IS NULL
 WITH r LIMIT $limit
 """
     + set_fact_time_words("r")
+    + "RETURN count(*) AS indexed\n"
+)
+# The migration of facts stored before their end words (``setup``).
+FACT_ENDS_TO_INDEX = (
+    """
+MATCH ()-[r:RELATES_TO]->()
+WHERE r.index_ends IS NULL
+WITH r LIMIT $limit
+"""
+    + set_fact_end_words("r")
     + "RETURN count(*) AS indexed\n"
 )
 # The same of episodes (not forgotten: a forgotten episode keeps no search field).

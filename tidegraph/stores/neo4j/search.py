@@ -303,6 +303,9 @@ class Neo4jSearch(Search):
                 "per_entity": sys.maxsize if cut is None else cut,
                 **scope_params(asof),
             }
+            query = sq.walk_fulltext_query(uuids, asof)
+            if query is not None:
+                return await self.ex.rows(sq.FACTS_NEAR_INDEXED, {**params, "query": query})
             return [row for query in sq.FACTS_NEAR for row in await self.ex.rows(query, params)]
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:

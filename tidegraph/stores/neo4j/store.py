@@ -288,6 +288,9 @@ class Neo4jStore(StoreCore):
         timed = await self._until_none(q.FACT_TIMES_TO_INDEX, "indexed", {"limit": batch})
         if timed:
             log.info("indexed the validity of %d stored facts", timed)
+        ends = await self._until_none(q.FACT_ENDS_TO_INDEX, "indexed", {"limit": batch})
+        if ends:
+            log.info("indexed the ends of %d stored facts", ends)
         said = await self._until_none(q.EPISODE_TIMES_TO_INDEX, "indexed", {"limit": batch})
         if said:
             log.info("indexed the times of %d stored episodes", said)
