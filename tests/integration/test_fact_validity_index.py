@@ -129,6 +129,17 @@ async def test_facts_stored_before_the_validity_words_get_them_at_setup(
 
     migrated = {r["uuid"]: r["words"] for r in await store.ex.rows(WORDS, {"group_id": group_id})}
     assert migrated == written
+    # facts whose start has its words and whose end has none get the end's
+    await store.ex.execute(
+        "MATCH ()-[r:RELATES_TO]->() WHERE r.group_id = $group_id "
+        "REMOVE r.index_invalid_at, r.index_ended_at",
+        {"group_id": group_id},
+    )
+
+    await store.setup(DIM)
+
+    migrated = {r["uuid"]: r["words"] for r in await store.ex.rows(WORDS, {"group_id": group_id})}
+    assert migrated == written
 
 
 # The same of episodes: the group's matches of an episode query, with the search's filter.

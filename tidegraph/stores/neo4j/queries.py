@@ -209,11 +209,14 @@ MATCH ()-[r:RELATES_TO {uuid: row.uuid}]->()
 SET r.index_ids = row.ids
 """
 # The migration of facts stored before their validity words (``setup``): a batch of those
-# without them, their words set from their times.
+# without them, or without the words of an end they have (written by code that set the
+# words of a fact's start and not yet of its end), their words set from their times.
 FACT_TIMES_TO_INDEX = (
     """
 MATCH ()-[r:RELATES_TO]->()
 WHERE r.index_created_at IS NULL
+   OR (r.invalid_at IS NOT NULL AND r.index_invalid_at IS NULL)
+   OR (coalesce(r.end_learned_at, r.expired_at) IS NOT NULL AND r.index_ended_at IS NULL)
 WITH r LIMIT $limit
 """
     + set_fact_time_words("r")
