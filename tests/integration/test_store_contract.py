@@ -1053,7 +1053,7 @@ async def test_a_large_group_whose_scope_sees_few_of_its_neighbours_widens_only_
     """Neo4j: when the index gives enough of a large group's records but the search's scope
     sees fewer (as of a past time, most of a long history is not seen), the index is asked
     for at most ``MAX_SCOPED_K`` neighbours, not ``MAX_VECTOR_K``: the list is what the scope
-    sees among them, best first."""
+    sees among them, best first; the next search of the group asks for that many at once."""
     from tidegraph.stores.neo4j import search as search_core
 
     group, other = (f"{name}-{uuidlib.uuid4().hex[:12]}" for name in ("scoped", "crowd"))
@@ -1084,6 +1084,11 @@ async def test_a_large_group_whose_scope_sees_few_of_its_neighbours_widens_only_
         assert asked == [vector_candidates(3), 120]
         assert not any(statement == scan for statement, _ in ran)
         assert [h.uuid for h in found] == [early[0].uuid, early[1].uuid]
+        # the next search of the group asks for the widest at once, with the same answer
+        ran.clear()
+        again = await store.search.vector_search(scope, "entity", apart(1, 0), 3)
+        assert [params["k"] for statement, params in ran if statement == candidates] == [120]
+        assert [h.uuid for h in again] == [h.uuid for h in found]
     finally:
         for name in (group, other):
             await store.forget.delete_group(name)

@@ -5,7 +5,7 @@ scoped by its group."""
 from __future__ import annotations
 
 from tidegraph.stores.neo4j import queries as q
-from tidegraph.stores.neo4j.queries import at, ats, set_fact_time_words
+from tidegraph.stores.neo4j.queries import at, ats, set_fact_end_words, set_fact_time_words
 
 # ---- the change stream: a ``Change`` node per write of a group, its changes numbered
 # ``seq`` to ``last`` one per line (``tidegraph.stores.rows.outbox_row``), found by
@@ -350,6 +350,7 @@ SET r.group_id = $group_id,
     + at("row.start_learned_at")
     + "\n"
     + set_fact_time_words("r")
+    + set_fact_end_words("r")
 )
 
 REPLACE_MENTIONS = """

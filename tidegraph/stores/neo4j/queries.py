@@ -18,6 +18,8 @@ from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
 
 # The write statements, under the names the store's modules read them by.
 from tidegraph.stores.neo4j.write_queries import ASSIGN_MEMBERS as ASSIGN_MEMBERS
+from tidegraph.stores.neo4j.write_queries import EPISODE_TIME_FIELDS as EPISODE_TIME_FIELDS
+from tidegraph.stores.neo4j.write_queries import FACT_ENDS_FIELD as FACT_ENDS_FIELD
 from tidegraph.stores.neo4j.write_queries import FACT_TIME_FIELDS as FACT_TIME_FIELDS
 from tidegraph.stores.neo4j.write_queries import RECORD_CHANGES as RECORD_CHANGES
 from tidegraph.stores.neo4j.write_queries import UPSERT_COMMUNITIES as UPSERT_COMMUNITIES
@@ -26,19 +28,27 @@ from tidegraph.stores.neo4j.write_queries import WRITE_EPISODES as WRITE_EPISODE
 from tidegraph.stores.neo4j.write_queries import WRITE_STATES as WRITE_STATES
 from tidegraph.stores.neo4j.write_queries import at as at
 from tidegraph.stores.neo4j.write_queries import ats as ats
+from tidegraph.stores.neo4j.write_queries import (
+    set_episode_time_words as set_episode_time_words,
+)
+from tidegraph.stores.neo4j.write_queries import set_fact_end_words as set_fact_end_words
 from tidegraph.stores.neo4j.write_queries import set_fact_time_words as set_fact_time_words
 from tidegraph.stores.neo4j.write_queries import thread_context as thread_context
+
+# The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
+EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when", "index_ids")
 
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
 FACT_VECTOR_INDEX = "relates_to_fact_embedding"
 EPISODE_VECTOR_INDEX = "episodic_content_embedding"
 COMMUNITY_VECTOR_INDEX = "community_name_embedding"
 # The fulltext indexes hold a record's identifier words beside its text (``index_ids``,
-# docs/retrieval.md "Identifiers"), and a fact's its validity words (``FACT_TIME_FIELDS``,
-# "Validity in the fulltext index"); older stores' indexes without them are dropped by setup.
+# docs/retrieval.md "Identifiers"), a fact's validity words (``FACT_TIME_FIELDS``, "Validity
+# in the fulltext index") and its ends' words (``FACT_ENDS_FIELD``), an episode's times stored
+# and said (``EPISODE_TIME_FIELDS``); older stores' indexes without them are dropped by setup.
 ENTITY_FULLTEXT_INDEX = "entity_search"
-FACT_FULLTEXT_INDEX = "relates_to_search_times"
-EPISODE_FULLTEXT_INDEX = "episodic_search_ids"
+FACT_FULLTEXT_INDEX = "relates_to_search_ends"
+EPISODE_FULLTEXT_INDEX = "episodic_search_times"
 COMMUNITY_FULLTEXT_INDEX = "community_name_summary"
 VECTOR_INDEXES = (
     ENTITY_VECTOR_INDEX,
@@ -109,12 +119,14 @@ SCHEMA = (
     "FOR (n:Entity) ON EACH [n.name, n.summary, n.index_ids] " + _FULLTEXT_OPTIONS,
     f"CREATE FULLTEXT INDEX {FACT_FULLTEXT_INDEX} IF NOT EXISTS "
     "FOR ()-[r:RELATES_TO]-() ON EACH ["
-    + ", ".join(f"r.{field}" for field in ("fact", "index_ids", *FACT_TIME_FIELDS))
+    + ", ".join(f"r.{field}" for field in ("fact", "index_ids", *FACT_TIME_FIELDS, FACT_ENDS_FIELD))
     + "] "
     + _FULLTEXT_OPTIONS,
     # an episode's conversation fields (tidegraph/records/conversation.py), not its content
     f"CREATE FULLTEXT INDEX {EPISODE_FULLTEXT_INDEX} IF NOT EXISTS FOR (n:Episodic) ON EACH "
-    "[n.index_body, n.index_speaker, n.index_context, n.index_when, n.index_ids] "
+    "["
+    + ", ".join(f"n.{field}" for field in (*EPISODE_INDEX_FIELDS, *EPISODE_TIME_FIELDS))
+    + "] "
     + _FULLTEXT_OPTIONS,
     "CREATE FULLTEXT INDEX community_name_summary IF NOT EXISTS "
     "FOR (n:Community) ON EACH [n.name, n.summary] " + _FULLTEXT_OPTIONS,
@@ -135,6 +147,8 @@ SCHEMA = (
 # entity_name_summary, relates_to_fact, episodic_search: without the identifier words (migrated
 # at setup: FACTS_TO_INDEX, ENTITIES_TO_INDEX, EPISODES_TO_INDEX).
 # relates_to_search: without the validity words (migrated at setup: FACT_TIMES_TO_INDEX).
+# episodic_search_ids: without the validity words (migrated at setup: EPISODE_TIMES_TO_INDEX).
+# relates_to_search_times: without the end words (migrated at setup: FACT_ENDS_TO_INDEX).
 # change_group_seq, change_uuid: the outbox's indexes when a Change node was one change
 # (numbered at setup: CHANGES_TO_NUMBER).
 DROPPED = (
@@ -146,6 +160,8 @@ DROPPED = (
     "DROP INDEX relates_to_fact IF EXISTS",
     "DROP INDEX episodic_search IF EXISTS",
     "DROP INDEX relates_to_search IF EXISTS",
+    "DROP INDEX episodic_search_ids IF EXISTS",
+    "DROP INDEX relates_to_search_times IF EXISTS",
 )
 
 
@@ -156,10 +172,6 @@ def thread_params() -> dict[str, int]:
         "context_turns": CONTEXT_TURNS,
         "context_seconds": int(CONTEXT_WITHIN.total_seconds()),
     }
-
-
-# The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
-EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when", "index_ids")
 
 
 # The migration of episodes stored before the conversation fields (``setup``): a batch of
@@ -205,14 +217,37 @@ MATCH ()-[r:RELATES_TO {uuid: row.uuid}]->()
 SET r.index_ids = row.ids
 """
 # The migration of facts stored before their validity words (``setup``): a batch of those
-# without them, their words set from their times.
+# without them, or without the words of an end they have (written by code that set the
+# words of a fact's start and not yet of its end), their words set from their times.
 FACT_TIMES_TO_INDEX = (
     """
 MATCH ()-[r:RELATES_TO]->()
 WHERE r.index_created_at IS NULL
+   OR (r.invalid_at IS NOT NULL AND r.index_invalid_at IS NULL)
+   OR (coalesce(r.end_learned_at, r.expired_at) IS NOT NULL AND r.index_ended_at IS NULL)
 WITH r LIMIT $limit
 """
     + set_fact_time_words("r")
+    + "RETURN count(*) AS indexed\n"
+)
+# The migration of facts stored before their end words (``setup``).
+FACT_ENDS_TO_INDEX = (
+    """
+MATCH ()-[r:RELATES_TO]->()
+WHERE r.index_ends IS NULL
+WITH r LIMIT $limit
+"""
+    + set_fact_end_words("r")
+    + "RETURN count(*) AS indexed\n"
+)
+# The same of episodes (not forgotten: a forgotten episode keeps no search field).
+EPISODE_TIMES_TO_INDEX = (
+    """
+MATCH (ep:Episodic)
+WHERE ep.index_said_at IS NULL AND ep.forgotten_at IS NULL
+WITH ep LIMIT $limit
+"""
+    + set_episode_time_words("ep")
     + "RETURN count(*) AS indexed\n"
 )
 ENTITIES_TO_INDEX = """

@@ -88,6 +88,12 @@ MAX_SCOPED_K = 320
 # When groups were last found large and how many records of the kind they held then, by
 # (groups, small-scan statement).
 LargeGroups = dict[tuple[tuple[str, ...], str | None], tuple[float, int]]
+# When a search of groups too large to scan last needed the scoped widening (its scope saw
+# too few of the index's first neighbours), by the same key: for LARGE_FOR_SECONDS, the
+# next search of those groups asks for MAX_SCOPED_K at once. On a long history most
+# searches as of a time need it, and one HNSW query of k = 320 cost less than two, of 80
+# then 320 (docs/retrieval.md "Long histories").
+ScopedGroups = dict[tuple[tuple[str, ...], str | None], float]
 
 
 class Neo4jSearch(Search):
@@ -101,6 +107,7 @@ class Neo4jSearch(Search):
         self.store = store
         self.ex = store.ex
         self._large_groups: LargeGroups = {}
+        self._scoped_groups: ScopedGroups = {}
 
     # ------------------------------------------------------------------ the methods
     async def fulltext_search(
@@ -114,7 +121,9 @@ class Neo4jSearch(Search):
         for group_id in unique(scope.group_ids):
             query = words
             if kind == "episode":
-                query = await self._episode_query(group_id, text)
+                query = sq.episode_fulltext_query(
+                    await self._episode_query(group_id, text), scope.asof
+                )
             elif kind == "fact":
                 query = sq.fact_fulltext_query(words, scope.asof)
             params = {
@@ -236,6 +245,8 @@ class Neo4jSearch(Search):
             held = int(row["held"])
             self._large_groups[large] = (time.monotonic(), held)
         k = vector_candidates(limit)
+        if held is not None and held > self.widen_above and self._fresh(self._scoped_groups, large):
+            k = max(k, MAX_SCOPED_K)
         while candidates is not None:
             [row] = await self.ex.rows(candidates, {**params, "k": k})
             hits = row["hits"]
@@ -245,6 +256,8 @@ class Neo4jSearch(Search):
             # Groups too large to scan, whose records the index gave enough of: the scope's
             # filter, not the groups' share of the index, leaves the list short.
             scoped = large_enough and row["of_groups"] >= limit
+            if scoped:
+                self._scoped_groups[large] = time.monotonic()
             if scoped and k >= MAX_SCOPED_K:
                 return _best(hits, limit), row.get("records")
             # Each round trip costs more than a larger k (an HNSW query's cost grows slowly
@@ -281,6 +294,12 @@ class Neo4jSearch(Search):
             return None
         return seen[1]
 
+    @staticmethod
+    def _fresh(when: ScopedGroups, key: tuple[tuple[str, ...], str | None]) -> bool:
+        """Whether ``when`` holds a time for ``key`` within LARGE_FOR_SECONDS."""
+        at = when.get(key)
+        return at is not None and time.monotonic() - at < LARGE_FOR_SECONDS
+
     def _believed_touching(
         self, group_id: str, asof: AsOf, per_entity: int | None = None
     ) -> Callable[[list[str]], Awaitable[list[FactRecord]]]:
@@ -301,6 +320,9 @@ class Neo4jSearch(Search):
                 "per_entity": sys.maxsize if cut is None else cut,
                 **scope_params(asof),
             }
+            query = sq.walk_fulltext_query(uuids, asof)
+            if query is not None:
+                return await self.ex.rows(sq.FACTS_NEAR_INDEXED, {**params, "query": query})
             return [row for query in sq.FACTS_NEAR for row in await self.ex.rows(query, params)]
 
         async def facts_of(entity_uuids: list[str]) -> list[FactRecord]:

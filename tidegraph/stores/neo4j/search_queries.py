@@ -10,6 +10,7 @@ the candidates hold too few of them (``Neo4jSearch._nearest``).
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from tidegraph.records import times
@@ -77,15 +78,59 @@ def fact_fulltext_query(words: str, asof: AsOf) -> str:
     clauses score nothing (``^0``), so the facts keep the scores of ``words`` alone. Without
     them, a question as of a past time on a long history read, best first and oldest first
     among equal scores, the facts closed before that time until it found those valid then."""
+    return " ".join([f"+({words})", *_fact_scope_clauses(asof)])
+
+
+def _fact_scope_clauses(asof: AsOf) -> list[str]:
+    """The required clauses of ``fact_fulltext_query`` on the facts' validity words."""
     created, valid, invalid, ended = q.FACT_TIME_FIELDS
-    clauses = [f"+({words})", f"+{time_range(created, asof.known_at)}^0"]
+    clauses = [f"+{time_range(created, asof.known_at)}^0"]
     if not asof.include_invalid:
         clauses += [
             f"+{time_range(valid, asof.valid_at)}^0",
             f"-(+{time_range(ended, asof.known_at, inclusive=False)} "
             f"+{time_range(invalid, asof.valid_at, inclusive=False)})",
         ]
-    return " ".join(clauses)
+    return clauses
+
+
+# An entity uuid as the fact index holds it among a fact's end words
+# (``q.set_fact_end_words``): one token of letters and digits.
+_END_WORD = re.compile(r"e[0-9a-z]+")
+# The most entities whose facts one walk read asks the index for (the words of a Lucene
+# query are clauses, and a query holds at most 1,024); more are read from their nodes.
+MAX_INDEXED_ENDS = 200
+
+
+def end_word(uuid: str) -> str | None:
+    """The word of the entity ``uuid`` among facts' end words, None when it would not be one
+    token (a uuid not of the usual shape): such an entity's facts are read from its node."""
+    word = "e" + uuid.replace("-", "")
+    return word if _END_WORD.fullmatch(word) else None
+
+
+def walk_fulltext_query(uuids: list[str], asof: AsOf) -> str | None:
+    """The Lucene query of the facts touching the entities ``uuids`` that ``seen_by_scope``
+    may let through (``FACTS_NEAR_INDEXED``), None when the index cannot be asked for them
+    (``end_word``, ``MAX_INDEXED_ENDS``)."""
+    words = [end_word(uuid) for uuid in uuids]
+    if not words or len(words) > MAX_INDEXED_ENDS or None in words:
+        return None
+    ends = " ".join(w for w in words if w is not None)
+    return " ".join([f"+{q.FACT_ENDS_FIELD}:({ends})", *_fact_scope_clauses(asof)])
+
+
+def episode_fulltext_query(words: str, asof: AsOf) -> str:
+    """The Lucene query ``words`` over the episode index, of only the episodes that
+    ``seen_by_scope`` may let through: stored by $known_at and said by $valid_at, required of
+    the episodes' validity words (``q.EPISODE_TIME_FIELDS``, whole seconds; the statement's
+    filter decides). The clauses score nothing, as the facts' (``fact_fulltext_query``).
+    Without them, a question's common words matched every episode of a long history, and the
+    index answered all of them before the statement filtered."""
+    created, said = q.EPISODE_TIME_FIELDS
+    return (
+        f"+({words}) +{time_range(created, asof.known_at)}^0 +{time_range(said, asof.valid_at)}^0"
+    )
 
 
 def _yielded(call: str) -> str:
@@ -242,6 +287,31 @@ RETURN r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at
     + """} AS r,
        s.uuid AS source_uuid, t.uuid AS target_uuid
 """,
+)
+
+# The walk's facts as ``FACTS_NEAR`` reads them, from the fact index rather than the entities'
+# nodes ($query: ``walk_fulltext_query``): only the facts of the entities that the scope may
+# see, where reading an entity's every fact to filter them read its whole history (an entity
+# that thousands of facts point to, most of them closed then). The same rows: of each entity
+# the $per_entity seen first by uuid.
+FACTS_NEAR_INDEXED = (
+    f"""
+CALL db.index.fulltext.queryRelationships('{q.FACT_FULLTEXT_INDEX}', $query)
+YIELD relationship AS r
+WITH r WHERE r.group_id = $group_id AND {seen_by_scope("fact", "r")}
+MATCH (s:Entity)-[r]->(t:Entity)
+UNWIND CASE WHEN s = t THEN [s.uuid] ELSE [s.uuid, t.uuid] END AS touched
+WITH touched, r, s, t WHERE touched IN $uuids
+WITH touched, r, s, t ORDER BY r.uuid
+WITH touched, collect([r, s.uuid, t.uuid]) AS read
+UNWIND CASE WHEN size(read) <= $per_entity THEN read ELSE read[..$per_entity] END AS k
+WITH DISTINCT k[0] AS r, k[1] AS source_uuid, k[2] AS target_uuid
+RETURN r {{.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at,
+          .end_learned_at, .prior_starts, .prior_starts_learned_at, .start_learned_at, """
+    + q.FACT_TIMES
+    + """} AS r,
+       source_uuid, target_uuid
+"""
 )
 
 # Hits are read in one round trip each (``Neo4jSearch._hits``), times as epoch microseconds

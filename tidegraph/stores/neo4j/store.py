@@ -280,8 +280,8 @@ class Neo4jStore(StoreCore):
 
     async def _index_stored_ids(self, batch: int = 2000) -> None:
         """The migration of facts and entities stored before their identifier words
-        (docs/retrieval.md "Identifiers"), and of facts stored before their validity words
-        ("Validity in the fulltext index"), a batch at a time; nothing to do (a read each)
+        (docs/retrieval.md "Identifiers"), and of facts and episodes stored before their validity
+        words ("Validity in the fulltext index"), a batch at a time; nothing to do (a read each)
         once migrated."""
         indexed = 0
         for to_index, set_ids in (
@@ -301,6 +301,12 @@ class Neo4jStore(StoreCore):
         timed = await self._until_none(q.FACT_TIMES_TO_INDEX, "indexed", {"limit": batch})
         if timed:
             log.info("indexed the validity of %d stored facts", timed)
+        ends = await self._until_none(q.FACT_ENDS_TO_INDEX, "indexed", {"limit": batch})
+        if ends:
+            log.info("indexed the ends of %d stored facts", ends)
+        said = await self._until_none(q.EPISODE_TIMES_TO_INDEX, "indexed", {"limit": batch})
+        if said:
+            log.info("indexed the times of %d stored episodes", said)
 
     async def open_existing(self, embedding_dim: int) -> bool:
         await self.ex.reachable()

@@ -144,6 +144,44 @@ def set_fact_time_words(r: str) -> str:
     )
 
 
+# A fact's ends as words of the fact fulltext index, so that the walk of a search reads the
+# facts of a seed entity that its scope may see from the index
+# (``search_queries.FACTS_NEAR_INDEXED``), not every fact of the entity: each end's uuid
+# without its hyphens, after the letter ``e`` (``search_queries.end_word``, one token of the
+# index's analyzer).
+FACT_ENDS_FIELD = "index_ends"
+
+
+def _end_word(node: str) -> str:
+    return f"'e' + replace({node}.uuid, '-', '')"
+
+
+def set_fact_end_words(r: str) -> str:
+    """A SET clause of the fact ``r``'s end words (from its stored ends)."""
+    return (
+        f"SET {r}.{FACT_ENDS_FIELD} = {_end_word(f'startNode({r})')} + ' ' + "
+        f"{_end_word(f'endNode({r})')}\n"
+    )
+
+
+# An episode's times as words of the episode fulltext index, the same words as a fact's
+# (``set_fact_time_words``), so that a search's Lucene query can require what its scope sees
+# of episodes (``search_queries.episode_fulltext_query``): stored (``created_at``) and said
+# (``valid_at``) by the asked times. An episode without a time takes the earliest time's.
+EPISODE_TIME_FIELDS = ("index_created_at", "index_said_at")
+
+
+def set_episode_time_words(ep: str) -> str:
+    """A SET clause of the episode ``ep``'s validity words from its stored times (a clause of
+    its own, after the one that writes the times: it reads them as written)."""
+    created, said = EPISODE_TIME_FIELDS
+    earliest = time_words(WORDS_ORIGIN)
+    return (
+        f"SET {ep}.{created} = coalesce({_time_words(f'{ep}.created_at')}, '{earliest}'),\n"
+        f"    {ep}.{said} = coalesce({_time_words(f'{ep}.valid_at')}, '{earliest}')\n"
+    )
+
+
 def merge_fact_rows(rows: str, group: str) -> str:
     """One MERGE per row of ``rows`` (fact rows, a fact's full state), by
     ``write_rules.FACT``."""
@@ -154,7 +192,7 @@ MERGE (s)-[r:RELATES_TO {{uuid: row.uuid}}]->(t)
 ON CREATE SET {_listed(on_create("r", FACT, "row", group), "              ")}
 SET r.index_ids = row.index_ids,
     {_listed(on_write("r", FACT, "row", group), "    ")}
-{set_fact_time_words("r")}"""
+{set_fact_time_words("r")}{set_fact_end_words("r")}"""
 
 
 def close_fact_rows(rows: str, group: str) -> str:
@@ -220,7 +258,7 @@ _MERGE_EPISODE = f"""
       ep.index_when = w.index.when,
       ep.index_ids = w.index.ids,
       ep.index_speaker_words = w.index.speaker_words
-  FOREACH (word IN w.index.speaker_words |
+  {set_episode_time_words("ep")}  FOREACH (word IN w.index.speaker_words |
     MERGE (:SpeakerWord {{group_id: w.group_id, word: word}}))
 """
 
