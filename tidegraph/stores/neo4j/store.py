@@ -236,10 +236,12 @@ class Neo4jStore(StoreCore):
         if numbered:
             log.info("numbered %d stored outbox changes as rows of one", numbered)
 
-    async def _index_stored_changes(self, batch: int = 2000) -> None:
+    async def _index_stored_changes(self, batch: int = q.OUTBOX_ROW_BATCH) -> None:
         """The migration of an outbox written before its index of records (while its group
         index, ``change_record_group``, is missing): every Change node's records indexed,
-        then that index created."""
+        then that index created. A row holds a whole write's records (hundreds), so a batch
+        is counted in rows like the outbox's deletes: 2,000 rows at once ran out of
+        transaction memory."""
         names = [q.CHANGE_RECORD_GROUP_INDEX]
         if await self.ex.rows(q.SHOW_INDEXES, {"names": names}):
             return
