@@ -61,19 +61,6 @@ class RecentEpisodes:
         cutoff = utc(before)
         for episode in self._groups.get(group_id, ()):
             if episode.reference_time < cutoff and episode.uuid not in merged:
-                merged[episode.uuid] = _record(episode)
+                merged[episode.uuid] = EpisodeRecord.of(episode)
         ordered = sorted(merged.values(), key=lambda r: (r.valid_at, r.uuid))
         return ordered[-limit:]
-
-
-def _record(episode: Episode) -> EpisodeRecord:
-    return EpisodeRecord(
-        uuid=episode.uuid,
-        group_id=episode.group_id,
-        name=episode.name or episode.id,
-        source=episode.source,
-        source_description=episode.source_description,
-        content=episode.content_text(),
-        valid_at=episode.reference_time,
-        producer_id=episode.id,
-    )

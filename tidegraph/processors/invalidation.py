@@ -281,19 +281,10 @@ def episode_record(
     stamped: StampedEpisode, content_embedding: list[float] | None, now: datetime
 ) -> EpisodeRecord:
     """The episode's node as written: its processed marker (unless stored unextracted)."""
-    episode = stamped.episode
-    return EpisodeRecord(
-        uuid=episode.uuid,
-        group_id=episode.group_id,
-        name=episode.name or episode.id,
-        source=episode.source,
-        source_description=episode.source_description,
-        content=episode.content_text(),
-        content_embedding=content_embedding,
-        valid_at=episode.reference_time,
+    return EpisodeRecord.of(
+        stamped.episode,
         created_at=now,
-        producer_id=episode.id,
-        content_hash=episode.content_hash,
+        content_embedding=content_embedding,
         not_extracted=stamped.not_extracted,
         extraction=None
         if stamped.extraction is None or stamped.not_extracted is not None

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
     from tidegraph.records.changes import Change
+    from tidegraph.records.episode import Episode
 
 
 # ----------------------------------------------------------------------------- graph records
@@ -98,6 +99,36 @@ class EpisodeRecord(BaseModel):
     # (docs/architecture.md "Forgetting").
     extraction: str | None = None
     extracted_at: datetime | None = None
+
+    @classmethod
+    def of(
+        cls,
+        episode: Episode,
+        *,
+        created_at: datetime | None = None,
+        content_embedding: list[float] | None = None,
+        not_extracted: str | None = None,
+        extraction: str | None = None,
+        extracted_at: datetime | None = None,
+    ) -> EpisodeRecord:
+        """``episode``'s node: its own fields, and those a write sets (none for an episode
+        not yet written, as the extraction context shows one)."""
+        return cls(
+            uuid=episode.uuid,
+            group_id=episode.group_id,
+            name=episode.name or episode.id,
+            source=episode.source,
+            source_description=episode.source_description,
+            content=episode.content_text(),
+            valid_at=episode.reference_time,
+            producer_id=episode.id,
+            content_hash=episode.content_hash,
+            created_at=created_at,
+            content_embedding=content_embedding,
+            not_extracted=not_extracted,
+            extraction=extraction,
+            extracted_at=extracted_at,
+        )
 
 
 class FactView(BaseModel):
