@@ -28,7 +28,9 @@
    Each round's breakdown is in ``runs``: the settle, the group join, the warm-up, the
    produce, the window, and the CPU seconds of the worker, Neo4j, Kafka, the registry, this
    process and the machine's other processes over the window (another program's load shows
-   there). The median of the rounds is reported, and the rounds' spread.
+   there), and how the worker batched (``batching``: records per take of each hop, episodes
+   per write unit and per store transaction). The median of the rounds is reported, and the
+   rounds' spread.
 2. **latency** (``--latency``; needs this checkout's PostgreSQL and Kafka Connect, started
    here if need be): rows committed in PostgreSQL at ``--rate`` per second (default: half the
    ``debezium-json`` rate just measured) through Debezium, Kafka and a worker; per row, its

@@ -285,25 +285,29 @@ def _without_unavailable(extraction: Extraction) -> Extraction:
         summaries = [e for e in entities if _unavailable(e.summary)]
         if not summaries:
             return extraction
-    return _keep(extraction, facts, hidden)
+    return _keep(extraction, entities, facts, hidden)
 
 
-def _keep(extraction: Extraction, facts: list[FactDraft], drop: set[int]) -> Extraction:
-    """``extraction`` with only ``facts``, less the entities in ``drop``; summaries holding the
-    unavailable placeholder are cleared."""
-    kept = [i for i in range(len(extraction.entities)) if i not in drop]
+def _keep(
+    extraction: Extraction, entities: list[EntityDraft], facts: list[FactDraft], drop: set[int]
+) -> Extraction:
+    """``extraction`` with ``entities`` less those in ``drop`` and ``facts`` (indexing
+    ``entities``, renumbered); summaries holding the unavailable placeholder are cleared."""
+    kept = [i for i in range(len(entities)) if i not in drop]
     index = {old: new for new, old in enumerate(kept)}
-    entities = []
+    kept_entities = []
     for i in kept:
-        entity = extraction.entities[i]
+        entity = entities[i]
         if _unavailable(entity.summary):
             entity = entity.model_copy(update={"summary": ""})
-        entities.append(entity)
-    moved = [
-        f.model_copy(update={"subject": index[f.subject], "object": index.get(f.object, -1)})
-        for f in facts
-    ]
-    return extraction.model_copy(update={"entities": entities, "facts": moved})
+        kept_entities.append(entity)
+    moved = []
+    for f in facts:
+        subject, obj = index[f.subject], index.get(f.object, -1)
+        if (subject, obj) != (f.subject, f.object):
+            f = f.model_copy(update={"subject": subject, "object": obj})
+        moved.append(f)
+    return extraction.model_copy(update={"entities": kept_entities, "facts": moved})
 
 
 def _moved_only(now: Extraction, then: Extraction) -> Extraction:
@@ -346,8 +350,13 @@ def _moved_only(now: Extraction, then: Extraction) -> Extraction:
             )
         )
     needed = {f.subject for f in facts} | {f.object for f in facts if f.object >= 0}
-    unchanged = {i for i, e in enumerate(entities) if i not in needed and e in then.entities}
-    return _keep(now.model_copy(update={"entities": entities}), facts, unchanged)
+    taken = {id(e) for e in then.entities}  # the entities ``then`` took from ``now`` as they are
+    unchanged = {
+        i
+        for i, e in enumerate(entities)
+        if i not in needed and (id(e) in taken or e in then.entities)
+    }
+    return _keep(now, entities, facts, unchanged)
 
 
 def _unavailable(value: str | None) -> bool:
