@@ -28,7 +28,9 @@
    Each round's breakdown is in ``runs``: the settle, the group join, the warm-up, the
    produce, the window, and the CPU seconds of the worker, Neo4j, Kafka, the registry, this
    process and the machine's other processes over the window (another program's load shows
-   there). The median of the rounds is reported, and the rounds' spread.
+   there), and how the worker batched (``batching``: records per take of each hop, episodes
+   per write unit and per store transaction). The median of the rounds is reported, and the
+   rounds' spread.
 2. **latency** (``--latency``; needs this checkout's PostgreSQL and Kafka Connect, started
    here if need be): rows committed in PostgreSQL at ``--rate`` per second (default: half the
    ``debezium-json`` rate just measured) through Debezium, Kafka and a worker; per row, its
@@ -332,7 +334,24 @@ async def run_variant(
             "window": round(seconds, 2),
         },
         "cpu_s": {k: round(v, 2) for k, v in window.cpu.items()},
+        "batching": _batching(window.batches),
     }
+
+
+def _batching(counts: dict[str, float]) -> dict[str, float]:
+    """From the round's batch counters: the records each hop took from Kafka at once, the
+    episodes per write unit and per store transaction (means), and how many there were."""
+    out: dict[str, float] = {}
+    for stage in ("source", "extraction", "resolution"):
+        if counts[f"{stage}_take_count"]:
+            out[f"{stage}_records_per_take"] = round(
+                counts[f"{stage}_take_sum"] / counts[f"{stage}_take_count"], 1
+            )
+    for what in ("unit", "transaction"):
+        out[f"{what}s"] = counts[f"{what}_count"]
+        if counts[f"{what}_count"]:
+            out[f"episodes_per_{what}"] = round(counts[f"{what}_sum"] / counts[f"{what}_count"], 1)
+    return out
 
 
 class CpuProbe:
@@ -368,6 +387,7 @@ class Window:
         self.extracted, self.written = self.counters()
         self.first = self.last = 0.0
         self.cpu: dict[str, float] = {}
+        self.batches: dict[str, float] = {}
 
     def counters(self) -> tuple[float, float]:
         text = scrape(self.port)
@@ -376,12 +396,30 @@ class Window:
             metric_value(text, "tidegraph_stage_events_total", stage="invalidation", outcome="ok"),
         )
 
+    def batching(self) -> dict[str, float]:
+        """The worker's batch counters (how many records each hop took at once, how many
+        episodes a write unit and a store transaction held): their sums and counts."""
+        text = scrape(self.port)
+        counts: dict[str, float] = {}
+        for stage in ("source", "extraction", "resolution"):
+            for part in ("sum", "count"):
+                counts[f"{stage}_take_{part}"] = metric_value(
+                    text, f"tidegraph_batch_records_{part}", stage=stage
+                )
+        for part in ("sum", "count"):
+            counts[f"unit_{part}"] = metric_value(text, f"tidegraph_batch_episodes_{part}")
+            counts[f"transaction_{part}"] = metric_value(
+                text, f"tidegraph_store_batch_rows_{part}", operation="episodes_per_transaction"
+            )
+        return counts
+
     @property
     def seconds(self) -> float:
         return self.last - self.first
 
     async def watch(self, worker: Any, timeout: float) -> None:
         start = self.probe.read()
+        batches = await asyncio.to_thread(self.batching)
         deadline = time.monotonic() + timeout
         while True:
             extracted, written = await asyncio.to_thread(self.counters)
@@ -391,6 +429,8 @@ class Window:
             if written - self.written >= self.wanted:
                 self.last, end = now, self.probe.read()
                 self.cpu = {k: end[k] - start[k] for k in end}
+                ended = await asyncio.to_thread(self.batching)
+                self.batches = {k: ended[k] - batches[k] for k in ended}
                 return
             if worker.poll() is not None:
                 raise RuntimeError(f"the worker exited {worker.returncode}; see its worker.log")

@@ -63,6 +63,15 @@ def test_an_update_states_only_what_moved() -> None:
     assert facts_of(event("u", ACME, dict(ACME))) == []  # a write of the same values
 
 
+def test_an_update_tells_what_moved_by_the_text_its_values_render() -> None:
+    # An update renders only the templates whose fields changed in value or type; equal
+    # values of other types (1 and True) render differently and move, equal text does not.
+    assert facts_of(event("u", {**ACME, "owner": 1}, {**ACME, "owner": True})) == [
+        ("Account 1", "OWNED_BY", "True", False)
+    ]
+    assert facts_of(event("u", {**ACME, "owner": 7}, {**ACME, "owner": "7"})) == []
+
+
 def entities_of(content: dict[str, Any], mapping: MappingSet = MAPPINGS) -> list[tuple[str, str]]:
     episode = Episode(id="e1", group_id="g", content=content, reference_time="2025-01-01T00:00Z")
     extraction = mapping.extract(episode)

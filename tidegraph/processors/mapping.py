@@ -41,7 +41,7 @@ import functools
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -217,12 +217,18 @@ def apply_change_rule(rule: MappingRule, episode: Episode) -> Extraction:
             }
         )
         return _without_unavailable(apply_rule(closing, episode, with_row(record)))
-    now = _without_unavailable(apply_rule(rule, episode, with_row(record)))
+    fields = with_row(record)
+    rendered = apply_rule(rule, episode, fields)
+    now = _without_unavailable(rendered)
     before = record.get("before")
     if op != "u" or not isinstance(before, dict):
         return now
     try:
-        then = apply_rule(rule, episode, {**record, "row": before, "after": before})
+        # The row before the update, rendered only where its templates read other values than
+        # the row after it: the rest is what was just rendered.
+        then = apply_rule(
+            rule, episode, {**record, "row": before, "after": before}, same=(rendered, fields)
+        )
     except RecordError:
         return now  # a partial before (REPLICA IDENTITY DEFAULT): restate every fact
     return _moved_only(now, then)
@@ -279,25 +285,29 @@ def _without_unavailable(extraction: Extraction) -> Extraction:
         summaries = [e for e in entities if _unavailable(e.summary)]
         if not summaries:
             return extraction
-    return _keep(extraction, facts, hidden)
+    return _keep(extraction, entities, facts, hidden)
 
 
-def _keep(extraction: Extraction, facts: list[FactDraft], drop: set[int]) -> Extraction:
-    """``extraction`` with only ``facts``, less the entities in ``drop``; summaries holding the
-    unavailable placeholder are cleared."""
-    kept = [i for i in range(len(extraction.entities)) if i not in drop]
+def _keep(
+    extraction: Extraction, entities: list[EntityDraft], facts: list[FactDraft], drop: set[int]
+) -> Extraction:
+    """``extraction`` with ``entities`` less those in ``drop`` and ``facts`` (indexing
+    ``entities``, renumbered); summaries holding the unavailable placeholder are cleared."""
+    kept = [i for i in range(len(entities)) if i not in drop]
     index = {old: new for new, old in enumerate(kept)}
-    entities = []
+    kept_entities = []
     for i in kept:
-        entity = extraction.entities[i]
+        entity = entities[i]
         if _unavailable(entity.summary):
             entity = entity.model_copy(update={"summary": ""})
-        entities.append(entity)
-    moved = [
-        f.model_copy(update={"subject": index[f.subject], "object": index.get(f.object, -1)})
-        for f in facts
-    ]
-    return extraction.model_copy(update={"entities": entities, "facts": moved})
+        kept_entities.append(entity)
+    moved = []
+    for f in facts:
+        subject, obj = index[f.subject], index.get(f.object, -1)
+        if (subject, obj) != (f.subject, f.object):
+            f = f.model_copy(update={"subject": subject, "object": obj})
+        moved.append(f)
+    return extraction.model_copy(update={"entities": kept_entities, "facts": moved})
 
 
 def _moved_only(now: Extraction, then: Extraction) -> Extraction:
@@ -340,8 +350,13 @@ def _moved_only(now: Extraction, then: Extraction) -> Extraction:
             )
         )
     needed = {f.subject for f in facts} | {f.object for f in facts if f.object >= 0}
-    unchanged = {i for i, e in enumerate(entities) if i not in needed and e in then.entities}
-    return _keep(now.model_copy(update={"entities": entities}), facts, unchanged)
+    taken = {id(e) for e in then.entities}  # the entities ``then`` took from ``now`` as they are
+    unchanged = {
+        i
+        for i, e in enumerate(entities)
+        if i not in needed and (id(e) in taken or e in then.entities)
+    }
+    return _keep(now, entities, facts, unchanged)
 
 
 def _unavailable(value: str | None) -> bool:
@@ -433,38 +448,64 @@ def key_text(value: str | int | float | bool) -> str:
 
 
 def apply_rule(
-    rule: MappingRule, episode: Episode, record: dict[str, Any] | None = None
+    rule: MappingRule,
+    episode: Episode,
+    record: dict[str, Any] | None = None,
+    *,
+    same: tuple[Extraction, dict[str, Any]] | None = None,
 ) -> Extraction:
-    """The rule's entities and facts from ``record`` (default: the episode's content)."""
+    """The rule's entities and facts from ``record`` (default: the episode's content).
+    ``same``: the rule's extraction of another record and that record; an entity or fact
+    whose templates read the same values in both (``_reads_same``) is taken from it as it
+    is, since rendering it again gives it exactly."""
     if record is None:
         assert isinstance(episode.content, dict)
         record = episode.content
     aliases = list(rule.entities)
     entities = []
-    for alias in aliases:
+    kept: set[int] = set()  # the entities taken from ``same``
+    for index, alias in enumerate(aliases):
         spec = rule.entities[alias]
+        if same is not None and _reads_same(record, same[1], (spec.name, spec.key, spec.summary)):
+            entities.append(same[0].entities[index])
+            kept.add(index)
+            continue
         name = render(spec.name, record).strip()
         if not name:
             raise MappingError(f"rule {rule.name!r}: entity {alias!r} has an empty name")
         labels = [spec.label] if isinstance(spec.label, str) else list(spec.label or [])
         key = render(spec.key, record, key=True) if spec.key else None
         summary = render(spec.summary, record) if spec.summary else ""
-        what = f"rule {rule.name!r}: entity {alias!r}"
-        _fits(f"{what} name", name, MAX_NAME_CHARS)
-        _fits(f"{what} key", key, MAX_KEY_CHARS)
-        _fits(f"{what} summary", summary, MAX_SUMMARY_CHARS)
+        for part, value, limit in (
+            ("name", name, MAX_NAME_CHARS),
+            ("key", key, MAX_KEY_CHARS),
+            ("summary", summary, MAX_SUMMARY_CHARS),
+        ):
+            if value is not None and len(value) > limit:
+                _too_long(f"rule {rule.name!r}: entity {alias!r} {part}", value, limit)
         entities.append(EntityDraft(name=name, labels=labels, key=key, summary=summary))
     facts = []
-    for fact_spec in rule.facts:
+    for index, fact_spec in enumerate(rule.facts):
         subject = aliases.index(fact_spec.subject)
         obj = aliases.index(fact_spec.object) if fact_spec.object is not None else -1
+        if (
+            same is not None
+            and subject in kept
+            and (obj < 0 or obj in kept)
+            and _reads_same(
+                record, same[1], (fact_spec.fact,), (fact_spec.valid_at, fact_spec.invalid_at)
+            )
+        ):
+            facts.append(same[0].facts[index])
+            continue
         if fact_spec.fact:
             text = render(fact_spec.fact, record)
         else:
             target = f" {entities[obj].name}" if obj >= 0 else ""
             text = f"{entities[subject].name} {fact_spec.relation}{target}"
             text += " (ended)" if fact_spec.closes else ""
-        _fits(f"rule {rule.name!r}: fact {fact_spec.relation} text", text, MAX_FACT_CHARS)
+        if len(text) > MAX_FACT_CHARS:
+            _too_long(f"rule {rule.name!r}: fact {fact_spec.relation} text", text, MAX_FACT_CHARS)
         facts.append(
             FactDraft(
                 subject=subject,
@@ -480,9 +521,37 @@ def apply_rule(
     return Extraction(episode=episode, entities=entities, facts=facts, mapped=True)
 
 
-def _fits(what: str, value: str | None, limit: int) -> None:
-    if value is not None and len(value) > limit:
-        raise ValueTooLong(f"{what} is {len(value)} characters; the limit is {limit}")
+def _reads_same(
+    record: dict[str, Any],
+    other: dict[str, Any],
+    templates: tuple[str | None, ...],
+    paths: tuple[str | None, ...] = (),
+) -> bool:
+    """Whether every field the ``templates`` and field ``paths`` read holds the same value,
+    of the same type, in both records (a field missing from either is not the same)."""
+    for template in templates:
+        if template is not None and not _same_fields(_fields_of(template), record, other):
+            return False
+    return _same_fields(tuple(p for p in paths if p is not None), record, other)
+
+
+def _same_fields(paths: tuple[str, ...], record: dict[str, Any], other: dict[str, Any]) -> bool:
+    for path in paths:
+        value = _lookup(record, path, _MISSING)
+        was = _lookup(other, path, _MISSING)
+        if value is _MISSING or type(value) is not type(was) or value != was:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _fields_of(template: str) -> tuple[str, ...]:
+    """The field paths a template reads."""
+    return tuple(path for _, path in _compiled(template) if path is not None)
+
+
+def _too_long(what: str, value: str, limit: int) -> NoReturn:
+    raise ValueTooLong(f"{what} is {len(value)} characters; the limit is {limit}")
 
 
 def _time_field(record: dict[str, Any], path: str | None) -> str | None:

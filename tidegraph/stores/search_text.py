@@ -90,6 +90,8 @@ def _token_ids(token: str) -> list[str]:
     its letters and digits without separators, then its parts that hold a digit: each run
     between separators that mixes letters and digits, and each run of at least
     ``MIN_NUMBER_DIGITS`` digits (alone or within such a run)."""
+    if token.isdecimal() or ("@" not in token and _DIGIT_RUN.search(token) is None):
+        return []  # a plain number, or a word (most tokens): what the checks below say
     runs = _ALNUM_RUN.findall(token.lower())
     digits = sum(len(d) for d in _DIGIT_RUN.findall(token))
     mixed = digits and any(not ch.isdigit() for run in runs for ch in run)
