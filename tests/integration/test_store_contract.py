@@ -41,6 +41,7 @@ from tidegraph.stores import (
     StoreSchemaError,
     open_store,
 )
+from tidegraph.stores.base import BatchWriteError
 from tidegraph.stores.memory.store import MemoryStore
 from tidegraph.stores.neo4j import queries as neo4j_queries
 from tidegraph.stores.neo4j import search_queries as sq
@@ -2251,5 +2252,81 @@ async def test_a_partial_hit_whose_record_was_deleted_since_is_left_out(tmp_path
         await store.db.run(forget)
         left = await store.search.complete_hits(bare, found)
         assert [h.kind for h in left] == ["episode"]
+    finally:
+        await store.close()
+
+
+def _fact_episodes(group: str, n: int) -> tuple[list[EntityRecord], list[EpisodeWrite]]:
+    """``n`` message episodes of one thread, each with a fact of its own between two
+    entities (the first write creates them)."""
+    acme, bob = entity(group, "Acme Corp"), entity(group, "Bob Stone")
+    writes = [
+        EpisodeWrite(
+            episode=episode(group, f"msg-{i}", day(i), f"Bob: ticket {i} about the printer"),
+            entities=[acme, bob] if i == 0 else [],
+            mentions=[acme.uuid, bob.uuid],
+            facts=[fact(group, bob, acme, "REPORTED", f"Bob reported ticket {i}", tag=str(i))],
+        )
+        for i in range(n)
+    ]
+    return [acme, bob], writes
+
+
+async def test_a_failing_write_of_a_batch_leaves_the_ones_before_it_committed(
+    tmp_path: Path,
+) -> None:
+    """Embedded store: a batch whose third write fails commits the two before it, indexed
+    for search, and nothing of the failing one or those after it (BatchWriteError says how
+    many were written)."""
+    store = SqliteStore(tmp_path / "graph")
+    try:
+        await store.setup(DIM)
+        group = "g"
+        _, writes = _fact_episodes(group, 5)
+        ghost = entity(group, "Ghost")
+        writes[2] = dataclasses.replace(writes[2], mentions=[ghost.uuid])  # no such entity
+        with pytest.raises(BatchWriteError) as failed:
+            await store.write_episodes(group, writes)
+        assert failed.value.written == [True, True]
+        assert isinstance(failed.value.__cause__, StoreIntegrityError)
+        processed = [await store.episode_processed(group, w.episode.uuid) for w in writes]
+        assert processed == [True, True, False, False, False]
+        assert (await store.browse.counts(group))["facts"] == 2
+        scope = SearchScope((group,), AsOf.resolve(None, None, False, None), embeddings=False)
+        hits = await store.search.fulltext_search(scope, "fact", "ticket", 10)
+        assert sorted(h.record.fact for h in hits if isinstance(h.record, FactRecord)) == [
+            "Bob reported ticket 0",
+            "Bob reported ticket 1",
+        ]
+        episodes = await store.search.fulltext_search(scope, "episode", "printer", 10)
+        assert len(episodes) == 2
+    finally:
+        await store.close()
+
+
+async def test_a_batch_adds_one_segment_to_each_fulltext_index(tmp_path: Path) -> None:
+    """Embedded store: a batch of episodes is indexed for search at its commit, one FTS5
+    segment per fulltext table, not one per record it wrote (each segment is merged again
+    later: most of what the indexes cost a write)."""
+    store = SqliteStore(tmp_path / "graph")
+    try:
+        await store.setup(DIM)
+        _, writes = _fact_episodes("g", 40)
+        assert await store.write_episodes("g", writes) == [True] * 40
+
+        def segments(conn: sqlite3.Connection) -> dict[str, int]:
+            # a table's _data rows: its averages, its structure and the segments' pages
+            return {
+                table: conn.execute(f"SELECT count(*) - 2 FROM {table}_data").fetchone()[0]
+                for table in ("fact_text", "episode_search", "entity_text")
+            }
+
+        assert await store.db.run(segments) == {
+            "fact_text": 1,
+            "episode_search": 1,
+            "entity_text": 1,
+        }
+        scope = SearchScope(("g",), AsOf.resolve(None, None, False, None), embeddings=False)
+        assert len(await store.search.fulltext_search(scope, "fact", "ticket", 50)) == 40
     finally:
         await store.close()

@@ -167,5 +167,5 @@ class SqliteCommunities(Communities):
 
 def _upsert_community(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
     """MERGE one community row (``rows.community_rows``) by ``write_rules.COMMUNITY``."""
-    [row_id] = conn.execute(write_sql.UPSERT_COMMUNITY, write_sql.params(group_id, row)).fetchone()
+    row_id = write_sql.upsert(conn, "community", write_sql.UPSERT_COMMUNITY, group_id, row)
     index_text(conn, "community_text", row_id, group_id, f"{row['name']} {row['summary']}")

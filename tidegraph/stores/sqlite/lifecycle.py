@@ -45,6 +45,7 @@ from tidegraph.stores.sqlite.writes import (
     entity_text,
     index_episode,
     index_text,
+    insert_id,
     merge_fact,
     purge_changes,
     record_changes,
@@ -287,11 +288,12 @@ def _overwrite_entity(conn: sqlite3.Connection, group_id: str, row: dict[str, An
         micros(row["created_at"]),
     )
     if stored is None:
-        [row_id] = conn.execute(
+        row_id = insert_id(
+            conn,
             "INSERT INTO entity (name, labels, summary, key, aliases, name_embedding, created_at, "
-            "uuid, group_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            "uuid, group_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (*values, row["uuid"], group_id),
-        ).fetchone()
+        )
     else:
         row_id = stored[0]
         conn.execute(

@@ -10,6 +10,7 @@ from typing import Any
 
 from tidegraph.stores.rows import TIME_FIELDS, TIME_LIST_FIELDS
 from tidegraph.stores.sqlite.db import json_text, micros, micros_list, vector_blob
+from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.write_rules import CLOSURE, COMMUNITY, EPISODE, FACT, Rules, set_clause
 
 # The columns that hold an embedding (a blob of doubles).
@@ -30,8 +31,7 @@ def _upsert(table: str, rules: Rules) -> str:
     return (
         f"INSERT INTO {table} ({', '.join(columns)})\n"
         f"VALUES ({', '.join(f':{name}' for name in columns)})\n"
-        f"ON CONFLICT (uuid) DO UPDATE SET\n{assignments}\n"
-        "RETURNING id"
+        f"ON CONFLICT (uuid) DO UPDATE SET\n{assignments}"
     )
 
 
@@ -50,6 +50,20 @@ CLOSE_FACT = (
     )
     + "\nWHERE uuid = :uuid AND group_id = :group_id"
 )
+
+
+def upsert(
+    conn: sqlite3.Connection, table: str, statement: str, group_id: str, row: dict[str, Any]
+) -> int:
+    """``statement`` (an upsert above, into ``table``, a constant) for ``row``; the row's id,
+    read after it by its uuid. Not with RETURNING: a statement that returns rows runs in a
+    statement savepoint, and at every savepoint FTS5 writes what each fulltext table the
+    transaction touched holds pending out as a new segment, merged again later (one per
+    fact and episode a unit wrote, most of the fulltext indexes' cost)."""
+    conn.execute(statement, params(group_id, row))
+    query = f"SELECT id FROM {table} WHERE uuid = ?"  # noqa: S608 - a constant table name
+    [row_id] = conn.execute(query, (row["uuid"],)).fetchone()
+    return int(row_id)
 
 
 def params(group_id: str, row: dict[str, Any]) -> dict[str, Any]:

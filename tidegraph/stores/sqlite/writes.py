@@ -47,12 +47,30 @@ from tidegraph.stores.sqlite.rows import IN_LIST
 from tidegraph.stores.write_rules import ENTITY, merged_values, updated_fields
 
 
-def index_text(conn: sqlite3.Connection, table: str, row_id: int, group_id: str, text: str) -> None:
-    """(Re)index one record's text in the fulltext table ``table`` (a constant)."""
-    conn.execute(f"DELETE FROM {table} WHERE rowid = ?", (row_id,))
+def index_text(
+    conn: sqlite3.Connection,
+    table: str,
+    row_id: int,
+    group_id: str,
+    text: str,
+    *,
+    new: bool = False,
+) -> None:
+    """(Re)index one record's text in the fulltext table ``table`` (a constant); ``new``: the
+    record was inserted by this write, so it has no entry to delete (every statement that
+    deletes a record deletes its entry too, so a reused rowid has none either)."""
+    if not new:
+        conn.execute(f"DELETE FROM {table} WHERE rowid = ?", (row_id,))
     conn.execute(
         f"INSERT INTO {table} (rowid, group_id, text) VALUES (?, ?, ?)", (row_id, group_id, text)
     )
+
+
+def insert_id(conn: sqlite3.Connection, statement: str, values: Sequence[Any]) -> int:
+    """A plain INSERT of one row; its id (not with RETURNING: ``write_sql.upsert``)."""
+    row_id = conn.execute(statement, values).lastrowid
+    assert row_id is not None  # one row inserted into a rowid table
+    return row_id
 
 
 def entity_text(name: str, summary: str | None, key: str | None) -> str:
@@ -105,9 +123,10 @@ def upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[str
             states[uuid] = {**before, **merged_values(_ENTITY_UPDATES, before, row)}
     for uuid, row in created.items():
         state = states[uuid]
-        [row_id] = conn.execute(
+        row_id = insert_id(
+            conn,
             "INSERT INTO entity (uuid, group_id, name, labels, summary, key, aliases, "
-            "name_embedding, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            "name_embedding, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 uuid,
                 group_id,
@@ -119,13 +138,14 @@ def upsert_entities(conn: sqlite3.Connection, group_id: str, rows: list[dict[str
                 vector_blob(state["name_embedding"]),
                 micros(state["created_at"]),
             ),
-        ).fetchone()
+        )
         index_text(
             conn,
             "entity_text",
             row_id,
             group_id,
             entity_text(state["name"], state["summary"], state["key"]),
+            new=True,
         )
         names = unique([row["name_norm"], *state["aliases"]])
         conn.executemany(
@@ -156,9 +176,10 @@ def merge_fact(
     conn: sqlite3.Connection, group_id: str, row: dict[str, Any], text: str | None
 ) -> None:
     """MERGE one fact row (``rows.fact_row``); ``text``: its stored sentence (None: new)."""
-    [row_id] = conn.execute(write_sql.MERGE_FACT, write_sql.params(group_id, row)).fetchone()
+    row_id = write_sql.upsert(conn, "fact", write_sql.MERGE_FACT, group_id, row)
     if text != row["fact"]:
-        index_text(conn, "fact_text", row_id, group_id, indexed_text(row["fact"]))
+        new = text is None
+        index_text(conn, "fact_text", row_id, group_id, indexed_text(row["fact"]), new=new)
 
 
 def close_fact(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
@@ -188,9 +209,12 @@ def index_episode(
     thread: str,
     content: str,
     valid_at: datetime,
+    *,
+    new: bool = False,
 ) -> None:
     """(Re)index one episode's conversation fields (``episode_search``), its context read
-    from its thread as stored, and its speaker's name words (``speaker_word``)."""
+    from its thread as stored, and its speaker's name words (``speaker_word``); ``new``: the
+    episode was inserted by this write (no entry to delete, as ``index_text``)."""
     preceding: list[str] = []
     if source == "message":
         rows = conn.execute(
@@ -199,7 +223,8 @@ def index_episode(
         )
         preceding = thread_context([split_speaker(source, r[0])[1] for r in rows])
     fields = search_fields(source, content, valid_at, preceding)
-    conn.execute("DELETE FROM episode_search WHERE rowid = ?", (row_id,))
+    if not new:
+        conn.execute("DELETE FROM episode_search WHERE rowid = ?", (row_id,))
     conn.execute(
         "INSERT INTO episode_search (rowid, group_id, body, speaker, context, said_on) "
         "VALUES (?, ?, ?, ?, ?, ?)",
@@ -219,10 +244,13 @@ def index_thread(
     thread: str,
     content: str,
     valid_at: datetime,
+    *,
+    new: bool = False,
 ) -> None:
-    """Index an episode written, and the messages after it whose context it is now (so the
-    index is the same whatever order a thread's messages arrive in)."""
-    index_episode(conn, group_id, row_id, source, thread, content, valid_at)
+    """Index an episode written (``new``: inserted by this write), and the messages after it
+    whose context it is now (so the index is the same whatever order a thread's messages
+    arrive in)."""
+    index_episode(conn, group_id, row_id, source, thread, content, valid_at, new=new)
     if source != "message":
         return
     after = conn.execute(
@@ -293,7 +321,7 @@ def write_episode(
     )
     # Checked: what follows writes.
     upsert_entities(conn, group_id, entities)
-    [row_id] = conn.execute(write_sql.MERGE_EPISODE, write_sql.params(group_id, episode)).fetchone()
+    row_id = write_sql.upsert(conn, "episode", write_sql.MERGE_EPISODE, group_id, episode)
     indexed = ("content", "valid_at", "source", "source_description")
     said = (episode["content"], micros(episode["valid_at"]), episode["source"])
     if stored is None or [*said, episode["source_description"]] != [stored[k] for k in indexed]:
@@ -305,6 +333,7 @@ def write_episode(
             episode["source_description"],
             episode["content"],
             episode["valid_at"],
+            new=stored is None,
         )
     conn.executemany(
         "INSERT OR IGNORE INTO mention (episode_uuid, entity_uuid, group_id) VALUES (?, ?, ?)",
@@ -330,11 +359,13 @@ def record_changes(
         "VALUES (?, 0, 0, 0, ?) ON CONFLICT (group_id) DO NOTHING",
         (group_id, deployment),
     )
-    [base] = conn.execute(
+    conn.execute(  # no RETURNING (``write_sql.upsert``)
         "UPDATE change_log SET seq = seq + ?, version = version + 1, "
-        "deployment = coalesce(deployment, ?) WHERE group_id = ? RETURNING seq - ?",
-        (len(changes), deployment, group_id, len(changes)),
-    ).fetchone()
+        "deployment = coalesce(deployment, ?) WHERE group_id = ?",
+        (len(changes), deployment, group_id),
+    )
+    [seq] = conn.execute("SELECT seq FROM change_log WHERE group_id = ?", (group_id,)).fetchone()
+    base = seq - len(changes)
     if changes:
         row = outbox_row(group_id, changes)
         last = base + len(changes)
@@ -343,15 +374,18 @@ def record_changes(
             "VALUES (:group_id, :seq, :last, :change_id, :kind, :uuid, :body, :committed_at)",
             {**row, "seq": base + 1, "last": last},
         )
-        index_records(conn, group_id, last, row["uuid"])
+        index_records(conn, group_id, last, row["records"])
 
 
-def index_records(conn: sqlite3.Connection, group_id: str, last: int, uuids: str) -> None:
-    """The records an outbox row (ending at ``last``, its ``uuid`` column ``uuids``) holds
-    changes of, in the group's index of them (``db.OUTBOX_RECORDS``)."""
+def index_records(
+    conn: sqlite3.Connection, group_id: str, last: int, records: Sequence[str]
+) -> None:
+    """The records an outbox row (ending at ``last``) holds changes of (each once:
+    ``rows.held_records``, or the row's ``records``), in the group's index of them
+    (``db.OUTBOX_RECORDS``)."""
     conn.executemany(
         "INSERT OR IGNORE INTO change_record (group_id, uuid, last) VALUES (?, ?, ?)",
-        [(group_id, uuid, last) for uuid in held_records(uuids)],
+        [(group_id, uuid, last) for uuid in records],
     )
 
 
@@ -369,7 +403,7 @@ def index_outbox_records(conn: sqlite3.Connection) -> int:
     """Every stored outbox row in the index of records (a file written before it); how many."""
     rows = conn.execute("SELECT group_id, last, uuid FROM change").fetchall()
     for group_id, last, uuids in rows:
-        index_records(conn, group_id, last, uuids)
+        index_records(conn, group_id, last, held_records(uuids))
     return len(rows)
 
 
@@ -434,30 +468,45 @@ def write_episodes(
     dim: int,
     deployment: str,
 ) -> list[bool]:
-    """The writes in order, in one transaction; each in a savepoint of its own, so that on a
-    failure the writes before it are committed and BatchWriteError says which they were."""
+    """The writes in order, in one transaction; on a failure the writes before it are
+    committed and BatchWriteError says which they were.
+
+    No savepoint per write: FTS5 writes its pending entries out as a segment of each
+    fulltext table at every savepoint, so a unit of 64 episodes made 64 tiny segments per
+    table, each merged again later (about a seventh of the write's statements). Instead a
+    failure rolls the whole transaction back and the writes before it run again in a new
+    one: they read what they read the first time (this connection is the only writer and
+    nothing ran between), so they write the same, and only a failing batch pays twice."""
     now = now_utc()
     written: list[bool] = []
-    failure: Exception | None = None
-    with Transaction(conn):
-        for write in writes:
-            conn.execute("SAVEPOINT episode")
-            try:
+    try:
+        with Transaction(conn):
+            for write in writes:
                 written.append(write_episode(conn, group_id, write, dim, now, deployment))
-            except Exception as exc:
-                conn.execute("ROLLBACK TO episode")
-                conn.execute("RELEASE episode")
-                failure = exc
-                break
-            conn.execute("RELEASE episode")
-        if any(written):  # the outbox: one row for the changes of what was written
-            changes = [c for w, ok in zip(writes, written, strict=False) if ok for c in w.changes]
-            record_changes(conn, group_id, changes, deployment)
-    if failure is None:
-        return written
-    if len(writes) == 1:
-        raise failure
-    raise BatchWriteError(written) from failure
+            _record_written(conn, group_id, writes, written, deployment)
+    except Exception as failure:
+        if len(writes) == 1 or len(written) == len(writes):  # not one write's failure
+            raise
+        before = writes[: len(written)]
+        if before:
+            with Transaction(conn):
+                written = [write_episode(conn, group_id, w, dim, now, deployment) for w in before]
+                _record_written(conn, group_id, before, written, deployment)
+        raise BatchWriteError(written) from failure
+    return written
+
+
+def _record_written(
+    conn: sqlite3.Connection,
+    group_id: str,
+    writes: list[EpisodeWrite],
+    written: list[bool],
+    deployment: str,
+) -> None:
+    """The outbox: one row for the changes of the writes that wrote (none: no row)."""
+    if any(written):
+        changes = [c for w, ok in zip(writes, written, strict=True) if ok for c in w.changes]
+        record_changes(conn, group_id, changes, deployment)
 
 
 def delete_communities(conn: sqlite3.Connection, group_id: str, uuids: list[str]) -> None:
