@@ -6,11 +6,12 @@ the store calls of the write path (the episode write, the entity search, the uni
 others), and every episode-write transaction (how many episodes, how long). A group's episodes
 are written in order, so its wall time is the chain of these; each millisecond of it is counted
 once, for the first of: the write, an LLM call, the search, the unit's read, another store call,
-else ``cpu_or_loop`` (its own work, or waiting for the event loop). ``started_ahead`` counts the
-entity judging calls that overlapped the group's write (started on a guess) against those that
-did not. The transactions' ``busy_share`` is the part of their span during which one ran: near
-1, the groups queue for the one write transaction at a time (``TRANSACTIONS_IN_FLIGHT``), and
-the rate is the transactions' rate, not the groups' chains.
+else ``cpu_or_loop`` (its own work, or waiting for the event loop). ``entity_judging_calls``
+counts the entity judging calls hidden under the group's write or fact judging call (started
+ahead on a guess) and those the group waited for alone, on its chain. The transactions'
+``busy_share`` is the part of their span during which one ran: near 1, the groups queue for the
+one write transaction at a time (``TRANSACTIONS_IN_FLIGHT``), and the rate is the
+transactions' rate, not the groups' chains.
 
 It wraps methods of the runner, the LLM client and the Neo4j store in this process only (the
 tidegraph side's own process); nothing else changes.
@@ -40,6 +41,8 @@ STORE_CALLS = (
     "episode_markers",
     "recent_episodes_before",
 )
+# What an entity judging call started ahead runs under.
+HIDING = ("store:write_episodes", "llm:FactResolutionOutput")
 # Which wait a millisecond of a group's chain counts for, first match first.
 ORDER = ("store:write_episodes", "llm:", "store:entity_candidates", "store:read_batch", "store:")
 
@@ -103,11 +106,11 @@ class ChainTrace:
             start, end = whole[0]
             wall += end - start
             seconds.update(_chain(spans, start, end))
-            writes = [(s, e) for what, s, e in spans if what == "store:write_episodes"]
+            cover = [(s, e) for what, s, e in spans if what in HIDING]
             for what, s, e in spans:
                 if what == "llm:EntityResolutionOutput":
-                    overlaps = any(ws < e and s < we for ws, we in writes)
-                    ahead["overlapping a write" if overlaps else "on the chain"] += 1
+                    hidden = any(cs < e and s < ce for cs, ce in cover)
+                    ahead["hidden" if hidden else "on the chain"] += 1
         txn = self.transactions
         span = max(e for _, _, e in txn) - min(s for _, s, _ in txn) if txn else 0.0
         busy = sum(e - s for _, s, e in txn)
