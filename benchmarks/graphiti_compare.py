@@ -61,6 +61,7 @@ from typing import Any
 import orjson
 from neo4j import AsyncGraphDatabase
 
+from benchmarks import chain_trace
 from benchmarks.graphiti_answers import FairAnswers, llm_usage
 from benchmarks.graphiti_env import ensure, graphiti_env
 from benchmarks.text_feed import FeedEpisode, FeedIndex, feed_stats, text_feed
@@ -215,6 +216,7 @@ def run_side(
         **costs,
         "peak_rss_mb": result.get("peak_rss_mb"),
         **({"report": result["report"]} if "report" in result else {}),
+        **({"chain": result["chain"]} if "chain" in result else {}),
     }
 
 
@@ -222,6 +224,8 @@ def spawn(
     system: str, spec: dict[str, Any], ctx: RunContext, label: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run a side's process on ``spec``: (its result, the CPU the servers spent meanwhile)."""
+    if ctx.trace and system == "tidegraph":
+        spec["trace"] = True
     if ctx.profile:
         spec["profile"] = str(RESULTS / f"graphiti_profile_{system}_{label}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -411,6 +415,7 @@ class RunContext:
         self.neo4j_uri: str = args.neo4j_uri
         self.profile: bool = args.profile
         self.py_spy: bool = args.py_spy
+        self.trace: bool = args.trace
         self.repeat: int = max(args.repeat, 1)
         self.graphiti_dim: int = args.graphiti_embedding_dim
         self.keep: bool = args.keep
@@ -538,6 +543,8 @@ def run_all(
                     runs.append(run_side(system, feed, latency, ctx, label=tag))
                 runs[-1]["repetition"] = rep + 1
                 print(_line(runs[-1]), flush=True)
+                if "chain" in runs[-1]:
+                    print(chain_trace.line(runs[-1]["chain"]), flush=True)
     compare_graphs(runs)
     return runs, sorted(added)
 
@@ -696,6 +703,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=GRAPHITI_EMBEDDING_DIM,
         help="dimension of Graphiti's hashing vectors (384 puts them in tidegraph's indexes)",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="where tidegraph's group wall time goes (benchmarks/chain_trace.py)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the benchmark's groups")
     parser.add_argument(

@@ -4,9 +4,10 @@
 
 SPEC is the one benchmarks/graphiti_compare.py writes for both sides (``neo4j_uri``, ``base_url``,
 ``model``, ``embedding_dim``, ``groups``: group_id -> episode envelopes in order; optionally
-``profile``). The episodes go through the in-process pipeline
-(``tidegraph.pipelines.ingest.ingest``: extraction -> resolution -> temporal -> invalidation +
-write, each group in order, every group at once) into the Neo4j store, with the hashing embedder and
+``profile``; ``trace``: where each group's wall time goes, benchmarks/chain_trace.py). The
+episodes go through the in-process pipeline (``tidegraph.pipelines.ingest.ingest``: extraction
+-> resolution -> temporal -> invalidation + write, each group in order, every group at once)
+into the Neo4j store, with the hashing embedder and
 the real ``openai`` client (``LLMClient``) against the fake server. The client has no response cache
 and a rate limit far above what the fake server can answer, so every LLM request goes over HTTP and
 none waits for the limiter. A process of its own keeps the fake server's threads (in the comparing
@@ -23,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from benchmarks.chain_trace import ChainTrace
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
 from tidegraph.pipelines.ingest import ingest
@@ -68,6 +70,9 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
             llm=llm,
             mappings=None,
         )
+        trace = ChainTrace() if spec.get("trace") else None
+        if trace is not None:
+            trace.install()
         queries = count_neo4j_queries()
         started = time.perf_counter()
         cpu_started = time.process_time()
@@ -79,6 +84,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
         await llm.close()
         await store.close()
     return {
+        **({"chain": trace.summary()} if trace is not None else {}),
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
         "neo4j_queries": neo4j_queries,

@@ -121,3 +121,21 @@ def test_scaling_curve(neo4j_uri: str, tmp_path: Path) -> None:
     assert result["benchmark"] == "graphiti_scaling"
     assert [row["groups"] for row in result["summary"]] == [1, 3]
     _check(result, "groups", neo4j_uri)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_the_trace_says_where_tidegraphs_group_time_goes(neo4j_uri: str, tmp_path: Path) -> None:
+    out = tmp_path / "trace.json"
+    graphiti_compare.main(
+        ["--latency-ms", "0", "--groups", "2", "--episodes", "6", "--systems", "tidegraph",
+         "--trace", "--neo4j-uri", neo4j_uri, "--out", str(out)]
+    )  # fmt: skip
+    [run] = orjson.loads(out.read_bytes())["runs"]
+    chain = run["chain"]
+    assert chain["group_seconds"] > 0
+    assert sum(chain["share"].values()) == pytest.approx(1, abs=0.02)
+    assert chain["share"]["store:write_episodes"] > 0  # every episode was written
+    transactions = chain["transactions"]
+    assert transactions["count"] >= 1 and 0 < transactions["busy_share"] <= 1
+    assert transactions["episodes_each"] * transactions["count"] == pytest.approx(6)

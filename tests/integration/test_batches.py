@@ -483,9 +483,9 @@ async def test_a_conversation_resolved_and_written_together_writes_as_one_at_a_t
     judging calls (the new facts of a unit's messages judged in one call, each message's
     facts against the earlier messages' too). A new entity in the middle (a plan no name
     finds) is searched in the store once the messages before it are written, its judging
-    call started ahead on a guess meanwhile (used when it is the real request); a joint
-    judging call that fails (HTTP 500) sends each of its messages to ask alone, and nothing
-    is lost."""
+    call started ahead on a guess meanwhile (the real request: the guess's search includes
+    the plans the messages before it introduce); a joint judging call that fails (HTTP 500)
+    sends each of its messages to ask alone, and nothing is lost."""
     failed: list[str] = []
 
     def judge(request: FakeRequest) -> dict[str, Any]:
@@ -524,6 +524,10 @@ async def test_a_conversation_resolved_and_written_together_writes_as_one_at_a_t
     assert not asked_alone - asked_together
     assert (asked_together - asked_alone).total() == ahead["unused"]
     assert ahead["used"] > 0
+    # Every guess was the real request, the plan the message before introduced among its
+    # candidates (the guess's search adds the entities held ahead of their write): no
+    # judging call waited for a write.
+    assert ahead["unused"] == 0
     assert together == alone
     assert batches_done() > batches
     assert writes < len(PLANS)

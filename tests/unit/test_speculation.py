@@ -1,5 +1,6 @@
 """LLM calls started ahead on a guess (tidegraph.pipelines.speculation): a started call answers only
-exactly the same request, and nothing started is left behind."""
+exactly the same request, and nothing started is left behind; the guess's search includes the
+entities held ahead of their write."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from tidegraph.pipelines.speculation import SharedCalls
+from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.pipelines.speculation import SearchWithHeld, SharedCalls, with_held
 from tidegraph.processors.prompts import LLMRequest
+from tidegraph.records.graph import EntityRecord
 
 
 class Recorded:
@@ -89,3 +92,51 @@ async def test_closing_cancels_a_call_still_running() -> None:
     shared.close()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+# ----------------------------------------------------------------------------- the guess's search
+def entity(uuid: str, name: str, summary: str = "") -> EntityRecord:
+    return EntityRecord(uuid=uuid, group_id="g", name=name, summary=summary)
+
+
+def test_held_entities_join_a_search_as_the_store_would_rank_them_once_written() -> None:
+    """An entity held ahead of its write is a vector hit by its exact cosine (the best
+    ``limit`` kept), a text hit when a word of the searched name is in its name or summary,
+    and an entity the store answered with is shown as the unit holds it."""
+    stored_close = entity("s1", "Acme Corp")
+    stored_far = entity("s2", "Printer")
+    answer = ([(stored_close, 0.9), (stored_far, 0.55)], [(stored_close, 3.0)])
+    held_new = entity("h1", "Acme Holdings")
+    held_stored = entity("s1", "Acme Corp", summary="now on the Pro plan")
+    unrelated = entity("h2", "Zebra")
+    query = [1.0, 0.0]
+    held = [(held_new, [0.6, 0.8]), (held_stored, [1.0, 0.0]), (unrelated, [-1.0, 0.0])]
+    by_vector, by_text = with_held(answer, "Acme", query, held, limit=3)
+    assert [(e.uuid, round(s, 3)) for e, s in by_vector] == [
+        ("s1", 0.9),  # the store's score, the unit's version of the record
+        ("h1", 0.8),  # (1 + 0.6) / 2
+        ("s2", 0.55),
+    ]
+    assert by_vector[0][0].summary == "now on the Pro plan"
+    assert [e.uuid for e, _ in by_text] == ["h1", "s1"]  # "Zebra" shares no word
+    by_vector, by_text = with_held(answer, "Acme", query, held, limit=1)
+    assert [e.uuid for e, _ in by_vector] == ["s1"] and [e.uuid for e, _ in by_text] == ["h1"]
+
+
+async def test_the_guess_searches_the_store_then_adds_the_held_entities() -> None:
+    class Store:
+        async def entity_candidates(
+            self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+        ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]:
+            return [([], []) for _ in searches]
+
+    held = [entity("h1", "Acme Holdings")]
+    embedder = HashingEmbedder(dim=16)
+    [vector] = await embedder.embed(["Acme Holdings"])
+    search = SearchWithHeld(Store(), held, embedder)
+    [(by_vector, by_text)] = await search.entity_candidates("g", [("Acme", vector)], 5)
+    assert [(e.uuid, round(s, 6)) for e, s in by_vector] == [("h1", 1.0)]
+    assert [e.uuid for e, _ in by_text] == ["h1"]
+    assert await SearchWithHeld(Store(), [], embedder).entity_candidates(
+        "g", [("Acme", vector)], 5
+    ) == [([], [])]

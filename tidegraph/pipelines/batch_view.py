@@ -279,6 +279,12 @@ class BatchView:
     def holds_entities_ahead(self) -> bool:
         return bool(self.ahead)
 
+    def entities_ahead(self) -> list[EntityRecord]:
+        """Copies of the entities held ahead of their episodes' writes, as those writes
+        leave them (without name embeddings), in uuid order."""
+        uuids = {uuid for episode in self.ahead for uuid in self._held_before.get(episode, {})}
+        return _entity_copies(self.entities[uuid] for uuid in uuids)
+
     async def flush(self) -> list[bool]:
         """Every held write, in order, in one ``write_episodes`` call: what every write the
         view flushed gave, in order. BatchWriteError (with the results of the writes

@@ -16,7 +16,7 @@ call (``InvalidationStep.judge_together``), then each episode is invalidated and
 order. A run ends before an episode that repeats one of the run, and before an episode whose
 resolution searches the store (``ResolutionStep.searches``): the search must see the run's
 entities, so the run is written first; meanwhile the judging call that episode's resolution
-would make against the store as it stands is started (``tidegraph.pipelines.speculation``).
+would make once the run is written is guessed and started (``tidegraph.pipelines.speculation``).
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from typing import TypeVar
 from tidegraph.embed.cache import CachingEmbedder
 from tidegraph.metrics import BATCH_EPISODES, BATCHES, STAGE_EVENTS, STAGE_LATENCY
 from tidegraph.pipelines.batch_view import BatchView
-from tidegraph.pipelines.speculation import SharedCalls
+from tidegraph.pipelines.speculation import SearchWithHeld, SharedCalls
 from tidegraph.processors.invalidation import InvalidationStep
 from tidegraph.processors.prompts import StructuredLLM
 from tidegraph.processors.resolution import ResolutionStep
 from tidegraph.processors.steps import Components
 from tidegraph.processors.temporal import TemporalStep
 from tidegraph.records.conversation import embed_text
-from tidegraph.records.graph import EntityLookup
+from tidegraph.records.graph import EntityLookup, EntityRecord
 from tidegraph.records.outcome import Outcome
 from tidegraph.records.stages import Extraction, Processed, StampedEpisode, WriteSummary
 from tidegraph.stores.base import BatchWriteError
@@ -227,8 +227,9 @@ class UnitWriter:
                         if view.holds_entities_ahead and steps.resolution.searches(
                             extraction, lookup
                         ):
+                            held = view.entities_ahead()
                             guess = asyncio.create_task(
-                                self._speculate(steps.resolution, extraction, lookup, shared)
+                                self._speculate(steps.resolution, extraction, lookup, shared, held)
                             )
                             break
                         out = await self._resolve_and_stamp(
@@ -305,12 +306,14 @@ class UnitWriter:
         extraction: Extraction,
         lookup: EntityLookup,
         shared: SharedCalls,
+        held: list[EntityRecord],
     ) -> None:
-        """Start the judging call ``extraction``'s resolution would make against the store as
-        it stands (the run before it is not written yet); whatever goes wrong only means no
-        call is started."""
+        """Start the judging call ``extraction``'s resolution would make once the run before
+        it is written: against the store as it stands with the run's ``held`` entities put in
+        (``SearchWithHeld``); whatever goes wrong only means no call is started."""
+        search = SearchWithHeld(self.components.store, held, self.components.embedder)
         try:
-            request = await resolution.speculate(extraction, lookup, self.components.store)
+            request = await resolution.speculate(extraction, lookup, search)
         except Exception as exc:
             log.debug("no judging call started ahead: %s", exc)
             return

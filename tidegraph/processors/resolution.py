@@ -29,7 +29,7 @@ from tidegraph.processors.prompts import (
     StructuredLLM,
     entity_resolution_user,
 )
-from tidegraph.processors.steps import UnitStore
+from tidegraph.processors.steps import EntitySearch, UnitStore
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EntityLookup, EntityRecord
 from tidegraph.records.ids import normalize_name, stable_uuid
@@ -300,7 +300,7 @@ class ResolutionStep:
         extraction: Extraction,
         found: Matches,
         embeddings: dict[int, list[float]],
-        store: UnitStore,
+        store: EntitySearch,
     ) -> JudgingRequest | None:
         """The one LLM call that judges the undecided drafts against their candidates from
         ``store``'s fulltext + vector search (every draft's searches at once,
@@ -333,7 +333,7 @@ class ResolutionStep:
         return JudgingRequest(request, listed)
 
     async def speculate(
-        self, extraction: Extraction, lookup: EntityLookup, store: UnitStore
+        self, extraction: Extraction, lookup: EntityLookup, store: EntitySearch
     ) -> LLMRequest | None:
         """The judging call resolving ``extraction`` from ``lookup`` would make if ``store``
         answered its search (``None``: it makes none), worked out without asking it."""

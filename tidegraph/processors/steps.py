@@ -66,6 +66,14 @@ class ExtractionStore(Protocol):
     ) -> list[list[EpisodeRecord]]: ...
 
 
+class EntitySearch(Protocol):
+    """The entity search resolution judges candidates from (``GraphStore`` docstrings)."""
+
+    async def entity_candidates(
+        self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
+    ) -> list[tuple[list[tuple[EntityRecord, float]], list[tuple[EntityRecord, float]]]]: ...
+
+
 class UnitStore(Protocol):
     """What resolution and invalidation read and write (``GraphStore`` docstrings): a graph
     store, or the batch view of a unit of episodes (``tidegraph.pipelines.batch_view``)."""
