@@ -95,7 +95,7 @@ CALL (c) {
   WHERE r.group_id = c.group_id AND r.last = c.last
   DELETE r
 }
-WITH c, c.last AS last, size([id IN split(c.change_id, '\\n') WHERE id <> '']) AS held
+WITH c, c.last AS last, size([id IN split(c.change_id, '\\n') WHERE trim(id) <> '']) AS held
 DELETE c
 RETURN count(*) AS deleted, max(last) AS dropped, coalesce(sum(held), 0) AS changes
 """
@@ -130,7 +130,7 @@ SET cursor.published = CASE WHEN past > cursor.published THEN past ELSE cursor.p
 # ``change_record_group`` is missing), a batch at a time.
 CHANGES_TO_INDEX = """
 MATCH (c:Change)
-WITH c, [u IN split(c.uuid, '\\n') WHERE u <> ''] AS held
+WITH c, [u IN split(c.uuid, '\\n') WHERE trim(u) <> ''] AS held
 WHERE size(held) > 0 AND NOT EXISTS {
   MATCH (r:ChangeRecord {uuid: held[0]}) WHERE r.group_id = c.group_id AND r.last = c.last
 }
