@@ -121,6 +121,7 @@ WITH coalesce(cursor.published, 0) AS published
 WHERE $dropped > published
 CALL (published) {
   OPTIONAL MATCH (c:Change)
+  USING INDEX c:Change(group_id, last)
   WHERE c.group_id = $group_id AND c.last > published
   WITH c
   ORDER BY c.last
@@ -313,6 +314,7 @@ UNWIND $words AS word
 MATCH (s:SpeakerWord {group_id: $group_id, word: word})
 WHERE NOT EXISTS {
   MATCH (ep:Episodic)
+  USING INDEX ep:Episodic(group_id)
   WHERE ep.group_id = $group_id AND ep.source = 'message' AND word IN ep.index_speaker_words
 }
 DETACH DELETE s
@@ -450,6 +452,7 @@ USING INDEX r:ChangeRecord(uuid)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
 WITH DISTINCT r.last AS last
 MATCH (c:Change)
+USING INDEX c:Change(group_id, last)
 WHERE c.group_id = $group_id AND c.last = last
 RETURN elementId(c) AS id, c.last AS last, c.change_id AS change_id, c.kind AS kind,
        c.uuid AS uuid, c.body AS body
