@@ -182,6 +182,55 @@ async def test_a_unit_of_episodes_is_one_outbox_row_its_readers_split(
         await any_store.forget.delete_group(group)
 
 
+async def test_an_embedded_forget_blanks_its_records_lines_in_place(tmp_path: Path) -> None:
+    """On the embedded store a forget blanks the lines of the records it removes in their
+    outbox row, each column keeping its size in bytes: SQLite then overwrites the row in place,
+    only the pages those lines were on (a row is a whole write unit's changes), and no byte
+    of the removed lines stays in the row."""
+    at = [crm.START + timedelta(days=d) for d in range(4)]
+    records = [
+        Record("rec-0", at[0], crm.plan_record((1, "Acme Corp"), "Basic", at[0])),
+        Record("rec-1", at[1], crm.plan_record((2, "Zürich Globex"), "Pro", at[1])),
+        Record("rec-2", at[2], crm.plan_record((1, "Acme Corp"), "Pro", at[2])),
+        Record("rec-3", at[3], crm.plan_record((3, "Initech"), "Basic", at[3])),
+    ]
+    store = SqliteStore(tmp_path / "graph")
+    await store.setup(DIM)
+    group = f"outbox-{uuidlib.uuid4().hex[:12]}"
+    single = runner(store, clock_of(records))
+    unit = GroupRunner(single.components, unit_episodes=len(records))
+    columns = "change_id, kind, uuid, body"
+
+    def first_row(conn: sqlite3.Connection) -> dict[str, Any]:
+        names = columns.split(", ")
+        row = conn.execute(
+            f"SELECT {columns} FROM change WHERE group_id = ? ORDER BY last LIMIT 1", (group,)
+        ).fetchone()
+        return dict(zip(names, row, strict=True))
+
+    try:
+        await unit.run([r.episode(group) for r in records])
+        before = await store.db.run(first_row)
+        changes = await store.outbox.changes(group, 0, 1000)
+        await forget_episodes(unit, group, ["rec-1"])
+        after = await store.db.run(first_row)
+        gone = {c.uuid for c in await store.outbox.changes(group, changes[-1].seq, 1000)}
+        gone_lines = [c for c in changes if c.uuid in gone]
+        assert gone_lines and len(gone_lines) < len(changes)
+        for column in columns.split(", "):
+            assert len(after[column].encode()) == len(before[column].encode()), column
+            lines = after[column].split("\n")
+            assert len(lines) == len(changes)
+            for change, line in zip(changes, lines, strict=True):
+                if change.uuid in gone:
+                    assert line.isspace(), (column, line)
+                else:
+                    assert line == before[column].split("\n")[change.seq - 1]
+        assert "Zürich" not in after["body"] and "Zürich" in before["body"]
+    finally:
+        await store.close()
+
+
 async def test_the_outbox_keeps_a_change_for_its_retention(any_store: GraphStore) -> None:
     """Changes committed before the cutoff go; through a relay only the published ones."""
     at = [crm.START + timedelta(days=d) for d in range(4)]

@@ -29,6 +29,7 @@ where the reached part is most of it (``most``).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol
@@ -219,6 +220,9 @@ def _holders(entities: Iterable[EntityRecord]) -> dict[str, set[str]]:
     return holders
 
 
+_NOBODY: frozenset[str] = frozenset()
+
+
 def _name_token(norm: str) -> str:
     return "n\x1f" + norm
 
@@ -227,11 +231,14 @@ def _key_token(key: str) -> str:
     return "k\x1f" + key
 
 
-def _holding(draft: Draft, holders: dict[str, set[str]]) -> set[str]:
-    found = set(holders.get(_name_token(draft.norm), ()))
-    if draft.key:
-        found |= holders.get(_key_token(draft.key), set())
-    return found
+def _holding(draft: Draft, holders: dict[str, set[str]]) -> AbstractSet[str]:
+    """The entities holding the draft's name or key: read only (without a key, the holders'
+    own set, not a copy: a common name is held by many entities, and this runs for every
+    draft of every episode a forget reads)."""
+    named = holders.get(_name_token(draft.norm), _NOBODY)
+    if not draft.key:
+        return named
+    return named | holders.get(_key_token(draft.key), _NOBODY)
 
 
 def _drafts(group_id: str, data: dict, holders: dict[str, set[str]]) -> list[Draft]:

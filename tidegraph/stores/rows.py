@@ -226,8 +226,8 @@ def episode_row(
 # episodes, a forget), numbered ``seq`` (its first) to ``last``: line i of its
 # ``change_id``, ``kind``, ``uuid`` and ``body`` is change ``seq + i`` (a stored form has no
 # newline: JSON escapes it; ids and group ids have no control characters). A change a forget
-# purged is an empty line in each: its number stays unused, as a deleted row's did. A row
-# written before rows held several changes is a row of one (``last`` = ``seq``).
+# purged is a blank line in each (``held``): its number stays unused, as a deleted row's did.
+# A row written before rows held several changes is a row of one (``last`` = ``seq``).
 LINE = "\n"
 
 
@@ -263,34 +263,51 @@ def joined_outbox_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def held(line: str) -> bool:
+    """Whether a line of an outbox row still holds a change: a purged one is blank (empty,
+    or spaces: ``purged_row``)."""
+    return not (line == "" or line.isspace())
+
+
 def held_records(uuids: str) -> list[str]:
     """The records an outbox row's ``uuid`` column still holds changes of (each once)."""
-    return sorted({uuid for uuid in uuids.split(LINE) if uuid})
+    return sorted({uuid for uuid in uuids.split(LINE) if held(uuid)})
 
 
 def stored_changes(seq: int, change_ids: str, bodies: str) -> list[tuple[int, str, str]]:
     """The changes an outbox row starting at ``seq`` still holds: (seq, change_id, body)."""
     lines = zip(change_ids.split(LINE), bodies.split(LINE), strict=True)
-    return [(seq + i, cid, body) for i, (cid, body) in enumerate(lines) if body]
+    return [(seq + i, cid, body) for i, (cid, body) in enumerate(lines) if held(body)]
 
 
 def purged_row(row: dict[str, Any], purged: set[str]) -> dict[str, Any] | None:
     """An outbox row (``change_id``, ``kind``, ``uuid``, ``body``) without the changes of
-    records ``purged`` (their lines emptied), None when it then holds none; ``row`` itself
-    when it holds none of theirs."""
+    records ``purged``, None when it then holds none; ``row`` itself when it holds none of
+    theirs. Their lines are blanked, not removed: each becomes as many spaces as it had bytes
+    (UTF-8), so every column keeps its size. The embedded store then overwrites the row in
+    place, writing only the pages those lines were on (SQLite rewrites a row of the same size
+    page by page, and leaves the pages that did not change alone), not the whole row: a row is
+    a write unit's changes, on the order of 150 kB, and a subject's forget purges lines of
+    dozens of them."""
     uuids = row["uuid"].split(LINE)
     gone = [u in purged for u in uuids]
     if not any(gone):
         return row
-    if all(g or not body for g, body in zip(gone, row["body"].split(LINE), strict=True)):
+    bodies = row["body"].split(LINE)
+    if all(g or not held(body) for g, body in zip(gone, bodies, strict=True)):
         return None
-    emptied = {
+    blanked = {
         column: LINE.join(
-            "" if g else line for g, line in zip(gone, row[column].split(LINE), strict=True)
+            " " * len(line.encode()) if g else line for g, line in zip(gone, lines, strict=True)
         )
-        for column in ("change_id", "kind", "uuid", "body")
+        for column, lines in (
+            ("change_id", row["change_id"].split(LINE)),
+            ("kind", row["kind"].split(LINE)),
+            ("uuid", uuids),
+            ("body", bodies),
+        )
     }
-    return {**row, **emptied}
+    return {**row, **blanked}
 
 
 def epoch_micros(value: datetime | None) -> int:

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from neo4j import READ_ACCESS, AsyncDriver, AsyncManagedTransaction
+from neo4j import READ_ACCESS, AsyncDriver, AsyncManagedTransaction, AsyncTransaction
 from neo4j.exceptions import ClientError, ServiceUnavailable, SessionExpired, TransientError
 
 from tidegraph.stores.executor import Params, Row, Tx, count_errors, observe_write
@@ -28,9 +28,9 @@ _ALREADY_EXISTS = frozenset(
 
 
 class _Transaction:
-    """``Tx`` over one managed transaction."""
+    """``Tx`` over one transaction."""
 
-    def __init__(self, tx: AsyncManagedTransaction) -> None:
+    def __init__(self, tx: AsyncManagedTransaction | AsyncTransaction) -> None:
         self._tx = tx
 
     async def rows(self, query: str, params: Params | None = None) -> list[Row]:
@@ -89,6 +89,17 @@ class Neo4jExecutor:
         with count_errors(_TRANSIENT):
             async with self._slots, self._driver.session(database=self._database) as session:
                 return await session.execute_write(run)
+
+    async def rehearse(self, work: Callable[[Tx], Awaitable[None]]) -> None:
+        """``work`` in one write transaction that is then rolled back: the server plans and
+        caches its statements, and nothing it wrote stays."""
+        with count_errors(_TRANSIENT):
+            async with self._slots, self._driver.session(database=self._database) as session:
+                tx = await session.begin_transaction()
+                try:
+                    await work(_Transaction(tx))
+                finally:
+                    await tx.rollback()
 
     async def execute(self, statement: str, params: Params, *, schema: bool = False) -> None:
         """One statement in its own auto-commit transaction; ``schema``: a rule that already

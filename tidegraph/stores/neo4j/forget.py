@@ -7,7 +7,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tidegraph.records.changes import group_forgotten
-from tidegraph.records.graph import MAPPED, GroupHistory, GroupProfile, Rebuild
+from tidegraph.records.graph import (
+    MAPPED,
+    EntityRecord,
+    FactRecord,
+    GroupHistory,
+    GroupProfile,
+    Rebuild,
+)
 from tidegraph.stores import errors
 from tidegraph.stores.executor import Tx
 from tidegraph.stores.neo4j import lifecycle_queries as lq
@@ -28,6 +35,9 @@ from tidegraph.stores.rows import (
 if TYPE_CHECKING:
     from tidegraph.stores.neo4j.store import Neo4jStore
 
+# The group the store plans a forget's statements on when it starts (no one's: nothing
+# matches, and the transaction is rolled back).
+PLANS_AHEAD_GROUP = "tidegraph plans ahead"
 # Rows deleted per transaction by a forget and by ``delete_group``.
 PRUNE_BATCH = 5_000
 DELETE_BATCH = 2000
@@ -101,46 +111,103 @@ class Neo4jForgetting(Forgetting):
         now = now_utc()
         entities = [with_epoch_times(entity_row(group_id, e, dim, now)) for e in rebuild.entities]
         facts = [with_epoch_times(fact_row(group_id, f, dim, now)) for f in rebuild.facts]
-        outbox = [outbox_row(group_id, rebuild.changes)]
-        g = {"group_id": group_id}
-        stamped = {**g, "deployment": self.store.deployment}
 
         async def work(tx: Tx) -> None:
-            [row] = await tx.rows(lq.REBUILD_VERSION, g)
-            if int(row["version"]) != rebuild.version:
-                raise errors.RebuildConflict(group_id)
-            owners = await tx.rows(
-                "UNWIND $uuids AS uuid MATCH (e:Entity {uuid: uuid}) "
-                "RETURN e.uuid AS uuid, e.group_id AS group_id",
-                {"uuids": [e["uuid"] for e in entities]},
-            )
-            errors.check_entity_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
-            forgotten_at: Any = with_epoch_times({"created_at": rebuild.forgotten_at})
-            thread = {**g, "uuids": rebuild.forgotten, **q.thread_params()}
-            [threads] = await tx.rows(lq.FORGOTTEN_THREADS, thread)
-            await tx.rows(
-                lq.TOMBSTONES,
-                {**g, "uuids": rebuild.forgotten, "forgotten_at": forgotten_at["created_at"]},
-            )
-            followers = [u for u in threads["followers"] if u not in set(rebuild.forgotten)]
-            await tx.rows(lq.REINDEX_THREADS, {**g, "followers": followers, **q.thread_params()})
-            words = sorted({w for ws in threads["words"] for w in ws or []})
-            await tx.rows(lq.DROP_SPEAKER_WORDS, {**g, "words": words})
-            touched = [*rebuild.delete_entities, *(e["uuid"] for e in entities)]
-            await tx.rows(lq.DELETE_STALE_COMMUNITIES, {**g, "uuids": touched})
-            await tx.rows(lq.DELETE_FACTS, {**g, "uuids": rebuild.delete_facts})
-            await tx.rows(lq.DELETE_ENTITIES, {**g, "uuids": rebuild.delete_entities})
-            await tx.rows(lq.OVERWRITE_ENTITIES, {**g, "rows": entities})
-            await tx.rows(lq.OVERWRITE_FACTS, {**g, "rows": facts})
-            mentions = [{"episode": u, "entities": m} for u, m in rebuild.mentions.items()]
-            await tx.rows(lq.REPLACE_MENTIONS, {**g, "rows": mentions})
-            created = [{"episode": u, "created": c} for u, c in rebuild.created.items()]
-            await tx.rows(lq.SET_CREATED, {**g, "rows": created})
-            await self._purge_changes(tx, group_id, rebuild.purged)
-            await tx.rows(q.RECORD_CHANGES, {**stamped, "outbox": outbox})
+            await self._write_rebuild(tx, group_id, rebuild, entities, facts)
 
         size = len(entities) + len(facts) + len(rebuild.forgotten)
         await self.store.ex.write("apply_rebuild", size, work)
+
+    async def plan_ahead(self) -> None:
+        """Has Neo4j plan every statement a forget runs now, when the store starts, so that a
+        forget does not pay it: each keeps its plan (``lifecycle_queries.KEEP_PLAN``). They
+        run for real, on a group no one has and records that do not exist, with parameters
+        of the types a forget gives them, in a transaction that is rolled back."""
+        group_id, nothing = PLANS_AHEAD_GROUP, "no such record"
+        g = {"group_id": group_id}
+        when = now_utc()
+        dim = await self.store._embedding_dim()
+        entity = EntityRecord(uuid=nothing, group_id=group_id, name=nothing, created_at=when)
+        fact = FactRecord(
+            uuid=nothing,
+            group_id=group_id,
+            source_uuid=nothing,
+            target_uuid=nothing,
+            name="PLANS_AHEAD",
+            fact=nothing,
+            episodes=[nothing],
+            valid_at=when,
+            created_at=when,
+        )
+        entities = [with_epoch_times(entity_row(group_id, entity, dim, when))]
+        facts = [with_epoch_times(fact_row(group_id, fact, dim, when))]
+        part = {**g, "episodes": [nothing], "mentioning": [nothing], "creating": [nothing]}
+
+        async def work(tx: Tx) -> None:
+            [version] = await tx.rows(lq.GROUP_VERSION, g)
+            await tx.rows(lq.HISTORY_PART, part)
+            await tx.rows(lq.GROUP_PROFILE, {**g, "mapped": MAPPED})
+            await tx.rows(lq.EXTRACTED_EPISODES, {**g, "up_to": 1})
+            rebuild = Rebuild(
+                version=int(version["version"]),
+                forgotten=[nothing],
+                forgotten_at=when,
+                delete_entities=[nothing],
+                delete_facts=[nothing],
+                entities=[entity],
+                facts=[fact],
+                mentions={nothing: [nothing]},
+                created={nothing: [nothing]},
+                purged=[nothing],
+            )
+            await self._write_rebuild(tx, group_id, rebuild, entities, facts)
+            # what the outbox purge runs once it has found rows holding a purged record
+            row = {"id": nothing, "change_id": "", "kind": "", "uuid": "", "body": ""}
+            await tx.rows(lq.PURGED_ROWS, {**g, "rows": [row]})
+            await tx.rows(lq.SKIP_DROPPED, {**g, "dropped": 1})
+
+        await self.store.ex.rehearse(work)
+
+    async def _write_rebuild(
+        self,
+        tx: Tx,
+        group_id: str,
+        rebuild: Rebuild,
+        entities: list[dict[str, Any]],
+        facts: list[dict[str, Any]],
+    ) -> None:
+        """What ``apply_rebuild`` writes, in the caller's transaction."""
+        outbox = [outbox_row(group_id, rebuild.changes)]
+        g = {"group_id": group_id}
+        stamped = {**g, "deployment": self.store.deployment}
+        [row] = await tx.rows(lq.REBUILD_VERSION, g)
+        if int(row["version"]) != rebuild.version:
+            raise errors.RebuildConflict(group_id)
+        owners = await tx.rows(lq.REBUILD_OWNERS, {"uuids": [e["uuid"] for e in entities]})
+        errors.check_entity_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
+        forgotten_at: Any = with_epoch_times({"created_at": rebuild.forgotten_at})
+        thread = {**g, "uuids": rebuild.forgotten, **q.thread_params()}
+        [threads] = await tx.rows(lq.FORGOTTEN_THREADS, thread)
+        await tx.rows(
+            lq.TOMBSTONES,
+            {**g, "uuids": rebuild.forgotten, "forgotten_at": forgotten_at["created_at"]},
+        )
+        followers = [u for u in threads["followers"] if u not in set(rebuild.forgotten)]
+        await tx.rows(lq.REINDEX_THREADS, {**g, "followers": followers, **q.thread_params()})
+        words = sorted({w for ws in threads["words"] for w in ws or []})
+        await tx.rows(lq.DROP_SPEAKER_WORDS, {**g, "words": words})
+        touched = [*rebuild.delete_entities, *(e["uuid"] for e in entities)]
+        await tx.rows(lq.DELETE_STALE_COMMUNITIES, {**g, "uuids": touched})
+        await tx.rows(lq.DELETE_FACTS, {**g, "uuids": rebuild.delete_facts})
+        await tx.rows(lq.DELETE_ENTITIES, {**g, "uuids": rebuild.delete_entities})
+        await tx.rows(lq.OVERWRITE_ENTITIES, {**g, "rows": entities})
+        await tx.rows(lq.OVERWRITE_FACTS, {**g, "rows": facts})
+        mentions = [{"episode": u, "entities": m} for u, m in rebuild.mentions.items()]
+        await tx.rows(lq.REPLACE_MENTIONS, {**g, "rows": mentions})
+        created = [{"episode": u, "created": c} for u, c in rebuild.created.items()]
+        await tx.rows(lq.SET_CREATED, {**g, "rows": created})
+        await self._purge_changes(tx, group_id, rebuild.purged)
+        await tx.rows(q.RECORD_CHANGES, {**stamped, "outbox": outbox})
 
     @staticmethod
     async def _purge_changes(tx: Tx, group_id: str, uuids: list[str]) -> None:

@@ -7,6 +7,15 @@ from __future__ import annotations
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j.queries import at, ats, set_fact_end_words, set_fact_time_words
 
+# Each statement a forget runs keeps its plan. Forgets are rare beside writes, and writes
+# move the statistics Neo4j planned a statement with, after which it plans the statement again
+# on its next use: the first forget after an ingest paid seconds of planning. So the forget's
+# statements start with ``KEEP_PLAN`` (Neo4j uses a cached plan whatever the statistics, and
+# plans only when it has none), the store plans them all when it starts
+# (``Neo4jForgetting.plan_ahead``), and a statement whose plan could depend on the statistics
+# names its index (``USING INDEX``): a plan made on an empty store stays right on a large one.
+KEEP_PLAN = "CYPHER replan=skip\n"
+
 # ---- the change stream: a ``Change`` node per write of a group, its changes numbered
 # ``seq`` to ``last`` one per line (``tidegraph.stores.rows.outbox_row``), found by
 # (group, last)
@@ -95,7 +104,7 @@ CALL (c) {
   WHERE r.group_id = c.group_id AND r.last = c.last
   DELETE r
 }
-WITH c, c.last AS last, size([id IN split(c.change_id, '\\n') WHERE id <> '']) AS held
+WITH c, c.last AS last, size([id IN split(c.change_id, '\\n') WHERE trim(id) <> '']) AS held
 DELETE c
 RETURN count(*) AS deleted, max(last) AS dropped, coalesce(sum(held), 0) AS changes
 """
@@ -104,12 +113,15 @@ RETURN count(*) AS deleted, max(last) AS dropped, coalesce(sum(held), 0) AS chan
 # deleted ones moves past them, up to the first change still there (the relay never waits for
 # a change that is gone, and moves a cursor itself only past changes Kafka acknowledged). A
 # row holding the cursor's next change keeps it where it is.
-SKIP_DROPPED = """
+SKIP_DROPPED = (
+    KEEP_PLAN
+    + """
 OPTIONAL MATCH (cursor:ChangeCursor {group_id: $group_id})
 WITH coalesce(cursor.published, 0) AS published
 WHERE $dropped > published
 CALL (published) {
   OPTIONAL MATCH (c:Change)
+  USING INDEX c:Change(group_id, last)
   WHERE c.group_id = $group_id AND c.last > published
   WITH c
   ORDER BY c.last
@@ -125,12 +137,13 @@ MERGE (cursor:ChangeCursor {group_id: $group_id})
 ON CREATE SET cursor.published = 0
 SET cursor.published = CASE WHEN past > cursor.published THEN past ELSE cursor.published END
 """
+)
 
 # Stored Change nodes not yet in the index of records (``Neo4jStore.setup``, while
 # ``change_record_group`` is missing), a batch at a time.
 CHANGES_TO_INDEX = """
 MATCH (c:Change)
-WITH c, [u IN split(c.uuid, '\\n') WHERE u <> ''] AS held
+WITH c, [u IN split(c.uuid, '\\n') WHERE trim(u) <> ''] AS held
 WHERE size(held) > 0 AND NOT EXISTS {
   MATCH (r:ChangeRecord {uuid: held[0]}) WHERE r.group_id = c.group_id AND r.last = c.last
 }
@@ -153,11 +166,15 @@ SET c.last = c.seq
 RETURN count(*) AS numbered
 """
 
+
 # ---- what a forget reads (the version first: a write after it makes the rebuild refused)
-GROUP_VERSION = """
+GROUP_VERSION = (
+    KEEP_PLAN
+    + """
 OPTIONAL MATCH (log:ChangeLog {group_id: $group_id})
 RETURN coalesce(log.version, 0) AS version
 """
+)
 
 HISTORY_EPISODES = """
 MATCH (ep:Episodic)
@@ -181,7 +198,9 @@ RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
 
 # The episodes named, those mentioning the entities named and those that created the entities
 # named (``Forgetting.history_part``), each found through a uuid constraint.
-HISTORY_PART = """
+HISTORY_PART = (
+    KEEP_PLAN
+    + """
 CALL () {
   MATCH (ep:Episodic) WHERE ep.uuid IN $episodes RETURN ep
   UNION
@@ -195,36 +214,60 @@ RETURN ep {.*} AS ep,
        [(ep)-[:MENTIONS]->(e:Entity) WHERE e.group_id = $group_id | e.uuid] AS mentions
 ORDER BY coalesce(ep.extracted_at, ep.created_at), ep.uuid
 """
+)
 
-GROUP_PROFILE = """
+GROUP_PROFILE = (
+    KEEP_PLAN
+    + """
 RETURN EXISTS {
          MATCH (ep:Episodic)
+         USING INDEX ep:Episodic(group_id)
          WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL AND ep.not_extracted IS NULL
            AND ep.extraction IS NOT NULL AND NOT ep.extraction CONTAINS $mapped
        } AS judged,
        EXISTS {
          MATCH (ep:Episodic)
+         USING INDEX ep:Episodic(group_id)
          WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL AND ep.not_extracted IS NULL
            AND ep.extraction IS NULL
        } AS without_extraction
 """
+)
 # Up to $up_to of the group's live extracted episodes (``Forgetting.extracted_episodes``).
-EXTRACTED_EPISODES = """
+EXTRACTED_EPISODES = (
+    KEEP_PLAN
+    + """
 MATCH (ep:Episodic)
+USING INDEX ep:Episodic(group_id)
 WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL AND ep.not_extracted IS NULL
 WITH ep LIMIT $up_to
 RETURN count(ep) AS extracted
 """
+)
 
 # ---- what a forget writes, in one transaction, in this order
-REBUILD_VERSION = """
+# The entities a rebuild writes that exist, and their groups (a rebuild never takes over
+# another group's entity).
+REBUILD_OWNERS = (
+    KEEP_PLAN
+    + """
+UNWIND $uuids AS uuid
+MATCH (e:Entity {uuid: uuid})
+RETURN e.uuid AS uuid, e.group_id AS group_id
+"""
+)
+REBUILD_VERSION = (
+    KEEP_PLAN
+    + """
 OPTIONAL MATCH (log:ChangeLog {group_id: $group_id})
 RETURN coalesce(log.version, 0) AS version
 """
+)
 
 # The forgotten episodes become tombstones: uuid, group and when; nothing else of them stays.
 TOMBSTONES = (
-    """
+    KEEP_PLAN
+    + """
 UNWIND $uuids AS uuid
 MATCH (ep:Episodic {uuid: uuid})
 WHERE ep.group_id = $group_id
@@ -239,51 +282,70 @@ SET ep = {uuid: ep.uuid, group_id: ep.group_id, forgotten_at: """
 
 # Before forgetting episodes: the messages whose context they are (re-indexed after), and
 # the words of their speakers (kept only while a remaining message has them).
-FORGOTTEN_THREADS = """
+FORGOTTEN_THREADS = (
+    KEEP_PLAN
+    + """
 UNWIND $uuids AS uuid
 MATCH (ep:Episodic {uuid: uuid})
 WHERE ep.group_id = $group_id AND ep.source = 'message'
 OPTIONAL MATCH (n:Episodic)
+USING INDEX n:Episodic(group_id, valid_at)
 WHERE n.group_id = ep.group_id AND n.source = 'message'
   AND n.source_description = ep.source_description AND n.valid_at > ep.valid_at
   AND n.valid_at <= ep.valid_at + duration({seconds: $context_seconds})
 RETURN collect(DISTINCT n.uuid) AS followers,
        collect(DISTINCT ep.index_speaker_words) AS words
 """
+)
 # After: their contexts without the forgotten messages, and the speaker words no remaining
 # message has removed.
-REINDEX_THREADS = """
+REINDEX_THREADS = (
+    KEEP_PLAN
+    + """
 UNWIND $followers AS uuid
 MATCH (n:Episodic {uuid: uuid})
-WHERE n.group_id = $group_id AND n.forgotten_at IS NULL""" + q.thread_context("n")
-DROP_SPEAKER_WORDS = """
+WHERE n.group_id = $group_id AND n.forgotten_at IS NULL"""
+    + q.thread_context("n")
+)
+DROP_SPEAKER_WORDS = (
+    KEEP_PLAN
+    + """
 UNWIND $words AS word
 MATCH (s:SpeakerWord {group_id: $group_id, word: word})
 WHERE NOT EXISTS {
   MATCH (ep:Episodic)
+  USING INDEX ep:Episodic(group_id)
   WHERE ep.group_id = $group_id AND ep.source = 'message' AND word IN ep.index_speaker_words
 }
 DETACH DELETE s
 """
+)
 
-DELETE_FACTS = """
+DELETE_FACTS = (
+    KEEP_PLAN
+    + """
 UNWIND $uuids AS uuid
 MATCH ()-[r:RELATES_TO {uuid: uuid}]->()
 WHERE r.group_id = $group_id
 DELETE r
 """
+)
 
-DELETE_ENTITIES = """
+DELETE_ENTITIES = (
+    KEEP_PLAN
+    + """
 UNWIND $uuids AS uuid
 MATCH (e:Entity {uuid: uuid})
 WHERE e.group_id = $group_id
 DETACH DELETE e
 """
+)
 
 # Entities in full: created, or every property replaced; type labels become node labels as
 # in the usual upsert (checked names, ``rows.clean_labels``).
 OVERWRITE_ENTITIES = (
-    """
+    KEEP_PLAN
+    + """
 UNWIND $rows AS row
 MERGE (e:Entity {uuid: row.uuid})
 ON CREATE SET e.group_id = $group_id
@@ -305,7 +367,8 @@ SET e:$(row.labels)
 # Facts in full: created between their ends, or every property replaced (ends, histories and
 # their nulls included: a comprehension over a null list is null).
 OVERWRITE_FACTS = (
-    """
+    KEEP_PLAN
+    + """
 UNWIND $rows AS row
 MATCH (s:Entity {uuid: row.source_uuid}) WHERE s.group_id = $group_id
 MATCH (t:Entity {uuid: row.target_uuid}) WHERE t.group_id = $group_id
@@ -353,7 +416,9 @@ SET r.group_id = $group_id,
     + set_fact_end_words("r")
 )
 
-REPLACE_MENTIONS = """
+REPLACE_MENTIONS = (
+    KEEP_PLAN
+    + """
 UNWIND $rows AS row
 MATCH (ep:Episodic {uuid: row.episode})
 WHERE ep.group_id = $group_id
@@ -365,36 +430,49 @@ MATCH (e:Entity {uuid: uuid}) WHERE e.group_id = $group_id
 MERGE (ep)-[n:MENTIONS]->(e)
 ON CREATE SET n.group_id = $group_id
 """
+)
 
-SET_CREATED = """
+SET_CREATED = (
+    KEEP_PLAN
+    + """
 UNWIND $rows AS row
 MATCH (ep:Episodic {uuid: row.episode})
 WHERE ep.group_id = $group_id
 SET ep.created_entities = row.created
 """
+)
 
 # The outbox rows holding a change of records ``$uuids``, found through the index of records
 # (a forget takes those changes out: ``PURGED_ROWS`` writes the rows without them).
-ROWS_TO_PURGE = """
+ROWS_TO_PURGE = (
+    KEEP_PLAN
+    + """
 MATCH (r:ChangeRecord)
 USING INDEX r:ChangeRecord(uuid)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
 WITH DISTINCT r.last AS last
 MATCH (c:Change)
+USING INDEX c:Change(group_id, last)
 WHERE c.group_id = $group_id AND c.last = last
 RETURN elementId(c) AS id, c.last AS last, c.change_id AS change_id, c.kind AS kind,
        c.uuid AS uuid, c.body AS body
 """
+)
 
 # The purged records out of the index of records.
-UNINDEX_PURGED = """
+UNINDEX_PURGED = (
+    KEEP_PLAN
+    + """
 MATCH (r:ChangeRecord)
 USING INDEX r:ChangeRecord(uuid)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
 DELETE r
 """
+)
 
-PURGED_ROWS = """
+PURGED_ROWS = (
+    KEEP_PLAN
+    + """
 UNWIND $rows AS row
 MATCH (c:Change)
 WHERE elementId(c) = row.id AND c.group_id = $group_id
@@ -402,6 +480,7 @@ FOREACH (_ IN CASE WHEN row.body IS NULL THEN [1] ELSE [] END | DELETE c)
 FOREACH (_ IN CASE WHEN row.body IS NULL THEN [] ELSE [1] END |
   SET c.change_id = row.change_id, c.kind = row.kind, c.uuid = row.uuid, c.body = row.body)
 """
+)
 
 
 # Not episodes: the tombstones of forgotten ones.
@@ -512,9 +591,13 @@ RETURN ep.uuid AS uuid, ep.producer_id AS producer_id, ep.name AS name,
 
 # Communities with a member removed or changed go (their names and summaries may carry what
 # was forgotten); the next refresh groups the remaining members again.
-DELETE_STALE_COMMUNITIES = """
+DELETE_STALE_COMMUNITIES = (
+    KEEP_PLAN
+    + """
 MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
+USING INDEX e:Entity(uuid)
 WHERE c.group_id = $group_id AND e.group_id = $group_id AND e.uuid IN $uuids
 WITH DISTINCT c
 DETACH DELETE c
 """
+)

@@ -210,6 +210,7 @@ class Neo4jStore(StoreCore):
         await self._index_stored_ids()
         await self.ex.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
+        await Neo4jForgetting(self).plan_ahead()  # a forget does not pay Cypher planning
 
     async def _until_none(self, query: str, column: str, params: dict[str, Any]) -> int:
         """Runs a migration statement, one transaction each, until it handles no row (the
