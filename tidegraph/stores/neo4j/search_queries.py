@@ -314,6 +314,16 @@ RETURN r {{.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_a
 """
 )
 
+# The producer ids of the episodes stored by $known_at that mention the entity ``e``, the
+# latest first (``hits.latest_first``): every episode that mentions a ticket, a status or a
+# team (thousands, for a status every ticket took), so a search's candidates are read
+# without them and only the entities it keeps read them (``Neo4jSearch.complete_hits``).
+_ENTITY_PRODUCERS = """COLLECT {
+         MATCH (ep:Episodic)-[:MENTIONS]->(e)
+         WHERE ep.group_id = $group_id AND ep.created_at <= $known_at
+         RETURN ep.producer_id ORDER BY ep.valid_at DESC, ep.producer_id
+       }"""
+
 # Hits are read in one round trip each (``Neo4jSearch._hits``), times as epoch microseconds
 # (the driver builds its own DateTime objects slowly). Hits carry their embeddings (MMR
 # compares them), except the facts a walk reads: it may read hundreds. Each kind's read is a
@@ -366,14 +376,9 @@ _HIT_READS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
                 + "}",
             ),
             ("community_uuid", q.COMMUNITY_OF_E),
-            (
-                "producers",
-                """COLLECT {
-         MATCH (ep:Episodic)-[:MENTIONS]->(e)
-         WHERE ep.group_id = $group_id AND ep.created_at <= $known_at
-         RETURN ep.producer_id ORDER BY ep.valid_at DESC, ep.producer_id
-       }""",
-            ),
+            # read only with the details (``SearchScope.details``, else null): a search
+            # completes the entities it keeps (``ENTITY_PRODUCERS_BY_UUIDS``)
+            ("producers", f"CASE WHEN $details THEN {_ENTITY_PRODUCERS} END"),
         ),
     ),
 }
@@ -401,6 +406,13 @@ def _hit_maps(kind: str) -> str:
 _READ_KINDS = ("fact", "entity", "episode")
 # The hits' rows of $uuids, by kind.
 HITS_BY_UUIDS = {kind: "UNWIND $uuids AS uuid\n" + _hit_rows(kind) for kind in _READ_KINDS}
+# The producers of the entities $uuids of the group (``_ENTITY_PRODUCERS``): the details a
+# search's kept entity hits are completed with.
+ENTITY_PRODUCERS_BY_UUIDS = f"""
+UNWIND $uuids AS uuid
+MATCH (e:Entity {{uuid: uuid}}) WHERE e.group_id = $group_id
+RETURN uuid, {_ENTITY_PRODUCERS} AS producers
+"""
 # The best $limit of the group's fulltext matches with their hits' rows, in one round trip
 # (the rows of ``HITS_BY_UUIDS``, with ``uuid`` and ``score``); communities are read apart.
 FULLTEXT_HITS = {
