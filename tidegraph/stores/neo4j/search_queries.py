@@ -293,13 +293,15 @@ RETURN r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at
 # nodes ($query: ``walk_fulltext_query``): only the facts of the entities that the scope may
 # see, where reading an entity's every fact to filter them read its whole history (an entity
 # that thousands of facts point to, most of them closed then). The same rows: of each entity
-# the $per_entity seen first by uuid.
+# the $per_entity seen first by uuid. Its ends are not checked for their label: a fact joins
+# two entities, and the check read both ends of every fact read (a seventh of the read's db
+# hits).
 FACTS_NEAR_INDEXED = (
     f"""
 CALL db.index.fulltext.queryRelationships('{q.FACT_FULLTEXT_INDEX}', $query)
 YIELD relationship AS r
 WITH r WHERE r.group_id = $group_id AND {seen_by_scope("fact", "r")}
-MATCH (s:Entity)-[r]->(t:Entity)
+MATCH (s)-[r]->(t)
 UNWIND CASE WHEN s = t THEN [s.uuid] ELSE [s.uuid, t.uuid] END AS touched
 WITH touched, r, s, t WHERE touched IN $uuids
 WITH touched, r, s, t ORDER BY r.uuid
