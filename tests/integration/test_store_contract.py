@@ -994,11 +994,19 @@ async def test_a_search_list_and_the_recent_episodes_entities_are_one_read_each(
             by_vector = await store.search.vector_search(scope, kind, vec(1), 1)
             assert statements(ran) == [sq.SMALL_SCAN_HITS[kind]]  # scanned, with its hits
             assert [h.uuid for h in by_text] == [h.uuid for h in by_vector]
-            separately = await store.search._hits(group, kind, scope.asof, {by_text[0].uuid: 1.0})
+            separately = await store.search._hits(group, kind, scope, {by_text[0].uuid: 1.0})
             assert [dataclasses.replace(h, score=1.0) for h in by_text] == separately
         assert by_text[0].uuid == said.uuid
         [found] = await store.search.fulltext_search(scope, "fact", "Acme Corp", 5)
         assert (found.uuid, found.episodes) == (plan.uuid, ["msg-1"])  # details came too
+        # a search's entity candidates come without their producers (every episode that
+        # mentions them); the ones it keeps are completed with them in one read
+        bare = dataclasses.replace(scope, details=False)
+        [light] = await store.search.fulltext_search(bare, "entity", "Acme Corp", 1)
+        assert (light.uuid, light.episodes, light.mentions) == (acme.uuid, [], 0)
+        ran.clear()
+        [whole] = await store.search.complete_hits(bare, [light])
+        assert (whole.episodes, whole.mentions, len(ran)) == (["msg-1"], 1, 1)
         ran.clear()
         assert await store.search.recent_episode_entities(scope, 3) == [acme.uuid]
         assert len(ran) == 1

@@ -292,7 +292,7 @@ class Search(abc.ABC):
         """``hits`` read with ``scope.details`` off, with their details (a fact's end names
         and episodes' producer ids, an entity's mentioning episodes). By default a store's
         hits always carry them and come back as they are; a store that reads them only when
-        asked (the embedded store) overrides it."""
+        asked (the embedded store; Neo4j, an entity's producers) overrides it."""
         return list(hits)
 
     @abc.abstractmethod

@@ -35,6 +35,7 @@ from tidegraph.stores.hits import (
     expanded,
     fact_hit,
     known_by,
+    with_mentions,
 )
 from tidegraph.stores.neo4j import common_queries as cq
 from tidegraph.stores.neo4j import queries as q
@@ -126,12 +127,7 @@ class Neo4jSearch(Search):
                 )
             elif kind == "fact":
                 query = sq.fact_fulltext_query(words, scope.asof)
-            params = {
-                "group_id": group_id,
-                "query": query,
-                "embeddings": scope.embeddings,
-                **scope_params(scope.asof),
-            }
+            params = {"group_id": group_id, "query": query, **hit_params(scope)}
 
             async def found(k: int, params: dict[str, Any] = params) -> Candidates:
                 if kind == "community":  # read as hits apart (``_hits``)
@@ -141,7 +137,7 @@ class Neo4jSearch(Search):
                 rows = await self.ex.rows(sq.FULLTEXT_HITS[kind], {**params, "limit": k})
                 return [(r["uuid"], float(r["score"])) for r in rows], rows
 
-            hits += await self._seen(group_id, kind, scope.asof, found, limit, scope.embeddings)
+            hits += await self._seen(group_id, kind, scope, found, limit)
         return best(hits, limit)
 
     async def _episode_query(self, group_id: str, text: str) -> str:
@@ -161,16 +157,12 @@ class Neo4jSearch(Search):
         candidates, scan, small = sq.SEARCH_VECTOR[kind]
         hits: list[Hit] = []
         for group_id in unique(scope.group_ids):
-            reads = {
-                "group_id": group_id,
-                "embeddings": scope.embeddings,
-                **scope_params(scope.asof),
-            }
+            reads = {"group_id": group_id, **hit_params(scope)}
 
             async def found(k: int, group_id: str = group_id, reads: Params = reads) -> Candidates:
                 return await self._nearest(candidates, scan, [group_id], embedding, k, small, reads)
 
-            hits += await self._seen(group_id, kind, scope.asof, found, limit, scope.embeddings)
+            hits += await self._seen(group_id, kind, scope, found, limit)
         return best(hits, limit)
 
     async def expand_facts(
@@ -183,9 +175,7 @@ class Neo4jSearch(Search):
             facts_of = self._believed_touching(group_id, scope.asof, limit)
             hops_of = {f.uuid: d for f, d in await expanded(facts_of, seeds, hops, limit)}
             scores = {uuid: 1 / d for uuid, d in hops_of.items()}
-            hits += await self._hits(
-                group_id, "fact", scope.asof, scores, scope.embeddings, hops_of
-            )
+            hits += await self._hits(group_id, "fact", scope, scores, hops_of)
         return best(hits, limit)
 
     async def recent_episode_entities(self, scope: SearchScope, episodes: int) -> list[str]:
@@ -209,6 +199,26 @@ class Neo4jSearch(Search):
     ) -> dict[str, int]:
         walks = [self._believed_touching(g, scope.asof) for g in unique(scope.group_ids)]
         return await distances(walks, centre, uuids, max_hops)
+
+    async def complete_hits(self, scope: SearchScope, hits: Sequence[Hit]) -> list[Hit]:
+        """The entity hits read without their details with their producers (facts,
+        episodes and communities always carry theirs here), one read per group; an entity
+        deleted since its candidate was read is left out."""
+        if scope.details:
+            return list(hits)
+        producers: dict[tuple[str, str], list[str]] = {}
+        for group_id in unique(h.group_id for h in hits):
+            uuids = [h.uuid for h in hits if h.kind == "entity" and h.group_id == group_id]
+            if not uuids:
+                continue
+            params = {"group_id": group_id, "uuids": uuids, "known_at": scope.asof.known_at}
+            for row in await self.ex.rows(sq.ENTITY_PRODUCERS_BY_UUIDS, params):
+                producers[group_id, row["uuid"]] = _producer_ids(row["producers"])
+        return [
+            with_mentions(h, producers[h.group_id, h.uuid]) if h.kind == "entity" else h
+            for h in hits
+            if h.kind != "entity" or (h.group_id, h.uuid) in producers
+        ]
 
     # ------------------------------------------------------------------ candidates -> hits
     async def _nearest(
@@ -342,13 +352,7 @@ class Neo4jSearch(Search):
         return facts_of
 
     async def _seen(
-        self,
-        group_id: str,
-        kind: Kind,
-        asof: AsOf,
-        found: Found,
-        limit: int,
-        embeddings: bool = True,
+        self, group_id: str, kind: Kind, scope: SearchScope, found: Found, limit: int
     ) -> list[Hit]:
         """The best ``limit`` hits of the candidates ``found(k)`` gives (the best k of the
         group, best first) that the scope sees: k grows with the share seen so far until
@@ -360,9 +364,9 @@ class Neo4jSearch(Search):
             scored, rows = await found(k)
             fresh = {uuid: score for uuid, score in scored if uuid not in judged}
             read = [r for r in rows or [] if r["uuid"] in fresh]
-            hits += _hits_of_rows(kind, asof, read, fresh)
+            hits += _hits_of_rows(kind, scope.asof, read, fresh)
             unread = {uuid: fresh[uuid] for uuid in fresh.keys() - {r["uuid"] for r in read}}
-            hits += await self._hits(group_id, kind, asof, unread, embeddings)
+            hits += await self._hits(group_id, kind, scope, unread)
             judged.update(fresh)
             if len(hits) >= limit or len(scored) < k or k >= MAX_CANDIDATES:
                 return best(hits, limit)
@@ -373,22 +377,18 @@ class Neo4jSearch(Search):
         self,
         group_id: str,
         kind: Kind,
-        asof: AsOf,
+        scope: SearchScope,
         scores: dict[str, float],
-        embeddings: bool = True,
         distances: dict[str, int] | None = None,
     ) -> list[Hit]:
-        """The hits of the scored uuids of the group that the scope sees (``embeddings``:
-        with their records' embeddings; ``distances``: a walk's hops, of facts)."""
+        """The hits of the scored uuids of the group that the scope sees (with their records'
+        embeddings and their details as the scope asks; ``distances``: a walk's hops, of
+        facts)."""
         uuids = list(scores)
         if not uuids:
             return []
-        params = {
-            "group_id": group_id,
-            "uuids": uuids,
-            "embeddings": embeddings,
-            "known_at": asof.known_at,
-        }
+        asof = scope.asof
+        params = {"group_id": group_id, "uuids": uuids, **hit_params(scope)}
         if kind != "community":
             rows = await self.ex.rows(sq.HITS_BY_UUIDS[kind], params)
             return _hits_of_rows(kind, asof, rows, scores, distances)
@@ -430,12 +430,18 @@ def _hits_of_rows(
     if kind == "entity":
         found = [(entity_record(r["e"], r["community_uuid"]), r["producers"]) for r in rows]
         return [
-            entity_hit(e, scores[e.uuid], [p or "" for p in producers])
+            entity_hit(e, scores[e.uuid], None if producers is None else _producer_ids(producers))
             for e, producers in found
             if known_by(e.created_at, asof)
         ]
     episodes = (episode_record(r["ep"]) for r in rows)
     return [episode_hit(e, scores[e.uuid]) for e in episodes if episode_seen(e, asof)]
+
+
+def _producer_ids(producers: list[str | None]) -> list[str]:
+    """An entity's producers as read (``sq.ENTITY_PRODUCERS_BY_UUIDS``): an episode without
+    a producer id is ``""``."""
+    return [p or "" for p in producers]
 
 
 def _fact_hit(
@@ -452,6 +458,16 @@ def _fact_hit(
     names = {fact.source_uuid: row["source_name"], fact.target_uuid: row["target_name"]}
     distance = None if distances is None else distances[fact.uuid]
     return fact_hit(fact, scores[fact.uuid], asof, names, dict(row["producers"]), distance)
+
+
+def hit_params(scope: SearchScope) -> dict[str, Any]:
+    """The parameters of a read of hits: the scope's (``scope_params``), whether the hits
+    carry their records' embeddings and their details (an entity's producers)."""
+    return {
+        "embeddings": scope.embeddings,
+        "details": scope.details,
+        **scope_params(scope.asof),
+    }
 
 
 def scope_params(asof: AsOf) -> dict[str, Any]:

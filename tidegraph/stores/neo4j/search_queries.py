@@ -293,13 +293,15 @@ RETURN r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at
 # nodes ($query: ``walk_fulltext_query``): only the facts of the entities that the scope may
 # see, where reading an entity's every fact to filter them read its whole history (an entity
 # that thousands of facts point to, most of them closed then). The same rows: of each entity
-# the $per_entity seen first by uuid.
+# the $per_entity seen first by uuid. Its ends are not checked for their label: a fact joins
+# two entities, and the check read both ends of every fact read (a seventh of the read's db
+# hits).
 FACTS_NEAR_INDEXED = (
     f"""
 CALL db.index.fulltext.queryRelationships('{q.FACT_FULLTEXT_INDEX}', $query)
 YIELD relationship AS r
 WITH r WHERE r.group_id = $group_id AND {seen_by_scope("fact", "r")}
-MATCH (s:Entity)-[r]->(t:Entity)
+MATCH (s)-[r]->(t)
 UNWIND CASE WHEN s = t THEN [s.uuid] ELSE [s.uuid, t.uuid] END AS touched
 WITH touched, r, s, t WHERE touched IN $uuids
 WITH touched, r, s, t ORDER BY r.uuid
@@ -313,6 +315,16 @@ RETURN r {{.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_a
        source_uuid, target_uuid
 """
 )
+
+# The producer ids of the episodes stored by $known_at that mention the entity ``e``, the
+# latest first (``hits.latest_first``): every episode that mentions a ticket, a status or a
+# team (thousands, for a status every ticket took), so a search's candidates are read
+# without them and only the entities it keeps read them (``Neo4jSearch.complete_hits``).
+_ENTITY_PRODUCERS = """COLLECT {
+         MATCH (ep:Episodic)-[:MENTIONS]->(e)
+         WHERE ep.group_id = $group_id AND ep.created_at <= $known_at
+         RETURN ep.producer_id ORDER BY ep.valid_at DESC, ep.producer_id
+       }"""
 
 # Hits are read in one round trip each (``Neo4jSearch._hits``), times as epoch microseconds
 # (the driver builds its own DateTime objects slowly). Hits carry their embeddings (MMR
@@ -366,14 +378,9 @@ _HIT_READS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
                 + "}",
             ),
             ("community_uuid", q.COMMUNITY_OF_E),
-            (
-                "producers",
-                """COLLECT {
-         MATCH (ep:Episodic)-[:MENTIONS]->(e)
-         WHERE ep.group_id = $group_id AND ep.created_at <= $known_at
-         RETURN ep.producer_id ORDER BY ep.valid_at DESC, ep.producer_id
-       }""",
-            ),
+            # read only with the details (``SearchScope.details``, else null): a search
+            # completes the entities it keeps (``ENTITY_PRODUCERS_BY_UUIDS``)
+            ("producers", f"CASE WHEN $details THEN {_ENTITY_PRODUCERS} END"),
         ),
     ),
 }
@@ -401,6 +408,13 @@ def _hit_maps(kind: str) -> str:
 _READ_KINDS = ("fact", "entity", "episode")
 # The hits' rows of $uuids, by kind.
 HITS_BY_UUIDS = {kind: "UNWIND $uuids AS uuid\n" + _hit_rows(kind) for kind in _READ_KINDS}
+# The producers of the entities $uuids of the group (``_ENTITY_PRODUCERS``): the details a
+# search's kept entity hits are completed with.
+ENTITY_PRODUCERS_BY_UUIDS = f"""
+UNWIND $uuids AS uuid
+MATCH (e:Entity {{uuid: uuid}}) WHERE e.group_id = $group_id
+RETURN uuid, {_ENTITY_PRODUCERS} AS producers
+"""
 # The best $limit of the group's fulltext matches with their hits' rows, in one round trip
 # (the rows of ``HITS_BY_UUIDS``, with ``uuid`` and ``score``); communities are read apart.
 FULLTEXT_HITS = {
