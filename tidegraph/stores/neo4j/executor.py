@@ -101,6 +101,15 @@ class Neo4jExecutor:
                 finally:
                     await tx.rollback()
 
+    async def batched(self, statement: str, params: Params) -> list[Row]:
+        """A write statement that commits its own batches (``CALL ... IN TRANSACTIONS``): it
+        must run as an auto-commit query in a write session. Not retried: such a statement
+        is written to be run again after an interruption."""
+        with count_errors(_TRANSIENT):
+            async with self._slots, self._driver.session(database=self._database) as session:
+                result = await session.run(statement, params)
+                return [dict(record) async for record in result]
+
     async def execute(self, statement: str, params: Params, *, schema: bool = False) -> None:
         """One statement in its own auto-commit transaction; ``schema``: a rule that already
         exists is not an error."""

@@ -140,19 +140,21 @@ SET cursor.published = CASE WHEN past > cursor.published THEN past ELSE cursor.p
 )
 
 # Stored Change nodes not yet in the index of records (``Neo4jStore.setup``, while
-# ``change_record_group`` is missing), a batch at a time.
+# ``change_record_group`` is missing): one pass over the outbox, committed every ``$rows``
+# rows (``CALL ... IN TRANSACTIONS``, so an auto-commit statement: ``Neo4jExecutor.batched``).
+# Rows indexed before an interruption are skipped when it runs again. A pass per batch, as
+# before, read the whole outbox each time: quadratic in its size.
 CHANGES_TO_INDEX = """
 MATCH (c:Change)
 WITH c, [u IN split(c.uuid, '\\n') WHERE trim(u) <> ''] AS held
 WHERE size(held) > 0 AND NOT EXISTS {
   MATCH (r:ChangeRecord {uuid: held[0]}) WHERE r.group_id = c.group_id AND r.last = c.last
 }
-WITH c, held LIMIT $limit
 CALL (c, held) {
   UNWIND held AS uuid
   WITH DISTINCT uuid
   CREATE (:ChangeRecord {group_id: c.group_id, uuid: uuid, last: c.last})
-}
+} IN TRANSACTIONS OF $rows ROWS
 RETURN count(*) AS indexed
 """
 

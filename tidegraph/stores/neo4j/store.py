@@ -240,13 +240,14 @@ class Neo4jStore(StoreCore):
     async def _index_stored_changes(self, batch: int = q.OUTBOX_ROW_BATCH) -> None:
         """The migration of an outbox written before its index of records (while its group
         index, ``change_record_group``, is missing): every Change node's records indexed,
-        then that index created. A row holds a whole write's records (hundreds), so a batch
-        is counted in rows like the outbox's deletes: 2,000 rows at once ran out of
-        transaction memory."""
+        then that index created, in one pass committed every ``batch`` rows. A row holds a
+        whole write's records (hundreds), so a batch is counted in rows like the outbox's
+        deletes: 2,000 rows at once ran out of transaction memory."""
         names = [q.CHANGE_RECORD_GROUP_INDEX]
         if await self.ex.rows(q.SHOW_INDEXES, {"names": names}):
             return
-        indexed = await self._until_none(lq.CHANGES_TO_INDEX, "indexed", {"limit": batch})
+        [row] = await self.ex.batched(lq.CHANGES_TO_INDEX, {"rows": batch})
+        indexed = int(row["indexed"])
         if indexed:
             log.info("indexed %d stored outbox rows by record", indexed)
         await self.ex.execute(q.CREATE_CHANGE_RECORD_GROUP_INDEX, {}, schema=True)
