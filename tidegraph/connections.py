@@ -14,6 +14,7 @@ variables configures all of them.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,3 +195,16 @@ def neo4j_driver_options(settings: Settings) -> dict[str, Any]:
     from neo4j import TrustCustomCAs
 
     return {"encrypted": True, "trusted_certificates": TrustCustomCAs(str(ca_file))}
+
+
+def quiet_neo4j_driver_logs() -> None:
+    """The Neo4j driver's loggers at the level where what they say is news to an operator:
+    it logs every schema "already exists" notice at INFO (``neo4j.notifications``); a managed
+    transaction retried after a transient error (two writers deadlocked, a leader moving) as
+    a WARNING before it retries (``neo4j.session``); every broken connection at ERROR before
+    it raises the same error (``neo4j.io``). What does not succeed within the driver's retry
+    time reaches the caller, which says it once: a record's failure, or an outage
+    (docs/streaming.md "When the store is down")."""
+    logging.getLogger("neo4j.notifications").setLevel(logging.WARNING)
+    logging.getLogger("neo4j.session").setLevel(logging.ERROR)
+    logging.getLogger("neo4j.io").setLevel(logging.CRITICAL)

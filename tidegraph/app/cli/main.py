@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tidegraph.connections import quiet_neo4j_driver_logs
 from tidegraph.records import jsontext
 from tidegraph.settings import Settings
 from tidegraph.settings import get_settings as _environment_settings
@@ -155,8 +156,7 @@ def _setup_logging(stream: TextIO | None = None) -> None:
         stream=stream,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    # As the worker: the driver logs every schema "already exists" notice at INFO.
-    logging.getLogger("neo4j.notifications").setLevel(logging.WARNING)
+    quiet_neo4j_driver_logs()  # as the worker
 
 
 # ----------------------------------------------------------------------------- demo

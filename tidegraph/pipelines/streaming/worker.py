@@ -26,7 +26,12 @@ from neo4j.exceptions import (
     SessionExpired,
 )
 
-from tidegraph.connections import ConnectionSettingsError, KafkaConnection, neo4j_driver_options
+from tidegraph.connections import (
+    ConnectionSettingsError,
+    KafkaConnection,
+    neo4j_driver_options,
+    quiet_neo4j_driver_logs,
+)
 from tidegraph.pipelines.collector import settle_collector
 from tidegraph.pipelines.runtime import Runtime, open_runtime
 from tidegraph.pipelines.streaming.app import create_app
@@ -49,12 +54,7 @@ LOG_FORMAT = "[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
 def setup_logging(level: str) -> None:
     """One root handler for our and Faust's loggers (Faust keeps an existing one)."""
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
-    # The driver logs every schema "already exists" notice at INFO.
-    logging.getLogger("neo4j.notifications").setLevel(logging.WARNING)
-    # ... and every broken connection at ERROR before it raises the same error to the caller,
-    # which says it once (a record's failure, or an outage: docs/streaming.md "When the store
-    # is down"): a Neo4j restart would otherwise log a line per pooled connection.
-    logging.getLogger("neo4j.io").setLevel(logging.CRITICAL)
+    quiet_neo4j_driver_logs()
 
 
 # Exit status of a worker whose store did not answer for TIDEGRAPH_STORE_OUTAGE_LIMIT_SECONDS
