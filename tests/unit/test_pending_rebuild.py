@@ -16,25 +16,14 @@ from tidegraph.pipelines.retry import RetryPolicy
 from tidegraph.pipelines.step_runner import run_step
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EpisodeRecord
-from tidegraph.records.times import utc
 
 AT = datetime(2024, 3, 1, 9, 30, tzinfo=UTC)
 
 
 def stored(episode: Episode) -> EpisodeRecord:
-    """The record the write step stores for ``episode`` (tidegraph/processors/invalidation.py)."""
-    return EpisodeRecord(
-        uuid=episode.uuid,
-        group_id=episode.group_id,
-        name=episode.name or episode.id,
-        source=episode.source,
-        source_description=episode.source_description,
-        content=episode.content_text(),
-        valid_at=utc(episode.reference_time),
-        producer_id=episode.id,
-        content_hash=episode.content_hash,
-        not_extracted="no_llm",
-    )
+    """The record the write step stores for ``episode`` stored without extraction
+    (``EpisodeRecord.of``, as tidegraph/processors/invalidation.py builds it)."""
+    return EpisodeRecord.of(episode, not_extracted="no_llm")
 
 
 @pytest.mark.parametrize(
