@@ -14,6 +14,9 @@ an episode ``ep``.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
 
 # The write statements, under the names the store's modules read them by.
@@ -36,6 +39,38 @@ from tidegraph.stores.neo4j.write_queries import set_fact_time_words as set_fact
 from tidegraph.stores.neo4j.write_queries import thread_context as thread_context
 
 # The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
+# Each statement a forget runs keeps its plan (``lifecycle_queries``; its reads of entities
+# and facts here too). Forgets are rare beside writes, and writes
+# move the statistics Neo4j planned a statement with, after which it plans the statement again
+# on its next use: the first forget after an ingest paid seconds of planning. So the forget's
+# statements are ``kept_plan``: they start with ``KEEP_PLAN`` (Neo4j uses a cached plan
+# whatever the statistics, and plans only when it has none), the store plans them all when it
+# starts (``Neo4jForgetting.plan_ahead``), and a statement whose plan could depend on the
+# statistics names its index (``USING INDEX``): a plan made on an empty store stays right on a
+# large one.
+#
+# Neo4j caches a plan by the statement, the size class of each list and string parameter
+# (empty, 1, 2-10, 11-100, 101-1000, more: measured on 5.26) and whether the transaction has
+# written yet. A forget's lists (its episodes, facts, rows) come in every size, so each new
+# size class was planned again at its first use (a first forget, a first subject), whatever was
+# planned ahead. A kept statement therefore reads its parameters from one map, ``$p``
+# (``plan_params``), whose contents do not enter the cache key: one plan per statement, and per
+# written or not, which ``plan_ahead`` makes both of.
+KEEP_PLAN = "CYPHER replan=skip\n"
+_PARAMETER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def kept_plan(statement: str) -> str:
+    """``statement`` keeping its plan (above): ``KEEP_PLAN`` first, and each of its parameters
+    ``$name`` read as ``$p.name`` (run it with ``plan_params``)."""
+    return KEEP_PLAN + _PARAMETER.sub(r"$p.\1", statement)
+
+
+def plan_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of a ``kept_plan`` statement, as it takes them."""
+    return {"p": params}
+
+
 EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when", "index_ids")
 
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
@@ -351,20 +386,23 @@ WHERE e.uuid IN $uuids
 RETURN e.uuid AS uuid, e.group_id AS group_id
 """
 
-_ENTITIES_NAMED = """
-MATCH (e:Entity)
-WHERE e.group_id = $group_id
+_NAMED = """WHERE e.group_id = $group_id
   AND (e.name_norm IN $names OR any(alias IN e.aliases WHERE alias IN $names))
 """
+_ENTITIES_NAMED = "\nMATCH (e:Entity)\n" + _NAMED
 _ENTITIES_KEYED = """
 MATCH (e:Entity)
 USING INDEX e:Entity(group_id, key)
 WHERE e.group_id = $group_id AND e.key IN $keys
 """
 
-ENTITIES_BY_NAMES = _ENTITIES_NAMED + _ENTITY_RETURN
+# (a name is in an entity's aliases too: the group's entities are read through its index, as a
+# large group's plan does; the plan is kept)
+ENTITIES_BY_NAMES = kept_plan(
+    "\nMATCH (e:Entity)\nUSING INDEX e:Entity(group_id)\n" + _NAMED + _ENTITY_RETURN
+)
 
-ENTITIES_BY_KEYS = _ENTITIES_KEYED + _ENTITY_RETURN
+ENTITIES_BY_KEYS = kept_plan(_ENTITIES_KEYED + _ENTITY_RETURN)
 
 ENTITIES_BY_KEY_PREFIX = (
     """
@@ -477,9 +515,10 @@ WHERE e.group_id = $group_id
 RETURN e.uuid AS uuid, {COMMUNITY_OF_E} AS community_uuid
 """
 
-ENTITIES_BY_UUIDS = (
+ENTITIES_BY_UUIDS = kept_plan(
     """
 MATCH (e:Entity)
+USING INDEX e:Entity(uuid)
 WHERE e.uuid IN $uuids AND e.group_id = $group_id
 """
     + _ENTITY_RETURN
@@ -587,11 +626,11 @@ CALL () {
 MATCH (s:Entity)-[r]->(t:Entity)
 """
 # (times as epoch microseconds: see epoch_micros)
-FACT_CANDIDATES = (
+FACT_CANDIDATES = kept_plan(
     _FACT_CANDIDATES
     + f"RETURN r {{.*, {FACT_TIMES}}} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid\n"
 )
-FACT_CANDIDATES_PLAIN = (
+FACT_CANDIDATES_PLAIN = kept_plan(
     _FACT_CANDIDATES
     + f"RETURN r {{.*, fact_embedding: null, {FACT_TIMES}}} AS r, "
     + "s.uuid AS source_uuid, t.uuid AS target_uuid\n"

@@ -440,11 +440,13 @@ class Neo4jStore(StoreCore):
     async def _fact_candidates(
         self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
     ) -> list[FactRecord]:
-        params = {
-            "group_id": group_id,
-            "pairs": [{"source": s, "relation": r} for s, r in pairs],
-            "ends": ends,
-        }
+        params = q.plan_params(
+            {
+                "group_id": group_id,
+                "pairs": [{"source": s, "relation": r} for s, r in pairs],
+                "ends": ends,
+            }
+        )
         query = q.FACT_CANDIDATES if embeddings else q.FACT_CANDIDATES_PLAIN
         return sort_facts(fact_of(r) for r in await self.ex.rows(query, params))
 
