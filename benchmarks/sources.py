@@ -334,21 +334,24 @@ async def run_variant(
             "window": round(seconds, 2),
         },
         "cpu_s": {k: round(v, 2) for k, v in window.cpu.items()},
-        "batching": _batching(window.batches),
+        "batching": _batching(window.batches, seconds, episodes - warm),
     }
 
 
-def _batching(counts: dict[str, float]) -> dict[str, float]:
-    """From the round's batch counters: the records each hop took from Kafka at once, the
-    episodes per write unit and per store transaction (means), and how many there were."""
+def _batching(counts: dict[str, float], seconds: float, episodes: int) -> dict[str, float]:
+    """From the round's batch counters over its window of ``seconds`` and ``episodes``: how
+    often each hop took records from Kafka and how many at once, the write units and store
+    transactions per episode and the episodes each held (means), and how many there were."""
     out: dict[str, float] = {}
     for stage in ("source", "extraction", "resolution"):
-        if counts[f"{stage}_take_count"]:
-            out[f"{stage}_records_per_take"] = round(
-                counts[f"{stage}_take_sum"] / counts[f"{stage}_take_count"], 1
-            )
+        takes = counts[f"{stage}_take_count"]
+        if takes:
+            out[f"{stage}_takes_per_s"] = round(takes / seconds, 1) if seconds else 0.0
+            out[f"{stage}_records_per_take"] = round(counts[f"{stage}_take_sum"] / takes, 1)
     for what in ("unit", "transaction"):
         out[f"{what}s"] = counts[f"{what}_count"]
+        if episodes:
+            out[f"{what}s_per_episode"] = round(counts[f"{what}_count"] / episodes, 4)
         if counts[f"{what}_count"]:
             out[f"episodes_per_{what}"] = round(counts[f"{what}_sum"] / counts[f"{what}_count"], 1)
     return out

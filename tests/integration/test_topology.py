@@ -12,6 +12,7 @@ import re
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import orjson
@@ -587,6 +588,41 @@ async def test_a_lagging_groups_job_takes_every_record_waiting_for_it() -> None:
     assert backlog.waiting("g") == 0
     with pytest.raises(ValueError):
         backlog.add("g", [1, 2, 3, 4, 5])  # more than one job takes
+
+
+async def test_records_arriving_while_a_groups_job_waits_join_it_rather_than_a_job_more() -> None:
+    import asyncio
+
+    from tidegraph.pipelines.streaming.lanes import KeyedBacklog, KeyedLanes
+
+    lanes = KeyedLanes(capacity=8, on_error=lambda exc: pytest.fail(repr(exc)))
+    backlog: KeyedBacklog[int] = KeyedBacklog(most=4)
+    gate = asyncio.Event()
+    jobs: list[list[int]] = []
+
+    async def job(key: str) -> None:
+        await gate.wait()
+        jobs.append(backlog.take(key))
+
+    # As the stage agent submits: a job only when those waiting for their turn cannot take
+    # everything waiting. The group's first job is held (a slow write); five micro-batches
+    # arrive meanwhile, and another group's.
+    for key, batch in (("g", [0]), ("g", [1, 2]), ("h", [50]), ("g", [3, 4]), ("g", [5]),
+                       ("g", [6, 7, 8, 9]), ("g", [10])):  # fmt: skip
+        backlog.add(key, batch)
+        if backlog.needs_job(key):
+            assert await lanes.submit(key, partial(job, key))
+            backlog.admitted(key)
+    assert lanes.in_flight == 4  # g: three jobs for eleven records (four at most each); h: one
+    gate.set()
+    await lanes.drain()
+    assert sorted(jobs) == sorted([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10], [50]])
+    assert [j for j in jobs if j != [50]] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
+    # Once they have started, what arrives gets a job of its own again.
+    backlog.add("g", [11])
+    assert backlog.needs_job("g")
+    await lanes.quiesce()
+    assert not await lanes.submit("g", lambda: job("g"))  # closed: dropped, not admitted
 
 
 def test_dead_letter_keeps_the_original_record() -> None:

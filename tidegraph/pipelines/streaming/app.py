@@ -448,15 +448,19 @@ def stage_agent(
 
         async def submit(events: Sequence[faust.EventT]) -> None:
             # A group's waiting records in one job (docs: "Batch-native stages"); its lane
-            # keeps the group's jobs in order. Records taken while the lanes are closed are
-            # dropped, unacked (Kafka hands them out again), and kept nowhere.
+            # keeps the group's jobs in order. Records of a group whose job waits for its turn
+            # join that job (``KeyedBacklog.needs_job``). Records taken while the lanes are
+            # closed are dropped, unacked (Kafka hands them out again), and kept nowhere.
             for key, group_events in by_key(events, handler.lane_of).items():
                 for start in range(0, len(group_events), backlog.most):
                     if lanes.closed:
                         return
                     backlog.add(key, group_events[start : start + backlog.most])
+                    if not backlog.needs_job(key):
+                        continue
                     job = partial(run_waiting, handler, sender, stream, backlog, key, generation)
-                    await lanes.submit(key, job)
+                    if await lanes.submit(key, job):
+                        backlog.admitted(key)
 
         try:
             async for events in batches:

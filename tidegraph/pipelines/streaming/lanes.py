@@ -53,9 +53,9 @@ class KeyedLanes:
         """Call ``callback`` once :meth:`cancel` has cancelled the jobs."""
         self._on_cancel.append(callback)
 
-    async def submit(self, key: Hashable, job: Job) -> None:
-        """Admit ``job`` after the jobs already submitted for ``key``. Dropped (not run)
-        while the lanes are closed."""
+    async def submit(self, key: Hashable, job: Job) -> bool:
+        """Admit ``job`` after the jobs already submitted for ``key``; False when it was
+        dropped (not run) because the lanes are closed."""
         per_key = self._per_key
         if per_key is not None:
             async with self._room:
@@ -63,13 +63,14 @@ class KeyedLanes:
         await self._slots.acquire()
         if self._closed:
             self._slots.release()
-            return
+            return False
         previous = self._tails.get(key)
         task = asyncio.create_task(self._run(previous, job))
         self._tails[key] = task
         self._tasks.add(task)
         self._depth[key] += 1
         task.add_done_callback(lambda done: self._finished(key, done))
+        return True
 
     @staticmethod
     async def _run(previous: asyncio.Task[None] | None, job: Job) -> None:
@@ -120,29 +121,45 @@ class KeyedLanes:
 
 
 class KeyedBacklog(Generic[T]):
-    """Items of each key waiting for a job of their key's lane. Each micro-batch adds a key's
-    items and submits one job; the job takes whatever of its key is waiting when it starts (at
-    most ``most``). A stage that keeps up runs each micro-batch's items as they came; one that
-    falls behind runs larger jobs, one store read and one write for many records instead of
-    many small ones, without waiting for anything that has not arrived.
+    """Items of each key waiting for a job of their key's lane. A job takes whatever of its
+    key is waiting when it starts (at most ``most``). A stage that keeps up runs each
+    micro-batch's items as they came; one that falls behind runs larger jobs, one store read
+    and one write for many records instead of many small ones, without waiting for anything
+    that has not arrived.
 
-    A job takes at most ``most`` and every micro-batch adds at most ``most`` of a key with one
-    job, so the jobs admitted for a key take everything waiting for it."""
+    A key gets a new job only when the jobs admitted for it and not yet started could not take
+    everything waiting (``needs_job``): items that arrive while a job of their key waits for
+    its turn join that job. A job per micro-batch would hold a place in the lanes (their
+    ``capacity``) only to find nothing left, and a stage whose places are all held takes
+    nothing more from Kafka until one frees."""
 
     def __init__(self, most: int) -> None:
         if most < 1:
             raise ValueError("most must be at least 1")
         self.most = most
         self._waiting: dict[Hashable, list[T]] = {}
+        self._pending: Counter[Hashable] = Counter()  # jobs admitted, not started
 
     def add(self, key: Hashable, items: list[T]) -> None:
         if len(items) > self.most:
             raise ValueError(f"at most {self.most} items of a key at once, not {len(items)}")
         self._waiting.setdefault(key, []).extend(items)
 
+    def needs_job(self, key: Hashable) -> bool:
+        """Whether the jobs admitted for ``key`` and not started leave items of it waiting."""
+        return self.waiting(key) > self._pending[key] * self.most
+
+    def admitted(self, key: Hashable) -> None:
+        """A job of ``key`` was admitted to its lane (it takes when it starts)."""
+        self._pending[key] += 1
+
     def take(self, key: Hashable, keep: Callable[[T], bool] = lambda _: True) -> list[T]:
-        """The first ``most`` items of ``key`` that ``keep`` accepts, in the order they
-        were added; the items it refuses are dropped."""
+        """A job of ``key`` starts: the first ``most`` items of ``key`` that ``keep``
+        accepts, in the order they were added; the items it refuses are dropped."""
+        if self._pending[key] > 0:
+            self._pending[key] -= 1
+        if self._pending[key] <= 0:
+            del self._pending[key]
         waiting = [item for item in self._waiting.pop(key, []) if keep(item)]
         taken, rest = waiting[: self.most], waiting[self.most :]
         if rest:
@@ -152,6 +169,7 @@ class KeyedBacklog(Generic[T]):
     def clear(self) -> None:
         """Drop every waiting item (their jobs were let go)."""
         self._waiting.clear()
+        self._pending.clear()
 
     def waiting(self, key: Hashable) -> int:
         return len(self._waiting.get(key, ()))
