@@ -29,7 +29,7 @@ MODULES = {
 NOT_OPERATIONS = re.compile(
     r"^(SCHEMA|SHOW_.*|AWAIT_INDEXES|.*_INDEX(ES)?|FULLTEXT_ANALYZER|LEGACY_.*|ADDED_COLUMNS|"
     r"DROPPED_INDEXES|INDEXES|FROM_SOURCE|FROM_TARGET|ANCHOR_HINTS|FACT_VIEW_RETURN|.*_FIELDS?|"
-    r"DROPPED|VECTOR_TABLES|FACT_TIMES|COMMUNITY_OF_E)$"
+    r"DROPPED|VECTOR_TABLES|FACT_TIMES|COMMUNITY_OF_E|KEEP_PLAN)$"
 )
 # Queries that may read across groups: by primary key (the caller checks the group of what
 # it finds), or a store-wide migration or check.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j.queries import at, ats, set_fact_end_words, set_fact_time_words
+from tidegraph.stores.neo4j.write_queries import KEEP_PLAN as KEEP_PLAN
 
 # Each statement a forget runs keeps its plan. Forgets are rare beside writes, and writes
 # move the statistics Neo4j planned a statement with, after which it plans the statement again
@@ -14,7 +15,6 @@ from tidegraph.stores.neo4j.queries import at, ats, set_fact_end_words, set_fact
 # plans only when it has none), the store plans them all when it starts
 # (``Neo4jForgetting.plan_ahead``), and a statement whose plan could depend on the statistics
 # names its index (``USING INDEX``): a plan made on an empty store stays right on a large one.
-KEEP_PLAN = "CYPHER replan=skip\n"
 
 # ---- the change stream: a ``Change`` node per write of a group, its changes numbered
 # ``seq`` to ``last`` one per line (``tidegraph.stores.rows.outbox_row``), found by

@@ -43,7 +43,7 @@ from tidegraph.stores.neo4j.browse import Neo4jBrowsing
 from tidegraph.stores.neo4j.communities import Neo4jCommunities
 from tidegraph.stores.neo4j.core import StoreCore
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
-from tidegraph.stores.neo4j.forget import Neo4jForgetting
+from tidegraph.stores.neo4j.forget import PLANS_AHEAD_GROUP, Neo4jForgetting
 from tidegraph.stores.neo4j.keys import Neo4jKeys
 from tidegraph.stores.neo4j.outbox import Neo4jOutbox
 from tidegraph.stores.rows import (
@@ -211,6 +211,7 @@ class Neo4jStore(StoreCore):
         await self.ex.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
         await Neo4jForgetting(self).plan_ahead()  # a forget does not pay Cypher planning
+        await self._plan_writes_ahead()  # nor does an episode write
 
     async def _until_none(self, query: str, column: str, params: dict[str, Any]) -> int:
         """Runs a migration statement, one transaction each, until it handles no row (the
@@ -488,42 +489,81 @@ class Neo4jStore(StoreCore):
         return results
 
     async def _commit_episodes(self, jobs: list[_EpisodeJob]) -> list[bool]:
-        """One transaction for the episode writes of ``jobs``, in order (group commit): one
-        read of what they touch, the checks in Python (``errors.WriteChecks``), one statement
-        for every write that passes."""
-
-        async def work(tx: Tx) -> list[bool]:
-            episodes, entities, facts = errors.touched_by([job.write for job in jobs])
-            [state] = await tx.rows(
-                q.WRITE_STATES,
-                {"episode_uuids": episodes, "entity_uuids": entities, "fact_uuids": facts},
-            )
-            checks = errors.WriteChecks(
-                episodes={
-                    uuid: errors.StoredEpisode(group, content_hash, not_extracted)
-                    for uuid, group, content_hash, not_extracted in state["episodes"]
-                },
-                owners={uuid: group for uuid, group in state["entities"]},
-                facts={
-                    u: errors.StoredFact(g, source, target)
-                    for u, g, source, target in state["facts"]
-                },
-            )
-            written = [checks.admit(job.group_id, job.write) for job in jobs]
-            admitted = [job for job, fresh in zip(jobs, written, strict=True) if fresh]
-            # the outbox: one row per group for the changes of its writes here, in order
-            by_group: dict[str, list[dict[str, Any]]] = {}
-            for job in admitted:
-                by_group.setdefault(job.group_id, []).append(job.outbox)
-            if admitted:
-                params = {
-                    "writes": [job.params for job in admitted],
-                    "outbox": [joined_outbox_rows(rows) for rows in by_group.values()],
-                    "deployment": self.deployment,
-                    **q.thread_params(),
-                }
-                await tx.rows(q.WRITE_EPISODES, params)
-            return written
-
+        """One transaction for the episode writes of ``jobs``, in order (group commit)."""
         STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(jobs))
-        return await self.ex.transaction(work)
+        return await self.ex.transaction(lambda tx: self._write_jobs(tx, jobs))
+
+    async def _write_jobs(self, tx: Tx, jobs: list[_EpisodeJob]) -> list[bool]:
+        """The episode writes of ``jobs`` in ``tx``: one read of what they touch, the checks
+        in Python (``errors.WriteChecks``), one statement for every write that passes. Both
+        statements keep their plan (``q.KEEP_PLAN``) and take their lists in one map
+        (``batch``): Neo4j keys a cached plan by the size of each list or string parameter
+        (to the next power of ten), so lists as parameters of their own made it plan the
+        write again for every new size (a second or more of the server's CPU each, during
+        which no other write commits); the map gives one plan, made when the store starts
+        (``_plan_writes_ahead``)."""
+        episodes, entities, facts = errors.touched_by([job.write for job in jobs])
+        touched = {"episode_uuids": episodes, "entity_uuids": entities, "fact_uuids": facts}
+        [state] = await tx.rows(q.WRITE_STATES, {"batch": touched})
+        checks = errors.WriteChecks(
+            episodes={
+                uuid: errors.StoredEpisode(group, content_hash, not_extracted)
+                for uuid, group, content_hash, not_extracted in state["episodes"]
+            },
+            owners={uuid: group for uuid, group in state["entities"]},
+            facts={
+                u: errors.StoredFact(g, source, target) for u, g, source, target in state["facts"]
+            },
+        )
+        written = [checks.admit(job.group_id, job.write) for job in jobs]
+        admitted = [job for job, fresh in zip(jobs, written, strict=True) if fresh]
+        # the outbox: one row per group for the changes of its writes here, in order
+        by_group: dict[str, list[dict[str, Any]]] = {}
+        for job in admitted:
+            by_group.setdefault(job.group_id, []).append(job.outbox)
+        if admitted:
+            batch = {
+                "writes": [job.params for job in admitted],
+                "outbox": [joined_outbox_rows(rows) for rows in by_group.values()],
+            }
+            params = {"batch": batch, "deployment": self.deployment, **q.thread_params()}
+            await tx.rows(q.WRITE_EPISODES, params)
+        return written
+
+    async def _plan_writes_ahead(self) -> None:
+        """Has Neo4j plan the episode write's statements now, when the store starts, so that
+        no write pays it (each keeps its plan): one write of a group no one has, in a
+        transaction that is rolled back."""
+        group_id, nothing = PLANS_AHEAD_GROUP, "no such record"
+        when = now_utc()
+        entity = EntityRecord(uuid=nothing, group_id=group_id, name=nothing, created_at=when)
+        fact = FactRecord(
+            uuid=nothing,
+            group_id=group_id,
+            source_uuid=nothing,
+            target_uuid=nothing,
+            name="PLANS_AHEAD",
+            fact=nothing,
+            episodes=[nothing],
+            valid_at=when,
+            created_at=when,
+        )
+        episode = EpisodeRecord(
+            uuid=nothing,
+            group_id=group_id,
+            name=nothing,
+            source="message",
+            source_description=nothing,
+            content=nothing,
+            valid_at=when,
+        )
+        write = EpisodeWrite(episode, mentions=[nothing], facts=[fact], entities=[entity])
+        dim = await self._embedding_dim()
+        job = _EpisodeJob(
+            group_id, write, _write_params(group_id, write, dim, when), outbox_row(group_id, [])
+        )
+
+        async def work(tx: Tx) -> None:
+            await self._write_jobs(tx, [job])
+
+        await self.ex.rehearse(work)

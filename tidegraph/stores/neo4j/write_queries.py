@@ -50,6 +50,15 @@ def ats(expression: str) -> str:
     return f"[pair IN {expression} | datetime.fromepoch(pair[0], pair[1])]"
 
 
+# A statement that keeps its plan: Neo4j uses the plan it cached whatever the statistics say
+# since, and plans only when it has none. Writes move the statistics a statement was planned
+# with, after which Neo4j plans it again on its next use (every few seconds on a store that
+# grows); a statement that keeps its plan names the index of every lookup the statistics could
+# steer (``USING INDEX``, or a uniqueness constraint's), so that a plan made on an empty store
+# stays right on a large one, and the store plans it when it starts (``Neo4jStore.setup``).
+KEEP_PLAN = "CYPHER replan=skip\n"
+
+
 # ----------------------------------------------------------------------------- from the rules
 def _written(row: str, group: str) -> Callable[[str], str]:
     """The expression of a written field: ``row``'s (a row of ``tidegraph.stores.rows``
@@ -215,6 +224,7 @@ def thread_context(var: str) -> str:
     return f"""
   CALL ({var}) {{
     OPTIONAL MATCH (p:Episodic)
+    USING INDEX p:Episodic(group_id, valid_at)
     WHERE p.group_id = {var}.group_id AND p.valid_at < {var}.valid_at
       AND p.valid_at >= {var}.valid_at - duration({{seconds: $context_seconds}})
       AND p.source = 'message' AND p.source_description = {var}.source_description
@@ -238,6 +248,7 @@ _THREAD_OF_EP = (
   CALL (ep) {
     WITH ep WHERE ep.source = 'message'
     MATCH (n:Episodic)
+    USING INDEX n:Episodic(group_id, valid_at)
     WHERE n.group_id = ep.group_id AND n.valid_at > ep.valid_at
       AND n.valid_at <= ep.valid_at + duration({seconds: $context_seconds})
       AND n.source = 'message' AND n.source_description = ep.source_description
@@ -270,24 +281,28 @@ _MERGE_EPISODE = f"""
 # (``errors.check_write`` runs on it in Python, each write seeing the ones before it): the
 # stored Episodic of each episode, the group of each entity named and the group and ends of
 # each fact written or closed.
-WRITE_STATES = """
+WRITE_STATES = (
+    KEEP_PLAN
+    + """
 CALL () {
-  UNWIND $episode_uuids AS uuid
+  UNWIND $batch.episode_uuids AS uuid
   MATCH (ep:Episodic {uuid: uuid})
   RETURN collect([ep.uuid, ep.group_id, ep.content_hash, ep.not_extracted]) AS episodes
 }
 CALL () {
-  UNWIND $entity_uuids AS uuid
+  UNWIND $batch.entity_uuids AS uuid
   MATCH (e:Entity {uuid: uuid})
   RETURN collect([e.uuid, e.group_id]) AS entities
 }
 CALL () {
-  UNWIND $fact_uuids AS uuid
+  UNWIND $batch.fact_uuids AS uuid
   MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
+  USING INDEX r:RELATES_TO(uuid)
   RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
 }
 RETURN episodes, entities, facts
 """
+)
 
 # The changes one transaction commits for a group (``o``: ``rows.outbox_row``) appended to
 # its outbox as one ``Change`` node numbered ``seq`` to ``last`` in commit order, the group's
@@ -311,8 +326,15 @@ _RECORD_CHANGES = """
     UNWIND o.records AS uuid
     CREATE (:ChangeRecord {group_id: o.group_id, uuid: uuid, last: base + o.n})
 """
+
+
 # The same alone (a forget's rebuild): ``$outbox`` holds the group's one row.
-RECORD_CHANGES = "UNWIND $outbox AS o\nCALL (o) {" + _RECORD_CHANGES + "}\n"
+def record_changes(outbox: str) -> str:
+    """``_RECORD_CHANGES`` for each row of ``outbox`` (an expression of a list of rows)."""
+    return f"UNWIND {outbox} AS o\nCALL (o) {{" + _RECORD_CHANGES + "}\n"
+
+
+RECORD_CHANGES = record_changes("$outbox")
 
 
 # Every episode write of a transaction in one statement, in order: each write is one run of
@@ -321,8 +343,9 @@ RECORD_CHANGES = "UNWIND $outbox AS o\nCALL (o) {" + _RECORD_CHANGES + "}\n"
 # facts point at them), then the Episodic marker, its MENTIONS, the facts (full state) and
 # the closures; then each group's changes, one outbox row per group (``$outbox``).
 WRITE_EPISODES = (
-    """
-UNWIND $writes AS w
+    KEEP_PLAN
+    + """
+UNWIND $batch.writes AS w
 CALL (w) {
   CALL (w) {"""
     + upsert_entity_rows("w.entities", "w.group_id")
@@ -346,7 +369,7 @@ CALL (w) {
 }
 WITH count(*) AS written
 """
-    + RECORD_CHANGES
+    + record_changes("$batch.outbox")
 )
 
 # Community memberships in order (each row names its group: the assignments of several
