@@ -13,12 +13,10 @@ from hypothesis import strategies as st
 
 from tests.integration.test_delivery_order_stores import DIM, Record, deliveries
 from tests.support.forget_oracle import forget_both_ways
+from tests.support.plan_keys import PlanKeys
 from tests.unit.test_forget_incremental import by_name, fed, generated
 from tidegraph.pipelines.forget import forget_episodes, forget_subject
-from tidegraph.stores.executor import Params, Row
-from tidegraph.stores.neo4j import executor
-from tidegraph.stores.neo4j.forget import PLANS_AHEAD_GROUP
-from tidegraph.stores.neo4j.lifecycle_queries import KEEP_PLAN
+from tidegraph.stores.neo4j.plans import PLANS_AHEAD_GROUP
 from tidegraph.stores.neo4j.store import Neo4jStore
 
 pytestmark = pytest.mark.integration
@@ -62,43 +60,30 @@ async def test_the_incremental_forget_equals_the_whole_replay_on_neo4j(
 async def test_the_store_plans_a_forgets_statements_when_it_starts(
     neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A forget does not pay Cypher planning (seconds for the first forget after an ingest):
-    each statement of a forget that keeps its plan (``KEEP_PLAN``) was run when the store
-    started, and that run left nothing in the store."""
-    ran: list[str] = []
-    tx_rows, read_rows = executor._Transaction.rows, executor.Neo4jExecutor.rows
-
-    async def in_tx(
-        self: executor._Transaction, query: str, params: Params | None = None
-    ) -> list[Row]:
-        ran.append(query)
-        return await tx_rows(self, query, params)
-
-    async def read(
-        self: executor.Neo4jExecutor, query: str, params: Params | None = None
-    ) -> list[Row]:
-        ran.append(query)
-        return await read_rows(self, query, params)
-
-    monkeypatch.setattr(executor._Transaction, "rows", in_tx)
-    monkeypatch.setattr(executor.Neo4jExecutor, "rows", read)
+    """A forget does not pay Cypher planning (seconds for the first forget after an ingest,
+    and for each new size of its lists): each statement of a forget keeps its plan
+    (``KEEP_PLAN``), takes its values in one map whatever their sizes, and was run when the
+    store started as the forget runs it (before or after its transaction has written), so
+    its plan is cached under the key the forget looks it up by; and that run left nothing in
+    the store."""
+    keys = PlanKeys().record(monkeypatch)
     store = Neo4jStore(neo4j_uri)
     group = f"inc-{uuidlib.uuid4().hex[:10]}"
     try:
         await store.setup(DIM)
-        planned = {query for query in ran if query.startswith(KEEP_PLAN)}
+        planned = keys.kept()
         left = await store.ex.rows(
             "MATCH (n) WHERE n.group_id = $group RETURN count(n) AS n", {"group": PLANS_AHEAD_GROUP}
         )
         assert left == [{"n": 0}]
         runner = await fed(store, group, generated(12, 3))
         history = await store.forget.group_history(group)
-        ran.clear()
+        keys.ran.clear()
         await forget_episodes(runner, group, [history.episodes[0].producer_id])
         await forget_subject(runner, group, by_name(history)[0])
-        kept = {query for query in ran if query.startswith(KEEP_PLAN)}
-        assert len(kept) >= 15
-        assert kept <= planned, sorted(kept - planned)
+        kept = keys.kept()
+        assert len({key[0] for key in kept}) >= 19
+        assert kept <= planned, sorted((k[0][:80], k[1], k[2]) for k in kept - planned)
     finally:
         await store.forget.delete_group(group)
         await store.close()

@@ -46,6 +46,8 @@ WHOLE_STORE = {"PENDING_GROUPS"}
 # is scoped by ``ask.group_id``.
 PER_ASK_GROUP = {"READ_BATCHES"}
 WRITES = re.compile(r"\b(CREATE|MERGE|SET|DELETE)\b")
+# The group parameter, or a kept plan's (``plans.kept_plan``: ``$p.group_id``).
+GROUP_PARAMETER = re.compile(r"\$(p\.)?group_ids?\b")
 LEFT_TO_FORMAT = re.compile(r"\{\{|\}\}|\{[a-z_]+\}")  # "{rows}", a doubled brace
 
 
@@ -89,7 +91,7 @@ def test_every_query_is_parameterised_text(where: str, name: str, text: str) -> 
 
 @pytest.mark.parametrize(("where", "name", "text"), ALL, ids=[w for w, _, _ in ALL])
 def test_reads_are_scoped_by_group(where: str, name: str, text: str) -> None:
-    if name in UNSCOPED | WHOLE_STORE or (WRITES.search(text) and "$group_id" not in text):
+    if name in UNSCOPED | WHOLE_STORE or (WRITES.search(text) and not GROUP_PARAMETER.search(text)):
         # by primary key, or a write of rows whose group the caller checked
         return
     if name in PER_ASK_GROUP:
@@ -97,7 +99,7 @@ def test_reads_are_scoped_by_group(where: str, name: str, text: str) -> None:
         scoped = len(re.findall(r"\b\w+\.group_id = ask\.group_id\b", text))
         assert matches and scoped >= matches, f"{where} has a MATCH without its ask's group"
         return
-    assert re.search(r"\$group_ids?\b", text), f"{where} reads without a group: {text}"
+    assert GROUP_PARAMETER.search(text), f"{where} reads without a group: {text}"
 
 
 def test_search_queries_cover_every_kind() -> None:

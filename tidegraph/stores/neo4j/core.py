@@ -141,18 +141,25 @@ class StoreCore(GraphStore):
 
     # ------------------------------------------------------------------ entities
     async def _entities(self, group_id: str, query: str, **params: Any) -> list[EntityRecord]:
-        rows = await self.ex.rows(query, {"group_id": group_id, **params})
-        return await self._entities_of(group_id, rows)
+        return await self._entities_by(group_id, query, {"group_id": group_id, **params})
+
+    async def _entities_by(
+        self, group_id: str, query: str, params: dict[str, Any]
+    ) -> list[EntityRecord]:
+        """The entities ``query`` finds with ``params`` as given (a kept plan's: one map)."""
+        return await self._entities_of(group_id, await self.ex.rows(query, params))
 
     async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
         if not names:
             return []
-        return await self._entities(group_id, q.ENTITIES_BY_NAMES, names=unique(names))
+        params = q.plan_params({"group_id": group_id, "names": unique(names)})
+        return await self._entities_by(group_id, q.ENTITIES_BY_NAMES, params)
 
     async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
         if not keys:
             return []
-        return await self._entities(group_id, q.ENTITIES_BY_KEYS, keys=unique(keys))
+        params = q.plan_params({"group_id": group_id, "keys": unique(keys)})
+        return await self._entities_by(group_id, q.ENTITIES_BY_KEYS, params)
 
     async def entities_by_key_prefix(self, group_id: str, prefix: str) -> list[EntityRecord]:
         return await self._entities(group_id, q.ENTITIES_BY_KEY_PREFIX, prefix=prefix)
@@ -160,7 +167,8 @@ class StoreCore(GraphStore):
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         if not uuids:
             return []
-        return await self._entities(group_id, q.ENTITIES_BY_UUIDS, uuids=unique(uuids))
+        params = q.plan_params({"group_id": group_id, "uuids": unique(uuids)})
+        return await self._entities_by(group_id, q.ENTITIES_BY_UUIDS, params)
 
     async def fulltext_entities(
         self, group_id: str, text: str, limit: int

@@ -5,16 +5,17 @@ scoped by its group."""
 from __future__ import annotations
 
 from tidegraph.stores.neo4j import queries as q
-from tidegraph.stores.neo4j.queries import at, ats, set_fact_end_words, set_fact_time_words
-from tidegraph.stores.neo4j.write_queries import KEEP_PLAN as KEEP_PLAN
+from tidegraph.stores.neo4j.queries import (
+    at,
+    ats,
+    kept_plan,
+    set_fact_end_words,
+    set_fact_time_words,
+)
 
-# Each statement a forget runs keeps its plan. Forgets are rare beside writes, and writes
-# move the statistics Neo4j planned a statement with, after which it plans the statement again
-# on its next use: the first forget after an ingest paid seconds of planning. So the forget's
-# statements start with ``KEEP_PLAN`` (Neo4j uses a cached plan whatever the statistics, and
-# plans only when it has none), the store plans them all when it starts
-# (``Neo4jForgetting.plan_ahead``), and a statement whose plan could depend on the statistics
-# names its index (``USING INDEX``): a plan made on an empty store stays right on a large one.
+# A forget runs its statements with their parameters in one map (``queries.kept_plan``).
+plan_params = q.plan_params
+
 
 # ---- the change stream: a ``Change`` node per write of a group, its changes numbered
 # ``seq`` to ``last`` one per line (``tidegraph.stores.rows.outbox_row``), found by
@@ -113,9 +114,8 @@ RETURN count(*) AS deleted, max(last) AS dropped, coalesce(sum(held), 0) AS chan
 # deleted ones moves past them, up to the first change still there (the relay never waits for
 # a change that is gone, and moves a cursor itself only past changes Kafka acknowledged). A
 # row holding the cursor's next change keeps it where it is.
-SKIP_DROPPED = (
-    KEEP_PLAN
-    + """
+SKIP_DROPPED = kept_plan(
+    """
 OPTIONAL MATCH (cursor:ChangeCursor {group_id: $group_id})
 WITH coalesce(cursor.published, 0) AS published
 WHERE $dropped > published
@@ -170,9 +170,8 @@ RETURN count(*) AS numbered
 
 
 # ---- what a forget reads (the version first: a write after it makes the rebuild refused)
-GROUP_VERSION = (
-    KEEP_PLAN
-    + """
+GROUP_VERSION = kept_plan(
+    """
 OPTIONAL MATCH (log:ChangeLog {group_id: $group_id})
 RETURN coalesce(log.version, 0) AS version
 """
@@ -200,9 +199,8 @@ RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
 
 # The episodes named, those mentioning the entities named and those that created the entities
 # named (``Forgetting.history_part``), each found through a uuid constraint.
-HISTORY_PART = (
-    KEEP_PLAN
-    + """
+HISTORY_PART = kept_plan(
+    """
 CALL () {
   MATCH (ep:Episodic) WHERE ep.uuid IN $episodes RETURN ep
   UNION
@@ -218,9 +216,8 @@ ORDER BY coalesce(ep.extracted_at, ep.created_at), ep.uuid
 """
 )
 
-GROUP_PROFILE = (
-    KEEP_PLAN
-    + """
+GROUP_PROFILE = kept_plan(
+    """
 RETURN EXISTS {
          MATCH (ep:Episodic)
          USING INDEX ep:Episodic(group_id)
@@ -236,9 +233,8 @@ RETURN EXISTS {
 """
 )
 # Up to $up_to of the group's live extracted episodes (``Forgetting.extracted_episodes``).
-EXTRACTED_EPISODES = (
-    KEEP_PLAN
-    + """
+EXTRACTED_EPISODES = kept_plan(
+    """
 MATCH (ep:Episodic)
 USING INDEX ep:Episodic(group_id)
 WHERE ep.group_id = $group_id AND ep.forgotten_at IS NULL AND ep.not_extracted IS NULL
@@ -250,26 +246,23 @@ RETURN count(ep) AS extracted
 # ---- what a forget writes, in one transaction, in this order
 # The entities a rebuild writes that exist, and their groups (a rebuild never takes over
 # another group's entity).
-REBUILD_OWNERS = (
-    KEEP_PLAN
-    + """
+REBUILD_OWNERS = kept_plan(
+    """
 UNWIND $uuids AS uuid
 MATCH (e:Entity {uuid: uuid})
 RETURN e.uuid AS uuid, e.group_id AS group_id
 """
 )
-REBUILD_VERSION = (
-    KEEP_PLAN
-    + """
+REBUILD_VERSION = kept_plan(
+    """
 OPTIONAL MATCH (log:ChangeLog {group_id: $group_id})
 RETURN coalesce(log.version, 0) AS version
 """
 )
 
 # The forgotten episodes become tombstones: uuid, group and when; nothing else of them stays.
-TOMBSTONES = (
-    KEEP_PLAN
-    + """
+TOMBSTONES = kept_plan(
+    """
 UNWIND $uuids AS uuid
 MATCH (ep:Episodic {uuid: uuid})
 WHERE ep.group_id = $group_id
@@ -284,9 +277,8 @@ SET ep = {uuid: ep.uuid, group_id: ep.group_id, forgotten_at: """
 
 # Before forgetting episodes: the messages whose context they are (re-indexed after), and
 # the words of their speakers (kept only while a remaining message has them).
-FORGOTTEN_THREADS = (
-    KEEP_PLAN
-    + """
+FORGOTTEN_THREADS = kept_plan(
+    """
 UNWIND $uuids AS uuid
 MATCH (ep:Episodic {uuid: uuid})
 WHERE ep.group_id = $group_id AND ep.source = 'message'
@@ -301,17 +293,15 @@ RETURN collect(DISTINCT n.uuid) AS followers,
 )
 # After: their contexts without the forgotten messages, and the speaker words no remaining
 # message has removed.
-REINDEX_THREADS = (
-    KEEP_PLAN
-    + """
+REINDEX_THREADS = kept_plan(
+    """
 UNWIND $followers AS uuid
 MATCH (n:Episodic {uuid: uuid})
 WHERE n.group_id = $group_id AND n.forgotten_at IS NULL"""
     + q.thread_context("n")
 )
-DROP_SPEAKER_WORDS = (
-    KEEP_PLAN
-    + """
+DROP_SPEAKER_WORDS = kept_plan(
+    """
 UNWIND $words AS word
 MATCH (s:SpeakerWord {group_id: $group_id, word: word})
 WHERE NOT EXISTS {
@@ -323,9 +313,8 @@ DETACH DELETE s
 """
 )
 
-DELETE_FACTS = (
-    KEEP_PLAN
-    + """
+DELETE_FACTS = kept_plan(
+    """
 UNWIND $uuids AS uuid
 MATCH ()-[r:RELATES_TO {uuid: uuid}]->()
 WHERE r.group_id = $group_id
@@ -333,9 +322,8 @@ DELETE r
 """
 )
 
-DELETE_ENTITIES = (
-    KEEP_PLAN
-    + """
+DELETE_ENTITIES = kept_plan(
+    """
 UNWIND $uuids AS uuid
 MATCH (e:Entity {uuid: uuid})
 WHERE e.group_id = $group_id
@@ -345,9 +333,8 @@ DETACH DELETE e
 
 # Entities in full: created, or every property replaced; type labels become node labels as
 # in the usual upsert (checked names, ``rows.clean_labels``).
-OVERWRITE_ENTITIES = (
-    KEEP_PLAN
-    + """
+OVERWRITE_ENTITIES = kept_plan(
+    """
 UNWIND $rows AS row
 MERGE (e:Entity {uuid: row.uuid})
 ON CREATE SET e.group_id = $group_id
@@ -368,9 +355,8 @@ SET e:$(row.labels)
 
 # Facts in full: created between their ends, or every property replaced (ends, histories and
 # their nulls included: a comprehension over a null list is null).
-OVERWRITE_FACTS = (
-    KEEP_PLAN
-    + """
+OVERWRITE_FACTS = kept_plan(
+    """
 UNWIND $rows AS row
 MATCH (s:Entity {uuid: row.source_uuid}) WHERE s.group_id = $group_id
 MATCH (t:Entity {uuid: row.target_uuid}) WHERE t.group_id = $group_id
@@ -418,9 +404,8 @@ SET r.group_id = $group_id,
     + set_fact_end_words("r")
 )
 
-REPLACE_MENTIONS = (
-    KEEP_PLAN
-    + """
+REPLACE_MENTIONS = kept_plan(
+    """
 UNWIND $rows AS row
 MATCH (ep:Episodic {uuid: row.episode})
 WHERE ep.group_id = $group_id
@@ -434,9 +419,8 @@ ON CREATE SET n.group_id = $group_id
 """
 )
 
-SET_CREATED = (
-    KEEP_PLAN
-    + """
+SET_CREATED = kept_plan(
+    """
 UNWIND $rows AS row
 MATCH (ep:Episodic {uuid: row.episode})
 WHERE ep.group_id = $group_id
@@ -444,11 +428,13 @@ SET ep.created_entities = row.created
 """
 )
 
+# The rebuild's changes, in the group's outbox (the write path's own statement, kept).
+REBUILD_CHANGES = kept_plan(q.RECORD_CHANGES)
+
 # The outbox rows holding a change of records ``$uuids``, found through the index of records
 # (a forget takes those changes out: ``PURGED_ROWS`` writes the rows without them).
-ROWS_TO_PURGE = (
-    KEEP_PLAN
-    + """
+ROWS_TO_PURGE = kept_plan(
+    """
 MATCH (r:ChangeRecord)
 USING INDEX r:ChangeRecord(uuid)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
@@ -462,9 +448,8 @@ RETURN elementId(c) AS id, c.last AS last, c.change_id AS change_id, c.kind AS k
 )
 
 # The purged records out of the index of records.
-UNINDEX_PURGED = (
-    KEEP_PLAN
-    + """
+UNINDEX_PURGED = kept_plan(
+    """
 MATCH (r:ChangeRecord)
 USING INDEX r:ChangeRecord(uuid)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
@@ -472,9 +457,8 @@ DELETE r
 """
 )
 
-PURGED_ROWS = (
-    KEEP_PLAN
-    + """
+PURGED_ROWS = kept_plan(
+    """
 UNWIND $rows AS row
 MATCH (c:Change)
 WHERE elementId(c) = row.id AND c.group_id = $group_id
@@ -593,9 +577,8 @@ RETURN ep.uuid AS uuid, ep.producer_id AS producer_id, ep.name AS name,
 
 # Communities with a member removed or changed go (their names and summaries may carry what
 # was forgotten); the next refresh groups the remaining members again.
-DELETE_STALE_COMMUNITIES = (
-    KEEP_PLAN
-    + """
+DELETE_STALE_COMMUNITIES = kept_plan(
+    """
 MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
 USING INDEX e:Entity(uuid)
 WHERE c.group_id = $group_id AND e.group_id = $group_id AND e.uuid IN $uuids

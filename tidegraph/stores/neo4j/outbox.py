@@ -106,7 +106,10 @@ class Neo4jOutbox(Outbox):
 
             async def work(tx: Tx) -> tuple[int, int]:
                 [row] = await tx.rows(lq.PRUNE_CHANGES, params)
-                await tx.rows(lq.SKIP_DROPPED, {"group_id": group_id, "dropped": row["dropped"]})
+                await tx.rows(
+                    lq.SKIP_DROPPED,
+                    lq.plan_params({"group_id": group_id, "dropped": row["dropped"]}),
+                )
                 return int(row["deleted"]), int(row["changes"])
 
             deleted, changes = await self.store.ex.write("prune_changes", q.OUTBOX_ROW_BATCH, work)

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
 
+# Kept plans (``plans``), under the names the store's modules read them by.
+from tidegraph.stores.neo4j.plans import KEEP_PLAN as KEEP_PLAN
+from tidegraph.stores.neo4j.plans import kept_plan as kept_plan
+from tidegraph.stores.neo4j.plans import plan_params as plan_params
+
 # The write statements, under the names the store's modules read them by.
 from tidegraph.stores.neo4j.write_queries import ASSIGN_MEMBERS as ASSIGN_MEMBERS
 from tidegraph.stores.neo4j.write_queries import EPISODE_TIME_FIELDS as EPISODE_TIME_FIELDS
 from tidegraph.stores.neo4j.write_queries import FACT_ENDS_FIELD as FACT_ENDS_FIELD
 from tidegraph.stores.neo4j.write_queries import FACT_TIME_FIELDS as FACT_TIME_FIELDS
-from tidegraph.stores.neo4j.write_queries import KEEP_PLAN as KEEP_PLAN
 from tidegraph.stores.neo4j.write_queries import RECORD_CHANGES as RECORD_CHANGES
 from tidegraph.stores.neo4j.write_queries import UPSERT_COMMUNITIES as UPSERT_COMMUNITIES
 from tidegraph.stores.neo4j.write_queries import UPSERT_ENTITIES as UPSERT_ENTITIES
@@ -352,20 +356,23 @@ WHERE e.uuid IN $uuids
 RETURN e.uuid AS uuid, e.group_id AS group_id
 """
 
-_ENTITIES_NAMED = """
-MATCH (e:Entity)
-WHERE e.group_id = $group_id
+_NAMED = """WHERE e.group_id = $group_id
   AND (e.name_norm IN $names OR any(alias IN e.aliases WHERE alias IN $names))
 """
+_ENTITIES_NAMED = "\nMATCH (e:Entity)\n" + _NAMED
 _ENTITIES_KEYED = """
 MATCH (e:Entity)
 USING INDEX e:Entity(group_id, key)
 WHERE e.group_id = $group_id AND e.key IN $keys
 """
 
-ENTITIES_BY_NAMES = _ENTITIES_NAMED + _ENTITY_RETURN
+# (a name is in an entity's aliases too: the group's entities are read through its index, as a
+# large group's plan does; the plan is kept)
+ENTITIES_BY_NAMES = kept_plan(
+    "\nMATCH (e:Entity)\nUSING INDEX e:Entity(group_id)\n" + _NAMED + _ENTITY_RETURN
+)
 
-ENTITIES_BY_KEYS = _ENTITIES_KEYED + _ENTITY_RETURN
+ENTITIES_BY_KEYS = kept_plan(_ENTITIES_KEYED + _ENTITY_RETURN)
 
 ENTITIES_BY_KEY_PREFIX = (
     """
@@ -478,9 +485,10 @@ WHERE e.group_id = $group_id
 RETURN e.uuid AS uuid, {COMMUNITY_OF_E} AS community_uuid
 """
 
-ENTITIES_BY_UUIDS = (
+ENTITIES_BY_UUIDS = kept_plan(
     """
 MATCH (e:Entity)
+USING INDEX e:Entity(uuid)
 WHERE e.uuid IN $uuids AND e.group_id = $group_id
 """
     + _ENTITY_RETURN
@@ -588,11 +596,11 @@ CALL () {
 MATCH (s:Entity)-[r]->(t:Entity)
 """
 # (times as epoch microseconds: see epoch_micros)
-FACT_CANDIDATES = (
+FACT_CANDIDATES = kept_plan(
     _FACT_CANDIDATES
     + f"RETURN r {{.*, {FACT_TIMES}}} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid\n"
 )
-FACT_CANDIDATES_PLAIN = (
+FACT_CANDIDATES_PLAIN = kept_plan(
     _FACT_CANDIDATES
     + f"RETURN r {{.*, fact_embedding: null, {FACT_TIMES}}} AS r, "
     + "s.uuid AS source_uuid, t.uuid AS target_uuid\n"

@@ -43,9 +43,10 @@ from tidegraph.stores.neo4j.browse import Neo4jBrowsing
 from tidegraph.stores.neo4j.communities import Neo4jCommunities
 from tidegraph.stores.neo4j.core import StoreCore
 from tidegraph.stores.neo4j.executor import Neo4jExecutor
-from tidegraph.stores.neo4j.forget import PLANS_AHEAD_GROUP, Neo4jForgetting
+from tidegraph.stores.neo4j.forget import Neo4jForgetting
 from tidegraph.stores.neo4j.keys import Neo4jKeys
 from tidegraph.stores.neo4j.outbox import Neo4jOutbox
+from tidegraph.stores.neo4j.plans import NO_RECORD, PLANS_AHEAD_GROUP, stand_ins
 from tidegraph.stores.rows import (
     check_embedding,
     closure_row,
@@ -210,8 +211,7 @@ class Neo4jStore(StoreCore):
         await self._index_stored_ids()
         await self.ex.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
-        await Neo4jForgetting(self).plan_ahead()  # a forget does not pay Cypher planning
-        await self._plan_writes_ahead()  # nor does an episode write
+        await self.plan_ahead()
 
     async def _until_none(self, query: str, column: str, params: dict[str, Any]) -> int:
         """Runs a migration statement, one transaction each, until it handles no row (the
@@ -441,11 +441,13 @@ class Neo4jStore(StoreCore):
     async def _fact_candidates(
         self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
     ) -> list[FactRecord]:
-        params = {
-            "group_id": group_id,
-            "pairs": [{"source": s, "relation": r} for s, r in pairs],
-            "ends": ends,
-        }
+        params = q.plan_params(
+            {
+                "group_id": group_id,
+                "pairs": [{"source": s, "relation": r} for s, r in pairs],
+                "ends": ends,
+            }
+        )
         query = q.FACT_CANDIDATES if embeddings else q.FACT_CANDIDATES_PLAIN
         return sort_facts(fact_of(r) for r in await self.ex.rows(query, params))
 
@@ -496,15 +498,12 @@ class Neo4jStore(StoreCore):
     async def _write_jobs(self, tx: Tx, jobs: list[_EpisodeJob]) -> list[bool]:
         """The episode writes of ``jobs`` in ``tx``: one read of what they touch, the checks
         in Python (``errors.WriteChecks``), one statement for every write that passes. Both
-        statements keep their plan (``q.KEEP_PLAN``) and take their lists in one map
-        (``batch``): Neo4j keys a cached plan by the size of each list or string parameter
-        (to the next power of ten), so lists as parameters of their own made it plan the
-        write again for every new size (a second or more of the server's CPU each, during
-        which no other write commits); the map gives one plan, made when the store starts
-        (``_plan_writes_ahead``)."""
+        statements keep their plan (``plans.kept_plan``): with lists as parameters of their
+        own, Neo4j planned the write again for every new size class of a list (a second or
+        more of the server's CPU each, during which no other write commits)."""
         episodes, entities, facts = errors.touched_by([job.write for job in jobs])
         touched = {"episode_uuids": episodes, "entity_uuids": entities, "fact_uuids": facts}
-        [state] = await tx.rows(q.WRITE_STATES, {"batch": touched})
+        [state] = await tx.rows(q.WRITE_STATES, q.plan_params(touched))
         checks = errors.WriteChecks(
             episodes={
                 uuid: errors.StoredEpisode(group, content_hash, not_extracted)
@@ -522,42 +521,24 @@ class Neo4jStore(StoreCore):
         for job in admitted:
             by_group.setdefault(job.group_id, []).append(job.outbox)
         if admitted:
-            batch = {
+            params = {
                 "writes": [job.params for job in admitted],
                 "outbox": [joined_outbox_rows(rows) for rows in by_group.values()],
+                "deployment": self.deployment,
+                **q.thread_params(),
             }
-            params = {"batch": batch, "deployment": self.deployment, **q.thread_params()}
-            await tx.rows(q.WRITE_EPISODES, params)
+            await tx.rows(q.WRITE_EPISODES, q.plan_params(params))
         return written
 
-    async def _plan_writes_ahead(self) -> None:
-        """Has Neo4j plan the episode write's statements now, when the store starts, so that
-        no write pays it (each keeps its plan): one write of a group no one has, in a
-        transaction that is rolled back."""
-        group_id, nothing = PLANS_AHEAD_GROUP, "no such record"
+    async def plan_ahead(self) -> None:
+        """Has Neo4j plan the statements that keep their plan (``plans``) now, when the store
+        starts, so that no episode write, read of the write path or forget pays it: the
+        episode write, one write of a group no one has in a transaction that is rolled
+        back, and the forget's (``Neo4jForgetting.plan_ahead``)."""
         when = now_utc()
-        entity = EntityRecord(uuid=nothing, group_id=group_id, name=nothing, created_at=when)
-        fact = FactRecord(
-            uuid=nothing,
-            group_id=group_id,
-            source_uuid=nothing,
-            target_uuid=nothing,
-            name="PLANS_AHEAD",
-            fact=nothing,
-            episodes=[nothing],
-            valid_at=when,
-            created_at=when,
-        )
-        episode = EpisodeRecord(
-            uuid=nothing,
-            group_id=group_id,
-            name=nothing,
-            source="message",
-            source_description=nothing,
-            content=nothing,
-            valid_at=when,
-        )
-        write = EpisodeWrite(episode, mentions=[nothing], facts=[fact], entities=[entity])
+        entity, fact, episode = stand_ins(when)
+        group_id = PLANS_AHEAD_GROUP
+        write = EpisodeWrite(episode, mentions=[NO_RECORD], facts=[fact], entities=[entity])
         dim = await self._embedding_dim()
         job = _EpisodeJob(
             group_id, write, _write_params(group_id, write, dim, when), outbox_row(group_id, [])
@@ -567,3 +548,4 @@ class Neo4jStore(StoreCore):
             await self._write_jobs(tx, [job])
 
         await self.ex.rehearse(work)
+        await Neo4jForgetting(self).plan_ahead()

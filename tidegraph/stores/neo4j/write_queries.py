@@ -23,6 +23,7 @@ from tidegraph.records.times import (
     WORDS_ORIGIN_EPOCH_SECONDS,
     time_words,
 )
+from tidegraph.stores.neo4j.plans import kept_plan
 from tidegraph.stores.rows import TIME_FIELDS, TIME_LIST_FIELDS
 from tidegraph.stores.write_rules import (
     CLOSURE,
@@ -48,15 +49,6 @@ def at(expression: str) -> str:
 def ats(expression: str) -> str:
     """Cypher for a list of times written as epoch pairs (a null list stays null)."""
     return f"[pair IN {expression} | datetime.fromepoch(pair[0], pair[1])]"
-
-
-# A statement that keeps its plan: Neo4j uses the plan it cached whatever the statistics say
-# since, and plans only when it has none. Writes move the statistics a statement was planned
-# with, after which Neo4j plans it again on its next use (every few seconds on a store that
-# grows); a statement that keeps its plan names the index of every lookup the statistics could
-# steer (``USING INDEX``, or a uniqueness constraint's), so that a plan made on an empty store
-# stays right on a large one, and the store plans it when it starts (``Neo4jStore.setup``).
-KEEP_PLAN = "CYPHER replan=skip\n"
 
 
 # ----------------------------------------------------------------------------- from the rules
@@ -281,21 +273,20 @@ _MERGE_EPISODE = f"""
 # (``errors.check_write`` runs on it in Python, each write seeing the ones before it): the
 # stored Episodic of each episode, the group of each entity named and the group and ends of
 # each fact written or closed.
-WRITE_STATES = (
-    KEEP_PLAN
-    + """
+WRITE_STATES = kept_plan(
+    """
 CALL () {
-  UNWIND $batch.episode_uuids AS uuid
+  UNWIND $episode_uuids AS uuid
   MATCH (ep:Episodic {uuid: uuid})
   RETURN collect([ep.uuid, ep.group_id, ep.content_hash, ep.not_extracted]) AS episodes
 }
 CALL () {
-  UNWIND $batch.entity_uuids AS uuid
+  UNWIND $entity_uuids AS uuid
   MATCH (e:Entity {uuid: uuid})
   RETURN collect([e.uuid, e.group_id]) AS entities
 }
 CALL () {
-  UNWIND $batch.fact_uuids AS uuid
+  UNWIND $fact_uuids AS uuid
   MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
   USING INDEX r:RELATES_TO(uuid)
   RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
@@ -326,15 +317,8 @@ _RECORD_CHANGES = """
     UNWIND o.records AS uuid
     CREATE (:ChangeRecord {group_id: o.group_id, uuid: uuid, last: base + o.n})
 """
-
-
 # The same alone (a forget's rebuild): ``$outbox`` holds the group's one row.
-def record_changes(outbox: str) -> str:
-    """``_RECORD_CHANGES`` for each row of ``outbox`` (an expression of a list of rows)."""
-    return f"UNWIND {outbox} AS o\nCALL (o) {{" + _RECORD_CHANGES + "}\n"
-
-
-RECORD_CHANGES = record_changes("$outbox")
+RECORD_CHANGES = "UNWIND $outbox AS o\nCALL (o) {" + _RECORD_CHANGES + "}\n"
 
 
 # Every episode write of a transaction in one statement, in order: each write is one run of
@@ -342,10 +326,9 @@ RECORD_CHANGES = record_changes("$outbox")
 # the result is that of one statement per write. Per write: entities first (mentions and
 # facts point at them), then the Episodic marker, its MENTIONS, the facts (full state) and
 # the closures; then each group's changes, one outbox row per group (``$outbox``).
-WRITE_EPISODES = (
-    KEEP_PLAN
-    + """
-UNWIND $batch.writes AS w
+WRITE_EPISODES = kept_plan(
+    """
+UNWIND $writes AS w
 CALL (w) {
   CALL (w) {"""
     + upsert_entity_rows("w.entities", "w.group_id")
@@ -369,7 +352,7 @@ CALL (w) {
 }
 WITH count(*) AS written
 """
-    + record_changes("$batch.outbox")
+    + RECORD_CHANGES
 )
 
 # Community memberships in order (each row names its group: the assignments of several
