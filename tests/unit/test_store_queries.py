@@ -46,7 +46,8 @@ WHOLE_STORE = {"PENDING_GROUPS"}
 # is scoped by ``ask.group_id``.
 PER_ASK_GROUP = {"READ_BATCHES"}
 WRITES = re.compile(r"\b(CREATE|MERGE|SET|DELETE)\b")
-# The group parameter, or a kept plan's (``plans.kept_plan``: ``$p.group_id``).
+# The group parameter, as a statement takes it: ``$group_id``, or ``$p.group_id`` in a statement
+# that keeps its plan (``plans.kept_plan``: its parameters in one map).
 GROUP_PARAMETER = re.compile(r"\$(p\.)?group_ids?\b")
 LEFT_TO_FORMAT = re.compile(r"\{\{|\}\}|\{[a-z_]+\}")  # "{rows}", a doubled brace
 
