@@ -296,12 +296,17 @@ WHERE ep.group_id = $group_id AND ep.not_extracted IS NULL
 RETURN ep.content_hash AS content_hash, ep.created_entities AS created_entities
 """
 
-EPISODES_PROCESSED = """
+# The statements of the text write path's chain keep their plan (``plans.kept_plan``): the
+# processed markers, the earlier episodes, the unit's read and the entity search.
+EPISODES_PROCESSED = kept_plan(
+    """
 UNWIND $uuids AS uuid
 MATCH (ep:Episodic {uuid: uuid})
+USING INDEX ep:Episodic(uuid)
 WHERE ep.group_id = $group_id AND ep.not_extracted IS NULL
 RETURN ep.uuid AS uuid, ep.content_hash AS content_hash, ep.created_entities AS created_entities
 """
+)
 
 PENDING_EPISODES = """
 MATCH (ep:Episodic)
@@ -320,10 +325,12 @@ LIMIT $limit
 """
 
 # RECENT_EPISODES for several times at once, in the order of $befores.
-RECENT_EPISODES_BEFORE = """
+RECENT_EPISODES_BEFORE = kept_plan(
+    """
 UNWIND range(0, size($befores) - 1) AS i
 CALL (i) {
   MATCH (ep:Episodic)
+  USING INDEX ep:Episodic(group_id, valid_at)
   WHERE ep.group_id = $group_id AND ep.valid_at < $befores[i]
   WITH ep ORDER BY ep.valid_at DESC, ep.uuid DESC LIMIT $limit
   RETURN collect(ep {.*}) AS eps
@@ -331,6 +338,7 @@ CALL (i) {
 RETURN i, eps
 ORDER BY i
 """
+)
 
 PRODUCER_IDS = """
 MATCH (ep:Episodic)
@@ -435,8 +443,11 @@ RETURN processed, stored_hash, created_entities, hows,
 # What the batches of several groups read before they are processed, in one round trip
 # (``Neo4jStore.read_batch``): per ask (``ask.i``, its group, keys, names, relations and
 # episodes), the processed markers of its episodes and the entities its keys and names find
-# (``hows``: by key, by name or both), each once with its facts of the ask's relations.
-READ_BATCHES = (
+# (``hows``: by key, by name or both), each once with its facts of the ask's relations. Its
+# plan is kept: the names through the group's index, and an entity's facts by expanding from
+# it (their relations filtered after the expansion: with the filter on the pattern, a plan
+# made on an empty store sought the group's every fact through its index for each entity).
+READ_BATCHES = kept_plan(
     """
 UNWIND $asks AS ask
 CALL (ask) {
@@ -454,6 +465,7 @@ CALL (ask) {
     RETURN e, 'key' AS how
     UNION ALL
     MATCH (e:Entity)
+    USING INDEX e:Entity(group_id)
     WHERE e.group_id = ask.group_id
       AND (e.name_norm IN ask.names OR any(alias IN e.aliases WHERE alias IN ask.names))
     RETURN e, 'name' AS how
@@ -465,7 +477,8 @@ CALL (ask) {
     + times_as_micros("e", ("created_at",))
     + """},
     facts: COLLECT {
-      MATCH (e)-[r:RELATES_TO]->(t:Entity)
+      UNWIND [(e)-[r:RELATES_TO]->(t:Entity) | [r, t]] AS fact
+      WITH fact[0] AS r, fact[1] AS t
       WHERE r.group_id = ask.group_id AND r.name IN ask.relations
       RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
     + FACT_TIMES
@@ -522,9 +535,11 @@ WITH e, score
 # small-group scan of ``tidegraph.stores.neo4j.search.Neo4jSearch._nearest``) and, when it
 # has a fulltext query, its best $limit of FULLTEXT_ENTITIES; [uuid, score] pairs, one row
 # per draft (``i``).
-ENTITY_CANDIDATES = f"""
+ENTITY_CANDIDATES = kept_plan(
+    f"""
 CALL () {{
   MATCH (x:Entity)
+  USING INDEX x:Entity(group_id)
   WHERE x.group_id = $group_id AND x.name_embedding IS NOT NULL
   RETURN x LIMIT $scan_below
 }}
@@ -553,11 +568,13 @@ CALL (vector_hits, fulltext_hits) {{
   UNWIND [h IN vector_hits | h[0]] + [h IN fulltext_hits | h[0]] AS u
   WITH DISTINCT u
   MATCH (e:Entity {{uuid: u}})
+  USING INDEX e:Entity(uuid)
   WHERE e.group_id = $group_id
   RETURN collect({{e: e {{.*}}, community_uuid: {COMMUNITY_OF_E}}}) AS records
 }}
 RETURN i, small, vector_hits, fulltext_hits, records
 """
+)
 
 # ---- facts
 _FACT_RETURN = """

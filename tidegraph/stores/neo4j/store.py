@@ -340,7 +340,7 @@ class Neo4jStore(StoreCore):
     ) -> dict[str, list[str]]:
         hashes = dict(episodes)
         rows = await self.ex.rows(
-            q.EPISODES_PROCESSED, {"group_id": group_id, "uuids": list(hashes)}
+            q.EPISODES_PROCESSED, q.plan_params({"group_id": group_id, "uuids": list(hashes)})
         )
         found: dict[str, list[str]] = {}
         for row in rows:
@@ -354,7 +354,7 @@ class Neo4jStore(StoreCore):
         if limit <= 0 or not befores:
             return [[] for _ in befores]
         params = {"group_id": group_id, "befores": [utc(b) for b in befores], "limit": limit}
-        rows = await self.ex.rows(q.RECENT_EPISODES_BEFORE, params)
+        rows = await self.ex.rows(q.RECENT_EPISODES_BEFORE, q.plan_params(params))
         return [[episode_record(ep) for ep in reversed(row["eps"])] for row in rows]
 
     async def read_batch(
@@ -378,7 +378,7 @@ class Neo4jStore(StoreCore):
 
     async def _read_batches(self, asks: list[_BatchAsk]) -> list[Row]:
         params = [{"i": i, **vars(ask)} for i, ask in enumerate(asks)]
-        rows = await self.ex.rows(q.READ_BATCHES, {"asks": params})
+        rows = await self.ex.rows(q.READ_BATCHES, q.plan_params({"asks": params}))
         return sorted(rows, key=lambda row: int(row["i"]))
 
     async def entity_candidates(
@@ -401,7 +401,8 @@ class Neo4jStore(StoreCore):
             "limit": limit,
             "scan_below": self.search.scan_below,
         }
-        rows = sorted(await self.ex.rows(q.ENTITY_CANDIDATES, params), key=lambda r: r["i"])
+        rows = await self.ex.rows(q.ENTITY_CANDIDATES, q.plan_params(params))
+        rows.sort(key=lambda r: r["i"])
         if not all(row["small"] for row in rows):
             return await super().entity_candidates(group_id, searches, limit)
         records = {
@@ -532,14 +533,22 @@ class Neo4jStore(StoreCore):
 
     async def plan_ahead(self) -> None:
         """Has Neo4j plan the statements that keep their plan (``plans``) now, when the store
-        starts, so that no episode write, read of the write path or forget pays it: the
-        episode write, one write of a group no one has in a transaction that is rolled
-        back, and the forget's (``Neo4jForgetting.plan_ahead``)."""
+        starts, so that no episode write, read of the write path or forget pays it: the reads
+        of the text write path's chain (processed markers, earlier episodes, the unit's read,
+        the entity search) on a group no one has; the episode write, one write of that group
+        in a transaction that is rolled back; and the forget's
+        (``Neo4jForgetting.plan_ahead``)."""
         when = now_utc()
         entity, fact, episode = stand_ins(when)
         group_id = PLANS_AHEAD_GROUP
-        write = EpisodeWrite(episode, mentions=[NO_RECORD], facts=[fact], entities=[entity])
         dim = await self._embedding_dim()
+        await self.episode_markers(group_id, [(NO_RECORD, None)])
+        await self.recent_episodes_before(group_id, [when], 1)
+        await self._read_batches(
+            [_BatchAsk(group_id, [NO_RECORD], [NO_RECORD], ["R"], [NO_RECORD])]
+        )
+        await self.entity_candidates(group_id, [(NO_RECORD, [1.0] + [0.0] * (dim - 1))], 1)
+        write = EpisodeWrite(episode, mentions=[NO_RECORD], facts=[fact], entities=[entity])
         job = _EpisodeJob(
             group_id, write, _write_params(group_id, write, dim, when), outbox_row(group_id, [])
         )
