@@ -26,6 +26,15 @@ async def test_the_store_plans_an_episode_writes_statements_when_it_starts(
     try:
         await store.setup(DIM)
         planned = keys.kept()
+        chain = {
+            q.EPISODES_PROCESSED,  # the text write path's reads
+            q.RECENT_EPISODES_BEFORE,
+            q.READ_BATCHES,
+            q.ENTITY_CANDIDATES,
+            q.WRITE_STATES,  # and the episode write
+            q.WRITE_EPISODES,
+        }
+        assert chain <= {key[0] for key in planned}
         left = await store.ex.rows(
             "MATCH (n) WHERE n.group_id = $group RETURN count(n) AS n", {"group": PLANS_AHEAD_GROUP}
         )
