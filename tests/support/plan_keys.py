@@ -5,6 +5,8 @@ write or a forget runs was planned when the store started."""
 from __future__ import annotations
 
 import math
+import weakref
+from typing import Any
 
 import pytest
 
@@ -41,16 +43,17 @@ class PlanKeys:
 
     def record(self, monkeypatch: pytest.MonkeyPatch) -> PlanKeys:
         """Records what the store's executor runs, in transactions and as reads."""
-        written: dict[int, bool] = {}
+        # the transactions that have written (not by id: a later transaction may reuse it)
+        written: weakref.WeakSet[Any] = weakref.WeakSet()
 
         async def in_tx(
             tx: executor._Transaction, query: str, params: Params | None = None
         ) -> list[Row]:
-            self.ran.append(plan_key(query, params, written.get(id(tx._tx), False)))
+            self.ran.append(plan_key(query, params, tx._tx in written))
             result = await tx._tx.run(query, params or {})
             rows = [dict(record) async for record in result]
             if (await result.consume()).counters.contains_updates:
-                written[id(tx._tx)] = True
+                written.add(tx._tx)
             return rows
 
         read_rows = executor.Neo4jExecutor.rows
