@@ -4,7 +4,6 @@ fewer examples."""
 
 from __future__ import annotations
 
-import math
 import uuid as uuidlib
 from collections.abc import AsyncIterator
 
@@ -14,12 +13,10 @@ from hypothesis import strategies as st
 
 from tests.integration.test_delivery_order_stores import DIM, Record, deliveries
 from tests.support.forget_oracle import forget_both_ways
+from tests.support.plan_keys import PlanKeys
 from tests.unit.test_forget_incremental import by_name, fed, generated
 from tidegraph.pipelines.forget import forget_episodes, forget_subject
-from tidegraph.stores.executor import Params, Row
-from tidegraph.stores.neo4j import executor
-from tidegraph.stores.neo4j.forget import PLANS_AHEAD_GROUP
-from tidegraph.stores.neo4j.queries import KEEP_PLAN
+from tidegraph.stores.neo4j.plans import PLANS_AHEAD_GROUP
 from tidegraph.stores.neo4j.store import Neo4jStore
 
 pytestmark = pytest.mark.integration
@@ -60,23 +57,6 @@ async def test_the_incremental_forget_equals_the_whole_replay_on_neo4j(
         await neo4j_store.forget.delete_group(group)
 
 
-# What Neo4j keys a cached plan by, as measured on 5.26: the statement, each parameter's type
-# with the size class of a list or a string (empty, 1, 2-10, 11-100, ...), and whether the
-# transaction has written before it.
-PlanKey = tuple[str, tuple[tuple[str, str], ...], bool]
-
-
-def _size_class(value: object) -> str:
-    if isinstance(value, list | str):
-        return f"{type(value).__name__}:{math.ceil(math.log10(len(value))) if value else -1}"
-    return type(value).__name__
-
-
-def _plan_key(query: str, params: Params | None, written: bool) -> PlanKey:
-    shape = tuple(sorted((k, _size_class(v)) for k, v in (params or {}).items()))
-    return query, shape, written
-
-
 async def test_the_store_plans_a_forgets_statements_when_it_starts(
     neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -86,44 +66,22 @@ async def test_the_store_plans_a_forgets_statements_when_it_starts(
     store started as the forget runs it (before or after its transaction has written), so
     its plan is cached under the key the forget looks it up by; and that run left nothing in
     the store."""
-    ran: list[PlanKey] = []
-    written: dict[int, bool] = {}
-
-    async def in_tx(
-        self: executor._Transaction, query: str, params: Params | None = None
-    ) -> list[Row]:
-        ran.append(_plan_key(query, params, written.get(id(self._tx), False)))
-        result = await self._tx.run(query, params or {})
-        rows = [dict(record) async for record in result]
-        if (await result.consume()).counters.contains_updates:
-            written[id(self._tx)] = True
-        return rows
-
-    read_rows = executor.Neo4jExecutor.rows
-
-    async def read(
-        self: executor.Neo4jExecutor, query: str, params: Params | None = None
-    ) -> list[Row]:
-        ran.append(_plan_key(query, params, False))
-        return await read_rows(self, query, params)
-
-    monkeypatch.setattr(executor._Transaction, "rows", in_tx)
-    monkeypatch.setattr(executor.Neo4jExecutor, "rows", read)
+    keys = PlanKeys().record(monkeypatch)
     store = Neo4jStore(neo4j_uri)
     group = f"inc-{uuidlib.uuid4().hex[:10]}"
     try:
         await store.setup(DIM)
-        planned = {key for key in ran if key[0].startswith(KEEP_PLAN)}
+        planned = keys.kept()
         left = await store.ex.rows(
             "MATCH (n) WHERE n.group_id = $group RETURN count(n) AS n", {"group": PLANS_AHEAD_GROUP}
         )
         assert left == [{"n": 0}]
         runner = await fed(store, group, generated(12, 3))
         history = await store.forget.group_history(group)
-        ran.clear()
+        keys.ran.clear()
         await forget_episodes(runner, group, [history.episodes[0].producer_id])
         await forget_subject(runner, group, by_name(history)[0])
-        kept = {key for key in ran if key[0].startswith(KEEP_PLAN)}
+        kept = keys.kept()
         assert len({key[0] for key in kept}) >= 19
         assert kept <= planned, sorted((k[0][:80], k[1], k[2]) for k in kept - planned)
     finally:

@@ -47,7 +47,7 @@ WHOLE_STORE = {"PENDING_GROUPS"}
 PER_ASK_GROUP = {"READ_BATCHES"}
 WRITES = re.compile(r"\b(CREATE|MERGE|SET|DELETE)\b")
 # The group parameter, as a statement takes it: ``$group_id``, or ``$p.group_id`` in a statement
-# that keeps its plan (``queries.kept_plan``: its parameters in one map).
+# that keeps its plan (``plans.kept_plan``: its parameters in one map).
 GROUP_PARAMETER = re.compile(r"\$(p\.)?group_ids?\b")
 LEFT_TO_FORMAT = re.compile(r"\{\{|\}\}|\{[a-z_]+\}")  # "{rows}", a doubled brace
 

@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Any
 from tidegraph.records.changes import group_forgotten
 from tidegraph.records.graph import (
     MAPPED,
-    EntityRecord,
-    FactRecord,
     GroupHistory,
     GroupProfile,
     Rebuild,
@@ -19,6 +17,7 @@ from tidegraph.stores import errors
 from tidegraph.stores.executor import Tx
 from tidegraph.stores.neo4j import lifecycle_queries as lq
 from tidegraph.stores.neo4j import queries as q
+from tidegraph.stores.neo4j.plans import NO_RECORD, PLANS_AHEAD_GROUP, stand_ins
 from tidegraph.stores.roles import Forgetting
 from tidegraph.stores.rows import (
     entity_record,
@@ -35,9 +34,6 @@ from tidegraph.stores.rows import (
 if TYPE_CHECKING:
     from tidegraph.stores.neo4j.store import Neo4jStore
 
-# The group the store plans a forget's statements on when it starts (no one's: nothing
-# matches, and the transaction is rolled back).
-PLANS_AHEAD_GROUP = "tidegraph plans ahead"
 # Rows deleted per transaction by a forget and by ``delete_group``.
 PRUNE_BATCH = 5_000
 DELETE_BATCH = 2000
@@ -129,22 +125,11 @@ class Neo4jForgetting(Forgetting):
         and records that do not exist, in a transaction that is rolled back; the statements
         of the rebuild run twice, before and after the transaction has written, as a
         rebuild runs some of them (Neo4j plans those apart)."""
-        group_id, nothing = PLANS_AHEAD_GROUP, "no such record"
+        group_id, nothing = PLANS_AHEAD_GROUP, NO_RECORD
         g = {"group_id": group_id}
         when = now_utc()
         dim = await self.store._embedding_dim()
-        entity = EntityRecord(uuid=nothing, group_id=group_id, name=nothing, created_at=when)
-        fact = FactRecord(
-            uuid=nothing,
-            group_id=group_id,
-            source_uuid=nothing,
-            target_uuid=nothing,
-            name="PLANS_AHEAD",
-            fact=nothing,
-            episodes=[nothing],
-            valid_at=when,
-            created_at=when,
-        )
+        entity, fact, _ = stand_ins(when)
         entities = [with_epoch_times(entity_row(group_id, entity, dim, when))]
         facts = [with_epoch_times(fact_row(group_id, fact, dim, when))]
         part = {**g, "episodes": [nothing], "mentioning": [nothing], "creating": [nothing]}

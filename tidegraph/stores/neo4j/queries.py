@@ -14,10 +14,12 @@ an episode ``ep``.
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
 from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
+
+# Kept plans (``plans``), under the names the store's modules read them by.
+from tidegraph.stores.neo4j.plans import KEEP_PLAN as KEEP_PLAN
+from tidegraph.stores.neo4j.plans import kept_plan as kept_plan
+from tidegraph.stores.neo4j.plans import plan_params as plan_params
 
 # The write statements, under the names the store's modules read them by.
 from tidegraph.stores.neo4j.write_queries import ASSIGN_MEMBERS as ASSIGN_MEMBERS
@@ -39,38 +41,6 @@ from tidegraph.stores.neo4j.write_queries import set_fact_time_words as set_fact
 from tidegraph.stores.neo4j.write_queries import thread_context as thread_context
 
 # The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
-# Each statement a forget runs keeps its plan (``lifecycle_queries``; its reads of entities
-# and facts here too). Forgets are rare beside writes, and writes
-# move the statistics Neo4j planned a statement with, after which it plans the statement again
-# on its next use: the first forget after an ingest paid seconds of planning. So the forget's
-# statements are ``kept_plan``: they start with ``KEEP_PLAN`` (Neo4j uses a cached plan
-# whatever the statistics, and plans only when it has none), the store plans them all when it
-# starts (``Neo4jForgetting.plan_ahead``), and a statement whose plan could depend on the
-# statistics names its index (``USING INDEX``): a plan made on an empty store stays right on a
-# large one.
-#
-# Neo4j caches a plan by the statement, the size class of each list and string parameter
-# (empty, 1, 2-10, 11-100, 101-1000, more: measured on 5.26) and whether the transaction has
-# written yet. A forget's lists (its episodes, facts, rows) come in every size, so each new
-# size class was planned again at its first use (a first forget, a first subject), whatever was
-# planned ahead. A kept statement therefore reads its parameters from one map, ``$p``
-# (``plan_params``), whose contents do not enter the cache key: one plan per statement, and per
-# written or not, which ``plan_ahead`` makes both of.
-KEEP_PLAN = "CYPHER replan=skip\n"
-_PARAMETER = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def kept_plan(statement: str) -> str:
-    """``statement`` keeping its plan (above): ``KEEP_PLAN`` first, and each of its parameters
-    ``$name`` read as ``$p.name`` (run it with ``plan_params``)."""
-    return KEEP_PLAN + _PARAMETER.sub(r"$p.\1", statement)
-
-
-def plan_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The parameters of a ``kept_plan`` statement, as it takes them."""
-    return {"p": params}
-
-
 EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when", "index_ids")
 
 ENTITY_VECTOR_INDEX = "entity_name_embedding"
@@ -326,12 +296,17 @@ WHERE ep.group_id = $group_id AND ep.not_extracted IS NULL
 RETURN ep.content_hash AS content_hash, ep.created_entities AS created_entities
 """
 
-EPISODES_PROCESSED = """
+# The statements of the text write path's chain keep their plan (``plans.kept_plan``): the
+# processed markers, the earlier episodes, the unit's read and the entity search.
+EPISODES_PROCESSED = kept_plan(
+    """
 UNWIND $uuids AS uuid
 MATCH (ep:Episodic {uuid: uuid})
+USING INDEX ep:Episodic(uuid)
 WHERE ep.group_id = $group_id AND ep.not_extracted IS NULL
 RETURN ep.uuid AS uuid, ep.content_hash AS content_hash, ep.created_entities AS created_entities
 """
+)
 
 PENDING_EPISODES = """
 MATCH (ep:Episodic)
@@ -350,10 +325,12 @@ LIMIT $limit
 """
 
 # RECENT_EPISODES for several times at once, in the order of $befores.
-RECENT_EPISODES_BEFORE = """
+RECENT_EPISODES_BEFORE = kept_plan(
+    """
 UNWIND range(0, size($befores) - 1) AS i
 CALL (i) {
   MATCH (ep:Episodic)
+  USING INDEX ep:Episodic(group_id, valid_at)
   WHERE ep.group_id = $group_id AND ep.valid_at < $befores[i]
   WITH ep ORDER BY ep.valid_at DESC, ep.uuid DESC LIMIT $limit
   RETURN collect(ep {.*}) AS eps
@@ -361,6 +338,7 @@ CALL (i) {
 RETURN i, eps
 ORDER BY i
 """
+)
 
 PRODUCER_IDS = """
 MATCH (ep:Episodic)
@@ -465,8 +443,11 @@ RETURN processed, stored_hash, created_entities, hows,
 # What the batches of several groups read before they are processed, in one round trip
 # (``Neo4jStore.read_batch``): per ask (``ask.i``, its group, keys, names, relations and
 # episodes), the processed markers of its episodes and the entities its keys and names find
-# (``hows``: by key, by name or both), each once with its facts of the ask's relations.
-READ_BATCHES = (
+# (``hows``: by key, by name or both), each once with its facts of the ask's relations. Its
+# plan is kept: the names through the group's index, and an entity's facts by expanding from
+# it (their relations filtered after the expansion: with the filter on the pattern, a plan
+# made on an empty store sought the group's every fact through its index for each entity).
+READ_BATCHES = kept_plan(
     """
 UNWIND $asks AS ask
 CALL (ask) {
@@ -484,6 +465,7 @@ CALL (ask) {
     RETURN e, 'key' AS how
     UNION ALL
     MATCH (e:Entity)
+    USING INDEX e:Entity(group_id)
     WHERE e.group_id = ask.group_id
       AND (e.name_norm IN ask.names OR any(alias IN e.aliases WHERE alias IN ask.names))
     RETURN e, 'name' AS how
@@ -495,7 +477,8 @@ CALL (ask) {
     + times_as_micros("e", ("created_at",))
     + """},
     facts: COLLECT {
-      MATCH (e)-[r:RELATES_TO]->(t:Entity)
+      UNWIND [(e)-[r:RELATES_TO]->(t:Entity) | [r, t]] AS fact
+      WITH fact[0] AS r, fact[1] AS t
       WHERE r.group_id = ask.group_id AND r.name IN ask.relations
       RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
     + FACT_TIMES
@@ -552,9 +535,11 @@ WITH e, score
 # small-group scan of ``tidegraph.stores.neo4j.search.Neo4jSearch._nearest``) and, when it
 # has a fulltext query, its best $limit of FULLTEXT_ENTITIES; [uuid, score] pairs, one row
 # per draft (``i``).
-ENTITY_CANDIDATES = f"""
+ENTITY_CANDIDATES = kept_plan(
+    f"""
 CALL () {{
   MATCH (x:Entity)
+  USING INDEX x:Entity(group_id)
   WHERE x.group_id = $group_id AND x.name_embedding IS NOT NULL
   RETURN x LIMIT $scan_below
 }}
@@ -583,11 +568,13 @@ CALL (vector_hits, fulltext_hits) {{
   UNWIND [h IN vector_hits | h[0]] + [h IN fulltext_hits | h[0]] AS u
   WITH DISTINCT u
   MATCH (e:Entity {{uuid: u}})
+  USING INDEX e:Entity(uuid)
   WHERE e.group_id = $group_id
   RETURN collect({{e: e {{.*}}, community_uuid: {COMMUNITY_OF_E}}}) AS records
 }}
 RETURN i, small, vector_hits, fulltext_hits, records
 """
+)
 
 # ---- facts
 _FACT_RETURN = """

@@ -46,6 +46,7 @@ from tidegraph.stores.neo4j.executor import Neo4jExecutor
 from tidegraph.stores.neo4j.forget import Neo4jForgetting
 from tidegraph.stores.neo4j.keys import Neo4jKeys
 from tidegraph.stores.neo4j.outbox import Neo4jOutbox
+from tidegraph.stores.neo4j.plans import NO_RECORD, PLANS_AHEAD_GROUP, stand_ins
 from tidegraph.stores.rows import (
     check_embedding,
     closure_row,
@@ -210,7 +211,7 @@ class Neo4jStore(StoreCore):
         await self._index_stored_ids()
         await self.ex.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
-        await Neo4jForgetting(self).plan_ahead()  # a forget does not pay Cypher planning
+        await self.plan_ahead()
 
     async def _until_none(self, query: str, column: str, params: dict[str, Any]) -> int:
         """Runs a migration statement, one transaction each, until it handles no row (the
@@ -339,7 +340,7 @@ class Neo4jStore(StoreCore):
     ) -> dict[str, list[str]]:
         hashes = dict(episodes)
         rows = await self.ex.rows(
-            q.EPISODES_PROCESSED, {"group_id": group_id, "uuids": list(hashes)}
+            q.EPISODES_PROCESSED, q.plan_params({"group_id": group_id, "uuids": list(hashes)})
         )
         found: dict[str, list[str]] = {}
         for row in rows:
@@ -353,7 +354,7 @@ class Neo4jStore(StoreCore):
         if limit <= 0 or not befores:
             return [[] for _ in befores]
         params = {"group_id": group_id, "befores": [utc(b) for b in befores], "limit": limit}
-        rows = await self.ex.rows(q.RECENT_EPISODES_BEFORE, params)
+        rows = await self.ex.rows(q.RECENT_EPISODES_BEFORE, q.plan_params(params))
         return [[episode_record(ep) for ep in reversed(row["eps"])] for row in rows]
 
     async def read_batch(
@@ -377,7 +378,7 @@ class Neo4jStore(StoreCore):
 
     async def _read_batches(self, asks: list[_BatchAsk]) -> list[Row]:
         params = [{"i": i, **vars(ask)} for i, ask in enumerate(asks)]
-        rows = await self.ex.rows(q.READ_BATCHES, {"asks": params})
+        rows = await self.ex.rows(q.READ_BATCHES, q.plan_params({"asks": params}))
         return sorted(rows, key=lambda row: int(row["i"]))
 
     async def entity_candidates(
@@ -400,7 +401,8 @@ class Neo4jStore(StoreCore):
             "limit": limit,
             "scan_below": self.search.scan_below,
         }
-        rows = sorted(await self.ex.rows(q.ENTITY_CANDIDATES, params), key=lambda r: r["i"])
+        rows = await self.ex.rows(q.ENTITY_CANDIDATES, q.plan_params(params))
+        rows.sort(key=lambda r: r["i"])
         if not all(row["small"] for row in rows):
             return await super().entity_candidates(group_id, searches, limit)
         records = {
@@ -490,42 +492,69 @@ class Neo4jStore(StoreCore):
         return results
 
     async def _commit_episodes(self, jobs: list[_EpisodeJob]) -> list[bool]:
-        """One transaction for the episode writes of ``jobs``, in order (group commit): one
-        read of what they touch, the checks in Python (``errors.WriteChecks``), one statement
-        for every write that passes."""
-
-        async def work(tx: Tx) -> list[bool]:
-            episodes, entities, facts = errors.touched_by([job.write for job in jobs])
-            [state] = await tx.rows(
-                q.WRITE_STATES,
-                {"episode_uuids": episodes, "entity_uuids": entities, "fact_uuids": facts},
-            )
-            checks = errors.WriteChecks(
-                episodes={
-                    uuid: errors.StoredEpisode(group, content_hash, not_extracted)
-                    for uuid, group, content_hash, not_extracted in state["episodes"]
-                },
-                owners={uuid: group for uuid, group in state["entities"]},
-                facts={
-                    u: errors.StoredFact(g, source, target)
-                    for u, g, source, target in state["facts"]
-                },
-            )
-            written = [checks.admit(job.group_id, job.write) for job in jobs]
-            admitted = [job for job, fresh in zip(jobs, written, strict=True) if fresh]
-            # the outbox: one row per group for the changes of its writes here, in order
-            by_group: dict[str, list[dict[str, Any]]] = {}
-            for job in admitted:
-                by_group.setdefault(job.group_id, []).append(job.outbox)
-            if admitted:
-                params = {
-                    "writes": [job.params for job in admitted],
-                    "outbox": [joined_outbox_rows(rows) for rows in by_group.values()],
-                    "deployment": self.deployment,
-                    **q.thread_params(),
-                }
-                await tx.rows(q.WRITE_EPISODES, params)
-            return written
-
+        """One transaction for the episode writes of ``jobs``, in order (group commit)."""
         STORE_BATCH_SIZE.labels("episodes_per_transaction").observe(len(jobs))
-        return await self.ex.transaction(work)
+        return await self.ex.transaction(lambda tx: self._write_jobs(tx, jobs))
+
+    async def _write_jobs(self, tx: Tx, jobs: list[_EpisodeJob]) -> list[bool]:
+        """The episode writes of ``jobs`` in ``tx``: one read of what they touch, the checks
+        in Python (``errors.WriteChecks``), one statement for every write that passes. Both
+        statements keep their plan (``plans.kept_plan``): with lists as parameters of their
+        own, Neo4j planned the write again for every new size class of a list (a second or
+        more of the server's CPU each, during which no other write commits)."""
+        episodes, entities, facts = errors.touched_by([job.write for job in jobs])
+        touched = {"episode_uuids": episodes, "entity_uuids": entities, "fact_uuids": facts}
+        [state] = await tx.rows(q.WRITE_STATES, q.plan_params(touched))
+        checks = errors.WriteChecks(
+            episodes={
+                uuid: errors.StoredEpisode(group, content_hash, not_extracted)
+                for uuid, group, content_hash, not_extracted in state["episodes"]
+            },
+            owners={uuid: group for uuid, group in state["entities"]},
+            facts={
+                u: errors.StoredFact(g, source, target) for u, g, source, target in state["facts"]
+            },
+        )
+        written = [checks.admit(job.group_id, job.write) for job in jobs]
+        admitted = [job for job, fresh in zip(jobs, written, strict=True) if fresh]
+        # the outbox: one row per group for the changes of its writes here, in order
+        by_group: dict[str, list[dict[str, Any]]] = {}
+        for job in admitted:
+            by_group.setdefault(job.group_id, []).append(job.outbox)
+        if admitted:
+            params = {
+                "writes": [job.params for job in admitted],
+                "outbox": [joined_outbox_rows(rows) for rows in by_group.values()],
+                "deployment": self.deployment,
+                **q.thread_params(),
+            }
+            await tx.rows(q.WRITE_EPISODES, q.plan_params(params))
+        return written
+
+    async def plan_ahead(self) -> None:
+        """Has Neo4j plan the statements that keep their plan (``plans``) now, when the store
+        starts, so that no episode write, read of the write path or forget pays it: the reads
+        of the text write path's chain (processed markers, earlier episodes, the unit's read,
+        the entity search) on a group no one has; the episode write, one write of that group
+        in a transaction that is rolled back; and the forget's
+        (``Neo4jForgetting.plan_ahead``)."""
+        when = now_utc()
+        entity, fact, episode = stand_ins(when)
+        group_id = PLANS_AHEAD_GROUP
+        dim = await self._embedding_dim()
+        await self.episode_markers(group_id, [(NO_RECORD, None)])
+        await self.recent_episodes_before(group_id, [when], 1)
+        await self._read_batches(
+            [_BatchAsk(group_id, [NO_RECORD], [NO_RECORD], ["R"], [NO_RECORD])]
+        )
+        await self.entity_candidates(group_id, [(NO_RECORD, [1.0] + [0.0] * (dim - 1))], 1)
+        write = EpisodeWrite(episode, mentions=[NO_RECORD], facts=[fact], entities=[entity])
+        job = _EpisodeJob(
+            group_id, write, _write_params(group_id, write, dim, when), outbox_row(group_id, [])
+        )
+
+        async def work(tx: Tx) -> None:
+            await self._write_jobs(tx, [job])
+
+        await self.ex.rehearse(work)
+        await Neo4jForgetting(self).plan_ahead()

@@ -23,6 +23,7 @@ from tidegraph.records.times import (
     WORDS_ORIGIN_EPOCH_SECONDS,
     time_words,
 )
+from tidegraph.stores.neo4j.plans import kept_plan
 from tidegraph.stores.rows import TIME_FIELDS, TIME_LIST_FIELDS
 from tidegraph.stores.write_rules import (
     CLOSURE,
@@ -215,6 +216,7 @@ def thread_context(var: str) -> str:
     return f"""
   CALL ({var}) {{
     OPTIONAL MATCH (p:Episodic)
+    USING INDEX p:Episodic(group_id, valid_at)
     WHERE p.group_id = {var}.group_id AND p.valid_at < {var}.valid_at
       AND p.valid_at >= {var}.valid_at - duration({{seconds: $context_seconds}})
       AND p.source = 'message' AND p.source_description = {var}.source_description
@@ -238,6 +240,7 @@ _THREAD_OF_EP = (
   CALL (ep) {
     WITH ep WHERE ep.source = 'message'
     MATCH (n:Episodic)
+    USING INDEX n:Episodic(group_id, valid_at)
     WHERE n.group_id = ep.group_id AND n.valid_at > ep.valid_at
       AND n.valid_at <= ep.valid_at + duration({seconds: $context_seconds})
       AND n.source = 'message' AND n.source_description = ep.source_description
@@ -270,7 +273,8 @@ _MERGE_EPISODE = f"""
 # (``errors.check_write`` runs on it in Python, each write seeing the ones before it): the
 # stored Episodic of each episode, the group of each entity named and the group and ends of
 # each fact written or closed.
-WRITE_STATES = """
+WRITE_STATES = kept_plan(
+    """
 CALL () {
   UNWIND $episode_uuids AS uuid
   MATCH (ep:Episodic {uuid: uuid})
@@ -284,10 +288,12 @@ CALL () {
 CALL () {
   UNWIND $fact_uuids AS uuid
   MATCH (s)-[r:RELATES_TO {uuid: uuid}]->(t)
+  USING INDEX r:RELATES_TO(uuid)
   RETURN collect([r.uuid, r.group_id, s.uuid, t.uuid]) AS facts
 }
 RETURN episodes, entities, facts
 """
+)
 
 # The changes one transaction commits for a group (``o``: ``rows.outbox_row``) appended to
 # its outbox as one ``Change`` node numbered ``seq`` to ``last`` in commit order, the group's
@@ -320,7 +326,7 @@ RECORD_CHANGES = "UNWIND $outbox AS o\nCALL (o) {" + _RECORD_CHANGES + "}\n"
 # the result is that of one statement per write. Per write: entities first (mentions and
 # facts point at them), then the Episodic marker, its MENTIONS, the facts (full state) and
 # the closures; then each group's changes, one outbox row per group (``$outbox``).
-WRITE_EPISODES = (
+WRITE_EPISODES = kept_plan(
     """
 UNWIND $writes AS w
 CALL (w) {

@@ -1,0 +1,103 @@
+"""An episode write on Neo4j does not pay Cypher planning: its statements keep their plan,
+the store plans them when it starts, and nothing in their parameters makes Neo4j plan them
+again (it keys a cached plan by the size class of each list or string parameter)."""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+
+import pytest
+
+from benchmarks.graphiti_answers import FairAnswers
+from benchmarks.text_feed import FeedIndex, text_feed
+from tests.support.fake_llm import ScriptedLLMServer
+from tests.support.plan_keys import PlanKeys
+from tests.unit.test_forget_incremental import DIM, fed, generated
+from tidegraph.embed.hashing import HashingEmbedder
+from tidegraph.llm import LLMClient
+from tidegraph.pipelines.ingest import ingest
+from tidegraph.pipelines.runner import GroupRunner
+from tidegraph.records.episode import Episode
+from tidegraph.stores.neo4j import queries as q
+from tidegraph.stores.neo4j.plans import PLANS_AHEAD_GROUP
+from tidegraph.stores.neo4j.store import Neo4jStore
+
+pytestmark = pytest.mark.integration
+
+
+async def test_the_store_plans_an_episode_writes_statements_when_it_starts(
+    neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = PlanKeys().record(monkeypatch)
+    store = Neo4jStore(neo4j_uri)
+    group = f"plans-{uuidlib.uuid4().hex[:10]}"
+    try:
+        await store.setup(DIM)
+        planned = keys.kept()
+        chain = {
+            q.EPISODES_PROCESSED,  # the text write path's reads
+            q.RECENT_EPISODES_BEFORE,
+            q.READ_BATCHES,
+            q.ENTITY_CANDIDATES,
+            q.WRITE_STATES,  # and the episode write
+            q.WRITE_EPISODES,
+        }
+        assert chain <= {key[0] for key in planned}
+        left = await store.ex.rows(
+            "MATCH (n) WHERE n.group_id = $group RETURN count(n) AS n", {"group": PLANS_AHEAD_GROUP}
+        )
+        assert left == [{"n": 0}]
+
+        keys.ran.clear()
+        await fed(store, group, generated(12, 5))  # units of 3, then episodes alone
+        kept = keys.kept()
+        writes = [key for key in keys.ran if key[0] in {q.WRITE_STATES, q.WRITE_EPISODES}]
+        assert {key[0] for key in writes} == {q.WRITE_STATES, q.WRITE_EPISODES}
+        assert len(writes) > 2  # lists of several sizes
+        # every statement that keeps its plan ran under a key planned at start
+        assert kept <= planned, sorted((k[0][:80], k[1], k[2]) for k in kept - planned)
+    finally:
+        await store.forget.delete_group(group)
+        await store.close()
+
+
+async def test_the_text_write_paths_statements_run_as_planned_at_start(
+    neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Text messages of several groups through the pipeline (the scripted LLM answering from
+    the feed's ground truth): each read and write of their chain keeps its plan and runs under
+    a key the store planned when it started."""
+    keys = PlanKeys().record(monkeypatch)
+    feed = text_feed(24, 3, seed=5)
+    run = uuidlib.uuid4().hex[:8]
+    episodes = [Episode.model_validate(e.envelope(f"plans-{run}-{e.group}")) for e in feed]
+    store = Neo4jStore(neo4j_uri)
+    answers = FairAnswers(FeedIndex(feed))
+    with ScriptedLLMServer(embedding_dim=DIM) as server:
+        answers.install(server)
+        llm = LLMClient(base_url=server.base_url, api_key="test", model="fake", cache=None)
+        try:
+            await store.setup(DIM)
+            planned = keys.kept()
+            keys.ran.clear()
+            pipeline = GroupRunner.of(
+                store=store, embedder=HashingEmbedder(dim=DIM), llm=llm, mappings=None
+            )
+            report = await ingest(pipeline, episodes, concurrency=3)
+            assert report.episodes == len(episodes) and not report.failures
+            kept = keys.kept()
+            chain = {
+                q.EPISODES_PROCESSED,
+                q.RECENT_EPISODES_BEFORE,
+                q.READ_BATCHES,
+                q.ENTITY_CANDIDATES,
+                q.WRITE_STATES,
+                q.WRITE_EPISODES,
+            }
+            assert chain <= {key[0] for key in kept}
+            assert kept <= planned, sorted((k[0][:80], k[1], k[2]) for k in kept - planned)
+        finally:
+            await llm.close()
+            for group in {e.group_id for e in episodes}:
+                await store.forget.delete_group(group)
+            await store.close()
