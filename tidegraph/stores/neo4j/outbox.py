@@ -64,14 +64,15 @@ class Neo4jOutbox(Outbox):
         ]
 
     async def unpublished_changes(
-        self, group_ids: list[str], per_group: int
+        self, group_ids: list[str] | None, per_group: int
     ) -> list[PublishedChange]:
         params = {
-            "groups": sorted(set(group_ids)),
+            "groups": None if group_ids is None else sorted(set(group_ids)),
             "limit": max(per_group, 0),
             "deployment": self.store.deployment,
         }
-        rows = await self.store.ex.rows(lq.UNPUBLISHED_CHANGES, params)
+        query = lq.ALL_UNPUBLISHED_CHANGES if group_ids is None else lq.UNPUBLISHED_CHANGES
+        rows = await self.store.ex.rows(query, params)
         found: dict[str, list[PublishedChange]] = {}
         for r in rows:
             found.setdefault(r["group_id"], []).extend(
