@@ -42,11 +42,9 @@ async def relay_changes(
     one write, whatever the number of groups: the changes after every cursor of the
     deployment (those of groups on partitions other workers own are left to them), then the
     cursors (each moved only past its group's changes Kafka acknowledged)."""
-    changes = [
-        change
-        for change in await outbox.unpublished_changes(None, batch)
-        if partition_of(change.group_id, partitions) in owned
-    ]
+    read = await outbox.unpublished_changes(None, batch)
+    mine = {g for g in {c.group_id for c in read} if partition_of(g, partitions) in owned}
+    changes = [change for change in read if change.group_id in mine]
     # Set before publishing, so a round that fails (broker down) still shows the backlog:
     # the changes this round read (a group further behind than ``batch`` counts ``batch``).
     behind = len(changes)
