@@ -5,16 +5,19 @@ scoped by its group."""
 from __future__ import annotations
 
 from tidegraph.stores.neo4j import queries as q
-from tidegraph.stores.neo4j.queries import at, ats, set_fact_end_words, set_fact_time_words
+from tidegraph.stores.neo4j.queries import (
+    KEEP_PLAN,
+    at,
+    ats,
+    set_fact_end_words,
+    set_fact_time_words,
+)
 
-# Each statement a forget runs keeps its plan. Forgets are rare beside writes, and writes
-# move the statistics Neo4j planned a statement with, after which it plans the statement again
-# on its next use: the first forget after an ingest paid seconds of planning. So the forget's
-# statements start with ``KEEP_PLAN`` (Neo4j uses a cached plan whatever the statistics, and
-# plans only when it has none), the store plans them all when it starts
-# (``Neo4jForgetting.plan_ahead``), and a statement whose plan could depend on the statistics
-# names its index (``USING INDEX``): a plan made on an empty store stays right on a large one.
-KEEP_PLAN = "CYPHER replan=skip\n"
+# Each statement a forget runs keeps its plan (``KEEP_PLAN``): forgets are rare beside writes,
+# and the first forget after an ingest paid seconds of planning. The store plans them all when
+# it starts (``Neo4jForgetting.plan_ahead``), and a statement whose plan could depend on the
+# statistics names its index (``USING INDEX``): a plan made on an empty store stays right on a
+# large one.
 
 # ---- the change stream: a ``Change`` node per write of a group, its changes numbered
 # ``seq`` to ``last`` one per line (``tidegraph.stores.rows.outbox_row``), found by

@@ -21,6 +21,7 @@ from tidegraph.stores.neo4j.write_queries import ASSIGN_MEMBERS as ASSIGN_MEMBER
 from tidegraph.stores.neo4j.write_queries import EPISODE_TIME_FIELDS as EPISODE_TIME_FIELDS
 from tidegraph.stores.neo4j.write_queries import FACT_ENDS_FIELD as FACT_ENDS_FIELD
 from tidegraph.stores.neo4j.write_queries import FACT_TIME_FIELDS as FACT_TIME_FIELDS
+from tidegraph.stores.neo4j.write_queries import KEEP_PLAN as KEEP_PLAN
 from tidegraph.stores.neo4j.write_queries import RECORD_CHANGES as RECORD_CHANGES
 from tidegraph.stores.neo4j.write_queries import UPSERT_COMMUNITIES as UPSERT_COMMUNITIES
 from tidegraph.stores.neo4j.write_queries import UPSERT_ENTITIES as UPSERT_ENTITIES

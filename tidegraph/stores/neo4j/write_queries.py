@@ -208,6 +208,17 @@ SET {_listed(on_write("r", CLOSURE, "row", group), "    ")}
 
 
 # ----------------------------------------------------------------------------- episodes
+# A statement that starts with ``KEEP_PLAN`` keeps its plan: Neo4j uses a cached plan
+# whatever the statistics, and plans only when it has none. Writes move the statistics Neo4j
+# planned a statement with, after which it plans the statement again at its next use (after
+# 10 s at the soonest, then less and less often): the episode write took 1-3 s to plan on
+# the 2-core machine under load, and every transaction of the group commit waited for it, so
+# the episodes of every group written then were late together (the tail of produce→queryable,
+# docs/performance.md). Such a statement's lookups are all by unique key or name their index
+# (``USING INDEX``), so a plan made on an empty store stays right on a large one.
+KEEP_PLAN = "CYPHER replan=skip\n"
+
+
 def thread_context(var: str) -> str:
     """Set ``var``'s ``index_context`` (an Episodic message) from its thread as stored: the
     bodies of the $context_turns messages before it within $context_seconds, oldest first
@@ -215,6 +226,7 @@ def thread_context(var: str) -> str:
     return f"""
   CALL ({var}) {{
     OPTIONAL MATCH (p:Episodic)
+    USING INDEX p:Episodic(group_id, valid_at)
     WHERE p.group_id = {var}.group_id AND p.valid_at < {var}.valid_at
       AND p.valid_at >= {var}.valid_at - duration({{seconds: $context_seconds}})
       AND p.source = 'message' AND p.source_description = {var}.source_description
@@ -238,6 +250,7 @@ _THREAD_OF_EP = (
   CALL (ep) {
     WITH ep WHERE ep.source = 'message'
     MATCH (n:Episodic)
+    USING INDEX n:Episodic(group_id, valid_at)
     WHERE n.group_id = ep.group_id AND n.valid_at > ep.valid_at
       AND n.valid_at <= ep.valid_at + duration({seconds: $context_seconds})
       AND n.source = 'message' AND n.source_description = ep.source_description
@@ -270,7 +283,9 @@ _MERGE_EPISODE = f"""
 # (``errors.check_write`` runs on it in Python, each write seeing the ones before it): the
 # stored Episodic of each episode, the group of each entity named and the group and ends of
 # each fact written or closed.
-WRITE_STATES = """
+WRITE_STATES = (
+    KEEP_PLAN
+    + """
 CALL () {
   UNWIND $episode_uuids AS uuid
   MATCH (ep:Episodic {uuid: uuid})
@@ -288,6 +303,7 @@ CALL () {
 }
 RETURN episodes, entities, facts
 """
+)
 
 # The changes one transaction commits for a group (``o``: ``rows.outbox_row``) appended to
 # its outbox as one ``Change`` node numbered ``seq`` to ``last`` in commit order, the group's
@@ -321,7 +337,8 @@ RECORD_CHANGES = "UNWIND $outbox AS o\nCALL (o) {" + _RECORD_CHANGES + "}\n"
 # facts point at them), then the Episodic marker, its MENTIONS, the facts (full state) and
 # the closures; then each group's changes, one outbox row per group (``$outbox``).
 WRITE_EPISODES = (
-    """
+    KEEP_PLAN
+    + """
 UNWIND $writes AS w
 CALL (w) {
   CALL (w) {"""
