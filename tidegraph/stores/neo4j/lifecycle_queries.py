@@ -49,13 +49,15 @@ ORDER BY group_id
 # one): a row's changes are numbered on from the row before, so the rows starting within
 # those numbers hold at most ``$limit`` changes, fewer where changes went. For the groups
 # named (UNPUBLISHED_CHANGES) or for every group of the deployment with changes after its
-# cursor (ALL_UNPUBLISHED_CHANGES, a relay round's one read).
+# cursor (ALL_UNPUBLISHED_CHANGES, a relay round's one read, five times a second: it keeps its
+# plan, as the writes do).
 _CHANGES_AFTER_CURSORS = """
 OPTIONAL MATCH (cursor:ChangeCursor {group_id: group_id})
 WITH group_id, log, coalesce(cursor.published, 0) AS published
 WHERE log.seq > published
 CALL (group_id, published) {
   MATCH (c:Change)
+  USING INDEX c:Change(group_id, last)
   WHERE c.group_id = group_id AND c.last > published
   WITH c
   ORDER BY c.last
@@ -70,14 +72,16 @@ RETURN group_id, published, c.seq AS seq, c.change_id AS change_ids, c.body AS b
 ORDER BY group_id, seq
 """
 UNPUBLISHED_CHANGES = (
-    """
+    KEEP_PLAN
+    + """
 UNWIND $groups AS group_id
 MATCH (log:ChangeLog {group_id: group_id})
 WHERE log.deployment = $deployment"""
     + _CHANGES_AFTER_CURSORS
 )
 ALL_UNPUBLISHED_CHANGES = (
-    """
+    KEEP_PLAN
+    + """
 MATCH (log:ChangeLog)
 WHERE log.deployment = $deployment
 WITH log, log.group_id AS group_id"""
