@@ -281,8 +281,7 @@ CHANGES_PRUNED = Counter(
 )
 CHANGES_BEHIND = Gauge(
     "tidegraph_changes_unpublished",
-    "Changes committed to the outbox of the groups this worker relays and not published yet, "
-    "as the relay's last round read them (at most its batch per group).",
+    "Changes committed to the outbox of the groups this worker relays and not published yet.",
 )
 STORE_UNREACHABLE = Gauge(
     "tidegraph_store_unreachable",

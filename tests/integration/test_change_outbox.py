@@ -50,23 +50,23 @@ async def relay_all(store: GraphStore, producer: Producer) -> None:
 
 
 class DuringRound:
-    """A store's outbox whose relay round is interleaved with other work, as another worker's
-    writes or a forget are: ``after_read`` runs right after the round's one read of the
-    changes (before the cursors move); ``reads`` counts the round's reads of the outbox."""
+    """A store's outbox whose relay round is interleaved with other work, as another worker's writes
+    or a forget are: ``after_logs`` runs right after the round's read of the outbox's state,
+    ``after_read`` right after its read of the changes (before the cursors move)."""
 
-    def __init__(self, outbox: Outbox, after_read: Any = None):
-        self.outbox, self.after_read = outbox, after_read
-        self.reads = 0
+    def __init__(self, outbox: Outbox, after_logs: Any = None, after_read: Any = None):
+        self.outbox, self.after_logs, self.after_read = outbox, after_logs, after_read
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.outbox, name)
 
     async def change_logs(self, *args: Any, **kwargs: Any) -> Any:
-        self.reads += 1
-        return await self.outbox.change_logs(*args, **kwargs)
+        logs = await self.outbox.change_logs(*args, **kwargs)
+        if self.after_logs is not None:
+            await self.after_logs()
+        return logs
 
     async def unpublished_changes(self, *args: Any, **kwargs: Any) -> Any:
-        self.reads += 1
         changes = await self.outbox.unpublished_changes(*args, **kwargs)
         if self.after_read is not None:
             await self.after_read()
@@ -324,29 +324,39 @@ async def test_an_embedded_store_from_before_the_rowid_outbox_keeps_its_changes(
         await reopened.close()
 
 
+@pytest.mark.parametrize("when", ["between the relay's reads", "after its reads"])
 async def test_a_group_purged_and_written_anew_during_a_relay_round_loses_no_change(
-    any_store: GraphStore,
+    any_store: GraphStore, when: str
 ) -> None:
-    """A round reads the changes once, then moves the cursors: a group purged (its log and
-    changes gone) and written anew meanwhile keeps its cursor where the new changes start,
-    whatever the round read, and the next rounds publish them all."""
+    """A round reads the outbox's state, then the changes, then moves the cursors: a group
+    purged (its log and changes gone) and written anew meanwhile keeps its cursor where the
+    new changes start, whatever the round read, and the next rounds publish them all."""
     any_store.deployment = f"outbox-{uuidlib.uuid4().hex[:12]}"  # this test's groups alone
     group = f"outbox-{uuidlib.uuid4().hex[:12]}"
     before = plan_records((1, "Acme Corp"), ["Basic", "Pro", "Enterprise"])
     anew = plan_records((2, "Globex"), ["Basic", "Pro"])
 
-    async def purge_and_rewrite() -> None:
+    async def purge() -> None:
         await any_store.forget.forget_group(group, T0, purge=True)
+
+    async def rewrite() -> None:
         await feed(any_store, group, anew, clock_of(anew))
+
+    async def purge_and_rewrite() -> None:
+        await purge()
+        await rewrite()
 
     try:
         await feed(any_store, group, before, clock_of(before))
         [log] = await any_store.outbox.change_logs([group])
         assert log.seq > 3 and log.published == 0
-        round_ = DuringRound(any_store.outbox, after_read=purge_and_rewrite)
+        round_ = (
+            DuringRound(any_store.outbox, after_logs=purge, after_read=rewrite)
+            if when == "between the relay's reads"
+            else DuringRound(any_store.outbox, after_read=purge_and_rewrite)
+        )
         producer = Producer()
         await relay_changes(round_, producer.send, *EVERY_PARTITION)  # type: ignore[arg-type]
-        assert round_.reads == 1  # one read of the outbox a round, then the cursors' write
         await relay_all(any_store, producer)
         written = await any_store.outbox.changes(group, 0, 1000)
         assert written and all(c.episode_id in {r.id for r in anew} for c in written)

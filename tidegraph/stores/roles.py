@@ -57,13 +57,12 @@ class Outbox(abc.ABC):
 
     @abc.abstractmethod
     async def unpublished_changes(
-        self, group_ids: list[str] | None, per_group: int
+        self, group_ids: list[str], per_group: int
     ) -> list[PublishedChange]:
         """Each group's changes after its relay cursor (``ChangeLog.published``), at most
         ``per_group`` of each, by group then ``seq``, as the relay produces them (the JSON of
         ``changes`` without decoding it): one read for a relay round. Only the groups of this
-        store's ``deployment``; ``group_ids`` None: every such group with changes after its
-        cursor."""
+        store's ``deployment``."""
 
     @abc.abstractmethod
     async def mark_published(self, acknowledged: Sequence[PublishedChange]) -> None:

@@ -38,19 +38,20 @@ async def relay_changes(
     outbox: ChangeOutbox, send: Send, owned: set[int], partitions: int, batch: int = 500
 ) -> int:
     """Publish the unpublished changes of the deployment's groups on ``owned`` input
-    partitions, up to ``batch`` per group; how many were published. A round is one read and
-    one write, whatever the number of groups: the changes after every cursor of the
-    deployment (those of groups on partitions other workers own are left to them), then the
-    cursors (each moved only past its group's changes Kafka acknowledged)."""
-    read = await outbox.unpublished_changes(None, batch)
-    mine = {g for g in {c.group_id for c in read} if partition_of(g, partitions) in owned}
-    changes = [change for change in read if change.group_id in mine]
-    # Set before publishing, so a round that fails (broker down) still shows the backlog:
-    # the changes this round read (a group further behind than ``batch`` counts ``batch``).
-    behind = len(changes)
+    partitions, up to ``batch`` per group; how many were published. A round is two reads and
+    one write, whatever the number of groups: the outbox's state, the changes, the cursors
+    (each moved only past its group's changes Kafka acknowledged)."""
+    logs = {
+        log_.group_id: log_
+        for log_ in await outbox.change_logs(unpublished=True, own=True)
+        if partition_of(log_.group_id, partitions) in owned
+    }
+    # Set before publishing, so a round that fails (broker down) still shows the backlog.
+    behind = sum(log_.seq - log_.published for log_ in logs.values())
     CHANGES_BEHIND.set(behind)
-    if not changes:
+    if not logs:
         return 0
+    changes = await outbox.unpublished_changes(list(logs), batch)
     # As stored: the outbox keeps each change's JSON, published without decoding it.
     deliveries = [await send(change.group_id.encode(), change.value) for change in changes]
     # Kafka acknowledges a partition's records in order: each group's cursor moves to its
@@ -70,7 +71,9 @@ async def relay_changes(
     last = {group: change.seq for group, change in acked.items()}
     published = sum(1 for change in changes if change.seq <= last.get(change.group_id, 0))
     CHANGES_PUBLISHED.inc(published)
-    CHANGES_BEHIND.set(behind - published)
+    CHANGES_BEHIND.set(
+        behind - sum(min(seq, logs[g].seq) - logs[g].published for g, seq in last.items())
+    )
     if failed:
         raise next(iter(failed.values()))
     return published

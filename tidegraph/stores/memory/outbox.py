@@ -44,11 +44,10 @@ class MemoryOutbox(Outbox):
         return [ChangeLog(**vars(log)) for _, log in sorted(wanted.items())]
 
     async def unpublished_changes(
-        self, group_ids: list[str] | None, per_group: int
+        self, group_ids: list[str], per_group: int
     ) -> list[PublishedChange]:
         found: list[PublishedChange] = []
-        wanted = self.store._logs if group_ids is None else group_ids
-        for group_id in sorted(set(wanted)):
+        for group_id in sorted(set(group_ids)):
             log = self.store._logs.get(group_id)
             if log is None or log.deployment != self.store.deployment:
                 continue

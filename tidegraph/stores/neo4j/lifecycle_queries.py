@@ -47,11 +47,14 @@ ORDER BY group_id
 
 # Each group's rows after its cursor, as many as its next ``$limit`` numbers reach (at least
 # one): a row's changes are numbered on from the row before, so the rows starting within
-# those numbers hold at most ``$limit`` changes, fewer where changes went. For the groups
-# named (UNPUBLISHED_CHANGES) or for every group of the deployment with changes after its
-# cursor (ALL_UNPUBLISHED_CHANGES, a relay round's one read, five times a second: it keeps its
-# plan, as the writes do).
-_CHANGES_AFTER_CURSORS = """
+# those numbers hold at most ``$limit`` changes, fewer where changes went. A relay round
+# reads it five times a second: it keeps its plan, as the writes do.
+UNPUBLISHED_CHANGES = (
+    KEEP_PLAN
+    + """
+UNWIND $groups AS group_id
+MATCH (log:ChangeLog {group_id: group_id})
+WHERE log.deployment = $deployment
 OPTIONAL MATCH (cursor:ChangeCursor {group_id: group_id})
 WITH group_id, log, coalesce(cursor.published, 0) AS published
 WHERE log.seq > published
@@ -71,21 +74,6 @@ CALL (group_id, published) {
 RETURN group_id, published, c.seq AS seq, c.change_id AS change_ids, c.body AS body
 ORDER BY group_id, seq
 """
-UNPUBLISHED_CHANGES = (
-    KEEP_PLAN
-    + """
-UNWIND $groups AS group_id
-MATCH (log:ChangeLog {group_id: group_id})
-WHERE log.deployment = $deployment"""
-    + _CHANGES_AFTER_CURSORS
-)
-ALL_UNPUBLISHED_CHANGES = (
-    KEEP_PLAN
-    + """
-MATCH (log:ChangeLog)
-WHERE log.deployment = $deployment
-WITH log, log.group_id AS group_id"""
-    + _CHANGES_AFTER_CURSORS
 )
 
 # A cursor moves to a change the relay published only while that change is stored at its seq.

@@ -64,15 +64,14 @@ class Neo4jOutbox(Outbox):
         ]
 
     async def unpublished_changes(
-        self, group_ids: list[str] | None, per_group: int
+        self, group_ids: list[str], per_group: int
     ) -> list[PublishedChange]:
         params = {
-            "groups": None if group_ids is None else sorted(set(group_ids)),
+            "groups": sorted(set(group_ids)),
             "limit": max(per_group, 0),
             "deployment": self.store.deployment,
         }
-        query = lq.ALL_UNPUBLISHED_CHANGES if group_ids is None else lq.UNPUBLISHED_CHANGES
-        rows = await self.store.ex.rows(query, params)
+        rows = await self.store.ex.rows(lq.UNPUBLISHED_CHANGES, params)
         found: dict[str, list[PublishedChange]] = {}
         for r in rows:
             found.setdefault(r["group_id"], []).extend(

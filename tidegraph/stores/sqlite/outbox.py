@@ -84,17 +84,14 @@ class SqliteOutbox(Outbox):
         return await self.store.db.run(read)
 
     async def unpublished_changes(
-        self, group_ids: list[str] | None, per_group: int
+        self, group_ids: list[str], per_group: int
     ) -> list[PublishedChange]:
         def read(conn: sqlite3.Connection) -> list[PublishedChange]:
             logs = conn.execute(
-                "SELECT group_id, published FROM change_log WHERE (:groups IS NULL OR "
-                "group_id IN (SELECT value FROM json_each(:groups))) "
-                "AND deployment = :deployment AND seq > published ORDER BY group_id",
-                {
-                    "groups": None if group_ids is None else json_text(sorted(set(group_ids))),
-                    "deployment": self.store.deployment,
-                },
+                "SELECT group_id, published FROM change_log WHERE group_id IN "
+                "(SELECT value FROM json_each(?)) AND deployment = ? AND seq > published "
+                "ORDER BY group_id",
+                (json_text(sorted(set(group_ids))), self.store.deployment),
             ).fetchall()
             found: list[PublishedChange] = []
             for group_id, published in logs:
