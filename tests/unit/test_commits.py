@@ -87,3 +87,39 @@ def test_faust_alone_would_commit_past_the_record_in_flight(consumer: Any) -> No
 )
 def test_may_commit(acked: list[int], in_flight: int | None, expected: bool) -> None:
     assert may_commit(acked, in_flight) is expected
+
+
+class CountedReads(set[Message]):
+    """The consumer's records in flight, counting how often they are read."""
+
+    reads = 0
+
+    def __iter__(self) -> Iterator[Message]:
+        self.reads += 1
+        return super().__iter__()
+
+
+def test_a_commit_round_reads_the_records_in_flight_once_for_every_partition(
+    consumer: Any,
+) -> None:
+    """Each second's commit round checks every assigned partition: the records in flight
+    (the worker's whole backlog of taken records) are read once for all of them, and a record
+    in flight on one partition holds back only that partition's commit."""
+    guard_commits(consumer)
+    consumer._unacked_messages = CountedReads()
+    partitions = [TP(TOPIC, p) for p in range(8)]
+    records = {}
+    for tp in partitions:
+        consumer._committed_offset[tp] = 40
+        for offset in (40, 41):
+            records[tp, offset] = Message(
+                TOPIC, tp.partition, offset, 0.0, 0, None, b"g", b"{}", None, tp=tp
+            )
+            consumer.track_message(records[tp, offset])
+    for tp in partitions:
+        consumer.ack(records[tp, 41])
+        if tp != partitions[0]:
+            consumer.ack(records[tp, 40])
+    offsets = consumer._filter_committable_offsets(partitions)
+    assert consumer._unacked_messages.reads == 1
+    assert offsets == {tp: 42 for tp in partitions[1:]}  # partition 0 waits for its 40

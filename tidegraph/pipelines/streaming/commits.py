@@ -21,9 +21,14 @@ from typing import Any
 from faust.types.tuples import ack_lock
 
 
-def oldest_in_flight(unacked: Iterable[Any], tp: Any) -> int | None:
-    """The lowest offset of ``tp`` among records taken and not acked yet."""
-    return min((m.offset for m in unacked if m.tp == tp and not m.acked), default=None)
+def oldest_in_flight(unacked: Iterable[Any]) -> dict[Any, int]:
+    """The lowest offset of each partition among records taken and not acked yet, in one
+    pass over them (a partition with none is absent)."""
+    oldest: dict[Any, int] = {}
+    for m in unacked:
+        if not m.acked and m.offset < oldest.get(m.tp, m.offset + 1):
+            oldest[m.tp] = m.offset
+    return oldest
 
 
 def may_commit(acked: list[int], in_flight: int | None) -> bool:
@@ -33,15 +38,31 @@ def may_commit(acked: list[int], in_flight: int | None) -> bool:
 
 
 def guard_commits(consumer: Any) -> None:
-    """Wrap ``consumer._new_offset`` (the offset Faust would commit for a partition) so that it
-    never passes a record still in flight."""
+    """Wrap the consumer's choice of offsets to commit so that it never passes a record still
+    in flight: each commit round (``_filter_committable_offsets``, Faust's only caller of
+    ``_new_offset``) reads the records in flight once, for every partition, and the offset
+    Faust would commit for a partition (``_new_offset``) is checked against that. The records
+    in flight were read per partition before: every second, the whole backlog of taken records
+    once per assigned partition of every topic."""
     compute: Callable[[Any], int | None] = consumer._new_offset
+    choose: Callable[[Iterable[Any]], dict[Any, int]] = consumer._filter_committable_offsets
+    this_round: list[dict[Any, int]] = []  # the round's oldest record in flight per partition
+
+    def committable_offsets(tps: Iterable[Any]) -> dict[Any, int]:
+        with ack_lock:
+            this_round.append(oldest_in_flight(list(consumer._unacked_messages)))
+        try:
+            return choose(tps)
+        finally:
+            this_round.clear()
 
     def new_offset(tp: Any) -> int | None:
         with ack_lock:
-            in_flight = oldest_in_flight(list(consumer._unacked_messages), tp)
-            if not may_commit(consumer._acked[tp], in_flight):
+            # outside a round (no such caller in Faust 0.15), the records in flight now
+            oldest = this_round[0] if this_round else oldest_in_flight(consumer._unacked_messages)
+            if not may_commit(consumer._acked[tp], oldest.get(tp)):
                 return None
         return compute(tp)
 
     consumer._new_offset = new_offset
+    consumer._filter_committable_offsets = committable_offsets

@@ -71,7 +71,7 @@ class Neo4jOutbox(Outbox):
             "limit": max(per_group, 0),
             "deployment": self.store.deployment,
         }
-        rows = await self.store.ex.rows(lq.UNPUBLISHED_CHANGES, params)
+        rows = await self.store.ex.rows(lq.UNPUBLISHED_CHANGES, lq.plan_params(params))
         found: dict[str, list[PublishedChange]] = {}
         for r in rows:
             found.setdefault(r["group_id"], []).extend(
