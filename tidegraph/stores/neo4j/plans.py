@@ -18,7 +18,7 @@ A statement that keeps its plan (``kept_plan``) therefore:
   of its lists and strings;
 - names the index of every lookup the statistics could steer (``USING INDEX``, or a
   uniqueness constraint's), so that a plan made on an empty store stays right on a large one;
-- is planned when the store starts (``Neo4jStore.plan_ahead``): run for real on a group no one
+- is planned when the store starts (``Neo4jStore._plan_ahead``): run for real on a group no one
   has (``PLANS_AHEAD_GROUP``) and records that do not exist (``stand_ins``), in a transaction
   that is rolled back when it writes.
 """

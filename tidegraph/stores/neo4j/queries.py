@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
 
-# Kept plans (``plans``), under the names the store's modules read them by.
+# Kept plans (``plans``) and the write statements, under the names the store reads them by.
 from tidegraph.stores.neo4j.plans import KEEP_PLAN as KEEP_PLAN
 from tidegraph.stores.neo4j.plans import kept_plan as kept_plan
 from tidegraph.stores.neo4j.plans import plan_params as plan_params
-
-# The write statements, under the names the store's modules read them by.
 from tidegraph.stores.neo4j.write_queries import ASSIGN_MEMBERS as ASSIGN_MEMBERS
 from tidegraph.stores.neo4j.write_queries import EPISODE_TIME_FIELDS as EPISODE_TIME_FIELDS
 from tidegraph.stores.neo4j.write_queries import FACT_ENDS_FIELD as FACT_ENDS_FIELD
@@ -296,8 +294,7 @@ WHERE ep.group_id = $group_id AND ep.not_extracted IS NULL
 RETURN ep.content_hash AS content_hash, ep.created_entities AS created_entities
 """
 
-# The statements of the text write path's chain keep their plan (``plans.kept_plan``): the
-# processed markers, the earlier episodes, the unit's read and the entity search.
+# The text write path's statements keep their plan (``plans.kept_plan``), as below.
 EPISODES_PROCESSED = kept_plan(
     """
 UNWIND $uuids AS uuid
@@ -363,7 +360,6 @@ MATCH (e:Entity)
 WHERE e.uuid IN $uuids
 RETURN e.uuid AS uuid, e.group_id AS group_id
 """
-
 _NAMED = """WHERE e.group_id = $group_id
   AND (e.name_norm IN $names OR any(alias IN e.aliases WHERE alias IN $names))
 """
@@ -374,8 +370,7 @@ USING INDEX e:Entity(group_id, key)
 WHERE e.group_id = $group_id AND e.key IN $keys
 """
 
-# (a name is in an entity's aliases too: the group's entities are read through its index, as a
-# large group's plan does; the plan is kept)
+# (a name is in aliases too: read through the group's index, as a large group's plan does)
 ENTITIES_BY_NAMES = kept_plan(
     "\nMATCH (e:Entity)\nUSING INDEX e:Entity(group_id)\n" + _NAMED + _ENTITY_RETURN
 )

@@ -211,7 +211,7 @@ class Neo4jStore(StoreCore):
         await self._index_stored_ids()
         await self.ex.execute(q.AWAIT_INDEXES, {"timeout": AWAIT_INDEXES_SECONDS})
         self._dim = embedding_dim
-        await self.plan_ahead()
+        await self._plan_ahead()
 
     async def _until_none(self, query: str, column: str, params: dict[str, Any]) -> int:
         """Runs a migration statement, one transaction each, until it handles no row (the
@@ -531,7 +531,7 @@ class Neo4jStore(StoreCore):
             await tx.rows(q.WRITE_EPISODES, q.plan_params(params))
         return written
 
-    async def plan_ahead(self) -> None:
+    async def _plan_ahead(self) -> None:
         """Has Neo4j plan the statements that keep their plan (``plans``) now, when the store
         starts, so that no episode write, read of the write path or forget pays it: the reads
         of the text write path's chain (processed markers, earlier episodes, the unit's read,
