@@ -91,34 +91,6 @@ async def test_combined_finds_every_kind_valid_now_and_only_in_the_group():
     assert len(found) == len(found.all()) <= 10 + 5 + 3 + 2
 
 
-async def test_the_other_kinds_are_ranked_and_completed_while_the_walk_runs():
-    """The walk is a search's longest read on a long history: the entities, episodes and
-    communities are completed beside it, not after it (here the walk ends only once they
-    are: without that the search never ends)."""
-    graph = people_graph()
-    others_done = asyncio.Event()
-    complete_hits, expand_facts = graph.complete_hits, graph.expand_facts
-    completed_kinds: list[set[str]] = []
-
-    async def completing(scope, hits):
-        completed_kinds.append({hit.kind for hit in hits})
-        if "fact" not in completed_kinds[-1]:
-            others_done.set()
-        return await complete_hits(scope, hits)
-
-    async def walking(scope, seeds, hops, limit):
-        await others_done.wait()
-        return await expand_facts(scope, seeds, hops, limit)
-
-    graph.complete_hits = completing  # type: ignore[method-assign]
-    graph.expand_facts = walking  # type: ignore[method-assign]
-    asked = SearchRequest(query="Where does Alice Smith work?", group_ids=["g"], known_at=NOW)
-    found = await asyncio.wait_for(searcher(graph).search(asked), timeout=30)
-    assert completed_kinds == [{"entity", "episode", "community"}, {"fact"}]
-    assert uuids(found.facts)[0] == "f_globex"  # the walk's facts still ranked
-    assert uuids(found.entities)[0] == "alice"
-
-
 async def test_candidates_are_read_without_details_and_the_kept_hits_completed():
     graph = people_graph()
     scopes = []
@@ -133,8 +105,7 @@ async def test_candidates_are_read_without_details_and_the_kept_hits_completed()
         SearchRequest(query="Where does Alice Smith work?", group_ids=["g"], known_at=NOW)
     )
     assert scopes and not any(scope.details for scope in scopes)
-    # the kept hits of the kinds beside the walk at once, then the walk's facts
-    assert graph.calls.count(("complete", None)) == 2
+    assert graph.calls.count(("complete", None)) == 1  # every kind's kept hits at once
     # Each hit as a search with details would have found it.
     detailed = dataclasses.replace(scopes[0], details=True)
     for hit in found.facts + found.entities:

@@ -20,9 +20,7 @@ A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a 
    BM25 list more, as known by the known-at: ``recency.value_words``);
 5. the hits kept completed with their details (a fact's end names and episodes, an entity's
    mentioning episodes) and whole records: candidates are read without them (a store may
-   read their records in part), unless a reranker counts mentions or reads their text.
-   Steps 4 and 5 of the kinds that do not rank the walk's facts run while the walk (3)
-   runs, in one completion; the kinds that do are ranked and completed after it;
+   read their records in part), unless a reranker counts mentions or reads their text;
 6. where the query names an identifier (``NW-1002``), the hits of each kind that carry it
    come first (``rerank.carrying_first``).
 """
@@ -214,32 +212,34 @@ class Searcher:
         found = await self._first_round(recipe, text, scope, limit, asked)
         query_embedding: list[float] | None = found.get(("query", "embedding"))
         fact_search = recipe.search_for("fact")
-        walk: asyncio.Future[list[Hit]] | None = None
         if fact_search is not None and "bfs" in fact_search.methods:
             seeds = _seeds(found, centre)
-            found["fact", "bfs"] = []
-            if seeds:
-                walk = asyncio.ensure_future(
-                    self.source.expand_facts(
-                        scope, seeds, fact_search.hops, _candidates(fact_search, limit)
-                    )
+            found["fact", "bfs"] = (
+                await self.source.expand_facts(
+                    scope, seeds, fact_search.hops, _candidates(fact_search, limit)
                 )
-
-        async def kept_of(search: KindSearch) -> list[Hit]:
-            """The search's hits kept, ranked (after the walk, when it ranks the walk's)."""
-            if walk is not None and "bfs" in search.methods:
-                found[search.kind, "bfs"] = await walk
-            hits = await self._rerank(
-                search,
-                found,
-                text,
-                scope,
-                query_embedding,
-                centre,
-                # the best ``limit`` are all RRF needs build, unless restatements further
-                # down may come first (episodes, where the question is about a state)
-                None if search.kind == "episode" and current else limit or search.limit,
+                if seeds
+                else []
             )
+
+        ranked = await _all(
+            [
+                self._rerank(
+                    search,
+                    found,
+                    text,
+                    scope,
+                    query_embedding,
+                    centre,
+                    # the best ``limit`` are all RRF needs build, unless restatements further
+                    # down may come first (episodes, where the question is about a state)
+                    None if search.kind == "episode" and current else limit or search.limit,
+                )
+                for search in recipe.searches
+            ]
+        )
+        kept: list[Hit] = []
+        for search, hits in zip(recipe.searches, ranked, strict=True):
             if search.kind == "episode" and current:
                 # The statements that carry the values the statements of what is asked
                 # carry, said by the known-at: the templates they fill show which words of
@@ -252,28 +252,11 @@ class Searcher:
                     asked_values = [MethodSearch("episode", LEXICON_CANDIDATES, text=values)]
                     lexicon = (await self.source.search_lists(known, asked_values))[0]
                 hits = supersede(hits, text, ignore=said_when, stating=stating, lexicon=lexicon)
-            return hits[: limit or search.limit]
-
-        async def completed(searches: list[KindSearch]) -> list[Hit]:
-            """The searches' kept hits with their details, read once for all (candidates
-            were read without)."""
-            kept = [hit for hits in await _all([kept_of(s) for s in searches]) for hit in hits]
-            return await self.source.complete_hits(scope, kept) if kept else []
-
-        # The kinds that do not rank the walk's facts are ranked and completed while it runs
-        # (the walk is the longest read of a search on a long history); the others after it.
-        walked = [s for s in recipe.searches if "bfs" in s.methods]
-        beside = [s for s in recipe.searches if s not in walked]
+            kept += hits[: limit or search.limit]
+        # The kept hits with their details, read once for all (candidates were read without).
         results = SearchResults(text, recipe.name, scope)
-        try:
-            for hits in await _all([completed(beside), completed(walked)]):
-                for hit in hits:
-                    results.of(hit.kind).append(hit)
-        finally:
-            if walk is not None and not walk.done():
-                walk.cancel()  # another read failed first
-            elif walk is not None and not walk.cancelled():
-                walk.exception()  # its failure, if any, is the search's (raised above)
+        for hit in await self.source.complete_hits(scope, kept):
+            results.of(hit.kind).append(hit)
         # A question that names an id is about what carries it (read on whole records).
         named = identifiers(text)
         for kind in KINDS if named else ():
