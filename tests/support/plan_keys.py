@@ -12,7 +12,7 @@ import pytest
 
 from tidegraph.stores.executor import Params, Row
 from tidegraph.stores.neo4j import executor
-from tidegraph.stores.neo4j.plans import KEEP_PLAN
+from tidegraph.stores.neo4j.plans import KEEP_PLAN, bound_params
 
 # What Neo4j keys a cached plan by, as measured on 5.26: the statement, each parameter's type
 # with the size class of a list or a string (empty, 1, 2-10, 11-100, ...), and whether the
@@ -27,7 +27,10 @@ def _size_class(value: object) -> str:
 
 
 def plan_key(query: str, params: Params | None, written: bool) -> PlanKey:
-    shape = tuple(sorted((k, _size_class(v)) for k, v in (params or {}).items()))
+    """The key of ``query`` run with ``params`` as a caller passes them (the executor's
+    ``bound_params`` puts a kept statement's in its one map)."""
+    bound = bound_params(query, params or {})
+    shape = tuple(sorted((k, _size_class(v)) for k, v in bound.items()))
     return query, shape, written
 
 
@@ -50,7 +53,7 @@ class PlanKeys:
             tx: executor._Transaction, query: str, params: Params | None = None
         ) -> list[Row]:
             self.ran.append(plan_key(query, params, tx._tx in written))
-            result = await tx._tx.run(query, params or {})
+            result = await tx._tx.run(query, bound_params(query, params or {}))
             rows = [dict(record) async for record in result]
             if (await result.consume()).counters.contains_updates:
                 written.add(tx._tx)

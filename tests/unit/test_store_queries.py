@@ -17,6 +17,7 @@ from tidegraph.stores.neo4j import common_queries
 from tidegraph.stores.neo4j import queries as neo4j_queries
 from tidegraph.stores.neo4j import search_queries as neo4j_search_queries
 from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
+from tidegraph.stores.neo4j.plans import bound_params, kept_plan
 from tidegraph.stores.sqlite import search as sqlite_search
 
 MODULES = {
@@ -47,7 +48,7 @@ WHOLE_STORE = {"PENDING_GROUPS"}
 PER_ASK_GROUP = {"READ_BATCHES"}
 WRITES = re.compile(r"\b(CREATE|MERGE|SET|DELETE)\b")
 # The group parameter, as a statement takes it: ``$group_id``, or ``$p.group_id`` in a statement
-# that keeps its plan (``plans.kept_plan``: its parameters in one map).
+# that keeps its plan (``plans.kept_plan``: its parameters in one map, ``plans.bound_params``).
 GROUP_PARAMETER = re.compile(r"\$(p\.)?group_ids?\b")
 LEFT_TO_FORMAT = re.compile(r"\{\{|\}\}|\{[a-z_]+\}")  # "{rows}", a doubled brace
 
@@ -139,3 +140,12 @@ def test_search_text_never_reaches_the_query_unescaped() -> None:
     # A group holding most of the rows is left to the join (the token is not matched).
     assert sqlite_search.fulltext_query("g", "acme", by_group=False) == 'text : ("acme")'
     assert neo4j_search_queries.fulltext_query("the and of") is None
+
+
+def test_a_kept_plan_takes_its_parameters_in_one_map_and_others_as_given() -> None:
+    kept = kept_plan("MATCH (e:Entity {group_id: $group_id}) WHERE e.uuid IN $uuids RETURN e")
+    params = {"group_id": "acme", "uuids": ["u1", "u2"]}
+    assert "$p.group_id" in kept and "$p.uuids" in kept and "$group_id" not in kept
+    assert bound_params(kept, params) == {"p": params}
+    plain = "MATCH (e:Entity {group_id: $group_id}) RETURN e"
+    assert bound_params(plain, params) is params

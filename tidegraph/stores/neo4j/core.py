@@ -152,13 +152,13 @@ class StoreCore(GraphStore):
     async def entities_by_names(self, group_id: str, names: list[str]) -> list[EntityRecord]:
         if not names:
             return []
-        params = q.plan_params({"group_id": group_id, "names": unique(names)})
+        params = {"group_id": group_id, "names": unique(names)}
         return await self._entities_by(group_id, q.ENTITIES_BY_NAMES, params)
 
     async def entities_by_keys(self, group_id: str, keys: list[str]) -> list[EntityRecord]:
         if not keys:
             return []
-        params = q.plan_params({"group_id": group_id, "keys": unique(keys)})
+        params = {"group_id": group_id, "keys": unique(keys)}
         return await self._entities_by(group_id, q.ENTITIES_BY_KEYS, params)
 
     async def entities_by_key_prefix(self, group_id: str, prefix: str) -> list[EntityRecord]:
@@ -167,7 +167,7 @@ class StoreCore(GraphStore):
     async def entities_by_uuids(self, group_id: str, uuids: list[str]) -> list[EntityRecord]:
         if not uuids:
             return []
-        params = q.plan_params({"group_id": group_id, "uuids": unique(uuids)})
+        params = {"group_id": group_id, "uuids": unique(uuids)}
         return await self._entities_by(group_id, q.ENTITIES_BY_UUIDS, params)
 
     async def fulltext_entities(

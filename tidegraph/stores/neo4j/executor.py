@@ -13,6 +13,7 @@ from neo4j import READ_ACCESS, AsyncDriver, AsyncManagedTransaction, AsyncTransa
 from neo4j.exceptions import ClientError, ServiceUnavailable, SessionExpired, TransientError
 
 from tidegraph.stores.executor import Params, Row, Tx, count_errors, observe_write
+from tidegraph.stores.neo4j.plans import bound_params
 
 T = TypeVar("T")
 
@@ -34,7 +35,7 @@ class _Transaction:
         self._tx = tx
 
     async def rows(self, query: str, params: Params | None = None) -> list[Row]:
-        result = await self._tx.run(query, params or {})
+        result = await self._tx.run(query, bound_params(query, params or {}))
         return [dict(record) async for record in result]
 
 
@@ -72,7 +73,7 @@ class Neo4jExecutor:
         async with self._driver.session(
             database=self._database, default_access_mode=READ_ACCESS
         ) as session:
-            result = await session.run(query, params)
+            result = await session.run(query, bound_params(query, params))
             return [dict(record) async for record in result]
 
     async def write(self, operation: str, size: int, work: Callable[[Tx], Awaitable[T]]) -> T:
@@ -107,7 +108,7 @@ class Neo4jExecutor:
         is written to be run again after an interruption."""
         with count_errors(_TRANSIENT):
             async with self._slots, self._driver.session(database=self._database) as session:
-                result = await session.run(statement, params)
+                result = await session.run(statement, bound_params(statement, params))
                 return [dict(record) async for record in result]
 
     async def execute(self, statement: str, params: Params, *, schema: bool = False) -> None:
@@ -115,7 +116,9 @@ class Neo4jExecutor:
         exists is not an error."""
         with count_errors(_TRANSIENT):
             try:
-                await self._driver.execute_query(statement, params, database_=self._database)
+                await self._driver.execute_query(
+                    statement, bound_params(statement, params), database_=self._database
+                )
             except ClientError as exc:
                 if not schema or exc.code not in _ALREADY_EXISTS:
                     raise

@@ -47,7 +47,7 @@ class Neo4jForgetting(Forgetting):
 
     async def group_history(self, group_id: str) -> GroupHistory:
         params = {"group_id": group_id}
-        [version] = await self.store.ex.rows(lq.GROUP_VERSION, lq.plan_params(params))
+        [version] = await self.store.ex.rows(lq.GROUP_VERSION, params)
         episodes = await self.store.ex.rows(lq.HISTORY_EPISODES, params)
         entities = await self.store.ex.rows(lq.HISTORY_ENTITIES, params)
         facts = await self.store.ex.rows(lq.HISTORY_FACTS, params)
@@ -73,17 +73,15 @@ class Neo4jForgetting(Forgetting):
         creating: list[str] | None = None,
     ) -> GroupHistory:
         params = {"group_id": group_id}
-        [version] = await self.store.ex.rows(lq.GROUP_VERSION, lq.plan_params(params))
+        [version] = await self.store.ex.rows(lq.GROUP_VERSION, params)
         rows = await self.store.ex.rows(
             lq.HISTORY_PART,
-            lq.plan_params(
-                {
-                    **params,
-                    "episodes": episodes,
-                    "mentioning": mentioning,
-                    "creating": list(creating or ()),
-                }
-            ),
+            {
+                **params,
+                "episodes": episodes,
+                "mentioning": mentioning,
+                "creating": list(creating or ()),
+            },
         )
         return GroupHistory(
             episodes=[episode_record(r["ep"]) for r in rows],
@@ -93,16 +91,14 @@ class Neo4jForgetting(Forgetting):
         )
 
     async def group_profile(self, group_id: str) -> GroupProfile:
-        [row] = await self.store.ex.rows(
-            lq.GROUP_PROFILE, lq.plan_params({"group_id": group_id, "mapped": MAPPED})
-        )
+        [row] = await self.store.ex.rows(lq.GROUP_PROFILE, {"group_id": group_id, "mapped": MAPPED})
         return GroupProfile(
             judged=bool(row["judged"]), without_extraction=bool(row["without_extraction"])
         )
 
     async def extracted_episodes(self, group_id: str, up_to: int) -> int:
         [row] = await self.store.ex.rows(
-            lq.EXTRACTED_EPISODES, lq.plan_params({"group_id": group_id, "up_to": up_to})
+            lq.EXTRACTED_EPISODES, {"group_id": group_id, "up_to": up_to}
         )
         return int(row["extracted"])
 
@@ -144,14 +140,14 @@ class Neo4jForgetting(Forgetting):
             )
 
         async def work(tx: Tx) -> None:
-            await tx.rows(lq.HISTORY_PART, lq.plan_params(part))
-            await tx.rows(lq.GROUP_PROFILE, lq.plan_params({**g, "mapped": MAPPED}))
-            await tx.rows(lq.EXTRACTED_EPISODES, lq.plan_params({**g, "up_to": 1}))
+            await tx.rows(lq.HISTORY_PART, part)
+            await tx.rows(lq.GROUP_PROFILE, {**g, "mapped": MAPPED})
+            await tx.rows(lq.EXTRACTED_EPISODES, {**g, "up_to": 1})
             # Neo4j keeps a plan apart for a transaction that has written (a real rebuild
             # has after its tombstones): each write statement is planned both ways, the
             # second time after the first rehearsal's own writes (its outbox log).
             for _ in range(2):
-                [version] = await tx.rows(lq.GROUP_VERSION, lq.plan_params(g))
+                [version] = await tx.rows(lq.GROUP_VERSION, g)
                 rebuild = Rebuild(
                     version=int(version["version"]),
                     forgotten=[nothing],
@@ -167,8 +163,8 @@ class Neo4jForgetting(Forgetting):
                 await self._write_rebuild(tx, group_id, rebuild, entities, facts)
                 # what the outbox purge runs once it has found rows holding a purged record
                 row = {"id": nothing, "change_id": "", "kind": "", "uuid": "", "body": ""}
-                await tx.rows(lq.PURGED_ROWS, lq.plan_params({**g, "rows": [row]}))
-                await tx.rows(lq.SKIP_DROPPED, lq.plan_params({**g, "dropped": 1}))
+                await tx.rows(lq.PURGED_ROWS, {**g, "rows": [row]})
+                await tx.rows(lq.SKIP_DROPPED, {**g, "dropped": 1})
 
         await self.store.ex.rehearse(work)
 
@@ -184,40 +180,34 @@ class Neo4jForgetting(Forgetting):
         outbox = [outbox_row(group_id, rebuild.changes)]
         g = {"group_id": group_id}
         stamped = {**g, "deployment": self.store.deployment}
-        [row] = await tx.rows(lq.REBUILD_VERSION, lq.plan_params(g))
+        [row] = await tx.rows(lq.REBUILD_VERSION, g)
         if int(row["version"]) != rebuild.version:
             raise errors.RebuildConflict(group_id)
-        owners = await tx.rows(
-            lq.REBUILD_OWNERS, lq.plan_params({"uuids": [e["uuid"] for e in entities]})
-        )
+        owners = await tx.rows(lq.REBUILD_OWNERS, {"uuids": [e["uuid"] for e in entities]})
         errors.check_entity_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
         forgotten_at: Any = with_epoch_times({"created_at": rebuild.forgotten_at})
         thread = {**g, "uuids": rebuild.forgotten, **q.thread_params()}
-        [threads] = await tx.rows(lq.FORGOTTEN_THREADS, lq.plan_params(thread))
+        [threads] = await tx.rows(lq.FORGOTTEN_THREADS, thread)
         await tx.rows(
             lq.TOMBSTONES,
-            lq.plan_params(
-                {**g, "uuids": rebuild.forgotten, "forgotten_at": forgotten_at["created_at"]}
-            ),
+            {**g, "uuids": rebuild.forgotten, "forgotten_at": forgotten_at["created_at"]},
         )
         followers = [u for u in threads["followers"] if u not in set(rebuild.forgotten)]
-        await tx.rows(
-            lq.REINDEX_THREADS, lq.plan_params({**g, "followers": followers, **q.thread_params()})
-        )
+        await tx.rows(lq.REINDEX_THREADS, {**g, "followers": followers, **q.thread_params()})
         words = sorted({w for ws in threads["words"] for w in ws or []})
-        await tx.rows(lq.DROP_SPEAKER_WORDS, lq.plan_params({**g, "words": words}))
+        await tx.rows(lq.DROP_SPEAKER_WORDS, {**g, "words": words})
         touched = [*rebuild.delete_entities, *(e["uuid"] for e in entities)]
-        await tx.rows(lq.DELETE_STALE_COMMUNITIES, lq.plan_params({**g, "uuids": touched}))
-        await tx.rows(lq.DELETE_FACTS, lq.plan_params({**g, "uuids": rebuild.delete_facts}))
-        await tx.rows(lq.DELETE_ENTITIES, lq.plan_params({**g, "uuids": rebuild.delete_entities}))
-        await tx.rows(lq.OVERWRITE_ENTITIES, lq.plan_params({**g, "rows": entities}))
-        await tx.rows(lq.OVERWRITE_FACTS, lq.plan_params({**g, "rows": facts}))
+        await tx.rows(lq.DELETE_STALE_COMMUNITIES, {**g, "uuids": touched})
+        await tx.rows(lq.DELETE_FACTS, {**g, "uuids": rebuild.delete_facts})
+        await tx.rows(lq.DELETE_ENTITIES, {**g, "uuids": rebuild.delete_entities})
+        await tx.rows(lq.OVERWRITE_ENTITIES, {**g, "rows": entities})
+        await tx.rows(lq.OVERWRITE_FACTS, {**g, "rows": facts})
         mentions = [{"episode": u, "entities": m} for u, m in rebuild.mentions.items()]
-        await tx.rows(lq.REPLACE_MENTIONS, lq.plan_params({**g, "rows": mentions}))
+        await tx.rows(lq.REPLACE_MENTIONS, {**g, "rows": mentions})
         created = [{"episode": u, "created": c} for u, c in rebuild.created.items()]
-        await tx.rows(lq.SET_CREATED, lq.plan_params({**g, "rows": created}))
+        await tx.rows(lq.SET_CREATED, {**g, "rows": created})
         await self._purge_changes(tx, group_id, rebuild.purged)
-        await tx.rows(lq.REBUILD_CHANGES, lq.plan_params({**stamped, "outbox": outbox}))
+        await tx.rows(lq.REBUILD_CHANGES, {**stamped, "outbox": outbox})
 
     @staticmethod
     async def _purge_changes(tx: Tx, group_id: str, uuids: list[str]) -> None:
@@ -227,8 +217,8 @@ class Neo4jForgetting(Forgetting):
             return
         g = {"group_id": group_id}
         purged, rows, dropped = set(uuids), [], []
-        found_rows = await tx.rows(lq.ROWS_TO_PURGE, lq.plan_params({**g, "uuids": uuids}))
-        await tx.rows(lq.UNINDEX_PURGED, lq.plan_params({**g, "uuids": uuids}))
+        found_rows = await tx.rows(lq.ROWS_TO_PURGE, {**g, "uuids": uuids})
+        await tx.rows(lq.UNINDEX_PURGED, {**g, "uuids": uuids})
         for found in found_rows:
             row = dict(found)
             left = purged_row(row, purged)
@@ -237,8 +227,8 @@ class Neo4jForgetting(Forgetting):
             rows.append({"id": found["id"], **(left or {"body": None})})
             dropped.append(int(found["last"]))
         if rows:
-            await tx.rows(lq.PURGED_ROWS, lq.plan_params({**g, "rows": rows}))
-            await tx.rows(lq.SKIP_DROPPED, lq.plan_params({**g, "dropped": max(dropped)}))
+            await tx.rows(lq.PURGED_ROWS, {**g, "rows": rows})
+            await tx.rows(lq.SKIP_DROPPED, {**g, "dropped": max(dropped)})
 
     async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
         g = {"group_id": group_id}

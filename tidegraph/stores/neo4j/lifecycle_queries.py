@@ -14,7 +14,6 @@ from tidegraph.stores.neo4j.queries import (
 )
 
 # A forget runs its statements with their parameters in one map (``queries.kept_plan``).
-plan_params = q.plan_params
 
 
 # ---- the change stream: a ``Change`` node per write of a group, its changes numbered

@@ -71,7 +71,7 @@ class Neo4jOutbox(Outbox):
             "limit": max(per_group, 0),
             "deployment": self.store.deployment,
         }
-        rows = await self.store.ex.rows(lq.UNPUBLISHED_CHANGES, lq.plan_params(params))
+        rows = await self.store.ex.rows(lq.UNPUBLISHED_CHANGES, params)
         found: dict[str, list[PublishedChange]] = {}
         for r in rows:
             found.setdefault(r["group_id"], []).extend(
@@ -108,7 +108,7 @@ class Neo4jOutbox(Outbox):
                 [row] = await tx.rows(lq.PRUNE_CHANGES, params)
                 await tx.rows(
                     lq.SKIP_DROPPED,
-                    lq.plan_params({"group_id": group_id, "dropped": row["dropped"]}),
+                    {"group_id": group_id, "dropped": row["dropped"]},
                 )
                 return int(row["deleted"]), int(row["changes"])
 

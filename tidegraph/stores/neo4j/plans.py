@@ -13,9 +13,10 @@ A statement that keeps its plan (``kept_plan``) therefore:
 
 - starts with ``KEEP_PLAN``: Neo4j uses the plan it cached whatever the statistics say since,
   and plans only when it has none;
-- reads its parameters from one map, ``$p`` (``plan_params``), whose contents do not enter the
-  cache key: one plan per statement (and per transaction written or not), whatever the sizes
-  of its lists and strings;
+- reads its parameters from one map, ``$p``, whose contents do not enter the cache key: one
+  plan per statement (and per transaction written or not), whatever the sizes of its lists
+  and strings. Callers pass the parameters as for any statement; the executor puts them in
+  that map (``bound_params``);
 - names the index of every lookup the statistics could steer (``USING INDEX``, or a
   uniqueness constraint's), so that a plan made on an empty store stays right on a large one;
 - is planned when the store starts (``Neo4jStore._plan_ahead``): run for real on a group no one
@@ -42,13 +43,14 @@ NO_RECORD = "no such record"
 
 def kept_plan(statement: str) -> str:
     """``statement`` keeping its plan (above): ``KEEP_PLAN`` first, and each of its parameters
-    ``$name`` read as ``$p.name`` (run it with ``plan_params``)."""
+    ``$name`` read as ``$p.name``."""
     return KEEP_PLAN + _PARAMETER.sub(r"$p.\1", statement)
 
 
-def plan_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The parameters of a ``kept_plan`` statement, as it takes them."""
-    return {"p": params}
+def bound_params(statement: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters ``statement`` is run with: a kept plan's in its one map ``$p``, any
+    other's as they are (the executor's one place for this)."""
+    return {"p": params} if statement.startswith(KEEP_PLAN) else params
 
 
 def stand_ins(when: datetime) -> tuple[EntityRecord, FactRecord, EpisodeRecord]:

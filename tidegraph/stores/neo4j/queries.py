@@ -19,7 +19,6 @@ from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
 # Kept plans (``plans``) and the write statements, under the names the store reads them by.
 from tidegraph.stores.neo4j.plans import KEEP_PLAN as KEEP_PLAN
 from tidegraph.stores.neo4j.plans import kept_plan as kept_plan
-from tidegraph.stores.neo4j.plans import plan_params as plan_params
 from tidegraph.stores.neo4j.write_queries import ASSIGN_MEMBERS as ASSIGN_MEMBERS
 from tidegraph.stores.neo4j.write_queries import EPISODE_TIME_FIELDS as EPISODE_TIME_FIELDS
 from tidegraph.stores.neo4j.write_queries import FACT_ENDS_FIELD as FACT_ENDS_FIELD

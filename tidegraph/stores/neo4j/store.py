@@ -340,7 +340,7 @@ class Neo4jStore(StoreCore):
     ) -> dict[str, list[str]]:
         hashes = dict(episodes)
         rows = await self.ex.rows(
-            q.EPISODES_PROCESSED, q.plan_params({"group_id": group_id, "uuids": list(hashes)})
+            q.EPISODES_PROCESSED, {"group_id": group_id, "uuids": list(hashes)}
         )
         found: dict[str, list[str]] = {}
         for row in rows:
@@ -354,7 +354,7 @@ class Neo4jStore(StoreCore):
         if limit <= 0 or not befores:
             return [[] for _ in befores]
         params = {"group_id": group_id, "befores": [utc(b) for b in befores], "limit": limit}
-        rows = await self.ex.rows(q.RECENT_EPISODES_BEFORE, q.plan_params(params))
+        rows = await self.ex.rows(q.RECENT_EPISODES_BEFORE, params)
         return [[episode_record(ep) for ep in reversed(row["eps"])] for row in rows]
 
     async def read_batch(
@@ -378,7 +378,7 @@ class Neo4jStore(StoreCore):
 
     async def _read_batches(self, asks: list[_BatchAsk]) -> list[Row]:
         params = [{"i": i, **vars(ask)} for i, ask in enumerate(asks)]
-        rows = await self.ex.rows(q.READ_BATCHES, q.plan_params({"asks": params}))
+        rows = await self.ex.rows(q.READ_BATCHES, {"asks": params})
         return sorted(rows, key=lambda row: int(row["i"]))
 
     async def entity_candidates(
@@ -401,7 +401,7 @@ class Neo4jStore(StoreCore):
             "limit": limit,
             "scan_below": self.search.scan_below,
         }
-        rows = await self.ex.rows(q.ENTITY_CANDIDATES, q.plan_params(params))
+        rows = await self.ex.rows(q.ENTITY_CANDIDATES, params)
         rows.sort(key=lambda r: r["i"])
         if not all(row["small"] for row in rows):
             return await super().entity_candidates(group_id, searches, limit)
@@ -442,13 +442,11 @@ class Neo4jStore(StoreCore):
     async def _fact_candidates(
         self, group_id: str, pairs: list[tuple[str, str]], ends: list[str], embeddings: bool
     ) -> list[FactRecord]:
-        params = q.plan_params(
-            {
-                "group_id": group_id,
-                "pairs": [{"source": s, "relation": r} for s, r in pairs],
-                "ends": ends,
-            }
-        )
+        params = {
+            "group_id": group_id,
+            "pairs": [{"source": s, "relation": r} for s, r in pairs],
+            "ends": ends,
+        }
         query = q.FACT_CANDIDATES if embeddings else q.FACT_CANDIDATES_PLAIN
         return sort_facts(fact_of(r) for r in await self.ex.rows(query, params))
 
@@ -504,7 +502,7 @@ class Neo4jStore(StoreCore):
         more of the server's CPU each, during which no other write commits)."""
         episodes, entities, facts = errors.touched_by([job.write for job in jobs])
         touched = {"episode_uuids": episodes, "entity_uuids": entities, "fact_uuids": facts}
-        [state] = await tx.rows(q.WRITE_STATES, q.plan_params(touched))
+        [state] = await tx.rows(q.WRITE_STATES, touched)
         checks = errors.WriteChecks(
             episodes={
                 uuid: errors.StoredEpisode(group, content_hash, not_extracted)
@@ -528,7 +526,7 @@ class Neo4jStore(StoreCore):
                 "deployment": self.deployment,
                 **q.thread_params(),
             }
-            await tx.rows(q.WRITE_EPISODES, q.plan_params(params))
+            await tx.rows(q.WRITE_EPISODES, params)
         return written
 
     async def _plan_ahead(self) -> None:
