@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from benchmarks import community_drift, embedders, mapped_ingest, throughput
+from benchmarks import community_drift, embedders, mapped_ingest, source_stages, throughput
 
 pytestmark = pytest.mark.integration
 
@@ -90,6 +90,18 @@ def test_mapped_ingest_runs_one_in_process_path(tmp_path: Path) -> None:
     assert document["records"] == 24 and document["events_per_s"] > 0
     assert document["failures"] == 0 and document["check"]["subjects_wrong"] == 0
     assert document["peak_rss_mb"] > 0
+
+
+def test_source_stages_benchmark_writes_every_paths_stages(tmp_path: Path) -> None:
+    out = tmp_path / "stages.json"
+    assert source_stages.main(["--records", "40", "--repeat", "1", "--out", str(out)]) == 0
+    document = read(out)
+    assert document["changes"] == 40
+    paths = document["us_per_change"]
+    assert set(paths) == {"envelope", "debezium-json", "debezium-avro"}
+    for stages in paths.values():
+        assert stages["total"] > 0 and "mapping" in stages and "encode_extracted" in stages
+    assert {"decode_value", "decode_value_whole", "episode"} <= set(paths["debezium-json"])
 
 
 def test_embedders_benchmark_writes_speeds(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from tidegraph.metrics import (
     SOURCE_SKIPPED,
 )
 from tidegraph.pipelines.streaming.config import WorkerSettings
+from tidegraph.pipelines.streaming.connect_json import JsonValues
 from tidegraph.pipelines.streaming.handlers import Consumed, Emit, RecordHandler, Taken
 from tidegraph.processors.sources import (
     RegistrySpec,
@@ -177,6 +178,7 @@ class SourceHandler(RecordHandler):
             for s in sources.sources
             if s.registry is not None
         }
+        self.json = JsonValues()
 
     def lane_of(self, topic: str, partition: int, key: bytes | None) -> Hashable:
         """A source partition's records run in one lane, in offset order: every change of a
@@ -251,7 +253,7 @@ class SourceHandler(RecordHandler):
         if spec.format in ("avro", "jsonschema", "protobuf"):
             return await self.registry[spec.name].decode(record.topic, record.value)
         try:
-            return jsontext.loads(record.value)
+            return self.json.decode(record.topic, record.value)
         except ValueError as exc:
             raise RecordError(
                 f"the value is not JSON: {exc}", reason="source_undecodable"
