@@ -25,6 +25,7 @@ from tidegraph.stores.neo4j.batching import (
     TRANSACTIONS_IN_FLIGHT,
     GroupCommit,
 )
+from tidegraph.stores.neo4j.plans import NO_RECORD, PLANS_AHEAD_GROUP
 from tidegraph.stores.roles import Communities
 from tidegraph.stores.rows import (
     community_rows,
@@ -111,7 +112,7 @@ class Neo4jCommunities(Communities):
         if not entity_uuids:
             return {}
         params = {"group_id": group_id, "uuids": unique(entity_uuids)}
-        rows = await self.store.ex.rows(q.COMMUNITIES_OF, params)
+        rows = await self.store.ex.rows(q.COMMUNITIES_OF, q.plan_params(params))
         return {row["uuid"]: row["community_uuid"] for row in rows}
 
     async def neighbour_weights_many(
@@ -122,14 +123,14 @@ class Neo4jCommunities(Communities):
             return []
         asof = AsOf.resolve(at, None, False, None)
         question = anchored_query(asof, ENTITY_GRAPH_RETURN, q.ANCHOR_HINTS, "entity_uuid")
-        query = (
+        query = q.kept_plan(
             "UNWIND $entity_uuids AS entity_uuid\nCALL (entity_uuid) {\n"
             + question
             + "}\nRETURN entity_uuid, source, target, weight"
         )
         params = {**as_of_params(group_id, asof), "entity_uuids": unique(entity_uuids)}
         edges: dict[str, list[tuple[str, str, int]]] = {}
-        for row in await self.store.ex.rows(query, params):
+        for row in await self.store.ex.rows(query, q.plan_params(params)):
             edge = (row["source"], row["target"], int(row["weight"]))
             edges.setdefault(row["entity_uuid"], []).append(edge)
         return [neighbour_weights_of(uuid, edges.get(uuid, [])) for uuid in entity_uuids]
@@ -150,10 +151,24 @@ class Neo4jCommunities(Communities):
         rows = [row for item in items for row in item.rows]
 
         async def work(tx: Tx) -> None:
-            await tx.rows(q.ASSIGN_MEMBERS, {"rows": rows})
+            await tx.rows(q.ASSIGN_MEMBERS, q.plan_params({"rows": rows}))
 
         await self.store.ex.transaction(work)
         return [None] * len(items)
+
+    async def plan_ahead(self) -> None:
+        """Has Neo4j plan the community assignment's statements (``plans``), which run for
+        every batch of new entities: its reads on a group no one has, its write in a
+        transaction that is rolled back."""
+        group_id = PLANS_AHEAD_GROUP
+        await self.communities_of(group_id, [NO_RECORD])
+        await self.neighbour_weights_many(group_id, [NO_RECORD])
+        rows = [{"group_id": group_id, "community_uuid": NO_RECORD, "entity_uuid": NO_RECORD}]
+
+        async def work(tx: Tx) -> None:
+            await tx.rows(q.ASSIGN_MEMBERS, q.plan_params({"rows": rows}))
+
+        await self.store.ex.rehearse(work)
 
     async def _upsert_communities(
         self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]
