@@ -27,6 +27,12 @@ END_TO_END_LATENCY = Histogram(
     "From the episode's produce timestamp to its graph write committing.",
     buckets=LATENCY_BUCKETS,
 )
+EVENT_LOOP_LAG = Histogram(
+    "tidegraph_event_loop_lag_seconds",
+    "How late the worker's event loop ran its heartbeat (due every second): time the loop "
+    "was blocked by code that did not yield (a stall of every group at once).",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 IN_FLIGHT = Gauge(
     "tidegraph_in_flight_episodes", "Episodes a stage is working on right now.", ["stage"]
 )

@@ -15,9 +15,12 @@ from tests.support.plan_keys import PlanKeys
 from tests.unit.test_forget_incremental import DIM, fed, generated
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
+from tidegraph.pipelines.community_service import CommunityService
 from tidegraph.pipelines.ingest import ingest
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.records.episode import Episode
+from tidegraph.stores.neo4j import common_queries as cq
+from tidegraph.stores.neo4j import lifecycle_queries as lq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j.plans import PLANS_AHEAD_GROUP
 from tidegraph.stores.neo4j.store import Neo4jStore
@@ -101,3 +104,57 @@ async def test_the_text_write_paths_statements_run_as_planned_at_start(
             for group in {e.group_id for e in episodes}:
                 await store.forget.delete_group(group)
             await store.close()
+
+
+async def test_the_communities_and_the_relay_run_as_planned_at_start(
+    neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a worker runs besides the chain, on a group that has facts and unpublished
+    changes: a community refresh, the community assignment of new entities (for every
+    batch) and the change relay's round (the logs, the rows, the cursors moved) keep their
+    plans and run under a key the store planned when it started. Left to plan: the refresh's
+    read of the group's facts (the as-of filter's, shared with search) and its MERGE of the
+    communities by their unique uuid."""
+    keys = PlanKeys().record(monkeypatch)
+    store = Neo4jStore(neo4j_uri)
+    group = f"plans-{uuidlib.uuid4().hex[:10]}"
+    try:
+        await store.setup(DIM)
+        planned = keys.kept()
+        await fed(store, group, generated(12, 5))
+        service = CommunityService(store)
+
+        keys.ran.clear()
+        await service.refresh(group, trigger="initial")
+        entities, _ = await store.communities.entity_graph(group)
+        choices = await service.assign_many(group, entities)
+        assert any(choices)  # an assignment written, not only read
+        [log] = await store.outbox.change_logs([group], unpublished=True, own=True)
+        published = await store.outbox.unpublished_changes([group], log.seq)
+        assert published
+        await store.outbox.mark_published(published)
+        assert [c.published for c in await store.outbox.change_logs([group])] == [log.seq]
+
+        kept = keys.kept()
+        statements = {
+            cq.GROUP_ENTITY_UUIDS,  # a refresh
+            cq.GROUP_COMMUNITIES,
+            cq.GROUP_COMMUNITY_MEMBERS,
+            cq.COMMUNITY_GROUPS,
+            cq.DROP_MEMBERSHIPS,
+            cq.ADD_MEMBERSHIPS,
+            q.COMMUNITIES_OF,  # the assignment
+            q.ASSIGN_MEMBERS,
+            lq.CHANGE_LOGS,  # the relay
+            lq.UNPUBLISHED_CHANGES,
+            lq.MARK_PUBLISHED,
+        }
+        ran = {key[0] for key in keys.ran}
+        assert statements <= {key[0] for key in kept}, statements - ran
+        planning = {key[0] for key in keys.ran} - {key[0] for key in kept}
+        facts_read = "MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)\nWHERE r.group_id"
+        assert {s for s in planning if not s.startswith(facts_read)} == {q.UPSERT_COMMUNITIES}
+        assert kept <= planned, sorted((k[0][:80], k[1], k[2]) for k in kept - planned)
+    finally:
+        await store.forget.delete_group(group)
+        await store.close()

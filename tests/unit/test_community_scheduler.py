@@ -92,6 +92,47 @@ async def test_ticks_start_refreshes_without_waiting_and_never_twice_per_group()
     assert sched.running == [] and service.finished == ["g1"]
 
 
+class Turns:
+    """A scheduler's waits for the turns of its refreshes: each recorded, over when let go."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.go = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        await self.go.wait()
+
+
+async def test_the_refreshes_of_a_tick_are_spread_over_the_interval() -> None:
+    """Four groups due at once over a 30 s check: the first refreshes at once, the others
+    wait 7.5, 15 and 22.5 s for their turn (with slots free for all of them), so a worker's
+    refreshes never take the store all at once."""
+    service = ScriptedService()
+    turns = Turns()
+    sched = RefreshScheduler(
+        cast(CommunityService, service),
+        StoreOutage(answer, hold_seconds=0.0),
+        threshold=0.1,
+        max_age=timedelta(hours=6),
+        max_concurrent=4,
+        spread_seconds=30.0,
+        sleep=turns.sleep,
+    )
+    for partition, group in enumerate(("g1", "g2", "g3", "g4")):
+        sched.seen(group, partition)
+    assert sched.tick() == ["g1", "g2", "g3", "g4"]
+    await until(lambda: len(turns.waits) == 3)
+    assert turns.waits == [7.5, 15.0, 22.5]
+    assert service.started == [("g1", "initial")]  # the others wait for their turn
+    assert sched.tick() == []  # waiting for its turn is under way: not started twice
+    turns.go.set()
+    await until(lambda: len(service.started) == 4)
+    assert [group for group, _ in service.started] == ["g1", "g2", "g3", "g4"]
+    await sched.close()
+    assert sched.running == []
+
+
 async def test_rebalance_cancels_refreshes_of_lost_partitions_and_forgets_their_groups() -> None:
     service = ScriptedService()
     sched = scheduler(service)

@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tidegraph import metrics
 from tidegraph.pipelines.streaming.health import HealthState, health_routes, start_http_server
@@ -169,6 +170,28 @@ async def test_healthz_fails_when_the_watched_loop_is_blocked():
     finally:
         state.unwatch_loop()
         server.close()
+
+
+def _lag_beats(over: str) -> float:
+    """Beats of the watched loop counted in ``tidegraph_event_loop_lag_seconds``, all or (with
+    ``over``, a bucket bound) only those later than that."""
+    name = "tidegraph_event_loop_lag_seconds"
+    count = REGISTRY.get_sample_value(f"{name}_count") or 0.0
+    within = REGISTRY.get_sample_value(f"{name}_bucket", {"le": over}) or 0.0
+    return count - within
+
+
+async def test_the_event_loop_lag_metric_reports_a_blocked_loop():
+    state = HealthState(kafka_connected=True)
+    before = _lag_beats("0.25")
+    try:
+        state.watch_loop(asyncio.get_running_loop(), interval=0.05)
+        await asyncio.sleep(0.2)
+        time.sleep(0.4)  # noqa: ASYNC251 (blocks the event loop on purpose: a late beat)
+        await asyncio.sleep(0.1)  # the loop runs again and beats, late
+        assert _lag_beats("0.25") >= before + 1
+    finally:
+        state.unwatch_loop()
 
 
 def test_health_routes_mount_on_the_workers_observability_server():

@@ -14,7 +14,11 @@
   (``initial``: never refreshed by this process; ``drift``; ``age``). It never waits for a
   refresh: a slow group does not hold up the others' checks. At most one refresh per group
   runs (the task table here, and the service's per-group lock), and at most
-  ``TIDEGRAPH_COMMUNITY_MAX_CONCURRENT_REFRESHES`` in all.
+  ``TIDEGRAPH_COMMUNITY_MAX_CONCURRENT_REFRESHES`` in all. The refreshes a check starts are
+  spread evenly over the time to the next check, not run back to back: a refresh reads and
+  rewrites its whole group in the store, and every group that grows needs one at every
+  check, so all of them at once took the store from the writes of every group for seconds
+  (docs/performance.md, the write path's stall).
 - On a rebalance the refreshes of the worker are cancelled (the group may start elsewhere;
   a refresh writes in one transaction, so a cancelled one wrote all or nothing), and groups
   whose partition is no longer assigned are forgotten.
@@ -138,11 +142,17 @@ class RefreshScheduler:
         threshold: float,
         max_age: timedelta,
         max_concurrent: int,
+        spread_seconds: float = 0.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """``spread_seconds``: the refreshes one tick starts begin evenly over that time (the
+        interval of the ticks), the first at once; ``sleep`` waits out a refresh's turn."""
         self.service = service
         self.outage = outage
         self.threshold = threshold
         self.max_age = max_age
+        self.spread_seconds = spread_seconds
+        self._sleep = sleep
         self._partition_of: dict[str, int] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(max_concurrent)
@@ -162,28 +172,33 @@ class RefreshScheduler:
     def tick(self) -> list[str]:
         """Start a refresh for every known group that needs one and has none running;
         returns those groups. Never waits for a refresh."""
-        started: list[str] = []
+        due: list[tuple[str, str]] = []
         if self.outage.down:  # the store does not answer: the next check after it does
-            return started
+            return []
         for group in self.groups:
             if self._closed:
                 break
             if group in self._running or self.service.is_refreshing(group):
                 continue
             trigger = self.service.refresh_trigger(group, self.threshold, self.max_age)
-            if trigger is None:
-                continue
-            task = asyncio.create_task(self._refresh(group, trigger), name=f"refresh:{group}")
+            if trigger is not None:
+                due.append((group, trigger))
+        for turn, (group, trigger) in enumerate(due):
+            after = turn * self.spread_seconds / len(due)
+            task = asyncio.create_task(
+                self._refresh(group, trigger, after), name=f"refresh:{group}"
+            )
             self._running[group] = task
             task.add_done_callback(partial(self._done, group))
-            started.append(group)
-        return started
+        return [group for group, _ in due]
 
     def _done(self, group: str, task: asyncio.Task[None]) -> None:
         if self._running.get(group) is task:
             del self._running[group]
 
-    async def _refresh(self, group: str, trigger: str) -> None:
+    async def _refresh(self, group: str, trigger: str, after: float = 0.0) -> None:
+        if after > 0:
+            await self._sleep(after)  # its turn in the check's spread (cancelled on rebalance)
         async with self._slots:
             try:
                 result = await self.service.refresh(group, trigger=trigger)
@@ -252,6 +267,7 @@ def install_community_agent(
         threshold=worker.community_drift_threshold,
         max_age=timedelta(seconds=worker.community_max_age_seconds),
         max_concurrent=worker.community_max_concurrent_refreshes,
+        spread_seconds=worker.community_check_seconds,
     )
     handler = CommunityHandler(runtime, names, worker, service, scheduler.seen)
     app.agent(source, name=f"tidegraph.{STAGE}")(run_agent(handler))

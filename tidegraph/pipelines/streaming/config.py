@@ -92,7 +92,10 @@ class WorkerSettings(BaseSettings):
         True, description="Run the community processor (assignment agent and refresh timer)."
     )
     community_check_seconds: float = Field(
-        30.0, gt=0, description="How often the refresh timer checks each group's drift and age."
+        30.0,
+        gt=0,
+        description="How often the refresh timer checks each group's drift and "
+        "age; the refreshes one check starts are spread evenly over this time.",
     )
     community_drift_threshold: float = Field(
         0.1, ge=0, description="Refresh a group when its incremental assignments since the "

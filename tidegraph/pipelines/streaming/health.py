@@ -98,14 +98,21 @@ class HealthState:
         self._last_heartbeat = self.clock()
 
     def watch_loop(self, loop: asyncio.AbstractEventLoop, interval: float = 1.0) -> None:
-        """Beat from inside ``loop`` every ``interval`` s; ``/healthz`` fails if beats stop."""
+        """Beat from inside ``loop`` every ``interval`` s; ``/healthz`` fails if beats stop.
+        How late each beat ran is the loop's lag (``tidegraph_event_loop_lag_seconds``)."""
 
         self._watching = True
+        due: float | None = None  # when the next beat was scheduled for (the loop's clock)
 
         def beat() -> None:
+            nonlocal due
             if self._watching:
+                now = loop.time()
+                if due is not None:
+                    metrics.EVENT_LOOP_LAG.observe(max(0.0, now - due))
                 self.heartbeat()
-                loop.call_later(interval, beat)
+                due = now + interval
+                loop.call_at(due, beat)
 
         self.heartbeat()
         loop.call_soon_threadsafe(beat)

@@ -4,6 +4,8 @@ parameterised; answers with the column names ``tidegraph.stores.neo4j.core`` rea
 
 from __future__ import annotations
 
+from tidegraph.stores.neo4j.plans import kept_plan
+
 # ---- episodes stored without extraction (docs/architecture.md "Episodes without an LLM")
 EPISODE_STATUSES = """
 UNWIND $uuids AS uuid
@@ -16,34 +18,61 @@ RETURN DISTINCT ep.group_id AS group_id
 ORDER BY group_id
 """
 
-GROUP_ENTITY_UUIDS = "MATCH (e:Entity) WHERE e.group_id = $group_id RETURN e.uuid AS uuid"
+# ---- a community refresh (``Neo4jCommunities``: the graph, the stored communities, their
+# rewrite). A worker refreshes each group it writes while the group grows, so these keep their
+# plans (``plans``: the statistics they were planned with move between two refreshes) and
+# name their indexes.
+GROUP_ENTITY_UUIDS = kept_plan(
+    "MATCH (e:Entity) USING INDEX e:Entity(group_id) WHERE e.group_id = $group_id "
+    "RETURN e.uuid AS uuid"
+)
 
-GROUP_COMMUNITIES = """
-MATCH (c:Community) WHERE c.group_id = $group_id
+GROUP_COMMUNITIES = kept_plan(
+    """
+MATCH (c:Community) USING INDEX c:Community(group_id) WHERE c.group_id = $group_id
 RETURN c.uuid AS uuid, c.name AS name, c.summary AS summary
 """
-GROUP_COMMUNITY_MEMBERS = """
+)
+GROUP_COMMUNITY_MEMBERS = kept_plan(
+    """
 MATCH (c:Community)-[:HAS_MEMBER]->(e:Entity)
+USING INDEX c:Community(group_id)
 WHERE c.group_id = $group_id AND e.group_id = $group_id
 RETURN c.uuid AS community, e.uuid AS entity
 """
-COMMUNITY_GROUPS = """
-MATCH (c:Community) WHERE c.uuid IN $uuids RETURN c.uuid AS uuid, c.group_id AS group_id
+)
+COMMUNITY_GROUPS = kept_plan(
+    """
+MATCH (c:Community) USING INDEX c:Community(uuid) WHERE c.uuid IN $uuids
+RETURN c.uuid AS uuid, c.group_id AS group_id
 """
-DELETE_COMMUNITIES = """
-MATCH (c:Community) WHERE c.uuid IN $uuids AND c.group_id = $group_id DETACH DELETE c
+)
+DELETE_COMMUNITIES = kept_plan(
+    """
+MATCH (c:Community) USING INDEX c:Community(uuid)
+WHERE c.uuid IN $uuids AND c.group_id = $group_id
+DETACH DELETE c
 """
-DROP_MEMBERSHIPS = """
+)
+DROP_MEMBERSHIPS = kept_plan(
+    """
 MATCH (c:Community)-[m:HAS_MEMBER]->(e:Entity)
+USING INDEX c:Community(group_id)
 WHERE c.group_id = $group_id AND (c.uuid IN $uuids OR e.uuid IN $members)
 DELETE m
 """
-ADD_MEMBERSHIPS = """
+)
+ADD_MEMBERSHIPS = kept_plan(
+    """
 UNWIND $rows AS row
-MATCH (c:Community {uuid: row.community}), (e:Entity {uuid: row.entity})
+MATCH (c:Community {uuid: row.community})
+USING INDEX c:Community(uuid)
+MATCH (e:Entity {uuid: row.entity})
+USING INDEX e:Entity(uuid)
 WHERE c.group_id = $group_id AND e.group_id = $group_id
 CREATE (c)-[:HAS_MEMBER {group_id: $group_id}]->(e)
 """
+)
 MEMBER_TARGETS = """
 MATCH (c:Community), (e:Entity)
 WHERE c.uuid = $community_uuid AND c.group_id = $group_id

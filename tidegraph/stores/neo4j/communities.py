@@ -4,6 +4,7 @@ different groups submitted while a transaction runs share the next one (``GroupC
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from tidegraph.stores.neo4j.batching import (
     TRANSACTIONS_IN_FLIGHT,
     GroupCommit,
 )
+from tidegraph.stores.neo4j.plans import NO_RECORD, PLANS_AHEAD_GROUP
 from tidegraph.stores.roles import Communities
 from tidegraph.stores.rows import (
     community_rows,
@@ -69,12 +71,14 @@ class Neo4jCommunities(Communities):
         self, group_id: str, at: datetime | None = None
     ) -> tuple[list[str], list[WeightedEdge]]:
         asof = AsOf.resolve(at, None, False, None)
-        nodes = await self.store.ex.rows(cq.GROUP_ENTITY_UUIDS, {"group_id": group_id})
+        nodes = await self.store.ex.rows(
+            cq.GROUP_ENTITY_UUIDS, q.plan_params({"group_id": group_id})
+        )
         edges = fold_edges(await self._edge_rows(group_id, asof))
         return sorted(r["uuid"] for r in nodes), [WeightedEdge(a, b, w) for a, b, w in edges]
 
     async def list_communities(self, group_id: str) -> list[CommunityRecord]:
-        params = {"group_id": group_id}
+        params = q.plan_params({"group_id": group_id})
         heads = await self.store.ex.rows(cq.GROUP_COMMUNITIES, params)
         members = await self.store.ex.rows(cq.GROUP_COMMUNITY_MEMBERS, params)
         folded = fold_communities(
@@ -89,29 +93,41 @@ class Neo4jCommunities(Communities):
         if not upserts and not deletes:
             return
         dim = await self.store._embedding_dim()
+        rows, memberships, _ = community_rows(upserts, dim, now_utc())
+        work = self._rewrite(group_id, upserts, deletes, dim)
+        await self.store.ex.write("write_communities", len(rows) + len(memberships), work)
+
+    def _rewrite(
+        self, group_id: str, upserts: list[CommunityRecord], deletes: list[str], dim: int
+    ) -> Callable[[Tx], Awaitable[None]]:
+        """``write_communities``' transaction."""
         rows, memberships, members = community_rows(upserts, dim, now_utc())
         uuids = [r["uuid"] for r in rows]
         params = {"group_id": group_id}
 
         async def work(tx: Tx) -> None:
-            owners = await tx.rows(cq.COMMUNITY_GROUPS, {"uuids": unique([*uuids, *deletes])})
+            asked = unique([*uuids, *deletes])
+            owners = await tx.rows(cq.COMMUNITY_GROUPS, q.plan_params({"uuids": asked}))
             check_community_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
             if deletes:
-                await tx.rows(cq.DELETE_COMMUNITIES, {**params, "uuids": unique(deletes)})
+                deleted = {**params, "uuids": unique(deletes)}
+                await tx.rows(cq.DELETE_COMMUNITIES, q.plan_params(deleted))
             if rows:
                 stored = {r["uuid"] for r in owners} - set(deletes)
                 await self._upsert_communities(tx, group_id, rows, stored)
-                await tx.rows(cq.DROP_MEMBERSHIPS, {**params, "uuids": uuids, "members": members})
+                dropped = {**params, "uuids": uuids, "members": members}
+                await tx.rows(cq.DROP_MEMBERSHIPS, q.plan_params(dropped))
             if memberships:
-                await tx.rows(cq.ADD_MEMBERSHIPS, {**params, "rows": memberships})
+                added = {**params, "rows": memberships}
+                await tx.rows(cq.ADD_MEMBERSHIPS, q.plan_params(added))
 
-        await self.store.ex.write("write_communities", len(rows) + len(memberships), work)
+        return work
 
     async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
         if not entity_uuids:
             return {}
         params = {"group_id": group_id, "uuids": unique(entity_uuids)}
-        rows = await self.store.ex.rows(q.COMMUNITIES_OF, params)
+        rows = await self.store.ex.rows(q.COMMUNITIES_OF, q.plan_params(params))
         return {row["uuid"]: row["community_uuid"] for row in rows}
 
     async def neighbour_weights_many(
@@ -122,14 +138,14 @@ class Neo4jCommunities(Communities):
             return []
         asof = AsOf.resolve(at, None, False, None)
         question = anchored_query(asof, ENTITY_GRAPH_RETURN, q.ANCHOR_HINTS, "entity_uuid")
-        query = (
+        query = q.kept_plan(
             "UNWIND $entity_uuids AS entity_uuid\nCALL (entity_uuid) {\n"
             + question
             + "}\nRETURN entity_uuid, source, target, weight"
         )
         params = {**as_of_params(group_id, asof), "entity_uuids": unique(entity_uuids)}
         edges: dict[str, list[tuple[str, str, int]]] = {}
-        for row in await self.store.ex.rows(query, params):
+        for row in await self.store.ex.rows(query, q.plan_params(params)):
             edge = (row["source"], row["target"], int(row["weight"]))
             edges.setdefault(row["entity_uuid"], []).append(edge)
         return [neighbour_weights_of(uuid, edges.get(uuid, [])) for uuid in entity_uuids]
@@ -150,10 +166,29 @@ class Neo4jCommunities(Communities):
         rows = [row for item in items for row in item.rows]
 
         async def work(tx: Tx) -> None:
-            await tx.rows(q.ASSIGN_MEMBERS, {"rows": rows})
+            await tx.rows(q.ASSIGN_MEMBERS, q.plan_params({"rows": rows}))
 
         await self.store.ex.transaction(work)
         return [None] * len(items)
+
+    async def plan_ahead(self) -> None:
+        """Has Neo4j plan the statements of the community assignment (for every batch of new
+        entities) and of a refresh (``plans``): their reads on a group no one has, their
+        writes in transactions that are rolled back."""
+        group_id = PLANS_AHEAD_GROUP
+        await self.entity_graph(group_id)
+        await self.list_communities(group_id)
+        community = CommunityRecord(NO_RECORD, NO_RECORD, NO_RECORD, [NO_RECORD])
+        dim = await self.store._embedding_dim()
+        await self.store.ex.rehearse(self._rewrite(group_id, [community], [NO_RECORD], dim))
+        await self.communities_of(group_id, [NO_RECORD])
+        await self.neighbour_weights_many(group_id, [NO_RECORD])
+        rows = [{"group_id": group_id, "community_uuid": NO_RECORD, "entity_uuid": NO_RECORD}]
+
+        async def work(tx: Tx) -> None:
+            await tx.rows(q.ASSIGN_MEMBERS, q.plan_params({"rows": rows}))
+
+        await self.store.ex.rehearse(work)
 
     async def _upsert_communities(
         self, tx: Tx, group_id: str, rows: list[dict[str, Any]], stored: set[str]

@@ -29,8 +29,10 @@ LIMIT $rows
 
 # The relay's cursor is a node of its own: the writes lock their group's ChangeLog for their
 # whole transaction, and the relay moving its cursor must not wait for them (nor they for it).
-# The relay reads and moves only the logs of its deployment.
-CHANGE_LOGS = """
+# The relay reads and moves only the logs of its deployment. Both statements run every relay
+# round: they keep their plans (``plans``).
+CHANGE_LOGS = kept_plan(
+    """
 MATCH (log:ChangeLog)
 WHERE ($groups IS NULL OR log.group_id IN $groups)
   AND (NOT $own OR log.deployment = $deployment)
@@ -41,6 +43,7 @@ RETURN log.group_id AS group_id, log.seq AS seq, published, log.version AS versi
        log.deployment AS deployment
 ORDER BY group_id
 """
+)
 
 # Each group's rows after its cursor, as many as its next ``$limit`` numbers reach (at least
 # one): a row's changes are numbered on from the row before, so the rows starting within
@@ -73,12 +76,14 @@ ORDER BY group_id, seq
 )
 
 # A cursor moves to a change the relay published only while that change is stored at its seq.
-MARK_PUBLISHED = """
+MARK_PUBLISHED = kept_plan(
+    """
 UNWIND $cursors AS row
 MATCH (log:ChangeLog {group_id: row.group_id})
 WHERE log.deployment = $deployment
 CALL (row) {
   MATCH (c:Change)
+  USING INDEX c:Change(group_id, last)
   WHERE c.group_id = row.group_id AND c.last >= row.seq
   WITH c
   ORDER BY c.last
@@ -93,6 +98,7 @@ ON CREATE SET cursor.published = 0
 SET cursor.published = CASE WHEN row.seq > cursor.published THEN row.seq
                             ELSE cursor.published END
 """
+)
 
 PRUNE_CHANGES = """
 OPTIONAL MATCH (cursor:ChangeCursor {group_id: $group_id})

@@ -12,6 +12,7 @@ from tidegraph.records.graph import ChangeLog
 from tidegraph.stores.executor import Tx
 from tidegraph.stores.neo4j import lifecycle_queries as lq
 from tidegraph.stores.neo4j import queries as q
+from tidegraph.stores.neo4j.plans import NO_RECORD, PLANS_AHEAD_GROUP
 from tidegraph.stores.roles import Outbox
 from tidegraph.stores.rows import epoch_micros, row_changes, row_published
 
@@ -51,7 +52,7 @@ class Neo4jOutbox(Outbox):
             "own": own,
             "deployment": self.store.deployment,
         }
-        rows = await self.store.ex.rows(lq.CHANGE_LOGS, params)
+        rows = await self.store.ex.rows(lq.CHANGE_LOGS, lq.plan_params(params))
         return [
             ChangeLog(
                 r["group_id"],
@@ -87,10 +88,26 @@ class Neo4jOutbox(Outbox):
         ]
 
         async def work(tx: Tx) -> None:
-            await tx.rows(lq.MARK_PUBLISHED, {"cursors": rows, "deployment": self.store.deployment})
+            params = {"cursors": rows, "deployment": self.store.deployment}
+            await tx.rows(lq.MARK_PUBLISHED, lq.plan_params(params))
 
         if rows:
             await self.store.ex.write("mark_published", len(rows), work)
+
+    async def plan_ahead(self) -> None:
+        """Has Neo4j plan the relay's statements (``plans``), which run every relay round:
+        its reads on a group no one has, moving a cursor in a transaction that is rolled
+        back."""
+        group_id = PLANS_AHEAD_GROUP
+        await self.change_logs([group_id], unpublished=True, own=True)
+        await self.unpublished_changes([group_id], 1)
+        cursor = {"group_id": group_id, "seq": 1, "change_id": NO_RECORD}
+        params = {"cursors": [cursor], "deployment": self.store.deployment}
+
+        async def work(tx: Tx) -> None:
+            await tx.rows(lq.MARK_PUBLISHED, lq.plan_params(params))
+
+        await self.store.ex.rehearse(work)
 
     async def prune_changes(
         self, group_id: str, before: datetime, *, published_only: bool = True

@@ -485,12 +485,16 @@ RETURN ask.i AS i, markers, found
 )
 
 # The community of each of the group's entities among $uuids (``communities_of``).
-COMMUNITIES_OF = f"""
+# The community assignment's read (per batch of new entities): keeps its plan (``plans``).
+COMMUNITIES_OF = kept_plan(
+    f"""
 UNWIND $uuids AS uuid
 MATCH (e:Entity {{uuid: uuid}})
+USING INDEX e:Entity(uuid)
 WHERE e.group_id = $group_id
 RETURN e.uuid AS uuid, {COMMUNITY_OF_E} AS community_uuid
 """
+)
 
 ENTITIES_BY_UUIDS = kept_plan(
     """

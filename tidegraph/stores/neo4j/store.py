@@ -534,7 +534,8 @@ class Neo4jStore(StoreCore):
         starts, so that no episode write, read of the write path or forget pays it: the reads
         of the text write path's chain (processed markers, earlier episodes, the unit's read,
         the entity search) on a group no one has; the episode write, one write of that group
-        in a transaction that is rolled back; and the forget's
+        in a transaction that is rolled back; the community assignment's and the change
+        relay's, which run for every batch as well; and the forget's
         (``Neo4jForgetting.plan_ahead``)."""
         when = now_utc()
         entity, fact, episode = stand_ins(when)
@@ -555,4 +556,6 @@ class Neo4jStore(StoreCore):
             await self._write_jobs(tx, [job])
 
         await self.ex.rehearse(work)
+        await Neo4jCommunities(self).plan_ahead()
+        await Neo4jOutbox(self).plan_ahead()
         await Neo4jForgetting(self).plan_ahead()

@@ -361,21 +361,25 @@ WITH count(*) AS written
 # statements: an assignment whose community or entity is not in the group changes nothing;
 # otherwise the entity leaves its other communities and joins this one (each run of the
 # subquery sees the runs before it, so a later assignment of an entity wins).
-ASSIGN_MEMBERS = """
+ASSIGN_MEMBERS = kept_plan(
+    """
 UNWIND $rows AS row
 CALL (row) {
   MATCH (c:Community {uuid: row.community_uuid})
+  USING INDEX c:Community(uuid)
   WHERE c.group_id = row.group_id
   MATCH (e:Entity {uuid: row.entity_uuid})
+  USING INDEX e:Entity(uuid)
   WHERE e.group_id = row.group_id
-  OPTIONAL MATCH (other:Community)-[old:HAS_MEMBER]->(e)
-  WHERE other.group_id = row.group_id AND other.uuid <> c.uuid
+  OPTIONAL MATCH (e)<-[old:HAS_MEMBER]-(other)
+  WHERE other.group_id = row.group_id AND other <> c
   DELETE old
   WITH DISTINCT c, e
   MERGE (c)-[m:HAS_MEMBER]->(e)
   ON CREATE SET m.group_id = row.group_id
 }
 """
+)
 
 
 # ----------------------------------------------------------------------------- communities
