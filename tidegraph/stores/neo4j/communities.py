@@ -71,14 +71,12 @@ class Neo4jCommunities(Communities):
         self, group_id: str, at: datetime | None = None
     ) -> tuple[list[str], list[WeightedEdge]]:
         asof = AsOf.resolve(at, None, False, None)
-        nodes = await self.store.ex.rows(
-            cq.GROUP_ENTITY_UUIDS, q.plan_params({"group_id": group_id})
-        )
+        nodes = await self.store.ex.rows(cq.GROUP_ENTITY_UUIDS, {"group_id": group_id})
         edges = fold_edges(await self._edge_rows(group_id, asof))
         return sorted(r["uuid"] for r in nodes), [WeightedEdge(a, b, w) for a, b, w in edges]
 
     async def list_communities(self, group_id: str) -> list[CommunityRecord]:
-        params = q.plan_params({"group_id": group_id})
+        params = {"group_id": group_id}
         heads = await self.store.ex.rows(cq.GROUP_COMMUNITIES, params)
         members = await self.store.ex.rows(cq.GROUP_COMMUNITY_MEMBERS, params)
         folded = fold_communities(
@@ -107,19 +105,19 @@ class Neo4jCommunities(Communities):
 
         async def work(tx: Tx) -> None:
             asked = unique([*uuids, *deletes])
-            owners = await tx.rows(cq.COMMUNITY_GROUPS, q.plan_params({"uuids": asked}))
+            owners = await tx.rows(cq.COMMUNITY_GROUPS, {"uuids": asked})
             check_community_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
             if deletes:
                 deleted = {**params, "uuids": unique(deletes)}
-                await tx.rows(cq.DELETE_COMMUNITIES, q.plan_params(deleted))
+                await tx.rows(cq.DELETE_COMMUNITIES, deleted)
             if rows:
                 stored = {r["uuid"] for r in owners} - set(deletes)
                 await self._upsert_communities(tx, group_id, rows, stored)
                 dropped = {**params, "uuids": uuids, "members": members}
-                await tx.rows(cq.DROP_MEMBERSHIPS, q.plan_params(dropped))
+                await tx.rows(cq.DROP_MEMBERSHIPS, dropped)
             if memberships:
                 added = {**params, "rows": memberships}
-                await tx.rows(cq.ADD_MEMBERSHIPS, q.plan_params(added))
+                await tx.rows(cq.ADD_MEMBERSHIPS, added)
 
         return work
 
@@ -127,7 +125,7 @@ class Neo4jCommunities(Communities):
         if not entity_uuids:
             return {}
         params = {"group_id": group_id, "uuids": unique(entity_uuids)}
-        rows = await self.store.ex.rows(q.COMMUNITIES_OF, q.plan_params(params))
+        rows = await self.store.ex.rows(q.COMMUNITIES_OF, params)
         return {row["uuid"]: row["community_uuid"] for row in rows}
 
     async def neighbour_weights_many(
@@ -145,7 +143,7 @@ class Neo4jCommunities(Communities):
         )
         params = {**as_of_params(group_id, asof), "entity_uuids": unique(entity_uuids)}
         edges: dict[str, list[tuple[str, str, int]]] = {}
-        for row in await self.store.ex.rows(query, q.plan_params(params)):
+        for row in await self.store.ex.rows(query, params):
             edge = (row["source"], row["target"], int(row["weight"]))
             edges.setdefault(row["entity_uuid"], []).append(edge)
         return [neighbour_weights_of(uuid, edges.get(uuid, [])) for uuid in entity_uuids]
@@ -166,7 +164,7 @@ class Neo4jCommunities(Communities):
         rows = [row for item in items for row in item.rows]
 
         async def work(tx: Tx) -> None:
-            await tx.rows(q.ASSIGN_MEMBERS, q.plan_params({"rows": rows}))
+            await tx.rows(q.ASSIGN_MEMBERS, {"rows": rows})
 
         await self.store.ex.transaction(work)
         return [None] * len(items)
@@ -186,7 +184,7 @@ class Neo4jCommunities(Communities):
         rows = [{"group_id": group_id, "community_uuid": NO_RECORD, "entity_uuid": NO_RECORD}]
 
         async def work(tx: Tx) -> None:
-            await tx.rows(q.ASSIGN_MEMBERS, q.plan_params({"rows": rows}))
+            await tx.rows(q.ASSIGN_MEMBERS, {"rows": rows})
 
         await self.store.ex.rehearse(work)
 

@@ -52,7 +52,7 @@ class Neo4jOutbox(Outbox):
             "own": own,
             "deployment": self.store.deployment,
         }
-        rows = await self.store.ex.rows(lq.CHANGE_LOGS, lq.plan_params(params))
+        rows = await self.store.ex.rows(lq.CHANGE_LOGS, params)
         return [
             ChangeLog(
                 r["group_id"],
@@ -89,7 +89,7 @@ class Neo4jOutbox(Outbox):
 
         async def work(tx: Tx) -> None:
             params = {"cursors": rows, "deployment": self.store.deployment}
-            await tx.rows(lq.MARK_PUBLISHED, lq.plan_params(params))
+            await tx.rows(lq.MARK_PUBLISHED, params)
 
         if rows:
             await self.store.ex.write("mark_published", len(rows), work)
@@ -105,7 +105,7 @@ class Neo4jOutbox(Outbox):
         params = {"cursors": [cursor], "deployment": self.store.deployment}
 
         async def work(tx: Tx) -> None:
-            await tx.rows(lq.MARK_PUBLISHED, lq.plan_params(params))
+            await tx.rows(lq.MARK_PUBLISHED, params)
 
         await self.store.ex.rehearse(work)
 
