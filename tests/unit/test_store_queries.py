@@ -14,6 +14,7 @@ import pytest
 from tidegraph.records.asof import AsOf
 from tidegraph.records.search import KINDS
 from tidegraph.stores.neo4j import common_queries
+from tidegraph.stores.neo4j import migration_queries as neo4j_migration_queries
 from tidegraph.stores.neo4j import queries as neo4j_queries
 from tidegraph.stores.neo4j import search_queries as neo4j_search_queries
 from tidegraph.stores.neo4j.asof import ENTITY_GRAPH_RETURN, as_of_params, as_of_query
@@ -24,6 +25,7 @@ MODULES = {
     "neo4j": neo4j_queries,
     "common": common_queries,
     "neo4j_search": neo4j_search_queries,
+    "neo4j_migration": neo4j_migration_queries,
 }
 # What a dialect module holds besides operation queries: schema and index statements, index
 # names, helper functions and the like.

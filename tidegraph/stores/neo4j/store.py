@@ -32,6 +32,7 @@ from tidegraph.stores.base import BatchRead, BatchWriteError, LookupRequest
 from tidegraph.stores.episode_search import speaker_words
 from tidegraph.stores.executor import Row, Tx, observe_write
 from tidegraph.stores.neo4j import lifecycle_queries as lq
+from tidegraph.stores.neo4j import migration_queries as mq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j import search_queries as sq
 from tidegraph.stores.neo4j.batching import (
@@ -258,7 +259,7 @@ class Neo4jStore(StoreCore):
         "Conversation-aware episode search"): their fields and speakers' words, then the
         messages' contexts, a batch at a time; nothing to do (one read) once migrated."""
         indexed = 0
-        while rows := await self.ex.rows(q.EPISODES_TO_INDEX, {"limit": batch}):
+        while rows := await self.ex.rows(mq.EPISODES_TO_INDEX, {"limit": batch}):
             params = [
                 {
                     "uuid": r["uuid"],
@@ -276,10 +277,12 @@ class Neo4jStore(StoreCore):
                 }
                 for r in rows
             ]
-            await self.ex.execute(q.SET_EPISODE_INDEX, {"rows": params})
+            await self.ex.execute(mq.SET_EPISODE_INDEX, {"rows": params})
             indexed += len(rows)
 
-        await self._until_none(q.THREADS_TO_INDEX, "indexed", {"limit": batch, **q.thread_params()})
+        await self._until_none(
+            mq.THREADS_TO_INDEX, "indexed", {"limit": batch, **q.thread_params()}
+        )
         if indexed:
             log.info("indexed %d stored episodes for conversation search", indexed)
 
@@ -290,8 +293,8 @@ class Neo4jStore(StoreCore):
         once migrated."""
         indexed = 0
         for to_index, set_ids in (
-            (q.FACTS_TO_INDEX, q.SET_FACT_IDS),
-            (q.ENTITIES_TO_INDEX, q.SET_ENTITY_IDS),
+            (mq.FACTS_TO_INDEX, mq.SET_FACT_IDS),
+            (mq.ENTITIES_TO_INDEX, mq.SET_ENTITY_IDS),
         ):
             while rows := await self.ex.rows(to_index, {"limit": batch}):
                 ids = [
@@ -303,13 +306,13 @@ class Neo4jStore(StoreCore):
         if indexed:
             log.info("indexed the identifiers of %d stored facts and entities", indexed)
 
-        timed = await self._until_none(q.FACT_TIMES_TO_INDEX, "indexed", {"limit": batch})
+        timed = await self._until_none(mq.FACT_TIMES_TO_INDEX, "indexed", {"limit": batch})
         if timed:
             log.info("indexed the validity of %d stored facts", timed)
-        ends = await self._until_none(q.FACT_ENDS_TO_INDEX, "indexed", {"limit": batch})
+        ends = await self._until_none(mq.FACT_ENDS_TO_INDEX, "indexed", {"limit": batch})
         if ends:
             log.info("indexed the ends of %d stored facts", ends)
-        said = await self._until_none(q.EPISODE_TIMES_TO_INDEX, "indexed", {"limit": batch})
+        said = await self._until_none(mq.EPISODE_TIMES_TO_INDEX, "indexed", {"limit": batch})
         if said:
             log.info("indexed the times of %d stored episodes", said)
 
