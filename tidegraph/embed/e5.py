@@ -40,10 +40,21 @@ TOKENIZER_FILE = "e5-small-v2-q-tokenizer.json"
 TOKENIZER_SHA256 = "d241a60d5e8f04cc1b2b3e9ef7a4921b27bf526d9f6050ab90f9267a1f9e5c66"
 _PINNED = {MODEL_FILE: MODEL_SHA256, TOKENIZER_FILE: TOKENIZER_SHA256}
 
-# Not calibrated for e5 yet (`python -m benchmarks.embedders --calibrate`): MiniLM's cut-offs.
-# e5's cosines sit in a narrower, higher band, so an LLM-fed store (entity resolution, fact
-# deduplication) must not use e5 before these are measured; episode search uses no threshold.
-E5_THRESHOLDS = EmbeddingThresholds(entity_same=0.80, entity_candidate=0.45, fact_candidate=0.60)
+# Calibrated on the pairs in benchmarks/embedders.py (`python -m benchmarks.embedders
+# --calibrate`, names and facts embedded as passages, as they are stored). e5's cosines sit in
+# a narrow, high band:
+#   same entity, other spelling: 0.866 ("IBM"/"International Business Machines") - 0.994
+#   related but different: 0.893 ("printer"/"scanner") - 0.966 ("Acme Corp"/"Acme Labs"),
+#       "2023 annual report"/"2022 annual report" 0.970
+#   unrelated names (45 pairs): 0.773 - 0.871 ("Bob Smith"/"Maria Garcia"), mean 0.820
+#   facts saying the same thing: 0.900 - 0.980 (7 pairs)
+#   different facts, other subjects: 0.674 - 0.763; same subject, other claim: 0.825 - 0.885
+# `entity_same` (0.97) is above every related-but-different name but the annual reports, as
+# MiniLM's; `entity_candidate` (0.86) keeps the weakest true abbreviation (0.866) at the cost of
+# showing the LLM the two closest unrelated pairs (0.868, 0.871: e5 does not separate them);
+# `fact_candidate` (0.80) keeps every reworded fact (min 0.900) and the same-subject updates
+# worth checking for contradiction (min 0.825), and none of the other subjects' (max 0.763).
+E5_THRESHOLDS = EmbeddingThresholds(entity_same=0.97, entity_candidate=0.86, fact_candidate=0.80)
 
 FETCH_HINT = "fetch it with `make install` or `python -m tidegraph.embed.e5`"
 
