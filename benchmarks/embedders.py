@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tidegraph.embed.base import Embedder
-from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.embed.e5 import E5Embedder
+from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.embed.minilm import MiniLMEmbedder
 from tidegraph.records.vectors import cosine
 
