@@ -77,3 +77,17 @@ async def test_the_embedded_store_refuses_another_models_vectors(tmp_path: Path)
     with pytest.raises(StoreSchemaError):
         await reopened.check_embedding_model(HashingEmbedder(dim=384).model_name)
     await reopened.close()
+
+
+def test_the_cli_says_missing_model_files_and_a_refused_store_in_one_line(tmp_path: Path) -> None:
+    from tidegraph.app.cli.errors import explain
+    from tidegraph.settings import Settings
+
+    settings = Settings(data_dir=tmp_path)
+    with pytest.raises(ModelFilesError) as missing:
+        E5Embedder(model_dir=tmp_path).load()
+    assert explain(missing.value, settings) == str(missing.value)
+    refused = StoreSchemaError(
+        "the embedded store at x holds embeddings of a but the embedder is b"
+    )
+    assert explain(refused, settings).startswith("the store cannot be used as it is: ")
