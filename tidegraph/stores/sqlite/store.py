@@ -261,7 +261,7 @@ class SqliteStore(GraphStore):
                 f"embedder is {model_name}: their vectors cannot be compared. Either configure "
                 "the embedder that made the stored graph (TIDEGRAPH_EMBEDDER), or start a new "
                 "store in another data folder and replay the episodes into it with this "
-                "embedder (docs/retrieval.md, Embedder)"
+                "embedder (docs/retrieval.md, Embedders)"
             )
 
     def _setup(self, conn: sqlite3.Connection, dim: int) -> None:
