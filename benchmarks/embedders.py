@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tidegraph.embed.base import Embedder
+from tidegraph.embed.e5 import E5Embedder
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.embed.minilm import MiniLMEmbedder
 from tidegraph.records.vectors import cosine
@@ -235,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.calibrate:
         minilm, hashing = MiniLMEmbedder(), HashingEmbedder()
         print_calibration(minilm.model_name, calibrate(minilm, minilm.embed_sync))
+        e5 = E5Embedder()  # stored texts, names and facts alike, are embedded as passages
+        print_calibration(e5.model_name, calibrate(e5, e5.embed_sync))
         print_calibration(hashing.model_name, calibrate(hashing, _hashing_embed(hashing)))
         return 0
 

@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--store", choices=("embedded", "neo4j"), default="embedded")
     parser.add_argument("--neo4j-uri", default="bolt://127.0.0.1:17687")
-    parser.add_argument("--embedder", choices=("minilm", "hashing"), default="minilm")
+    parser.add_argument("--embedder", choices=("minilm", "e5", "hashing"), default="minilm")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated")
     parser.add_argument("--json", dest="json_out", help="also write the result here")
     args = parser.parse_args(argv)

@@ -100,10 +100,11 @@ class Settings(BaseSettings):
     llm_max_attempts: int = Field(5, ge=1, description="Attempts per LLM call before giving up.")
     llm_requests_per_minute: int = Field(600, ge=1, description="Global LLM request budget.")
     llm_tokens_per_minute: int = Field(2_000_000, ge=1, description="Global LLM token budget.")
-    embedder: Literal["minilm", "openai", "hashing"] = Field(
+    embedder: Literal["minilm", "e5", "openai", "hashing"] = Field(
         "minilm",
-        description="Embedder: offline MiniLM (bundled), the OpenAI-compatible endpoint, "
-        "or a deterministic hashing embedder (tests).",
+        description="Embedder: offline MiniLM (bundled), offline e5-small-v2 (fetched by the "
+        "install step; better episode search, thresholds not calibrated for LLM-fed stores), "
+        "the OpenAI-compatible endpoint, or a deterministic hashing embedder (tests).",
     )
     embedding_model: str = Field(
         "text-embedding-3-small", description="Embedding model name at the OpenAI endpoint."

@@ -148,6 +148,8 @@ async def open_reader(settings: Settings) -> Reader:
     store = open_store(settings)
     try:
         found = await store.open_existing(embedder.dim)
+        if found:
+            await store.check_embedding_model(embedder.model_name)
     except BaseException:
         await store.close()
         raise

@@ -49,9 +49,10 @@ class EmbedderConfigError(ValueError):
 
 
 def make_embedder(settings: Settings) -> Embedder:
-    """The embedder chosen by ``settings.embedder`` (minilm | openai | hashing).
+    """The embedder chosen by ``settings.embedder`` (minilm | e5 | openai | hashing).
 
     * ``minilm``: always 384-dim; ``embedding_dim`` does not apply.
+    * ``e5``: e5-small-v2, 384-dim, fetched by the install step (``tidegraph.embed.e5``).
     * ``hashing``: ``embedding_dim`` buckets.
     * ``openai``: needs ``llm_base_url``; uses ``embedding_model``, ``embedding_dim``,
       ``llm_api_key``, ``llm_timeout_seconds`` and ``llm_max_attempts``. ``dimensions`` is sent
@@ -60,6 +61,10 @@ def make_embedder(settings: Settings) -> Embedder:
     kind = settings.embedder
     if kind == "minilm":
         return MiniLMEmbedder()
+    if kind == "e5":
+        from tidegraph.embed.e5 import E5Embedder
+
+        return E5Embedder()
     if kind == "hashing":
         return HashingEmbedder(dim=settings.embedding_dim)
     if kind == "openai":
@@ -81,4 +86,4 @@ def make_embedder(settings: Settings) -> Embedder:
             timeout=settings.llm_timeout_seconds,
             max_attempts=settings.llm_max_attempts,
         )
-    raise EmbedderConfigError(f"unknown embedder {kind!r}: use minilm, openai or hashing")
+    raise EmbedderConfigError(f"unknown embedder {kind!r}: use minilm, e5, openai or hashing")

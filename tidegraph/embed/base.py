@@ -55,6 +55,12 @@ class Embedder(abc.ABC):
         """Convenience: the vector of a single text."""
         return (await self.embed([text]))[0]
 
+    async def embed_query(self, text: str) -> list[float]:
+        """The vector of a search's text, compared with the vectors of :meth:`embed`. The same
+        as :meth:`embed_one` unless the model embeds questions and stored texts apart (e5's
+        ``query: `` and ``passage: ``)."""
+        return await self.embed_one(text)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model_name={self.model_name!r}, dim={self.dim})"
 

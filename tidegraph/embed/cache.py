@@ -59,5 +59,10 @@ class CachingEmbedder(Embedder):
         while len(self._vectors) > self.max_texts:
             self._vectors.popitem(last=False)
 
+    async def embed_query(self, text: str) -> list[float]:
+        """The inner embedder's vector of a search's text, never cached: it may differ from
+        the stored text's vector (e5's prefixes), and questions seldom repeat."""
+        return await self.inner.embed_query(text)
+
     async def close(self) -> None:
         await self.inner.close()

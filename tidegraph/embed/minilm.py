@@ -19,6 +19,7 @@ import importlib.resources
 import importlib.util
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,14 +154,26 @@ _LOADED: dict[tuple[str, int], _LoadedModel] = {}
 _LOAD_LOCK = threading.Lock()
 
 
-def _load(model_path: Path, threads: int) -> _LoadedModel:
+@dataclass(frozen=True)
+class ModelFiles:
+    """What an ONNX sentence encoder of this shape (BERT WordPiece tokenizer, mean pooling)
+    loads: its model file, how to read its ``tokenizer.json`` and check the model file, and
+    its token limit."""
+
+    model_path: Path
+    read_tokenizer: Callable[[], str]
+    check: Callable[[Path], None]
+    max_tokens: int
+
+
+def _load(files: ModelFiles, threads: int) -> _LoadedModel:
     import onnxruntime as ort
     from tokenizers import Tokenizer
 
     started = time.perf_counter()
-    _check_model_file(model_path)
-    tokenizer = Tokenizer.from_str(read_tokenizer_json())
-    tokenizer.enable_truncation(max_length=MAX_TOKENS)
+    files.check(files.model_path)
+    tokenizer = Tokenizer.from_str(files.read_tokenizer())
+    tokenizer.enable_truncation(max_length=files.max_tokens)
     tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # to the longest text of each batch
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -172,7 +185,7 @@ def _load(model_path: Path, threads: int) -> _LoadedModel:
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     options.log_severity_level = 3
     session = ort.InferenceSession(
-        str(model_path), sess_options=options, providers=["CPUExecutionProvider"]
+        str(files.model_path), sess_options=options, providers=["CPUExecutionProvider"]
     )
     return _LoadedModel(
         session=session,
@@ -183,15 +196,16 @@ def _load(model_path: Path, threads: int) -> _LoadedModel:
     )
 
 
-def _shared_model(model_path: Path, threads: int) -> _LoadedModel:
-    key = (str(model_path), threads)
+def shared_model(files: ModelFiles, threads: int) -> _LoadedModel:
+    """The model of ``files`` loaded once per process and thread count (blocking)."""
+    key = (str(files.model_path), threads)
     loaded = _LOADED.get(key)
     if loaded is not None:
         return loaded
     with _LOAD_LOCK:
         loaded = _LOADED.get(key)
         if loaded is None:
-            loaded = _LOADED[key] = _load(model_path, threads)
+            loaded = _LOADED[key] = _load(files, threads)
     return loaded
 
 
@@ -239,6 +253,10 @@ class MiniLMEmbedder(Embedder):
 
     def embed_sync(self, texts: list[str]) -> list[list[float]]:
         """Blocking version of :meth:`embed`, for scripts and worker threads."""
+        return self.encode_sync(texts)
+
+    def encode_sync(self, texts: list[str]) -> list[list[float]]:
+        """The model's vectors of ``texts`` exactly as given (blocking)."""
         if not texts:
             return []
         model = self._model()
@@ -252,6 +270,13 @@ class MiniLMEmbedder(Embedder):
                 result[index] = vector
         return result
 
+    def _files(self) -> ModelFiles:
+        return ModelFiles(
+            model_path=self._model_path or default_model_path(),
+            read_tokenizer=read_tokenizer_json,
+            check=_check_model_file,
+            max_tokens=MAX_TOKENS,
+        )
+
     def _model(self) -> _LoadedModel:
-        path = self._model_path or default_model_path()
-        return _shared_model(path, self.threads or 0)
+        return shared_model(self._files(), self.threads or 0)

@@ -273,7 +273,7 @@ class Searcher:
         ``stating`` (what a question about a state asks of its subject) as ``STATING``."""
         needs_embedding = recipe.uses("vector") or any(s.reranker == "mmr" for s in recipe.searches)
         embedding = (
-            asyncio.ensure_future(self.embedder.embed_one(text)) if needs_embedding else None
+            asyncio.ensure_future(self.embedder.embed_query(text)) if needs_embedding else None
         )
         walk = recipe.uses("bfs")
         texts: dict[tuple[Kind, str], int] = {}

@@ -93,6 +93,12 @@ class GraphStore(abc.ABC):
         await self.setup(embedding_dim)
         return True
 
+    async def check_embedding_model(self, model_name: str) -> None:  # noqa: B027 - optional
+        """Refuse to use a store whose vectors another embedding model made (``StoreSchemaError``
+        saying how to switch); a store that records no model name yet records this one. Stores
+        that keep no model name (Neo4j, the in-memory store) check only the dimension, at
+        setup."""
+
     @abc.abstractmethod
     async def close(self) -> None: ...
 

@@ -23,6 +23,7 @@ def explain(exc: BaseException, settings: Settings) -> str:
     from tidegraph.app.memory import NoStore
     from tidegraph.connections import ConnectionSettingsError
     from tidegraph.embed import EmbedderConfigError
+    from tidegraph.embed.minilm import ModelFilesError
     from tidegraph.pipelines.forget import ForgetError
     from tidegraph.stores.errors import StoreSchemaError, StoreUnreachable
 
@@ -60,7 +61,13 @@ def explain(exc: BaseException, settings: Settings) -> str:
     if isinstance(exc, DriverError | Neo4jError):
         return f"{neo4j}: {type(exc).__name__}: {detail}"
     if isinstance(
-        exc, NoStore | ConnectionSettingsError | EmbedderConfigError | ForgetError | BadCursor
+        exc,
+        NoStore
+        | ConnectionSettingsError
+        | EmbedderConfigError
+        | ModelFilesError
+        | ForgetError
+        | BadCursor,
     ):
         return detail
     if isinstance(exc, StoreSchemaError):

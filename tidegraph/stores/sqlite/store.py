@@ -253,6 +253,17 @@ class SqliteStore(GraphStore):
         self._dim = embedding_dim
         return True
 
+    async def check_embedding_model(self, model_name: str) -> None:
+        stored = await self.db.run(_recorded_model, model_name)
+        if stored != model_name:
+            raise errors.StoreSchemaError(
+                f"the embedded store at {self.db.path} holds embeddings of {stored} but the "
+                f"embedder is {model_name}: their vectors cannot be compared. Either configure "
+                "the embedder that made the stored graph (TIDEGRAPH_EMBEDDER), or start a new "
+                "store in another data folder and replay the episodes into it with this "
+                "embedder (docs/retrieval.md, Embedders)"
+            )
+
     def _setup(self, conn: sqlite3.Connection, dim: int) -> None:
         with Transaction(conn):
             outbox_moves = outbox_before_migration(conn)
@@ -469,6 +480,19 @@ class SqliteStore(GraphStore):
     # ------------------------------------------------------------------ the change stream
 
     # ------------------------------------------------------------------ forgetting
+
+
+def _recorded_model(conn: sqlite3.Connection, model_name: str) -> str:
+    """The embedding model the store records (``model_name`` is recorded when it records
+    none: a store written before models were recorded, or a new one)."""
+    with Transaction(conn):
+        row = conn.execute("SELECT value FROM meta WHERE name = 'embedding_model'").fetchone()
+        if row is None:
+            conn.execute(
+                "INSERT INTO meta (name, value) VALUES ('embedding_model', ?)", (model_name,)
+            )
+            return model_name
+        return str(row[0])
 
 
 def _stored_dimension(conn: sqlite3.Connection) -> int | None:
