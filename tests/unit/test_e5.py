@@ -65,17 +65,16 @@ def test_missing_model_files_say_how_to_fetch_them(tmp_path: Path) -> None:
 
 async def test_the_embedded_store_refuses_another_models_vectors(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "graph")
-    await store.setup(384)
-    await store.check_embedding_model("all-MiniLM-L6-v2-int8")  # a new store records it
-    await store.check_embedding_model("all-MiniLM-L6-v2-int8")
+    await store.setup(384, "all-MiniLM-L6-v2-int8")  # a new store records it
+    await store.setup(384, "all-MiniLM-L6-v2-int8")
     with pytest.raises(StoreSchemaError, match="TIDEGRAPH_EMBEDDER") as refused:
-        await store.check_embedding_model("e5-small-v2-int8")
+        await store.setup(384, "e5-small-v2-int8")
     assert "all-MiniLM-L6-v2-int8" in str(refused.value)
     await store.close()
     reopened = SqliteStore(tmp_path / "graph")
-    assert await reopened.open_existing(HashingEmbedder(dim=384).dim)
+    hashing = HashingEmbedder(dim=384)
     with pytest.raises(StoreSchemaError):
-        await reopened.check_embedding_model(HashingEmbedder(dim=384).model_name)
+        await reopened.open_existing(hashing.dim, hashing.model_name)
     await reopened.close()
 
 

@@ -147,9 +147,7 @@ async def open_reader(settings: Settings) -> Reader:
     embedder = make_embedder(settings)
     store = open_store(settings)
     try:
-        found = await store.open_existing(embedder.dim)
-        if found:
-            await store.check_embedding_model(embedder.model_name)
+        found = await store.open_existing(embedder.dim, embedder.model_name)
     except BaseException:
         await store.close()
         raise

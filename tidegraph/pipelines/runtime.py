@@ -69,8 +69,7 @@ async def open_runtime(
     override the settings (the mapping file defaults to ``TIDEGRAPH_MAPPINGS``)."""
     embedder = embedder or make_embedder(settings)
     store = store or open_store(settings)
-    await store.setup(embedder.dim)
-    await store.check_embedding_model(embedder.model_name)
+    await store.setup(embedder.dim, embedder.model_name)
     if llm is None and use_llm:
         llm = LLMClient.from_settings(settings)
     mapping_path = mapping_path or settings.mappings

@@ -81,23 +81,20 @@ class GraphStore(abc.ABC):
 
     # ---------------------------------------------------------------- lifecycle
     @abc.abstractmethod
-    async def setup(self, embedding_dim: int) -> None:
+    async def setup(self, embedding_dim: int, embedding_model: str | None = None) -> None:
         """Create constraints and indexes idempotently (vector indexes of ``embedding_dim``).
 
-        Raises a clear error if existing vector indexes have another dimension."""
+        Raises a clear error if existing vector indexes have another dimension, or
+        (``StoreSchemaError``, saying how to switch) if the store records that another
+        ``embedding_model`` made its vectors: a store that records none yet records this one.
+        Stores that keep no model name (Neo4j, the in-memory store) check the dimension only."""
 
-    async def open_existing(self, embedding_dim: int) -> bool:
+    async def open_existing(self, embedding_dim: int, embedding_model: str | None = None) -> bool:
         """Use the graph already there, to read it: False when there is none (nothing is
-        created or changed), True when there is one (its vectors checked to have
-        ``embedding_dim``). Stores without a place of their own set themselves up."""
-        await self.setup(embedding_dim)
+        created or changed), True when there is one (its vectors checked as ``setup`` checks
+        them). Stores without a place of their own set themselves up."""
+        await self.setup(embedding_dim, embedding_model)
         return True
-
-    async def check_embedding_model(self, model_name: str) -> None:  # noqa: B027 - optional
-        """Refuse to use a store whose vectors another embedding model made (``StoreSchemaError``
-        saying how to switch); a store that records no model name yet records this one. Stores
-        that keep no model name (Neo4j, the in-memory store) check only the dimension, at
-        setup."""
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -361,7 +361,7 @@ async def _forgotten(
     store = open_store(settings)
     embedder = make_embedder(settings)
     try:
-        if not await store.open_existing(embedder.dim):
+        if not await store.open_existing(embedder.dim, embedder.model_name):
             return []  # nothing was ever written there (a fresh folder): nothing forgotten
         gone = []
         for raw, letter in named:

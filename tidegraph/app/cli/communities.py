@@ -130,8 +130,7 @@ async def _refresh(group: str, seed: int, max_iterations: int) -> dict[str, Any]
     llm = LLMClient.from_settings(settings)
     store = open_store(settings)
     try:
-        await store.setup(embedder.dim)
-        await store.check_embedding_model(embedder.model_name)
+        await store.setup(embedder.dim, embedder.model_name)
         service = CommunityService(store, llm, embedder)
         result = await service.refresh(group, seed=seed, max_iterations=max_iterations)
     finally:

@@ -114,7 +114,7 @@ class MemoryStore(GraphStore):
         self._changes: dict[str, list[dict[str, Any]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
-    async def setup(self, embedding_dim: int) -> None:
+    async def setup(self, embedding_dim: int, embedding_model: str | None = None) -> None:
         if embedding_dim < 1:
             raise ValueError("embedding_dim must be positive")
         if self._dim is not None and self._dim != embedding_dim:

@@ -194,7 +194,7 @@ class Neo4jStore(StoreCore):
     async def _declared_dim(self) -> int | None:
         return (await self._vector_dims()).get(q.ENTITY_VECTOR_INDEX)
 
-    async def setup(self, embedding_dim: int) -> None:
+    async def setup(self, embedding_dim: int, embedding_model: str | None = None) -> None:
         if embedding_dim < 1:
             raise ValueError("embedding_dim must be positive")
         await self.ex.reachable()  # at once, not after the driver's 30 s of retries
@@ -316,7 +316,7 @@ class Neo4jStore(StoreCore):
         if said:
             log.info("indexed the times of %d stored episodes", said)
 
-    async def open_existing(self, embedding_dim: int) -> bool:
+    async def open_existing(self, embedding_dim: int, embedding_model: str | None = None) -> bool:
         await self.ex.reachable()
         dims = await self._vector_dims()
         if not dims:

@@ -223,7 +223,7 @@ class SqliteStore(GraphStore):
         self._dim: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    async def setup(self, embedding_dim: int) -> None:
+    async def setup(self, embedding_dim: int, embedding_model: str | None = None) -> None:
         if embedding_dim < 1:
             raise ValueError("embedding_dim must be positive")
         legacy = self.db.folder / "graph.kuzu"
@@ -237,8 +237,9 @@ class SqliteStore(GraphStore):
             )
         await self.db.run(self._setup, embedding_dim)
         self._dim = embedding_dim
+        await self._check_model(embedding_model)
 
-    async def open_existing(self, embedding_dim: int) -> bool:
+    async def open_existing(self, embedding_dim: int, embedding_model: str | None = None) -> bool:
         if not self.db.path.is_file():
             return False  # never written: opening the file would create it
         stored = await self.db.run(_stored_dimension)
@@ -251,9 +252,12 @@ class SqliteStore(GraphStore):
             lambda _: "read it with the embedder it was written with (TIDEGRAPH_EMBEDDER)",
         )
         self._dim = embedding_dim
+        await self._check_model(embedding_model)
         return True
 
-    async def check_embedding_model(self, model_name: str) -> None:
+    async def _check_model(self, model_name: str | None) -> None:
+        if model_name is None:
+            return
         stored = await self.db.run(_recorded_model, model_name)
         if stored != model_name:
             raise errors.StoreSchemaError(
