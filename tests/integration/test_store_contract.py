@@ -964,6 +964,81 @@ async def test_a_walk_reads_of_an_entity_only_the_facts_it_can_keep(
         await store.close()
 
 
+async def test_a_walk_reads_the_hits_it_keeps_itself(
+    neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neo4j: a walk that stops at its first read keeps facts that read gave whole (its first
+    ``limit`` in the walk's order), so its hits need no read of their own; a walk that goes on
+    reads whole the facts it keeps that its reads gave light. Either way the hits are those
+    of the facts the walk keeps, read by their uuids, nearest first."""
+    from tidegraph.stores.hits import expanded
+
+    group = f"walk-hits-{uuidlib.uuid4().hex[:12]}"
+    store = Neo4jStore(neo4j_uri)
+    try:
+        await store.setup(DIM)
+        hub, seed = entity(group, "Closed"), entity(group, "Ticket 7")
+        tickets = [entity(group, f"Ticket {i}") for i in range(12)]
+        await upsert_entities(store, group, [hub, seed, *tickets])
+        facts = [
+            fact(group, t, hub, "HAS_STATUS", f"{t.name} status is Closed", valid_at=day(1))
+            for t in [seed, *tickets]
+        ] + [fact(group, seed, t, "RELATES", f"Ticket 7 relates to {t.name}") for t in tickets[:3]]
+        ep = episode(group, "hub-1", day(1))
+        await store.write_episode(group, EpisodeWrite(episode=ep, facts=facts))
+
+        # a second hop whose read gives whole others than the walk keeps: from S, X and Y are
+        # as near (ties: by uuid, X first); the read gives X's facts first, and the walk
+        # keeps the facts of lower uuids, Y's
+        def named(name: str, uuid: str) -> EntityRecord:
+            return entity(group, name).model_copy(update={"uuid": uuid})
+
+        def linked(source: EntityRecord, target: EntityRecord, uuid: str) -> FactRecord:
+            text = f"{source.name} links {target.name}"
+            made = fact(group, source, target, "LINKS", text, valid_at=day(1))
+            return made.model_copy(update={"uuid": uuid})
+
+        start, x, y = (
+            named(n, f"{d * 8}-0000-4000-8000-000000000000")
+            for n, d in (("S", "0"), ("X", "1"), ("Y", "2"))
+        )
+        ends = [named(f"A{i}", f"3{i}000000-0000-4000-8000-000000000000") for i in range(6)]
+        ties = [linked(start, x, "f1000000-0000-4000-8000-000000000000")]
+        ties += [linked(start, y, "f2000000-0000-4000-8000-000000000000")]
+        ties += [
+            linked(x, e, f"c{i}000000-0000-4000-8000-000000000000") for i, e in enumerate(ends[:4])
+        ]
+        ties += [
+            linked(y, e, f"a{i}000000-0000-4000-8000-000000000000") for i, e in enumerate(ends[4:])
+        ]
+        await upsert_entities(store, group, [start, x, y, *ends])
+        tied = episode(group, "ties-1", day(1))
+        await store.write_episode(group, EpisodeWrite(episode=tied, facts=ties))
+        scope = SearchScope((group,), AsOf.resolve(day(5), None, False, None))
+        ran = recorded(store, monkeypatch)
+        for seeds, limit, reads in (
+            ([seed.uuid, hub.uuid], 5, 1),  # the walk's read, nothing else
+            ([tickets[11].uuid], 6, 2),  # two hops, what they keep read whole
+            ([start.uuid], 4, 3),  # two hops, and the hits of those read light
+        ):
+            ran.clear()
+            walked = await store.search.expand_facts(scope, seeds, 2, limit)
+            assert len(ran) == reads
+            assert statements(ran)[0] == sq.WALK_HITS_INDEXED
+            kept = await expanded(
+                store.search._believed_touching(group, scope.asof, limit), seeds, 2, limit
+            )
+            hops = {f.uuid: hop for f, hop in kept}
+            apart = await store.search._hits(
+                group, "fact", scope, {uuid: 1 / hop for uuid, hop in hops.items()}, hops
+            )
+            assert len(walked) == limit
+            assert walked == sorted(apart, key=lambda h: (-h.score, h.uuid))
+    finally:
+        await store.forget.delete_group(group)
+        await store.close()
+
+
 async def test_a_search_list_and_the_recent_episodes_entities_are_one_read_each(
     neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

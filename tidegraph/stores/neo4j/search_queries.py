@@ -265,8 +265,19 @@ SMALL_SCAN: dict[str, str | None] = {
 # entity, the $per_entity seen facts first by uuid (``Neo4jSearch._believed_touching``): an
 # entity that thousands of facts point to (a status every ticket took) answers what the walk
 # can keep of it, not its history.
-FACTS_NEAR = (  # statements whose rows are concatenated (here one)
-    """
+_WALK_LIGHT = (
+    """r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at,
+          .end_learned_at, .prior_starts, .prior_starts_learned_at, .start_learned_at, """
+    + q.FACT_TIMES
+    + """} AS r"""
+)
+
+
+def _facts_near(returned: str) -> str:
+    """The walk's read from the entities' nodes, ``returned`` (a RETURN clause or the clauses
+    that end with one) of each fact ``r`` with its ends ``s`` and ``t``."""
+    return (
+        """
 UNWIND $uuids AS uuid
 MATCH (e:Entity {uuid: uuid})
 USING INDEX e:Entity(uuid)
@@ -274,20 +285,23 @@ WHERE e.group_id = $group_id
 CALL (e) {
   MATCH (e)-[r:RELATES_TO]-()
   WHERE r.group_id = $group_id AND """
-    + seen_by_scope("fact", "r")
-    + """
+        + seen_by_scope("fact", "r")
+        + """
   WITH r ORDER BY r.uuid LIMIT $per_entity
   RETURN r
 }
 WITH DISTINCT r
 MATCH (s:Entity)-[r]->(t:Entity)
-RETURN r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at,
-          .end_learned_at, .prior_starts, .prior_starts_learned_at, .start_learned_at, """
-    + q.FACT_TIMES
-    + """} AS r,
-       s.uuid AS source_uuid, t.uuid AS target_uuid
-""",
+"""
+        + returned
+        + "\n"
+    )
+
+
+FACTS_NEAR = (  # statements whose rows are concatenated (here one)
+    _facts_near("RETURN " + _WALK_LIGHT + ",\n       s.uuid AS source_uuid, t.uuid AS target_uuid"),
 )
+
 
 # The walk's facts as ``FACTS_NEAR`` reads them, from the fact index rather than the entities'
 # nodes ($query: ``walk_fulltext_query``): only the facts of the entities that the scope may
@@ -296,8 +310,10 @@ RETURN r {.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at
 # the $per_entity seen first by uuid. Its ends are not checked for their label: a fact joins
 # two entities, and the check read both ends of every fact read (a seventh of the read's db
 # hits).
-FACTS_NEAR_INDEXED = (
-    f"""
+def _facts_near_indexed_cut(ends: str) -> str:
+    """The facts ``FACTS_NEAR_INDEXED`` keeps, as rows ``k``: [r, ``ends``] (of ``s`` and
+    ``t``)."""
+    return f"""
 CALL db.index.fulltext.queryRelationships('{q.FACT_FULLTEXT_INDEX}', $query)
 YIELD relationship AS r
 WITH r WHERE r.group_id = $group_id AND {seen_by_scope("fact", "r")}
@@ -305,13 +321,17 @@ MATCH (s)-[r]->(t)
 UNWIND CASE WHEN s = t THEN [s.uuid] ELSE [s.uuid, t.uuid] END AS touched
 WITH touched, r, s, t WHERE touched IN $uuids
 WITH touched, r, s, t ORDER BY r.uuid
-WITH touched, collect([r, s.uuid, t.uuid]) AS read
+WITH touched, collect([r, {ends}]) AS read
 UNWIND CASE WHEN size(read) <= $per_entity THEN read ELSE read[..$per_entity] END AS k
-WITH DISTINCT k[0] AS r, k[1] AS source_uuid, k[2] AS target_uuid
-RETURN r {{.uuid, .group_id, .name, fact: '', .prior_ends, .prior_ends_learned_at,
-          .end_learned_at, .prior_starts, .prior_starts_learned_at, .start_learned_at, """
-    + q.FACT_TIMES
-    + """} AS r,
+"""
+
+
+FACTS_NEAR_INDEXED = (
+    _facts_near_indexed_cut("s.uuid, t.uuid")
+    + """WITH DISTINCT k[0] AS r, k[1] AS source_uuid, k[2] AS target_uuid
+RETURN """
+    + _WALK_LIGHT
+    + """,
        source_uuid, target_uuid
 """
 )
@@ -408,6 +428,47 @@ def _hit_maps(kind: str) -> str:
 _READ_KINDS = ("fact", "entity", "episode")
 # The hits' rows of $uuids, by kind.
 HITS_BY_UUIDS = {kind: "UNWIND $uuids AS uuid\n" + _hit_rows(kind) for kind in _READ_KINDS}
+
+
+# The walk's reads (``FACTS_NEAR``, ``FACTS_NEAR_INDEXED``) giving the first $whole facts in
+# the walk's order (the first of $uuids they touch, then uuid) with their hit rows (the columns
+# of ``HITS_BY_UUIDS["fact"]``), the others as light records with null names and producers: a
+# search's walk (``Neo4jSearch.expand_facts``) that stops at that read keeps those, and needs
+# no read of its own for them (it was one round trip more on a search's critical path, after
+# the walk's). Reading every fact of the walk whole (55-75 for the 20 kept) cost what the
+# round trip saved.
+def _whole_first(column: str) -> str:
+    """The column ``column`` of ``HITS_BY_UUIDS["fact"]`` for a fact read whole (else null)."""
+    return f"CASE WHEN whole THEN {column} END"
+
+
+_FACT_COLUMNS = dict(_HIT_READS["fact"][1])
+_WALK_HITS_RETURN = (
+    """WITH r, s, t, [s.uuid, t.uuid] AS ends
+WITH r, s, t, ends, [i IN range(0, size($uuids) - 1) WHERE $uuids[i] IN ends][0] AS origin
+ORDER BY origin, r.uuid
+WITH collect([r, s, t, ends]) AS facts
+UNWIND range(0, size(facts) - 1) AS i
+WITH facts[i][0] AS r, facts[i][1] AS s, facts[i][2] AS t, facts[i][3] AS ends,
+     i < $whole AS whole
+RETURN CASE WHEN whole THEN """
+    + _FACT_COLUMNS["r"]
+    + " ELSE "
+    + _WALK_LIGHT.removesuffix(" AS r")
+    + """ END AS r,
+       ends[0] AS source_uuid, ends[1] AS target_uuid, """
+    + ", ".join(
+        f"{_whole_first(_FACT_COLUMNS[name])} AS {name}"
+        for name in ("source_name", "target_name", "producers")
+    )
+    + "\n"
+)
+WALK_HITS = (_facts_near(_WALK_HITS_RETURN),)
+WALK_HITS_INDEXED = (
+    _facts_near_indexed_cut("s, t")
+    + "WITH DISTINCT k[0] AS r, k[1] AS s, k[2] AS t\n"
+    + _WALK_HITS_RETURN
+)
 # The producers of the entities $uuids of the group (``_ENTITY_PRODUCERS``): the details a
 # search's kept entity hits are completed with.
 ENTITY_PRODUCERS_BY_UUIDS = f"""
