@@ -31,13 +31,13 @@ from tidegraph.stores.sqlite.driver import sqlite3
 log = logging.getLogger(__name__)
 
 FULLTEXT_TABLES = tuple(table for table, _ in FULLTEXT.values())
-# FTS5 writes each transaction's entries as a new segment and merges segments of a size
-# (a level) only once a level holds 4 (``automerge``) and then a bounded step every 64 pages
-# written: an ingest left an episode index of 8.6 segments on average, up to 19. With
-# ``usermerge`` 2 and a merge step of at most MERGE_PAGES pages per table after each write
-# transaction (``merge_fulltext``) it holds 3.8 on average, at most 7.
-MERGE_AT_SEGMENTS = 2
-MERGE_PAGES = 64
+# FTS5 writes each transaction's entries as a new segment and merges the segments of a size
+# (a level) once a level holds 4 (``automerge``), but only a bounded step every 64 pages
+# written: small segments pile up in between (an ingest left an episode index of 8.6 on
+# average, up to 19). A merge step of at most MERGE_PAGES pages per table after each write
+# transaction (``merge_fulltext``, FTS5's 'merge') merges a level as soon as it holds 4:
+# 5.3 on average, up to 10.
+MERGE_PAGES = 16
 
 
 def secure_fulltext(conn: sqlite3.Connection) -> list[str]:
@@ -55,20 +55,9 @@ def secure_fulltext(conn: sqlite3.Connection) -> list[str]:
     return turned
 
 
-def merge_at_two(conn: sqlite3.Connection) -> None:
-    """Every fulltext table's ``usermerge`` option 2 (inside the caller's transaction; kept in
-    the table's configuration): ``merge_fulltext`` merges a level once it holds two segments."""
-    for table in FULLTEXT_TABLES:
-        row = conn.execute(f"SELECT v FROM {table}_config WHERE k = 'usermerge'").fetchone()
-        if row is None or row[0] != MERGE_AT_SEGMENTS:
-            conn.execute(
-                f"INSERT INTO {table} ({table}, rank) VALUES ('usermerge', {MERGE_AT_SEGMENTS})"
-            )
-
-
 def merge_fulltext(conn: sqlite3.Connection) -> None:
     """One bounded merge step on every fulltext table (inside a write's transaction, after its
-    writes): at most MERGE_PAGES pages written per table, nothing when no level holds two
+    writes): at most MERGE_PAGES pages written per table, nothing when no level holds four
     segments. What it costs the write path and saves a forget: docs/performance.md."""
     for table in FULLTEXT_TABLES:
         conn.execute(f"INSERT INTO {table} ({table}, rank) VALUES ('merge', {MERGE_PAGES})")

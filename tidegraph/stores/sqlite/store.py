@@ -64,7 +64,7 @@ from tidegraph.stores.sqlite.db import (
     outbox_before_migration,
 )
 from tidegraph.stores.sqlite.driver import sqlite3
-from tidegraph.stores.sqlite.erasure import merge_at_two, secure_fulltext
+from tidegraph.stores.sqlite.erasure import secure_fulltext
 from tidegraph.stores.sqlite.forget import SqliteForgetting
 from tidegraph.stores.sqlite.keys import SqliteKeys
 from tidegraph.stores.sqlite.outbox import SqliteOutbox
@@ -292,7 +292,6 @@ class SqliteStore(GraphStore):
             for statement in DROPPED:
                 conn.execute(statement)
             secured = secure_fulltext(conn)
-            merge_at_two(conn)
             if secured and "schema_version" in meta:
                 log.info("%s: fulltext indexes %s now delete securely", self.db.path, secured)
             if "embedding_dim" in meta:
