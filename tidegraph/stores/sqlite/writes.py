@@ -43,6 +43,7 @@ from tidegraph.stores.sqlite.db import (
     vector_blob,
 )
 from tidegraph.stores.sqlite.driver import sqlite3
+from tidegraph.stores.sqlite.erasure import merge_fulltext
 from tidegraph.stores.sqlite.rows import IN_LIST
 from tidegraph.stores.write_rules import ENTITY, merged_values, updated_fields
 
@@ -479,7 +480,9 @@ def write_episodes(
     table, each merged again later (about a seventh of the write's statements). Instead a
     failure rolls the whole transaction back and the writes before it run again in a new
     one: they read what they read the first time (this connection is the only writer and
-    nothing ran between), so they write the same, and only a failing batch pays twice."""
+    nothing ran between), so they write the same, and only a failing batch pays twice.
+    Each transaction ends with a bounded merge of the fulltext segments (``merge_fulltext``:
+    a forget's secure delete costs what it deletes times the segments)."""
     now = now_utc()
     written: list[bool] = []
     try:
@@ -487,6 +490,7 @@ def write_episodes(
             for write in writes:
                 written.append(write_episode(conn, group_id, write, dim, now, deployment))
             _record_written(conn, group_id, writes, written, deployment)
+            merge_fulltext(conn)
     except Exception as failure:
         if len(writes) == 1 or len(written) == len(writes):  # not one write's failure
             raise
@@ -495,6 +499,7 @@ def write_episodes(
             with Transaction(conn):
                 written = [write_episode(conn, group_id, w, dim, now, deployment) for w in before]
                 _record_written(conn, group_id, before, written, deployment)
+                merge_fulltext(conn)
         raise BatchWriteError(written) from failure
     return written
 
