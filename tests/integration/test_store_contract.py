@@ -928,6 +928,24 @@ async def test_a_group_of_many_records_few_embedded_is_not_scanned_for_them(
         await store.close()
 
 
+async def _tickets_with_one_status(
+    store: Neo4jStore, group: str
+) -> tuple[EntityRecord, EntityRecord, list[EntityRecord]]:
+    """A status ("Closed") that thirteen tickets have, one of them ("Ticket 7", the seed)
+    related to three others: a hub a walk must not read whole."""
+    await store.setup(DIM)
+    hub, seed = entity(group, "Closed"), entity(group, "Ticket 7")
+    tickets = [entity(group, f"Ticket {i}") for i in range(12)]
+    await upsert_entities(store, group, [hub, seed, *tickets])
+    facts = [
+        fact(group, t, hub, "HAS_STATUS", f"{t.name} status is Closed", valid_at=day(1))
+        for t in [seed, *tickets]
+    ] + [fact(group, seed, t, "RELATES", f"Ticket 7 relates to {t.name}") for t in tickets[:3]]
+    ep = episode(group, "hub-1", day(1))
+    await store.write_episode(group, EpisodeWrite(episode=ep, facts=facts))
+    return hub, seed, tickets
+
+
 async def test_a_walk_reads_of_an_entity_only_the_facts_it_can_keep(
     neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -939,16 +957,7 @@ async def test_a_walk_reads_of_an_entity_only_the_facts_it_can_keep(
     group = f"hub-{uuidlib.uuid4().hex[:12]}"
     store = Neo4jStore(neo4j_uri)
     try:
-        await store.setup(DIM)
-        hub, seed = entity(group, "Closed"), entity(group, "Ticket 7")
-        tickets = [entity(group, f"Ticket {i}") for i in range(12)]
-        await upsert_entities(store, group, [hub, seed, *tickets])
-        facts = [
-            fact(group, t, hub, "HAS_STATUS", f"{t.name} status is Closed", valid_at=day(1))
-            for t in [seed, *tickets]
-        ] + [fact(group, seed, t, "RELATES", f"Ticket 7 relates to {t.name}") for t in tickets[:3]]
-        ep = episode(group, "hub-1", day(1))
-        await store.write_episode(group, EpisodeWrite(episode=ep, facts=facts))
+        hub, seed, tickets = await _tickets_with_one_status(store, group)
         asof = AsOf.resolve(day(5), None, False, None)
         scope = SearchScope((group,), asof)
         ran = recorded(store, monkeypatch)
@@ -976,16 +985,7 @@ async def test_a_walk_reads_the_hits_it_keeps_itself(
     group = f"walk-hits-{uuidlib.uuid4().hex[:12]}"
     store = Neo4jStore(neo4j_uri)
     try:
-        await store.setup(DIM)
-        hub, seed = entity(group, "Closed"), entity(group, "Ticket 7")
-        tickets = [entity(group, f"Ticket {i}") for i in range(12)]
-        await upsert_entities(store, group, [hub, seed, *tickets])
-        facts = [
-            fact(group, t, hub, "HAS_STATUS", f"{t.name} status is Closed", valid_at=day(1))
-            for t in [seed, *tickets]
-        ] + [fact(group, seed, t, "RELATES", f"Ticket 7 relates to {t.name}") for t in tickets[:3]]
-        ep = episode(group, "hub-1", day(1))
-        await store.write_episode(group, EpisodeWrite(episode=ep, facts=facts))
+        hub, seed, tickets = await _tickets_with_one_status(store, group)
 
         # a second hop whose read gives whole others than the walk keeps: from S, X and Y are
         # as near (ties: by uuid, X first); the read gives X's facts first, and the walk
