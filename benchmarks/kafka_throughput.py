@@ -392,6 +392,9 @@ def _phase_figures(
         "seconds": round(elapsed, 3),
         "events_per_s": round(len(latencies) / elapsed, 1),
         "produce_seconds": round(report.seconds, 3),
+        # the first produce, so that the slowest episodes' times can be lined up with the
+        # services' and the worker's logs
+        "started_at": datetime.fromtimestamp(first, UTC).isoformat(timespec="milliseconds"),
         "latency_s": {
             "p50": round(percentile(latencies, 0.50), 3),
             "p99": round(percentile(latencies, 0.99), 3),
