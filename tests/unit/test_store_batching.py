@@ -105,6 +105,16 @@ async def test_caching_embedder_embeds_each_text_once() -> None:
         CachingEmbedder(inner, max_texts=0)
 
 
+async def test_caching_embedder_embeds_each_question_once_apart_from_stored_texts() -> None:
+    inner, calls = counted_embedder()
+    cached = CachingEmbedder(inner, max_texts=2)
+    [stored] = await cached.embed(["which plan?"])
+    asked = await cached.embed_query("which plan?")
+    assert asked == stored  # the hashing embedder embeds both alike
+    assert await cached.embed_query("which plan?") == asked
+    assert calls == [["which plan?"], ["which plan?"]]  # once as stored, once as asked
+
+
 async def test_warming_the_cache_embeds_the_missing_texts_in_one_call() -> None:
     inner, calls = counted_embedder()
     original = HashingEmbedder(dim=64).embed

@@ -28,6 +28,9 @@ class CachingEmbedder(Embedder):
         self.thresholds = inner.thresholds
         self.max_texts = max_texts
         self._vectors: OrderedDict[str, array] = OrderedDict()
+        # Questions' vectors apart: a model may embed a question unlike the same stored text
+        # (e5's prefixes). An agent asks the same thing again and again (a search per turn).
+        self._questions: OrderedDict[str, array] = OrderedDict()
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         # Taken before awaiting: another caller may evict them meanwhile.
@@ -54,15 +57,23 @@ class CachingEmbedder(Embedder):
         for text, vector in vectors.items():
             self._remember(text, vector)
 
-    def _remember(self, text: str, vector: list[float]) -> None:
-        self._vectors[text] = array("d", vector)
-        while len(self._vectors) > self.max_texts:
-            self._vectors.popitem(last=False)
+    def _remember(
+        self, text: str, vector: list[float], kept: OrderedDict[str, array] | None = None
+    ) -> None:
+        kept = self._vectors if kept is None else kept
+        kept[text] = array("d", vector)
+        while len(kept) > self.max_texts:
+            kept.popitem(last=False)
 
     async def embed_query(self, text: str) -> list[float]:
-        """The inner embedder's vector of a search's text, never cached: it may differ from
-        the stored text's vector (e5's prefixes), and questions seldom repeat."""
-        return await self.inner.embed_query(text)
+        """The inner embedder's vector of a search's text, kept apart from the stored texts'
+        (it may differ from the same text's: e5's prefixes)."""
+        if (vector := self._questions.get(text)) is not None:
+            self._questions.move_to_end(text)
+            return vector.tolist()
+        fresh = await self.inner.embed_query(text)
+        self._remember(text, fresh, self._questions)
+        return list(fresh)
 
     async def close(self) -> None:
         await self.inner.close()
