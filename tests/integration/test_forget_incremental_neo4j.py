@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.integration.test_delivery_order_stores import DIM, Record, deliveries
 from tests.support.forget_oracle import forget_both_ways
-from tests.support.plan_keys import PlanKeys
+from tests.support.plan_keys import started_store
 from tests.unit.test_forget_incremental import by_name, fed, generated
 from tidegraph.pipelines.forget import forget_episodes, forget_subject
 from tidegraph.stores.neo4j.plans import PLANS_AHEAD_GROUP
@@ -66,12 +66,9 @@ async def test_the_store_plans_a_forgets_statements_when_it_starts(
     store started as the forget runs it (before or after its transaction has written), so
     its plan is cached under the key the forget looks it up by; and that run left nothing in
     the store."""
-    keys = PlanKeys().record(monkeypatch)
-    store = Neo4jStore(neo4j_uri)
+    keys, store, planned = await started_store(neo4j_uri, monkeypatch, DIM)
     group = f"inc-{uuidlib.uuid4().hex[:10]}"
     try:
-        await store.setup(DIM)
-        planned = keys.kept()
         left = await store.ex.rows(
             "MATCH (n) WHERE n.group_id = $group RETURN count(n) AS n", {"group": PLANS_AHEAD_GROUP}
         )

@@ -11,7 +11,7 @@ import pytest
 from benchmarks.graphiti_answers import FairAnswers
 from benchmarks.text_feed import FeedIndex, text_feed
 from tests.support.fake_llm import ScriptedLLMServer
-from tests.support.plan_keys import PlanKeys
+from tests.support.plan_keys import PlanKeys, started_store
 from tests.unit.test_forget_incremental import DIM, fed, generated
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
@@ -31,12 +31,9 @@ pytestmark = pytest.mark.integration
 async def test_the_store_plans_an_episode_writes_statements_when_it_starts(
     neo4j_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    keys = PlanKeys().record(monkeypatch)
-    store = Neo4jStore(neo4j_uri)
+    keys, store, planned = await started_store(neo4j_uri, monkeypatch, DIM)
     group = f"plans-{uuidlib.uuid4().hex[:10]}"
     try:
-        await store.setup(DIM)
-        planned = keys.kept()
         chain = {
             q.EPISODES_PROCESSED,  # the text write path's reads
             q.RECENT_EPISODES_BEFORE,
@@ -115,12 +112,9 @@ async def test_the_communities_and_the_relay_run_as_planned_at_start(
     plans and run under a key the store planned when it started. Left to plan: the refresh's
     read of the group's facts (the as-of filter's, shared with search) and its MERGE of the
     communities by their unique uuid."""
-    keys = PlanKeys().record(monkeypatch)
-    store = Neo4jStore(neo4j_uri)
+    keys, store, planned = await started_store(neo4j_uri, monkeypatch, DIM)
     group = f"plans-{uuidlib.uuid4().hex[:10]}"
     try:
-        await store.setup(DIM)
-        planned = keys.kept()
         await fed(store, group, generated(12, 5))
         service = CommunityService(store)
 

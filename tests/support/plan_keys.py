@@ -13,6 +13,7 @@ import pytest
 from tidegraph.stores.executor import Params, Row
 from tidegraph.stores.neo4j import executor
 from tidegraph.stores.neo4j.plans import KEEP_PLAN, bound_params
+from tidegraph.stores.neo4j.store import Neo4jStore
 
 # What Neo4j keys a cached plan by, as measured on 5.26: the statement, each parameter's type
 # with the size class of a list or a string (empty, 1, 2-10, 11-100, ...), and whether the
@@ -70,3 +71,18 @@ class PlanKeys:
         monkeypatch.setattr(executor._Transaction, "rows", in_tx)
         monkeypatch.setattr(executor.Neo4jExecutor, "rows", read)
         return self
+
+
+async def started_store(
+    uri: str, monkeypatch: pytest.MonkeyPatch, dim: int
+) -> tuple[PlanKeys, Neo4jStore, set[PlanKey]]:
+    """A Neo4j store set up while what it runs is recorded: the recorder, the store (closed
+    here if its setup fails) and the keys of the statements it planned when it started."""
+    keys = PlanKeys().record(monkeypatch)
+    store = Neo4jStore(uri)
+    try:
+        await store.setup(dim)
+    except BaseException:
+        await store.close()
+        raise
+    return keys, store, keys.kept()
