@@ -91,35 +91,30 @@ class Neo4jCommunities(Communities):
         if not upserts and not deletes:
             return
         dim = await self.store._embedding_dim()
-        rows, memberships, _ = community_rows(upserts, dim, now_utc())
-        work = self._rewrite(group_id, upserts, deletes, dim)
-        await self.store.ex.write("write_communities", len(rows) + len(memberships), work)
+        size, work = self._rewrite(group_id, upserts, deletes, dim)
+        await self.store.ex.write("write_communities", size, work)
 
     def _rewrite(
         self, group_id: str, upserts: list[CommunityRecord], deletes: list[str], dim: int
-    ) -> Callable[[Tx], Awaitable[None]]:
-        """``write_communities``' transaction."""
+    ) -> tuple[int, Callable[[Tx], Awaitable[None]]]:
+        """``write_communities``' transaction, and the rows it writes."""
         rows, memberships, members = community_rows(upserts, dim, now_utc())
         uuids = [r["uuid"] for r in rows]
         params = {"group_id": group_id}
 
         async def work(tx: Tx) -> None:
-            asked = unique([*uuids, *deletes])
-            owners = await tx.rows(cq.COMMUNITY_GROUPS, {"uuids": asked})
+            owners = await tx.rows(cq.COMMUNITY_GROUPS, {"uuids": unique([*uuids, *deletes])})
             check_community_owners(group_id, {r["uuid"]: r["group_id"] for r in owners})
             if deletes:
-                deleted = {**params, "uuids": unique(deletes)}
-                await tx.rows(cq.DELETE_COMMUNITIES, deleted)
+                await tx.rows(cq.DELETE_COMMUNITIES, {**params, "uuids": unique(deletes)})
             if rows:
                 stored = {r["uuid"] for r in owners} - set(deletes)
                 await self._upsert_communities(tx, group_id, rows, stored)
-                dropped = {**params, "uuids": uuids, "members": members}
-                await tx.rows(cq.DROP_MEMBERSHIPS, dropped)
+                await tx.rows(cq.DROP_MEMBERSHIPS, {**params, "uuids": uuids, "members": members})
             if memberships:
-                added = {**params, "rows": memberships}
-                await tx.rows(cq.ADD_MEMBERSHIPS, added)
+                await tx.rows(cq.ADD_MEMBERSHIPS, {**params, "rows": memberships})
 
-        return work
+        return len(rows) + len(memberships), work
 
     async def communities_of(self, group_id: str, entity_uuids: list[str]) -> dict[str, str | None]:
         if not entity_uuids:
@@ -178,7 +173,8 @@ class Neo4jCommunities(Communities):
         await self.list_communities(group_id)
         community = CommunityRecord(NO_RECORD, NO_RECORD, NO_RECORD, [NO_RECORD])
         dim = await self.store._embedding_dim()
-        await self.store.ex.rehearse(self._rewrite(group_id, [community], [NO_RECORD], dim))
+        _, rewrite = self._rewrite(group_id, [community], [NO_RECORD], dim)
+        await self.store.ex.rehearse(rewrite)
         await self.communities_of(group_id, [NO_RECORD])
         await self.neighbour_weights_many(group_id, [NO_RECORD])
         rows = [{"group_id": group_id, "community_uuid": NO_RECORD, "entity_uuid": NO_RECORD}]

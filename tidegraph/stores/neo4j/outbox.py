@@ -88,8 +88,7 @@ class Neo4jOutbox(Outbox):
         ]
 
         async def work(tx: Tx) -> None:
-            params = {"cursors": rows, "deployment": self.store.deployment}
-            await tx.rows(lq.MARK_PUBLISHED, params)
+            await tx.rows(lq.MARK_PUBLISHED, {"cursors": rows, "deployment": self.store.deployment})
 
         if rows:
             await self.store.ex.write("mark_published", len(rows), work)
