@@ -38,6 +38,7 @@ from tidegraph.pipelines.runtime import Runtime
 from tidegraph.pipelines.streaming.commits import guard_commits
 from tidegraph.pipelines.streaming.community_agent import install_community_agent
 from tidegraph.pipelines.streaming.config import WorkerSettings
+from tidegraph.pipelines.streaming.fetching import bound_fetch_wait
 from tidegraph.pipelines.streaming.handlers import (
     Consumed,
     Emit,
@@ -72,10 +73,12 @@ RELAY_BATCH = 500
 
 
 class TidegraphApp(faust.App):
-    """faust.App that keeps its commits safe across rebalances and closes tidegraph's
-    resources after everything else has stopped."""
+    """faust.App that keeps its commits safe across rebalances, bounds its consumer's fetch
+    wait (``fetch_max_wait_seconds``) and closes tidegraph's resources after everything else
+    has stopped."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, fetch_max_wait_seconds: float = 0.1, **kwargs: Any) -> None:
+        self.fetch_max_wait_seconds = fetch_max_wait_seconds
         super().__init__(*args, **kwargs)
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._committed_before_rebalance: dict[Any, int | None] = {}
@@ -85,6 +88,7 @@ class TidegraphApp(faust.App):
     def _new_consumer(self) -> Any:
         consumer = super()._new_consumer()
         guard_commits(consumer)  # never commit past a record still in flight
+        bound_fetch_wait(consumer, self.fetch_max_wait_seconds)  # Faust fixes it at 1.5 s
         return consumer
 
     def on_rebalance_start(self) -> None:
@@ -183,6 +187,7 @@ def _faust_app(
     kafka = KafkaConnection.from_settings(settings)
     return TidegraphApp(
         worker.group_id(settings.topic_prefix),
+        fetch_max_wait_seconds=worker.fetch_max_wait_seconds,
         broker=kafka.faust_brokers(),
         broker_credentials=kafka.faust_credentials(),
         store="memory://",

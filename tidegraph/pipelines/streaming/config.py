@@ -50,6 +50,14 @@ class WorkerSettings(BaseSettings):
     max_in_flight: int = Field(
         128, ge=1, description="Most records a stage has admitted at once (all groups)."
     )
+    fetch_max_wait_seconds: float = Field(
+        0.1,
+        gt=0,
+        le=1.5,
+        description="Longest a fetch of the worker's consumer waits at the broker for new "
+        "records (tidegraph/pipelines/streaming/fetching.py): the partitions its fetch left "
+        "out, whose records were taken meanwhile, are fetched after that at the latest.",
+    )
     max_in_flight_per_group: int = Field(
         16, ge=1, description="Most records a stage has admitted at once for one group."
     )
