@@ -2413,3 +2413,50 @@ async def test_a_batch_adds_one_segment_to_each_fulltext_index(tmp_path: Path) -
         assert len(await store.search.fulltext_search(scope, "fact", "ticket", 50)) == 40
     finally:
         await store.close()
+
+
+async def test_a_batch_reads_no_id_back_for_the_rows_it_inserts(tmp_path: Path) -> None:
+    """Embedded store: the facts and episodes a batch inserts take their ids from the insert
+    (no SELECT by uuid after each), and each one's fulltext entry is the row's own; a fact
+    written again with a new sentence is found by its id and indexed anew."""
+    store = SqliteStore(tmp_path / "graph")
+    try:
+        await store.setup(DIM)
+        _, writes = _fact_episodes("g", 20)
+        ran: list[str] = []
+
+        def trace(conn: sqlite3.Connection, on: bool) -> None:
+            conn.set_trace_callback(ran.append if on else None)
+
+        await store.db.run(trace, True)
+        assert await store.write_episodes("g", writes) == [True] * 20
+        await store.db.run(trace, False)
+        read_back = [q for q in ran if q.startswith("SELECT id FROM")]
+        assert read_back == []
+
+        def entries(conn: sqlite3.Connection) -> dict[str, int]:
+            return {
+                table: conn.execute(
+                    f"SELECT count(*) FROM {table} t JOIN {row} r ON r.id = t.rowid "  # noqa: S608
+                    f"AND {check}"
+                ).fetchone()[0]
+                for table, row, check in (
+                    ("fact_text", "fact", "t.text LIKE r.fact || '%'"),
+                    ("episode_search", "episode", "r.content LIKE '%' || t.body"),
+                )
+            }
+
+        assert await store.db.run(entries) == {"fact_text": 20, "episode_search": 20}
+        first = writes[0].facts[0]
+        again = EpisodeWrite(
+            episode=episode("g", "msg-again", day(30), "Bob: ticket 0 was a scanner"),
+            mentions=[first.source_uuid, first.target_uuid],
+            facts=[first.model_copy(update={"fact": "Bob reported the scanner"})],
+        )
+        assert await store.write_episodes("g", [again]) == [True]
+        scope = SearchScope(("g",), AsOf.resolve(None, None, False, None), embeddings=False)
+        found = await store.search.fulltext_search(scope, "fact", "scanner", 50)
+        assert [hit.uuid for hit in found] == [first.uuid]
+        assert await store.db.run(entries) == {"fact_text": 20, "episode_search": 21}
+    finally:
+        await store.close()

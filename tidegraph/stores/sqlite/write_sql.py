@@ -53,14 +53,27 @@ CLOSE_FACT = (
 
 
 def upsert(
-    conn: sqlite3.Connection, table: str, statement: str, group_id: str, row: dict[str, Any]
+    conn: sqlite3.Connection,
+    table: str,
+    statement: str,
+    group_id: str,
+    row: dict[str, Any],
+    *,
+    new: bool = False,
 ) -> int:
     """``statement`` (an upsert above, into ``table``, a constant) for ``row``; the row's id,
     read after it by its uuid. Not with RETURNING: a statement that returns rows runs in a
     statement savepoint, and at every savepoint FTS5 writes what each fulltext table the
     transaction touched holds pending out as a new segment, merged again later (one per
-    fact and episode a unit wrote, most of the fulltext indexes' cost)."""
-    conn.execute(statement, params(group_id, row))
+    fact and episode a unit wrote, most of the fulltext indexes' cost). ``new``: the caller
+    read in this transaction that no row has the uuid, so the statement inserts and the id
+    is the one it inserted (``lastrowid``; an upsert that updates leaves it unchanged),
+    without the read."""
+    cursor = conn.execute(statement, params(group_id, row))
+    if new:
+        row_id = cursor.lastrowid
+        assert row_id is not None  # the statement inserted one row into a rowid table
+        return row_id
     query = f"SELECT id FROM {table} WHERE uuid = ?"  # noqa: S608 - a constant table name
     [row_id] = conn.execute(query, (row["uuid"],)).fetchone()
     return int(row_id)

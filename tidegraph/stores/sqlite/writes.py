@@ -177,10 +177,16 @@ def merge_fact(
     conn: sqlite3.Connection, group_id: str, row: dict[str, Any], text: str | None
 ) -> None:
     """MERGE one fact row (``rows.fact_row``); ``text``: its stored sentence (None: new)."""
-    row_id = write_sql.upsert(conn, "fact", write_sql.MERGE_FACT, group_id, row)
+    new = text is None
+    row_id = write_sql.upsert(conn, "fact", write_sql.MERGE_FACT, group_id, row, new=new)
     if text != row["fact"]:
-        new = text is None
-        index_text(conn, "fact_text", row_id, group_id, indexed_text(row["fact"]), new=new)
+        index_text(conn, "fact_text", row_id, group_id, fact_text(row), new=new)
+
+
+def fact_text(row: dict[str, Any]) -> str:
+    """A fact row's indexed text: ``search_text.indexed_text`` of its sentence, from the
+    identifier words the row holds already (``index_ids``, the Neo4j store's field)."""
+    return f"{row['fact']} {row['index_ids']}" if row["index_ids"] else row["fact"]
 
 
 def close_fact(conn: sqlite3.Connection, group_id: str, row: dict[str, Any]) -> None:
@@ -322,7 +328,9 @@ def write_episode(
     )
     # Checked: what follows writes.
     upsert_entities(conn, group_id, entities)
-    row_id = write_sql.upsert(conn, "episode", write_sql.MERGE_EPISODE, group_id, episode)
+    row_id = write_sql.upsert(
+        conn, "episode", write_sql.MERGE_EPISODE, group_id, episode, new=stored is None
+    )
     indexed = ("content", "valid_at", "source", "source_description")
     said = (episode["content"], micros(episode["valid_at"]), episode["source"])
     if stored is None or [*said, episode["source_description"]] != [stored[k] for k in indexed]:
