@@ -209,18 +209,22 @@ class Searcher:
             if current and recipe.search_for("episode") is not None
             else ""
         )
-        found = await self._first_round(recipe, text, scope, limit, asked)
-        query_embedding: list[float] | None = found.get(("query", "embedding"))
-        fact_search = recipe.search_for("fact")
-        if fact_search is not None and "bfs" in fact_search.methods:
-            seeds = _seeds(found, centre)
-            found["fact", "bfs"] = (
-                await self.source.expand_facts(
-                    scope, seeds, fact_search.hops, _candidates(fact_search, limit)
+        found, others = await self._first_round(recipe, text, scope, limit, asked)
+        try:
+            query_embedding: list[float] | None = found.get(("query", "embedding"))
+            fact_search = recipe.search_for("fact")
+            if fact_search is not None and "bfs" in fact_search.methods:
+                seeds = _seeds(found, centre)
+                found["fact", "bfs"] = (
+                    await self.source.expand_facts(
+                        scope, seeds, fact_search.hops, _candidates(fact_search, limit)
+                    )
+                    if seeds
+                    else []
                 )
-                if seeds
-                else []
-            )
+            found |= await others
+        finally:
+            others.cancel()  # a failed walk leaves nothing running
 
         ranked = await _all(
             [
@@ -265,12 +269,19 @@ class Searcher:
 
     async def _first_round(
         self, recipe: Recipe, text: str, scope: SearchScope, limit: int | None, stating: str = ""
-    ) -> dict[tuple[str, str], Any]:
-        """Every first-round search at once, by (kind, method): the BM25 lists in one read, the
-        vector lists in another once the query is embedded; with a walk, its seeds (the
-        query's best entities by both methods, the recent episodes' entities), the query's
-        embedding as ("query", "embedding") when it was embedded, and the episodes found for
-        ``stating`` (what a question about a state asks of its subject) as ``STATING``."""
+    ) -> tuple[dict[tuple[str, str], Any], asyncio.Future[dict[tuple[str, str], Any]]]:
+        """Every first-round search, by (kind, method): the BM25 lists in one read, the vector
+        lists in another once the query is embedded; with a walk, its seeds (the query's best
+        entities by both methods, the recent episodes' entities), the query's embedding as
+        ("query", "embedding") when it was embedded, and the episodes found for ``stating``
+        (what a question about a state asks of its subject) as ``STATING``.
+
+        Returned as what is read and what is still being read. With a walk, what it starts
+        from is read first (the fact and entity lists, the recent episodes' entities, the
+        embedding), and the others (episodes, communities, ``STATING``) start once those are
+        read, so that they run beside the walk's reads rather than delay them (a store on
+        few cores answers a dozen statements at once no faster than in turn, and the walk
+        waited for the slowest); without a walk, everything at once and read."""
         needs_embedding = recipe.uses("vector") or any(s.reranker == "mmr" for s in recipe.searches)
         embedding = (
             asyncio.ensure_future(self.embedder.embed_query(text)) if needs_embedding else None
@@ -286,42 +297,63 @@ class Searcher:
         if walk:  # the walk's seeds: the query's best entities by both methods
             texts.setdefault(("entity", "bm25"), SEED_ENTITIES)
             nearest.setdefault(("entity", "vector"), SEED_ENTITIES)
-
-        async def vectors() -> list[list[Hit]]:
-            if embedding is None:  # seeds of a walk in a recipe without vector search
-                return [[] for _ in nearest]
-            vector = await embedding
-            asked = [MethodSearch(k, n, embedding=vector) for (k, _), n in nearest.items()]
-            return await self.source.search_lists(scope, asked)
-
-        lists = [MethodSearch(k, n, text=text) for (k, _), n in texts.items()]
+        seeding: tuple[Kind, ...] = ("fact", "entity") if walk else KINDS
         # What the statements of it say, said at any time known by then: which words are
         # values is learned from all of them (a value first said after the valid-at is still
         # a value); the episodes searched are only those said by the valid-at.
         lexicon = _lexicon_scope(scope) if stating else None
-        if stating and lexicon is None:  # in the same read as the query's own lists
-            lists.append(MethodSearch("episode", STATING_CANDIDATES, text=stating))
-        jobs: list[Awaitable[Any]] = [self.source.search_lists(scope, lists), vectors()]
-        if lexicon is not None:
-            asked = [MethodSearch("episode", STATING_CANDIDATES, text=stating)]
-            jobs.append(self.source.search_lists(lexicon, asked))
+        statements = [MethodSearch("episode", STATING_CANDIDATES, text=stating)] if stating else []
+
+        async def lists(kinds: tuple[Kind, ...], with_stating: bool) -> dict[tuple[str, str], Any]:
+            """The lists of ``kinds`` (and ``STATING``): BM25 as soon as asked, vector once
+            the query is embedded; in one read when it already is."""
+            text_keys = [key for key in texts if key[0] in kinds]
+            vector_keys = [key for key in nearest if key[0] in kinds]
+            asked = [MethodSearch(k, texts[k, m], text=text) for k, m in text_keys]
+            if with_stating and lexicon is None:  # in the same read as the query's own lists
+                asked += statements
+            vector = await embedding if embedding is not None and embedding.done() else None
+            if vector is not None:
+                asked += [MethodSearch(k, nearest[k, m], embedding=vector) for k, m in vector_keys]
+
+            async def vectors() -> list[list[Hit]]:
+                if vector is not None or not vector_keys:
+                    return []
+                if embedding is None:  # seeds of a walk in a recipe without vector search
+                    return [[] for _ in vector_keys]
+                query = await embedding
+                wanted = [MethodSearch(k, nearest[k, m], embedding=query) for k, m in vector_keys]
+                return await self.source.search_lists(scope, wanted)
+
+            jobs: list[Awaitable[Any]] = [self.source.search_lists(scope, asked), vectors()]
+            if with_stating and lexicon is not None:
+                jobs.append(self.source.search_lists(lexicon, statements))
+            done = await _all(jobs)
+            read: list[list[Hit]] = done[0]
+            found: dict[tuple[str, str], Any] = dict(zip(text_keys, read, strict=False))
+            if with_stating and stating:
+                found[STATING] = done[2][0] if lexicon is not None else read[len(text_keys)]
+            vector_lists = read[len(asked) - len(vector_keys) :] if vector is not None else done[1]
+            found |= dict(zip(vector_keys, vector_lists, strict=True))
+            return found
+
+        first: list[Awaitable[Any]] = [lists(seeding, not walk)]
         if walk:
-            jobs.append(self.source.recent_episode_entities(scope, RECENT_EPISODES))
+            first.append(self.source.recent_episode_entities(scope, RECENT_EPISODES))
         if embedding is not None:
-            jobs.append(embedding)
-        done = await _all(jobs)
-        found: dict[tuple[str, str], Any] = dict(zip(texts, done[0][: len(texts)], strict=True))
-        if lexicon is not None:
-            found[STATING] = done[2][0]
-            done = done[:2] + done[3:]
-        elif stating:
-            found[STATING] = done[0][-1]
-        found |= dict(zip(nearest, done[1], strict=True))
+            first.append(embedding)
+        done = await _all(first)
+        found = done[0]
+        others: asyncio.Future[dict[tuple[str, str], Any]]
         if walk:
-            found["seed", "recent"] = done[2]
+            found["seed", "recent"] = done[1]
+            others = asyncio.ensure_future(lists(("episode", "community"), True))
+        else:  # all read already
+            others = asyncio.get_running_loop().create_future()
+            others.set_result({})
         if embedding is not None:
             found["query", "embedding"] = done[-1]
-        return found
+        return found, others
 
     async def _rerank(
         self,
