@@ -8,7 +8,9 @@ A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a 
    (episodes: those said by then);
 2. every BM25 and vector search of the recipe at once (``asyncio.gather``), the query
    embedded once, plus, when the recipe walks the graph, the seed entities: those BM25 and
-   vector search find for the query, and those the most recent episodes mention; and where
+   vector search find for the query, and those the most recent episodes mention (with a
+   walk, the fact and entity lists are read first and the other kinds' lists start beside
+   the walk: ``_first_round``); and where
    the question is about a state and names a subject, the episodes that state what it asks
    (its words less the subject's, one BM25 list more: in the same read, or in one of its own
    as known by the known-at when a valid-at is earlier; recency.py);
