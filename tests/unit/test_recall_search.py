@@ -264,6 +264,21 @@ async def test_without_a_walk_every_list_is_asked_at_once():
     assert batches == [[("entity", "bm25"), ("entity", "vector")]]
 
 
+async def test_a_walk_without_other_kinds_reads_nothing_beside_it():
+    graph = people_graph()
+    batches: list[list[tuple[str, str]]] = []
+    search_lists = graph.search_lists
+
+    async def recorded(scope, searches):
+        batches.append([(s.kind, "bm25" if s.text is not None else "vector") for s in searches])
+        return await search_lists(scope, searches)
+
+    graph.search_lists = recorded  # type: ignore[method-assign]
+    request = SearchRequest(query="Alice Smith", group_ids=["g"], known_at=NOW, recipe="facts_rrf")
+    await searcher(graph).search(request)
+    assert all(batches) and {k for batch in batches for k, _ in batch} == {"fact", "entity"}
+
+
 async def test_a_question_about_a_subject_now_finds_what_it_asks_in_the_same_read():
     # What is asked of Acme ("plan") is searched alone beside the query's own lists: the
     # statements of any subject's plan carry the values a plan takes ("Enterprise", "Pro");

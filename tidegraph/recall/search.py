@@ -327,7 +327,10 @@ class Searcher:
                 wanted = [MethodSearch(k, nearest[k, m], embedding=query) for k, m in vector_keys]
                 return await self.source.search_lists(scope, wanted)
 
-            jobs: list[Awaitable[Any]] = [self.source.search_lists(scope, asked), vectors()]
+            async def read_asked() -> list[list[Hit]]:  # no read of nothing (a hand-off)
+                return await self.source.search_lists(scope, asked) if asked else []
+
+            jobs: list[Awaitable[Any]] = [read_asked(), vectors()]
             if with_stating and lexicon is not None:
                 jobs.append(self.source.search_lists(lexicon, statements))
             done = await _all(jobs)
