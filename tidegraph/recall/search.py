@@ -8,9 +8,7 @@ A search runs a recipe (tidegraph/recall/recipes.py) over a ``SearchSource`` (a 
    (episodes: those said by then);
 2. every BM25 and vector search of the recipe at once (``asyncio.gather``), the query
    embedded once, plus, when the recipe walks the graph, the seed entities: those BM25 and
-   vector search find for the query, and those the most recent episodes mention (with a
-   walk, the fact and entity lists are read first and the other kinds' lists start beside
-   the walk: ``_first_round``); and where
+   vector search find for the query, and those the most recent episodes mention; and where
    the question is about a state and names a subject, the episodes that state what it asks
    (its words less the subject's, one BM25 list more: in the same read, or in one of its own
    as known by the known-at when a valid-at is earlier; recency.py);
@@ -211,22 +209,18 @@ class Searcher:
             if current and recipe.search_for("episode") is not None
             else ""
         )
-        found, others = await self._first_round(recipe, text, scope, limit, asked)
-        try:
-            query_embedding: list[float] | None = found.get(("query", "embedding"))
-            fact_search = recipe.search_for("fact")
-            if fact_search is not None and "bfs" in fact_search.methods:
-                seeds = _seeds(found, centre)
-                found["fact", "bfs"] = (
-                    await self.source.expand_facts(
-                        scope, seeds, fact_search.hops, _candidates(fact_search, limit)
-                    )
-                    if seeds
-                    else []
+        found = await self._first_round(recipe, text, scope, limit, asked)
+        query_embedding: list[float] | None = found.get(("query", "embedding"))
+        fact_search = recipe.search_for("fact")
+        if fact_search is not None and "bfs" in fact_search.methods:
+            seeds = _seeds(found, centre)
+            found["fact", "bfs"] = (
+                await self.source.expand_facts(
+                    scope, seeds, fact_search.hops, _candidates(fact_search, limit)
                 )
-            found |= await others
-        finally:
-            others.cancel()  # a failed walk leaves nothing running
+                if seeds
+                else []
+            )
 
         ranked = await _all(
             [
@@ -271,19 +265,12 @@ class Searcher:
 
     async def _first_round(
         self, recipe: Recipe, text: str, scope: SearchScope, limit: int | None, stating: str = ""
-    ) -> tuple[dict[tuple[str, str], Any], asyncio.Future[dict[tuple[str, str], Any]]]:
-        """Every first-round search, by (kind, method): the BM25 lists in one read, the vector
-        lists in another once the query is embedded; with a walk, its seeds (the query's best
-        entities by both methods, the recent episodes' entities), the query's embedding as
-        ("query", "embedding") when it was embedded, and the episodes found for ``stating``
-        (what a question about a state asks of its subject) as ``STATING``.
-
-        Returned as what is read and what is still being read. With a walk, what it starts
-        from is read first (the fact and entity lists, the recent episodes' entities, the
-        embedding), and the others (episodes, communities, ``STATING``) start once those are
-        read, so that they run beside the walk's reads rather than delay them (a store on
-        few cores answers a dozen statements at once no faster than in turn, and the walk
-        waited for the slowest); without a walk, everything at once and read."""
+    ) -> dict[tuple[str, str], Any]:
+        """Every first-round search at once, by (kind, method): the BM25 lists in one read, the
+        vector lists in another once the query is embedded; with a walk, its seeds (the
+        query's best entities by both methods, the recent episodes' entities), the query's
+        embedding as ("query", "embedding") when it was embedded, and the episodes found for
+        ``stating`` (what a question about a state asks of its subject) as ``STATING``."""
         needs_embedding = recipe.uses("vector") or any(s.reranker == "mmr" for s in recipe.searches)
         embedding = (
             asyncio.ensure_future(self.embedder.embed_query(text)) if needs_embedding else None
@@ -299,66 +286,42 @@ class Searcher:
         if walk:  # the walk's seeds: the query's best entities by both methods
             texts.setdefault(("entity", "bm25"), SEED_ENTITIES)
             nearest.setdefault(("entity", "vector"), SEED_ENTITIES)
-        seeding: tuple[Kind, ...] = ("fact", "entity") if walk else KINDS
+
+        async def vectors() -> list[list[Hit]]:
+            if embedding is None:  # seeds of a walk in a recipe without vector search
+                return [[] for _ in nearest]
+            vector = await embedding
+            asked = [MethodSearch(k, n, embedding=vector) for (k, _), n in nearest.items()]
+            return await self.source.search_lists(scope, asked)
+
+        lists = [MethodSearch(k, n, text=text) for (k, _), n in texts.items()]
         # What the statements of it say, said at any time known by then: which words are
         # values is learned from all of them (a value first said after the valid-at is still
         # a value); the episodes searched are only those said by the valid-at.
         lexicon = _lexicon_scope(scope) if stating else None
-        statements = [MethodSearch("episode", STATING_CANDIDATES, text=stating)] if stating else []
-
-        async def lists(kinds: tuple[Kind, ...], with_stating: bool) -> dict[tuple[str, str], Any]:
-            """The lists of ``kinds`` (and ``STATING``): BM25 as soon as asked, vector once
-            the query is embedded; in one read when it already is."""
-            text_keys = [key for key in texts if key[0] in kinds]
-            vector_keys = [key for key in nearest if key[0] in kinds]
-            asked = [MethodSearch(k, texts[k, m], text=text) for k, m in text_keys]
-            if with_stating and lexicon is None:  # in the same read as the query's own lists
-                asked += statements
-            vector = await embedding if embedding is not None and embedding.done() else None
-            if vector is not None:
-                asked += [MethodSearch(k, nearest[k, m], embedding=vector) for k, m in vector_keys]
-
-            async def vectors() -> list[list[Hit]]:
-                if vector is not None or not vector_keys:
-                    return []
-                if embedding is None:  # seeds of a walk in a recipe without vector search
-                    return [[] for _ in vector_keys]
-                query = await embedding
-                wanted = [MethodSearch(k, nearest[k, m], embedding=query) for k, m in vector_keys]
-                return await self.source.search_lists(scope, wanted)
-
-            async def read_asked() -> list[list[Hit]]:  # no read of nothing (a hand-off)
-                return await self.source.search_lists(scope, asked) if asked else []
-
-            jobs: list[Awaitable[Any]] = [read_asked(), vectors()]
-            if with_stating and lexicon is not None:
-                jobs.append(self.source.search_lists(lexicon, statements))
-            done = await _all(jobs)
-            read: list[list[Hit]] = done[0]
-            found: dict[tuple[str, str], Any] = dict(zip(text_keys, read, strict=False))
-            if with_stating and stating:
-                found[STATING] = done[2][0] if lexicon is not None else read[len(text_keys)]
-            vector_lists = read[len(asked) - len(vector_keys) :] if vector is not None else done[1]
-            found |= dict(zip(vector_keys, vector_lists, strict=True))
-            return found
-
-        first: list[Awaitable[Any]] = [lists(seeding, not walk)]
+        if stating and lexicon is None:  # in the same read as the query's own lists
+            lists.append(MethodSearch("episode", STATING_CANDIDATES, text=stating))
+        jobs: list[Awaitable[Any]] = [self.source.search_lists(scope, lists), vectors()]
+        if lexicon is not None:
+            asked = [MethodSearch("episode", STATING_CANDIDATES, text=stating)]
+            jobs.append(self.source.search_lists(lexicon, asked))
         if walk:
-            first.append(self.source.recent_episode_entities(scope, RECENT_EPISODES))
+            jobs.append(self.source.recent_episode_entities(scope, RECENT_EPISODES))
         if embedding is not None:
-            first.append(embedding)
-        done = await _all(first)
-        found = done[0]
-        others: asyncio.Future[dict[tuple[str, str], Any]]
+            jobs.append(embedding)
+        done = await _all(jobs)
+        found: dict[tuple[str, str], Any] = dict(zip(texts, done[0][: len(texts)], strict=True))
+        if lexicon is not None:
+            found[STATING] = done[2][0]
+            done = done[:2] + done[3:]
+        elif stating:
+            found[STATING] = done[0][-1]
+        found |= dict(zip(nearest, done[1], strict=True))
         if walk:
-            found["seed", "recent"] = done[1]
-            others = asyncio.ensure_future(lists(("episode", "community"), True))
-        else:  # all read already
-            others = asyncio.get_running_loop().create_future()
-            others.set_result({})
+            found["seed", "recent"] = done[2]
         if embedding is not None:
             found["query", "embedding"] = done[-1]
-        return found, others
+        return found
 
     async def _rerank(
         self,
