@@ -26,6 +26,7 @@ from tidegraph.stores.base import GraphStore
 from tidegraph.stores.memory.store import MemoryStore
 from tidegraph.stores.neo4j.store import Neo4jStore
 from tidegraph.stores.roles import Outbox
+from tidegraph.stores.rows import joined_body
 from tidegraph.stores.sqlite.db import DB_FILE, Transaction
 from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.store import SqliteStore
@@ -252,19 +253,29 @@ async def test_a_neo4j_forget_empties_its_records_lines_on_the_server(neo4j_uri:
     unit = GroupRunner(single.components, unit_episodes=len(records))
     columns = ("change_id", "kind", "uuid", "body")
     first_row = (
-        "MATCH (c:Change) WHERE c.group_id = $group "
-        "RETURN c.change_id AS change_id, c.kind AS kind, c.uuid AS uuid, c.body AS body "
-        "ORDER BY c.last LIMIT 1"
+        "MATCH (c:Change) WHERE c.group_id = $group WITH c ORDER BY c.last LIMIT 1 "
+        "OPTIONAL MATCH (r:ChangeRecord {group_id: c.group_id, last: c.last}) "
+        "RETURN c.change_id AS change_id, c.kind AS kind, c.uuid AS uuid, "
+        "collect([r.uuid, r.body]) AS parts"
     )
+    stored = (
+        "MATCH (n) WHERE (n:Change OR n:ChangeRecord) AND n.group_id = $group "
+        "RETURN collect(n.body) + collect(n.uuid) AS texts"
+    )
+
+    async def row() -> dict[str, str]:
+        [found] = await store.ex.rows(first_row, {"group": group})
+        return {**found, "body": joined_body(found["uuid"], found["parts"])}
+
     try:
         await unit.run([r.episode(group) for r in records])
         await single.run([alone.episode(group)])
-        [before] = await store.ex.rows(first_row, {"group": group})
+        before = await row()
         changes = await store.outbox.changes(group, 0, 1000)
         published = await store.outbox.unpublished_changes([group], 1000)
         assert await outbox_rows(store, group) == 2
         await forget_episodes(unit, group, ["rec-1", "rec-4"])
-        [after] = await store.ex.rows(first_row, {"group": group})
+        after = await row()
         last = changes[-1].seq
         kept = [c for c in await store.outbox.changes(group, 0, 1000) if c.seq <= last]
         gone = {c.uuid for c in changes} - {c.uuid for c in kept}
@@ -276,7 +287,9 @@ async def test_a_neo4j_forget_empties_its_records_lines_on_the_server(neo4j_uri:
             for change, line in zip(in_row, lines, strict=True):
                 was = before[column].split("\n")[change.seq - 1]
                 assert line == ("" if change.uuid in gone else was), (column, change.seq)
-        assert "Zürich" not in after["body"] and "Zürich" in before["body"]
+        assert "Zürich" in before["body"]
+        [texts] = await store.ex.rows(stored, {"group": group})
+        assert not [t for t in texts["texts"] if "Zürich" in t or "Umbrella" in t]
         # rec-4's row held only its own records' changes: it is gone, its changes with it
         assert await outbox_rows(store, group) == 2  # the first row and the forget's own
         assert all("Umbrella" not in c.model_dump_json() for c in kept)
@@ -502,8 +515,9 @@ async def _forget_deployment(store: GraphStore, group: str) -> None:
 
 async def _without_index_of_records(store: GraphStore, group: str) -> None:
     """The store as one written before its outbox was indexed by record (on Neo4j, shared by
-    the suite's tests, only ``group``'s entries are taken away: the migration indexes the
-    rows that have none)."""
+    the suite's tests, only ``group``'s entries are taken away, their bodies back in their
+    rows' ``body`` as such a store kept them: the migration indexes the rows that have
+    none)."""
     if isinstance(store, SqliteStore):
 
         def drop(conn: sqlite3.Connection) -> None:
@@ -512,6 +526,18 @@ async def _without_index_of_records(store: GraphStore, group: str) -> None:
         await store.db.run(drop)
     else:
         assert isinstance(store, Neo4jStore)
+        rows = await store.ex.rows(
+            "MATCH (c:Change {group_id: $g}) "
+            "OPTIONAL MATCH (r:ChangeRecord {group_id: $g, last: c.last}) "
+            "RETURN elementId(c) AS id, c.uuid AS uuids, collect([r.uuid, r.body]) AS parts",
+            {"g": group},
+        )
+        bodies = [{"id": r["id"], "body": joined_body(r["uuids"], r["parts"])} for r in rows]
+        await store.ex.execute(
+            "UNWIND $rows AS row MATCH (c:Change) WHERE elementId(c) = row.id "
+            "SET c.body = row.body",
+            {"rows": bodies},
+        )
         await store.ex.execute("MATCH (r:ChangeRecord {group_id: $g}) DELETE r", {"g": group})
         await store.ex.execute("DROP INDEX change_record_group IF EXISTS", {}, schema=True)
 

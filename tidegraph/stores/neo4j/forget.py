@@ -20,6 +20,7 @@ from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j.plans import NO_RECORD, PLANS_AHEAD_GROUP, stand_ins
 from tidegraph.stores.roles import Forgetting
 from tidegraph.stores.rows import (
+    by_record,
     entity_record,
     entity_row,
     episode_record,
@@ -174,7 +175,7 @@ class Neo4jForgetting(Forgetting):
         facts: list[dict[str, Any]],
     ) -> None:
         """What ``apply_rebuild`` writes, in the caller's transaction."""
-        outbox = [outbox_row(group_id, rebuild.changes)]
+        outbox = [by_record(outbox_row(group_id, rebuild.changes))]
         g = {"group_id": group_id}
         stamped = {**g, "deployment": self.store.deployment}
         [row] = await tx.rows(lq.REBUILD_VERSION, g)
@@ -240,7 +241,7 @@ class Neo4jForgetting(Forgetting):
         if not purge:
 
             async def record(tx: Tx) -> None:
-                forgotten = [outbox_row(group_id, [group_forgotten(group_id, at)])]
+                forgotten = [by_record(outbox_row(group_id, [group_forgotten(group_id, at)]))]
                 await tx.rows(
                     q.RECORD_CHANGES, {"deployment": self.store.deployment, "outbox": forgotten}
                 )

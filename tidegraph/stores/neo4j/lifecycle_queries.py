@@ -41,16 +41,34 @@ def _blanked(column: str) -> str:
     )
 
 
+# A row's changes' bodies by record (``rows.by_record``: [uuid, body] each), which readers join
+# in the row's order (``rows.joined_body``). A row written before bodies were kept by record
+# holds them in ``c.body`` (its entries hold none).
+ROW_PARTS = """
+CALL (c) {
+  OPTIONAL MATCH (r:ChangeRecord)
+  USING INDEX r:ChangeRecord(group_id, last)
+  WHERE r.group_id = c.group_id AND r.last = c.last AND r.body IS NOT NULL
+  RETURN collect([r.uuid, r.body]) AS parts
+}"""
+
 # ---- the change stream: a ``Change`` node per write of a group, its changes numbered
 # ``seq`` to ``last`` one per line (``tidegraph.stores.rows.outbox_row``), found by
 # (group, last)
-CHANGES = """
+CHANGES = (
+    """
 MATCH (c:Change)
 WHERE c.group_id = $group_id AND c.last > $after
-RETURN c.seq AS seq, c.last AS last, c.change_id AS change_ids, c.body AS body
+WITH c
 ORDER BY c.last
-LIMIT $rows
+LIMIT $rows"""
+    + ROW_PARTS
+    + """
+RETURN c.seq AS seq, c.last AS last, c.change_id AS change_ids, c.uuid AS uuids,
+       c.body AS body, parts
+ORDER BY c.last
 """
+)
 
 # The relay's cursor is a node of its own: the writes lock their group's ChangeLog for their
 # whole transaction, and the relay moving its cursor must not wait for them (nor they for it).
@@ -95,7 +113,11 @@ CALL (group_id, published) {
   WHERE c = first OR c.seq <= published + $limit
   RETURN c
 }
-RETURN group_id, published, c.seq AS seq, c.change_id AS change_ids, c.body AS body
+WITH group_id, published, c"""
+    + ROW_PARTS
+    + """
+RETURN group_id, published, c.seq AS seq, c.change_id AS change_ids, c.uuid AS uuids,
+       c.body AS body, parts
 ORDER BY group_id, seq
 """
 )
