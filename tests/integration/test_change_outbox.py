@@ -26,6 +26,7 @@ from tidegraph.stores.base import GraphStore
 from tidegraph.stores.memory.store import MemoryStore
 from tidegraph.stores.neo4j.store import Neo4jStore
 from tidegraph.stores.roles import Outbox
+from tidegraph.stores.rows import joined_body
 from tidegraph.stores.sqlite.db import DB_FILE, Transaction
 from tidegraph.stores.sqlite.driver import sqlite3
 from tidegraph.stores.sqlite.store import SqliteStore
@@ -228,6 +229,76 @@ async def test_an_embedded_forget_blanks_its_records_lines_in_place(tmp_path: Pa
                     assert line == before[column].split("\n")[change.seq - 1]
         assert "Zürich" not in after["body"] and "Zürich" in before["body"]
     finally:
+        await store.close()
+
+
+async def test_a_neo4j_forget_empties_its_records_lines_on_the_server(neo4j_uri: str) -> None:
+    """On Neo4j a forget empties the lines of the records it removes in their outbox row on
+    the server (the row is not read to the client and written back): every other line of
+    every column stays byte for byte where it was, lines after text beyond the Basic
+    Multilingual Plane included (Cypher's offsets count characters), the relay publishes the
+    same bytes for them as before, and a row left with no change is deleted."""
+    at = [crm.START + timedelta(days=d) for d in range(5)]
+    records = [
+        Record("rec-0", at[0], crm.plan_record((1, "Acme 😀 Corp"), "Basic", at[0])),
+        Record("rec-1", at[1], crm.plan_record((2, "Zürich Globex"), "Pro", at[1])),
+        Record("rec-2", at[2], crm.plan_record((1, "Acme 😀 Corp"), "Pro", at[2])),
+        Record("rec-3", at[3], crm.plan_record((3, "Initech 𝔉"), "Basic", at[3])),
+    ]
+    alone = Record("rec-4", at[4], crm.plan_record((4, "Umbrella Ünited"), "Pro", at[4]))
+    store = Neo4jStore(neo4j_uri)
+    await store.setup(DIM)
+    group = f"outbox-{uuidlib.uuid4().hex[:12]}"
+    single = runner(store, clock_of([*records, alone]))
+    unit = GroupRunner(single.components, unit_episodes=len(records))
+    columns = ("change_id", "kind", "uuid", "body")
+    first_row = (
+        "MATCH (c:Change) WHERE c.group_id = $group WITH c ORDER BY c.last LIMIT 1 "
+        "OPTIONAL MATCH (r:ChangeRecord {group_id: c.group_id, last: c.last}) "
+        "RETURN c.change_id AS change_id, c.kind AS kind, c.uuid AS uuid, "
+        "collect([r.uuid, r.body]) AS parts"
+    )
+    stored = (
+        "MATCH (n) WHERE (n:Change OR n:ChangeRecord) AND n.group_id = $group "
+        "RETURN collect(n.body) + collect(n.uuid) AS texts"
+    )
+
+    async def row() -> dict[str, str]:
+        [found] = await store.ex.rows(first_row, {"group": group})
+        return {**found, "body": joined_body(found["uuid"], found["parts"])}
+
+    try:
+        await unit.run([r.episode(group) for r in records])
+        await single.run([alone.episode(group)])
+        before = await row()
+        changes = await store.outbox.changes(group, 0, 1000)
+        published = await store.outbox.unpublished_changes([group], 1000)
+        assert await outbox_rows(store, group) == 2
+        await forget_episodes(unit, group, ["rec-1", "rec-4"])
+        after = await row()
+        last = changes[-1].seq
+        kept = [c for c in await store.outbox.changes(group, 0, 1000) if c.seq <= last]
+        gone = {c.uuid for c in changes} - {c.uuid for c in kept}
+        in_row = [c for c in changes if c.seq <= len(before["uuid"].split("\n"))]
+        assert gone & {c.uuid for c in in_row} and len(kept) < len(in_row)
+        for column in columns:
+            lines = after[column].split("\n")
+            assert len(lines) == len(in_row), column
+            for change, line in zip(in_row, lines, strict=True):
+                was = before[column].split("\n")[change.seq - 1]
+                assert line == ("" if change.uuid in gone else was), (column, change.seq)
+        assert "Zürich" in before["body"]
+        [texts] = await store.ex.rows(stored, {"group": group})
+        assert not [t for t in texts["texts"] if "Zürich" in t or "Umbrella" in t]
+        # rec-4's row held only its own records' changes: it is gone, its changes with it
+        assert await outbox_rows(store, group) == 2  # the first row and the forget's own
+        assert all("Umbrella" not in c.model_dump_json() for c in kept)
+        still = await store.outbox.unpublished_changes([group], 1000)
+        assert [c.value for c in still if c.seq <= last] == [
+            c.value for c in published if c.seq in {k.seq for k in kept}
+        ]
+    finally:
+        await store.forget.delete_group(group)
         await store.close()
 
 
@@ -444,8 +515,9 @@ async def _forget_deployment(store: GraphStore, group: str) -> None:
 
 async def _without_index_of_records(store: GraphStore, group: str) -> None:
     """The store as one written before its outbox was indexed by record (on Neo4j, shared by
-    the suite's tests, only ``group``'s entries are taken away: the migration indexes the
-    rows that have none)."""
+    the suite's tests, only ``group``'s entries are taken away, their bodies back in their
+    rows' ``body`` as such a store kept them: the migration indexes the rows that have
+    none)."""
     if isinstance(store, SqliteStore):
 
         def drop(conn: sqlite3.Connection) -> None:
@@ -454,6 +526,18 @@ async def _without_index_of_records(store: GraphStore, group: str) -> None:
         await store.db.run(drop)
     else:
         assert isinstance(store, Neo4jStore)
+        rows = await store.ex.rows(
+            "MATCH (c:Change {group_id: $g}) "
+            "OPTIONAL MATCH (r:ChangeRecord {group_id: $g, last: c.last}) "
+            "RETURN elementId(c) AS id, c.uuid AS uuids, collect([r.uuid, r.body]) AS parts",
+            {"g": group},
+        )
+        bodies = [{"id": r["id"], "body": joined_body(r["uuids"], r["parts"])} for r in rows]
+        await store.ex.execute(
+            "UNWIND $rows AS row MATCH (c:Change) WHERE elementId(c) = row.id "
+            "SET c.body = row.body",
+            {"rows": bodies},
+        )
         await store.ex.execute("MATCH (r:ChangeRecord {group_id: $g}) DELETE r", {"g": group})
         await store.ex.execute("DROP INDEX change_record_group IF EXISTS", {}, schema=True)
 

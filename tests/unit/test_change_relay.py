@@ -31,6 +31,7 @@ from tidegraph.records.changes import (
 from tidegraph.records.episode import Episode
 from tidegraph.records.graph import EntityRecord, FactRecord
 from tidegraph.stores.memory.store import MemoryStore
+from tidegraph.stores.rows import by_record, joined_body, outbox_row
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 PARTITIONS = 4
@@ -179,3 +180,35 @@ async def test_the_relay_publishes_what_a_reader_of_the_outbox_reads() -> None:
     read = await store.outbox.changes("t1", 0, 1000)
     assert [p.value for p in published] == [c.model_dump_json().encode() for c in read]
     assert [(p.group_id, p.seq) for p in published] == [(c.group_id, c.seq) for c in read]
+
+
+def test_a_neo4j_rows_bodies_kept_by_record_join_back_into_the_row() -> None:
+    """The Neo4j store keeps an outbox row's changes' JSON by record (``rows.by_record``):
+    joined back in the row's order (``rows.joined_body``) it is the row's body byte for byte,
+    a record with several changes in the row included; with a record's part gone (a forget)
+    its lines are empty and the others unchanged."""
+    at = datetime(2026, 3, 1, tzinfo=UTC)
+    changes = [
+        _change_of(kind, uuid, at, note)
+        for kind, uuid, note in (
+            ("fact.created", "f1", "Zürich 😀"),
+            ("entity.created", "e1", "Acme"),
+            ("fact.invalidated", "f1", "Zürich 😀"),
+            ("fact.created", "f2", "Globex"),
+        )
+    ]
+    row = outbox_row("g", changes)
+    parts = [[p["uuid"], p["body"]] for p in by_record(row)["parts"]]
+    assert [u for u, _ in parts] == ["f1", "e1", "f2"]
+    assert "body" not in by_record(row)
+    assert joined_body(row["uuid"], parts) == row["body"]
+    without = [p for p in parts if p[0] != "f1"]
+    lines = joined_body(row["uuid"], without).split("\n")
+    assert lines == ["", stored_form(changes[1]), "", stored_form(changes[3])]
+
+
+def _change_of(kind: str, uuid: str, at: datetime, note: str) -> Change:
+    return Change(
+        change_id=f"{kind}-{uuid}", group_id="g", kind=kind, uuid=uuid, committed_at=at,
+        after={"note": note},
+    )  # fmt: skip

@@ -263,6 +263,27 @@ def joined_outbox_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def by_record(row: dict[str, Any]) -> dict[str, Any]:
+    """An outbox row (``outbox_row``) as the Neo4j store keeps it: the changes' bodies not in
+    one column but by record (``parts``: each record's lines, in order), on the entries of
+    the index of records; so that a forget deletes its records' bodies with their entries
+    instead of writing a row of a write unit's changes again whole."""
+    found: dict[str, list[str]] = {}
+    for uuid, body in zip(row["uuid"].split(LINE), row["body"].split(LINE), strict=True):
+        if held(uuid):
+            found.setdefault(uuid, []).append(body)
+    kept = {k: v for k, v in row.items() if k not in ("body", "records")}
+    return {**kept, "parts": [{"uuid": u, "body": LINE.join(b)} for u, b in found.items()]}
+
+
+def joined_body(uuids: str, parts: Sequence[Sequence[str]]) -> str:
+    """The body column of a Neo4j outbox row from its records' bodies (``by_record``;
+    ``parts``: [uuid, body]): line i is the next line of the body of the record on line i of
+    ``uuids``; a purged line (its record's body gone) is empty."""
+    lines = {uuid: iter(body.split(LINE)) for uuid, body in parts}
+    return LINE.join(next(lines[uuid], "") if uuid in lines else "" for uuid in uuids.split(LINE))
+
+
 def held(line: str) -> bool:
     """Whether a line of an outbox row still holds a change: a purged one is blank (empty,
     or spaces: ``purged_row``)."""

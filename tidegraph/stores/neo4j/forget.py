@@ -20,6 +20,7 @@ from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j.plans import NO_RECORD, PLANS_AHEAD_GROUP, stand_ins
 from tidegraph.stores.roles import Forgetting
 from tidegraph.stores.rows import (
+    by_record,
     entity_record,
     entity_row,
     episode_record,
@@ -27,7 +28,6 @@ from tidegraph.stores.rows import (
     fact_row,
     now_utc,
     outbox_row,
-    purged_row,
     with_epoch_times,
 )
 
@@ -161,9 +161,7 @@ class Neo4jForgetting(Forgetting):
                     purged=[nothing],
                 )
                 await self._write_rebuild(tx, group_id, rebuild, entities, facts)
-                # what the outbox purge runs once it has found rows holding a purged record
-                row = {"id": nothing, "change_id": "", "kind": "", "uuid": "", "body": ""}
-                await tx.rows(lq.PURGED_ROWS, {**g, "rows": [row]})
+                # what the outbox purge runs once it has purged rows
                 await tx.rows(lq.SKIP_DROPPED, {**g, "dropped": 1})
 
         await self.store.ex.rehearse(work)
@@ -177,7 +175,7 @@ class Neo4jForgetting(Forgetting):
         facts: list[dict[str, Any]],
     ) -> None:
         """What ``apply_rebuild`` writes, in the caller's transaction."""
-        outbox = [outbox_row(group_id, rebuild.changes)]
+        outbox = [by_record(outbox_row(group_id, rebuild.changes))]
         g = {"group_id": group_id}
         stamped = {**g, "deployment": self.store.deployment}
         [row] = await tx.rows(lq.REBUILD_VERSION, g)
@@ -211,24 +209,16 @@ class Neo4jForgetting(Forgetting):
 
     @staticmethod
     async def _purge_changes(tx: Tx, group_id: str, uuids: list[str]) -> None:
-        """Take the changes of records ``uuids`` out of the group's outbox: a row holding
-        one of them is written again without it, or deleted when nothing is left."""
+        """Take the changes of records ``uuids`` out of the group's outbox, on the server
+        (``PURGE_ROWS``): their lines in the rows holding them blanked, a row left with none
+        deleted; then their entries in the index of records."""
         if not uuids:
             return
         g = {"group_id": group_id}
-        purged, rows, dropped = set(uuids), [], []
-        found_rows = await tx.rows(lq.ROWS_TO_PURGE, {**g, "uuids": uuids})
+        [purged] = await tx.rows(lq.PURGE_ROWS, {**g, "uuids": uuids})
         await tx.rows(lq.UNINDEX_PURGED, {**g, "uuids": uuids})
-        for found in found_rows:
-            row = dict(found)
-            left = purged_row(row, purged)
-            if left is row:
-                continue  # an entry of a node that no longer holds the record
-            rows.append({"id": found["id"], **(left or {"body": None})})
-            dropped.append(int(found["last"]))
-        if rows:
-            await tx.rows(lq.PURGED_ROWS, {**g, "rows": rows})
-            await tx.rows(lq.SKIP_DROPPED, {**g, "dropped": max(dropped)})
+        if purged["rows"]:
+            await tx.rows(lq.SKIP_DROPPED, {**g, "dropped": int(purged["dropped"])})
 
     async def forget_group(self, group_id: str, at: datetime, *, purge: bool = False) -> int:
         g = {"group_id": group_id}
@@ -251,7 +241,7 @@ class Neo4jForgetting(Forgetting):
         if not purge:
 
             async def record(tx: Tx) -> None:
-                forgotten = [outbox_row(group_id, [group_forgotten(group_id, at)])]
+                forgotten = [by_record(outbox_row(group_id, [group_forgotten(group_id, at)]))]
                 await tx.rows(
                     q.RECORD_CHANGES, {"deployment": self.store.deployment, "outbox": forgotten}
                 )

@@ -16,16 +16,59 @@ from tidegraph.stores.neo4j.queries import (
 # A forget runs its statements with their parameters in one map (``queries.kept_plan``).
 
 
+# ---- the outbox purge's blanking: a ``Change`` node's columns, a line per change
+OUTBOX_COLUMNS = ("change_id", "kind", "uuid", "body")
+
+
+def _lines_of(column: str) -> str:
+    """A ``WITH`` that adds the lines of ``c.<column>`` (one of ``OUTBOX_COLUMNS``) and where
+    each starts (characters; a line ends at the next's start less its newline)."""
+    return f"""WITH *, split(c.{column}, '\\n') AS {column}_lines
+WITH *, reduce(at = [0], line IN {column}_lines | at + [last(at) + size(line) + 1])
+     AS {column}_starts
+"""
+
+
+def _blanked(column: str) -> str:
+    """``c.<column>`` with its lines ``gone`` (ascending) emptied: the text between them kept,
+    a few substrings joined (not the row's lines one by one)."""
+    lines, starts = f"{column}_lines", f"{column}_starts"
+    return (
+        f"reduce(cut = {{text: '', rest: 0}}, i IN gone | "
+        f"{{text: cut.text + substring(c.{column}, cut.rest, {starts}[i] - cut.rest), "
+        f"rest: {starts}[i] + size({lines}[i])}}).text\n"
+        f"      + substring(c.{column}, {starts}[last(gone)] + size({lines}[last(gone)]))"
+    )
+
+
+# A row's changes' bodies by record (``rows.by_record``: [uuid, body] each), which readers join
+# in the row's order (``rows.joined_body``). A row written before bodies were kept by record
+# holds them in ``c.body`` (its entries hold none).
+ROW_PARTS = """
+CALL (c) {
+  OPTIONAL MATCH (r:ChangeRecord)
+  USING INDEX r:ChangeRecord(group_id, last)
+  WHERE r.group_id = c.group_id AND r.last = c.last AND r.body IS NOT NULL
+  RETURN collect([r.uuid, r.body]) AS parts
+}"""
+
 # ---- the change stream: a ``Change`` node per write of a group, its changes numbered
 # ``seq`` to ``last`` one per line (``tidegraph.stores.rows.outbox_row``), found by
 # (group, last)
-CHANGES = """
+CHANGES = (
+    """
 MATCH (c:Change)
 WHERE c.group_id = $group_id AND c.last > $after
-RETURN c.seq AS seq, c.last AS last, c.change_id AS change_ids, c.body AS body
+WITH c
 ORDER BY c.last
-LIMIT $rows
+LIMIT $rows"""
+    + ROW_PARTS
+    + """
+RETURN c.seq AS seq, c.last AS last, c.change_id AS change_ids, c.uuid AS uuids,
+       c.body AS body, parts
+ORDER BY c.last
 """
+)
 
 # The relay's cursor is a node of its own: the writes lock their group's ChangeLog for their
 # whole transaction, and the relay moving its cursor must not wait for them (nor they for it).
@@ -70,7 +113,11 @@ CALL (group_id, published) {
   WHERE c = first OR c.seq <= published + $limit
   RETURN c
 }
-RETURN group_id, published, c.seq AS seq, c.change_id AS change_ids, c.body AS body
+WITH group_id, published, c"""
+    + ROW_PARTS
+    + """
+RETURN group_id, published, c.seq AS seq, c.change_id AS change_ids, c.uuid AS uuids,
+       c.body AS body, parts
 ORDER BY group_id, seq
 """
 )
@@ -440,19 +487,35 @@ SET ep.created_entities = row.created
 # The rebuild's changes, in the group's outbox (the write path's own statement, kept).
 REBUILD_CHANGES = kept_plan(q.RECORD_CHANGES)
 
-# The outbox rows holding a change of records ``$uuids``, found through the index of records
-# (a forget takes those changes out: ``PURGED_ROWS`` writes the rows without them).
-ROWS_TO_PURGE = kept_plan(
+# The changes of records ``$uuids`` out of the group's outbox, in one statement on the server
+# (a row is a write unit's changes, on the order of 150 kB: read to the client and written
+# back whole, a subject's rows were megabytes each way). The rows holding one are found
+# through the index of records; in each, the lines of those records are blanked (emptied:
+# every line keeps its place, so the others keep their seq, ``rows.held``), or the row is
+# deleted when it then holds no change. Returns the last change number of the rows it
+# touched (``SKIP_DROPPED`` moves a cursor past what went).
+PURGE_ROWS = kept_plan(
     """
 MATCH (r:ChangeRecord)
 USING INDEX r:ChangeRecord(uuid)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
-WITH DISTINCT r.last AS last
+WITH DISTINCT r.last AS row_last
 MATCH (c:Change)
 USING INDEX c:Change(group_id, last)
-WHERE c.group_id = $group_id AND c.last = last
-RETURN elementId(c) AS id, c.last AS last, c.change_id AS change_id, c.kind AS kind,
-       c.uuid AS uuid, c.body AS body
+WHERE c.group_id = $group_id AND c.last = row_last
+WITH c, row_last, split(c.uuid, '\\n') AS uuids
+WITH c, row_last, uuids, [i IN range(0, size(uuids) - 1) WHERE uuids[i] IN $uuids] AS gone
+WHERE size(gone) > 0
+WITH c, row_last, gone,
+     any(i IN range(0, size(uuids) - 1) WHERE NOT i IN gone AND trim(uuids[i]) <> '') AS holds
+"""
+    + "".join(_lines_of(column) for column in OUTBOX_COLUMNS)
+    + """FOREACH (_ IN CASE WHEN holds THEN [1] ELSE [] END |
+  SET """
+    + ",\n      ".join(f"c.{column} = {_blanked(column)}" for column in OUTBOX_COLUMNS)
+    + """)
+FOREACH (_ IN CASE WHEN holds THEN [] ELSE [1] END | DELETE c)
+RETURN count(row_last) AS rows, coalesce(max(row_last), 0) AS dropped
 """
 )
 
@@ -463,17 +526,6 @@ MATCH (r:ChangeRecord)
 USING INDEX r:ChangeRecord(uuid)
 WHERE r.uuid IN $uuids AND r.group_id = $group_id
 DELETE r
-"""
-)
-
-PURGED_ROWS = kept_plan(
-    """
-UNWIND $rows AS row
-MATCH (c:Change)
-WHERE elementId(c) = row.id AND c.group_id = $group_id
-FOREACH (_ IN CASE WHEN row.body IS NULL THEN [1] ELSE [] END | DELETE c)
-FOREACH (_ IN CASE WHEN row.body IS NULL THEN [] ELSE [1] END |
-  SET c.change_id = row.change_id, c.kind = row.kind, c.uuid = row.uuid, c.body = row.body)
 """
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidegraph.records.changes import Change, PublishedChange
 from tidegraph.records.graph import ChangeLog
@@ -14,7 +14,7 @@ from tidegraph.stores.neo4j import lifecycle_queries as lq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j.plans import NO_RECORD, PLANS_AHEAD_GROUP
 from tidegraph.stores.roles import Outbox
-from tidegraph.stores.rows import epoch_micros, row_changes, row_published
+from tidegraph.stores.rows import epoch_micros, joined_body, row_changes, row_published
 
 if TYPE_CHECKING:
     from tidegraph.stores.neo4j.store import Neo4jStore
@@ -35,7 +35,7 @@ class Neo4jOutbox(Outbox):
             params = {"group_id": group_id, "after": past, "rows": ROWS_PER_READ}
             rows = await self.store.ex.rows(lq.CHANGES, params)
             for r in rows:
-                found += row_changes(int(r["seq"]), r["change_ids"], r["body"], after)
+                found += row_changes(int(r["seq"]), r["change_ids"], _body(r), after)
                 past = int(r["last"])
                 if len(found) >= limit:
                     break
@@ -77,7 +77,7 @@ class Neo4jOutbox(Outbox):
         for r in rows:
             found.setdefault(r["group_id"], []).extend(
                 row_published(
-                    r["group_id"], int(r["seq"]), r["change_ids"], r["body"], int(r["published"])
+                    r["group_id"], int(r["seq"]), r["change_ids"], _body(r), int(r["published"])
                 )
             )
         return [c for group in found.values() for c in group[: max(per_group, 0)]]
@@ -132,3 +132,10 @@ class Neo4jOutbox(Outbox):
             pruned += changes
             if deleted < q.OUTBOX_ROW_BATCH:
                 return pruned
+
+
+def _body(row: dict[str, Any]) -> str:
+    """An outbox row's body column: its records' bodies joined in its order
+    (``rows.by_record``), or the column itself in a row written before."""
+    body = row["body"]
+    return str(body) if body is not None else joined_body(row["uuids"], row["parts"])

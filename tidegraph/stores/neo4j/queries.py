@@ -91,6 +91,8 @@ SCHEMA = (
     # holds changes of, so that a forget reads only the nodes of what it purges (its group
     # index, CHANGE_RECORD_GROUP_INDEX, is created once the stored nodes are indexed)
     "CREATE INDEX change_record_uuid IF NOT EXISTS FOR (n:ChangeRecord) ON (n.uuid)",
+    # and by row: a row's entries hold its changes' bodies by record (``rows.by_record``)
+    "CREATE INDEX change_record_row IF NOT EXISTS FOR (n:ChangeRecord) ON (n.group_id, n.last)",
     # range
     "CREATE INDEX episodic_group_id IF NOT EXISTS FOR (n:Episodic) ON (n.group_id)",
     "CREATE INDEX episodic_valid_at IF NOT EXISTS FOR (n:Episodic) ON (n.valid_at)",

@@ -49,6 +49,7 @@ from tidegraph.stores.neo4j.keys import Neo4jKeys
 from tidegraph.stores.neo4j.outbox import Neo4jOutbox
 from tidegraph.stores.neo4j.plans import NO_RECORD, PLANS_AHEAD_GROUP, stand_ins
 from tidegraph.stores.rows import (
+    by_record,
     check_embedding,
     closure_row,
     entity_record,
@@ -525,7 +526,7 @@ class Neo4jStore(StoreCore):
         if admitted:
             params = {
                 "writes": [job.params for job in admitted],
-                "outbox": [joined_outbox_rows(rows) for rows in by_group.values()],
+                "outbox": [by_record(joined_outbox_rows(rows)) for rows in by_group.values()],
                 "deployment": self.deployment,
                 **q.thread_params(),
             }

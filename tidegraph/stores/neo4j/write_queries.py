@@ -295,9 +295,10 @@ RETURN episodes, entities, facts
 """
 )
 
-# The changes one transaction commits for a group (``o``: ``rows.outbox_row``) appended to
-# its outbox as one ``Change`` node numbered ``seq`` to ``last`` in commit order, the group's
-# write version bumped (a rebuild checks it did not move while it computed; bumped with no
+# The changes one transaction commits for a group (``o``: ``rows.by_record``) appended to
+# its outbox as one ``Change`` node numbered ``seq`` to ``last`` in commit order (the
+# changes' bodies on its entries in the index of records, a ``ChangeRecord`` per record), the
+# group's write version bumped (a rebuild checks it did not move while it computed; bumped with no
 # change too), the log stamped with the writer's deployment unless it has one (its relay
 # publishes the group). The first SET reads what it writes, so Cypher takes the log's write
 # lock before it: ``base`` is read under the lock, and two writes of a group never number
@@ -311,11 +312,12 @@ _RECORD_CHANGES = """
     WITH o, base
     WHERE o.n > 0
     CREATE (:Change {group_id: o.group_id, seq: base + 1, last: base + o.n,
-                     change_id: o.change_id, kind: o.kind, uuid: o.uuid, body: o.body,
+                     change_id: o.change_id, kind: o.kind, uuid: o.uuid,
                      committed_at: o.committed_at})
     WITH o, base
-    UNWIND o.records AS uuid
-    CREATE (:ChangeRecord {group_id: o.group_id, uuid: uuid, last: base + o.n})
+    UNWIND o.parts AS part
+    CREATE (:ChangeRecord {group_id: o.group_id, uuid: part.uuid, last: base + o.n,
+                           body: part.body})
 """
 # The same alone (a forget's rebuild): ``$outbox`` holds the group's one row.
 RECORD_CHANGES = "UNWIND $outbox AS o\nCALL (o) {" + _RECORD_CHANGES + "}\n"
