@@ -24,6 +24,7 @@ from tidegraph.records.graph import (
     FactClosure,
     FactRecord,
     FactView,
+    updated,
 )
 from tidegraph.records.ids import LABEL_RE, normalize_name
 from tidegraph.records.times import iso, utc
@@ -621,7 +622,6 @@ def copied(record: _Record, **update: Any) -> _Record:
     """A copy that shares nothing a caller may change: the records' fields are immutable
     values or lists of them, so fresh lists make it as good as a deep copy (and several times
     cheaper than one, for a 384-number embedding)."""
-    lists = {
-        k: list(v) for k, v in record.__dict__.items() if isinstance(v, list) and k not in update
-    }
-    return record.model_copy(update=lists | update)
+    lists = {k: v.copy() for k, v in record.__dict__.items() if v.__class__ is list}
+    lists.update(update)
+    return updated(record, lists)
