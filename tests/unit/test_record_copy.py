@@ -1,5 +1,6 @@
-"""The records' direct copy (``records.graph.updated``) is pydantic's ``model_copy`` with an
-update, and ``rows.copied`` shares no list with the record it copies."""
+"""The records' direct copy and construction (``records.graph.updated``, ``constructed``) are
+pydantic's ``model_copy`` with an update and ``model_construct``, and ``rows.copied`` shares no
+list with the record it copies."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, PrivateAttr
 
-from tidegraph.records.graph import EntityRecord, FactRecord, updated
+from tidegraph.records.changes import Change
+from tidegraph.records.graph import EntityRecord, FactRecord, constructed, updated
 from tidegraph.stores.rows import copied
 
 T = datetime(2026, 1, 1, tzinfo=UTC)
@@ -67,3 +69,25 @@ def test_copied_shares_no_list() -> None:
     assert fact.episodes == ["e1"] and fact.fact_embedding == [0.5, 0.25]
     assert copied(fact, fact_embedding=None).fact_embedding is None
     assert fact.fact_embedding == [0.5, 0.25]
+
+
+def test_constructed_is_model_construct_for_every_field() -> None:
+    values = {
+        "change_id": "c",
+        "group_id": "g",
+        "seq": 0,
+        "kind": "fact.created",
+        "uuid": "f",
+        "episode_id": None,
+        "committed_at": T,
+        "before": None,
+        "after": {"fact": "x"},
+    }
+    reordered = dict(reversed(list(values.items())))
+    mine, theirs = constructed(Change, reordered), Change.model_construct(**values)
+    assert mine == theirs
+    assert list(mine.__dict__) == list(theirs.__dict__)
+    assert mine.model_fields_set == theirs.model_fields_set
+    assert mine.model_dump_json() == theirs.model_dump_json()
+    partial = {k: v for k, v in values.items() if k != "seq"}
+    assert constructed(Change, partial).model_fields_set == set(partial)

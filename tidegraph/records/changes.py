@@ -34,7 +34,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel
 
-from tidegraph.records.graph import EntityRecord, FactRecord
+from tidegraph.records.graph import EntityRecord, FactRecord, constructed
 from tidegraph.records.ids import derived_uuid
 
 ChangeKind = Literal[
@@ -232,16 +232,19 @@ def _change(
 ) -> Change:
     """A change built from values already checked (records' states, a kind from the lists
     above): constructed without validating again, since every write makes several."""
-    return Change.model_construct(
-        change_id=change_id(group_id, cause, kind, uuid),
-        group_id=group_id,
-        seq=0,
-        kind=kind,
-        uuid=uuid,
-        episode_id=episode_id,
-        committed_at=at,
-        before=before,
-        after=after,
+    return constructed(
+        Change,
+        {
+            "change_id": change_id(group_id, cause, kind, uuid),
+            "group_id": group_id,
+            "seq": 0,
+            "kind": kind,
+            "uuid": uuid,
+            "episode_id": episode_id,
+            "committed_at": at,
+            "before": before,
+            "after": after,
+        },
     )
 
 

@@ -39,6 +39,22 @@ def updated(record: _Model, update: dict[str, Any]) -> _Model:
     return copy
 
 
+def constructed(kind: type[_Model], values: dict[str, Any]) -> _Model:
+    """``kind.model_construct(**values)`` for ``values`` naming every field of ``kind``
+    (trusted, not validated), built directly: pydantic's walks the fields and their aliases,
+    about twice the time of a validation. Anything else (a field left to its default, a model
+    with private attributes) takes pydantic's."""
+    fields = kind.model_fields
+    if values.keys() != fields.keys() or kind.__private_attributes__:
+        return kind.model_construct(**values)
+    record = kind.__new__(kind)
+    object.__setattr__(record, "__dict__", {name: values[name] for name in fields})
+    object.__setattr__(record, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(record, "__pydantic_extra__", None)
+    object.__setattr__(record, "__pydantic_private__", None)
+    return record
+
+
 class EntityRecord(BaseModel):
     uuid: str
     group_id: str
