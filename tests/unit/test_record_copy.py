@@ -91,3 +91,14 @@ def test_constructed_is_model_construct_for_every_field() -> None:
     assert mine.model_dump_json() == theirs.model_dump_json()
     partial = {k: v for k, v in values.items() if k != "seq"}
     assert constructed(Change, partial).model_fields_set == set(partial)
+
+
+def test_copied_copies_every_list_field() -> None:
+    fact = _fact().model_copy(update={"prior_ends": [T], "prior_starts_learned_at": [T]})
+    entity = EntityRecord(uuid="e", group_id="g", name="A", labels=["X"], name_embedding=[1.0])
+    for record in (fact, entity):
+        copy = copied(record)
+        assert copy == record
+        for name, value in record.__dict__.items():
+            if isinstance(value, list):
+                assert getattr(copy, name) is not value, name
