@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tidegraph.processors.resolution import lookup_terms
-from tidegraph.records.changes import entity_changes, fact_changes
+from tidegraph.records.changes import entity_changes, fact_changes, fact_state
 from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
 from tidegraph.records.ids import normalize_name
 from tidegraph.records.stages import Extraction
@@ -72,6 +72,7 @@ class BatchView:
         self._by_name: dict[str, set[str]] = {}  # normalised name or alias -> entity uuids
         self._by_source: dict[str, set[str]] = {}  # entity uuid -> uuids of its facts
         self._by_end: dict[str, set[str]] = {}  # entity uuid -> uuids of facts touching it
+        self._states: dict[str, tuple[FactRecord, dict[str, Any]]] = {}  # see ``_state``
 
     @classmethod
     async def read(
@@ -252,7 +253,7 @@ class BatchView:
                     change
                     for uuid, before in facts_before.items()
                     for change in fact_changes(
-                        group_id, cause, producer, before, self.facts[uuid], at
+                        group_id, cause, producer, before, self.facts[uuid], at, state=self._state
                     )
                 ),
             ]
@@ -357,6 +358,21 @@ class BatchView:
         self._by_source.setdefault(fact.source_uuid, set()).add(fact.uuid)
         for end in (fact.source_uuid, fact.target_uuid):
             self._by_end.setdefault(end, set()).add(fact.uuid)
+
+    def _state(self, fact: FactRecord | None) -> dict[str, Any] | None:
+        """``fact_state`` of a fact the view holds, kept while the view holds that version: a
+        write replaces a held fact and never changes it (but for an embedding read later,
+        which no state carries), so a fact the unit's episodes change again is dumped once,
+        as one change's after and the next one's before."""
+        if fact is None:
+            return None
+        held = self._states.get(fact.uuid)
+        if held is not None and held[0] is fact:
+            return held[1]
+        state = fact_state(fact)
+        assert state is not None
+        self._states[fact.uuid] = (fact, state)
+        return state
 
     def _entities(self, index: dict[str, set[str]], terms: list[str]) -> list[EntityRecord]:
         uuids = {u for term in terms for u in index.get(term, ())}

@@ -146,10 +146,7 @@ class UnitWriter:
             BATCHES.labels("batched" if outcomes else "fallback").inc()
             if outcomes:
                 BATCH_EPISODES.observe(len(outcomes))
-        for item in done:
-            for stage, outcome, seconds in item.counted:
-                STAGE_EVENTS.labels(stage, outcome).inc()
-                STAGE_LATENCY.labels(stage).observe(seconds)
+        _count_stages(done)
         return UnitResult(outcomes, stop)
 
     def _steps(self, view: BatchView, llm: StructuredLLM | None) -> _Steps:
@@ -410,3 +407,20 @@ def _with_written(done: list[_Done], written: list[bool]) -> list[Outcome[WriteS
             )
         outcomes.append(outcome)
     return outcomes
+
+
+def _count_stages(done: list[_Done]) -> None:
+    """Each episode's count and time per stage, into the stage metrics: each stage's series
+    looked up once per unit rather than once per episode."""
+    events: dict[tuple[str, str], int] = {}
+    times: dict[str, list[float]] = {}
+    for item in done:
+        for stage, outcome, seconds in item.counted:
+            events[stage, outcome] = events.get((stage, outcome), 0) + 1
+            times.setdefault(stage, []).append(seconds)
+    for (stage, outcome), count in events.items():
+        STAGE_EVENTS.labels(stage, outcome).inc(count)
+    for stage, values in times.items():
+        latency = STAGE_LATENCY.labels(stage)
+        for seconds in values:
+            latency.observe(seconds)

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tidegraph.records.graph import FactClosure, FactRecord
+from tidegraph.records.graph import FactClosure, FactRecord, updated
 from tidegraph.records.ids import normalize_name, stable_uuid
 from tidegraph.records.stages import StampedFact
 
@@ -96,7 +96,7 @@ def plan_facts(
     named = {u for d in decisions.values() for u in (d.duplicate_of, *d.contradicts) if u}
     state = {
         f.uuid: (
-            f.model_copy(update={"episodes": list(f.episodes)})
+            updated(f, {"episodes": list(f.episodes)})
             if (f.source_uuid, f.name) in pairs or f.uuid in named
             else f
         )

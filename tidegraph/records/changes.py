@@ -27,6 +27,7 @@ before and after.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -34,7 +35,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel
 
-from tidegraph.records.graph import EntityRecord, FactRecord
+from tidegraph.records.graph import EntityRecord, FactRecord, constructed
 from tidegraph.records.ids import derived_uuid
 
 ChangeKind = Literal[
@@ -192,15 +193,17 @@ def fact_changes(
     before: FactRecord | None,
     after: FactRecord | None,
     at: datetime,
+    *,
+    state: Callable[[FactRecord | None], dict[str, Any] | None] = fact_state,
 ) -> list[Change]:
     """The changes of one fact between two states, caused by ``cause`` (an episode uuid,
-    or what a forget names)."""
+    or what a forget names); ``state``: ``fact_state``, or one that remembers it."""
     kinds = fact_kinds(before, after)
     if not kinds:
         return []
     uuid = (after or before).uuid  # type: ignore[union-attr]
     # a forgotten record's content is erased: its change names it, nothing more
-    states = (fact_state(before) if after is not None else None, fact_state(after))
+    states = (state(before) if after is not None else None, state(after))
     return [_change(group_id, cause, episode_id, kind, uuid, at, *states) for kind in kinds]
 
 
@@ -232,16 +235,19 @@ def _change(
 ) -> Change:
     """A change built from values already checked (records' states, a kind from the lists
     above): constructed without validating again, since every write makes several."""
-    return Change.model_construct(
-        change_id=change_id(group_id, cause, kind, uuid),
-        group_id=group_id,
-        seq=0,
-        kind=kind,
-        uuid=uuid,
-        episode_id=episode_id,
-        committed_at=at,
-        before=before,
-        after=after,
+    return constructed(
+        Change,
+        {
+            "change_id": change_id(group_id, cause, kind, uuid),
+            "group_id": group_id,
+            "seq": 0,
+            "kind": kind,
+            "uuid": uuid,
+            "episode_id": episode_id,
+            "committed_at": at,
+            "before": before,
+            "after": after,
+        },
     )
 
 

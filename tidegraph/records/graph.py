@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -15,6 +15,46 @@ if TYPE_CHECKING:
 
 
 # ----------------------------------------------------------------------------- graph records
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def updated(record: _Model, update: dict[str, Any]) -> _Model:
+    """``record.model_copy(update=update)``, built directly: the same fields, the same fields
+    set and equal, its values shared with ``record`` and ``update``'s taken as they are (not
+    validated). The write rules, the batch view and the fact planner copy records many times
+    per episode, and pydantic's generic copy (three ``copy.copy`` calls) was most of it. A
+    model with extra or private attributes (none of the graph's records) takes pydantic's."""
+    if record.__pydantic_extra__ is not None or record.__pydantic_private__ is not None:
+        return record.model_copy(update=update)
+    cls = type(record)
+    copy = cls.__new__(cls)
+    fields = record.__dict__.copy()
+    fields.update(update)
+    object.__setattr__(copy, "__dict__", fields)
+    object.__setattr__(
+        copy, "__pydantic_fields_set__", record.__pydantic_fields_set__ | update.keys()
+    )
+    object.__setattr__(copy, "__pydantic_extra__", None)
+    object.__setattr__(copy, "__pydantic_private__", None)
+    return copy
+
+
+def constructed(kind: type[_Model], values: dict[str, Any]) -> _Model:
+    """``kind.model_construct(**values)`` for ``values`` naming every field of ``kind``
+    (trusted, not validated), built directly: pydantic's walks the fields and their aliases,
+    about twice the time of a validation. Anything else (a field left to its default, a model
+    with private attributes) takes pydantic's."""
+    fields = kind.model_fields
+    if values.keys() != fields.keys() or kind.__private_attributes__:
+        return kind.model_construct(**values)
+    record = kind.__new__(kind)
+    object.__setattr__(record, "__dict__", {name: values[name] for name in fields})
+    object.__setattr__(record, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(record, "__pydantic_extra__", None)
+    object.__setattr__(record, "__pydantic_private__", None)
+    return record
+
+
 class EntityRecord(BaseModel):
     uuid: str
     group_id: str

@@ -62,10 +62,14 @@ def derived_uuid(*parts: str) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+_PUNCTUATION = re.compile(r"[^\w\s]")
+
+
+@functools.lru_cache(maxsize=1 << 14)  # the same names and fact texts, asked at every stage
 def normalize_name(name: str) -> str:
     """The form names are compared in: NFKC, casefolded, punctuation dropped, spaces folded."""
     text = unicodedata.normalize("NFKC", name).casefold()
-    text = re.sub(r"[^\w\s]", " ", text)
+    text = _PUNCTUATION.sub(" ", text)
     return " ".join(text.split())
 
 

@@ -35,7 +35,13 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, TypeVar
 
-from tidegraph.records.graph import EntityRecord, EpisodeRecord, FactClosure, FactRecord
+from tidegraph.records.graph import (
+    EntityRecord,
+    EpisodeRecord,
+    FactClosure,
+    FactRecord,
+    updated,
+)
 from tidegraph.records.times import utc
 from tidegraph.stores.rows import TIME_FIELDS, TIME_LIST_FIELDS, clean_labels, unique
 
@@ -355,11 +361,11 @@ def _merged(
             created[name] = new
         extra = {name: v for name, v in given.items() if name not in rules}
         # the written record with the values created (a copy: validated already)
-        record: _Record = written.model_copy(update=created | extra)
-        return record
+        created.update(extra)
+        return updated(written, created)
     changed: dict[str, Any] = {}
     for name, rule, normal in _UPDATES[id(rules)]:
         value = given[name] if name in given else getattr(written, name, _MISSING)
         if value is not _MISSING:
             changed[name] = applied(rule, getattr(stored, name), normal(value), created=False)
-    return stored.model_copy(update=changed)
+    return updated(stored, changed)
