@@ -14,8 +14,10 @@ from typing import Any
 from tidegraph.records.asof import AsOf
 
 # How each engine is told to walk from the anchor node of an as-of question about one entity
-# (see ``as_of_query``): text after the MATCH pattern, text after its WHERE.
+# (see ``as_of_query``), and under ``WHOLE_GROUP`` how to find a whole group's facts: text
+# after the MATCH pattern, text after its WHERE.
 AnchorHints = dict[str, tuple[str, str]]
+WHOLE_GROUP = "group"
 
 # Valid facts counted per ordered (source, target) pair, self-loops dropped: the entity graph
 # of communities (``rows.fold_edges`` makes it undirected).
@@ -55,6 +57,8 @@ def as_of_match(
         raise ValueError(f"anchor must be 's' or 't', not {anchor!r}")
     if anchor is not None and hints is not None:
         after_match, after_where = hints[anchor]
+    elif hints is not None and WHOLE_GROUP in hints:
+        after_match, after_where = hints[WHOLE_GROUP]
     text = "MATCH (s:Entity)-[r:RELATES_TO]->(t:Entity)\n"
     text += f"{after_match}\n" if after_match else ""
     text += "WHERE " + " AND ".join(where)
@@ -75,7 +79,7 @@ def as_of_query(asof: AsOf, tail: str, hints: AnchorHints | None = None) -> str:
     ``hints`` say) in one direction, instead of one match over every fact of the group
     filtered on either end."""
     if asof.entity_uuid is None:
-        return as_of_match(asof) + tail.rstrip("\n") + "\n"
+        return as_of_match(asof, None, hints) + tail.rstrip("\n") + "\n"
     return anchored_query(asof, tail, hints)
 
 

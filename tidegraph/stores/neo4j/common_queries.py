@@ -73,25 +73,6 @@ WHERE c.group_id = $group_id AND e.group_id = $group_id
 CREATE (c)-[:HAS_MEMBER {group_id: $group_id}]->(e)
 """
 )
-MEMBER_TARGETS = """
-MATCH (c:Community), (e:Entity)
-WHERE c.uuid = $community_uuid AND c.group_id = $group_id
-  AND e.uuid = $entity_uuid AND e.group_id = $group_id
-RETURN count(*) AS found
-"""
-DROP_OTHER_MEMBERSHIPS = """
-MATCH (c:Community)-[m:HAS_MEMBER]->(e:Entity)
-WHERE c.group_id = $group_id AND e.uuid = $entity_uuid AND c.uuid <> $community_uuid
-DELETE m
-"""
-MERGE_MEMBERSHIP = """
-MATCH (c:Community), (e:Entity)
-WHERE c.uuid = $community_uuid AND c.group_id = $group_id
-  AND e.uuid = $entity_uuid AND e.group_id = $group_id
-MERGE (c)-[m:HAS_MEMBER]->(e)
-ON CREATE SET m.group_id = $group_id
-"""
-
 # ---- search (tidegraph.stores.neo4j.search)
 COMMUNITIES_BY_UUIDS = """
 MATCH (c:Community) WHERE c.uuid IN $uuids AND c.group_id = $group_id

@@ -17,6 +17,8 @@ from tidegraph.stores.neo4j import common_queries as cq
 from tidegraph.stores.neo4j import queries as q
 from tidegraph.stores.neo4j.asof import (
     ENTITY_GRAPH_RETURN,
+    WHOLE_GROUP,
+    AnchorHints,
     anchored_query,
     as_of_params,
     as_of_query,
@@ -42,6 +44,20 @@ if TYPE_CHECKING:
     from tidegraph.stores.neo4j.store import Neo4jStore
 
 
+# A refresh reads its group's whole entity graph by the facts' group index, so that the plan it
+# keeps (``plans``) stays right from an empty store to a full one.
+_GRAPH_HINTS: AnchorHints = {
+    **q.ANCHOR_HINTS,
+    WHOLE_GROUP: ("USING INDEX r:RELATES_TO(group_id)", ""),
+}
+
+
+def group_graph_query(asof: AsOf) -> str:
+    """A refresh's read of its group's entity graph as of ``asof`` (no entity), keeping its
+    plan."""
+    return q.kept_plan(as_of_query(asof, ENTITY_GRAPH_RETURN, _GRAPH_HINTS))
+
+
 @dataclass(frozen=True)
 class _Assignments:
     """One ``assign_members`` call: its rows name its group."""
@@ -63,8 +79,7 @@ class Neo4jCommunities(Communities):
         )
 
     async def _edge_rows(self, group_id: str, asof: AsOf) -> list[tuple[str, str, int]]:
-        query = as_of_query(asof, ENTITY_GRAPH_RETURN, q.ANCHOR_HINTS)
-        rows = await self.store.ex.rows(query, as_of_params(group_id, asof))
+        rows = await self.store.ex.rows(group_graph_query(asof), as_of_params(group_id, asof))
         return [(r["source"], r["target"], int(r["weight"])) for r in rows]
 
     async def entity_graph(

@@ -385,10 +385,14 @@ CALL (row) {
 
 
 # ----------------------------------------------------------------------------- communities
-# (the reads: tidegraph.stores.neo4j.common_queries)
-UPSERT_COMMUNITIES = f"""
+# (the reads: tidegraph.stores.neo4j.common_queries). A refresh's write keeps its plan like
+# its reads (``plans``); its MERGE finds a community by the uniqueness constraint on its uuid
+# (``community_uuid``), whatever the statistics.
+UPSERT_COMMUNITIES = kept_plan(
+    f"""
 UNWIND $rows AS row
 MERGE (c:Community {{uuid: row.uuid}})
 ON CREATE SET {_listed(on_create("c", COMMUNITY, "row", "$group_id"), "              ")}
 SET {_listed(on_write("c", COMMUNITY, "row", "$group_id"), "    ")}
 """
+)
