@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import sys
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -149,7 +150,7 @@ def create_app(
         )
         for name in names.all()
     }
-    sender = Sender(topics, names)
+    sender = Sender(app, names)
     runner = runtime.runner(worker.retry_policy())
     budget = settings.record_timeout_seconds
     lanes: list[KeyedLanes] = []
@@ -176,7 +177,9 @@ def create_app(
     app.before_revoke.append(partial(_let_go_while_store_down, runtime.outage, lanes))
     _timers(app, runtime, worker, names, topics, owned, settings.partitions, health)
     if settings.changes_enabled:
-        _change_stream(app, runtime, worker, topics[names.changes], owned, settings.partitions)
+        _change_stream(
+            app, runtime, worker, sender, topics[names.changes], owned, settings.partitions
+        )
     app.add_closer(runtime.close)
     return app
 
@@ -342,6 +345,7 @@ def _change_stream(
     app: TidegraphApp,
     runtime: Runtime,
     worker: WorkerSettings,
+    sender: Sender,
     changes_topic: faust.TopicT,
     owned: set[int],
     partitions: int,
@@ -351,11 +355,7 @@ def _change_stream(
     topic = changes_topic.get_topic_name()
 
     async def send_change(key: bytes, value: bytes) -> Awaitable[object]:
-        # Straight to the app's producer: the key and value are bytes already, and Faust's
-        # channel layer (a future message and its callbacks per record) was half the send's
-        # cost; the app's partitioner (Kafka's placement) still puts each group's changes on
-        # its key's partition.
-        return await app.producer.send(topic, key, value, None, None, None)
+        return await sender.send(Emit(topic, key, value))
 
     @app.task
     async def relay() -> None:
@@ -415,19 +415,23 @@ def _short(names: TopicNames, topic: str) -> str:
 
 
 class Sender:
-    """Produces handler outputs through the app's producer; returns delivery futures."""
+    """Produces records (the hops' outputs, the relay's changes) straight through the app's
+    producer; returns delivery futures. Keys and values are bytes already, so Faust's channel
+    layer (a future message, its callbacks and the topic's serializers per record) is skipped;
+    the app's partitioner (Kafka's placement) still puts each group's records on its key's
+    partition."""
 
-    def __init__(self, topics: dict[str, faust.TopicT], names: TopicNames) -> None:
-        self.topics = topics
+    def __init__(self, app: faust.App, names: TopicNames) -> None:
+        self.app = app
         self.names = names
 
     async def send(self, emit: Emit) -> Awaitable[Any]:
-        topic = self.topics[emit.topic]
-        # force=True: deliver now rather than attaching the send to the current event.
-        return await topic.send(key=emit.key, value=emit.value, force=True)
+        return await self.app.producer.send(emit.topic, emit.key, emit.value, None, None, None)
 
-    def delivered(self, emit: Emit) -> None:
-        RECORDS_PRODUCED.labels(_short(self.names, emit.topic)).inc()
+    def delivered(self, emits: Sequence[Emit]) -> None:
+        """Counts a run's records Kafka acknowledged, one metric update per topic."""
+        for topic, count in Counter(emit.topic for emit in emits).items():
+            RECORDS_PRODUCED.labels(_short(self.names, topic)).inc(count)
 
 
 def stage_agent(
@@ -539,10 +543,11 @@ async def run_records(
             handler.stage, len(events) - len(fresh),
         )  # fmt: skip
     outputs = await handled(handler, [consumed(event) for event in fresh])
-    deliveries = [(emit, await sender.send(emit)) for emits in outputs for emit in emits]
-    for emit, delivery in deliveries:
+    produced = [emit for emits in outputs for emit in emits]
+    deliveries = [await sender.send(emit) for emit in produced]
+    for delivery in deliveries:
         await delivery
-        sender.delivered(emit)
+    sender.delivered(produced)
     for event in fresh:
         await stream.ack(event)
 
