@@ -234,10 +234,39 @@ async def test_the_query_is_embedded_once_and_the_searches_are_asked_together():
     s = searcher(graph)
     await s.search(SearchRequest(query="Alice Smith", group_ids=["g"], known_at=NOW))
     assert s.embedder.texts == ["Alice Smith"]  # type: ignore[attr-defined]
-    # BM25 of four kinds in one read, the vector lists of four in another, both at once.
-    kinds = ["fact", "entity", "episode", "community"]
-    assert sorted(batches) == sorted([[(k, "bm25") for k in kinds], [(k, "vector") for k in kinds]])
-    assert most == 2
+    # The lists that seed the walk (BM25 of facts and entities, entities by vector), and
+    # those it runs beside (the other kinds' BM25 lists, the other vector lists): a read of
+    # each method for each, all at once.
+    assert sorted(batches) == sorted(
+        [
+            [("fact", "bm25"), ("entity", "bm25")],
+            [("entity", "vector")],
+            [("episode", "bm25"), ("community", "bm25")],
+            [("fact", "vector"), ("episode", "vector"), ("community", "vector")],
+        ]
+    )
+    assert most == 4
+
+
+async def test_the_walk_does_not_wait_for_the_fact_vector_list():
+    graph = people_graph()
+    walking = asyncio.Event()
+    search_lists, expand_facts = graph.search_lists, graph.expand_facts
+
+    async def fact_vectors_end_after_the_walk_starts(scope, searches):
+        if any(s.kind == "fact" and s.embedding is not None for s in searches):
+            await walking.wait()
+        return await search_lists(scope, searches)
+
+    async def walk(scope, seeds, hops, limit):
+        walking.set()
+        return await expand_facts(scope, seeds, hops, limit)
+
+    graph.search_lists = fact_vectors_end_after_the_walk_starts  # type: ignore[method-assign]
+    graph.expand_facts = walk  # type: ignore[method-assign]
+    request = SearchRequest(query="Alice Smith", group_ids=["g"], known_at=NOW)
+    results = await asyncio.wait_for(searcher(graph).search(request), timeout=10)
+    assert walking.is_set() and results.facts
 
 
 async def test_a_question_about_a_subject_now_finds_what_it_asks_in_the_same_read():

@@ -78,6 +78,8 @@ STATING_CANDIDATES = 20
 # The episodes that carry the values those statements carry (recency.value_words), read when
 # they are known: their templates tell which words of the subject's statements are values.
 LEXICON_CANDIDATES = 40
+# The lists that seed a walk, the only ones it waits for (``Searcher._first_round``).
+WALK_SEEDS: set[tuple[Kind, str]] = {("fact", "bm25"), ("entity", "bm25"), ("entity", "vector")}
 
 
 @dataclass
@@ -209,18 +211,23 @@ class Searcher:
             if current and recipe.search_for("episode") is not None
             else ""
         )
-        found = await self._first_round(recipe, text, scope, limit, asked)
+        found, unseeding = await self._first_round(recipe, text, scope, limit, asked)
         query_embedding: list[float] | None = found.get(("query", "embedding"))
         fact_search = recipe.search_for("fact")
         if fact_search is not None and "bfs" in fact_search.methods:
             seeds = _seeds(found, centre)
-            found["fact", "bfs"] = (
-                await self.source.expand_facts(
-                    scope, seeds, fact_search.hops, _candidates(fact_search, limit)
-                )
+            depth = _candidates(fact_search, limit)
+            walked = (
+                self.source.expand_facts(scope, seeds, fact_search.hops, depth)
                 if seeds
-                else []
+                else _nothing()
             )
+            # the walk runs beside the lists that do not seed it (``_first_round``)
+            walk, lists = await _all([walked, unseeding])
+            found |= lists
+            found["fact", "bfs"] = walk
+        else:
+            found |= await unseeding
 
         ranked = await _all(
             [
@@ -265,12 +272,17 @@ class Searcher:
 
     async def _first_round(
         self, recipe: Recipe, text: str, scope: SearchScope, limit: int | None, stating: str = ""
-    ) -> dict[tuple[str, str], Any]:
+    ) -> tuple[dict[tuple[str, str], Any], Awaitable[dict[tuple[str, str], list[Hit]]]]:
         """Every first-round search at once, by (kind, method): the BM25 lists in one read, the
         vector lists in another once the query is embedded; with a walk, its seeds (the
         query's best entities by both methods, the recent episodes' entities), the query's
         embedding as ("query", "embedding") when it was embedded, and the episodes found for
-        ``stating`` (what a question about a state asks of its subject) as ``STATING``."""
+        ``stating`` (what a question about a state asks of its subject) as ``STATING``.
+
+        With a walk, only the lists that seed it (``WALK_SEEDS``, the recent episodes'
+        entities) are waited for: the others (the fact vector list, the episodes' and the
+        communities' lists, ``STATING``) start at the same time and are the second value,
+        still running, for the walk to run beside (docs/retrieval.md "Long histories")."""
         needs_embedding = recipe.uses("vector") or any(s.reranker == "mmr" for s in recipe.searches)
         embedding = (
             asyncio.ensure_future(self.embedder.embed_query(text)) if needs_embedding else None
@@ -287,41 +299,62 @@ class Searcher:
             texts.setdefault(("entity", "bm25"), SEED_ENTITIES)
             nearest.setdefault(("entity", "vector"), SEED_ENTITIES)
 
-        async def vectors() -> list[list[Hit]]:
-            if embedding is None:  # seeds of a walk in a recipe without vector search
-                return [[] for _ in nearest]
-            vector = await embedding
-            asked = [MethodSearch(k, n, embedding=vector) for (k, _), n in nearest.items()]
-            return await self.source.search_lists(scope, asked)
+        async def read(in_scope: SearchScope, asked: list[MethodSearch]) -> list[list[Hit]]:
+            return await self.source.search_lists(in_scope, asked) if asked else []
 
-        lists = [MethodSearch(k, n, text=text) for (k, _), n in texts.items()]
-        # What the statements of it say, said at any time known by then: which words are
-        # values is learned from all of them (a value first said after the valid-at is still
-        # a value); the episodes searched are only those said by the valid-at.
-        lexicon = _lexicon_scope(scope) if stating else None
-        if stating and lexicon is None:  # in the same read as the query's own lists
-            lists.append(MethodSearch("episode", STATING_CANDIDATES, text=stating))
-        jobs: list[Awaitable[Any]] = [self.source.search_lists(scope, lists), vectors()]
-        if lexicon is not None:
-            asked = [MethodSearch("episode", STATING_CANDIDATES, text=stating)]
-            jobs.append(self.source.search_lists(lexicon, asked))
+        async def vectors(wanted: dict[tuple[Kind, str], int]) -> list[list[Hit]]:
+            if embedding is None:  # seeds of a walk in a recipe without vector search
+                return [[] for _ in wanted]
+            if not wanted:
+                return []
+            vector = await embedding
+            asked = [MethodSearch(k, n, embedding=vector) for (k, _), n in wanted.items()]
+            return await read(scope, asked)
+
+        async def lists(part: set[tuple[Kind, str]], states: bool) -> dict[tuple[str, str], Any]:
+            """The lists of ``part``, the BM25 ones in one read and the vector ones in
+            another; ``states``: with the episodes found for ``stating``, as ``STATING``."""
+            bm25 = {key: n for key, n in texts.items() if key in part}
+            near = {key: n for key, n in nearest.items() if key in part}
+            asked = [MethodSearch(k, n, text=text) for (k, _), n in bm25.items()]
+            # What the statements of it say, said at any time known by then: which words
+            # are values is learned from all of them (a value first said after the valid-at
+            # is still a value); the episodes searched are only those said by the valid-at.
+            lexicon = _lexicon_scope(scope) if states else None
+            stated = [MethodSearch("episode", STATING_CANDIDATES, text=stating)] if states else []
+            jobs: list[Awaitable[Any]] = [
+                read(scope, asked + (stated if lexicon is None else [])),
+                vectors(near),
+            ]
+            if lexicon is not None:
+                jobs.append(read(lexicon, stated))
+            done = await _all(jobs)
+            found: dict[tuple[str, str], Any] = dict(zip(bm25, done[0][: len(bm25)], strict=True))
+            found |= dict(zip(near, done[1], strict=True))
+            if states:
+                found[STATING] = done[0][-1] if lexicon is None else done[2][0]
+            return found
+
+        everything = set(texts) | set(nearest)
+        seeding = WALK_SEEDS & everything if walk else everything
+        states = bool(stating)
+        later = asyncio.ensure_future(lists(everything - seeding, states and walk))
+        jobs: list[Awaitable[Any]] = [lists(seeding, states and not walk)]
         if walk:
             jobs.append(self.source.recent_episode_entities(scope, RECENT_EPISODES))
         if embedding is not None:
             jobs.append(embedding)
-        done = await _all(jobs)
-        found: dict[tuple[str, str], Any] = dict(zip(texts, done[0][: len(texts)], strict=True))
-        if lexicon is not None:
-            found[STATING] = done[2][0]
-            done = done[:2] + done[3:]
-        elif stating:
-            found[STATING] = done[0][-1]
-        found |= dict(zip(nearest, done[1], strict=True))
+        try:
+            done = await _all(jobs)
+        except BaseException:
+            later.cancel()
+            raise
+        found: dict[tuple[str, str], Any] = done[0]
         if walk:
-            found["seed", "recent"] = done[2]
+            found["seed", "recent"] = done[1]
         if embedding is not None:
             found["query", "embedding"] = done[-1]
-        return found
+        return found, later
 
     async def _rerank(
         self,
@@ -369,10 +402,10 @@ def _lexicon_scope(scope: SearchScope) -> SearchScope | None:
 
 def _seeds(found: dict[tuple[str, str], Any], centre: str | None) -> list[str]:
     """Where the walk starts: the centre, the query's best entities, the ends of its best
-    facts and the entities of the most recent episodes, each once."""
+    facts by BM25 (the walk does not wait for the fact vector list: ``WALK_SEEDS``) and the
+    entities of the most recent episodes, each once."""
     entities = rrf([found["entity", "bm25"], found["entity", "vector"]], limit=SEED_ENTITIES)
-    fact_lists = [found[k] for k in (("fact", "bm25"), ("fact", "vector")) if k in found]
-    facts = rrf(fact_lists, limit=SEED_FACTS)
+    facts = found.get(("fact", "bm25"), [])[:SEED_FACTS]
     seeds = [centre] if centre else []
     seeds += [hit.uuid for hit in entities]
     seeds += [u for hit in facts for u in _entities_of(hit)]
@@ -387,6 +420,10 @@ def _entities_of(hit: Hit) -> tuple[str, ...]:
     if isinstance(record, CommunityRecord):
         return tuple(record.members)
     return (hit.uuid,) if hit.kind == "entity" else ()
+
+
+async def _nothing() -> list[Hit]:
+    return []
 
 
 async def _all(jobs: list[Awaitable[Any]]) -> list[Any]:
