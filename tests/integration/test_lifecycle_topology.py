@@ -210,6 +210,14 @@ async def test_a_worker_publishes_only_the_changes_of_its_own_deployment(
     await topology.wait_assigned([worker])
     await topology.wait_reflected(await topology.produce(feed))
     check_stream(await published_all(topology, groups), await outbox(topology, groups))
+    # A subscriber of one group reads every change of it and none of the others (passed over
+    # by their key).
+    one = groups[0]
+    alone = await read_changes(topology.settings(), [one])
+    assert {c.change_id for c in alone} == {
+        c.change_id for c in (await outbox(topology, [one]))[one]
+    }
+    assert {c.group_id for c in alone} == {one}
     # Its relay went round after round over the store: every change on its topic is of its
     # own groups, and the other deployment's outboxes are left unpublished for its relay.
     assert {c.group_id for c in await read_changes(topology.settings())} == set(groups)

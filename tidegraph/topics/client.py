@@ -571,6 +571,9 @@ async def stream_changes(
     Close the iterator (``contextlib.aclosing``) to stop its consumer promptly."""
     topic = TopicNames(settings.topic_prefix).changes
     wanted = None if groups is None else set(groups)
+    # The relay keys each change by its group (tidegraph/pipelines/streaming/relay.py): the
+    # other groups' changes are passed over by their key, not decoded.
+    wanted_keys = None if wanted is None else {group.encode() for group in wanted}
     consumer = dlq_consumer(settings)
     try:
         await consumer.start()  # inside: a failed start still closes the consumer
@@ -589,6 +592,9 @@ async def stream_changes(
             for tp, messages in batch.items():
                 for message in messages:
                     if (not follow and message.offset >= ends[tp]) or message.value is None:
+                        continue
+                    key = message.key
+                    if wanted_keys is not None and key is not None and key not in wanted_keys:
                         continue
                     try:
                         change = Change.model_validate_json(message.value)
