@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from neo4j import AsyncGraphDatabase
 
+from tests.support.plan_keys import plan_leaves
 from tests.support.stores import assign_member, neighbour_weights, upsert_entities, vector_facts
 from tidegraph.records.asof import AsOf
 from tidegraph.records.graph import (
@@ -2082,13 +2083,7 @@ async def test_questions_about_one_entity_start_from_its_node(neo4j_driver: Any)
             result = await session.run("EXPLAIN " + text, as_of_params("g", asof))
             plan = (await result.consume()).plan
 
-        def leaves(op: dict[str, Any]) -> list[str]:
-            children = op.get("children") or []
-            if not children:
-                return [op["operatorType"].split("@")[0]]
-            return [leaf for child in children for leaf in leaves(child)]
-
-        assert leaves(plan) == ["NodeUniqueIndexSeek", "NodeUniqueIndexSeek"], name
+        assert plan_leaves(plan) == ["NodeUniqueIndexSeek", "NodeUniqueIndexSeek"], name
 
 
 # ----------------------------------------------------------------------------- both at once

@@ -12,7 +12,7 @@ import pytest
 from benchmarks.graphiti_answers import FairAnswers
 from benchmarks.text_feed import FeedIndex, text_feed
 from tests.support.fake_llm import ScriptedLLMServer
-from tests.support.plan_keys import PlanKeys, started_store
+from tests.support.plan_keys import PlanKeys, plan_leaves, started_store
 from tests.unit.test_forget_incremental import DIM, fed, generated
 from tidegraph.embed.hashing import HashingEmbedder
 from tidegraph.llm import LLMClient
@@ -175,10 +175,4 @@ async def test_a_refreshs_kept_plans_find_by_index(
             result = await session.run("EXPLAIN " + statement, bound_params(statement, params))
             plan = (await result.consume()).plan
 
-        def leaves(op: dict[str, Any]) -> list[str]:
-            children = op.get("children") or []
-            if not children:
-                return [op["operatorType"].split("@")[0]]
-            return [leaf for child in children for leaf in leaves(child)]
-
-        assert seek in leaves(plan), (statement[:60], leaves(plan))
+        assert seek in plan_leaves(plan), (statement[:60], plan_leaves(plan))

@@ -86,3 +86,12 @@ async def started_store(
         await store.close()
         raise
     return keys, store, keys.kept()
+
+
+def plan_leaves(plan: dict[str, Any]) -> list[str]:
+    """The operators an ``EXPLAIN``'s plan starts from (its leaves, left to right), without
+    their runtime suffix: where a statement finds its first rows (an index seek, a scan)."""
+    children = plan.get("children") or []
+    if not children:
+        return [plan["operatorType"].split("@")[0]]
+    return [leaf for child in children for leaf in plan_leaves(child)]
