@@ -9,6 +9,7 @@ from tidegraph.stores.neo4j.queries import (
     at,
     ats,
     kept_plan,
+    set_alias_key,
     set_fact_end_words,
     set_fact_time_words,
 )
@@ -404,8 +405,9 @@ SET e.name = row.name,
     e.name_embedding = coalesce(row.name_embedding, e.name_embedding),
     e.created_at = """
     + at("row.created_at")
-    + """
-SET e:$(row.labels)
+    + "\n"
+    + set_alias_key("e")
+    + """SET e:$(row.labels)
 """
 )
 

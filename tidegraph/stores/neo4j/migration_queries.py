@@ -6,6 +6,7 @@ migration is the store's, not a tenant's."""
 from __future__ import annotations
 
 from tidegraph.stores.neo4j.write_queries import (
+    set_alias_key,
     set_episode_time_words,
     set_fact_end_words,
     set_fact_time_words,
@@ -99,3 +100,15 @@ UNWIND $rows AS row
 MATCH (e:Entity {uuid: row.uuid})
 SET e.index_ids = row.ids
 """
+
+# The migration of entities stored with aliases before their alias key (``setup``; the name
+# lookups find an alias through it: ``queries.named_branches``).
+ALIAS_KEYS_TO_SET = (
+    """
+MATCH (e:Entity)
+WHERE e.alias_key IS NULL AND size(coalesce(e.aliases, [])) > 0
+WITH e LIMIT $limit
+"""
+    + set_alias_key("e")
+    + "RETURN count(*) AS indexed\n"
+)

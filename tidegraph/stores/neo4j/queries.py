@@ -28,8 +28,10 @@ from tidegraph.stores.neo4j.write_queries import UPSERT_COMMUNITIES as UPSERT_CO
 from tidegraph.stores.neo4j.write_queries import UPSERT_ENTITIES as UPSERT_ENTITIES
 from tidegraph.stores.neo4j.write_queries import WRITE_EPISODES as WRITE_EPISODES
 from tidegraph.stores.neo4j.write_queries import WRITE_STATES as WRITE_STATES
+from tidegraph.stores.neo4j.write_queries import alias_probe as alias_probe
 from tidegraph.stores.neo4j.write_queries import at as at
 from tidegraph.stores.neo4j.write_queries import ats as ats
+from tidegraph.stores.neo4j.write_queries import set_alias_key as set_alias_key
 from tidegraph.stores.neo4j.write_queries import (
     set_episode_time_words as set_episode_time_words,
 )
@@ -107,6 +109,10 @@ SCHEMA = (
     "CREATE INDEX episodic_not_extracted IF NOT EXISTS FOR (n:Episodic) ON (n.not_extracted)",
     "CREATE INDEX entity_group_id IF NOT EXISTS FOR (n:Entity) ON (n.group_id)",
     "CREATE INDEX entity_name_norm IF NOT EXISTS FOR (n:Entity) ON (n.name_norm)",
+    # a name looked up within its group: the normalised name, and the aliases as one string
+    # (``write_queries.set_alias_key``: no index covers a list's members)
+    "CREATE INDEX entity_group_name_norm IF NOT EXISTS FOR (n:Entity) ON (n.group_id, n.name_norm)",
+    "CREATE TEXT INDEX entity_alias_key IF NOT EXISTS FOR (n:Entity) ON (n.alias_key)",
     "CREATE INDEX entity_key IF NOT EXISTS FOR (n:Entity) ON (n.key)",
     # a stable key is looked up within its group (the same CRM ids recur in every tenant)
     "CREATE INDEX entity_group_key IF NOT EXISTS FOR (n:Entity) ON (n.group_id, n.key)",
@@ -273,19 +279,40 @@ MATCH (e:Entity)
 WHERE e.uuid IN $uuids
 RETURN e.uuid AS uuid, e.group_id AS group_id
 """
-_NAMED = """WHERE e.group_id = $group_id
-  AND (e.name_norm IN $names OR any(alias IN e.aliases WHERE alias IN $names))
+
+
+def named_branches(group: str, names: str, first: str = "") -> str:
+    """Two UNION ALL branches returning ``e, 'name' AS how``: the entities of ``group`` whose
+    normalised name is in ``names``, then those with an alias in it, each branch after
+    ``first``. Both seek an index per name: the group's names (``entity_group_name_norm``) and
+    the aliases' key (``entity_alias_key``, a TEXT index; the list itself decides). A name
+    lookup that tested every entity of the group grew with the tenant (docs/performance.md,
+    "What bounds the paced p99 on two cores"). An entity may come from both: collect the hows
+    DISTINCT."""
+    return f"""{first}
+  UNWIND {names} AS name
+  MATCH (e:Entity)
+  USING INDEX e:Entity(group_id, name_norm)
+  WHERE e.group_id = {group} AND e.name_norm = name
+  RETURN e, 'name' AS how
+  UNION ALL{first}
+  UNWIND {names} AS name
+  MATCH (e:Entity)
+  USING TEXT INDEX e:Entity(alias_key)
+  WHERE e.alias_key CONTAINS {alias_probe(group, "name")}
+    AND e.group_id = {group} AND name IN e.aliases
+  RETURN e, 'name' AS how
 """
-_ENTITIES_NAMED = "\nMATCH (e:Entity)\n" + _NAMED
+
+
 _ENTITIES_KEYED = """
 MATCH (e:Entity)
 USING INDEX e:Entity(group_id, key)
 WHERE e.group_id = $group_id AND e.key IN $keys
 """
 
-# (a name is in aliases too: read through the group's index, as a large group's plan does)
 ENTITIES_BY_NAMES = kept_plan(
-    "\nMATCH (e:Entity)\nUSING INDEX e:Entity(group_id)\n" + _NAMED + _ENTITY_RETURN
+    "\nCALL () {" + named_branches("$group_id", "$names") + "}\nWITH DISTINCT e" + _ENTITY_RETURN
 )
 
 ENTITIES_BY_KEYS = kept_plan(_ENTITIES_KEYED + _ENTITY_RETURN)
@@ -328,12 +355,10 @@ OPTIONAL CALL (processed) {
   WITH processed WHERE NOT processed"""
     + _ENTITIES_KEYED
     + """  RETURN e, 'key' AS how
-  UNION ALL
-  WITH processed WHERE NOT processed"""
-    + _ENTITIES_NAMED
-    + """  RETURN e, 'name' AS how
-}
-WITH processed, stored_hash, created_entities, e, collect(how) AS hows
+  UNION ALL"""
+    + named_branches("$group_id", "$names", "\n  WITH processed WHERE NOT processed")
+    + """}
+WITH processed, stored_hash, created_entities, e, collect(DISTINCT how) AS hows
 RETURN processed, stored_hash, created_entities, hows,
        e {.*, name_embedding: null, """
     + times_as_micros("e", ("created_at",))
@@ -371,14 +396,10 @@ CALL (ask) {
     USING INDEX e:Entity(group_id, key)
     WHERE e.group_id = ask.group_id AND e.key IN ask.keys
     RETURN e, 'key' AS how
-    UNION ALL
-    MATCH (e:Entity)
-    USING INDEX e:Entity(group_id)
-    WHERE e.group_id = ask.group_id
-      AND (e.name_norm IN ask.names OR any(alias IN e.aliases WHERE alias IN ask.names))
-    RETURN e, 'name' AS how
-  }
-  WITH e, collect(how) AS hows
+    UNION ALL"""
+    + named_branches("ask.group_id", "ask.names")
+    + """  }
+  WITH e, collect(DISTINCT how) AS hows
   RETURN collect({
     hows: hows,
     e: e {.*, name_embedding: null, """

@@ -290,8 +290,9 @@ class Neo4jStore(StoreCore):
     async def _index_stored_ids(self, batch: int = 2000) -> None:
         """The migration of facts and entities stored before their identifier words
         (docs/retrieval.md "Identifiers"), and of facts and episodes stored before their validity
-        words ("Validity in the fulltext index"), a batch at a time; nothing to do (a read each)
-        once migrated."""
+        words ("Validity in the fulltext index"), and of entities stored with aliases before their
+        alias key (``write_queries.set_alias_key``), a batch at a time; nothing to do (a read
+        each) once migrated."""
         indexed = 0
         for to_index, set_ids in (
             (mq.FACTS_TO_INDEX, mq.SET_FACT_IDS),
@@ -316,6 +317,9 @@ class Neo4jStore(StoreCore):
         said = await self._until_none(mq.EPISODE_TIMES_TO_INDEX, "indexed", {"limit": batch})
         if said:
             log.info("indexed the times of %d stored episodes", said)
+        aliased = await self._until_none(mq.ALIAS_KEYS_TO_SET, "indexed", {"limit": batch})
+        if aliased:
+            log.info("indexed the aliases of %d stored entities", aliased)
 
     async def open_existing(self, embedding_dim: int, embedding_model: str | None = None) -> bool:
         await self.ex.reachable()

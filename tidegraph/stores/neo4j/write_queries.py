@@ -5,8 +5,8 @@ What a write does to a stored entity, fact or episode is not written here: the O
 SET assignments are built from the write rules' tables (``tidegraph.stores.write_rules``,
 ``create_clause`` and ``set_clause``), field names from the tables only. What is written by
 hand is what the rules do not cover: the MERGE patterns (a record's key), and the derived
-search fields (``name_norm``, ``index_ids``, an episode's ``index_*``, a fact's validity words
-``set_fact_time_words``).
+search fields (``name_norm``, ``index_ids``, ``alias_key``, an episode's ``index_*``, a fact's
+validity words ``set_fact_time_words``).
 
 Like every statement of the store, fully parameterised: user and LLM text only ever travels
 as a parameter.
@@ -93,6 +93,25 @@ def _listed(assignments: list[str], indent: str) -> str:
 
 
 # ----------------------------------------------------------------------------- entities
+def alias_probe(group: str, name: str) -> str:
+    """Cypher for what ``alias_key`` holds when the entity of ``group`` has the alias ``name``.
+    Normalised names never hold a newline or a tab (``ids.normalize_name`` folds whitespace)."""
+    return f"('\\n' + {group} + '\\t' + {name} + '\\n')"
+
+
+def set_alias_key(var: str) -> str:
+    """A SET clause of the entity ``var``'s ``alias_key`` from its stored aliases (after the
+    clause that writes them): each alias as ``alias_probe`` gives it, joined; null (no entry in
+    the ``entity_alias_key`` TEXT index) when it has none. Neo4j indexes no list membership, so
+    a name lookup finds an alias by ``alias_key CONTAINS alias_probe(...)`` through that index
+    (``queries.named_branches``) instead of testing every entity of the group."""
+    return (
+        f"SET {var}.alias_key = CASE WHEN size(coalesce({var}.aliases, [])) = 0 THEN null\n"
+        f"  ELSE reduce(k = '', a IN {var}.aliases | k + '\\n' + {var}.group_id + '\\t' + a)"
+        " + '\\n' END\n"
+    )
+
+
 def upsert_entity_rows(rows: str, group: str) -> str:
     """One MERGE per row of ``rows`` (entity rows), by ``write_rules.ENTITY``. An entity
     created without a summary stores '' (what every store reads back); its identifier words
@@ -107,7 +126,7 @@ ON CREATE SET {_listed(on_create("e", ENTITY, "row", group), "              ")},
 SET e.index_ids = CASE WHEN row.summary IS NULL AND (e.key IS NOT NULL OR row.key IS NULL)
                        THEN coalesce(e.index_ids, row.index_ids) ELSE row.index_ids END
 SET {_listed(on_write("e", ENTITY, "row", group), "    ")}
-SET e:$(row.labels)
+{set_alias_key("e")}SET e:$(row.labels)
 """
 
 
