@@ -106,7 +106,7 @@ SET e.index_ids = row.ids
 ALIAS_KEYS_TO_SET = (
     """
 MATCH (e:Entity)
-WHERE e.alias_key IS NULL AND size(coalesce(e.aliases, [])) > 0
+WHERE e.alias_key IS NULL AND any(a IN coalesce(e.aliases, []) WHERE a <> e.name_norm)
 WITH e LIMIT $limit
 """
     + set_alias_key("e")

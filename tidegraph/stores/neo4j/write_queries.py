@@ -101,13 +101,16 @@ def alias_probe(group: str, name: str) -> str:
 
 def set_alias_key(var: str) -> str:
     """A SET clause of the entity ``var``'s ``alias_key`` from its stored aliases (after the
-    clause that writes them): each alias as ``alias_probe`` gives it, joined; null (no entry in
-    the ``entity_alias_key`` TEXT index) when it has none. Neo4j indexes no list membership, so
+    clause that writes them): each alias but its normalised name (found through the
+    ``entity_group_name_norm`` index; resolution stores a new entity's name as its first
+    alias) as ``alias_probe`` gives it, joined; null (no entry in the ``entity_alias_key``
+    TEXT index) when it has no other. Neo4j indexes no list membership, so
     a name lookup finds an alias by ``alias_key CONTAINS alias_probe(...)`` through that index
     (``queries.named_branches``) instead of testing every entity of the group."""
+    others = f"[x IN coalesce({var}.aliases, []) WHERE x <> {var}.name_norm]"
     return (
-        f"SET {var}.alias_key = CASE WHEN size(coalesce({var}.aliases, [])) = 0 THEN null\n"
-        f"  ELSE reduce(k = '', a IN {var}.aliases | k + '\\n' + {var}.group_id + '\\t' + a)"
+        f"SET {var}.alias_key = CASE WHEN size({others}) = 0 THEN null\n"
+        f"  ELSE reduce(k = '', a IN {others} | k + '\\n' + {var}.group_id + '\\t' + a)"
         " + '\\n' END\n"
     )
 
