@@ -108,12 +108,10 @@ SCHEMA = (
     # the few episodes stored without extraction (docs/architecture.md "Episodes without an LLM")
     "CREATE INDEX episodic_not_extracted IF NOT EXISTS FOR (n:Episodic) ON (n.not_extracted)",
     "CREATE INDEX entity_group_id IF NOT EXISTS FOR (n:Entity) ON (n.group_id)",
-    "CREATE INDEX entity_name_norm IF NOT EXISTS FOR (n:Entity) ON (n.name_norm)",
     # a name looked up within its group: the normalised name, and the aliases as one string
     # (``write_queries.set_alias_key``: no index covers a list's members)
     "CREATE INDEX entity_group_name_norm IF NOT EXISTS FOR (n:Entity) ON (n.group_id, n.name_norm)",
     "CREATE TEXT INDEX entity_alias_key IF NOT EXISTS FOR (n:Entity) ON (n.alias_key)",
-    "CREATE INDEX entity_key IF NOT EXISTS FOR (n:Entity) ON (n.key)",
     # a stable key is looked up within its group (the same CRM ids recur in every tenant)
     "CREATE INDEX entity_group_key IF NOT EXISTS FOR (n:Entity) ON (n.group_id, n.key)",
     "CREATE INDEX community_group_id IF NOT EXISTS FOR (n:Community) ON (n.group_id)",
@@ -172,6 +170,9 @@ DROPPED = (
     "DROP INDEX relates_to_search IF EXISTS",
     "DROP INDEX episodic_search_ids IF EXISTS",
     "DROP INDEX relates_to_search_times IF EXISTS",
+    # a name or a key is looked up within its group (entity_group_name_norm, entity_group_key)
+    "DROP INDEX entity_name_norm IF EXISTS",
+    "DROP INDEX entity_key IF EXISTS",
 )
 
 
