@@ -29,7 +29,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,8 @@ class KafkaPath:
     work: Path  # worker logs, mapping file, worker data folders
     communities: bool = True  # the community processor in the workers (as deployed)
     changes: bool = True  # the change stream (outbox and relay), as deployed
+    # TIDEGRAPH_* worker settings beyond the path's own (throughput.py --worker-setting)
+    worker_settings: dict[str, str] = field(default_factory=dict)
 
 
 def worker_env(base: dict[str, str], **overrides: str) -> dict[str, str]:
@@ -199,6 +201,7 @@ class _Run:
             "TIDEGRAPH_LOG_LEVEL": "WARNING",
             "TIDEGRAPH_COMMUNITIES_ENABLED": str(path.communities).lower(),
             "TIDEGRAPH_CHANGES_ENABLED": str(path.changes).lower(),
+            **path.worker_settings,
         }
         self.settings = Settings(
             kafka_bootstrap_servers=path.bootstrap,

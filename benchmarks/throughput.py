@@ -469,6 +469,7 @@ def run_path(run: str, args: argparse.Namespace, spec: FeedSpec, run_id: str) ->
         work=(args.work_dir or REPO / ".tidegraph" / "bench") / run_id,
         communities=not args.no_communities,
         changes=not off,
+        worker_settings=args.worker_settings,
     )
 
     def make(records: int, group_prefix: str) -> CrmFeed:
@@ -559,6 +560,7 @@ def run(args: argparse.Namespace, paths: list[str]) -> dict[str, Any]:
             "embedder": args.embedder,
             "concurrency": args.concurrency,
             "stream": args.stream,
+            "worker_settings": args.worker_settings,
         },
         "paths": results,
         "wall_seconds": round(time.perf_counter() - started, 1),
@@ -658,7 +660,21 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         action="store_true",
         help="Kafka paths: workers without the community processor (it runs by default)",
     )
+    parser.add_argument(
+        "--worker-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="Kafka paths: a worker setting, as TIDEGRAPH_NAME (docs/configuration.md), e.g. "
+        "FETCH_MIN_BYTES=16384; repeatable",
+    )
     args = parser.parse_args(argv)
+    settings = [s.partition("=") for s in args.worker_setting]
+    if any(not name or not eq for name, eq, _ in settings):
+        parser.error("--worker-setting: NAME=VALUE, e.g. FETCH_MIN_BYTES=16384")
+    args.worker_settings = {
+        f"TIDEGRAPH_{name.upper().removeprefix('TIDEGRAPH_')}": value for name, _, value in settings
+    }
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     unknown = sorted(set(paths) - set(PATHS))
     if unknown or not paths:

@@ -39,7 +39,7 @@ from tidegraph.pipelines.runtime import Runtime
 from tidegraph.pipelines.streaming.commits import guard_commits
 from tidegraph.pipelines.streaming.community_agent import install_community_agent
 from tidegraph.pipelines.streaming.config import WorkerSettings
-from tidegraph.pipelines.streaming.fetching import bound_fetch_wait
+from tidegraph.pipelines.streaming.fetching import bound_fetch
 from tidegraph.pipelines.streaming.handlers import (
     Consumed,
     Emit,
@@ -74,12 +74,19 @@ RELAY_BATCH = 500
 
 
 class TidegraphApp(faust.App):
-    """faust.App that keeps its commits safe across rebalances, bounds its consumer's fetch
-    wait (``fetch_max_wait_seconds``) and closes tidegraph's resources after everything else
-    has stopped."""
+    """faust.App that keeps its commits safe across rebalances, sets its consumer's fetch
+    wait and size (``fetch_max_wait_seconds``, ``fetch_min_bytes``) and closes tidegraph's
+    resources after everything else has stopped."""
 
-    def __init__(self, *args: Any, fetch_max_wait_seconds: float = 0.1, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        fetch_max_wait_seconds: float = 0.1,
+        fetch_min_bytes: int = 16384,
+        **kwargs: Any,
+    ) -> None:
         self.fetch_max_wait_seconds = fetch_max_wait_seconds
+        self.fetch_min_bytes = fetch_min_bytes
         super().__init__(*args, **kwargs)
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._committed_before_rebalance: dict[Any, int | None] = {}
@@ -89,7 +96,8 @@ class TidegraphApp(faust.App):
     def _new_consumer(self) -> Any:
         consumer = super()._new_consumer()
         guard_commits(consumer)  # never commit past a record still in flight
-        bound_fetch_wait(consumer, self.fetch_max_wait_seconds)  # Faust fixes it at 1.5 s
+        # Faust fixes the wait at 1.5 s and leaves the size at aiokafka's 1 byte
+        bound_fetch(consumer, self.fetch_max_wait_seconds, self.fetch_min_bytes)
         return consumer
 
     def on_rebalance_start(self) -> None:
@@ -191,6 +199,7 @@ def _faust_app(
     return TidegraphApp(
         worker.group_id(settings.topic_prefix),
         fetch_max_wait_seconds=worker.fetch_max_wait_seconds,
+        fetch_min_bytes=worker.fetch_min_bytes,
         broker=kafka.faust_brokers(),
         broker_credentials=kafka.faust_credentials(),
         store="memory://",

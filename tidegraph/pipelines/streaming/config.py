@@ -58,6 +58,15 @@ class WorkerSettings(BaseSettings):
         "records (tidegraph/pipelines/streaming/fetching.py): the partitions its fetch left "
         "out, whose records were taken meanwhile, are fetched after that at the latest.",
     )
+    fetch_min_bytes: int = Field(
+        16384,
+        ge=1,
+        le=1_048_576,
+        description="How many bytes of new records a fetch of the worker's consumer waits "
+        "for at the broker, at most TIDEGRAPH_FETCH_MAX_WAIT_SECONDS (Kafka's "
+        "fetch.min.bytes): fewer fetches under a steady feed, a record of a quiet feed up to "
+        "that wait later per hop; 1 answers at the first record.",
+    )
     max_in_flight_per_group: int = Field(
         16, ge=1, description="Most records a stage has admitted at once for one group."
     )
