@@ -75,15 +75,11 @@ RELAY_BATCH = 500
 
 class TidegraphApp(faust.App):
     """faust.App that keeps its commits safe across rebalances, sets its consumer's fetch
-    wait and size (``fetch_max_wait_seconds``, ``fetch_min_bytes``) and closes tidegraph's
-    resources after everything else has stopped."""
+    wait and size (``fetch_max_wait_seconds``, ``fetch_min_bytes``: ``WorkerSettings``) and
+    closes tidegraph's resources after everything else has stopped."""
 
     def __init__(
-        self,
-        *args: Any,
-        fetch_max_wait_seconds: float = 0.1,
-        fetch_min_bytes: int = 16384,
-        **kwargs: Any,
+        self, *args: Any, fetch_max_wait_seconds: float, fetch_min_bytes: int, **kwargs: Any
     ) -> None:
         self.fetch_max_wait_seconds = fetch_max_wait_seconds
         self.fetch_min_bytes = fetch_min_bytes
