@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from neo4j import READ_ACCESS, AsyncDriver, AsyncManagedTransaction, AsyncTransaction
 from neo4j.exceptions import ClientError, ServiceUnavailable, SessionExpired, TransientError
@@ -28,6 +28,41 @@ _ALREADY_EXISTS = frozenset(
 )
 
 
+class _QuietList(list[Any]):
+    """A list parameter whose repr is its length (see ``driver_params``)."""
+
+    def __repr__(self) -> str:
+        return f"<list of {len(self)}>"
+
+
+class _QuietMap(dict[str, Any]):
+    """A map parameter whose repr is its keys (see ``driver_params``)."""
+
+    def __repr__(self) -> str:
+        return f"<map of {', '.join(self)}>"
+
+
+def driver_params(statement: str, params: Params) -> Params:
+    """The parameters handed to the driver for ``statement``: ``bound_params``, each list or
+    map among them in a subclass whose repr is short. The driver formats every RUN message
+    for its debug log before the logger checks its level (``AsyncBolt5x5.run`` in
+    neo4j/_async/io/_bolt/_bolt5.py, driver 6.4), so each query repr'd all its values:
+    0.15 ms an embedding of 384 numbers, most of the client's CPU for a write carrying them
+    (docs/performance.md, "The driver's debug line"). Each is copied one level deep (its
+    references); the driver packs subclasses of list and dict as lists and maps. The
+    top-level dict cannot be the subclass: the driver copies it into a plain one."""
+    bound = bound_params(statement, params)
+    return {name: _quiet(value) for name, value in bound.items()}
+
+
+def _quiet(value: Any) -> Any:
+    if isinstance(value, dict):
+        return _QuietMap(value)
+    if isinstance(value, list | tuple):
+        return _QuietList(value)
+    return value
+
+
 class _Transaction:
     """``Tx`` over one transaction."""
 
@@ -35,7 +70,7 @@ class _Transaction:
         self._tx = tx
 
     async def rows(self, query: str, params: Params | None = None) -> list[Row]:
-        result = await self._tx.run(query, bound_params(query, params or {}))
+        result = await self._tx.run(query, driver_params(query, params or {}))
         return [dict(record) async for record in result]
 
 
@@ -73,7 +108,7 @@ class Neo4jExecutor:
         async with self._driver.session(
             database=self._database, default_access_mode=READ_ACCESS
         ) as session:
-            result = await session.run(query, bound_params(query, params))
+            result = await session.run(query, driver_params(query, params))
             return [dict(record) async for record in result]
 
     async def write(self, operation: str, size: int, work: Callable[[Tx], Awaitable[T]]) -> T:
@@ -108,7 +143,7 @@ class Neo4jExecutor:
         is written to be run again after an interruption."""
         with count_errors(_TRANSIENT):
             async with self._slots, self._driver.session(database=self._database) as session:
-                result = await session.run(statement, bound_params(statement, params))
+                result = await session.run(statement, driver_params(statement, params))
                 return [dict(record) async for record in result]
 
     async def execute(self, statement: str, params: Params, *, schema: bool = False) -> None:
@@ -117,7 +152,7 @@ class Neo4jExecutor:
         with count_errors(_TRANSIENT):
             try:
                 await self._driver.execute_query(
-                    statement, bound_params(statement, params), database_=self._database
+                    statement, driver_params(statement, params), database_=self._database
                 )
             except ClientError as exc:
                 if not schema or exc.code not in _ALREADY_EXISTS:
