@@ -33,6 +33,16 @@ def test_an_identifier_is_indexed_whole_and_by_its_parts(text: str, words: list[
     assert indexed_text(text) == f"{text} {' '.join(words)}"
 
 
+def test_a_long_identifier_is_split_as_a_short_one() -> None:
+    # a short token's words are remembered, a long one's worked out each time: the same rule
+    prefix = "ORDER-" + "X" * 60
+    assert identifier_words(f"see {prefix}-1002 and {prefix}-1002") == [
+        f"order{'x' * 60}1002",
+        "1002",
+    ]
+    assert identifier_words("see NW-1002 and NW-1002") == ["nw1002", "1002"]
+
+
 @pytest.mark.parametrize(
     "text",
     ["3 users in 2025", "rated 3.5 stars", "pages 1-2", "on the 2nd at 10am", "at 10:30"],

@@ -21,9 +21,10 @@ Every other episode (text, json) is searched by its whole content, with its date
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 
 from tidegraph.records.times import utc
 
@@ -65,7 +66,11 @@ def split_speaker(source: str, content: str) -> tuple[str, str]:
 
 def date_words(at: datetime) -> str:
     """The day in words, in UTC: ``Monday 8 May 2023``."""
-    day = utc(at)
+    return _day_words(utc(at).date())
+
+
+@functools.lru_cache(maxsize=4096)  # every episode's index asks its day: a feed's few days
+def _day_words(day: date) -> str:
     return f"{day:%A} {day.day} {day:%B} {day.year}"
 
 

@@ -14,6 +14,7 @@ Lucene query of escaped terms (``lucene_query``), the embedded store as quoted F
 
 from __future__ import annotations
 
+import functools
 import re
 
 # Search text is cut to this many words (Lucene refuses queries of more than 1024 clauses).
@@ -85,24 +86,39 @@ _DIGIT_RUN = re.compile(r"\d+")
 _COUNTED = re.compile(r"^\d+[^\W\d_]{1,2}$")
 
 
-def _token_ids(token: str) -> list[str]:
+def _token_ids(token: str) -> tuple[str, ...]:
     """The identifier words of one token (``_TOKEN``): none unless it is an identifier; else
     its letters and digits without separators, then its parts that hold a digit: each run
     between separators that mixes letters and digits, and each run of at least
-    ``MIN_NUMBER_DIGITS`` digits (alone or within such a run)."""
+    ``MIN_NUMBER_DIGITS`` digits (alone or within such a run). Remembered for a short token
+    (``_remembered_token_ids``)."""
+    if len(token) <= _REMEMBERED_TOKEN_CHARS:
+        return _remembered_token_ids(token)
+    return _identifier_parts(token)
+
+
+# A feed's texts repeat the same tokens (a record's field names and values, a conversation's
+# words), and every write asks a text's tokens one by one: remembered, ``identifier_words`` of a
+# generated CRM record (140 characters, 18 tokens) takes 6.5 µs instead of 18. Only short
+# tokens, so that what is kept stays small whatever a feed sends.
+_REMEMBERED_TOKEN_CHARS = 40
+
+
+def _identifier_parts(token: str) -> tuple[str, ...]:
+    """``_token_ids`` worked out."""
     if token.isdecimal() or ("@" not in token and _DIGIT_RUN.search(token) is None):
-        return []  # a plain number, or a word (most tokens): what the checks below say
+        return ()  # a plain number, or a word (most tokens): what the checks below say
     runs = _ALNUM_RUN.findall(token.lower())
     digits = sum(len(d) for d in _DIGIT_RUN.findall(token))
     mixed = digits and any(not ch.isdigit() for run in runs for ch in run)
     if _EMAIL.match(token):
         pass  # an e-mail address is an identifier with or without digits
     elif not digits or (len(runs) == 1 and not mixed):
-        return []  # a word, or a plain number
+        return ()  # a word, or a plain number
     elif not mixed and digits < 4:
-        return []  # "3.5", "1-2": a number, a range
+        return ()  # "3.5", "1-2": a number, a range
     elif len(runs) == 1 and _COUNTED.match(runs[0]):
-        return []  # "2nd", "10am", "4k": an ordinal, a time, a unit
+        return ()  # "2nd", "10am", "4k": an ordinal, a time, a unit
     parts: list[str] = []
     for run in runs:
         if run.isdigit():
@@ -110,7 +126,10 @@ def _token_ids(token: str) -> list[str]:
         elif any(ch.isdigit() for ch in run):
             parts.append(run)
             parts += [d for d in _DIGIT_RUN.findall(run) if len(d) >= MIN_NUMBER_DIGITS]
-    return ["".join(runs), *parts]
+    return ("".join(runs), *parts)
+
+
+_remembered_token_ids = functools.lru_cache(maxsize=1 << 14)(_identifier_parts)
 
 
 def identifier_words(text: str) -> list[str]:
