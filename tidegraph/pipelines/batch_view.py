@@ -21,12 +21,17 @@ episode whose resolution searches (``ResolutionStep.searches``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from tidegraph.processors.resolution import lookup_terms
 from tidegraph.records.changes import entity_changes, fact_changes, fact_state
-from tidegraph.records.graph import EntityLookup, EntityRecord, EpisodeWrite, FactRecord
+from tidegraph.records.graph import (
+    EntityLookup,
+    EntityRecord,
+    EpisodeWrite,
+    FactRecord,
+    updated,
+)
 from tidegraph.records.ids import normalize_name
 from tidegraph.records.stages import Extraction
 from tidegraph.records.times import utcnow
@@ -140,7 +145,8 @@ class BatchView:
             self._names.update(names_unread)
         by_key = self._entities(self._by_key, keys)
         by_name = self._entities(self._by_name, names)
-        lookup = EntityLookup(by_key=_entity_copies(by_key), by_name=_entity_copies(by_name))
+        # The held records themselves, as ``fact_candidates`` answers.
+        lookup = EntityLookup(by_key=sort_entities(by_key), by_name=sort_entities(by_name))
         if relations is not None:
             found = sorted({e.uuid for e in [*by_key, *by_name]})
             pairs = [(uuid, relation) for uuid in found for relation in unique(relations)]
@@ -165,9 +171,15 @@ class BatchView:
             if (source, self.facts[u].name) in wanted
         }
         found.update((u, self.facts[u]) for end in ends for u in self._by_end.get(end, ()))
+        # The held records themselves: nothing changes a record in place but the planner,
+        # which changes its own copies (``timeline.plan_facts``), and the view replaces a held
+        # record (a write, an embedding read later), never changes it.
         if embeddings:
-            return sort_facts(copied(f) for f in found.values())
-        return sort_facts(copied(f, fact_embedding=None) for f in found.values())
+            return sort_facts(found.values())
+        return sort_facts(
+            f if f.fact_embedding is None else updated(f, {"fact_embedding": None})
+            for f in found.values()
+        )
 
     async def entity_names(self, group_id: str, uuids: list[str]) -> dict[str, str]:
         self._same_group(group_id)
@@ -187,7 +199,7 @@ class BatchView:
             if entity.key is not None:
                 self._keys.add(entity.key)
         keys = [k for k in self._by_key if k.startswith(prefix)]
-        return _entity_copies(self._entities(self._by_key, keys))
+        return sort_entities(self._entities(self._by_key, keys))
 
     async def entity_candidates(
         self, group_id: str, searches: list[tuple[str, list[float]]], limit: int
@@ -281,10 +293,10 @@ class BatchView:
         return bool(self.ahead)
 
     def entities_ahead(self) -> list[EntityRecord]:
-        """Copies of the entities held ahead of their episodes' writes, as those writes
-        leave them (without name embeddings), in uuid order."""
+        """The entities held ahead of their episodes' writes, as those writes leave them
+        (without name embeddings), in uuid order."""
         uuids = {uuid for episode in self.ahead for uuid in self._held_before.get(episode, {})}
-        return _entity_copies(self.entities[uuid] for uuid in uuids)
+        return sort_entities(self.entities[uuid] for uuid in uuids)
 
     async def flush(self) -> list[bool]:
         """Every held write, in order, in one ``write_episodes`` call: what every write the
@@ -333,7 +345,7 @@ class BatchView:
             if mine is None:
                 self._put_fact(fact)
             elif mine.fact_embedding is None and fact.fact_embedding is not None:
-                mine.fact_embedding = fact.fact_embedding
+                self.facts[fact.uuid] = updated(mine, {"fact_embedding": fact.fact_embedding})
         self._pairs.update(unread_pairs)
         self._touching.update(unread_ends)
 
@@ -361,9 +373,9 @@ class BatchView:
 
     def _state(self, fact: FactRecord | None) -> dict[str, Any] | None:
         """``fact_state`` of a fact the view holds, kept while the view holds that version: a
-        write replaces a held fact and never changes it (but for an embedding read later,
-        which no state carries), so a fact the unit's episodes change again is dumped once,
-        as one change's after and the next one's before."""
+        write (or an embedding read later, which no state carries) replaces a held fact and
+        never changes it, so a fact the unit's episodes change again is dumped once, as one
+        change's after and the next one's before."""
         if fact is None:
             return None
         held = self._states.get(fact.uuid)
@@ -381,7 +393,3 @@ class BatchView:
     def _same_group(self, group_id: str) -> None:
         if group_id != self.group_id:
             raise ValueError(f"the view of group {self.group_id!r} was asked about {group_id!r}")
-
-
-def _entity_copies(entities: Iterable[EntityRecord]) -> list[EntityRecord]:
-    return sort_entities(copied(e) for e in entities)
