@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from tidegraph.embed.base import Embedder
-from tidegraph.metrics import RETRIES, STAGE_EVENTS, STAGE_LATENCY
+from tidegraph.metrics import RETRIES, STAGE_EVENTS, STAGE_LATENCY, labelled
 from tidegraph.pipelines.outage import StoreOutage, store_outage
 from tidegraph.pipelines.retry import RetryPolicy
 from tidegraph.pipelines.step_runner import run_step
@@ -300,8 +300,8 @@ class GroupRunner:
             return Outcome.failed(episode, Failure.of(step.stage, exc, verdict.reason))
         if mapped is None:
             return None
-        STAGE_EVENTS.labels(step.stage, "ok").inc()
-        STAGE_LATENCY.labels(step.stage).observe(loop.time() - started)
+        labelled(STAGE_EVENTS, step.stage, "ok").inc()
+        labelled(STAGE_LATENCY, step.stage).observe(loop.time() - started)
         return Outcome(episode, mapped)
 
     async def extract_now(self, episode: Episode) -> Outcome[Extraction]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from tidegraph.embed.base import Embedder
-from tidegraph.metrics import FACT_JUDGEMENTS, FACTS_INVALIDATED
+from tidegraph.metrics import FACT_JUDGEMENTS, FACTS_INVALIDATED, labelled
 from tidegraph.processors.fact_judging import (
     Judgement,
     Message,
@@ -128,8 +128,8 @@ class InvalidationStep:
                 created_entities=pending.created,
                 not_extracted=stamped.not_extracted,
             )
-        FACTS_INVALIDATED.labels("closed").inc(plan.closed)
-        FACTS_INVALIDATED.labels("born_closed").inc(plan.born_closed)
+        labelled(FACTS_INVALIDATED, "closed").inc(plan.closed)
+        labelled(FACTS_INVALIDATED, "born_closed").inc(plan.born_closed)
         return WriteSummary(
             group_id=group,
             episode_uuid=episode.uuid,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from tidegraph.embed.base import Embedder
-from tidegraph.metrics import ENTITIES_RESOLVED
+from tidegraph.metrics import ENTITIES_RESOLVED, labelled
 from tidegraph.processors.prompts import (
     ENTITY_RESOLUTION_SYSTEM,
     EntityResolutionOutput,
@@ -276,7 +276,7 @@ class ResolutionStep:
                         created_at=now,
                     ),
                 )
-            ENTITIES_RESOLVED.labels(found.methods[i]).inc()
+            labelled(ENTITIES_RESOLVED, found.methods[i]).inc()
         for i, first in found.alias_of.items():
             uuids[i] = uuids[first]
         resolved = ResolvedEpisode(
