@@ -21,7 +21,7 @@ from tidegraph.pipelines.batch_view import BatchView
 from tidegraph.pipelines.runner import GroupRunner
 from tidegraph.processors.steps import Components
 from tidegraph.records.episode import Episode
-from tidegraph.records.graph import EntityLookup
+from tidegraph.records.graph import EntityLookup, FactRecord
 from tidegraph.stores.sqlite.store import SqliteStore
 
 DIM = 64
@@ -65,7 +65,7 @@ async def test_the_steps_never_change_what_the_batch_view_hands_out(
     finally:
         await store.close()
 
-    facts = [record for record, _ in handed if hasattr(record, "fact")]
+    facts = [record for record, _ in handed if isinstance(record, FactRecord)]
     assert len(facts) > 400  # the view answered the planner with stored facts
     assert any(f.invalid_at is not None for f in facts)  # closed ones among them
     changed = [(record, before) for record, before in handed if record.model_dump() != before]
