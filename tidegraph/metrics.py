@@ -317,7 +317,8 @@ PARTITIONS_PAUSED = Gauge(
 @functools.cache
 def labelled(metric: _Metric, *values: str) -> _Metric:
     """``metric.labels(*values)``, kept: the series of a stage counted once or more for every
-    record (its lookup takes a lock and builds the key each time, about 2 µs). Only for
+    record (its lookup takes a lock and builds the key each time: 1.4 µs with the
+    increment, against 0.5 µs kept). Only for
     labels from a fixed few values (stages, outcomes, resolution methods): every series asked
     is kept for good."""
     return metric.labels(*values)
