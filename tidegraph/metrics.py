@@ -227,6 +227,12 @@ RECORDS_PRODUCED = Counter(
     "entities.new, dlq).",
     ["topic"],
 )
+WRITES_IN_EXTRACTION_HOP = Counter(
+    "tidegraph_extraction_hop_mapped_total",
+    "Mapped records of the extraction hop: written there (written), or handed on to the write "
+    "hop because records of their group were on the way there (handed_on).",
+    ["path"],
+)
 ASSIGNED_PARTITIONS = Gauge(
     "tidegraph_assigned_partitions",
     "Partitions of each consumed topic currently assigned to this worker.",

@@ -21,9 +21,10 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import faust
+from faust.types import TP
 
 from tidegraph.connections import KafkaConnection
 from tidegraph.metrics import (
@@ -40,6 +41,7 @@ from tidegraph.pipelines.streaming.commits import guard_commits
 from tidegraph.pipelines.streaming.community_agent import install_community_agent
 from tidegraph.pipelines.streaming.config import WorkerSettings
 from tidegraph.pipelines.streaming.fetching import bound_fetch
+from tidegraph.pipelines.streaming.fusing import WriteHere
 from tidegraph.pipelines.streaming.handlers import (
     Consumed,
     Emit,
@@ -154,16 +156,22 @@ def create_app(
         )
         for name in names.all()
     }
-    sender = Sender(app, names)
+    write_here = _write_here(app, names)
+    sender = Sender(app, names, write_here)
     runner = runtime.runner(worker.retry_policy())
     budget = settings.record_timeout_seconds
     lanes: list[KeyedLanes] = []
+    extraction = ExtractionHandler(runner, names, worker, budget)
+    extraction.write_here = write_here
     hops: list[tuple[str, RecordHandler]] = [
-        (names.episodes, ExtractionHandler(runner, names, worker, budget)),
+        (names.episodes, extraction),
         (names.extracted, WriteHandler(runner, names, worker, budget)),
     ]
     for topic, handler in hops:
-        agent = stage_agent(handler, sender, worker, lanes, lambda: app.consumer_generation_id)
+        agent = stage_agent(
+            handler, sender, worker, lanes, lambda: app.consumer_generation_id,
+            write_here=write_here if topic == names.extracted else None,
+        )  # fmt: skip
         app.agent(topics[topic], name=f"tidegraph.{handler.stage}")(agent)
     if sources is not None:  # source topics -> extracted, episodes (streaming/sources.py)
         install_sources(
@@ -177,7 +185,9 @@ def create_app(
             run_agent=partial(stage_agent, sender=sender, worker=worker, registry=lanes,
                               generation=lambda: app.consumer_generation_id),
         )  # fmt: skip
-    owned = _on_rebalance(app, runtime, names, [topic for topic, _ in hops], lanes, health)
+    owned = _on_rebalance(
+        app, runtime, names, [topic for topic, _ in hops], lanes, health, write_here
+    )
     app.before_revoke.append(partial(_let_go_while_store_down, runtime.outage, lanes))
     _timers(app, runtime, worker, names, topics, owned, settings.partitions, health)
     if settings.changes_enabled:
@@ -223,6 +233,23 @@ def _faust_app(
     )
 
 
+def _write_here(app: TidegraphApp, names: TopicNames) -> WriteHere:
+    """The extraction hop's writes of mapped records (``fusing.py``), over the write hop's
+    consumer: its committed offsets (Faust's, kept by ``TidegraphApp``) and the end offsets of
+    ``{prefix}.extracted``."""
+
+    def committed(partition: int) -> int | None:
+        consumer = app._consumer
+        offsets = getattr(consumer, "_committed_offset", None) if consumer else None
+        return offsets.get(TP(names.extracted, partition)) if offsets is not None else None
+
+    async def end_offset(partition: int) -> int:
+        tp = TP(names.extracted, partition)
+        return (await app.consumer.highwaters(tp))[tp]
+
+    return WriteHere(committed, end_offset)
+
+
 def _on_rebalance(
     app: TidegraphApp,
     runtime: Runtime,
@@ -230,6 +257,7 @@ def _on_rebalance(
     consumed: list[str],
     lanes: list[KeyedLanes],
     health: HealthState | None,
+    write_here: WriteHere,
 ) -> set[int]:
     """Finish every job admitted before partitions move or the worker stops; returns the
     partitions of the input topic this worker owns (kept current), for the pending sweep."""
@@ -244,6 +272,7 @@ def _on_rebalance(
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # Faust awaits async receivers
     async def on_revoked(sender: Any, revoked: Any, **_: Any) -> None:
         await quiesce()
+        write_here.reassigned()
         for topic in consumed:
             ASSIGNED_PARTITIONS.labels(_short(names, topic)).set(0)
         runtime.components.context.forget_all()
@@ -252,6 +281,7 @@ def _on_rebalance(
     async def on_assigned(sender: Any, assigned: Any, **_: Any) -> None:
         owned.clear()
         owned.update(tp.partition for tp in assigned if tp.topic == names.episodes)
+        write_here.reassigned()
         for stage_lanes in lanes:
             stage_lanes.reopen()  # records taken before the rebalance are still dropped
         for topic in consumed:
@@ -426,12 +456,21 @@ class Sender:
     the app's partitioner (Kafka's placement) still puts each group's records on its key's
     partition."""
 
-    def __init__(self, app: faust.App, names: TopicNames) -> None:
+    def __init__(self, app: faust.App, names: TopicNames, write_here: WriteHere) -> None:
         self.app = app
         self.names = names
+        self.write_here = write_here
 
     async def send(self, emit: Emit) -> Awaitable[Any]:
-        return await self.app.producer.send(emit.topic, emit.key, emit.value, None, None, None)
+        delivery = await self.app.producer.send(emit.topic, emit.key, emit.value, None, None, None)
+        if emit.topic == self.names.extracted:  # what the write hop has yet to take
+            delivered = self.write_here.sending(emit.key)
+            cast(asyncio.Future[Any], delivery).add_done_callback(
+                lambda done: delivered(
+                    None if done.cancelled() or done.exception() else done.result()
+                )
+            )
+        return delivery
 
     def delivered(self, emits: Sequence[Emit]) -> None:
         """Counts a run's records Kafka acknowledged, one metric update per topic."""
@@ -445,7 +484,12 @@ def stage_agent(
     worker: WorkerSettings,
     registry: list[KeyedLanes],
     generation: Callable[[], int],
+    *,
+    write_here: WriteHere | None = None,
 ) -> Callable[[faust.StreamT], Awaitable[None]]:
+    """The agent of ``handler``'s hop; the write hop's also tells ``write_here`` which records
+    it has taken and lends it its lanes (``fusing.py``)."""
+
     async def agent(stream: faust.StreamT) -> None:
         lanes = KeyedLanes(
             worker.max_in_flight,
@@ -453,6 +497,8 @@ def stage_agent(
             per_key=worker.max_in_flight_per_group,
         )
         registry.append(lanes)
+        if write_here is not None:
+            write_here.lanes = lanes
         backlog: KeyedBacklog[faust.EventT] = KeyedBacklog(handler.group_take)
         lanes.on_cancel(backlog.clear)  # jobs let go: the records waiting for them too
         # noack_take is faust-streaming's, missing from its StreamT stub
@@ -470,11 +516,15 @@ def stage_agent(
                     if lanes.closed:
                         return
                     backlog.add(key, group_events[start : start + backlog.most])
-                    if not backlog.needs_job(key):
-                        continue
-                    job = partial(run_waiting, handler, sender, stream, backlog, key, generation)
-                    if await lanes.submit(key, job):
+                    if backlog.needs_job(key):
+                        job = partial(
+                            run_waiting, handler, sender, stream, backlog, key, generation
+                        )
+                        if not await lanes.submit(key, job):
+                            return
                         backlog.admitted(key)
+            if write_here is not None:  # every record of the batch is in a job of its lane
+                write_here.taken((e.message.partition, e.message.offset) for e in events)
 
         try:
             async for events in batches:

@@ -18,11 +18,18 @@ from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
-from tidegraph.metrics import DEAD_LETTERS, END_TO_END_LATENCY, FORGET_REQUESTS, STAGE_EVENTS
+from tidegraph.metrics import (
+    DEAD_LETTERS,
+    END_TO_END_LATENCY,
+    FORGET_REQUESTS,
+    STAGE_EVENTS,
+    WRITES_IN_EXTRACTION_HOP,
+)
 from tidegraph.pipelines.forget import ForgetError, forget
 from tidegraph.pipelines.outage import StoreOutage, budget
 from tidegraph.pipelines.runner import WRITE_STAGES, GroupRunner
 from tidegraph.pipelines.streaming.config import WorkerSettings
+from tidegraph.pipelines.streaming.fusing import WriteHere
 from tidegraph.processors.failures import STORE_MAY_BE_DOWN, classify, validation_reason
 from tidegraph.records import jsontext
 from tidegraph.records.episode import Episode, parse_episode
@@ -152,6 +159,38 @@ class RecordHandler:
         """The dead letter of an episode the runner gave up on."""
         return self.dead(record, failure, episode=taken.episode, origin=taken.origin, key=taken.key)
 
+    def written(self, record: Consumed, read: Taken, outcome: Outcome[WriteSummary]) -> list[Emit]:
+        """The outputs of an episode the group runner wrote: its new-entity events, or its
+        dead letter."""
+        if outcome.failure is not None:
+            return [self.failed(record, outcome.failure, read)]
+        return self.new_entities(outcome, read)
+
+    def new_entities(self, outcome: Outcome[WriteSummary], hop: Taken) -> list[Emit]:
+        """The episode's new-entity events, after its write committed. Also sent again for
+        an episode found already written (a worker that died between the write and the send
+        loses none); consumers treat them idempotently."""
+        if outcome.value is not None and not outcome.processed:
+            created = outcome.value.created_entities
+            if hop.origin.timestamp_ms is not None:
+                END_TO_END_LATENCY.observe(max(0.0, time.time() - hop.origin.timestamp_ms / 1000))
+        else:
+            created = outcome.created_entities
+        episode = hop.episode
+        key = encode_key(episode.group_id)
+        return [
+            Emit(
+                self.names.entities_new,
+                key,
+                encode(
+                    NewEntityRecord(
+                        group_id=episode.group_id, entity_uuid=uuid, episode_uuid=episode.uuid
+                    )
+                ),
+            )
+            for uuid in created
+        ]
+
     def extracted_hop(self, record: Consumed, read: Taken, extraction: Extraction) -> Emit:
         """The episode's extraction as its ``{prefix}.extracted`` record, keyed by group
         (sealed as the episode came), or its dead letter when it is too large for Kafka."""
@@ -269,27 +308,67 @@ class ExtractionHandler(RunnerHandler):
             return self.runner.extract_ahead * extraction.episodes_per_call
         return super().group_take
 
+    # Mapped records written here rather than handed on, when nothing of their group is on its
+    # way to the write hop (tidegraph/pipelines/streaming/fusing.py); None: always handed on.
+    write_here: WriteHere | None = None
+
     async def handle_group(self, records: Sequence[Consumed]) -> list[list[Emit]]:
         opened = await self.open_sealed(records)
         taken = [self._read_episode(r, o) for r, o in zip(records, opened, strict=True)]
         episodes = [t.episode for t in taken if isinstance(t, Taken)]
         outcomes = iter(await self.runner.extract(episodes))
         outputs: list[list[Emit]] = []
+        # The leading mapped extractions, until the first record handed on: written here if
+        # they may be (their outputs are filled in then), else handed on like the rest.
+        here: list[tuple[int, Consumed, Taken, Extraction]] = []
+        may_write_here = self.write_here is not None
         for record, read in zip(records, taken, strict=True):
             if isinstance(read, Emit):
                 outputs.append([read])
             elif isinstance(read, ForgetRecord):  # handed on, in its group's order
                 outputs.append([self._hop_record(read, record, read.forget.group_id)])
                 FORGET_REQUESTS.labels("taken").inc()
+                may_write_here = False
             else:
                 outcome = next(outcomes)
                 if outcome.failure is not None:
                     outputs.append([self.failed(record, outcome.failure, read)])
                 elif outcome.processed or outcome.value is None:
                     outputs.append([])  # already in the graph: nothing to hand on
+                elif may_write_here and outcome.value.mapped:
+                    here.append((len(outputs), record, read, outcome.value))
+                    outputs.append([])
                 else:
                     outputs.append([self.extracted_hop(record, read, outcome.value)])
+                    may_write_here = False
+                    if outcome.value.mapped:
+                        WRITES_IN_EXTRACTION_HOP.labels("handed_on").inc()
+        if here:
+            written = await self._write(here)
+            for (at, *_), emits in zip(here, written, strict=True):
+                outputs[at] = emits
         return outputs
+
+    async def _write(self, here: list[tuple[int, Consumed, Taken, Extraction]]) -> list[list[Emit]]:
+        """The outputs of one group's mapped records: written here (their new-entity events
+        or dead letters), or their ``{prefix}.extracted`` records when they must take the
+        hop."""
+        assert self.write_here is not None
+        first = here[0][1]
+        extractions = [extraction for *_, extraction in here]
+        outcomes = await self.write_here.write(
+            encode_key(here[0][2].episode.group_id) or b"",
+            first.partition,
+            lambda: self.runner.write(extractions),
+        )
+        if outcomes is None:
+            WRITES_IN_EXTRACTION_HOP.labels("handed_on").inc(len(here))
+            return [[self.extracted_hop(r, read, x)] for _, r, read, x in here]
+        WRITES_IN_EXTRACTION_HOP.labels("written").inc(len(here))
+        return [
+            self.written(record, read, outcome)
+            for (_, record, read, _), outcome in zip(here, outcomes, strict=True)
+        ]
 
     def _hop_record(self, hop: ForgetRecord, record: Consumed, group_id: str) -> Emit:
         """A forget request handed on to the write hop, in its group's order."""
@@ -364,10 +443,7 @@ class WriteHandler(RunnerHandler):
                     records[at:end], run, keys, outcomes, strict=True
                 ):
                     read_hop = Taken(hop.extraction.episode, hop.origin, key)
-                    if outcome.failure is not None:
-                        outputs.append([self.failed(record, outcome.failure, read_hop)])
-                    else:
-                        outputs.append(self._new_entities(outcome, read_hop))
+                    outputs.append(self.written(record, read_hop, outcome))
                 at = end
         return outputs
 
@@ -410,31 +486,6 @@ class WriteHandler(RunnerHandler):
         FORGET_REQUESTS.labels("done").inc()
         log.info("forget request done: %s", report.line())
         return []
-
-    def _new_entities(self, outcome: Outcome[WriteSummary], hop: Taken) -> list[Emit]:
-        """The episode's new-entity events, after its write committed. Also sent again for
-        an episode found already written (a worker that died between the write and the send
-        loses none); consumers treat them idempotently."""
-        if outcome.value is not None and not outcome.processed:
-            created = outcome.value.created_entities
-            if hop.origin.timestamp_ms is not None:
-                END_TO_END_LATENCY.observe(max(0.0, time.time() - hop.origin.timestamp_ms / 1000))
-        else:
-            created = outcome.created_entities
-        episode = hop.episode
-        key = encode_key(episode.group_id)
-        return [
-            Emit(
-                self.names.entities_new,
-                key,
-                encode(
-                    NewEntityRecord(
-                        group_id=episode.group_id, entity_uuid=uuid, episode_uuid=episode.uuid
-                    )
-                ),
-            )
-            for uuid in created
-        ]
 
 
 async def handled(handler: RecordHandler, records: Sequence[Consumed]) -> list[list[Emit]]:
