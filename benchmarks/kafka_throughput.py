@@ -173,6 +173,7 @@ def settle(timeout: float = 60.0) -> float | None:
 
 # ----------------------------------------------------------------------------- the path
 LATENCY = "tidegraph_end_to_end_latency_seconds"
+MAPPED = "tidegraph_extraction_hop_mapped_total"
 FeedMaker = Callable[[int, str], CrmFeed]  # (records, group prefix) -> the feed
 
 
@@ -394,6 +395,13 @@ def _phase_figures(
     return {
         "seconds": round(elapsed, 3),
         "events_per_s": round(len(latencies) / elapsed, 1),
+        # mapped records the extraction hop wrote itself, or handed on (docs/streaming.md
+        # "Why two hops")
+        "mapped_written_in_extraction_hop": {
+            path: sum(metric_value(t, MAPPED, path=path) for t in after)
+            - sum(metric_value(t, MAPPED, path=path) for t in before)
+            for path in ("written", "handed_on")
+        },
         "produce_seconds": round(report.seconds, 3),
         # the first produce, so that the slowest episodes' times can be lined up with the
         # services' and the worker's logs
