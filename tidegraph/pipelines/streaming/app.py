@@ -1,6 +1,8 @@
 """The Faust app: one agent per hop, each a thin loop around its handler
 (``tidegraph.pipelines.streaming.handlers``): the extraction hop on ``{prefix}.episodes``, the
-write hop on ``{prefix}.extracted`` (and the community agent on ``{prefix}.entities.new``).
+write hop on ``{prefix}.extracted`` (and the community agent on ``{prefix}.entities.new``). The
+extraction hop writes a group's mapped records itself, in the write hop's lane of the group,
+when nothing of the group is on its way there (``tidegraph.pipelines.streaming.fusing``).
 
 Per agent: micro-batches from ``stream.noack_take(batch_size, within)``; each record goes to the
 lane of its key (= group_id, ``tidegraph.pipelines.streaming.lanes``): groups run concurrently, each
@@ -524,7 +526,13 @@ def stage_agent(
                             return
                         backlog.admitted(key)
             if write_here is not None:  # every record of the batch is in a job of its lane
-                write_here.taken((e.message.partition, e.message.offset) for e in events)
+                # (one taken before the rebalance is dropped by its job: Kafka hands it out again)
+                current = generation()
+                write_here.taken(
+                    (e.message.partition, e.message.offset)
+                    for e in events
+                    if e.message.generation_id == current
+                )
 
         try:
             async for events in batches:
