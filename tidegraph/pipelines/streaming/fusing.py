@@ -85,11 +85,10 @@ class WriteHere:
         taken by the write hop."""
         if partition in self._caught_up:
             return True
-        end = self._end_at_start.get(partition)
+        ends = self._end_at_start  # a reassignment meanwhile replaces it: this read is then lost
+        end = ends.get(partition)
         if end is None:
-            end = await self._end_offset(partition)
-            self._end_at_start.setdefault(partition, end)
-            end = self._end_at_start[partition]
+            end = ends.setdefault(partition, await self._end_offset(partition))
         done = max(self._committed(partition) or 0, self._next_taken.get(partition, 0))
         if done >= end:
             self._caught_up.add(partition)
