@@ -414,8 +414,24 @@ def _phase_figures(
             "histogram_p50": round(histogram_quantile(0.50, buckets), 3),
             "histogram_p99": round(histogram_quantile(0.99, buckets), 3),
             "slowest": _slowest(sent, written, first),
+            "by_fifth": _by_fifth(sent, written, first),
         },
     }
+
+
+def _by_fifth(sent: list[Any], written: dict[str, datetime], first: float) -> list[list[float]]:
+    """p50 and p99 of the episodes produced in each fifth of the phase, in order: flat when
+    the workers keep up with the offered rate, rising when a backlog grows through it."""
+    timed = sorted(
+        (p.timestamp_ms / 1000 - first, written[p.episode_uuid].timestamp() - p.timestamp_ms / 1000)
+        for p in sent
+        if p.episode_uuid in written
+    )
+    span = (timed[-1][0] or 1.0) if timed else 1.0
+    fifths: list[list[float]] = [[] for _ in range(5)]
+    for at, lag in timed:
+        fifths[min(4, int(5 * at / span))].append(lag)
+    return [[round(percentile(f, 0.50), 3), round(percentile(f, 0.99), 3)] for f in fifths if f]
 
 
 def _slowest(
