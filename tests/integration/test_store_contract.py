@@ -544,6 +544,39 @@ async def test_batch_reads_of_several_groups_answer_each_group_alone(
     assert not isinstance(fine, BaseException) and fine.markers == {asked[1][1]: []}
 
 
+async def test_a_batch_read_leaves_out_the_facts_that_ended_before_its_start(
+    store: GraphStore, new_group: Callable[..., str]
+) -> None:
+    """``read_batch(..., facts_from)`` returns the open facts and those ending at or after
+    ``facts_from`` (a recorded end at that moment included), never the facts that ended
+    before it: they cannot change a plan (``FactRecord.ended_before``). Without it, all."""
+    g = new_group()
+    a = entity(g, "Acme Corp", key="crm:a")
+    plans = [entity(g, f"Plan {n}") for n in range(4)]
+    history = [
+        fact(g, a, plans[0], "PLAN", "on plan 0", valid_at=day(0), invalid_at=day(2), tag="0"),
+        fact(g, a, plans[1], "PLAN", "on plan 1", valid_at=day(2), invalid_at=day(5), tag="1"),
+        fact(g, a, plans[2], "PLAN", "ends at 5", valid_at=day(5), invalid_at=day(5), tag="2"),
+        fact(g, a, plans[3], "PLAN", "on plan 3", valid_at=day(6), tag="3"),
+    ]
+    closed = [f.model_copy(update={"expired_at": day(9)}) if f.invalid_at else f for f in history]
+    ep = episode(g, "m-1", day(1))
+    await store.write_episode(
+        g, EpisodeWrite(ep, mentions=[a.uuid], facts=closed, entities=[a, *plans])
+    )
+
+    async def texts(facts_from: datetime | None) -> list[str]:
+        read = await store.read_batch(g, ["crm:a"], [], ["PLAN"], [], facts_from)
+        return sorted(f.fact for f in read.lookup.facts or [])
+
+    everything = sorted(f.fact for f in history)
+    assert await texts(None) == everything
+    assert await texts(day(0)) == everything
+    assert await texts(day(3)) == ["ends at 5", "on plan 1", "on plan 3"]
+    assert await texts(day(5)) == ["ends at 5", "on plan 1", "on plan 3"]
+    assert await texts(day(5.5)) == ["on plan 3"]
+
+
 async def test_list_entities_orders_by_name_then_uuid(
     store: GraphStore, new_group: Callable[..., str]
 ) -> None:

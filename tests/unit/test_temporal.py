@@ -10,6 +10,7 @@ import pytest
 
 from tidegraph.processors.temporal import (
     MAX_TIME_TEXT,
+    earliest_start,
     open_end,
     parse_when,
     plain_time,
@@ -215,3 +216,30 @@ def test_only_times_the_date_parser_would_read_leave_the_event_loop() -> None:
         "2024-03-01" + "0" * MAX_TIME_TEXT,
     ):
         assert not plain_time(text), text
+
+
+def mapped(reference: datetime, *starts: str | None) -> Extraction:
+    return Extraction(
+        episode=episode(reference),
+        entities=[EntityDraft(name="Acme")],
+        facts=[FactDraft(subject=0, object=0, relation="R", fact="f", valid_at=s) for s in starts],
+        mapped=True,
+    )
+
+
+def test_a_units_earliest_start_is_its_earliest_fact_start_or_reference_time() -> None:
+    """The bound of a unit's batch read: the earliest start a fact will be stamped with, each
+    reference time counted (a fact without a stated start, a truncate's closes)."""
+    later = at(2024, 6, 1)
+    assert earliest_start([mapped(later, "2024-05-20")]) == at(2024, 5, 20)
+    assert earliest_start([mapped(later, "2024-07-01")]) == later
+    assert earliest_start([mapped(later, None), mapped(REF)]) == REF
+    assert earliest_start([mapped(later, "1714000000")]) == at(2024, 4, 24, 23, 6, 40)
+    assert earliest_start([]) is None
+
+
+def test_a_start_stamping_must_work_out_leaves_the_unit_unbounded() -> None:
+    """A phrase is read by the stage (off the event loop), a bad time dead-lettered there:
+    either way the batch read leaves nothing out."""
+    assert earliest_start([mapped(REF, "2024-05-01"), mapped(REF, "since last March")]) is None
+    assert earliest_start([mapped(REF, "2024-13-45")]) is None

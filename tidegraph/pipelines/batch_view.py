@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from tidegraph.processors.resolution import lookup_terms
+from tidegraph.processors.temporal import earliest_start
 from tidegraph.records.changes import entity_changes, fact_changes, fact_state
 from tidegraph.records.graph import (
     EntityLookup,
@@ -59,7 +60,9 @@ class BatchView:
         self.entities: dict[str, EntityRecord] = {}  # without name embeddings once read
         self.facts: dict[str, FactRecord] = {}
         # What the view holds all of: entities of these keys and names, facts of these
-        # (source, relation) pairs, every fact touching these entities.
+        # (source, relation) pairs (but those that ended before the unit's earliest new fact
+        # starts, when it read them: they change none of its plans), every fact touching
+        # these entities.
         self._keys: set[str] = set()
         self._names: set[str] = set()
         self._pairs: set[tuple[str, str]] = set()
@@ -100,8 +103,11 @@ class BatchView:
         episodes: list[tuple[str, str | None]] = [
             (x.episode.uuid, x.episode.content_hash) for x in extractions
         ]
+        # Facts that ended before the unit's earliest new fact starts cannot change its plans
+        # (tidegraph.processors.timeline): an entity's long history is not read.
+        facts_from = None if judged else earliest_start(extractions)
         read = await store.read_batch(
-            group, sorted(keys), sorted(names), sorted(relations), episodes
+            group, sorted(keys), sorted(names), sorted(relations), episodes, facts_from
         )
         view = cls(store, group, judged=judged, record_changes=record_changes)
         view._keys, view._names = keys, names

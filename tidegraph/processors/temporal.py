@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,7 +18,7 @@ import dateparser
 
 from tidegraph.records.episode import Episode
 from tidegraph.records.errors import BadTime
-from tidegraph.records.stages import ResolvedEpisode, StampedEpisode, StampedFact
+from tidegraph.records.stages import Extraction, ResolvedEpisode, StampedEpisode, StampedFact
 from tidegraph.records.times import TIME_RANGE, utc, within_range
 
 _PREFIX = re.compile(
@@ -163,6 +164,27 @@ def _when(text: str | None, episode: Episode, what: str, strict: bool) -> dateti
         return read_when(text, episode.reference_time)
     except BadTime as exc:
         raise BadTime(f"{what} {exc}") from exc
+
+
+def earliest_start(extractions: Iterable[Extraction]) -> datetime | None:
+    """The earliest time a fact of ``extractions`` will be stamped valid from, each episode's
+    reference_time counted too (a truncate's closing facts start there): what a unit's batch
+    read may leave out the facts that ended before (``FactRecord.ended_before``). None when a
+    start is a phrase (reading one is this stage's job, off the event loop) or cannot be read
+    (the stage then says why): nothing is left out."""
+    starts: list[datetime] = []
+    for extraction in extractions:
+        episode = extraction.episode
+        starts.append(episode.reference_time)
+        for draft in extraction.facts:
+            if not plain_time(draft.valid_at):
+                return None
+            try:
+                start = _when(draft.valid_at, episode, "valid_at", extraction.mapped)
+            except BadTime:
+                return None
+            starts.append(start or episode.reference_time)
+    return min(starts, default=None)
 
 
 class TemporalStep:

@@ -30,6 +30,14 @@ endpoint with them, decide per new fact, in episode order:
   it moves, the end it replaces is kept with the time it was learned (``prior_ends``), so
   that "as known at k" still answers with what was believed at k. ``valid_at`` may only move
   earlier (a late restatement) and is kept the same way (``prior_starts``).
+
+A stored fact that ended before the new fact starts (``invalid_at`` < t) changes nothing:
+closing it at t, or by a later value, is a no-op (an end only moves earlier); it is valid
+at no time from t on, so it is neither restated nor continued; it does not start after t,
+so it bounds nothing; and a recorded end before t is neither the end at t nor one between
+t and a later start. So a unit's batch read leaves out the facts that ended before its
+earliest new fact starts (``FactRecord.ended_before``): an entity's long history costs its
+writes nothing.
 """
 
 from __future__ import annotations

@@ -109,6 +109,12 @@ class FactRecord(BaseModel):
         if self.expired_at is None:
             self.expired_at = now
 
+    def ended_before(self, moment: datetime) -> bool:
+        """It stopped being valid before ``moment``. Such a fact cannot change the plan of a
+        new fact that starts at or after ``moment`` (``tidegraph.processors.timeline``), so
+        the batch read of a unit leaves it out (``GraphStore.read_batch``)."""
+        return self.invalid_at is not None and self.invalid_at < moment
+
     def move_start(self, at: datetime, now: datetime) -> None:
         """Set ``valid_at`` to ``at`` (earlier) as learned ``now``: the start it replaces is
         kept in the history when it had been stored before ``now`` (see ``move_end``)."""

@@ -136,12 +136,16 @@ class GraphStore(abc.ABC):
         names: list[str],
         relations: list[str],
         episodes: list[tuple[str, str | None]],
+        facts_from: datetime | None = None,
     ) -> BatchRead:
         """``lookup_entities(group_id, keys, names, relations=relations)`` and
         ``episode_markers(group_id, episodes)``, in one round trip where the store can (on
         Neo4j one statement, shared with the other groups' batch reads waiting at the same
-        moment). EpisodeConflictError as ``episode_markers``."""
+        moment). ``facts_from``: the facts that ended before it are left out
+        (``FactRecord.ended_before``). EpisodeConflictError as ``episode_markers``."""
         lookup = await self.lookup_entities(group_id, keys, names, None, relations)
+        if facts_from is not None and lookup.facts is not None:
+            lookup.facts = [f for f in lookup.facts if not f.ended_before(facts_from)]
         return BatchRead(lookup, await self.episode_markers(group_id, episodes))
 
     @abc.abstractmethod

@@ -379,7 +379,8 @@ RETURN processed, stored_hash, created_entities, hows,
 # What the batches of several groups read before they are processed, in one round trip
 # (``Neo4jStore.read_batch``): per ask (``ask.i``, its group, keys, names, relations and
 # episodes), the processed markers of its episodes and the entities its keys and names find
-# (``hows``: by key, by name or both), each once with its facts of the ask's relations. Its
+# (``hows``: by key, by name or both), each once with its facts of the ask's relations (not
+# those that ended before ``ask.facts_from``: ``FactRecord.ended_before``). Its
 # plan is kept: the names through the group's index, and an entity's facts by expanding from
 # it (their relations filtered after the expansion: with the filter on the pattern, a plan
 # made on an empty store sought the group's every fact through its index for each entity).
@@ -412,6 +413,7 @@ CALL (ask) {
       UNWIND [(e)-[r:RELATES_TO]->(t:Entity) | [r, t]] AS fact
       WITH fact[0] AS r, fact[1] AS t
       WHERE r.group_id = ask.group_id AND r.name IN ask.relations
+        AND (ask.facts_from IS NULL OR r.invalid_at IS NULL OR r.invalid_at >= ask.facts_from)
       RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
     + FACT_TIMES
     + """}

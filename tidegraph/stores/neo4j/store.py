@@ -146,6 +146,7 @@ class _BatchAsk:
     names: list[str]
     relations: list[str]
     episodes: list[str]
+    facts_from: datetime | None
 
 
 class Neo4jStore(StoreCore):
@@ -372,11 +373,19 @@ class Neo4jStore(StoreCore):
         names: list[str],
         relations: list[str],
         episodes: list[tuple[str, str | None]],
+        facts_from: datetime | None = None,
     ) -> BatchRead:
         """One statement (``q.READ_BATCHES``), shared with the batch reads of other groups
         submitted while one runs (``GroupCommit``: a lone read runs at once)."""
         hashes = dict(episodes)
-        ask = _BatchAsk(group_id, unique(keys), unique(names), unique(relations), list(hashes))
+        ask = _BatchAsk(
+            group_id,
+            unique(keys),
+            unique(names),
+            unique(relations),
+            list(hashes),
+            utc(facts_from) if facts_from is not None else None,
+        )
         row = await self._batch_reads.submit(ask)
         markers: dict[str, list[str]] = {}
         for uuid, content_hash, created in row["markers"]:
@@ -552,7 +561,7 @@ class Neo4jStore(StoreCore):
         await self.episode_markers(group_id, [(NO_RECORD, None)])
         await self.recent_episodes_before(group_id, [when], 1)
         await self._read_batches(
-            [_BatchAsk(group_id, [NO_RECORD], [NO_RECORD], ["R"], [NO_RECORD])]
+            [_BatchAsk(group_id, [NO_RECORD], [NO_RECORD], ["R"], [NO_RECORD], when)]
         )
         await self.entity_candidates(group_id, [(NO_RECORD, [1.0] + [0.0] * (dim - 1))], 1)
         write = EpisodeWrite(episode, mentions=[NO_RECORD], facts=[fact], entities=[entity])

@@ -165,7 +165,10 @@ def _fact_candidates(
     pairs: Sequence[tuple[str, str]],
     ends: Sequence[str],
     embeddings: bool,
+    facts_from: datetime | None = None,
 ) -> list[FactRecord]:
+    """``facts_from``: of the pairs' facts, those that ended before it are left out
+    (``FactRecord.ended_before``)."""
     columns = FACT_FULL if embeddings else FACT
     found: dict[str, FactRecord] = {}
     if pairs:  # by the (group, source, relation) index, the exact pairs kept
@@ -175,7 +178,11 @@ def _fact_candidates(
             f"AND f.source_uuid {IN_LIST} AND f.name {IN_LIST}"
         )
         sources, relations = unique(s for s, _ in pairs), unique(r for _, r in pairs)
-        for row in conn.execute(query, (group_id, json_text(sources), json_text(relations))):
+        params: tuple[Any, ...] = (group_id, json_text(sources), json_text(relations))
+        if facts_from is not None:
+            query += " AND (f.invalid_at IS NULL OR f.invalid_at >= ?)"
+            params += (micros(facts_from),)
+        for row in conn.execute(query, params):
             if (row["source_uuid"], row["name"]) in wanted:
                 found.setdefault(row["uuid"], fact_of(row))
     if ends:
@@ -187,7 +194,12 @@ def _fact_candidates(
     return sort_facts(found.values())
 
 
-def _lookup(conn: sqlite3.Connection, group_id: str, ask: LookupRequest) -> EntityLookup:
+def _lookup(
+    conn: sqlite3.Connection,
+    group_id: str,
+    ask: LookupRequest,
+    facts_from: datetime | None = None,
+) -> EntityLookup:
     if ask.episode_uuid:
         created = _marker(conn, group_id, ask.episode_uuid, ask.content_hash)
         if created is not None:
@@ -198,7 +210,9 @@ def _lookup(conn: sqlite3.Connection, group_id: str, ask: LookupRequest) -> Enti
     if ask.relations is not None:
         sources = sorted({e.uuid for e in [*by_key, *by_name]})
         pairs = [(source, relation) for source in sources for relation in ask.relations]
-        lookup.facts = _fact_candidates(conn, group_id, pairs, [], False) if pairs else []
+        lookup.facts = (
+            _fact_candidates(conn, group_id, pairs, [], False, facts_from) if pairs else []
+        )
     return lookup
 
 
@@ -349,11 +363,13 @@ class SqliteStore(GraphStore):
         names: list[str],
         relations: list[str],
         episodes: list[tuple[str, str | None]],
+        facts_from: datetime | None = None,
     ) -> BatchRead:
         ask = LookupRequest(unique(keys), unique(names), None, None, unique(relations))
 
         def read(conn: sqlite3.Connection) -> BatchRead:
-            return BatchRead(_lookup(conn, group_id, ask), _markers(conn, group_id, episodes))
+            lookup = _lookup(conn, group_id, ask, facts_from)
+            return BatchRead(lookup, _markers(conn, group_id, episodes))
 
         return await self.db.run(read)
 
