@@ -169,21 +169,24 @@ def _when(text: str | None, episode: Episode, what: str, strict: bool) -> dateti
 def earliest_start(extractions: Iterable[Extraction]) -> datetime | None:
     """The earliest time a fact of ``extractions`` will be stamped valid from, each episode's
     reference_time counted too (a truncate's closing facts start there): what a unit's batch
-    read may leave out the facts that ended before (``FactRecord.ended_before``). None when a
-    start is a phrase (reading one is this stage's job, off the event loop) or cannot be read
-    (the stage then says why): nothing is left out."""
+    read may leave out the facts that ended before (``FactRecord.ended_before``), as
+    ``stamp_interval`` stamps them. None when a time is a phrase (reading one is this stage's
+    job, off the event loop) or cannot be read (the stage then says why): nothing is left
+    out."""
     starts: list[datetime] = []
     for extraction in extractions:
         episode = extraction.episode
         starts.append(episode.reference_time)
         for draft in extraction.facts:
-            if not plain_time(draft.valid_at):
+            if not (plain_time(draft.valid_at) and plain_time(draft.invalid_at)):
                 return None
             try:
-                start = _when(draft.valid_at, episode, "valid_at", extraction.mapped)
+                start, _, _ = stamp_interval(
+                    draft.valid_at, draft.invalid_at, episode, strict=extraction.mapped
+                )
             except BadTime:
                 return None
-            starts.append(start or episode.reference_time)
+            starts.append(start)
     return min(starts, default=None)
 
 
