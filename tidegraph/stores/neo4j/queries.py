@@ -14,6 +14,8 @@ an episode ``ep``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tidegraph.records.conversation import CONTEXT_TURNS, CONTEXT_WITHIN
 
 # Kept plans (``plans``) and the write statements, under the names the store reads them by.
@@ -38,6 +40,7 @@ from tidegraph.stores.neo4j.write_queries import (
 from tidegraph.stores.neo4j.write_queries import set_fact_end_words as set_fact_end_words
 from tidegraph.stores.neo4j.write_queries import set_fact_time_words as set_fact_time_words
 from tidegraph.stores.neo4j.write_queries import thread_context as thread_context
+from tidegraph.stores.rows import ENTITY_FIELDS, FACT_FIELDS
 
 # The fields of the episode index, in the order episode_search.lucene_episode_query takes them.
 EPISODE_INDEX_FIELDS = ("index_body", "index_speaker", "index_context", "index_when", "index_ids")
@@ -265,6 +268,53 @@ WHERE ep.uuid IN $uuids AND ep.group_id = $group_id
 RETURN ep.uuid AS uuid, ep.producer_id AS producer_id
 """
 
+
+def epoch_micros(expression: str) -> str:
+    """Cypher for a datetime as microseconds since the epoch (null stays null): the driver
+    turns an int into Python far faster than a DateTime, and ``rows.to_utc`` reads it back."""
+    return f"{expression}.epochSeconds * 1000000 + {expression}.microsecond"
+
+
+def times_as_micros(variable: str, fields: tuple[str, ...]) -> str:
+    return ", ".join(f"{name}: {epoch_micros(f'{variable}.{name}')}" for name in fields)
+
+
+FACT_MICROS_FIELDS = ("valid_at", "invalid_at", "created_at", "expired_at")
+FACT_TIMES = times_as_micros("r", FACT_MICROS_FIELDS)
+
+
+def stored(
+    variable: str,
+    fields: Sequence[str],
+    *,
+    without: Sequence[str] = (),
+    micros: Sequence[str] = (),
+    **given: str,
+) -> str:
+    """The map projection of a record read from ``variable``: its ``fields`` by name (but
+    those ``without`` names), those in ``micros`` as epoch microseconds (``epoch_micros``),
+    then ``given`` (field: Cypher expression) in place of what is stored. Never ``variable
+    {.*}``: that also loads the search indexes' helper properties (``index_*``) and the
+    embedding even when the projection then overrides it with null, which doubled the
+    server's time of a unit's fact read (docs/performance.md "Long histories on the write
+    path")."""
+    parts = [
+        f"{name}: {epoch_micros(f'{variable}.{name}')}" if name in micros else f".{name}"
+        for name in fields
+        if name not in without and name not in given
+    ]
+    parts += [f"{name}: {expression}" for name, expression in given.items()]
+    return f"{variable} {{{', '.join(parts)}}}"
+
+
+# A unit's or a resolution's read: the entity without its name embedding, the facts without
+# theirs (the batch view reads those when a step asks), each fact with its target.
+_LOOKUP_ENTITY = stored("e", ENTITY_FIELDS, without=("name_embedding",), micros=("created_at",))
+_LOOKUP_FACT = stored(
+    "r", FACT_FIELDS, without=("fact_embedding",), micros=FACT_MICROS_FIELDS, target_uuid="t.uuid"
+)
+
+
 # ---- entities
 COMMUNITY_OF_E = """COLLECT {
   MATCH (c:Community)-[:HAS_MEMBER]->(e) WHERE c.group_id = $group_id
@@ -273,7 +323,7 @@ COMMUNITY_OF_E = """COLLECT {
 
 # The entity projection every entity read ends with.
 _ENTITY_RETURN = f"""
-RETURN e {{.*}} AS e,
+RETURN {stored("e", ENTITY_FIELDS)} AS e,
        {COMMUNITY_OF_E} AS community_uuid
 """
 
@@ -330,18 +380,6 @@ WHERE e.group_id = $group_id AND e.key STARTS WITH $prefix
 )
 
 
-def epoch_micros(expression: str) -> str:
-    """Cypher for a datetime as microseconds since the epoch (null stays null): the driver
-    turns an int into Python far faster than a DateTime, and ``rows.to_utc`` reads it back."""
-    return f"{expression}.epochSeconds * 1000000 + {expression}.microsecond"
-
-
-def times_as_micros(variable: str, fields: tuple[str, ...]) -> str:
-    return ", ".join(f"{name}: {epoch_micros(f'{variable}.{name}')}" for name in fields)
-
-
-FACT_TIMES = times_as_micros("r", ("valid_at", "invalid_at", "created_at", "expired_at"))
-
 # Everything resolution needs in one round trip: whether the episode is already processed
 # (then nothing else is read), the entities matching the drafts' keys or names (without their
 # name embeddings and communities, which resolution does not use) and, of each, the stored facts
@@ -363,15 +401,15 @@ OPTIONAL CALL (processed) {
     + """}
 WITH processed, stored_hash, created_entities, e, collect(DISTINCT how) AS hows
 RETURN processed, stored_hash, created_entities, hows,
-       e {.*, name_embedding: null, """
-    + times_as_micros("e", ("created_at",))
-    + """} AS e,
+       """
+    + _LOOKUP_ENTITY
+    + """ AS e,
        COLLECT {
          MATCH (e)-[r:RELATES_TO]->(t:Entity)
          WHERE r.group_id = $group_id AND r.name IN $relations
-         RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
-    + FACT_TIMES
-    + """}
+         RETURN """
+    + _LOOKUP_FACT
+    + """
        } AS facts
 """
 )
@@ -406,17 +444,17 @@ CALL (ask) {
   WITH e, collect(DISTINCT how) AS hows
   RETURN collect({
     hows: hows,
-    e: e {.*, name_embedding: null, """
-    + times_as_micros("e", ("created_at",))
-    + """},
+    e: """
+    + _LOOKUP_ENTITY
+    + """,
     facts: COLLECT {
       UNWIND [(e)-[r:RELATES_TO]->(t:Entity) | [r, t]] AS fact
       WITH fact[0] AS r, fact[1] AS t
       WHERE r.group_id = ask.group_id AND r.name IN ask.relations
         AND (ask.facts_from IS NULL OR r.invalid_at IS NULL OR r.invalid_at >= ask.facts_from)
-      RETURN r {.*, fact_embedding: null, target_uuid: t.uuid, """
-    + FACT_TIMES
-    + """}
+      RETURN """
+    + _LOOKUP_FACT
+    + """
     }
   }) AS found
 }
@@ -508,15 +546,15 @@ CALL (vector_hits, fulltext_hits) {{
   MATCH (e:Entity {{uuid: u}})
   USING INDEX e:Entity(uuid)
   WHERE e.group_id = $group_id
-  RETURN collect({{e: e {{.*}}, community_uuid: {COMMUNITY_OF_E}}}) AS records
+  RETURN collect({{e: {stored("e", ENTITY_FIELDS)}, community_uuid: {COMMUNITY_OF_E}}}) AS records
 }}
 RETURN i, small, vector_hits, fulltext_hits, records
 """
 )
 
 # ---- facts
-_FACT_RETURN = """
-RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
+_FACT_RETURN = f"""
+RETURN {stored("r", FACT_FIELDS)} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid
 """
 FACTS_TOUCHING = (  # one statement
     (
@@ -553,12 +591,13 @@ MATCH (s:Entity)-[r]->(t:Entity)
 # (times as epoch microseconds: see epoch_micros)
 FACT_CANDIDATES = kept_plan(
     _FACT_CANDIDATES
-    + f"RETURN r {{.*, {FACT_TIMES}}} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid\n"
+    + f"RETURN {stored('r', FACT_FIELDS, micros=FACT_MICROS_FIELDS)} AS r, "
+    + "s.uuid AS source_uuid, t.uuid AS target_uuid\n"
 )
 FACT_CANDIDATES_PLAIN = kept_plan(
     _FACT_CANDIDATES
-    + f"RETURN r {{.*, fact_embedding: null, {FACT_TIMES}}} AS r, "
-    + "s.uuid AS source_uuid, t.uuid AS target_uuid\n"
+    + f"RETURN {stored('r', FACT_FIELDS, without=('fact_embedding',), micros=FACT_MICROS_FIELDS)} "
+    + "AS r, s.uuid AS source_uuid, t.uuid AS target_uuid\n"
 )
 
 FACTS_BY_UUIDS = (
@@ -577,7 +616,7 @@ ANCHOR_HINTS = {
 }
 # What ``query_facts`` returns of each fact the as-of filter lets through.
 FACT_VIEW_RETURN = (
-    "RETURN r {.*} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid, "
+    f"RETURN {stored('r', FACT_FIELDS)} AS r, s.uuid AS source_uuid, t.uuid AS target_uuid, "
     "s.name AS subject, t.name AS object"
 )
 

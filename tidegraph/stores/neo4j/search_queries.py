@@ -16,6 +16,7 @@ from datetime import datetime
 from tidegraph.records import times
 from tidegraph.records.asof import AsOf
 from tidegraph.stores.neo4j import queries as q
+from tidegraph.stores.rows import ENTITY_FIELDS, FACT_FIELDS
 from tidegraph.stores.search_text import lucene_query
 
 # (procedure, index, embedding property) of each kind's vector index.
@@ -369,9 +370,12 @@ _HIT_READS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
         (
             (
                 "r",
-                "r {.*, fact_embedding: CASE WHEN $embeddings THEN r.fact_embedding END, "
-                + q.FACT_TIMES
-                + "}",
+                q.stored(
+                    "r",
+                    FACT_FIELDS,
+                    micros=q.FACT_MICROS_FIELDS,
+                    fact_embedding="CASE WHEN $embeddings THEN r.fact_embedding END",
+                ),
             ),
             ("source_uuid", "s.uuid"),
             ("target_uuid", "t.uuid"),
@@ -393,9 +397,12 @@ _HIT_READS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
         (
             (
                 "e",
-                "e {.*, name_embedding: CASE WHEN $embeddings THEN e.name_embedding END, "
-                + q.times_as_micros("e", ("created_at",))
-                + "}",
+                q.stored(
+                    "e",
+                    ENTITY_FIELDS,
+                    micros=("created_at",),
+                    name_embedding="CASE WHEN $embeddings THEN e.name_embedding END",
+                ),
             ),
             ("community_uuid", q.COMMUNITY_OF_E),
             # read only with the details (``SearchScope.details``, else null): a search
