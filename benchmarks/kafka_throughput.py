@@ -149,26 +149,84 @@ def settle(timeout: float = 60.0) -> float | None:
     deleted is flushed before the next path (or phase) starts, not during it (measured:
     in-process right after the raw path ran at 0.43-0.51 of raw, right after a Kafka run at
     0.59). None when the server is not one ``make services-up`` started from this checkout."""
-    from tests.support.local_services import LocalServices
-
-    found = [s.pid for s in LocalServices().status() if s.name == "neo4j" and s.running]
-    if not found or found[0] is None:
+    pid = local_service_pids().get("neo4j")
+    if pid is None:
         return None
-    pid = found[0]
-    ticks = os.sysconf("SC_CLK_TCK")
-
-    def cpu_seconds() -> float:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
 
     began = time.perf_counter()
-    quiet, last = 0, cpu_seconds()
+    quiet, last = 0, cpu_seconds(pid) or 0.0
     while quiet < 2 and time.perf_counter() - began < timeout:
         time.sleep(0.5)  # a measuring window, not a synchronisation
-        now = cpu_seconds()
+        now = cpu_seconds(pid) or 0.0
         quiet = quiet + 1 if now - last < 0.05 else 0
         last = now
     return round(time.perf_counter() - began, 1)
+
+
+def local_service_pids() -> dict[str, int]:
+    """The pids of the local services ``make services-up`` started from this checkout."""
+    from tests.support.local_services import LocalServices
+
+    return {s.name: s.pid for s in LocalServices().status() if s.running and s.pid is not None}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """A process's CPU time so far (user + system, all its threads), from /proc; None once it
+    is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_seconds() -> float:
+    """The machine's idle CPU time so far, all cores (idle + iowait, /proc/stat)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuWindow:
+    """Where the machine's CPU went during a phase: each process's CPU time from ``start`` to
+    ``stop``, per record, and the share of the cores left idle. The processes are the
+    workers, the local Neo4j and Kafka, and this harness itself (the producer, the change
+    stream's subscriber and the progress polls), which shares the machine with what it
+    measures."""
+
+    def __init__(self, workers: list[int]) -> None:
+        services = local_service_pids()
+        self.pids: dict[str, list[int]] = {
+            "neo4j": [services["neo4j"]] if "neo4j" in services else [],
+            "workers": list(workers),
+            "kafka": [services["kafka"]] if "kafka" in services else [],
+            "harness": [os.getpid()],
+        }
+        self._began: tuple[float, float, dict[str, float]] | None = None
+
+    def _used(self) -> dict[str, float]:
+        return {
+            name: sum(cpu_seconds(pid) or 0.0 for pid in pids) for name, pids in self.pids.items()
+        }
+
+    def start(self) -> None:
+        self._began = (time.monotonic(), idle_seconds(), self._used())
+
+    def stop(self, records: int) -> dict[str, Any]:
+        assert self._began is not None, "start the window first"
+        began, idle, used = self._began
+        wall = time.monotonic() - began
+        now = self._used()
+        per_record = {
+            name: round(1000 * (now[name] - used[name]) / max(records, 1), 2)
+            for name, pids in self.pids.items()
+            if pids
+        }
+        cores = os.cpu_count() or 1
+        return {
+            "cpu_ms_per_record": per_record,
+            "idle_share": round((idle_seconds() - idle) / (cores * wall), 3) if wall else None,
+            "cores": cores,
+        }
 
 
 # ----------------------------------------------------------------------------- the path
@@ -238,7 +296,9 @@ class _Run:
         watch = ChangeWatch(self.settings, feed.groups) if watched else None
         if watch is not None:
             await watch.start()
+        cpu = CpuWindow([w.pid for w in self.workers])
         try:
+            cpu.start()
             report = await produce_lines(self.settings, lines, rate=rate)
             # A poll reads every group's pending markers; every 0.2 s that took about half
             # of Neo4j's CPU time from the workers under measurement. The figures do not
@@ -246,6 +306,7 @@ class _Run:
             waited = await wait_until_reflected(
                 self.settings, report, poll_seconds=1.0, stall_seconds=300
             )
+            used = cpu.stop(len(lines))
             after = self.metrics()
             changes = None if watch is None else await watch.figures(report, feed)
         finally:
@@ -255,6 +316,7 @@ class _Run:
         result = _phase_figures(report, written, before, after)
         return result | {
             "changes": changes,
+            "cpu": used,
             "records": len(feed.episodes),
             "offered_rate": rate,
             "processed": waited.processed,

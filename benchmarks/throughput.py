@@ -613,6 +613,13 @@ def table(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def cpu_line(cpu: dict[str, Any]) -> str:
+    """Where the CPU went in a phase of a Kafka path (``kafka_throughput.CpuWindow``)."""
+    used = ", ".join(f"{name} {ms:.2f}" for name, ms in cpu["cpu_ms_per_record"].items())
+    idle = cpu["idle_share"]
+    return f"CPU ms per record: {used}; idle {_cell(idle, '{:.0%}')} of {cpu['cores']} cores"
+
+
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=50_000)
@@ -694,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
     print()
     print(table(document))
+    for name, r in document["paths"].items():
+        for phase in ("maximum", "paced"):
+            if (r.get(phase) or {}).get("cpu"):
+                print(f"{name}, {phase} phase: {cpu_line(r[phase]['cpu'])}")
     print(f"\n{args.records} records over {args.groups} groups -> {args.out}")
     bad = [
         name

@@ -63,6 +63,12 @@ def test_throughput_every_path_on_a_tiny_feed(
         assert slowest and min(s["latency_s"] for s in slowest) >= latency["p99"], latency
         assert max(s["latency_s"] for s in slowest) == latency["max"], latency
         assert result["maximum"]["processed"] == 40 and result["dead_lettered"] == 0
+        # where the CPU went in each phase: the workers' own time, per record
+        for phase in ("maximum", "paced"):
+            cpu = result[phase]["cpu"]
+            assert set(cpu["cpu_ms_per_record"]) <= {"neo4j", "workers", "kafka", "harness"}
+            assert cpu["cpu_ms_per_record"]["workers"] > 0, (name, phase, cpu)
+            assert cpu["idle_share"] >= 0, (name, phase, cpu)
 
 
 def test_throughput_shows_the_change_stream_on_and_off_side_by_side(
