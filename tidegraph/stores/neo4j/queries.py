@@ -295,9 +295,8 @@ def stored(
     those ``without`` names), those in ``micros`` as epoch microseconds (``epoch_micros``),
     then ``given`` (field: Cypher expression) in place of what is stored. Never ``variable
     {.*}``: that also loads the search indexes' helper properties (``index_*``) and the
-    embedding even when the projection then overrides it with null, which doubled the
-    server's time of a unit's fact read (docs/performance.md "Long histories on the write
-    path")."""
+    embedding even when the projection then overrides it with null: twice the server's time
+    of reading many facts (docs/performance.md "Where the CPU goes at the paced rate")."""
     parts = [
         f"{name}: {epoch_micros(f'{variable}.{name}')}" if name in micros else f".{name}"
         for name in fields
